@@ -1,0 +1,37 @@
+"""Megatron-compatible datasets and loaders, deterministic per index and resumable.
+
+This layer never imports :mod:`epochal.model`, :mod:`epochal.parallel` or
+:mod:`epochal.train`. Names are loaded lazily from their defining modules.
+"""
+
+from epochal._lazy import lazy_exports
+
+# public name -> defining submodule of epochal.data
+_EXPORTS = {
+    # epochs and resampling
+    "EpochIndex": "epoch_index",
+    "MultiEpochDataset": "epoch_index",
+    "SizedDataset": "epoch_index",
+    "permute": "permutation",
+    "permute_array": "permutation",
+    "MultiEpochDatasetResampler": "multi_epoch",
+    "MultiEpochDatasetWrapper": "multi_epoch",
+    "IdentityMultiEpochDatasetWrapper": "multi_epoch",
+    "PRNGResampleDataset": "prng_resample",
+    "MaskedTokenDataset": "masking",
+    # indexed files and tokenizers
+    "IndexedDataset": "indexed_dataset",
+    "IndexedDatasetBuilder": "indexed_dataset",
+    # GPT packing and blending
+    "GPTDataset": "gpt_dataset",
+    "BlendedDataset": "blended_dataset",
+    # samplers and loaders
+    "MegatronPretrainingSampler": "samplers",
+    "MegatronPretrainingRandomSampler": "samplers",
+    "MegatronDataSampler": "data_sampler",
+    "WrappedDataLoader": "loader",
+    "MegatronDataModule": "datamodule",
+}
+
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+__all__ = sorted(_EXPORTS)

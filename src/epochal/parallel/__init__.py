@@ -1,0 +1,1 @@
+"""epochal.parallel."""
