@@ -14,6 +14,13 @@ import sys
 
 # subcommand -> (module, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "train": ("epochal.train.cli_train", "train a GPT model (the main job; no arguments = a small demo run)"),
+    "plot": ("epochal.train.cli_plot", "plot a run's loss curves (train, validation, resumed segments) to PNG"),
+    "generate": ("epochal.train.cli_generate", "generate text from a checkpoint (greedy, sampling, beam search)"),
+    "convert": ("epochal.convert.cli_convert", "convert checkpoints: epochal <-> Hugging Face <-> Megatron-LM"),
+    "preprocess": ("epochal.data.cli_preprocess", "tokenize JSONL into Megatron .bin/.idx indexed files"),
+    "merge": ("epochal.data.cli_merge", "merge several indexed-file prefixes into one"),
+    "inspect": ("epochal.data.cli_inspect", "show counts, a length histogram and decoded samples of indexed files"),
     "demo-epochs": ("epochal.data.demo", "show per-epoch shuffles and masks, reproducibly"),
 }
 
