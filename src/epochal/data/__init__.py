@@ -22,6 +22,8 @@ _EXPORTS = {
     # indexed files and tokenizers
     "IndexedDataset": "indexed_dataset",
     "IndexedDatasetBuilder": "indexed_dataset",
+    "IndexedFileError": "indexed_format",
+    "write_indexed_dataset": "indexed_dataset",
     # GPT packing and blending
     "GPTDataset": "gpt_dataset",
     "BlendedDataset": "blended_dataset",

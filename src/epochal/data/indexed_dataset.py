@@ -1,0 +1,818 @@
+"""Megatron's indexed dataset (``.bin`` + ``.idx``): reader and builder.
+
+Files written here are read by Megatron-Core's ``IndexedDataset`` and files it
+writes are read here, sequence for sequence (see :mod:`epochal.data.indexed_format`
+for the layout). Differences from Megatron-Core, all on the side of safety:
+
+- Opening validates the pair (magic, version, dtype code, sizes, every pointer and
+  document boundary) and raises :class:`IndexedFileError` naming the file, where
+  Megatron asserts or returns wrong tokens.
+- ``mode="lazy"`` reads with ``pread`` (no mmap) and ``mode="cached"`` holds both
+  files in memory; Megatron has only mmap or per-read ``open``.
+- The builder writes to temporary names and renames on :meth:`IndexedDatasetBuilder.finalize`,
+  keeps its index in bounded memory (spilling to disk) and rejects token ids that
+  do not fit its dtype instead of wrapping them.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from epochal.data.indexed_format import (
+    HEADER_SIZE,
+    IndexedFileError,
+    IndexHeader,
+    PathLike,
+    exists,
+    get_bin_path,
+    get_idx_path,
+    normalize_dtype,
+    optimal_dtype,
+    read_header,
+)
+from epochal.data.indexed_readers import READERS, map_file
+
+__all__ = [
+    "IndexedDataset",
+    "IndexedDatasetBuilder",
+    "IndexedFileError",
+    "exists",
+    "get_bin_path",
+    "get_idx_path",
+    "optimal_dtype",
+    "write_indexed_dataset",
+]
+
+_VALIDATE_CHUNK = 1 << 20  # index entries checked per step (bounded memory)
+
+
+class IndexedDataset:
+    """Random access to the sequences of a Megatron ``.bin``/``.idx`` pair.
+
+    Args:
+        path_prefix: path without extension; reads ``PREFIX.idx`` and ``PREFIX.bin``.
+        mode: ``"mmap"`` maps both files (default, zero-copy); ``"cached"`` reads both
+            into memory; ``"lazy"`` reads the index into memory and the tokens with
+            ``pread`` calls (no mmap).
+        multimodal: the index carries one int8 mode per sequence (Megatron's
+            multimodal files); ``ds[i]`` then returns ``(tokens, mode)``.
+        validate: check every pointer and document boundary on open (O(N), done in
+            bounded-memory chunks). ``False`` keeps the O(1) checks only (header, file
+            sizes, first and last boundaries); every read is still bounds-checked.
+
+    Attributes:
+        path_prefix: the prefix given.
+        mode: the read mode.
+        dtype: token dtype (``np.dtype``), e.g. ``np.dtype("uint16")``.
+        sequence_lengths: int32 array, shape ``(N,)``: tokens per sequence.
+        sequence_pointers: int64 array, shape ``(N,)``: byte offset of each sequence in ``.bin``.
+        document_indices: int64 array, shape ``(D + 1,)``: starts with 0; entry ``k + 1`` is
+            one past the last sequence of document ``k`` (Megatron's semantics).
+        sequence_modes: int8 array ``(N,)`` for multimodal files, else ``None``.
+
+    Raises:
+        FileNotFoundError: ``PREFIX.idx`` or ``PREFIX.bin`` is missing.
+        IndexedFileError: the files are malformed or do not match each other (the message
+            names the file).
+        ValueError: an unknown ``mode``.
+
+    Returned token arrays are views into the file or cache in ``mmap``/``cached`` mode
+    (read-only; copy before modifying) and fresh arrays in ``lazy`` mode.
+    Pickling stores only the prefix and options; the copy reopens the files (without
+    re-validating), so datasets can be sent to ``DataLoader`` workers.
+    """
+
+    def __init__(
+        self,
+        path_prefix: PathLike,
+        mode: str = "mmap",
+        multimodal: bool = False,
+        validate: bool = True,
+    ) -> None:
+        if mode not in READERS:
+            raise ValueError(f"IndexedDataset mode={mode!r} is not one of {sorted(READERS)}")
+        self.path_prefix = os.fspath(path_prefix)
+        self.mode = mode
+        self.multimodal = bool(multimodal)
+        self._open(validate)
+
+    # ------------------------------------------------------------------ opening
+    def _open(self, validate: bool) -> None:
+        idx_path, bin_path = self.idx_path, self.bin_path
+        for path in (idx_path, bin_path):
+            if not os.path.isfile(path):
+                raise FileNotFoundError(
+                    f"indexed dataset file {path} not found (prefix {self.path_prefix!r} needs both .idx and .bin)"
+                )
+        header = read_header(idx_path)
+        self.dtype: np.dtype = header.dtype
+        idx_size = os.path.getsize(idx_path)
+        expected = header.index_size(self.multimodal)
+        if idx_size != expected:
+            if idx_size < expected:
+                raise IndexedFileError(
+                    f"{idx_path}: truncated index file ({idx_size} bytes, header promises {expected})"
+                )
+            hint = ""
+            if not self.multimodal and idx_size == header.index_size(True):
+                hint = "; it looks multimodal: open it with multimodal=True"
+            raise IndexedFileError(
+                f"{idx_path}: index file has {idx_size} bytes, header promises {expected}{hint}"
+            )
+
+        if self.mode == "mmap":
+            raw: np.ndarray = map_file(idx_path)
+        else:
+            raw = np.fromfile(idx_path, dtype=np.uint8)
+            raw.flags.writeable = False
+        n, d = header.sequence_count, header.document_count
+        offset = HEADER_SIZE
+        self.sequence_lengths: np.ndarray = np.frombuffer(
+            raw, dtype=np.int32, count=n, offset=offset
+        )
+        offset += 4 * n
+        self.sequence_pointers: np.ndarray = np.frombuffer(
+            raw, dtype=np.int64, count=n, offset=offset
+        )
+        offset += 8 * n
+        self.document_indices: np.ndarray = np.frombuffer(
+            raw, dtype=np.int64, count=d, offset=offset
+        )
+        offset += 8 * d
+        self.sequence_modes: np.ndarray | None = (
+            np.frombuffer(raw, dtype=np.int8, count=n, offset=offset) if self.multimodal else None
+        )
+        self._bin_size = os.path.getsize(bin_path)
+        self._check_index(validate)
+        self._reader = READERS[self.mode](bin_path, self.dtype)
+        self._len = n
+
+    def _check_index(self, full: bool) -> None:
+        idx_path, bin_path = self.idx_path, self.bin_path
+        lengths, pointers, docs = (
+            self.sequence_lengths,
+            self.sequence_pointers,
+            self.document_indices,
+        )
+        n = len(lengths)
+        itemsize = self.dtype.itemsize
+        if len(docs) == 0 or docs[0] != 0:
+            first = "nothing" if len(docs) == 0 else int(docs[0])
+            raise IndexedFileError(f"{idx_path}: document_indices must start with 0, found {first}")
+        if docs[-1] != n:
+            raise IndexedFileError(
+                f"{idx_path}: last document ends at sequence {int(docs[-1])}, but the index has {n} sequences"
+            )
+        if self._bin_size % itemsize:
+            raise IndexedFileError(
+                f"{bin_path}: size {self._bin_size} bytes is not a multiple of the {self.dtype} token size {itemsize}"
+            )
+        if full:
+            end = self._check_pointers(lengths, pointers, itemsize)
+            self._check_documents(docs)
+        else:
+            end = int(pointers[-1]) + int(lengths[-1]) * itemsize if n else 0
+        if end > self._bin_size:
+            raise IndexedFileError(
+                f"{idx_path}: index points past the end of {bin_path} (needs {end} bytes, file has {self._bin_size})"
+            )
+        if full and end < self._bin_size:
+            raise IndexedFileError(
+                f"{bin_path}: {self._bin_size - end} trailing bytes not covered by {idx_path} (files do not match)"
+            )
+
+    def _check_pointers(self, lengths: np.ndarray, pointers: np.ndarray, itemsize: int) -> int:
+        """Check lengths >= 0 and contiguous pointers; return the end byte of the data."""
+        next_pointer = 0
+        for start in range(0, len(lengths), _VALIDATE_CHUNK):
+            chunk = lengths[start : start + _VALIDATE_CHUNK].astype(np.int64)
+            negative = np.flatnonzero(chunk < 0)
+            if negative.size:
+                i = start + int(negative[0])
+                raise IndexedFileError(
+                    f"{self.idx_path}: sequence {i} has negative length {int(lengths[i])}"
+                )
+            ends = next_pointer + np.cumsum(chunk * itemsize)
+            starts = np.empty_like(ends)
+            starts[0] = next_pointer
+            starts[1:] = ends[:-1]
+            wrong = np.flatnonzero(pointers[start : start + _VALIDATE_CHUNK] != starts)
+            if wrong.size:
+                i = start + int(wrong[0])
+                raise IndexedFileError(
+                    f"{self.idx_path}: sequence {i} starts at byte {int(pointers[i])}, expected "
+                    f"{int(starts[wrong[0]])} from the lengths before it (corrupt index)"
+                )
+            next_pointer = int(ends[-1])
+        return next_pointer
+
+    def _check_documents(self, docs: np.ndarray) -> None:
+        for start in range(0, len(docs) - 1, _VALIDATE_CHUNK):
+            chunk = docs[start : start + _VALIDATE_CHUNK + 1]
+            decreasing = np.flatnonzero(np.diff(chunk) < 0)
+            if decreasing.size:
+                k = start + int(decreasing[0])
+                raise IndexedFileError(
+                    f"{self.idx_path}: document_indices decrease at entry {k + 1} "
+                    f"({int(docs[k])} -> {int(docs[k + 1])}; corrupt index)"
+                )
+
+    # ------------------------------------------------------------------ paths and sizes
+    @property
+    def idx_path(self) -> str:
+        """Path of the ``.idx`` file."""
+        return get_idx_path(self.path_prefix)
+
+    @property
+    def bin_path(self) -> str:
+        """Path of the ``.bin`` file."""
+        return get_bin_path(self.path_prefix)
+
+    @property
+    def sequence_count(self) -> int:
+        """Number of sequences N (same as ``len(ds)``)."""
+        return self._len
+
+    @property
+    def document_count(self) -> int:
+        """Number of documents (``len(document_indices) - 1``)."""
+        return len(self.document_indices) - 1
+
+    @property
+    def num_tokens(self) -> int:
+        """Total number of tokens in the ``.bin`` file."""
+        return self._bin_size // self.dtype.itemsize
+
+    def __len__(self) -> int:
+        return self._len
+
+    # ------------------------------------------------------------------ reads
+    def _normalize(self, idx: int | np.integer) -> int:
+        i = int(idx)
+        if i < 0:
+            i += self._len
+        if not 0 <= i < self._len:
+            raise IndexError(
+                f"sequence index {int(idx)} out of range for {self._len} sequences in {self.path_prefix}"
+            )
+        return i
+
+    def _span(self, i: int) -> tuple[int, int]:
+        start = int(self.sequence_pointers[i]) // self.dtype.itemsize
+        stop = start + int(self.sequence_lengths[i])
+        if stop * self.dtype.itemsize > self._bin_size or start < 0:
+            raise IndexedFileError(
+                f"{self.idx_path}: sequence {i} points past the end of {self.bin_path} "
+                f"(tokens {start}..{stop}, file has {self.num_tokens})"
+            )
+        return start, stop
+
+    def __getitem__(self, idx: int | np.integer | slice) -> Any:
+        """Return one sequence (``ds[i]``) or a list of sequences (``ds[a:b:step]``).
+
+        Returns:
+            ``np.ndarray`` of shape ``(sequence_lengths[i],)`` and dtype ``self.dtype``; for
+            multimodal files ``(array, mode)``. A slice returns a list of arrays (multimodal:
+            ``(list, modes)``); a contiguous slice is read in one go, like Megatron.
+
+        Raises:
+            IndexError: index out of range.
+            TypeError: an index that is neither an integer nor a slice.
+        """
+        if isinstance(idx, (int, np.integer)):
+            i = self._normalize(idx)
+            start, stop = self._span(i)
+            tokens = self._reader.read(start, stop)
+            if self.sequence_modes is not None:
+                return tokens, self.sequence_modes[i]
+            return tokens
+        if isinstance(idx, slice):
+            first, last, step = idx.indices(self._len)
+            if step == 1:
+                if last <= first:
+                    sequences: list[np.ndarray] = []
+                else:
+                    begin, _ = self._span(first)
+                    _, end = self._span(last - 1)
+                    block = self._reader.read(begin, end)
+                    splits = np.cumsum(self.sequence_lengths[first : last - 1], dtype=np.int64)
+                    sequences = np.split(block, splits)
+            else:
+                sequences = [self._reader.read(*self._span(i)) for i in range(first, last, step)]
+            if self.sequence_modes is not None:
+                return sequences, self.sequence_modes[idx]
+            return sequences
+        raise TypeError(f"IndexedDataset index must be an int or a slice, not {type(idx).__name__}")
+
+    def get(self, idx: int | np.integer, offset: int = 0, length: int | None = None) -> Any:
+        """Return part of one sequence: tokens ``[offset, offset + length)`` of sequence ``idx``.
+
+        Args:
+            idx: sequence index (negative counts from the end).
+            offset: first token, ``0 <= offset <= sequence_lengths[idx]``.
+            length: number of tokens; ``None`` = to the end of the sequence.
+
+        Returns:
+            ``np.ndarray`` of shape ``(length,)`` (multimodal: ``(array, mode)``).
+
+        Raises:
+            IndexError: ``idx`` out of range, or ``offset``/``length`` outside the sequence
+                (Megatron would silently read into the next sequence).
+        """
+        i = self._normalize(idx)
+        start, stop = self._span(i)
+        size = stop - start
+        if length is None:
+            length = size - offset
+        if offset < 0 or length < 0 or offset + length > size:
+            raise IndexError(
+                f"get({i}, offset={offset}, length={length}) is outside sequence {i} of length {size} "
+                f"in {self.path_prefix}"
+            )
+        tokens = self._reader.read(start + offset, start + offset + length)
+        if self.sequence_modes is not None:
+            return tokens, self.sequence_modes[i]
+        return tokens
+
+    def __iter__(self) -> Iterator[Any]:
+        for i in range(self._len):
+            yield self[i]
+
+    # ------------------------------------------------------------------ Megatron compatibility
+    def get_document_indices(self) -> np.ndarray:
+        """Return ``document_indices`` (Megatron-Core's accessor)."""
+        return self.document_indices
+
+    def set_document_indices(self, document_indices: np.ndarray) -> None:
+        """Replace ``document_indices`` in memory (Megatron-Core's accessor; files are untouched)."""
+        self.document_indices = np.asarray(document_indices, dtype=np.int64)
+
+    @staticmethod
+    def exists(path_prefix: PathLike) -> bool:
+        """Return whether both ``PREFIX.idx`` and ``PREFIX.bin`` exist."""
+        return exists(path_prefix)
+
+    # ------------------------------------------------------------------ lifetime
+    def close(self) -> None:
+        """Release the files; the dataset cannot be read afterwards."""
+        reader = getattr(self, "_reader", None)
+        if reader is not None:
+            reader.close()
+
+    def __enter__(self) -> IndexedDataset:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"path_prefix": self.path_prefix, "mode": self.mode, "multimodal": self.multimodal}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.path_prefix = state["path_prefix"]
+        self.mode = state["mode"]
+        self.multimodal = state["multimodal"]
+        self._open(validate=False)
+
+    def __repr__(self) -> str:
+        return (
+            f"IndexedDataset({self.path_prefix!r}, mode={self.mode!r}, sequences={self._len}, "
+            f"documents={self.document_count}, dtype={self.dtype})"
+        )
+
+
+class _SpillArray:
+    """An append-only 1-D array kept in memory up to ``limit`` items, then spilled to a temp file."""
+
+    def __init__(self, dtype: type, directory: str, tag: str, limit: int = 1 << 20) -> None:
+        self.dtype = np.dtype(dtype)
+        self._directory = directory
+        self._tag = tag
+        self._limit = limit
+        self._buffer: list[np.ndarray] = []
+        self._buffered = 0
+        self._spilled = 0
+        self._file: Any = None
+        self._path: str | None = None
+
+    def __len__(self) -> int:
+        return self._spilled + self._buffered
+
+    def extend(self, values: np.ndarray) -> None:
+        values = np.asarray(values, dtype=self.dtype).reshape(-1)
+        if values.size == 0:
+            return
+        self._buffer.append(values.copy() if values.base is not None else values)
+        self._buffered += values.size
+        if self._buffered >= self._limit:
+            self._spill()
+
+    def append(self, value: int) -> None:
+        self.extend(np.array([value], dtype=self.dtype))
+
+    def _spill(self) -> None:
+        if self._file is None:
+            self._path = _temp_name(self._directory, self._tag)
+            self._file = open(self._path, "x+b")  # closed by discard()
+        for part in self._buffer:
+            self._file.write(part.tobytes())
+        self._spilled += self._buffered
+        self._buffer, self._buffered = [], 0
+
+    def chunks(self, size: int = _VALIDATE_CHUNK) -> Iterator[np.ndarray]:
+        """Yield the contents in order, in arrays of at most ``size`` items."""
+        if self._file is not None:
+            self._file.flush()
+            self._file.seek(0)
+            remaining = self._spilled
+            while remaining:
+                count = min(size, remaining)
+                yield np.frombuffer(self._file.read(count * self.dtype.itemsize), dtype=self.dtype)
+                remaining -= count
+        yield from self._buffer
+
+    def discard(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        if self._path is not None:
+            try:
+                os.remove(self._path)
+            except FileNotFoundError:
+                pass
+            self._path = None
+        self._buffer, self._buffered, self._spilled = [], 0, 0
+
+
+def _as_token_array(values: Any, dtype: np.dtype, what: str) -> np.ndarray:
+    """Convert token ids to a 1-D array of ``dtype``, refusing values that do not fit."""
+    if hasattr(values, "detach") and hasattr(
+        values, "cpu"
+    ):  # torch tensor, without importing torch
+        values = values.detach().cpu().numpy()
+    array = np.asarray(values)
+    if array.size == 0:
+        return np.empty(0, dtype=dtype)
+    array = array.reshape(-1)
+    if array.dtype == dtype:
+        return array
+    if dtype.kind in "iu":
+        if array.dtype.kind == "f":
+            if not np.all(np.isfinite(array)) or not np.all(array == np.floor(array)):
+                raise ValueError(f"{what}: non-integer token values cannot be stored as {dtype}")
+        elif array.dtype.kind not in "iub":
+            raise ValueError(f"{what}: tokens of dtype {array.dtype} cannot be stored as {dtype}")
+        if not np.can_cast(array.dtype, dtype, casting="safe"):
+            info = np.iinfo(dtype)
+            low, high = array.min(), array.max()
+            if low < info.min or high > info.max:
+                raise ValueError(
+                    f"{what}: token values {low}..{high} do not fit {dtype} ({info.min}..{info.max}); "
+                    "use a wider dtype"
+                )
+    return array.astype(dtype)
+
+
+class IndexedDatasetBuilder:
+    """Writes a Megatron ``.bin``/``.idx`` pair, atomically.
+
+    Same methods as Megatron-Core's builder. Tokens go to a temporary file next to
+    ``bin_path``; :meth:`finalize` writes the index to a temporary file too and then
+    renames both into place (the ``.idx`` last), so an interrupted build never leaves
+    a pair that looks complete. The index is kept in memory up to ~1M entries per
+    array and then spilled to temporary files, so memory stays bounded for any corpus.
+
+    Also usable as a context manager: leaving the block finalizes (to the ``.idx``
+    next to ``bin_path``), leaving it with an exception discards everything.
+
+    Args:
+        bin_path: final path of the ``.bin`` file (parent directories are created).
+        dtype: token dtype, one of Megatron's codes; default ``int32`` like Megatron.
+            :func:`optimal_dtype` picks the smallest for a vocabulary.
+        multimodal: store one int8 mode per sequence.
+
+    Raises:
+        ValueError: unsupported dtype; on adds, tokens that do not fit the dtype.
+    """
+
+    def __init__(self, bin_path: PathLike, dtype: Any = np.int32, multimodal: bool = False) -> None:
+        self.bin_path = os.fspath(bin_path)
+        self.dtype = normalize_dtype(dtype)
+        self.multimodal = bool(multimodal)
+        directory = os.path.dirname(os.path.abspath(self.bin_path))
+        os.makedirs(directory, exist_ok=True)
+        base = os.path.basename(self.bin_path)
+        self._tmp_bin = _temp_name(directory, base)
+        self._data = open(self._tmp_bin, "xb", buffering=1 << 20)  # closed by finalize()/abort()
+        self._directory = directory
+        self._lengths = _SpillArray(np.int32, directory, f"{base}.lengths")
+        self._documents = _SpillArray(np.int64, directory, f"{base}.documents")
+        self._documents.append(0)
+        self._modes = _SpillArray(np.int8, directory, f"{base}.modes") if self.multimodal else None
+        self._sequences_at_last_document = 0
+        self._num_tokens = 0
+        self._done = False
+
+    # ------------------------------------------------------------------ adding data
+    @property
+    def sequence_count(self) -> int:
+        """Sequences added so far."""
+        return len(self._lengths)
+
+    @property
+    def document_count(self) -> int:
+        """Documents ended so far."""
+        return len(self._documents) - 1
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens written so far."""
+        return self._num_tokens
+
+    def _check_open(self) -> None:
+        if self._done:
+            raise ValueError(
+                f"IndexedDatasetBuilder for {self.bin_path} is already finalized or aborted"
+            )
+
+    def _write(self, array: np.ndarray) -> None:
+        self._data.write(array.tobytes())
+        self._num_tokens += array.size
+
+    def add_item(self, tensor: Any, mode: int = 0) -> None:
+        """Append one sequence (1-D token ids: torch tensor, numpy array or list)."""
+        self._check_open()
+        array = _as_token_array(tensor, self.dtype, self.bin_path)
+        self._write(array)
+        self._lengths.append(array.size)
+        if self._modes is not None:
+            self._modes.append(mode)
+
+    def end_document(self) -> None:
+        """Close the current document: the sequences added since the last one form it."""
+        self._check_open()
+        self._sequences_at_last_document = len(self._lengths)
+        self._documents.append(self._sequences_at_last_document)
+
+    def add_document(
+        self, tensor: Any, lengths: Sequence[int], modes: Sequence[int] | None = None
+    ) -> None:
+        """Append a whole document: its tokens and the lengths of its sequences.
+
+        Args:
+            tensor: all tokens of the document, shape ``(sum(lengths),)``.
+            lengths: tokens per sequence; ``[]`` adds an empty document (as Megatron does).
+            modes: one mode per sequence (multimodal only; default 0).
+
+        Raises:
+            ValueError: ``sum(lengths)`` differs from the number of tokens.
+        """
+        self._check_open()
+        array = _as_token_array(tensor, self.dtype, self.bin_path)
+        lengths_array = np.asarray(lengths, dtype=np.int64).reshape(-1)
+        if int(lengths_array.sum()) != array.size or (lengths_array < 0).any():
+            raise ValueError(
+                f"add_document: lengths {list(lengths)} do not add up to {array.size} tokens"
+            )
+        self._write(array)
+        self._lengths.extend(lengths_array)
+        if self._modes is not None:
+            self._modes.extend(np.zeros(len(lengths_array)) if modes is None else np.asarray(modes))
+        self.end_document()
+
+    def add_documents(
+        self,
+        tokens: Any,
+        sequence_lengths: Any,
+        sequences_per_document: Any,
+        modes: Any = None,
+    ) -> None:
+        """Append many documents at once (the fast path used by preprocessing).
+
+        Args:
+            tokens: all tokens, shape ``(sum(sequence_lengths),)``.
+            sequence_lengths: tokens per sequence, shape ``(S,)``.
+            sequences_per_document: sequences in each document, shape ``(D,)``, summing to ``S``
+                (0 = an empty document).
+            modes: one mode per sequence (multimodal only; default 0).
+
+        Raises:
+            ValueError: the counts do not add up.
+        """
+        self._check_open()
+        array = _as_token_array(tokens, self.dtype, self.bin_path)
+        lengths = np.asarray(sequence_lengths, dtype=np.int64).reshape(-1)
+        per_doc = np.asarray(sequences_per_document, dtype=np.int64).reshape(-1)
+        if int(lengths.sum()) != array.size or int(per_doc.sum()) != lengths.size:
+            raise ValueError(
+                f"add_documents: {array.size} tokens, sequence lengths summing to {int(lengths.sum())}, "
+                f"{lengths.size} sequences vs {int(per_doc.sum())} in documents"
+            )
+        if (lengths < 0).any() or (per_doc < 0).any():
+            raise ValueError("add_documents: negative sequence length or sequence count")
+        self._write(array)
+        base = len(self._lengths)
+        self._lengths.extend(lengths)
+        if self._modes is not None:
+            self._modes.extend(np.zeros(lengths.size) if modes is None else np.asarray(modes))
+        if per_doc.size:
+            self._documents.extend(base + np.cumsum(per_doc))
+            self._sequences_at_last_document = len(self._lengths)
+
+    def add_index(self, path_prefix: PathLike) -> None:
+        """Append a whole existing dataset (merge), keeping its document boundaries.
+
+        A dataset of another integer dtype is converted when its tokens fit this
+        builder's dtype (checked chunk by chunk); Megatron requires equal dtypes.
+
+        Raises:
+            IndexedFileError / FileNotFoundError: the dataset cannot be opened.
+            ValueError: its tokens do not fit this dtype, or multimodal does not match.
+        """
+        self._check_open()
+        other = IndexedDataset(path_prefix, mode="mmap", multimodal=self.multimodal)
+        try:
+            base = len(self._lengths)
+            for start in range(0, len(other), _VALIDATE_CHUNK):
+                self._lengths.extend(other.sequence_lengths[start : start + _VALIDATE_CHUNK])
+                if self._modes is not None and other.sequence_modes is not None:
+                    self._modes.extend(other.sequence_modes[start : start + _VALIDATE_CHUNK])
+            docs = other.document_indices
+            for start in range(1, len(docs), _VALIDATE_CHUNK):
+                self._documents.extend(docs[start : start + _VALIDATE_CHUNK] + base)
+            self._sequences_at_last_document = len(self._lengths)
+            self._data.flush()
+            if other.dtype == self.dtype:
+                with open(other.bin_path, "rb") as source:
+                    while block := source.read(1 << 24):
+                        self._data.write(block)
+                self._num_tokens += other.num_tokens
+            else:
+                step = (1 << 24) // other.dtype.itemsize
+                for start in range(0, other.num_tokens, step):
+                    part = other._reader.read(start, min(start + step, other.num_tokens))
+                    self._write(_as_token_array(part, self.dtype, other.bin_path))
+        finally:
+            other.close()
+
+    # ------------------------------------------------------------------ finishing
+    def finalize(self, idx_path: PathLike | None = None) -> None:
+        """Write the index and move both files into place.
+
+        Args:
+            idx_path: final ``.idx`` path; default: ``bin_path`` with ``.bin`` replaced by ``.idx``.
+
+        Raises:
+            ValueError: sequences were added after the last :meth:`end_document` (Megatron-Core's
+                reader rejects such files), or the builder is already finalized.
+        """
+        self._check_open()
+        if idx_path is None:
+            if not self.bin_path.endswith(".bin"):
+                raise ValueError(f"finalize: give idx_path, {self.bin_path} does not end with .bin")
+            idx_path = self.bin_path[: -len(".bin")] + ".idx"
+        idx_path = os.fspath(idx_path)
+        if self._sequences_at_last_document != len(self._lengths):
+            pending = len(self._lengths) - self._sequences_at_last_document
+            self.abort()
+            raise ValueError(
+                f"finalize {self.bin_path}: {pending} sequence(s) added after the last end_document(); "
+                "call end_document() before finalize()"
+            )
+        try:
+            self._data.flush()
+            os.fsync(self._data.fileno())
+            self._data.close()
+            tmp_idx = self._write_index(idx_path)
+            if os.path.exists(idx_path):
+                os.remove(idx_path)  # never leave a new .bin next to an old .idx
+            os.replace(self._tmp_bin, self.bin_path)
+            os.replace(tmp_idx, idx_path)
+            _fsync_directory(os.path.dirname(os.path.abspath(idx_path)))
+        except BaseException:
+            self.abort()
+            raise
+        self._discard_spills()
+        self._done = True
+
+    def _write_index(self, idx_path: str) -> str:
+        header = IndexHeader(self.dtype, len(self._lengths), len(self._documents))
+        directory = os.path.dirname(os.path.abspath(idx_path))
+        os.makedirs(directory, exist_ok=True)
+        tmp_idx = _temp_name(directory, os.path.basename(idx_path))
+        try:
+            with open(tmp_idx, "xb", buffering=1 << 20) as out:
+                out.write(header.pack())
+                for chunk in self._lengths.chunks():
+                    out.write(chunk.tobytes())
+                pointer = 0
+                itemsize = self.dtype.itemsize
+                for chunk in self._lengths.chunks():
+                    ends = pointer + np.cumsum(chunk.astype(np.int64) * itemsize)
+                    starts = np.concatenate(([pointer], ends[:-1])).astype(np.int64)
+                    out.write(starts.tobytes())
+                    pointer = int(ends[-1])
+                for chunk in self._documents.chunks():
+                    out.write(chunk.tobytes())
+                if self._modes is not None:
+                    for chunk in self._modes.chunks():
+                        out.write(chunk.tobytes())
+                out.flush()
+                os.fsync(out.fileno())
+        except BaseException:
+            _remove_quietly(tmp_idx)
+            raise
+        return tmp_idx
+
+    def abort(self) -> None:
+        """Discard everything written; no file is left at the final paths."""
+        if self._done:
+            return
+        self._done = True
+        try:
+            self._data.close()
+        finally:
+            _remove_quietly(self._tmp_bin)
+            self._discard_spills()
+
+    def _discard_spills(self) -> None:
+        for spill in (self._lengths, self._documents, self._modes):
+            if spill is not None:
+                spill.discard()
+
+    def __enter__(self) -> IndexedDatasetBuilder:
+        return self
+
+    def __exit__(self, exc_type: type | None, *rest: object) -> None:
+        if exc_type is not None:
+            self.abort()
+        elif not self._done:
+            self.finalize()
+
+    def __del__(self) -> None:
+        if not getattr(self, "_done", True):
+            self.abort()
+
+
+def _temp_name(directory: str, base: str) -> str:
+    """Return a fresh hidden temporary path ``directory/.base.<random>.tmp`` (opened with mode ``x``)."""
+    return os.path.join(directory, f".{base}.{uuid.uuid4().hex[:12]}.tmp")
+
+
+def _remove_quietly(path: str) -> None:
+    try:
+        os.remove(path)
+    except FileNotFoundError:
+        pass
+
+
+def _fsync_directory(directory: str) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def write_indexed_dataset(
+    path_prefix: PathLike,
+    documents: Iterable[Any],
+    dtype: Any = np.int32,
+    multimodal: bool = False,
+) -> str:
+    """Write documents of token ids to ``PREFIX.bin``/``PREFIX.idx`` in one call.
+
+    Args:
+        path_prefix: output prefix.
+        documents: each item is one document: either a 1-D sequence of token ids (one
+            sequence) or a list of such sequences (several sequences, e.g. sentences).
+        dtype: token dtype (see :func:`optimal_dtype`).
+        multimodal: write mode 0 for every sequence (Megatron's multimodal layout).
+
+    Returns:
+        ``path_prefix`` as a string.
+
+    Raises:
+        ValueError: a token does not fit ``dtype``.
+    """
+    prefix = os.fspath(path_prefix)
+    with IndexedDatasetBuilder(get_bin_path(prefix), dtype=dtype, multimodal=multimodal) as builder:
+        for document in documents:
+            if isinstance(document, (list, tuple)) and document and not np.isscalar(document[0]):
+                for sequence in document:
+                    builder.add_item(sequence)
+                builder.end_document()
+            else:
+                builder.add_item(document)
+                builder.end_document()
+    return prefix
