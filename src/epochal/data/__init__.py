@@ -24,6 +24,13 @@ _EXPORTS = {
     "IndexedDatasetBuilder": "indexed_dataset",
     "IndexedFileError": "indexed_format",
     "write_indexed_dataset": "indexed_dataset",
+    "Tokenizer": "tokenizer",
+    "ByteLevelTokenizer": "tokenizer",
+    "GPT2BPETokenizer": "tokenizer",
+    "HuggingFaceTokenizer": "tokenizer",
+    "TiktokenTokenizer": "tokenizer",
+    "build_tokenizer": "tokenizer",
+    "find_gpt2_bpe_files": "tokenizer",
     # GPT packing and blending
     "GPTDataset": "gpt_dataset",
     "BlendedDataset": "blended_dataset",
