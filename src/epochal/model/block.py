@@ -1,0 +1,49 @@
+"""One pre-norm transformer block.
+
+``x -> x + dropout(attention(attention_norm(x))) -> h + dropout(mlp(ffn_norm(h)))``
+
+Submodules (stable names): ``attention_norm``, ``attention``
+(:class:`~epochal.model.attention.Attention`), ``ffn_norm``, ``mlp``
+(:class:`~epochal.model.mlp.MLP`), ``dropout`` (hidden dropout, shared by both
+residual branches; it holds no state).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from epochal.model.attention import Attention
+from epochal.model.config import ModelConfig
+from epochal.model.mlp import MLP
+from epochal.model.norms import build_norm
+
+__all__ = ["TransformerBlock"]
+
+
+class TransformerBlock(nn.Module):
+    """Pre-norm attention + MLP block over ``[b, s, hidden]``.
+
+    Args:
+        config: the model config.
+        layer_id: the block's global index (0-based), kept for plans and logs.
+    """
+
+    def __init__(self, config: ModelConfig, layer_id: int) -> None:
+        super().__init__()
+        self.layer_id = layer_id
+        self.attention_norm = build_norm(config)
+        self.attention = Attention(config)
+        self.ffn_norm = build_norm(config)
+        self.mlp = MLP(config)
+        self.dropout = nn.Dropout(config.hidden_dropout)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor] | None = None,
+        attention_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """``[b, s, hidden] -> [b, s, hidden]``; see :meth:`Attention.forward` for the arguments."""
+        h = x + self.dropout(self.attention(self.attention_norm(x), rope, attention_mask))
+        return h + self.dropout(self.mlp(self.ffn_norm(h)))

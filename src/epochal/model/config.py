@@ -1,0 +1,292 @@
+"""``ModelConfig``: the hyper-parameters of a GPT decoder, with Megatron-LM's names.
+
+Field names follow Megatron-LM's ``TransformerConfig`` / command-line arguments
+where one exists (``num_query_groups``, ``kv_channels``, ``ffn_hidden_size``,
+``make_vocab_size_divisible_by``, ``untie_embeddings_and_output_weights``, ...), so
+that a Megatron ``args`` namespace maps onto it field by field.
+
+Every invalid value raises :class:`ConfigError` (a ``ValueError``) whose message
+starts with the option name and states the allowed range.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any, Literal
+
+__all__ = [
+    "ConfigError",
+    "ModelConfig",
+    "POSITION_EMBEDDING_TYPES",
+    "NORMALIZATIONS",
+    "ACTIVATIONS",
+]
+
+POSITION_EMBEDDING_TYPES = ("learned_absolute", "rope", "alibi", "none")
+NORMALIZATIONS = ("LayerNorm", "RMSNorm")
+ACTIVATIONS = ("gelu", "gelu_tanh", "swiglu")
+
+
+class ConfigError(ValueError):
+    """An invalid configuration value.
+
+    Attributes:
+        option: the dotted name of the offending option (e.g. ``"hidden_size"``
+            or, once a config tree re-raises it, ``"model.hidden_size"``).
+    """
+
+    def __init__(self, option: str, message: str) -> None:
+        self.option = option
+        self.detail = message
+        super().__init__(f"{option}: {message}")
+
+    def with_prefix(self, prefix: str) -> ConfigError:
+        """Return the same error with ``prefix.`` prepended to the option name."""
+        return ConfigError(f"{prefix}.{self.option}", self.detail)
+
+
+def _require(cond: bool, option: str, message: str) -> None:
+    if not cond:
+        raise ConfigError(option, message)
+
+
+@dataclass(kw_only=True)
+class ModelConfig:
+    """Hyper-parameters of :class:`epochal.model.GPTModel` (a pre-norm GPT decoder).
+
+    Attributes:
+        vocab_size: number of token ids the tokenizer produces (>= 1).
+        make_vocab_size_divisible_by: the embedding and output tables have
+            :attr:`padded_vocab_size` rows, ``vocab_size`` rounded up to a
+            multiple of this (>= 1; Megatron's default 128). Unlike Megatron the
+            padding does NOT depend on the tensor-parallel size, so checkpoints
+            reshard freely; the parallel layer checks that TP divides it.
+        hidden_size: model width ``h`` (>= 1).
+        num_layers: number of transformer blocks (>= 1).
+        num_attention_heads: number of query heads (>= 1).
+        num_query_groups: number of key/value heads. ``None`` = multi-head
+            attention (one per query head); ``1`` = multi-query attention;
+            otherwise grouped-query attention. Must divide ``num_attention_heads``.
+        kv_channels: per-head dimension (``head_dim``). ``None`` =
+            ``hidden_size // num_attention_heads`` (which must then divide).
+        ffn_hidden_size: MLP inner width. ``None`` = ``4 * hidden_size`` for
+            GELU, and Megatron's ``int(4 * hidden_size * 2 / 3 / 64) * 64`` for SwiGLU.
+        max_position_embeddings: the longest sequence the model accepts, in
+            tokens (size of the learned position table and of the RoPE cache).
+        position_embedding_type: ``"learned_absolute"`` (GPT-2), ``"rope"``
+            (rotary, Llama), ``"alibi"`` (BLOOM/MPT linear biases) or ``"none"``.
+        rotary_base: RoPE base frequency (``theta``), > 0.
+        rotary_percent: fraction of each head's dimensions that is rotated, in
+            (0, 1]; the rotated part must have an even size.
+        normalization: ``"LayerNorm"`` or ``"RMSNorm"``.
+        norm_epsilon: epsilon of the norms (> 0).
+        activation: ``"gelu"`` (exact, erf), ``"gelu_tanh"`` (the tanh
+            approximation GPT-2 uses; Megatron's ``--openai-gelu``) or
+            ``"swiglu"`` (gated SiLU, Llama).
+        add_bias_linear: biases on every linear layer except the output head.
+        add_qkv_bias: biases on the q/k/v projections. ``None`` = follow
+            ``add_bias_linear`` (Megatron's ``--add-qkv-bias`` sets it alone).
+        untie_embeddings_and_output_weights: ``False`` (default, GPT-2) shares
+            the input embedding matrix with the output head.
+        hidden_dropout: dropout probability after the embeddings and after the
+            attention and MLP outputs, in [0, 1).
+        attention_dropout: dropout probability on attention weights, in [0, 1).
+        init_method_std: standard deviation of the normal initialization (> 0);
+            output projections use ``init_method_std / sqrt(2 * num_layers)``.
+    """
+
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_attention_heads: int
+    max_position_embeddings: int
+    make_vocab_size_divisible_by: int = 128
+    num_query_groups: int | None = None
+    kv_channels: int | None = None
+    ffn_hidden_size: int | None = None
+    position_embedding_type: Literal["learned_absolute", "rope", "alibi", "none"] = (
+        "learned_absolute"
+    )
+    rotary_base: float = 10000.0
+    rotary_percent: float = 1.0
+    normalization: Literal["LayerNorm", "RMSNorm"] = "LayerNorm"
+    norm_epsilon: float = 1e-5
+    activation: Literal["gelu", "gelu_tanh", "swiglu"] = "gelu"
+    add_bias_linear: bool = True
+    add_qkv_bias: bool | None = None
+    untie_embeddings_and_output_weights: bool = False
+    hidden_dropout: float = 0.1
+    attention_dropout: float = 0.1
+    init_method_std: float = 0.02
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    # ------------------------------------------------------------------ validation
+    def validate(self) -> None:
+        """Check every field; raise :class:`ConfigError` naming the first bad one."""
+        for name in (
+            "vocab_size",
+            "hidden_size",
+            "num_layers",
+            "num_attention_heads",
+            "max_position_embeddings",
+            "make_vocab_size_divisible_by",
+        ):
+            value = getattr(self, name)
+            _require(
+                isinstance(value, int) and not isinstance(value, bool) and value >= 1,
+                name,
+                f"must be an integer >= 1, got {value!r}",
+            )
+        heads = self.num_attention_heads
+        if self.num_query_groups is not None:
+            g = self.num_query_groups
+            _require(
+                isinstance(g, int)
+                and not isinstance(g, bool)
+                and 1 <= g <= heads
+                and heads % g == 0,
+                "num_query_groups",
+                f"must be an integer in [1, num_attention_heads={heads}] that divides it "
+                f"(or None for multi-head attention), got {g!r}",
+            )
+        if self.kv_channels is None:
+            _require(
+                self.hidden_size % heads == 0,
+                "num_attention_heads",
+                f"must divide hidden_size={self.hidden_size} when kv_channels is not set, "
+                f"got {heads}",
+            )
+        else:
+            _require(
+                isinstance(self.kv_channels, int) and self.kv_channels >= 1,
+                "kv_channels",
+                f"must be an integer >= 1 or None, got {self.kv_channels!r}",
+            )
+        if self.ffn_hidden_size is not None:
+            _require(
+                isinstance(self.ffn_hidden_size, int) and self.ffn_hidden_size >= 1,
+                "ffn_hidden_size",
+                f"must be an integer >= 1 or None, got {self.ffn_hidden_size!r}",
+            )
+        _require(
+            self.position_embedding_type in POSITION_EMBEDDING_TYPES,
+            "position_embedding_type",
+            f"must be one of {POSITION_EMBEDDING_TYPES}, got {self.position_embedding_type!r}",
+        )
+        _require(
+            self.normalization in NORMALIZATIONS,
+            "normalization",
+            f"must be one of {NORMALIZATIONS}, got {self.normalization!r}",
+        )
+        _require(
+            self.activation in ACTIVATIONS,
+            "activation",
+            f"must be one of {ACTIVATIONS}, got {self.activation!r}",
+        )
+        _require(
+            _is_real(self.rotary_base) and self.rotary_base > 0,
+            "rotary_base",
+            f"must be > 0, got {self.rotary_base!r}",
+        )
+        _require(
+            _is_real(self.rotary_percent) and 0 < self.rotary_percent <= 1,
+            "rotary_percent",
+            f"must be in (0, 1], got {self.rotary_percent!r}",
+        )
+        if self.position_embedding_type == "rope":
+            _require(
+                self.rotary_dim >= 2 and self.rotary_dim % 2 == 0,
+                "rotary_percent",
+                f"must rotate an even number >= 2 of the head_dim={self.head_dim} channels, "
+                f"got {self.rotary_percent!r} (-> {self.rotary_dim})",
+            )
+        _require(
+            _is_real(self.norm_epsilon) and self.norm_epsilon > 0,
+            "norm_epsilon",
+            f"must be > 0, got {self.norm_epsilon!r}",
+        )
+        for name in ("hidden_dropout", "attention_dropout"):
+            value = getattr(self, name)
+            _require(_is_real(value) and 0 <= value < 1, name, f"must be in [0, 1), got {value!r}")
+        _require(
+            _is_real(self.init_method_std) and self.init_method_std > 0,
+            "init_method_std",
+            f"must be > 0, got {self.init_method_std!r}",
+        )
+        for name in ("add_bias_linear", "untie_embeddings_and_output_weights"):
+            _require(
+                isinstance(getattr(self, name), bool),
+                name,
+                f"must be true or false, got {getattr(self, name)!r}",
+            )
+        _require(
+            self.add_qkv_bias is None or isinstance(self.add_qkv_bias, bool),
+            "add_qkv_bias",
+            f"must be true, false or None, got {self.add_qkv_bias!r}",
+        )
+
+    # --------------------------------------------------------------- derived sizes
+    @property
+    def padded_vocab_size(self) -> int:
+        """``vocab_size`` rounded up to a multiple of ``make_vocab_size_divisible_by``."""
+        m = self.make_vocab_size_divisible_by
+        return int(math.ceil(self.vocab_size / m) * m)
+
+    @property
+    def head_dim(self) -> int:
+        """Per-head dimension: ``kv_channels`` or ``hidden_size // num_attention_heads``."""
+        if self.kv_channels is not None:
+            return self.kv_channels
+        return self.hidden_size // self.num_attention_heads
+
+    @property
+    def num_kv_heads(self) -> int:
+        """Number of key/value heads (``num_query_groups`` or ``num_attention_heads``)."""
+        return (
+            self.num_query_groups if self.num_query_groups is not None else self.num_attention_heads
+        )
+
+    @property
+    def ffn_size(self) -> int:
+        """Effective MLP inner width (resolves the ``ffn_hidden_size=None`` default)."""
+        if self.ffn_hidden_size is not None:
+            return self.ffn_hidden_size
+        if self.activation == "swiglu":
+            return max(64, int((4 * self.hidden_size * 2 / 3) / 64) * 64)
+        return 4 * self.hidden_size
+
+    @property
+    def rotary_dim(self) -> int:
+        """Number of rotated channels per head (``int(head_dim * rotary_percent)``)."""
+        return int(self.head_dim * self.rotary_percent)
+
+    @property
+    def qkv_bias(self) -> bool:
+        """Whether the q/k/v projections have biases."""
+        return self.add_bias_linear if self.add_qkv_bias is None else self.add_qkv_bias
+
+    @property
+    def tie_embeddings(self) -> bool:
+        """``not untie_embeddings_and_output_weights``."""
+        return not self.untie_embeddings_and_output_weights
+
+    # ------------------------------------------------------------------- helpers
+    def to_dict(self) -> dict[str, Any]:
+        """The fields as a plain dict (TOML/JSON friendly; ``None`` values kept)."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> ModelConfig:
+        """Build from a dict, rejecting unknown keys with a :class:`ConfigError`."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        for key in values:
+            _require(key in known, str(key), f"unknown model option; known: {sorted(known)}")
+        return cls(**values)
+
+
+def _is_real(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)

@@ -1,0 +1,208 @@
+"""``GPTModel``: a decoder-only transformer whose parallelism is applied from outside.
+
+Structure and parameter names (stable; the parallel plans, the checkpoint
+converters and the checkpoints use them)::
+
+    tok_embeddings.weight             [padded_vocab, hidden]       nn.Embedding
+    pos_embeddings.weight             [max_positions, hidden]      (learned_absolute only)
+    layers.{i}.attention_norm.weight  [hidden]   (+ .bias with LayerNorm)
+    layers.{i}.attention.wq.weight    [heads * head_dim, hidden]   (+ .bias if qkv_bias)
+    layers.{i}.attention.wk.weight    [groups * head_dim, hidden]  (+ .bias if qkv_bias)
+    layers.{i}.attention.wv.weight    [groups * head_dim, hidden]  (+ .bias if qkv_bias)
+    layers.{i}.attention.wo.weight    [hidden, heads * head_dim]   (+ .bias if add_bias_linear)
+    layers.{i}.ffn_norm.weight        [hidden]   (+ .bias with LayerNorm)
+    layers.{i}.mlp.fc1.weight / .fc2.weight          (gelu, gelu_tanh)
+    layers.{i}.mlp.w1 / .w3 / .w2 (gate, up, down)   (swiglu)   (+ biases if add_bias_linear)
+    norm.weight                       [hidden]   (+ .bias with LayerNorm)
+    output.weight                     [padded_vocab, hidden]       nn.Linear, no bias
+
+``layers`` is an ``nn.ModuleDict`` keyed ``"0" .. "L-1"``; a pipeline stage deletes
+the keys it does not own (names stay global).
+
+Tied embeddings (``untie_embeddings_and_output_weights=False``, the default):
+``output.weight`` IS ``tok_embeddings.weight`` (one ``nn.Parameter`` registered
+under both modules, set by :meth:`GPTModel.tie_weights`). ``state_dict()`` then
+holds both keys with the same tensor; ``named_parameters()`` lists it once as
+``tok_embeddings.weight``. After a pipeline split the first stage keeps it as
+``tok_embeddings.weight`` and the last as ``output.weight``; both start equal
+(:mod:`epochal.model.init` draws the same values for both names) and the
+pipeline layer must sum their gradients (Megatron's embedding group).
+``Module.to_empty`` unties them; :meth:`init_weights` re-ties.
+
+Pipeline stages (torchtitan's pattern): set ``tok_embeddings`` / ``pos_embeddings``
+to ``None`` on every stage but the first and ``norm`` / ``output`` to ``None`` on
+every stage but the last; ``forward`` then takes / returns hidden states
+``[b, s, hidden]`` instead of token ids / logits.
+
+Buffers: ``rope_cos`` / ``rope_sin`` (``[max_position_embeddings, rotary_dim]``,
+RoPE only) on the model and ``layers.{i}.attention.alibi_slopes`` (ALiBi only) are
+non-persistent (not in checkpoints), so every stage has them. They follow
+``.to(device)``; after ``to_empty`` (meta-device construction) call
+:meth:`init_buffers` (``init_weights`` does it).
+
+The model returns logits; the loss is computed outside (the trainer; a
+vocabulary-parallel loss under tensor parallelism).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from epochal.model.block import TransformerBlock
+from epochal.model.config import ModelConfig
+from epochal.model.init import initial_value
+from epochal.model.norms import build_norm
+from epochal.model.positions import rope_cos_sin
+
+__all__ = ["GPTModel"]
+
+
+class GPTModel(nn.Module):
+    """GPT decoder: embeddings -> blocks -> final norm -> output head.
+
+    Args:
+        config: the model's hyper-parameters.
+        seed: initialization seed (see :mod:`epochal.model.init`). Modules are
+            created on the ``meta`` device, then materialized on the current
+            default device (``with torch.device(...)`` selects it) and
+            initialized; the global RNG is never used. Under
+            ``with torch.device("meta")`` nothing is materialized: call
+            ``to_empty(device=...)`` then :meth:`init_weights`.
+    """
+
+    def __init__(self, config: ModelConfig, *, seed: int = 0) -> None:
+        super().__init__()
+        self.config = config
+        target = torch.empty(0).device  # honours a `with torch.device(...)` context
+        with torch.device("meta"):  # no default init: no global RNG use, no wasted work
+            self._build(config)
+        if target.type != "meta":
+            self.to_empty(device=target)
+            self.init_weights(seed=seed)
+
+    def _build(self, config: ModelConfig) -> None:
+        h = config.hidden_size
+        self.tok_embeddings: nn.Embedding | None = nn.Embedding(config.padded_vocab_size, h)
+        self.pos_embeddings: nn.Embedding | None = None
+        if config.position_embedding_type == "learned_absolute":
+            self.pos_embeddings = nn.Embedding(config.max_position_embeddings, h)
+        self.embedding_dropout = nn.Dropout(config.hidden_dropout)
+        self.layers = nn.ModuleDict(
+            {str(i): TransformerBlock(config, i) for i in range(config.num_layers)}
+        )
+        self.norm: nn.Module | None = build_norm(config)
+        self.output: nn.Linear | None = nn.Linear(h, config.padded_vocab_size, bias=False)
+        if config.position_embedding_type == "rope":
+            cos, sin = rope_cos_sin(
+                config.rotary_dim, config.max_position_embeddings, config.rotary_base
+            )
+            self.register_buffer("rope_cos", cos, persistent=False)
+            self.register_buffer("rope_sin", sin, persistent=False)
+        else:
+            self.rope_cos = None
+            self.rope_sin = None
+        self.tie_weights()
+
+    # ------------------------------------------------------------ initialization
+    def tie_weights(self) -> None:
+        """Make ``output.weight`` the same parameter as ``tok_embeddings.weight`` (tied configs)."""
+        if (
+            self.config.tie_embeddings
+            and self.output is not None
+            and self.tok_embeddings is not None
+        ):
+            self.output.weight = self.tok_embeddings.weight
+
+    def init_buffers(self) -> None:
+        """Recompute the non-persistent RoPE / ALiBi buffers on the parameters' device."""
+        device = next(self.parameters()).device
+        if self.config.position_embedding_type == "rope":
+            cos, sin = rope_cos_sin(
+                self.config.rotary_dim,
+                self.config.max_position_embeddings,
+                self.config.rotary_base,
+                device=device,
+            )
+            self.rope_cos, self.rope_sin = cos, sin
+        for layer in self.layers.values():
+            layer.attention.init_buffers()
+
+    @torch.no_grad()
+    def init_weights(self, seed: int = 0) -> None:
+        """Initialize every parameter as Megatron does (see :mod:`epochal.model.init`) and the buffers.
+
+        Works on any device, after ``to_empty``, and on a pipeline stage (a subset
+        of the modules). Same ``seed`` -> same values, whatever the device.
+        """
+        self.tie_weights()
+        for name, param in self.named_parameters():
+            value = initial_value(self.config, name, param.shape, seed=seed)
+            param.copy_(value.to(device=param.device, dtype=param.dtype))
+        self.init_buffers()
+
+    # ------------------------------------------------------------------- forward
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        position_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Run the (stage of the) model.
+
+        Args:
+            tokens: int64 token ids ``[b, s]`` when ``tok_embeddings`` is present,
+                else hidden states ``[b, s, hidden]`` from the previous stage.
+            position_ids: int64 ``[b, s]`` or ``[1, s]``; default ``0..s-1``
+                (Megatron's ``reset_position_ids`` passes per-document positions).
+            attention_mask: optional bool ``[b or 1, 1, s, s]``, True = masked
+                out (Megatron's convention, e.g. ``reset_attention_mask``);
+                the causal mask is always applied as well.
+
+        Returns:
+            Logits ``[b, s, padded_vocab_size]`` (dtype of the output layer, e.g.
+            bf16 under autocast) when ``output`` is present, else hidden states
+            ``[b, s, hidden]``.
+
+        Raises:
+            ValueError: if the sequence is longer than ``max_position_embeddings``.
+        """
+        s = tokens.shape[1]
+        if s > self.config.max_position_embeddings:
+            raise ValueError(
+                f"sequence length {s} exceeds max_position_embeddings={self.config.max_position_embeddings}"
+            )
+        if position_ids is None:
+            position_ids = torch.arange(s, device=tokens.device).unsqueeze(0)
+        if self.tok_embeddings is not None:
+            h = self.tok_embeddings(tokens)
+            if self.pos_embeddings is not None:
+                h = h + self.pos_embeddings(position_ids)
+            h = self.embedding_dropout(h)
+        else:
+            h = tokens
+        rope = None
+        if self.rope_cos is not None:
+            rope = (self.rope_cos[position_ids], self.rope_sin[position_ids])
+        for layer in self.layers.values():
+            h = layer(h, rope, attention_mask)
+        if self.norm is not None:
+            h = self.norm(h)
+        if self.output is not None:
+            h = self.output(h)
+        return h
+
+    # ------------------------------------------------------------------- helpers
+    def num_parameters(self, *, exclude_embeddings: bool = False) -> int:
+        """Number of distinct parameters (tied weights counted once).
+
+        Args:
+            exclude_embeddings: leave out ``tok_embeddings`` and ``pos_embeddings``
+                (an untied ``output`` is still counted).
+        """
+        total = 0
+        for name, p in self.named_parameters():
+            if exclude_embeddings and name.split(".")[0] in ("tok_embeddings", "pos_embeddings"):
+                continue
+            total += p.numel()
+        return total

@@ -1,0 +1,47 @@
+"""The feed-forward block: GELU MLP or SwiGLU.
+
+Parameters (stable names):
+
+- GELU (``activation="gelu"`` or ``"gelu_tanh"``): ``fc1`` (hidden -> ffn),
+  ``fc2`` (ffn -> hidden); ``out = fc2(gelu(fc1(x)))``.
+- SwiGLU (``activation="swiglu"``): ``w1`` (gate, hidden -> ffn), ``w3`` (up,
+  hidden -> ffn), ``w2`` (down, ffn -> hidden); ``out = w2(silu(w1(x)) * w3(x))``.
+  Megatron fuses ``[w1; w3]`` into one ``linear_fc1`` (gate rows first); Hugging
+  Face Llama calls them ``gate_proj``, ``up_proj``, ``down_proj``.
+
+All linears have biases iff ``add_bias_linear``. Tensor parallelism shards
+``fc1``/``w1``/``w3`` by columns and ``fc2``/``w2`` by rows.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from epochal.model.config import ModelConfig
+
+__all__ = ["MLP"]
+
+
+class MLP(nn.Module):
+    """Position-wise feed-forward network over ``[..., hidden]``."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        h, f, bias = config.hidden_size, config.ffn_size, config.add_bias_linear
+        self.activation = config.activation
+        if self.activation == "swiglu":
+            self.w1 = nn.Linear(h, f, bias=bias)
+            self.w3 = nn.Linear(h, f, bias=bias)
+            self.w2 = nn.Linear(f, h, bias=bias)
+        else:
+            self.fc1 = nn.Linear(h, f, bias=bias)
+            self.fc2 = nn.Linear(f, h, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``[..., hidden] -> [..., hidden]``."""
+        if self.activation == "swiglu":
+            return self.w2(F.silu(self.w1(x)) * self.w3(x))
+        approximate = "tanh" if self.activation == "gelu_tanh" else "none"
+        return self.fc2(F.gelu(self.fc1(x), approximate=approximate))
