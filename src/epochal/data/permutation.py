@@ -221,12 +221,21 @@ def _encrypt_array(x: np.ndarray, bits: int, keys: list[Any]) -> np.ndarray:
     wl = bits - hr
     left = x >> np.uint64(hr)
     right = x & np.uint64((1 << hr) - 1)
-    for key in keys:
-        f = right ^ key
-        _mix64_inplace(f)
+    f = np.empty_like(left)
+    tmp = np.empty_like(left)
+    for key in keys:  # in-place ops on preallocated buffers: no temporaries per round
+        np.bitwise_xor(right, key, out=f)
+        np.right_shift(f, np.uint64(30), out=tmp)
+        f ^= tmp
+        f *= _U_M1
+        np.right_shift(f, np.uint64(27), out=tmp)
+        f ^= tmp
+        f *= _U_M2
+        np.right_shift(f, np.uint64(31), out=tmp)
+        f ^= tmp
         f &= np.uint64((1 << wl) - 1)
         f ^= left
-        left, right = right, f
+        left, right, f = right, f, left  # the old left buffer becomes scratch
         wl = bits - wl
     left <<= np.uint64(hr)
     left |= right
