@@ -40,6 +40,18 @@ _EXPORTS = {
     "MegatronDataSampler": "data_sampler",
     "WrappedDataLoader": "loader",
     "MegatronDataModule": "datamodule",
+    "MegatronPretrainingBatchSampler": "samplers",
+    "SamplerConfigError": "samplers",
+    "NumMicroBatchesCalculator": "microbatches",
+    "ConstantNumMicroBatchesCalculator": "microbatches",
+    "RampupBatchsizeNumMicroBatchesCalculator": "microbatches",
+    "build_num_microbatches_calculator": "microbatches",
+    "MicroBatchConfigError": "microbatches",
+    "PAD": "padding",
+    "PaddingIndex": "padding",
+    "PaddedDataset": "padding",
+    "DataExhaustedError": "loader",
+    "LoaderStateError": "loader",
 }
 
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
