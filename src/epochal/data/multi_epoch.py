@@ -26,10 +26,12 @@ from torch.utils.data import Dataset
 from epochal.data.epoch_index import EpochIndex, MultiEpochDataset, SizedDataset
 from epochal.data.permutation import (
     MAX_LENGTH,
+    _encrypt_int,
+    _round_keys,
     derive_seed,
     derive_seed_array,
-    permute,
     permute_array,
+    permute_grouped,
 )
 
 __all__ = [
@@ -93,6 +95,10 @@ class MultiEpochDatasetResampler(Dataset[T_co]):
     shuffle: bool = True
     seed: int = 42
     _n: int = field(init=False, repr=False)
+    _bits: int = field(init=False, repr=False)
+    _last_epoch_keys: tuple[int, tuple[int, ...]] | None = field(
+        init=False, repr=False, compare=False, default=None
+    )
 
     def __post_init__(self) -> None:
         """Validate the arguments and resolve ``num_epochs`` / ``num_samples``."""
@@ -107,6 +113,7 @@ class MultiEpochDatasetResampler(Dataset[T_co]):
         if n > MAX_LENGTH:
             raise ValueError(f"len(dataset) must be <= 2**63, got {n}")
         self._n = n
+        self._bits = (n - 1).bit_length()
         derive_seed(self.seed)  # validates the seed (type and range)
         self.seed = operator.index(self.seed)
         if self.num_samples is not None:
@@ -141,8 +148,17 @@ class MultiEpochDatasetResampler(Dataset[T_co]):
                 f"index {g} out of range for a resampler of {self.num_samples} samples"
             )
         epoch, idx = divmod(g, self._n)
-        if self.shuffle:
-            idx = permute(idx, self._n, derive_seed(self.seed, epoch))
+        if self.shuffle and self._n > 1:
+            # same result as permute(idx, n, derive_seed(seed, epoch)), with the round keys
+            # of the last epoch kept: consecutive indices mostly share an epoch
+            cached = self._last_epoch_keys
+            if cached is None or cached[0] != epoch:
+                cached = (epoch, _round_keys(derive_seed(self.seed, epoch), self._bits))
+                self._last_epoch_keys = cached
+            keys = cached[1]
+            idx = _encrypt_int(idx, self._bits, keys)
+            while idx >= self._n:
+                idx = _encrypt_int(idx, self._bits, keys)
         return EpochIndex(epoch, idx)
 
     def __getitem__(self, index: int) -> T_co:
@@ -221,8 +237,18 @@ class MultiEpochDatasetResampler(Dataset[T_co]):
             )
         g = g.astype(np.int64, copy=False)
         epochs, idx = np.divmod(g, self._n)
-        if self.shuffle:
-            idx = permute_array(idx, self._n, derive_seed_array(self.seed, epochs))
+        if self.shuffle and g.size:
+            flat = epochs.reshape(-1)
+            first, last = int(flat.min()), int(flat.max())
+            if last - first < flat.size:  # seeds of the epochs spanned, gathered per index
+                table = derive_seed_array(self.seed, np.arange(first, last + 1, dtype=np.int64))
+                group = flat - first
+            else:
+                uniq, group = np.unique(flat, return_inverse=True)
+                table = derive_seed_array(self.seed, uniq)
+            idx = permute_grouped(idx.reshape(-1), self._n, table, group.reshape(-1)).reshape(
+                g.shape
+            )
         return epochs, idx
 
 

@@ -40,6 +40,7 @@ __all__ = [
     "mix64_array",
     "permute",
     "permute_array",
+    "permute_grouped",
 ]
 
 MASK64 = (1 << 64) - 1
@@ -203,40 +204,51 @@ def _round_keys_array(seeds: np.ndarray, bits: int) -> list[np.ndarray]:
 
 
 def _encrypt_int(x: int, bits: int, keys: tuple[int, ...]) -> int:
+    # Two Feistel rounds per iteration, written without the swap: round 2k updates the
+    # high part (width bits - bits // 2) from the low part, round 2k + 1 the reverse.
     hr = bits // 2
-    wl = bits - hr
-    left, right = x >> hr, x & ((1 << hr) - 1)
-    for key in keys:
-        z = right ^ key
+    mask_l, mask_r = (1 << (bits - hr)) - 1, (1 << hr) - 1
+    left, right = x >> hr, x & mask_r
+    for i in range(0, len(keys), 2):
+        z = right ^ keys[i]
         z = ((z ^ (z >> 30)) * _M1) & MASK64
         z = ((z ^ (z >> 27)) * _M2) & MASK64
-        z ^= z >> 31
-        left, right = right, left ^ (z & ((1 << wl) - 1))
-        wl = bits - wl
+        left ^= (z ^ (z >> 31)) & mask_l
+        z = left ^ keys[i + 1]
+        z = ((z ^ (z >> 30)) * _M1) & MASK64
+        z = ((z ^ (z >> 27)) * _M2) & MASK64
+        right ^= (z ^ (z >> 31)) & mask_r
     return (left << hr) | right
+
+
+def _round_function_into(
+    src: np.ndarray, key: Any, mask: np.uint64, f: np.ndarray, tmp: np.ndarray
+) -> None:
+    """``f = mix64(src ^ key) & mask`` on preallocated buffers."""
+    np.bitwise_xor(src, key, out=f)
+    np.right_shift(f, np.uint64(30), out=tmp)
+    f ^= tmp
+    f *= _U_M1
+    np.right_shift(f, np.uint64(27), out=tmp)
+    f ^= tmp
+    f *= _U_M2
+    np.right_shift(f, np.uint64(31), out=tmp)
+    f ^= tmp
+    f &= mask
 
 
 def _encrypt_array(x: np.ndarray, bits: int, keys: list[Any]) -> np.ndarray:
     hr = bits // 2
-    wl = bits - hr
+    mask_l, mask_r = np.uint64((1 << (bits - hr)) - 1), np.uint64((1 << hr) - 1)
     left = x >> np.uint64(hr)
-    right = x & np.uint64((1 << hr) - 1)
+    right = x & mask_r
     f = np.empty_like(left)
     tmp = np.empty_like(left)
-    for key in keys:  # in-place ops on preallocated buffers: no temporaries per round
-        np.bitwise_xor(right, key, out=f)
-        np.right_shift(f, np.uint64(30), out=tmp)
-        f ^= tmp
-        f *= _U_M1
-        np.right_shift(f, np.uint64(27), out=tmp)
-        f ^= tmp
-        f *= _U_M2
-        np.right_shift(f, np.uint64(31), out=tmp)
-        f ^= tmp
-        f &= np.uint64((1 << wl) - 1)
-        f ^= left
-        left, right, f = right, f, left  # the old left buffer becomes scratch
-        wl = bits - wl
+    for i in range(0, len(keys), 2):  # same round pairs as _encrypt_int
+        _round_function_into(right, keys[i], mask_l, f, tmp)
+        left ^= f
+        _round_function_into(left, keys[i + 1], mask_r, f, tmp)
+        right ^= f
     left <<= np.uint64(hr)
     left |= right
     return left
@@ -307,31 +319,60 @@ def permute_array(indices: np.ndarray, length: int, seed: int | np.ndarray) -> n
         if lo < 0 or hi >= length:
             bad = lo if lo < 0 else hi
             raise ValueError(f"indices must be in [0, {length}), got {bad}")
-    x = x.astype(np.uint64, copy=False)
-    seed_is_array = np.ndim(seed) > 0
-    if seed_is_array:
+    if np.ndim(seed) > 0:
         seeds = np.broadcast_to(_as_u64_array(seed, "seed"), shape).reshape(-1)
-    else:
-        seed = _check_u64(seed, "seed")
+        table, group = np.unique(seeds, return_inverse=True)
+        return permute_grouped(x, length, table, group.reshape(-1)).reshape(shape)
+    return permute_grouped(
+        x, length, np.array([_check_u64(seed, "seed")], dtype=np.uint64)
+    ).reshape(shape)
+
+
+def permute_grouped(
+    indices: np.ndarray, length: int, seed_table: np.ndarray, group: np.ndarray | None = None
+) -> np.ndarray:
+    """Map indices that use a few distinct seeds: ``out[j] = permute(indices[j], length, seed_table[group[j]])``.
+
+    The round keys are derived once per entry of ``seed_table`` and gathered, which is
+    how a sampler maps random global indices spread over many epochs. Inputs are
+    trusted (no range checks): validate with :func:`permute_array` semantics first.
+
+    Args:
+        indices: 1-D non-negative integer array, values in ``[0, length)``.
+        length: size of the permuted range, ``1 <= length <= 2**63``.
+        seed_table: 1-D ``uint64`` array of seeds.
+        group: 1-D integer array (same length as ``indices``) of positions in
+            ``seed_table``; ``None`` means every index uses ``seed_table[0]``.
+
+    Returns:
+        1-D ``int64`` array.
+    """
+    x = np.asarray(indices).astype(np.uint64, copy=False)
     out = np.zeros(x.shape, dtype=np.int64)
-    if length == 1:
-        return out.reshape(shape)
+    if length == 1 or x.size == 0:
+        return out
     bits = (length - 1).bit_length()
-    if not seed_is_array:
-        scalar_keys: list[Any] = [np.uint64(k) for k in _round_keys(seed, bits)]
+    if group is None:
+        scalar_keys = [np.uint64(k) for k in _round_keys(int(seed_table[0]), bits)]
+    else:
+        key_table = _round_keys_array(np.asarray(seed_table, dtype=np.uint64), bits)
     n = np.uint64(length)
     for start in range(0, x.size, _CHUNK):
         stop = min(start + _CHUNK, x.size)
-        keys = _round_keys_array(seeds[start:stop], bits) if seed_is_array else scalar_keys
+        if group is None:
+            keys: list[Any] = scalar_keys
+        else:
+            g = group[start:stop]
+            keys = [k[g] for k in key_table]
         y = _encrypt_array(x[start:stop], bits, keys)
         todo = np.flatnonzero(y >= n)
-        sub_keys = [k[todo] for k in keys] if seed_is_array else keys
+        sub_keys = keys if group is None else [k[todo] for k in keys]
         while todo.size:  # cycle-walk only the elements still outside range(length)
             sub = _encrypt_array(y[todo], bits, sub_keys)
             y[todo] = sub
             still = sub >= n
             todo = todo[still]
-            if seed_is_array:
+            if group is not None:
                 sub_keys = [k[still] for k in sub_keys]
         out[start:stop] = y.view(np.int64)
-    return out.reshape(shape)
+    return out
