@@ -1,7 +1,7 @@
 """The GPT model (no parallelism inside; :mod:`epochal.parallel` applies it from outside).
 
 Public names: :class:`ModelConfig`, :class:`ConfigError`, :class:`GPTModel`,
-:class:`TransformerBlock`, :class:`Attention`, :class:`MLP`. See
+:class:`TransformerBlock`, :class:`Attention`, :class:`MLP`, :class:`KVCache`. See
 :mod:`epochal.model.gpt` for the parameter names and the pipeline/tying rules.
 """
 
@@ -14,6 +14,7 @@ _EXPORTS = {
     "TransformerBlock": "block",
     "Attention": "attention",
     "MLP": "mlp",
+    "KVCache": "kv_cache",
     "training_flops_per_token": "flops",
 }
 

@@ -15,6 +15,11 @@ row-sharded ``wo`` work unchanged. Query head ``i`` uses key/value group
 ``i // (q heads / kv heads)`` (Megatron's and Hugging Face's grouping). For ALiBi
 under tensor parallelism set :attr:`Attention.alibi_heads` to this rank's
 slice of heads and call :meth:`Attention.init_buffers`.
+
+Incremental decoding: ``forward(..., kv_cache=slot)`` with a
+:class:`~epochal.model.kv_cache.LayerKVCache` appends this call's keys/values
+to the cache and attends over all cached tokens; the causal mask (and ALiBi's
+distances) are offset by the number of tokens cached before the call.
 """
 
 from __future__ import annotations
@@ -24,14 +29,26 @@ import torch.nn.functional as F
 from torch import nn
 
 from epochal.model.config import ModelConfig
+from epochal.model.kv_cache import LayerKVCache
 from epochal.model.positions import alibi_bias, alibi_slopes, apply_rotary
 
 __all__ = ["Attention", "causal_mask_out"]
 
 
-def causal_mask_out(seq_len: int, device: torch.device | None = None) -> torch.Tensor:
-    """Bool ``[s, s]``: True where key ``j > i`` (the future), i.e. masked out."""
-    return torch.ones(seq_len, seq_len, dtype=torch.bool, device=device).triu(1)
+def causal_mask_out(
+    seq_len: int, device: torch.device | None = None, key_length: int | None = None
+) -> torch.Tensor:
+    """Bool ``[s, s_k]``: True where the key is in the query's future, i.e. masked out.
+
+    Args:
+        seq_len: number of queries ``s``.
+        device: where to build the mask.
+        key_length: number of keys ``s_k >= s`` (default ``s``); the queries are the
+            last ``s`` of the ``s_k`` positions (incremental decoding with a cache),
+            so query ``i`` may see keys ``j <= i + s_k - s``.
+    """
+    s_k = seq_len if key_length is None else key_length
+    return torch.ones(seq_len, s_k, dtype=torch.bool, device=device).triu(1 + s_k - seq_len)
 
 
 class Attention(nn.Module):
@@ -75,15 +92,18 @@ class Attention(nn.Module):
         x: torch.Tensor,
         rope: tuple[torch.Tensor, torch.Tensor] | None = None,
         attention_mask: torch.Tensor | None = None,
+        kv_cache: LayerKVCache | None = None,
     ) -> torch.Tensor:
         """Attend causally.
 
         Args:
             x: ``[b, s, hidden]``.
             rope: ``(cos, sin)`` each ``[b or 1, s, rotary_dim]`` to rotate q and k, or None.
-            attention_mask: optional bool ``[b or 1, 1, s, s]``, True = masked
+            attention_mask: optional bool ``[b or 1, 1, s, s_k]``, True = masked
                 out (Megatron's convention); always combined with the causal
                 mask. Every row must keep at least one key (the diagonal).
+                ``s_k = s`` without a cache, ``offset + s`` with one.
+            kv_cache: this layer's cache slot for incremental decoding, or None.
 
         Returns:
             ``[b, s, hidden]``.
@@ -98,6 +118,11 @@ class Attention(nn.Module):
             q = apply_rotary(q, cos, sin)
             k = apply_rotary(k, cos, sin)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [b, heads, s, hd]
+        past = 0
+        if kv_cache is not None:
+            past = kv_cache.offset
+            k, v = kv_cache.update(k, v)  # [b, kv_heads, past + s, hd]
+        s_k = past + s
         n_q, n_kv = q.shape[1], k.shape[1]
         if n_q != n_kv:
             rep = n_q // n_kv
@@ -105,12 +130,19 @@ class Attention(nn.Module):
             v = v.repeat_interleave(rep, dim=1)
         dropout_p = self.dropout_p if self.training else 0.0
         if self.use_alibi:
-            bias = alibi_bias(self.alibi_slopes, s, dtype=q.dtype, mask=attention_mask)
+            bias = alibi_bias(
+                self.alibi_slopes, s, dtype=q.dtype, mask=attention_mask, key_length=s_k
+            )
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout_p)
         elif attention_mask is not None:
-            keep = ~(attention_mask | causal_mask_out(s, device=q.device))
+            keep = ~(attention_mask | causal_mask_out(s, device=q.device, key_length=s_k))
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, dropout_p=dropout_p)
-        else:
+        elif past == 0:
             out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
+        elif s == 1:  # one new token sees every cached key
+            out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p)
+        else:
+            keep = ~causal_mask_out(s, device=q.device, key_length=s_k)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, dropout_p=dropout_p)
         out = out.transpose(1, 2).reshape(b, s, -1)
         return self.wo(out)

@@ -15,6 +15,7 @@ from torch import nn
 
 from epochal.model.attention import Attention
 from epochal.model.config import ModelConfig
+from epochal.model.kv_cache import KVCache
 from epochal.model.mlp import MLP
 from epochal.model.norms import build_norm
 
@@ -43,7 +44,13 @@ class TransformerBlock(nn.Module):
         x: torch.Tensor,
         rope: tuple[torch.Tensor, torch.Tensor] | None = None,
         attention_mask: torch.Tensor | None = None,
+        kv_cache: KVCache | None = None,
     ) -> torch.Tensor:
-        """``[b, s, hidden] -> [b, s, hidden]``; see :meth:`Attention.forward` for the arguments."""
-        h = x + self.dropout(self.attention(self.attention_norm(x), rope, attention_mask))
+        """``[b, s, hidden] -> [b, s, hidden]``; see :meth:`Attention.forward` for the arguments.
+
+        ``kv_cache`` is the model-wide cache; the block uses its slot ``layer_id``.
+        """
+        slot = None if kv_cache is None else kv_cache.layer(self.layer_id)
+        attn = self.attention(self.attention_norm(x), rope, attention_mask, kv_cache=slot)
+        h = x + self.dropout(attn)
         return h + self.dropout(self.mlp(self.ffn_norm(h)))

@@ -42,6 +42,12 @@ non-persistent (not in checkpoints), so every stage has them. They follow
 
 The model returns logits; the loss is computed outside (the trainer; a
 vocabulary-parallel loss under tensor parallelism).
+
+Incremental decoding (:mod:`epochal.model.generation`): ``forward(tokens,
+kv_cache=cache)`` with a :class:`~epochal.model.kv_cache.KVCache` processes the
+new ``tokens`` after the ``cache.length`` tokens already cached (default
+positions continue from there) and advances the cache; ``logits_to_keep=n``
+runs the final norm and head on the last ``n`` positions only.
 """
 
 from __future__ import annotations
@@ -52,6 +58,7 @@ from torch import nn
 from epochal.model.block import TransformerBlock
 from epochal.model.config import ModelConfig
 from epochal.model.init import initial_value
+from epochal.model.kv_cache import KVCache
 from epochal.model.norms import build_norm
 from epochal.model.positions import rope_cos_sin
 
@@ -147,6 +154,8 @@ class GPTModel(nn.Module):
         tokens: torch.Tensor,
         position_ids: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
+        kv_cache: KVCache | None = None,
+        logits_to_keep: int | None = None,
     ) -> torch.Tensor:
         """Run the (stage of the) model.
 
@@ -157,7 +166,15 @@ class GPTModel(nn.Module):
                 (Megatron's ``reset_position_ids`` passes per-document positions).
             attention_mask: optional bool ``[b or 1, 1, s, s]``, True = masked
                 out (Megatron's convention, e.g. ``reset_attention_mask``);
-                the causal mask is always applied as well.
+                the causal mask is always applied as well. With a cache the
+                mask is ``[b or 1, 1, s, cache.length + s]`` (over all keys).
+            kv_cache: a :class:`~epochal.model.kv_cache.KVCache` for incremental
+                decoding: keys/values of ``tokens`` are appended to it, attention
+                covers the cached tokens too, default positions start at
+                ``cache.length``, and the cache is advanced by ``s``.
+            logits_to_keep: if set, only the last ``logits_to_keep`` positions go
+                through the final norm and output head (the output then has
+                that many positions); ignored on stages without ``output``.
 
         Returns:
             Logits ``[b, s, padded_vocab_size]`` (dtype of the output layer, e.g.
@@ -165,15 +182,17 @@ class GPTModel(nn.Module):
             ``[b, s, hidden]``.
 
         Raises:
-            ValueError: if the sequence is longer than ``max_position_embeddings``.
+            ValueError: if the sequence (cached tokens included) is longer than
+                ``max_position_embeddings``.
         """
         s = tokens.shape[1]
-        if s > self.config.max_position_embeddings:
+        past = 0 if kv_cache is None else kv_cache.length
+        if past + s > self.config.max_position_embeddings:
             raise ValueError(
-                f"sequence length {s} exceeds max_position_embeddings={self.config.max_position_embeddings}"
+                f"sequence length {past + s} exceeds max_position_embeddings={self.config.max_position_embeddings}"
             )
         if position_ids is None:
-            position_ids = torch.arange(s, device=tokens.device).unsqueeze(0)
+            position_ids = torch.arange(past, past + s, device=tokens.device).unsqueeze(0)
         if self.tok_embeddings is not None:
             h = self.tok_embeddings(tokens)
             if self.pos_embeddings is not None:
@@ -185,7 +204,14 @@ class GPTModel(nn.Module):
         if self.rope_cos is not None:
             rope = (self.rope_cos[position_ids], self.rope_sin[position_ids])
         for layer in self.layers.values():
-            h = layer(h, rope, attention_mask)
+            if kv_cache is None:
+                h = layer(h, rope, attention_mask)
+            else:
+                h = layer(h, rope, attention_mask, kv_cache=kv_cache)
+        if kv_cache is not None:
+            kv_cache.advance(s)
+        if logits_to_keep is not None and self.output is not None:
+            h = h[:, -logits_to_keep:]
         if self.norm is not None:
             h = self.norm(h)
         if self.output is not None:

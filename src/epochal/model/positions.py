@@ -108,23 +108,29 @@ def alibi_bias(
     seq_len: int,
     dtype: torch.dtype = torch.float32,
     mask: torch.Tensor | None = None,
+    key_length: int | None = None,
 ) -> torch.Tensor:
     """Additive causal ALiBi bias for ``scaled_dot_product_attention``.
 
     Args:
         slopes: ``[heads]`` (the heads this attention module computes).
-        seq_len: sequence length ``s``.
+        seq_len: sequence length ``s`` (number of queries).
         dtype: dtype of the result (that of the queries).
-        mask: optional bool ``[b, 1, s, s]``, True = masked out (Megatron's
+        mask: optional bool ``[b, 1, s, s_k]``, True = masked out (Megatron's
             convention), combined with the causal mask.
+        key_length: number of keys ``s_k >= s`` (default ``s``); the queries are
+            the last ``s`` positions (incremental decoding with a KV cache).
 
     Returns:
-        ``[1 or b, heads, s, s]``: ``-slope[h] * (i - j)`` for key ``j <= i``,
-        ``-inf`` for ``j > i`` and wherever ``mask`` is True.
+        ``[1 or b, heads, s, s_k]``: ``-slope[h] * (i - j)`` for key ``j <= i``
+        (``i`` the query's position among the ``s_k``), ``-inf`` for ``j > i``
+        and wherever ``mask`` is True.
     """
     device = slopes.device
-    pos = torch.arange(seq_len, device=device)
-    distance = (pos[:, None] - pos[None, :]).to(torch.float32)  # i - j
+    s_k = seq_len if key_length is None else key_length
+    q_pos = torch.arange(s_k - seq_len, s_k, device=device)
+    k_pos = torch.arange(s_k, device=device)
+    distance = (q_pos[:, None] - k_pos[None, :]).to(torch.float32)  # i - j
     bias = -slopes.to(torch.float32)[:, None, None] * distance  # [heads, s, s]
     masked_out = (distance < 0)[None, None]
     if mask is not None:
