@@ -104,6 +104,9 @@ def test_range_and_array_mapping_match_scalar():
     assert [tuple(r.epoch_index(int(x))) for x in g.ravel()] == list(
         zip(epochs.ravel().tolist(), idx.ravel().tolist())
     )
+    all_e, all_i = r.map_indices(np.arange(500)[::-1])  # dense epochs: gathered seed table
+    assert np.array_equal(all_e[::-1], r.epoch_indices(0, 500)[0])
+    assert np.array_equal(all_i[::-1], r.epoch_indices(0, 500)[1])
     unshuffled = MultiEpochDatasetResampler(KeyDataset(n), num_samples=100, shuffle=False)
     assert unshuffled.epoch_indices(30, 40)[1].tolist() == [g % n for g in range(30, 40)]
     assert unshuffled.map_indices(np.arange(30, 40))[1].tolist() == [g % n for g in range(30, 40)]

@@ -4,7 +4,14 @@ import numpy as np
 import pytest
 
 from epochal.data import permute, permute_array
-from epochal.data.permutation import MAX_LENGTH, derive_seed, derive_seed_array, mix64, mix64_array
+from epochal.data.permutation import (
+    MAX_LENGTH,
+    derive_seed,
+    derive_seed_array,
+    mix64,
+    mix64_array,
+    permute_grouped,
+)
 
 SEEDS = (0, 1, 42, 2**32 + 5, 2**64 - 1)
 
@@ -57,6 +64,16 @@ def test_array_seeds_match_scalar_seeds():
         assert np.array_equal(
             out[k * length : (k + 1) * length], permute_array(np.arange(length), length, s)
         )
+
+
+def test_grouped_seeds_match_per_seed_calls():
+    table = np.array([3, 2**64 - 1, 0], dtype=np.uint64)
+    idx = np.arange(300) % 97
+    group = np.arange(300) % 3
+    out = permute_grouped(idx, 97, table, group)
+    expected = [permute(int(i), 97, int(table[k])) for i, k in zip(idx, group)]
+    assert out.tolist() == expected
+    assert permute_grouped(idx, 97, table[:1]).tolist() == permute_array(idx, 97, 3).tolist()
 
 
 def test_shape_preserved_and_empty():
