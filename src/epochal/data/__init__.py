@@ -31,6 +31,11 @@ _EXPORTS = {
     "TiktokenTokenizer": "tokenizer",
     "build_tokenizer": "tokenizer",
     "find_gpt2_bpe_files": "tokenizer",
+    "merge_indexed_datasets": "indexed_dataset",
+    "preprocess": "preprocess",
+    "preprocess_documents": "preprocess",
+    "PreprocessSummary": "preprocess",
+    "PreprocessError": "preprocess_encoding",
     # GPT packing and blending
     "GPTDataset": "gpt_dataset",
     "BlendedDataset": "blended_dataset",

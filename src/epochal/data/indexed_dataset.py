@@ -44,6 +44,7 @@ __all__ = [
     "exists",
     "get_bin_path",
     "get_idx_path",
+    "merge_indexed_datasets",
     "optimal_dtype",
     "write_indexed_dataset",
 ]
@@ -816,3 +817,40 @@ def write_indexed_dataset(
                 builder.add_item(document)
                 builder.end_document()
     return prefix
+
+
+def merge_indexed_datasets(
+    path_prefixes: Sequence[PathLike],
+    output_prefix: PathLike,
+    dtype: Any = None,
+    multimodal: bool = False,
+) -> IndexedDataset:
+    """Concatenate datasets (sequences and documents, in the given order) into one.
+
+    Args:
+        path_prefixes: the datasets to merge, at least one.
+        output_prefix: the merged dataset's prefix; may be one of the inputs (the output
+            is written to temporary files and renamed at the end).
+        dtype: token dtype of the output; default the narrowest dtype that holds every
+            input's dtype (``numpy.result_type``), e.g. uint16 + int32 -> int32.
+        multimodal: the inputs are multimodal (every one must be).
+
+    Returns:
+        The merged dataset, opened in ``mmap`` mode.
+
+    Raises:
+        ValueError: no inputs, or tokens that do not fit ``dtype``.
+        FileNotFoundError / IndexedFileError: an input cannot be opened.
+    """
+    if not path_prefixes:
+        raise ValueError("merge needs at least one input prefix")
+    if dtype is None:
+        dtypes = [read_header(get_idx_path(prefix)).dtype for prefix in path_prefixes]
+        dtype = normalize_dtype(np.result_type(*dtypes))
+    output_prefix = os.fspath(output_prefix)
+    with IndexedDatasetBuilder(
+        get_bin_path(output_prefix), dtype=dtype, multimodal=multimodal
+    ) as builder:
+        for prefix in path_prefixes:
+            builder.add_index(prefix)
+    return IndexedDataset(output_prefix, multimodal=multimodal)

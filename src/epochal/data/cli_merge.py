@@ -1,0 +1,95 @@
+"""``epochal merge``: concatenate several indexed datasets into one.
+
+Inputs are prefixes or directories (every ``X.bin``/``X.idx`` pair in the directory,
+sorted by name, like Megatron-LM's ``tools/merge_datasets.py --input DIR``). Documents
+keep their order and boundaries. Example::
+
+    epochal merge data/part_00_text_document data/part_01_text_document --output-prefix data/all
+    epochal merge --input data/parts/ --output-prefix data/all
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from epochal.data.indexed_format import IndexedFileError, exists
+
+
+def find_prefixes(directory: str) -> list[str]:
+    """Return the prefixes of every complete ``.bin``/``.idx`` pair in ``directory``, sorted.
+
+    Raises:
+        FileNotFoundError: the directory holds no complete pair.
+    """
+    names = sorted(name[: -len(".idx")] for name in os.listdir(directory) if name.endswith(".idx"))
+    prefixes = [
+        os.path.join(directory, name) for name in names if exists(os.path.join(directory, name))
+    ]
+    if not prefixes:
+        raise FileNotFoundError(f"directory {directory} holds no .bin/.idx pair")
+    return prefixes
+
+
+def expand_inputs(inputs: list[str]) -> list[str]:
+    """Expand directories into their prefixes; check that every prefix exists.
+
+    Raises:
+        FileNotFoundError: an input is neither a directory nor a complete prefix.
+    """
+    prefixes: list[str] = []
+    for item in inputs:
+        if os.path.isdir(item):
+            prefixes.extend(find_prefixes(item))
+        elif exists(item):
+            prefixes.append(item)
+        else:
+            raise FileNotFoundError(
+                f"input {item} is neither a directory nor a prefix with .bin and .idx files"
+            )
+    return prefixes
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Register the ``merge`` flags."""
+    parser.add_argument(
+        "inputs", nargs="*", metavar="PREFIX_OR_DIR", help="datasets to merge, in order"
+    )
+    parser.add_argument(
+        "--input",
+        action="extend",
+        nargs="+",
+        default=[],
+        help="same as the positional inputs (Megatron's flag)",
+    )
+    parser.add_argument("--output-prefix", required=True, help="prefix of the merged .bin/.idx")
+    parser.add_argument(
+        "--dtype", help="token dtype of the output (default: the widest input dtype)"
+    )
+    parser.add_argument(
+        "--multimodal", action="store_true", help="the inputs carry per-sequence modes"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``epochal merge``; returns 0, or 1 after printing the error."""
+    from epochal.data.indexed_dataset import merge_indexed_datasets
+
+    inputs = list(args.inputs) + list(args.input)
+    try:
+        if not inputs:
+            raise ValueError("give at least one input prefix or directory")
+        prefixes = expand_inputs(inputs)
+        merged = merge_indexed_datasets(
+            prefixes, args.output_prefix, dtype=args.dtype, multimodal=args.multimodal
+        )
+    except (IndexedFileError, FileNotFoundError, ValueError) as exc:
+        print(f"epochal merge: error: {exc}", file=sys.stderr)
+        return 1
+    print(
+        f"merged {len(prefixes)} datasets: {len(merged):,} sequences, {merged.document_count:,} documents, "
+        f"{merged.num_tokens:,} tokens ({merged.dtype}) -> {args.output_prefix}.{{bin,idx}}"
+    )
+    merged.close()
+    return 0

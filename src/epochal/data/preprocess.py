@@ -1,0 +1,354 @@
+"""Tokenize text into Megatron indexed files (``.bin``/``.idx``), in parallel, in bounded memory.
+
+Two entry points:
+
+- :func:`preprocess`: JSONL files (``.jsonl``, ``.jsonl.gz``, directories, globs) ->
+  one ``{output_prefix}_{key}_document`` pair per JSON key, like Megatron-LM's
+  ``tools/preprocess_data.py`` (same output names, same ids, same document layout).
+- :func:`preprocess_documents`: an iterable of strings -> one ``output_prefix`` pair.
+
+Inputs are streamed in chunks of about ``chunk_bytes``; at most ``2 * workers + 2``
+chunks are in flight, so memory does not grow with the input. Workers tokenize a whole
+chunk in one batch call (the Rust tokenizers batch natively) and return compact arrays;
+the main process writes them in input order, so the output does not depend on the
+number of workers.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from typing import Any
+
+from epochal.data.indexed_dataset import IndexedDatasetBuilder
+from epochal.data.indexed_format import get_bin_path, normalize_dtype, optimal_dtype
+from epochal.data.preprocess_encoding import (
+    Chunk,
+    ChunkEncoder,
+    EncodedChunk,
+    PreprocessError,
+    encode_in_worker,
+    find_input_files,
+    init_worker,
+    read_chunks,
+)
+from epochal.data.tokenizer import Tokenizer
+
+__all__ = [
+    "PreprocessError",
+    "PreprocessSummary",
+    "find_input_files",
+    "preprocess",
+    "preprocess_documents",
+]
+
+MAX_BAD_LINE_EXAMPLES = 20
+
+
+@dataclass
+class PreprocessSummary:
+    """What a preprocessing run did.
+
+    Attributes:
+        outputs: JSON key -> output prefix (``preprocess_documents``: key ``"text"``).
+        files: input files read (0 for in-memory documents).
+        documents: documents written (per output; bad lines excluded).
+        tokens: JSON key -> tokens written.
+        bad_lines: lines skipped (``skip_bad_lines=True``).
+        bad_line_examples: the first ``file:line: reason`` messages.
+        input_bytes: bytes read from the input files (compressed size for ``.gz``).
+        seconds: wall-clock time.
+        dtype: token dtype of the outputs.
+    """
+
+    outputs: dict[str, str]
+    files: int = 0
+    documents: int = 0
+    tokens: dict[str, int] = field(default_factory=dict)
+    bad_lines: int = 0
+    bad_line_examples: list[str] = field(default_factory=list)
+    input_bytes: int = 0
+    seconds: float = 0.0
+    dtype: str = ""
+
+    @property
+    def total_tokens(self) -> int:
+        """Tokens over all outputs."""
+        return sum(self.tokens.values())
+
+    @property
+    def documents_per_second(self) -> float:
+        """Throughput in documents per second."""
+        return self.documents / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def tokens_per_second(self) -> float:
+        """Throughput in tokens (all outputs) per second."""
+        return self.total_tokens / self.seconds if self.seconds > 0 else 0.0
+
+    def __str__(self) -> str:
+        source = f" from {self.files} file{'s' if self.files != 1 else ''}" if self.files else ""
+        skipped = f", {self.bad_lines:,} bad lines skipped" if self.bad_lines else ""
+        outputs = ", ".join(f"{prefix}.{{bin,idx}}" for prefix in self.outputs.values())
+        return (
+            f"preprocessed {self.documents:,} documents, {self.total_tokens:,} tokens{source}{skipped} "
+            f"in {self.seconds:.1f} s ({self.documents_per_second:,.0f} docs/s, "
+            f"{self.tokens_per_second:,.0f} tokens/s, {self.dtype}) -> {outputs}"
+        )
+
+
+def preprocess(
+    inputs: str | os.PathLike | Sequence[str | os.PathLike],
+    output_prefix: str | os.PathLike,
+    tokenizer: Tokenizer,
+    *,
+    json_keys: Sequence[str] = ("text",),
+    append_eod: bool = False,
+    workers: int = 1,
+    skip_bad_lines: bool = False,
+    dtype: Any = None,
+    chunk_bytes: int = 1 << 20,
+    progress: bool = False,
+    mp_context: str | None = None,
+) -> PreprocessSummary:
+    """Tokenize JSONL files into one indexed dataset per JSON key.
+
+    Each non-blank line is a JSON object; ``record[key]`` is a string (one sequence) or
+    a list of strings (one sequence each, e.g. pre-split sentences). Sentences without
+    tokens are dropped, and with ``append_eod`` the end-of-document id is appended to
+    each document that has tokens — Megatron's rules, so the output equals Megatron's.
+
+    Args:
+        inputs: ``.jsonl``/``.jsonl.gz`` files, directories, globs (see :func:`find_input_files`).
+        output_prefix: outputs are ``{output_prefix}_{key}_document.{bin,idx}``.
+        tokenizer: any :class:`~epochal.data.tokenizer.Tokenizer`.
+        json_keys: keys to tokenize, one output pair each.
+        append_eod: append ``tokenizer.eod`` to every non-empty document.
+        workers: processes that tokenize; ``<= 1`` tokenizes in this process.
+        skip_bad_lines: skip (and count) lines that are not JSON objects with the keys,
+            instead of failing on the first one.
+        dtype: token dtype; default the smallest for ``tokenizer.vocab_size`` (uint16 below 65500).
+        chunk_bytes: bytes of input per work item (memory per in-flight chunk).
+        progress: show a tqdm bar (bytes, documents/s, tokens/s) on stderr.
+        mp_context: multiprocessing start method for the workers; default the platform's
+            (``fork`` on Linux, as PyTorch's DataLoader and Megatron's tool use). ``spawn`` and
+            ``forkserver`` need the calling script to guard its entry point with
+            ``if __name__ == "__main__":``.
+
+    Returns:
+        A :class:`PreprocessSummary`; ``str(summary)`` is a one-line report.
+
+    Raises:
+        FileNotFoundError: an input matches no file.
+        PreprocessError: a bad line (``file:line: reason``) without ``skip_bad_lines``, or an
+            unreadable gzip file. No output file is left behind on error.
+    """
+    files = find_input_files(inputs)
+    keys = list(json_keys)
+    if not keys or len(set(keys)) != len(keys):
+        raise ValueError(f"--json-keys must be distinct and non-empty, got {keys}")
+    prefix = os.fspath(output_prefix)
+    outputs = {key: f"{prefix}_{key}_document" for key in keys}
+    total_bytes = sum(os.path.getsize(path) for path in files)
+
+    def chunks() -> Iterator[tuple[Chunk, int]]:
+        for index, path in enumerate(files):
+            yield from read_chunks(path, index, chunk_bytes)
+
+    summary = _run(
+        chunks(),
+        files,
+        outputs,
+        tokenizer,
+        keys,
+        append_eod=append_eod,
+        workers=workers,
+        skip_bad_lines=skip_bad_lines,
+        dtype=dtype,
+        progress=progress,
+        progress_total=total_bytes,
+        mp_context=mp_context,
+    )
+    summary.files = len(files)
+    return summary
+
+
+def preprocess_documents(
+    documents: Iterable[str | Sequence[str]],
+    tokenizer: Tokenizer,
+    output_prefix: str | os.PathLike,
+    *,
+    append_eod: bool = True,
+    workers: int = 1,
+    dtype: Any = None,
+    chunk_bytes: int = 1 << 20,
+    progress: bool = False,
+    mp_context: str | None = None,
+) -> PreprocessSummary:
+    """Tokenize documents given as strings into ``output_prefix.{bin,idx}``.
+
+    Args:
+        documents: iterable of documents, each a string (one sequence) or a list of
+            strings (one sequence each); consumed lazily in chunks.
+        tokenizer: any :class:`~epochal.data.tokenizer.Tokenizer`.
+        output_prefix: output path without extension.
+        append_eod: append ``tokenizer.eod`` to every non-empty document.
+        workers, dtype, chunk_bytes, progress, mp_context: as in :func:`preprocess`.
+
+    Returns:
+        A :class:`PreprocessSummary` with the single output under key ``"text"``.
+
+    Raises:
+        PreprocessError: a document is not a string or list of strings, or is not valid
+            Unicode (named by its 0-based position).
+    """
+    total = len(documents) if hasattr(documents, "__len__") else None  # type: ignore[arg-type]
+
+    def chunks() -> Iterator[tuple[Chunk, int]]:
+        batch: list[Any] = []
+        size = 0
+        start = 0
+        for position, document in enumerate(documents):
+            if not (
+                isinstance(document, str)
+                or (
+                    isinstance(document, (list, tuple))
+                    and all(isinstance(s, str) for s in document)
+                )
+            ):
+                raise PreprocessError(
+                    f"document {position} is {type(document).__name__}, expected a string or list of strings"
+                )
+            batch.append(document)
+            size += len(document) if isinstance(document, str) else sum(map(len, document))
+            if size >= chunk_bytes:
+                yield Chunk(-1, start, batch), len(batch)
+                start, batch, size = position + 1, [], 0
+        if batch:
+            yield Chunk(-1, start, batch), len(batch)
+
+    return _run(
+        chunks(),
+        [],
+        {"text": os.fspath(output_prefix)},
+        tokenizer,
+        ["text"],
+        append_eod=append_eod,
+        workers=workers,
+        skip_bad_lines=False,
+        dtype=dtype,
+        progress=progress,
+        progress_total=total,
+        mp_context=mp_context,
+    )
+
+
+def _run(
+    chunks: Iterator[tuple[Chunk, int]],
+    files: list[str],
+    outputs: dict[str, str],
+    tokenizer: Tokenizer,
+    keys: list[str],
+    *,
+    append_eod: bool,
+    workers: int,
+    skip_bad_lines: bool,
+    dtype: Any,
+    progress: bool,
+    progress_total: int | None,
+    mp_context: str | None,
+) -> PreprocessSummary:
+    from tqdm.auto import tqdm
+
+    token_dtype = optimal_dtype(tokenizer.vocab_size) if dtype is None else normalize_dtype(dtype)
+    encoder = ChunkEncoder(tokenizer, keys, append_eod, token_dtype)
+    summary = PreprocessSummary(
+        outputs=dict(outputs), tokens=dict.fromkeys(keys, 0), dtype=str(token_dtype)
+    )
+    in_memory = not files
+    started = time.perf_counter()
+    with ExitStack() as stack:
+        builders = [
+            IndexedDatasetBuilder(get_bin_path(outputs[key]), dtype=token_dtype) for key in keys
+        ]
+        for builder in builders:
+            stack.callback(builder.abort)  # no-op once finalized
+        bar = stack.enter_context(
+            tqdm(
+                total=progress_total,
+                disable=not progress,
+                desc="preprocess",
+                unit="docs" if in_memory else "B",
+                unit_scale=True,
+                unit_divisor=1000 if in_memory else 1024,
+                dynamic_ncols=True,
+            )
+        )
+
+        def consume(result: EncodedChunk, advance: int) -> None:
+            if result.bad_lines:
+                where = files[result.file_index] if result.file_index >= 0 else "document"
+                messages = [f"{where}:{line}: {reason}" for line, reason in result.bad_lines]
+                if not skip_bad_lines:
+                    raise PreprocessError(
+                        f"{messages[0]} (use --skip-bad-lines to skip such lines)"
+                    )
+                summary.bad_lines += len(messages)
+                room = MAX_BAD_LINE_EXAMPLES - len(summary.bad_line_examples)
+                summary.bad_line_examples.extend(messages[: max(room, 0)])
+            for key, builder, (tokens, lengths, per_document) in zip(
+                keys, builders, result.outputs
+            ):
+                builder.add_documents(tokens, lengths, per_document)
+                summary.tokens[key] += int(tokens.size)
+            summary.documents += result.documents
+            summary.input_bytes += 0 if in_memory else advance
+            bar.update(advance)
+            elapsed = max(time.perf_counter() - started, 1e-9)
+            bar.set_postfix_str(
+                f"{summary.documents / elapsed:,.0f} docs/s, {summary.total_tokens / elapsed:,.0f} tokens/s",
+                refresh=False,
+            )
+
+        if workers <= 1:
+            for chunk, advance in chunks:
+                consume(encoder(chunk), advance)
+        else:
+            _run_pool(chunks, encoder, workers, mp_context, consume)
+        for builder in builders:
+            builder.finalize()
+    summary.seconds = time.perf_counter() - started
+    return summary
+
+
+def _run_pool(
+    chunks: Iterator[tuple[Chunk, int]],
+    encoder: ChunkEncoder,
+    workers: int,
+    mp_context: str | None,
+    consume: Callable[[EncodedChunk, int], None],
+) -> None:
+    """Encode chunks in a process pool, at most ``2 * workers + 2`` in flight, consumed in order."""
+    context = multiprocessing.get_context(mp_context)
+    pool = context.Pool(workers, initializer=init_worker, initargs=(encoder,))
+    try:
+        pending: deque[tuple[Any, int]] = deque()
+        for chunk, advance in chunks:
+            pending.append((pool.apply_async(encode_in_worker, (chunk,)), advance))
+            if len(pending) >= 2 * workers + 2:
+                result, advance = pending.popleft()
+                consume(result.get(), advance)
+        while pending:
+            result, advance = pending.popleft()
+            consume(result.get(), advance)
+        pool.close()
+    except BaseException:
+        pool.terminate()
+        raise
+    finally:
+        pool.join()

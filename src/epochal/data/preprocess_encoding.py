@@ -1,0 +1,279 @@
+"""The per-chunk work of preprocessing: read JSONL blocks, parse, tokenize in batches.
+
+A *chunk* is about ``chunk_bytes`` of whole lines of one input file (or a list of
+documents for :func:`epochal.data.preprocess.preprocess_documents`). Workers turn a
+chunk into compact numpy arrays, one set per JSON key, which the main process appends
+to the output files in input order. Nothing here keeps more than one chunk in memory.
+"""
+
+from __future__ import annotations
+
+import glob
+import gzip
+import json
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from itertools import chain
+from typing import Any
+
+import numpy as np
+
+from epochal.data.indexed_dataset import _as_token_array
+from epochal.data.tokenizer import Tokenizer
+
+INPUT_SUFFIXES = (".jsonl", ".jsonl.gz", ".json", ".json.gz")
+_GLOB_CHARS = set("*?[")
+
+
+class PreprocessError(ValueError):
+    """Bad preprocessing input; the message names the file (and line)."""
+
+
+def find_input_files(inputs: str | os.PathLike | Sequence[str | os.PathLike]) -> list[str]:
+    """Expand inputs into a sorted, de-duplicated list of files.
+
+    Args:
+        inputs: files, directories (every ``*.jsonl``, ``*.jsonl.gz``, ``*.json``,
+            ``*.json.gz`` below them, recursively) or glob patterns (``**`` allowed).
+            Each input's files are sorted by path; inputs keep their given order.
+
+    Raises:
+        FileNotFoundError: an input matches no file.
+    """
+    if isinstance(inputs, (str, os.PathLike)):
+        inputs = [inputs]
+    files: list[str] = []
+    for item in inputs:
+        item = os.fspath(item)
+        if os.path.isdir(item):
+            found = sorted(
+                os.path.join(root, name)
+                for root, _, names in os.walk(item)
+                for name in names
+                if name.endswith(INPUT_SUFFIXES)
+            )
+        elif os.path.isfile(item):
+            found = [item]
+        elif _GLOB_CHARS & set(item):
+            found = sorted(path for path in glob.glob(item, recursive=True) if os.path.isfile(path))
+        else:
+            found = []
+        if not found:
+            raise FileNotFoundError(
+                f"input {item} matches no file (give .jsonl[.gz] files, a directory or a glob)"
+            )
+        files.extend(found)
+    return list(dict.fromkeys(files))
+
+
+@dataclass
+class Chunk:
+    """Whole lines of one input file, or a list of documents.
+
+    Attributes:
+        file_index: index into the input file list (-1 for in-memory documents).
+        first_line: 1-based line number of the first line in ``data``.
+        data: raw bytes of whole lines, or a list of documents (str or list of str).
+    """
+
+    file_index: int
+    first_line: int
+    data: bytes | list[Any]
+
+
+def read_chunks(path: str, file_index: int, chunk_bytes: int) -> Iterator[tuple[Chunk, int]]:
+    """Yield ``(chunk, on-disk bytes consumed)`` of whole lines from a ``.jsonl[.gz]`` file.
+
+    Memory: one chunk (``chunk_bytes`` plus the rest of the last line).
+
+    Raises:
+        PreprocessError: the file is a corrupt or truncated gzip file.
+    """
+    with open(path, "rb") as raw:
+        stream: Any = gzip.GzipFile(fileobj=raw, mode="rb") if path.endswith(".gz") else raw
+        line = 1
+        position = 0
+        try:
+            while True:
+                block = stream.read(chunk_bytes)
+                if not block:
+                    break
+                if not block.endswith(b"\n"):
+                    block += stream.readline()
+                consumed = raw.tell() - position
+                position += consumed
+                yield Chunk(file_index, line, block), consumed
+                line += block.count(b"\n")
+        except (gzip.BadGzipFile, EOFError, OSError) as exc:
+            raise PreprocessError(f"{path}: cannot read ({exc})") from exc
+
+
+@dataclass
+class EncodedChunk:
+    """The output of one chunk.
+
+    Attributes:
+        documents: documents accepted.
+        bad_lines: ``(line number, reason)`` of rejected lines.
+        outputs: per JSON key ``(tokens, sequence_lengths, sequences_per_document)``.
+        num_tokens: tokens over all keys.
+    """
+
+    file_index: int
+    documents: int = 0
+    bad_lines: list[tuple[int, str]] = field(default_factory=list)
+    outputs: list[tuple[np.ndarray, ...]] = field(default_factory=list)
+    num_tokens: int = 0
+
+
+class ChunkEncoder:
+    """Turns chunks into token arrays; picklable, sent once to each worker.
+
+    Args:
+        tokenizer: the tokenizer.
+        json_keys: keys to read from each JSON line, one output per key.
+        append_eod: append ``tokenizer.eod`` to each non-empty document (Megatron's rule).
+        dtype: output token dtype (ids that do not fit raise ``ValueError``).
+    """
+
+    def __init__(
+        self, tokenizer: Tokenizer, json_keys: Sequence[str], append_eod: bool, dtype: np.dtype
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.json_keys = list(json_keys)
+        self.append_eod = append_eod
+        self.dtype = dtype
+
+    def __call__(self, chunk: Chunk) -> EncodedChunk:
+        result = EncodedChunk(chunk.file_index)
+        if isinstance(chunk.data, bytes):
+            documents = self._parse(chunk, result.bad_lines)
+        else:
+            documents = [(chunk.first_line + i, (doc,)) for i, doc in enumerate(chunk.data)]
+        try:
+            outputs = self._encode_all(documents)
+        except (TypeError, ValueError):  # e.g. a lone surrogate the tokenizer refuses; find it
+            documents = self._drop_unencodable(documents, result.bad_lines)
+            outputs = self._encode_all(documents)
+        result.documents = len(documents)
+        result.outputs = outputs
+        result.num_tokens = sum(int(tokens.size) for tokens, _, _ in outputs)
+        result.bad_lines.sort()
+        return result
+
+    def _encode_all(
+        self, documents: list[tuple[int, tuple[Any, ...]]]
+    ) -> list[tuple[np.ndarray, ...]]:
+        return [
+            self._encode_key([values[key_index] for _, values in documents])
+            for key_index in range(len(self.json_keys))
+        ]
+
+    def _parse(self, chunk: Chunk, bad: list[tuple[int, str]]) -> list[tuple[int, tuple[Any, ...]]]:
+        assert isinstance(chunk.data, bytes)
+        documents = []
+        lines = chunk.data.split(b"\n")
+        if lines and not lines[-1]:
+            lines.pop()
+        for number, line in enumerate(lines, start=chunk.first_line):
+            if not line.strip():
+                continue  # blank lines are not documents
+            try:
+                record = json.loads(line)
+            except UnicodeDecodeError as exc:
+                bad.append((number, f"invalid UTF-8 ({exc.reason} at byte {exc.start})"))
+                continue
+            except (ValueError, RecursionError) as exc:
+                bad.append((number, f"invalid JSON ({exc})"))
+                continue
+            if not isinstance(record, dict):
+                bad.append((number, f"expected a JSON object, got {type(record).__name__}"))
+                continue
+            values = []
+            for key in self.json_keys:
+                if key not in record:
+                    bad.append((number, f"missing key {key!r}"))
+                    break
+                value = record[key]
+                if not (
+                    isinstance(value, str)
+                    or (isinstance(value, list) and all(isinstance(v, str) for v in value))
+                ):
+                    bad.append(
+                        (
+                            number,
+                            f"key {key!r} is {type(value).__name__}, expected a string or list of strings",
+                        )
+                    )
+                    break
+                values.append(value)
+            else:
+                documents.append((number, tuple(values)))
+        return documents
+
+    def _drop_unencodable(
+        self, documents: list[tuple[int, tuple[Any, ...]]], bad: list[tuple[int, str]]
+    ) -> list[tuple[int, tuple[Any, ...]]]:
+        """Reject documents whose text the tokenizer cannot take (e.g. lone surrogates)."""
+        kept = []
+        for number, values in documents:
+            for value in values:
+                texts = [value] if isinstance(value, str) else value
+                try:
+                    for text in texts:
+                        text.encode("utf-8")
+                except UnicodeEncodeError as exc:
+                    bad.append((number, f"text is not valid Unicode ({exc.reason})"))
+                    break
+            else:
+                kept.append((number, values))
+        return kept
+
+    def _encode_key(self, values: list[Any]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Encode one key of every document: ``(tokens, sequence_lengths, sequences_per_document)``."""
+        sentences: list[str] = []
+        counts = np.empty(len(values), dtype=np.int64)
+        for i, value in enumerate(values):
+            if isinstance(value, str):
+                sentences.append(value)
+                counts[i] = 1
+            else:
+                sentences.extend(value)
+                counts[i] = len(value)
+        ids = self.tokenizer.encode_batch(sentences) if sentences else []
+        lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
+        tokens = np.fromiter(chain.from_iterable(ids), dtype=np.int64, count=int(lengths.sum()))
+        # Megatron drops sentences without tokens; a document may end up with none.
+        document_of = np.repeat(np.arange(len(values)), counts)
+        keep = lengths > 0
+        lengths, document_of = lengths[keep], document_of[keep]
+        per_document = np.bincount(document_of, minlength=len(values)).astype(np.int64)
+        if self.append_eod and lengths.size:
+            last = (
+                np.cumsum(per_document)[per_document > 0] - 1
+            )  # last sequence of each non-empty doc
+            ends = np.cumsum(lengths)[last]
+            tokens = np.insert(tokens, ends, self.tokenizer.eod)
+            lengths[last] += 1
+        return (
+            _as_token_array(tokens, self.dtype, "tokenizer output"),
+            lengths.astype(np.int32),
+            per_document,
+        )
+
+
+_WORKER_ENCODER: ChunkEncoder | None = None  # set once per worker process by init_worker
+
+
+def init_worker(encoder: ChunkEncoder) -> None:
+    """Pool initializer: keep the encoder for this worker process, one core per worker."""
+    global _WORKER_ENCODER
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"  # each worker is one process on one core
+    _WORKER_ENCODER = encoder
+
+
+def encode_in_worker(chunk: Chunk) -> EncodedChunk:
+    """Pool task: encode a chunk with this worker's encoder."""
+    assert _WORKER_ENCODER is not None, "init_worker was not called"
+    return _WORKER_ENCODER(chunk)
