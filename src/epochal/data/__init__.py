@@ -21,6 +21,7 @@ _EXPORTS = {
     "MultiEpochDatasetWrapper": "multi_epoch",
     "IdentityMultiEpochDatasetWrapper": "multi_epoch",
     "PRNGResampleDataset": "prng_resample",
+    "resample_indices": "prng_resample",
     "MaskedTokenDataset": "masking",
     # indexed files and tokenizers
     "IndexedDataset": "indexed_dataset",
