@@ -1,0 +1,360 @@
+"""Checkpoints: DCP folders per step, written then renamed, a ``latest`` pointer, keep-last-k.
+
+Layout of ``<dir>`` (``<run_dir>/checkpoints``)::
+
+    step_0000200/            one complete checkpoint (never partially written)
+        .metadata            DCP metadata
+        __0_0.distcp ...     DCP tensor data (model, optimizer)
+        rng_rank0.pt         every RNG state of rank 0 (a dict of tensors)
+        trainer_state.json   step, consumed samples, scheduler, data state, ...
+        config.toml          the resolved configuration of the run
+    latest                   text file naming the newest complete folder
+    .tmp-step_0000300/       a save in progress (removed on the next save)
+
+Saving writes everything into ``.tmp-step_N``, renames it to ``step_N`` and then
+replaces ``latest`` (write-then-rename), so a crash at any moment leaves the
+previous checkpoint loadable. Older ``step_*`` folders beyond ``keep_last`` are
+deleted afterwards.
+
+Tensors go through ``torch.distributed.checkpoint`` (DCP), with FQN-keyed model
+and (flattened) optimizer state from ``torch.distributed.checkpoint.state_dict``,
+so the same code saves sharded, reshardable checkpoints under a process group.
+It also works in one process without one.
+
+Loading never unpickles arbitrary objects: DCP's ``.metadata`` pickle is read by
+:class:`SafeFileSystemReader` with an unpickler that only admits DCP's metadata
+classes and the few torch/builtin types they contain; DCP byte items are read by
+:class:`SafeLoadPlanner` with ``torch.load(weights_only=True)``; RNG files with
+``weights_only=True``; everything else is JSON.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import pickle
+import re
+import shutil
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint._traverse import set_element
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
+
+__all__ = [
+    "CheckpointError",
+    "Checkpointer",
+    "SafeFileSystemReader",
+    "SafeLoadPlanner",
+    "load_metadata_safely",
+]
+
+_STEP_RE = re.compile(r"^step_(\d+)$")
+LATEST = "latest"
+TRAINER_STATE = "trainer_state.json"
+
+_ALLOWED_GLOBALS: dict[str, set[str]] = {
+    "torch.distributed.checkpoint.metadata": {
+        "Metadata",
+        "TensorStorageMetadata",
+        "BytesStorageMetadata",
+        "ChunkStorageMetadata",
+        "TensorProperties",
+        "MetadataIndex",
+        "StorageMeta",
+        "_MEM_FORMAT_ENCODING",
+    },
+    "torch.distributed.checkpoint.filesystem": {"_StorageInfo"},
+    "torch.serialization": {"_get_layout"},
+    "torch": {"Size"},
+    "pathlib": {"Path", "PosixPath", "WindowsPath", "PurePath", "PurePosixPath", "PureWindowsPath"},
+    "collections": {"OrderedDict"},
+    "builtins": {"set", "frozenset", "slice"},
+}
+
+
+class CheckpointError(ValueError):
+    """A checkpoint is missing, incomplete, malformed or unsafe; the message names the file."""
+
+
+class _RestrictedUnpickler(pickle.Unpickler):
+    """Unpickler admitting only the globals DCP metadata needs."""
+
+    def __init__(self, file: Any, source: str) -> None:
+        super().__init__(file)
+        self.source = source
+
+    def find_class(self, module: str, name: str) -> Any:
+        if name in _ALLOWED_GLOBALS.get(module, ()):
+            return super().find_class(module, name)
+        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
+            return getattr(torch, name)
+        raise CheckpointError(
+            f"{self.source}: refusing to unpickle {module}.{name} (not a DCP metadata type)"
+        )
+
+
+def load_metadata_safely(data: bytes | Any, source: str = "<metadata>") -> Metadata:
+    """Unpickle DCP ``Metadata`` from bytes or a binary file, admitting only its own types.
+
+    Raises:
+        CheckpointError: a disallowed global, a corrupt pickle, or not a ``Metadata``.
+    """
+    stream = io.BytesIO(data) if isinstance(data, bytes | bytearray) else data
+    try:
+        metadata = _RestrictedUnpickler(stream, source).load()
+    except CheckpointError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - any unpickling failure means a bad file
+        raise CheckpointError(
+            f"{source}: corrupt DCP metadata ({type(exc).__name__}: {exc})"
+        ) from exc
+    if not isinstance(metadata, Metadata):
+        raise CheckpointError(f"{source}: expected DCP Metadata, got {type(metadata).__name__}")
+    return metadata
+
+
+class SafeFileSystemReader(FileSystemReader):
+    """``FileSystemReader`` whose ``read_metadata`` uses a restricted unpickler."""
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+        path = self._get_metadata_path(kwargs.get("rank"))
+        try:
+            with self.fs.create_stream(path, "rb") as f:
+                metadata = load_metadata_safely(f, str(path))
+        except FileNotFoundError as exc:
+            raise CheckpointError(f"{path}: DCP metadata file is missing") from exc
+        if getattr(metadata, "storage_meta", None) is None:
+            metadata.storage_meta = StorageMeta()
+        metadata.storage_meta.load_id = self.load_id
+        return metadata
+
+
+class SafeLoadPlanner(DefaultLoadPlanner):
+    """``DefaultLoadPlanner`` that loads non-tensor items with ``weights_only=True``."""
+
+    def load_bytes(self, read_item: Any, value: io.BytesIO) -> None:
+        try:
+            obj = torch.load(value, weights_only=True)
+        except pickle.UnpicklingError as exc:
+            raise CheckpointError(
+                f"unsafe or corrupt item {read_item.dest_index.fqn!r}: {exc}"
+            ) from exc
+        if self.flatten_state_dict:
+            set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], obj)
+        else:
+            self.state_dict[read_item.dest_index.fqn] = obj
+
+
+def step_folder_name(step: int) -> str:
+    """``step_0000042`` for step 42."""
+    return f"step_{step:07d}"
+
+
+class Checkpointer:
+    """Save and find checkpoints under one directory.
+
+    Args:
+        directory: the checkpoints folder (created if needed).
+        keep_last: number of newest ``step_*`` folders to keep (>= 1).
+        rank: this process's global rank (rank 0 writes the files outside DCP).
+        barrier: called between phases when several processes save together
+            (``torch.distributed.barrier``); ``None`` in one process.
+    """
+
+    def __init__(
+        self,
+        directory: str | os.PathLike,
+        *,
+        keep_last: int = 2,
+        rank: int = 0,
+        barrier: Callable[[], None] | None = None,
+    ) -> None:
+        if keep_last < 1:
+            raise ValueError(f"checkpoint.keep_last must be >= 1, got {keep_last}")
+        self.directory = Path(directory)
+        self.keep_last = keep_last
+        self.rank = rank
+        self._barrier = barrier or (lambda: None)
+
+    # ------------------------------------------------------------------ finding
+    def step_folders(self) -> list[tuple[int, Path]]:
+        """Complete checkpoint folders as ``(step, path)``, oldest first."""
+        if not self.directory.is_dir():
+            return []
+        found = []
+        for child in self.directory.iterdir():
+            m = _STEP_RE.match(child.name)
+            if m and child.is_dir():
+                found.append((int(m.group(1)), child))
+        return sorted(found)
+
+    def latest(self) -> Path | None:
+        """The folder ``latest`` names (or the newest ``step_*`` if the pointer is missing); None if none."""
+        pointer = self.directory / LATEST
+        if pointer.is_file():
+            name = pointer.read_text().strip()
+            if not _STEP_RE.match(name) or not (self.directory / name).is_dir():
+                raise CheckpointError(
+                    f"{pointer}: names {name!r}, which is not a checkpoint folder"
+                )
+            return self.directory / name
+        folders = self.step_folders()
+        return folders[-1][1] if folders else None
+
+    # ------------------------------------------------------------------- saving
+    def save(
+        self,
+        step: int,
+        state: dict[str, Any],
+        *,
+        trainer_state: dict[str, Any],
+        rng_state: dict[str, torch.Tensor],
+        config_toml: str | None = None,
+    ) -> Path:
+        """Write checkpoint ``step`` and make it the latest.
+
+        Args:
+            step: the optimizer step just completed.
+            state: DCP state: tensors, dicts of tensors, or ``Stateful`` objects
+                (``state_dict()`` / ``load_state_dict()``), e.g. model and optimizer.
+            trainer_state: JSON-serializable bookkeeping (step, consumed samples, ...).
+            rng_state: this rank's RNG tensors (:func:`epochal.train.rng.get_rng_state`).
+            config_toml: the resolved configuration, stored as ``config.toml``.
+
+        Returns:
+            The final folder.
+        """
+        final = self.directory / step_folder_name(step)
+        tmp = self.directory / f".tmp-{final.name}"
+        if self.rank == 0:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            for stale in self.directory.glob(".tmp-step_*"):
+                shutil.rmtree(stale, ignore_errors=True)
+            tmp.mkdir()
+        self._barrier()
+        with warnings.catch_warnings():
+            warnings.filterwarnings(
+                "ignore", message=".*assuming the intent is to save in a single process.*"
+            )
+            dcp.save(state, storage_writer=FileSystemWriter(tmp, thread_count=1))
+        _atomic_write_bytes(tmp / f"rng_rank{self.rank}.pt", _torch_bytes(rng_state))
+        self._barrier()
+        if self.rank == 0:
+            _atomic_write_bytes(tmp / TRAINER_STATE, json.dumps(trainer_state, indent=1).encode())
+            if config_toml is not None:
+                _atomic_write_bytes(tmp / "config.toml", config_toml.encode())
+            _fsync_dir(tmp)
+            if final.exists():  # re-saving a step (a run resumed from an older checkpoint)
+                trash = self.directory / f".tmp-trash-{final.name}"
+                os.replace(final, trash)
+                os.replace(tmp, final)
+                shutil.rmtree(trash, ignore_errors=True)
+            else:
+                os.replace(tmp, final)
+            _fsync_dir(self.directory)
+            _atomic_write_bytes(self.directory / LATEST, f"{final.name}\n".encode())
+            self._prune(keep=final)
+        self._barrier()
+        return final
+
+    def _prune(self, keep: Path) -> None:
+        folders = self.step_folders()
+        for _, path in folders[: max(0, len(folders) - self.keep_last)]:
+            if path != keep:
+                shutil.rmtree(path, ignore_errors=True)
+
+    # ------------------------------------------------------------------ loading
+    def load(
+        self, folder: str | os.PathLike, state: dict[str, Any]
+    ) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+        """Load checkpoint ``folder`` into ``state`` in place (DCP semantics).
+
+        Returns:
+            ``(trainer_state, rng_state)``: the JSON bookkeeping and this rank's RNG tensors.
+
+        Raises:
+            CheckpointError: the folder or one of its files is missing, malformed or unsafe.
+        """
+        folder = Path(folder)
+        json_path = folder / TRAINER_STATE
+        if not folder.is_dir():
+            raise CheckpointError(f"{folder}: checkpoint folder does not exist")
+        try:
+            trainer_state = json.loads(json_path.read_text())
+        except FileNotFoundError as exc:
+            raise CheckpointError(f"{json_path}: missing (incomplete checkpoint?)") from exc
+        except json.JSONDecodeError as exc:
+            raise CheckpointError(f"{json_path}: not valid JSON ({exc})") from exc
+        if not isinstance(trainer_state, dict):
+            raise CheckpointError(f"{json_path}: expected a JSON object")
+        meta_path = folder / ".metadata"
+        if not meta_path.is_file():
+            raise CheckpointError(
+                f"{meta_path}: DCP metadata file is missing (incomplete checkpoint?)"
+            )
+        with open(meta_path, "rb") as f:
+            load_metadata_safely(f, str(meta_path))  # refuse unsafe metadata before DCP reads it
+        try:
+            with warnings.catch_warnings():
+                warnings.filterwarnings(
+                    "ignore", message=".*assuming the intent is to load in a single process.*"
+                )
+                dcp.load(
+                    state, storage_reader=SafeFileSystemReader(folder), planner=SafeLoadPlanner()
+                )
+        except CheckpointError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - DCP raises assorted errors for mismatched state
+            raise CheckpointError(
+                f"{folder}: cannot load into this model/optimizer: {exc}"
+            ) from exc
+        rng_path = folder / f"rng_rank{self.rank}.pt"
+        if not rng_path.is_file():
+            rng_path = folder / "rng_rank0.pt"
+        try:
+            rng_state = torch.load(rng_path, map_location="cpu", weights_only=True)
+        except FileNotFoundError as exc:
+            raise CheckpointError(f"{rng_path}: missing RNG state") from exc
+        except (pickle.UnpicklingError, RuntimeError) as exc:
+            raise CheckpointError(f"{rng_path}: unsafe or corrupt RNG state ({exc})") from exc
+        if not isinstance(rng_state, dict) or not all(
+            isinstance(v, torch.Tensor) for v in rng_state.values()
+        ):
+            raise CheckpointError(f"{rng_path}: expected a dict of tensors")
+        return trainer_state, rng_state
+
+
+def _torch_bytes(obj: Any) -> bytes:
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    return buf.getvalue()
+
+
+def _atomic_write_bytes(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)

@@ -1,0 +1,696 @@
+"""The training configuration: one tree of ``@dataclass(kw_only=True)`` sections.
+
+    TrainConfig
+      run_dir                      where checkpoints, metrics, plots and the resolved config go
+      model      ModelSection      ModelConfig's fields; vocab_size / max_position_embeddings optional
+      data       DataConfig        data paths (Megatron-style), split, sequence length, tokenizer
+      training   TrainingConfig    batch sizes, iterations, seed, evaluation, device, bf16, compile
+      optimizer  OptimizerConfig   AdamW and gradient clipping (Megatron's names)
+      scheduler  SchedulerConfig   LR warmup/decay and weight-decay increment
+      checkpoint CheckpointConfig  save interval, keep-last-k, resume
+      logging    LoggingConfig     progress bar, TensorBoard, log interval
+
+Sources, later ones winning: a preset (``tiny``, ``gpt2-small``), a TOML file
+(tables named like the sections), then ``--section.key=value`` overrides whose
+values are TOML literals (``--model.hidden_size=256``, ``--data.data_path=["a","b"]``;
+a value that is not valid TOML is taken as a string: ``--scheduler.lr_decay_style=linear``).
+
+Every unknown key or invalid value raises :class:`~epochal.model.config.ConfigError`
+naming the dotted option (``optimizer.lr``) and the allowed range.
+:func:`to_toml` writes the resolved tree (the trainer stores it next to the
+checkpoints); ``None`` values are omitted (every optional field defaults to None).
+
+More sections (e.g. ``parallel``) are added by declaring another field on
+:class:`TrainConfig`; the loader, the overrides and the TOML writer handle any
+dataclass section.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import tomllib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from epochal.model.config import ConfigError, ModelConfig
+from epochal.train.lr_schedule import LR_DECAY_STYLES, WD_INCR_STYLES, WSD_DECAY_STYLES
+
+__all__ = [
+    "CheckpointConfig",
+    "DataConfig",
+    "LoggingConfig",
+    "ModelSection",
+    "OptimizerConfig",
+    "SchedulerConfig",
+    "TrainConfig",
+    "TrainingConfig",
+    "build_config",
+    "config_from_dict",
+    "parse_overrides",
+    "to_toml",
+]
+
+
+def _require(cond: bool, option: str, message: str) -> None:
+    if not cond:
+        raise ConfigError(option, message)
+
+
+# ----------------------------------------------------------------------- model
+def _model_section_fields() -> list[tuple[str, Any, Any]]:
+    hints = typing.get_type_hints(ModelConfig)
+    out = []
+    for f in dataclasses.fields(ModelConfig):
+        if f.name in ("vocab_size", "max_position_embeddings"):
+            out.append((f.name, int | None, field(default=None)))
+        else:
+            out.append((f.name, hints[f.name], field(default=f.default)))
+    return out
+
+
+ModelSection = dataclasses.make_dataclass("ModelSection", _model_section_fields(), kw_only=True)
+ModelSection.__module__ = __name__
+ModelSection.__doc__ = """The ``[model]`` section: the fields of :class:`epochal.model.ModelConfig`.
+
+``vocab_size`` defaults to the tokenizer's vocabulary size and
+``max_position_embeddings`` to ``data.seq_length``; every other field has
+ModelConfig's meaning and default. Validated as a whole by :class:`TrainConfig`.
+"""
+
+
+def model_config_from_section(section: Any, *, vocab_size: int, seq_length: int) -> ModelConfig:
+    """Resolve a :class:`ModelSection` into a :class:`ModelConfig`.
+
+    Args:
+        section: the ``[model]`` section.
+        vocab_size: the tokenizer's vocabulary size (used when ``model.vocab_size`` is unset).
+        seq_length: ``data.seq_length`` (used when ``model.max_position_embeddings`` is unset).
+
+    Raises:
+        ConfigError: an invalid value, named ``model.<field>``.
+    """
+    values = dataclasses.asdict(section)
+    if values["vocab_size"] is None:
+        values["vocab_size"] = vocab_size
+    if values["max_position_embeddings"] is None:
+        values["max_position_embeddings"] = seq_length
+    try:
+        return ModelConfig(**values)
+    except ConfigError as exc:
+        raise exc.with_prefix("model") from None
+
+
+# ------------------------------------------------------------------------ data
+@dataclass(kw_only=True)
+class DataConfig:
+    """The ``[data]`` section.
+
+    Attributes:
+        data_path: Megatron-style blend: ``["prefix"]`` or
+            ``["w1", "prefix1", "w2", "prefix2", ...]`` (prefixes of ``.bin``/``.idx``).
+        split: Megatron's train/valid/test split of ``data_path``, e.g. ``"969,30,1"``.
+        seq_length: tokens per sample (>= 1).
+        mock: train on the mock GPT dataset (no files needed).
+        mock_num_samples: samples per split of the mock dataset.
+        corpus: if set, tokenize this corpus first (cached) and train on it:
+            ``"stdlib"`` (Python's standard-library sources, a deterministic
+            subset in sorted path order) or a ``.jsonl`` path. Replaces ``data_path``.
+        corpus_max_bytes: how much of the ``stdlib`` corpus to use (bytes of source).
+        json_keys: JSON keys holding the text of a JSONL corpus.
+        tokenizer_type: Megatron's names: ``GPT2BPETokenizer`` (local GPT-2 files by
+            default), ``HuggingFaceTokenizer``, ``TikTokenizer``, ``ByteLevelTokenizer``.
+        tokenizer_model / vocab_file / merge_file: tokenizer files (Megatron's names).
+        bpe_vocab_size: with ``corpus``: if > 0, train a byte-level BPE tokenizer of
+            this many ids on the corpus (cached; deterministic) and use it instead of
+            ``tokenizer_type`` — a small vocabulary keeps a CPU demo fast.
+        cache_dir: where prepared corpora, tokenizers and index caches go
+            (default ``$EPOCHAL_CACHE`` or ``~/.cache/epochal``).
+        num_workers: DataLoader worker processes (0 = in the main process).
+        reset_position_ids / reset_attention_mask / eod_mask_loss: Megatron's GPT
+            dataset options (positions and attention restart at each document;
+            no loss on end-of-document tokens).
+    """
+
+    data_path: list[str] = field(default_factory=list)
+    split: str = "969,30,1"
+    seq_length: int = 1024
+    mock: bool = False
+    mock_num_samples: int = 100000
+    corpus: str = ""
+    corpus_max_bytes: int = 4_000_000
+    json_keys: list[str] = field(default_factory=lambda: ["text"])
+    tokenizer_type: str = "GPT2BPETokenizer"
+    tokenizer_model: str = ""
+    vocab_file: str = ""
+    merge_file: str = ""
+    bpe_vocab_size: int = 0
+    cache_dir: str = ""
+    num_workers: int = 0
+    reset_position_ids: bool = False
+    reset_attention_mask: bool = False
+    eod_mask_loss: bool = False
+
+    def __post_init__(self) -> None:
+        _require(self.seq_length >= 1, "seq_length", f"must be >= 1, got {self.seq_length}")
+        _require(
+            self.mock_num_samples >= 1,
+            "mock_num_samples",
+            f"must be >= 1, got {self.mock_num_samples}",
+        )
+        _require(
+            self.corpus_max_bytes >= 1,
+            "corpus_max_bytes",
+            f"must be >= 1, got {self.corpus_max_bytes}",
+        )
+        _require(self.num_workers >= 0, "num_workers", f"must be >= 0, got {self.num_workers}")
+        _require(
+            self.bpe_vocab_size == 0 or 260 <= self.bpe_vocab_size <= 1_000_000,
+            "bpe_vocab_size",
+            f"must be 0 (off) or in [260, 1000000], got {self.bpe_vocab_size}",
+        )
+        _require(bool(self.json_keys), "json_keys", "must name at least one key")
+        parts = self.split.replace("/", ",").split(",")
+        try:
+            weights = [float(p) for p in parts]
+        except ValueError:
+            weights = []
+        _require(
+            1 <= len(weights) <= 3
+            and all(w >= 0 and math.isfinite(w) for w in weights)
+            and sum(weights) > 0,
+            "split",
+            f"must be 1-3 comma-separated non-negative weights like '969,30,1', got {self.split!r}",
+        )
+        if len(self.data_path) > 1:
+            _require(
+                len(self.data_path) % 2 == 0,
+                "data_path",
+                "a blend must alternate weight and prefix: ['w1', 'prefix1', 'w2', 'prefix2', ...]",
+            )
+            for w in self.data_path[0::2]:
+                try:
+                    ok = float(w) >= 0
+                except ValueError:
+                    ok = False
+                _require(ok, "data_path", f"blend weight {w!r} is not a non-negative number")
+
+
+# -------------------------------------------------------------------- training
+@dataclass(kw_only=True)
+class TrainingConfig:
+    """The ``[training]`` section.
+
+    Attributes:
+        micro_batch_size: samples per forward/backward pass (>= 1).
+        global_batch_size: samples per optimizer step (a multiple of
+            ``micro_batch_size * data_parallel_size``); the number of micro-batches
+            (gradient accumulation steps) is their ratio.
+        train_iters: optimizer steps to train (>= 1).
+        seed: seed of the weights, dropout and data order.
+        eval_interval: evaluate every this many steps (0 = never; also at the end).
+        eval_iters: validation batches (of ``global_batch_size`` samples) per evaluation.
+        device: ``"auto"`` (CUDA if available), ``"cpu"`` or ``"cuda"``.
+        bf16: run forward/backward under bfloat16 autocast (parameters and
+            optimizer state stay float32).
+        compile: ``torch.compile`` each transformer block.
+    """
+
+    micro_batch_size: int = 4
+    global_batch_size: int = 16
+    train_iters: int = 300
+    seed: int = 1234
+    eval_interval: int = 100
+    eval_iters: int = 10
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    bf16: bool = False
+    compile: bool = False
+
+    def __post_init__(self) -> None:
+        _require(
+            self.micro_batch_size >= 1,
+            "micro_batch_size",
+            f"must be >= 1, got {self.micro_batch_size}",
+        )
+        _require(
+            self.global_batch_size >= 1,
+            "global_batch_size",
+            f"must be >= 1, got {self.global_batch_size}",
+        )
+        _require(
+            self.global_batch_size % self.micro_batch_size == 0,
+            "global_batch_size",
+            f"must be a multiple of micro_batch_size={self.micro_batch_size}, got {self.global_batch_size}",
+        )
+        _require(self.train_iters >= 1, "train_iters", f"must be >= 1, got {self.train_iters}")
+        _require(self.seed >= 0, "seed", f"must be >= 0, got {self.seed}")
+        _require(
+            self.eval_interval >= 0, "eval_interval", f"must be >= 0, got {self.eval_interval}"
+        )
+        _require(self.eval_iters >= 0, "eval_iters", f"must be >= 0, got {self.eval_iters}")
+
+
+@dataclass(kw_only=True)
+class OptimizerConfig:
+    """The ``[optimizer]`` section (AdamW; Megatron's argument names).
+
+    Attributes:
+        lr: peak learning rate (> 0).
+        min_lr: learning rate at the end of the decay (0 <= min_lr <= lr).
+        weight_decay: decoupled weight decay (>= 0); biases and norms get none.
+        start_weight_decay / end_weight_decay: for an increasing weight decay
+            (``scheduler.weight_decay_incr_style`` linear/cosine); default ``weight_decay``.
+        adam_beta1, adam_beta2: in [0, 1).
+        adam_eps: > 0.
+        clip_grad: clip gradients to this global L2 norm (0 = no clipping).
+    """
+
+    lr: float = 3e-4
+    min_lr: float = 0.0
+    weight_decay: float = 0.01
+    start_weight_decay: float | None = None
+    end_weight_decay: float | None = None
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.999
+    adam_eps: float = 1e-8
+    clip_grad: float = 1.0
+
+    def __post_init__(self) -> None:
+        _require(self.lr > 0, "lr", f"must be > 0, got {self.lr}")
+        _require(
+            0 <= self.min_lr <= self.lr,
+            "min_lr",
+            f"must be in [0, lr={self.lr}], got {self.min_lr}",
+        )
+        _require(self.weight_decay >= 0, "weight_decay", f"must be >= 0, got {self.weight_decay}")
+        for name in ("start_weight_decay", "end_weight_decay"):
+            v = getattr(self, name)
+            _require(v is None or v >= 0, name, f"must be >= 0, got {v}")
+        _require(
+            self.wd_start <= self.wd_end,
+            "end_weight_decay",
+            f"must be >= start_weight_decay={self.wd_start}, got {self.wd_end}",
+        )
+        for name in ("adam_beta1", "adam_beta2"):
+            v = getattr(self, name)
+            _require(0 <= v < 1, name, f"must be in [0, 1), got {v}")
+        _require(self.adam_eps > 0, "adam_eps", f"must be > 0, got {self.adam_eps}")
+        _require(self.clip_grad >= 0, "clip_grad", f"must be >= 0 (0 = off), got {self.clip_grad}")
+
+    @property
+    def wd_start(self) -> float:
+        """Weight decay at step 0."""
+        return self.weight_decay if self.start_weight_decay is None else self.start_weight_decay
+
+    @property
+    def wd_end(self) -> float:
+        """Weight decay at the end of the increment."""
+        return self.weight_decay if self.end_weight_decay is None else self.end_weight_decay
+
+
+@dataclass(kw_only=True)
+class SchedulerConfig:
+    """The ``[scheduler]`` section (Megatron's ``OptimizerParamScheduler``; units: optimizer steps).
+
+    Attributes:
+        lr_decay_style: ``constant``, ``linear``, ``cosine``, ``inverse-square-root`` or ``WSD``.
+        lr_warmup_iters: linear warmup steps (>= 0).
+        lr_warmup_fraction: if set, warmup = this fraction of ``lr_decay_iters`` (in [0, 1)).
+        lr_warmup_init: learning rate at step 0.
+        lr_decay_iters: steps until ``min_lr`` (default ``training.train_iters``).
+        lr_wsd_decay_iters: annealing steps of ``WSD``.
+        lr_wsd_decay_style: ``linear``, ``cosine``, ``exponential`` or ``minus_sqrt``.
+        weight_decay_incr_style: ``constant``, ``linear`` or ``cosine`` (over ``lr_decay_iters``).
+    """
+
+    lr_decay_style: Literal["constant", "linear", "cosine", "inverse-square-root", "WSD"] = "cosine"
+    lr_warmup_iters: int = 0
+    lr_warmup_fraction: float | None = None
+    lr_warmup_init: float = 0.0
+    lr_decay_iters: int | None = None
+    lr_wsd_decay_iters: int | None = None
+    lr_wsd_decay_style: Literal["linear", "cosine", "exponential", "minus_sqrt"] = "exponential"
+    weight_decay_incr_style: Literal["constant", "linear", "cosine"] = "constant"
+
+    def __post_init__(self) -> None:
+        _require(
+            self.lr_decay_style in LR_DECAY_STYLES,
+            "lr_decay_style",
+            f"must be one of {LR_DECAY_STYLES}, got {self.lr_decay_style!r}",
+        )
+        _require(
+            self.lr_wsd_decay_style in WSD_DECAY_STYLES,
+            "lr_wsd_decay_style",
+            f"must be one of {WSD_DECAY_STYLES}, got {self.lr_wsd_decay_style!r}",
+        )
+        _require(
+            self.weight_decay_incr_style in WD_INCR_STYLES,
+            "weight_decay_incr_style",
+            f"must be one of {WD_INCR_STYLES}, got {self.weight_decay_incr_style!r}",
+        )
+        _require(
+            self.lr_warmup_iters >= 0,
+            "lr_warmup_iters",
+            f"must be >= 0, got {self.lr_warmup_iters}",
+        )
+        _require(
+            self.lr_warmup_fraction is None or 0 <= self.lr_warmup_fraction < 1,
+            "lr_warmup_fraction",
+            f"must be in [0, 1), got {self.lr_warmup_fraction}",
+        )
+        _require(
+            self.lr_warmup_init >= 0, "lr_warmup_init", f"must be >= 0, got {self.lr_warmup_init}"
+        )
+        _require(
+            self.lr_decay_iters is None or self.lr_decay_iters >= 1,
+            "lr_decay_iters",
+            f"must be >= 1, got {self.lr_decay_iters}",
+        )
+        _require(
+            self.lr_wsd_decay_iters is None or self.lr_wsd_decay_iters >= 1,
+            "lr_wsd_decay_iters",
+            f"must be >= 1, got {self.lr_wsd_decay_iters}",
+        )
+
+
+@dataclass(kw_only=True)
+class CheckpointConfig:
+    """The ``[checkpoint]`` section.
+
+    Attributes:
+        save_interval: save every this many steps (0 = only at the end).
+        save_final: save after the last step.
+        keep_last: keep this many newest checkpoints (>= 1).
+        resume: ``"auto"`` (continue from ``<run_dir>/checkpoints/latest`` if it
+            exists), ``"never"`` (start fresh; refuses a run_dir that has
+            checkpoints), or a path to a checkpoint folder or a checkpoints folder.
+    """
+
+    save_interval: int = 100
+    save_final: bool = True
+    keep_last: int = 2
+    resume: str = "auto"
+
+    def __post_init__(self) -> None:
+        _require(
+            self.save_interval >= 0, "save_interval", f"must be >= 0, got {self.save_interval}"
+        )
+        _require(self.keep_last >= 1, "keep_last", f"must be >= 1, got {self.keep_last}")
+        _require(bool(self.resume), "resume", "must be 'auto', 'never' or a checkpoint path")
+
+
+@dataclass(kw_only=True)
+class LoggingConfig:
+    """The ``[logging]`` section.
+
+    Attributes:
+        log_interval: refresh the progress bar / TensorBoard every this many steps
+            (the JSONL file gets every step).
+        progress: show a tqdm progress bar.
+        tensorboard: write TensorBoard events to ``<run_dir>/tensorboard`` when installed.
+    """
+
+    log_interval: int = 10
+    progress: bool = True
+    tensorboard: bool = True
+
+    def __post_init__(self) -> None:
+        _require(self.log_interval >= 1, "log_interval", f"must be >= 1, got {self.log_interval}")
+
+
+# ------------------------------------------------------------------------ root
+@dataclass(kw_only=True)
+class TrainConfig:
+    """The whole configuration (see the module docstring for the sections)."""
+
+    run_dir: str = "runs/tiny"
+    model: ModelSection = field(
+        default_factory=lambda: ModelSection(
+            hidden_size=128,
+            num_layers=4,  # type: ignore[misc]
+            num_attention_heads=4,
+        )
+    )
+    data: DataConfig = field(default_factory=DataConfig)
+    training: TrainingConfig = field(default_factory=TrainingConfig)
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+
+    def __post_init__(self) -> None:
+        _require(bool(self.run_dir), "run_dir", "must be a non-empty path")
+        # Model fields, checked with placeholders for what the tokenizer decides.
+        model_config_from_section(
+            self.model, vocab_size=self.model.vocab_size or 1, seq_length=self.data.seq_length
+        )
+        mpe = self.model.max_position_embeddings
+        _require(
+            mpe is None or mpe >= self.data.seq_length,
+            "model.max_position_embeddings",
+            f"must be >= data.seq_length={self.data.seq_length}, got {mpe}",
+        )
+        _require(
+            bool(self.data.data_path) or self.data.mock or bool(self.data.corpus),
+            "data.data_path",
+            "no data: set data.data_path (Megatron-style prefixes), data.corpus ('stdlib' or a "
+            ".jsonl) or data.mock=true",
+        )
+        s = self.scheduler
+        decay = self.lr_decay_iters
+        warm = self.lr_warmup_iters
+        _require(
+            warm < decay,
+            "scheduler.lr_warmup_iters",
+            f"must be < lr_decay_iters={decay}, got {warm}",
+        )
+        if s.lr_decay_style == "WSD":
+            _require(
+                s.lr_wsd_decay_iters is not None and s.lr_wsd_decay_iters <= decay,
+                "scheduler.lr_wsd_decay_iters",
+                f"must be set and <= lr_decay_iters={decay} for WSD, got {s.lr_wsd_decay_iters}",
+            )
+        o = self.optimizer
+        if s.weight_decay_incr_style == "constant":
+            _require(
+                o.wd_start == o.wd_end,
+                "optimizer.end_weight_decay",
+                "must equal start_weight_decay with scheduler.weight_decay_incr_style='constant'",
+            )
+
+    @property
+    def lr_decay_iters(self) -> int:
+        """``scheduler.lr_decay_iters`` or ``training.train_iters``."""
+        return self.scheduler.lr_decay_iters or self.training.train_iters
+
+    @property
+    def lr_warmup_iters(self) -> int:
+        """Warmup steps (``lr_warmup_fraction`` wins over ``lr_warmup_iters``, as in Megatron)."""
+        if self.scheduler.lr_warmup_fraction is not None:
+            return int(self.scheduler.lr_warmup_fraction * self.lr_decay_iters)
+        return self.scheduler.lr_warmup_iters
+
+
+# ----------------------------------------------------------------- loading
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+def _coerce(value: Any, tp: Any, option: str) -> Any:
+    """Check ``value`` against the annotation ``tp``; return it (ints widened to float)."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _coerce(value, arg, option)
+            except ConfigError as exc:
+                errors.append(exc.detail)
+        raise ConfigError(
+            option, f"expected {' or '.join(_type_name(a) for a in args)}, got {value!r}"
+        )
+    if origin is Literal:
+        allowed = typing.get_args(tp)
+        _require(value in allowed, option, f"must be one of {list(allowed)}, got {value!r}")
+        return value
+    if origin is list:
+        (item_tp,) = typing.get_args(tp)
+        _require(isinstance(value, list | tuple), option, f"expected a list, got {value!r}")
+        return [_coerce(v, item_tp, option) for v in value]
+    if dataclasses.is_dataclass(tp):
+        _require(isinstance(value, dict), option, f"expected a table of options, got {value!r}")
+        return _build_dataclass(tp, value, option)
+    if tp is bool:
+        _require(isinstance(value, bool), option, f"expected true or false, got {value!r}")
+        return value
+    if tp is int:
+        _require(
+            isinstance(value, int) and not isinstance(value, bool),
+            option,
+            f"expected an integer, got {value!r}",
+        )
+        return value
+    if tp is float:
+        _require(
+            isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value),
+            option,
+            f"expected a finite number, got {value!r}",
+        )
+        return float(value)
+    if tp is str:
+        _require(isinstance(value, str), option, f"expected a string, got {value!r}")
+        return value
+    return value
+
+
+def _build_dataclass(cls: type, values: dict[str, Any], prefix: str) -> Any:
+    hints = typing.get_type_hints(cls)
+    known = {f.name for f in dataclasses.fields(cls) if f.init}
+    kwargs = {}
+    for key, value in values.items():
+        option = f"{prefix}.{key}" if prefix else key
+        if key not in known:
+            raise ConfigError(option, f"unknown option; known: {', '.join(sorted(known))}")
+        kwargs[key] = _coerce(value, hints[key], option)
+    missing = [
+        f.name
+        for f in dataclasses.fields(cls)
+        if f.init
+        and f.name not in kwargs
+        and f.default is dataclasses.MISSING
+        and f.default_factory is dataclasses.MISSING
+    ]
+    if missing:
+        option = f"{prefix}.{missing[0]}" if prefix else missing[0]
+        raise ConfigError(option, f"is required (missing: {', '.join(missing)})")
+    try:
+        return cls(**kwargs)
+    except ConfigError as exc:
+        raise (
+            exc.with_prefix(prefix) if prefix and not exc.option.startswith(prefix + ".") else exc
+        ) from None
+
+
+def config_from_dict(values: dict[str, Any]) -> TrainConfig:
+    """Build and validate a :class:`TrainConfig` from nested dicts (TOML tables)."""
+    return _build_dataclass(TrainConfig, values, "")
+
+
+def _deep_merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in update.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = _deep_merge(out[k], v)
+        else:
+            out[k] = v
+    return out
+
+
+def parse_overrides(overrides: list[str]) -> dict[str, Any]:
+    """Turn ``["--a.b=1", "c.d=x"]`` into ``{"a": {"b": 1}, "c": {"d": "x"}}``.
+
+    Values are TOML literals; a value that does not parse as TOML is a string.
+
+    Raises:
+        ConfigError: an item without ``=``.
+    """
+    out: dict[str, Any] = {}
+    for item in overrides:
+        text = item[2:] if item.startswith("--") else item
+        key, sep, raw = text.partition("=")
+        key = key.strip().replace("-", "_") if "." not in key else key.strip()
+        _require(bool(sep) and bool(key), item, "overrides look like --section.key=value")
+        try:
+            value = tomllib.loads(f"v = {raw}")["v"]
+        except tomllib.TOMLDecodeError:
+            value = raw
+        node = out
+        parts = key.split(".")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+            _require(isinstance(node, dict), key, "conflicts with another override")
+        node[parts[-1]] = value
+    return out
+
+
+def build_config(
+    *,
+    preset: str | None = None,
+    config_file: str | Path | None = None,
+    overrides: list[str] | None = None,
+) -> TrainConfig:
+    """Resolve a configuration: preset, then TOML file, then overrides.
+
+    Args:
+        preset: a name from :data:`epochal.train.presets.PRESETS` (None = defaults).
+        config_file: a TOML file.
+        overrides: ``--section.key=value`` strings.
+
+    Raises:
+        ConfigError: unknown key or invalid value (names the option).
+        FileNotFoundError / ValueError: the file is missing or is not valid TOML (names it).
+    """
+    from epochal.train.presets import preset_dict
+
+    values: dict[str, Any] = preset_dict(preset) if preset else {}
+    if config_file is not None:
+        path = Path(config_file)
+        try:
+            with open(path, "rb") as f:
+                values = _deep_merge(values, tomllib.load(f))
+        except FileNotFoundError:
+            raise FileNotFoundError(f"config file {path} does not exist") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(str(path), f"not valid TOML: {exc}") from None
+    if overrides:
+        values = _deep_merge(values, parse_overrides(overrides))
+    return config_from_dict(values)
+
+
+# ------------------------------------------------------------------ writing
+def _toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, float):
+        return (
+            repr(v)
+            if math.isfinite(v)
+            else ("inf" if v > 0 else "-inf")
+            if not math.isnan(v)
+            else "nan"
+        )
+    if isinstance(v, str):
+        return '"' + v.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+    if isinstance(v, list | tuple):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    raise TypeError(f"cannot write {v!r} to TOML")
+
+
+def to_toml(config: TrainConfig) -> str:
+    """The resolved configuration as TOML (``None`` values omitted); :func:`build_config` reads it back."""
+    lines: list[str] = []
+    tables: list[tuple[str, Any]] = []
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        if dataclasses.is_dataclass(value):
+            tables.append((f.name, value))
+        elif value is not None:
+            lines.append(f"{f.name} = {_toml_value(value)}")
+    for name, section in tables:
+        lines.append("")
+        lines.append(f"[{name}]")
+        for f in dataclasses.fields(section):
+            value = getattr(section, f.name)
+            if value is not None:
+                lines.append(f"{f.name} = {_toml_value(value)}")
+    return "\n".join(lines) + "\n"
