@@ -36,7 +36,6 @@ _EXPORTS = {
     "build_tokenizer": "tokenizer",
     "find_gpt2_bpe_files": "tokenizer",
     "merge_indexed_datasets": "indexed_dataset",
-    "preprocess": "preprocess",
     "preprocess_documents": "preprocess",
     "PreprocessSummary": "preprocess",
     "PreprocessError": "preprocess_encoding",

@@ -394,6 +394,7 @@ def find_gpt2_bpe_files() -> tuple[str, str]:
 
 # Accepted --tokenizer-type values (Megatron's names first) -> canonical name.
 TOKENIZER_TYPES = {
+    "byteleveltokenizer": "ByteLevelTokenizer",
     "bytelevel": "ByteLevelTokenizer",
     "bytes": "ByteLevelTokenizer",
     "byte": "ByteLevelTokenizer",
