@@ -86,6 +86,9 @@ class _ResumableIterator(Iterator):
         self._inner = inner
         self._start = start
         self._delivered = 0
+        sampler = loader.megatron_sampler
+        track = sampler is not None and loader.mode == "train"
+        self._consumed_after = sampler.consumed_after if track else None
 
     def __iter__(self) -> _ResumableIterator:
         return self
@@ -94,26 +97,28 @@ class _ResumableIterator(Iterator):
         return len(self._inner)  # type: ignore[arg-type]
 
     def __next__(self) -> Any:
-        loader = self._loader
         try:
             batch = next(self._inner)
         except StopIteration:
-            if self._delivered == 0 and loader.mode == "train":
-                sampler = loader.megatron_sampler
-                if sampler is not None and sampler.remaining(self._start) == 0:
-                    raise DataExhaustedError(
-                        f"the train data is exhausted: consumed_samples={self._start} of total_samples="
-                        f"{sampler.total_samples} with a single-pass sampler ({type(sampler).__name__});"
-                        " build a longer dataset (e.g. a MultiEpochDatasetResampler with num_samples >="
-                        " max_steps * global_batch_size) or use dataloader_type='cyclic'"
-                    ) from None
+            self._check_exhausted()
             raise
         self._delivered += 1
-        if loader.mode == "train" and loader.megatron_sampler is not None:
-            loader._consumed_samples = loader.megatron_sampler.consumed_after(
-                self._start, self._delivered
-            )
+        if self._consumed_after is not None:
+            self._loader._consumed_samples = self._consumed_after(self._start, self._delivered)
         return batch
+
+    def _check_exhausted(self) -> None:
+        loader = self._loader
+        sampler = loader.megatron_sampler
+        if self._delivered or loader.mode != "train" or sampler is None:
+            return
+        if sampler.remaining(self._start) == 0:
+            raise DataExhaustedError(
+                f"the train data is exhausted: consumed_samples={self._start} of total_samples="
+                f"{sampler.total_samples} with a single-pass sampler ({type(sampler).__name__});"
+                " build a longer dataset (e.g. a MultiEpochDatasetResampler with num_samples >="
+                " max_steps * global_batch_size) or use dataloader_type='cyclic'"
+            ) from None
 
 
 class WrappedDataLoader(DataLoader):

@@ -280,14 +280,17 @@ class MegatronPretrainingSampler(_MegatronSamplerBase):
 
     def __iter__(self) -> Iterator[list[Index]]:
         start = self._check_consumed(self.consumed_samples)
-        block = self.micro_batch_times_data_parallel_size
+        block, mbs = self.micro_batch_times_data_parallel_size, self.micro_batch_size
         n = self.total_samples
-        p = start
+        end = self._data_end if self.drop_last else min(self._pass_end, n)
+        p, lo = start, start + self.data_parallel_rank * mbs
+        while p + block <= end:  # whole micro-blocks of real samples: this rank's slice directly
+            yield list(range(lo, lo + mbs))
+            p += block
+            lo += block
         if self.drop_last:
-            while p + block <= self._data_end:
-                yield self._rank_slice(list(range(p, p + block)))
-                p += block
             return
+        # the tail: a short micro-block, or padding up to the end of the global batch
         while p < self._pass_end:
             stop = min(p + block, self._pass_end)
             positions: list[Index] = [q if q < n else PAD for q in range(p, stop)]
@@ -469,15 +472,23 @@ class MegatronPretrainingRandomSampler(_MegatronSamplerBase):
         block, mbs = self.micro_batch_times_data_parallel_size, self.micro_batch_size
         epoch_seed = derive_seed(self.seed, epoch)
         n, active = self.total_samples, self.active_total_samples
-        lo = offset + self.data_parallel_rank * mbs
-        while offset < active:
-            hi = min(lo + mbs, active)
-            if lo >= hi:
-                yield [PAD]  # this rank's share of a short last micro-block is empty
-            else:
-                yield permute_array(np.arange(lo, hi, dtype=np.int64), n, epoch_seed).tolist()
-            offset += block
-            lo += block
+        first = offset + self.data_parallel_rank * mbs  # position of this rank's first sample
+        count = _ceil_div(active - offset, block)  # micro-batches left in the epoch
+        columns = np.arange(mbs, dtype=np.int64)
+        done, chunk = 0, 16
+        while done < count:
+            # Map a chunk of micro-batches in one vectorized call; chunks grow so that the
+            # first micro-batch after a resume is cheap and later ones amortize the call.
+            rows = np.arange(done, min(done + chunk, count), dtype=np.int64)
+            positions = first + rows[:, None] * block + columns[None, :]
+            full = int(np.count_nonzero(positions[:, -1] < active))
+            if full:
+                yield from permute_array(positions[:full], n, epoch_seed).tolist()
+            for row in positions[full:]:  # the short last micro-block of a drop_last=False epoch
+                real = row[row < active]
+                yield permute_array(real, n, epoch_seed).tolist() if real.size else [PAD]
+            done += len(rows)
+            chunk = min(chunk * 4, 4096)
 
     def consumed_after(self, start: int, num_batches: int) -> int:
         """Position after ``num_batches`` items of a pass that started at ``start``."""
