@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -177,3 +178,28 @@ def test_hooks_are_wrapped_and_modes_checked():
     assert dm.state_dict() == {"consumed_samples": 4} and dm.num_microbatches == 2
     with pytest.raises(DataModuleStateError, match="must be a MegatronDataSampler"):
         MegatronDataModule().update_init_global_step()
+
+
+def test_state_inside_a_step_is_tolerated_but_drift_is_not():
+    class Data(MegatronDataModule):
+        def __init__(self):
+            super().__init__(
+                MegatronDataSampler(6, 2, 8, data_parallel_rank=0, data_parallel_size=1)
+            )
+
+        def train_dataloader(self):
+            return WrappedDataLoader(ToyGPTDataset(64), mode="train")
+
+    dm = Data()
+    dm.trainer = SimpleNamespace(global_step=0)  # what the module reads from a Trainer
+    it = iter(dm.train_dataloader())
+    next(it)  # one of the step's 4 micro-batches: a checkpoint here (e.g. after validation) is fine
+    assert dm.state_dict() == {"consumed_samples": 0}
+    for _ in range(3):
+        next(it)
+    dm.trainer.global_step = 1
+    assert dm.state_dict() == {"consumed_samples": 8} and dm.num_microbatches == 4
+    for _ in range(4):  # a whole step's micro-batches without an optimizer step: drift
+        next(it)
+    with pytest.raises(DataModuleStateError, match="delivered samples up to position 16"):
+        dm.state_dict()

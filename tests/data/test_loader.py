@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pickle
+
 import pytest
 import torch
 
@@ -186,6 +188,16 @@ def test_padding_never_reaches_a_negative_index_friendly_dataset():
     # the raw sentinel is not an int, so a dataset used without the loader fails loudly
     with pytest.raises(TypeError):
         ToyGPTDataset(5)[PAD]
+
+
+def test_padded_dataset_view_pickles_and_delegates():
+    view = PaddedDataset(PaddedDataset(ToyGPTDataset(3, seed=4)))  # never nested
+    assert isinstance(view.dataset, ToyGPTDataset) and view.seed == 4 and len(view) == 3
+    copy = pickle.loads(pickle.dumps(view))  # what a spawned DataLoader worker receives
+    assert torch.equal(copy[1]["tokens"], view[1]["tokens"])
+    padded = copy.__getitems__([PAD, PAD])
+    assert len(padded) == 2 and not padded[0]["loss_mask"].any() and padded[0] is not padded[1]
+    assert view[PAD]["tokens"].shape == view[0]["tokens"].shape
 
 
 def test_padding_needs_a_loss_mask():

@@ -192,28 +192,34 @@ class MegatronDataModule(pl.LightningDataModule):
     def state_dict(self) -> dict[str, Any]:
         """``{"consumed_samples": int}``: the samples of all optimizer steps so far.
 
+        A checkpoint taken inside a step (e.g. after a validation run in the middle of
+        gradient accumulation) records the start of that step; the loader's own state
+        (saved by Lightning's fit loop) records the micro-batches already delivered,
+        matching Lightning's own mid-step restart.
+
         Raises:
-            DataModuleStateError: the train loader delivered a different number of samples
-                than the optimizer steps account for (e.g. ``accumulate_grad_batches`` does
-                not match ``global_batch_size``, or a training step skipped micro-batches).
+            DataModuleStateError: the train loader's position is not within the current
+                step (e.g. ``accumulate_grad_batches`` does not match ``global_batch_size``,
+                or a training step skipped or added micro-batches), so the run would resume
+                at the wrong sample.
         """
         consumed = self.consumed_samples
         loader = self._train_loader
-        if (
-            loader is not None
-            and loader.megatron_sampler is not None
-            and loader.consumed_samples != consumed
-        ):
+        if loader is not None and loader.megatron_sampler is not None:
             sampler = self._sampler()
-            raise DataModuleStateError(
-                f"the train loader delivered samples up to position {loader.consumed_samples}, but"
-                f" {self._global_step() - sampler.init_global_step} optimizer steps from"
-                f" {sampler.init_consumed_samples} account for {consumed} (global_batch_size="
-                f"{sampler.global_batch_size}, micro_batch_size={sampler.micro_batch_size},"
-                f" data_parallel_size={sampler.data_parallel_size}); each step must consume exactly"
-                " num_microbatches micro-batches (Trainer(accumulate_grad_batches=...) must match), or the"
-                " run would resume at the wrong sample"
-            )
+            delivered = loader.consumed_samples
+            step_end = consumed + sampler.global_batch_size_at(consumed)
+            # delivered == consumed at a step boundary, and is less than a step ahead inside one
+            if not consumed <= delivered < step_end:
+                raise DataModuleStateError(
+                    f"the train loader delivered samples up to position {delivered}, but"
+                    f" {self._global_step() - sampler.init_global_step} optimizer steps from"
+                    f" {sampler.init_consumed_samples} account for {consumed} (global_batch_size="
+                    f"{sampler.global_batch_size}, micro_batch_size={sampler.micro_batch_size},"
+                    f" data_parallel_size={sampler.data_parallel_size}); each step must consume"
+                    " exactly num_microbatches micro-batches (Trainer(accumulate_grad_batches=...)"
+                    " must match), or the run would resume at the wrong sample"
+                )
         return {"consumed_samples": consumed}
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
