@@ -173,6 +173,9 @@ def test_padding_gives_loss_masked_zero_samples():
     assert batches[2]["id"].tolist() == [10, 0]
     assert not batches[3]["loss_mask"].any() and not batches[3]["tokens"].any()
     assert loader.consumed_samples == 11
+    assert list(loader.stream()) == []  # the padding is not data: nothing left after it
+    with pytest.raises(DataExhaustedError):
+        next(iter(loader))
 
 
 def test_padding_never_reaches_a_negative_index_friendly_dataset():

@@ -282,6 +282,8 @@ class MegatronPretrainingSampler(_MegatronSamplerBase):
         start = self._check_consumed(self.consumed_samples)
         block, mbs = self.micro_batch_times_data_parallel_size, self.micro_batch_size
         n = self.total_samples
+        if start >= n:  # positions never point into the padding: all data consumed
+            return
         end = self._data_end if self.drop_last else min(self._pass_end, n)
         p, lo = start, start + self.data_parallel_rank * mbs
         while p + block <= end:  # whole micro-blocks of real samples: this rank's slice directly
@@ -306,9 +308,11 @@ class MegatronPretrainingSampler(_MegatronSamplerBase):
     def remaining(self, start: int) -> int:
         """Items a pass starting at ``start`` yields (0 when the data is exhausted)."""
         block = self.micro_batch_times_data_parallel_size
+        if start >= self.total_samples:
+            return 0
         if self.drop_last:
             return max(0, (self._data_end - start) // block)
-        return max(0, _ceil_div(self._pass_end - start, block))
+        return _ceil_div(self._pass_end - start, block)
 
 
 class MegatronPretrainingRandomSampler(_MegatronSamplerBase):
