@@ -147,6 +147,8 @@ def test_transform_refusals():
         ds.transform_dataloader(WrappedDataLoader(ToyGPTDataset(8), mode="train", shuffle=True))
     with pytest.raises(DataSamplerConfigError, match="sampler="):
         ds.transform_dataloader(WrappedDataLoader(ToyGPTDataset(8), mode="train", sampler=[0, 1]))
+    with pytest.raises(TypeError, match="has no len"):
+        ds.transform_dataloader(WrappedDataLoader(iter(range(8)), mode="train"))
     with pytest.raises(DataSamplerConfigError, match="only train loaders resume"):
         ds.transform_dataloader(
             WrappedDataLoader(ToyGPTDataset(8), mode="validation"), consumed_samples=4

@@ -295,9 +295,14 @@ class MegatronDataSampler:
             start = self.init_consumed_samples if consumed_samples is None else consumed_samples
             start = _check_int(start, "consumed_samples", 0)
         drop_last = bool(options.get("drop_last", mode in ("train", "validation")))
-        batch_sampler = self._build_batch_sampler(
-            len(dataloader.source_dataset), start, mode, drop_last
-        )
+        try:
+            total_samples = len(dataloader.source_dataset)
+        except TypeError:
+            raise TypeError(
+                f"the {mode} loader's dataset ({type(dataloader.source_dataset).__name__}) has no len();"
+                " Megatron samplers need a map-style dataset of known length"
+            ) from None
+        batch_sampler = self._build_batch_sampler(total_samples, start, mode, drop_last)
         return WrappedDataLoader.rebuild(dataloader, batch_sampler)
 
     def _build_batch_sampler(
