@@ -45,6 +45,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint._traverse import set_element
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 
@@ -312,7 +313,7 @@ class Checkpointer:
                 )
         except CheckpointError:
             raise
-        except Exception as exc:  # noqa: BLE001 - DCP raises assorted errors for mismatched state
+        except (Exception, CheckpointException) as exc:  # noqa: BLE001 - DCP's error is a BaseException
             raise CheckpointError(
                 f"{folder}: cannot load into this model/optimizer: {exc}"
             ) from exc

@@ -66,6 +66,7 @@ class MetricsLogger:
         tensorboard: write TensorBoard events if ``torch.utils.tensorboard`` works.
         log_interval: refresh the bar / TensorBoard every this many steps.
         enabled: False on ranks that must not write (all methods become no-ops).
+        verbose: print messages (evaluation results, ...) to stdout.
     """
 
     def __init__(
@@ -79,8 +80,10 @@ class MetricsLogger:
         tensorboard: bool = True,
         log_interval: int = 10,
         enabled: bool = True,
+        verbose: bool = True,
     ) -> None:
         self.enabled = enabled
+        self.verbose = verbose
         self.log_interval = log_interval
         self.path = Path(run_dir) / "metrics.jsonl"
         self.segment = 0
@@ -176,7 +179,7 @@ class MetricsLogger:
 
     def write_line(self, text: str) -> None:
         """Print a line without breaking the progress bar."""
-        if not self.enabled:
+        if not (self.enabled and self.verbose):
             return
         if self._bar is not None:
             self._bar.write(text)

@@ -1,0 +1,145 @@
+"""``epochal train``: the main job.
+
+    epochal train                                   # the tiny preset: a CPU demo, no downloads
+    epochal train --config my.toml                  # a real configuration
+    epochal train --preset gpt2-small --data.data_path='["/data/owt_text_document"]'
+    epochal train --training.train_iters=600 --run_dir=runs/longer
+    epochal train --print-config                    # show the resolved configuration (TOML)
+
+With no ``--config`` the ``tiny`` preset is used: it tokenizes a deterministic
+subset of Python's standard-library sources with a BPE tokenizer trained on them
+(both cached), trains a small Llama-style model for 300 steps, evaluates,
+checkpoints, plots the loss, and prints where everything is. Running it again
+resumes from the run's latest checkpoint (``checkpoint.resume="auto"``).
+
+Overrides are ``--section.key=value`` (TOML literals); see
+:mod:`epochal.train.config`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+__all__ = ["add_arguments", "run"]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Register ``--config``, ``--preset``, ``--print-config`` and the ``--section.key=value`` overrides."""
+    parser.add_argument("--config", metavar="FILE", help="TOML configuration file")
+    parser.add_argument(
+        "--preset", metavar="NAME", help="base preset: tiny (default without --config), gpt2-small"
+    )
+    parser.add_argument(
+        "--print-config", action="store_true", help="print the resolved configuration and exit"
+    )
+    parser.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="--section.key=value",
+        help="configuration overrides, e.g. --training.train_iters=100 --run_dir=runs/x",
+    )
+    parser.usage = (
+        "epochal train [--config FILE] [--preset NAME] [--print-config] [--section.key=value ...]"
+    )
+    parser.allow_abbrev = False
+    # argparse rejects unknown "--x.y=z" options; accept them as overrides instead
+    # (the dispatcher in epochal.cli calls parser.parse_args).
+    parse_known = parser.parse_known_args
+
+    def parse_args(args=None, namespace=None):  # noqa: ANN001, ANN202 - argparse's signature
+        ns, unknown = parse_known(args, namespace)
+        bad = [u for u in unknown if not (u.startswith("--") and "=" in u)]
+        if bad:
+            parser.error(
+                f"unrecognized arguments: {' '.join(bad)} (overrides look like --section.key=value)"
+            )
+        ns._unknown = unknown
+        return ns
+
+    parser.parse_args = parse_args  # type: ignore[method-assign]
+
+
+def _split_overrides(args: argparse.Namespace, unknown: list[str]) -> list[str]:
+    items = list(getattr(args, "overrides", []) or []) + list(unknown)
+    for item in items:
+        if "=" not in item:
+            raise ValueError(
+                f"unrecognized argument {item!r}; overrides look like --section.key=value"
+            )
+    return items
+
+
+def run(args: argparse.Namespace) -> int:
+    """Resolve the configuration, prepare data, train, plot; 0 on success, 2 on a configuration error."""
+    from epochal.model.config import ConfigError
+    from epochal.train.checkpoint import CheckpointError
+    from epochal.train.config import build_config, to_toml
+
+    try:
+        overrides = _split_overrides(args, getattr(args, "_unknown", []))
+        preset = args.preset or (None if args.config else "tiny")
+        config = build_config(preset=preset, config_file=args.config, overrides=overrides)
+    except (ConfigError, ValueError, FileNotFoundError) as exc:
+        print(f"epochal train: error: {exc}", file=sys.stderr)
+        return 2
+    if args.print_config:
+        print(to_toml(config), end="")
+        return 0
+    try:
+        return _train(config)
+    except ConfigError as exc:
+        print(f"epochal train: error: {exc}", file=sys.stderr)
+        return 2
+    except (CheckpointError, OSError, ValueError) as exc:
+        print(f"epochal train: error: {exc}", file=sys.stderr)
+        return 1
+
+
+def _train(config) -> int:
+    from epochal.train.data import build_data
+    from epochal.train.plot import plot_run
+    from epochal.train.trainer import Trainer, perplexity
+
+    t0 = time.perf_counter()
+    say = lambda msg: print(msg, flush=True)  # noqa: E731
+    say(f"epochal train: run directory {config.run_dir}")
+    data = build_data(config, log=say)
+    say(f"data: {data.description}")
+    trainer = Trainer(config, data=data)
+    n_params = trainer.model_parts[0].num_parameters()
+    mc = trainer.model_config
+    say(
+        f"model: {n_params / 1e6:.2f}M parameters ({mc.num_layers} layers, hidden {mc.hidden_size}, "
+        f"{mc.num_attention_heads} heads, vocab {mc.vocab_size} padded to {mc.padded_vocab_size}); "
+        f"{config.training.train_iters} steps of {config.training.global_batch_size} x {config.data.seq_length} "
+        f"tokens on {trainer.device}"
+    )
+    result = trainer.train()
+    plot = None
+    try:
+        plot = plot_run(config.run_dir)
+    except (FileNotFoundError, ValueError):
+        pass
+    ckpt = result.last_checkpoint
+    where = (
+        f"run: {result.run_dir}; checkpoints: {ckpt if ckpt else 'none'}; plot: {plot or 'none'}"
+    )
+    if not result.losses:
+        say(
+            f"nothing to do: {result.run_dir} is already at step {result.final_step} "
+            f"(training.train_iters={config.training.train_iters}); use another --run_dir to start over"
+        )
+        say(where)
+        return 0
+    ev = ""
+    if result.eval_loss is not None:
+        ev = f", validation loss {result.eval_loss:.3f} (perplexity {perplexity(result.eval_loss):.1f})"
+    resumed = f" (resumed from step {result.start_step})" if result.start_step else ""
+    say(
+        f"trained steps {result.start_step + 1}-{result.final_step}{resumed} in {time.perf_counter() - t0:.0f} s "
+        f"({result.tokens_per_s:,.0f} tokens/s): loss {result.losses[0]:.3f} -> {result.last_loss:.3f}{ev}"
+    )
+    say(where)
+    return 0

@@ -1,0 +1,279 @@
+"""Prepare a training corpus: text -> (optional trained BPE tokenizer) -> Megatron indexed files, cached.
+
+Two corpora:
+
+- ``"stdlib"``: Python's standard-library sources, present on every machine with
+  Python. Files ``*.py`` under ``sysconfig.get_paths()["stdlib"]``, in sorted
+  relative-path order, skipping the ``test``/``tests``/``idlelib``/``lib2to3``
+  packages, ``site-packages`` and ``__pycache__``, taken until ``corpus_max_bytes``
+  bytes are collected; one file = one document. (Its content depends on the
+  Python version, which is part of the cache key.)
+- a JSONL file: one document per line, the text under ``data.json_keys[0]``.
+
+With ``data.bpe_vocab_size > 0`` a byte-level BPE tokenizer (GPT-2 style
+pre-tokenization, ``<|endoftext|>`` as id 0 and end-of-document) is trained on the
+corpus with Hugging Face ``tokenizers`` (deterministic for the same input) and
+saved as ``tokenizer.json``; otherwise ``data.tokenizer_type`` is used.
+
+The result is cached under ``<cache_dir>/corpus-<key>/`` where ``key`` hashes
+the corpus content and the tokenizer settings; the folder is built under a
+temporary name and renamed when complete, so concurrent or interrupted
+preparations never leave a half-written cache.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import sys
+import sysconfig
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from epochal.data.preprocess import preprocess_documents
+from epochal.data.tokenizer import HuggingFaceTokenizer, Tokenizer, build_tokenizer
+from epochal.model.config import ConfigError
+from epochal.train.config import DataConfig
+
+__all__ = [
+    "PreparedCorpus",
+    "default_cache_dir",
+    "prepare_corpus",
+    "stdlib_files",
+    "tokenizer_from_config",
+]
+
+_SKIP_PARTS = {"test", "tests", "idlelib", "lib2to3", "site-packages", "__pycache__"}
+_FORMAT = 1
+EOD_TOKEN = "<|endoftext|>"
+
+
+@dataclass
+class PreparedCorpus:
+    """A tokenized corpus ready for training.
+
+    Attributes:
+        prefix: the indexed dataset prefix (``.bin``/``.idx``).
+        tokenizer: the tokenizer that produced it.
+        tokenizer_file: the trained ``tokenizer.json``, if one was trained.
+        documents / tokens: counts.
+        cached: whether it came from the cache.
+        seconds: preparation time (0 when cached).
+    """
+
+    prefix: str
+    tokenizer: Tokenizer
+    tokenizer_file: str | None
+    documents: int
+    tokens: int
+    cached: bool
+    seconds: float
+
+
+def default_cache_dir() -> Path:
+    """``$EPOCHAL_CACHE`` or ``~/.cache/epochal``."""
+    env = os.environ.get("EPOCHAL_CACHE")
+    return Path(env) if env else Path.home() / ".cache" / "epochal"
+
+
+def stdlib_files(max_bytes: int) -> list[Path]:
+    """The deterministic subset of standard-library sources (see the module docstring)."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    chosen, total = [], 0
+    for path in sorted(root.rglob("*.py"), key=lambda p: p.relative_to(root).as_posix()):
+        if _SKIP_PARTS.intersection(path.relative_to(root).parts) or not path.is_file():
+            continue
+        chosen.append(path)
+        total += path.stat().st_size
+        if total >= max_bytes:
+            break
+    if not chosen:
+        raise OSError(f"no Python sources found under {root}")
+    return chosen
+
+
+def _read_documents(cfg: DataConfig) -> tuple[list[str], str]:
+    """The corpus documents and a description for messages."""
+    if cfg.corpus == "stdlib":
+        files = stdlib_files(cfg.corpus_max_bytes)
+        docs = [p.read_text(encoding="utf-8", errors="replace") for p in files]
+        return (
+            docs,
+            f"{len(files)} Python {sys.version_info.major}.{sys.version_info.minor} standard-library files",
+        )
+    path = Path(cfg.corpus)
+    if not path.is_file():
+        raise ConfigError("data.corpus", f"{path} is neither 'stdlib' nor an existing JSONL file")
+    key = cfg.json_keys[0]
+    docs = []
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+                text = record[key]
+            except (json.JSONDecodeError, KeyError, TypeError) as exc:
+                raise ValueError(
+                    f"{path}:{lineno}: not a JSON object with a {key!r} string ({exc})"
+                ) from None
+            if not isinstance(text, str):
+                raise ValueError(
+                    f"{path}:{lineno}: {key!r} is {type(text).__name__}, expected a string"
+                )
+            docs.append(text)
+    if not docs:
+        raise ValueError(f"{path}: no documents")
+    return docs, f"{len(docs)} documents from {path}"
+
+
+def tokenizer_from_config(cfg: DataConfig) -> Tokenizer:
+    """Build ``data.tokenizer_type`` from its files (Megatron's argument names).
+
+    Raises:
+        ConfigError: the tokenizer cannot be built (names ``data.tokenizer_type``).
+    """
+    try:
+        return build_tokenizer(
+            cfg.tokenizer_type,
+            vocab_file=cfg.vocab_file or None,
+            merge_file=cfg.merge_file or None,
+            tokenizer_model=cfg.tokenizer_model or None,
+        )
+    except (ValueError, OSError) as exc:
+        raise ConfigError("data.tokenizer_type", str(exc)) from None
+
+
+def _train_bpe(docs: list[str], vocab_size: int, out: Path) -> None:
+    from tokenizers import Tokenizer as RustTokenizer
+    from tokenizers import decoders, models, pre_tokenizers, trainers
+
+    tok = RustTokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=[EOD_TOKEN],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(docs, trainer=trainer, length=len(docs))
+    tok.save(str(out))
+
+
+def _cache_key(cfg: DataConfig, docs: list[str]) -> str:
+    h = hashlib.sha256()
+    h.update(
+        json.dumps(
+            {
+                "format": _FORMAT,
+                "corpus": cfg.corpus if cfg.corpus == "stdlib" else os.path.abspath(cfg.corpus),
+                "json_key": cfg.json_keys[0],
+                "bpe_vocab_size": cfg.bpe_vocab_size,
+                "tokenizer": [
+                    cfg.tokenizer_type,
+                    cfg.tokenizer_model,
+                    cfg.vocab_file,
+                    cfg.merge_file,
+                ]
+                if not cfg.bpe_vocab_size
+                else None,
+            },
+            sort_keys=True,
+        ).encode()
+    )
+    for d in docs:
+        h.update(hashlib.sha256(d.encode("utf-8", errors="replace")).digest())
+    return h.hexdigest()[:20]
+
+
+def _iter_docs(docs: list[str]) -> Iterator[str]:
+    yield from docs
+
+
+def prepare_corpus(
+    cfg: DataConfig, cache_dir: str | os.PathLike | None = None, *, log: Any = None
+) -> PreparedCorpus:
+    """Tokenize ``cfg.corpus`` into indexed files (cached); see the module docstring.
+
+    Args:
+        cfg: the data section (``corpus``, ``corpus_max_bytes``, ``json_keys``,
+            ``bpe_vocab_size`` or the tokenizer options).
+        cache_dir: cache root (default ``cfg.cache_dir`` or :func:`default_cache_dir`).
+        log: ``log(str)`` for progress messages (None = silent).
+
+    Raises:
+        ConfigError: a bad corpus or tokenizer option.
+        ValueError: a malformed JSONL corpus (names the file and line).
+    """
+    say = log or (lambda _msg: None)
+    root = Path(cache_dir or cfg.cache_dir or default_cache_dir())
+    docs, description = _read_documents(cfg)
+    folder = root / f"corpus-{_cache_key(cfg, docs)}"
+    done = folder / "corpus.json"
+    if done.is_file():
+        info = json.loads(done.read_text())
+        tok_file = info.get("tokenizer_file")
+        tokenizer = (
+            HuggingFaceTokenizer(folder / tok_file, eod_token=EOD_TOKEN)
+            if tok_file
+            else tokenizer_from_config(cfg)
+        )
+        return PreparedCorpus(
+            str(folder / "corpus"),
+            tokenizer,
+            str(folder / tok_file) if tok_file else None,
+            info["documents"],
+            info["tokens"],
+            cached=True,
+            seconds=0.0,
+        )
+    t0 = time.perf_counter()
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = root / f".tmp-{folder.name}-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        tok_file = None
+        if cfg.bpe_vocab_size:
+            say(f"training a {cfg.bpe_vocab_size}-id BPE tokenizer on {description} ...")
+            _train_bpe(docs, cfg.bpe_vocab_size, tmp / "tokenizer.json")
+            tok_file = "tokenizer.json"
+            tokenizer: Tokenizer = HuggingFaceTokenizer(tmp / tok_file, eod_token=EOD_TOKEN)
+        else:
+            tokenizer = tokenizer_from_config(cfg)
+        say(f"tokenizing {description} ...")
+        summary = preprocess_documents(_iter_docs(docs), tokenizer, tmp / "corpus", append_eod=True)
+        info = {
+            "format": _FORMAT,
+            "description": description,
+            "documents": summary.documents,
+            "tokens": summary.total_tokens,
+            "tokenizer_file": tok_file,
+        }
+        (tmp / "corpus.json").write_text(json.dumps(info, indent=1))
+        try:
+            os.replace(tmp, folder)
+        except OSError:
+            if not done.is_file():  # not a concurrent winner: a real error
+                raise
+            shutil.rmtree(tmp, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if tok_file:
+        tokenizer = HuggingFaceTokenizer(folder / tok_file, eod_token=EOD_TOKEN)
+    return PreparedCorpus(
+        str(folder / "corpus"),
+        tokenizer,
+        str(folder / tok_file) if tok_file else None,
+        info["documents"],
+        info["tokens"],
+        cached=False,
+        seconds=time.perf_counter() - t0,
+    )

@@ -1,0 +1,500 @@
+"""The trainer: Megatron's batch math and loss, AdamW, LR schedule, evaluation, exact resumption.
+
+Structure (torchtitan-like, so that parallelism is added by overriding a few
+methods rather than rewriting the loop):
+
+- :meth:`Trainer.build_model_parts` -> a list of ``nn.Module`` (one GPTModel here;
+  pipeline stages later), then :meth:`Trainer.parallelize` (the seam where tensor /
+  sequence / data parallelism, recompute and ``torch.compile`` are applied; here
+  it only compiles blocks if asked);
+- :meth:`Trainer.forward_backward_step` runs ONE micro-batch; :meth:`Trainer.train_step`
+  runs the micro-batches of one global batch, clips, steps;
+- :class:`~epochal.train.optim.OptimizersContainer` and
+  :class:`~epochal.train.lr_schedule.OptimizerParamScheduler`;
+- :class:`~epochal.train.checkpoint.Checkpointer` with DCP ``Stateful`` objects;
+- a stateful data loader (:class:`epochal.data.WrappedDataLoader`) whose
+  ``consumed_samples`` is the data's only resume state.
+
+Loss (Megatron's default, ``calculate_per_token_loss=False``): each micro-batch's
+loss is the mean over its tokens weighted by ``loss_mask``
+(``sum(ce * loss_mask) / sum(loss_mask)``), divided by the number of
+micro-batches, and back-propagated; the step's reported loss is the sum of
+these, i.e. the mean of the micro-batch means. Because every micro-batch has the
+same weight, splitting the global batch over data-parallel ranks (gradients
+averaged) or pipeline micro-batches gives the same gradients as one process.
+A custom ``loss_fn(labels, logits, loss_mask) -> scalar`` replaces the
+per-micro-batch loss (``labels`` are the target ids ``[b, s]``, ``logits``
+``[b, s, padded_vocab]``, ``loss_mask`` float ``[b, s]``); the trainer still divides
+by the number of micro-batches.
+
+Exact resumption: a checkpoint holds the model, optimizer (FQN-keyed), scheduler
+step, ``consumed_samples`` and every RNG state; data loaders get their own
+generators, so creating iterators never draws from the global RNG. Resuming from
+any checkpoint on the same machine type reproduces the uninterrupted run's loss at
+every later step bit for bit on CPU (same thread count; on GPU only with
+deterministic kernels).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import random
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from epochal.model.config import ConfigError, ModelConfig
+from epochal.model.gpt import GPTModel
+from epochal.train.checkpoint import Checkpointer, CheckpointError
+from epochal.train.config import TrainConfig, model_config_from_section, to_toml
+from epochal.train.data import DataBundle, build_data
+from epochal.train.lr_schedule import OptimizerParamScheduler
+from epochal.train.metrics import MetricsLogger
+from epochal.train.optim import OptimizersContainer, build_adamw, clip_grad_norm
+from epochal.train.rng import get_rng_state, set_rng_state
+from epochal.train.state import ModelState
+
+__all__ = ["LossFn", "TrainResult", "Trainer", "masked_token_mean_loss", "resolve_device"]
+
+LossFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+StepCallback = Callable[["Trainer", int, dict[str, Any]], None]
+
+
+def masked_token_mean_loss(
+    labels: torch.Tensor, logits: torch.Tensor, loss_mask: torch.Tensor
+) -> torch.Tensor:
+    """Megatron's GPT loss of one micro-batch: cross-entropy averaged over unmasked tokens.
+
+    Args:
+        labels: int64 ``[b, s]`` target ids.
+        logits: ``[b, s, V]`` (upcast to float32 here).
+        loss_mask: ``[b, s]``, 1.0 where the token counts.
+
+    Returns:
+        float32 scalar; 0 if no token counts (a fully padded micro-batch).
+    """
+    losses = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), reduction="none")
+    mask = loss_mask.flatten().to(losses.dtype)
+    return (losses * mask).sum() / mask.sum().clamp(min=1.0)
+
+
+def seed_everything(seed: int) -> None:
+    """Seed the global RNGs the training step may use (dropout; user hooks), as Megatron does.
+
+    Only the trainer does this; datasets never touch global RNG state. A resume
+    then overwrites these states with the checkpoint's.
+    """
+    random.seed(seed)
+    np.random.seed(seed % 2**32)  # noqa: NPY002 - the global one, on purpose
+    torch.manual_seed(seed)
+
+
+def resolve_device(name: str) -> torch.device:
+    """``"auto"`` -> CUDA if available else CPU; ``"cuda"`` without CUDA is a :class:`ConfigError`."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("training.device", "is 'cuda' but no CUDA device is available")
+    return torch.device(name)
+
+
+@dataclass
+class TrainResult:
+    """What a call to :meth:`Trainer.train` did.
+
+    Attributes:
+        run_dir: the run directory.
+        start_step / final_step: steps before and after this call.
+        last_loss: loss of the last step run (None if none ran).
+        eval_loss: last validation loss (None if never evaluated).
+        tokens_per_s: mean training throughput of this call (tokens/s, excluding eval/saves).
+        wall_time_s: duration of this call in seconds.
+        resumed_from: the checkpoint folder resumed from, if any.
+        last_checkpoint: the newest checkpoint folder, if any.
+    """
+
+    run_dir: Path
+    start_step: int
+    final_step: int
+    last_loss: float | None = None
+    eval_loss: float | None = None
+    tokens_per_s: float = 0.0
+    wall_time_s: float = 0.0
+    resumed_from: str | None = None
+    last_checkpoint: Path | None = None
+    losses: list[float] = field(default_factory=list)
+
+
+class Trainer:
+    """Single-process GPT trainer (CPU or one GPU); see the module docstring.
+
+    Args:
+        config: the resolved configuration.
+        loss_fn: optional custom per-micro-batch loss (see the module docstring).
+        data: prebuilt data (tests, notebooks); default :func:`epochal.train.data.build_data`.
+        log: print progress (tqdm) and messages.
+
+    Raises:
+        ConfigError: an option that only turns out invalid with the data (e.g.
+            ``model.vocab_size`` smaller than the tokenizer's).
+    """
+
+    def __init__(
+        self,
+        config: TrainConfig,
+        *,
+        loss_fn: LossFn | None = None,
+        data: DataBundle | None = None,
+        log: bool = True,
+    ) -> None:
+        self.config = config
+        self.log = log
+        seed_everything(config.training.seed)
+        self.run_dir = Path(config.run_dir)
+        self.device = resolve_device(config.training.device)
+        self.loss_fn: LossFn = loss_fn or masked_token_mean_loss
+        self.callbacks: list[StepCallback] = []
+        self.data = data if data is not None else build_data(config, **self.data_parallel_info())
+        if config.model.vocab_size is not None and config.model.vocab_size < self.data.vocab_size:
+            raise ConfigError(
+                "model.vocab_size",
+                f"must be >= the tokenizer's vocabulary size {self.data.vocab_size}, got {config.model.vocab_size}",
+            )
+        self.model_config: ModelConfig = model_config_from_section(
+            config.model, vocab_size=self.data.vocab_size, seq_length=config.data.seq_length
+        )
+        self.model_parts = self.parallelize(self.build_model_parts())
+        self.optimizers = self.build_optimizers()
+        self.scheduler = self.build_scheduler()
+        self.checkpointer = Checkpointer(
+            self.run_dir / "checkpoints", keep_last=config.checkpoint.keep_last, rank=self.rank
+        )
+        self.step = 0
+        self.tokens_seen = 0
+        self.eval_history: list[tuple[int, float]] = []
+
+    # ---------------------------------------------------------------- the seams
+    @property
+    def rank(self) -> int:
+        """Global rank (0 in a single process)."""
+        return 0
+
+    def data_parallel_info(self) -> dict[str, int]:
+        """``{"dp_rank": ..., "dp_size": ...}`` for building the data (one process: 0 of 1)."""
+        return {"dp_rank": 0, "dp_size": 1}
+
+    def build_model_parts(self) -> list[nn.Module]:
+        """Build the model as a list of parts (one here), initialized on ``self.device``."""
+        with torch.device(self.device):
+            model = GPTModel(self.model_config, seed=self.config.training.seed)
+        return [model]
+
+    def parallelize(self, model_parts: list[nn.Module]) -> list[nn.Module]:
+        """Apply parallelism / recompute / compile to the parts (here: ``torch.compile`` per block)."""
+        if self.config.training.compile:
+            for part in model_parts:
+                for block in part.layers.values():
+                    block.compile()
+        return model_parts
+
+    def build_optimizers(self) -> OptimizersContainer:
+        """AdamW per model part with Megatron's parameter groups."""
+        o = self.config.optimizer
+        return OptimizersContainer(
+            self.model_parts,
+            lambda part: build_adamw(
+                [part],
+                lr=o.lr,
+                weight_decay=o.wd_start,
+                betas=(o.adam_beta1, o.adam_beta2),
+                eps=o.adam_eps,
+            ),
+        )
+
+    def build_scheduler(self) -> OptimizerParamScheduler:
+        """Megatron's LR/WD scheduler, counting optimizer steps."""
+        c, o, s = self.config, self.config.optimizer, self.config.scheduler
+        return OptimizerParamScheduler(
+            self.optimizers,  # type: ignore[arg-type]  (has param_groups)
+            init_lr=s.lr_warmup_init,
+            max_lr=o.lr,
+            min_lr=o.min_lr,
+            lr_warmup_steps=c.lr_warmup_iters,
+            lr_decay_steps=c.lr_decay_iters,
+            lr_decay_style=s.lr_decay_style,
+            start_wd=o.wd_start,
+            end_wd=o.wd_end,
+            wd_incr_steps=c.lr_decay_iters,
+            wd_incr_style=s.weight_decay_incr_style,
+            wsd_decay_steps=s.lr_wsd_decay_iters,
+            lr_wsd_decay_style=s.lr_wsd_decay_style,
+        )
+
+    def clip_gradients(self) -> torch.Tensor:
+        """Clip to ``optimizer.clip_grad`` (global L2 norm); return the norm before clipping."""
+        return clip_grad_norm(self.optimizers.parameters(), self.config.optimizer.clip_grad)
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        """bfloat16 autocast if ``training.bf16``, else a no-op."""
+        if self.config.training.bf16:
+            return torch.autocast(self.device.type, dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    def add_callback(self, fn: StepCallback) -> None:
+        """Call ``fn(trainer, step, metrics)`` after every optimizer step (after eval/save)."""
+        self.callbacks.append(fn)
+
+    # ------------------------------------------------------------ computation
+    def model_forward(self, micro_batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Logits ``[b, s, padded_vocab]`` of one micro-batch (already on the device)."""
+        kwargs = {}
+        if self.config.data.reset_position_ids and "position_ids" in micro_batch:
+            kwargs["position_ids"] = micro_batch["position_ids"]
+        if self.config.data.reset_attention_mask and "attention_mask" in micro_batch:
+            kwargs["attention_mask"] = micro_batch["attention_mask"]
+        return self.model_parts[0](micro_batch["tokens"], **kwargs)
+
+    def _to_device(self, micro_batch: dict[str, Any]) -> dict[str, torch.Tensor]:
+        out = {}
+        for key, value in micro_batch.items():
+            if isinstance(value, torch.Tensor):
+                out[key] = value.to(self.device, non_blocking=True)
+        if "loss_mask" not in out:
+            out["loss_mask"] = torch.ones_like(out["labels"], dtype=torch.float32)
+        return out
+
+    def forward_backward_step(
+        self, micro_batch: dict[str, Any], num_microbatches: int
+    ) -> torch.Tensor:
+        """Forward and backward of ONE micro-batch; returns its detached ``loss / num_microbatches``."""
+        mb = self._to_device(micro_batch)
+        with self.autocast():
+            logits = self.model_forward(mb)
+            loss = self.loss_fn(mb["labels"], logits, mb["loss_mask"])
+        scaled = loss / num_microbatches
+        scaled.backward()
+        return scaled.detach()
+
+    def num_microbatches(self) -> int:
+        """Micro-batches of the next step (Megatron: gbs / (mbs * dp), ramp-up aware)."""
+        return self.data.num_microbatches_at(self.data.train_loader.consumed_samples)
+
+    def train_step(self, batches: Iterator[dict[str, Any]]) -> dict[str, Any]:
+        """One optimizer step over one global batch pulled from ``batches``.
+
+        Returns:
+            ``{"loss", "grad_norm", "lr", "skipped"}`` (Python numbers).
+        """
+        n_mb = self.num_microbatches()
+        for part in self.model_parts:
+            part.train()
+        self.optimizers.zero_grad(set_to_none=True)
+        total = torch.zeros((), device=self.device)
+        for _ in range(n_mb):
+            total += self.forward_backward_step(next(batches), n_mb)
+        grad_norm = self.clip_gradients()
+        lr = self.optimizers.param_groups[0]["lr"]
+        finite = bool(torch.isfinite(grad_norm))
+        if finite:
+            self.optimizers.step()
+        self.scheduler.step(1)
+        return {
+            "loss": float(total.item()),
+            "grad_norm": float(grad_norm.item()),
+            "lr": float(lr),
+            "skipped": 0 if finite else 1,
+        }
+
+    @torch.no_grad()
+    def evaluate(self) -> float | None:
+        """Validation loss: mean of the micro-batch losses over ``eval_iters`` global batches.
+
+        Every evaluation reads the validation data from its start (the same
+        samples every time). Returns None if there is no validation data.
+        """
+        loader = self.data.valid_loader
+        iters = self.config.training.eval_iters
+        if loader is None or iters == 0:
+            return None
+        for part in self.model_parts:
+            part.eval()
+        n_mb = self.num_microbatches()
+        total, count = 0.0, 0
+        for i, mb in enumerate(loader):
+            if i >= iters * n_mb:
+                break
+            batch = self._to_device(mb)
+            with self.autocast():
+                logits = self.model_forward(batch)
+                total += float(self.loss_fn(batch["labels"], logits, batch["loss_mask"]).item())
+            count += 1
+        for part in self.model_parts:
+            part.train()
+        return total / count if count else None
+
+    # ------------------------------------------------------------ checkpoints
+    def app_state(self) -> dict[str, Any]:
+        """The DCP state: model parts and optimizers (``Stateful``)."""
+        return {"model": ModelState(self.model_parts), "optimizer": self.optimizers}
+
+    def trainer_state(self) -> dict[str, Any]:
+        """JSON bookkeeping saved with each checkpoint."""
+        return {
+            "format": 1,
+            "step": self.step,
+            "consumed_train_samples": self.data.train_loader.consumed_samples,
+            "tokens_seen": self.tokens_seen,
+            "scheduler": self.scheduler.state_dict(),
+            "data": self.data.train_loader.state_dict(),
+            "global_batch_size": self.config.training.global_batch_size,
+            "seq_length": self.config.data.seq_length,
+            "eval_history": self.eval_history,
+        }
+
+    def save_checkpoint(self) -> Path:
+        """Save the current step (see :class:`~epochal.train.checkpoint.Checkpointer`)."""
+        return self.checkpointer.save(
+            self.step,
+            self.app_state(),
+            trainer_state=self.trainer_state(),
+            rng_state=get_rng_state(),
+            config_toml=to_toml(self.config),
+        )
+
+    def resume_folder(self) -> Path | None:
+        """The checkpoint to resume from per ``checkpoint.resume``, or None to start fresh.
+
+        Raises:
+            ConfigError: ``resume="never"`` with existing checkpoints, or a path that
+                holds no checkpoint.
+        """
+        mode = self.config.checkpoint.resume
+        if mode == "never":
+            if self.checkpointer.latest() is not None:
+                raise ConfigError(
+                    "checkpoint.resume",
+                    f"is 'never' but {self.checkpointer.directory} already has checkpoints; "
+                    "use another run_dir or resume='auto'",
+                )
+            return None
+        if mode == "auto":
+            return self.checkpointer.latest()
+        path = Path(mode)
+        if (path / "trainer_state.json").is_file():
+            return path
+        found = Checkpointer(path).latest() if path.is_dir() else None
+        if found is None:
+            raise ConfigError(
+                "checkpoint.resume", f"{path} is neither a checkpoint nor a folder of checkpoints"
+            )
+        return found
+
+    def load_checkpoint(self, folder: str | Path) -> None:
+        """Restore everything from ``folder`` (model, optimizer, scheduler, data position, RNG)."""
+        state, rng = self.checkpointer.load(folder, self.app_state())
+        try:
+            self.step = int(state["step"])
+            self.scheduler.load_state_dict(state["scheduler"])
+            self.data.train_loader.load_state_dict(state["data"])
+            self.tokens_seen = int(state.get("tokens_seen", 0))
+            self.eval_history = [(int(s), float(v)) for s, v in state.get("eval_history", [])]
+        except (KeyError, TypeError, ValueError) as exc:
+            raise CheckpointError(f"{folder}/trainer_state.json: malformed ({exc})") from exc
+        set_rng_state(rng)
+
+    # ------------------------------------------------------------------ loop
+    def train(self) -> TrainResult:
+        """Train until ``training.train_iters`` (resuming first per ``checkpoint.resume``)."""
+        cfg = self.config
+        t_start = time.perf_counter()
+        folder = self.resume_folder()
+        if folder is not None:
+            self.load_checkpoint(folder)
+        start_step = self.step
+        total = cfg.training.train_iters
+        result = TrainResult(
+            run_dir=self.run_dir,
+            start_step=start_step,
+            final_step=start_step,
+            resumed_from=str(folder) if folder is not None else None,
+            last_checkpoint=folder,
+        )
+        if self.eval_history:
+            result.eval_loss = self.eval_history[-1][1]
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        (self.run_dir / "config.toml").write_text(to_toml(cfg))
+        metrics = MetricsLogger(
+            self.run_dir,
+            total_steps=total,
+            start_step=start_step,
+            resumed_from=result.resumed_from,
+            progress=self.log and cfg.logging.progress,
+            tensorboard=cfg.logging.tensorboard,
+            log_interval=cfg.logging.log_interval,
+            enabled=self.rank == 0,
+            verbose=self.log,
+        )
+        if folder is not None and self.log:
+            metrics.write_line(f"resumed from {folder} at step {self.step}")
+        tokens_per_sample = cfg.data.seq_length
+        batches = self.data.train_loader.stream()
+        train_time = 0.0
+        trained_tokens = 0
+        try:
+            while self.step < total:
+                t0 = time.perf_counter()
+                samples_before = self.data.train_loader.consumed_samples
+                try:
+                    out = self.train_step(batches)
+                except StopIteration:
+                    metrics.write_line(f"training data exhausted at step {self.step}")
+                    break
+                self.step += 1
+                samples = self.data.train_loader.consumed_samples - samples_before
+                tokens = samples * tokens_per_sample
+                self.tokens_seen += tokens
+                dt = time.perf_counter() - t0
+                train_time += dt
+                trained_tokens += tokens
+                record = {
+                    **out,
+                    "consumed_samples": self.data.train_loader.consumed_samples,
+                    "tokens": self.tokens_seen,
+                    "tokens_per_s": tokens / dt if dt > 0 else 0.0,
+                    "step_time_s": dt,
+                }
+                metrics.log_train(self.step, record)
+                result.losses.append(out["loss"])
+                result.last_loss = out["loss"]
+                last = self.step == total
+                ei = cfg.training.eval_interval
+                if (ei and self.step % ei == 0) or (last and cfg.training.eval_iters > 0):
+                    loss = self.evaluate()
+                    if loss is not None:
+                        self.eval_history.append((self.step, loss))
+                        result.eval_loss = loss
+                        metrics.log_eval(self.step, loss)
+                si = cfg.checkpoint.save_interval
+                if (si and self.step % si == 0) or (last and cfg.checkpoint.save_final):
+                    result.last_checkpoint = self.save_checkpoint()
+                for fn in self.callbacks:
+                    fn(self, self.step, record)
+        finally:
+            metrics.close()
+        result.final_step = self.step
+        result.tokens_per_s = trained_tokens / train_time if train_time > 0 else 0.0
+        result.wall_time_s = time.perf_counter() - t_start
+        return result
+
+
+def perplexity(loss: float) -> float:
+    """``exp(loss)`` (inf on overflow)."""
+    return math.exp(loss) if loss < 700 else float("inf")

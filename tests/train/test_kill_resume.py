@@ -1,0 +1,108 @@
+"""Kill a training process with SIGKILL mid-run, resume it: every later loss equals the uninterrupted run's."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from epochal.train.metrics import read_metrics
+
+WORKER = str(Path(__file__).with_name("resume_worker.py"))
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+ITERS = 12
+
+
+def run(run_dir: Path, *args: str) -> None:
+    proc = subprocess.run(
+        [sys.executable, WORKER, str(run_dir), str(ITERS), *args],
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def losses(run_dir: Path, kind: str = "train") -> dict[int, dict[int, float]]:
+    out: dict[int, dict[int, float]] = {}
+    for r in read_metrics(run_dir / "metrics.jsonl"):
+        if r["kind"] == kind:
+            out.setdefault(r["segment"], {})[r["step"]] = r["loss"]
+    return out
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory) -> Path:
+    run_dir = tmp_path_factory.mktemp("full")
+    run(run_dir)
+    return run_dir
+
+
+@pytest.fixture(scope="module")
+def killed_and_resumed(tmp_path_factory) -> Path:
+    run_dir = tmp_path_factory.mktemp("killed")
+    proc = subprocess.Popen(
+        [sys.executable, WORKER, str(run_dir), str(ITERS), "--pause-after", "8"],
+        env=ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    marker = run_dir / "paused"
+    deadline = time.monotonic() + 240
+    while not marker.exists():
+        assert proc.poll() is None, proc.stdout.read().decode()
+        assert time.monotonic() < deadline, "worker never reached step 8"
+        time.sleep(0.05)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+    proc.stdout.close()
+    assert proc.returncode == -signal.SIGKILL
+    ckpts = sorted(
+        p.name for p in (run_dir / "checkpoints").iterdir() if p.name.startswith("step_")
+    )
+    assert ckpts == ["step_0000003", "step_0000006"]
+    assert (run_dir / "checkpoints" / "latest").read_text().strip() == "step_0000006"
+    run(run_dir)  # resume="auto" picks up step 6
+    return run_dir
+
+
+def test_resumed_losses_equal_uninterrupted_exactly(uninterrupted, killed_and_resumed):
+    full = losses(uninterrupted)
+    assert list(full) == [0] and sorted(full[0]) == list(range(1, ITERS + 1))
+    got = losses(killed_and_resumed)
+    assert sorted(got) == [0, 1]
+    assert sorted(got[0]) == list(range(1, 9))  # killed after step 8
+    assert sorted(got[1]) == list(range(7, ITERS + 1))  # resumed after checkpoint 6
+    for seg in (0, 1):
+        for step, loss in got[seg].items():
+            assert loss == full[0][step], (seg, step, loss, full[0][step])
+    full_eval, got_eval = losses(uninterrupted, "eval"), losses(killed_and_resumed, "eval")
+    assert got_eval[1] == {s: v for s, v in full_eval[0].items() if s > 6}
+    segments = [
+        r for r in read_metrics(killed_and_resumed / "metrics.jsonl") if r["kind"] == "segment"
+    ]
+    assert segments[1]["start_step"] == 6 and segments[1]["resumed_from"].endswith("step_0000006")
+
+
+def test_resume_from_an_older_checkpoint_into_a_new_run(
+    uninterrupted, killed_and_resumed, tmp_path
+):
+    older = killed_and_resumed / "checkpoints" / "step_0000003"
+    run(tmp_path, f"--checkpoint.resume={older}")
+    full, got = losses(uninterrupted)[0], losses(tmp_path)
+    assert list(got) == [0] and sorted(got[0]) == list(range(4, ITERS + 1))
+    assert all(got[0][s] == full[s] for s in got[0])
+
+
+def test_plot_overlays_the_resumed_segment(killed_and_resumed):
+    from epochal.train.plot import plot_run
+
+    out = plot_run(killed_and_resumed)
+    assert out.is_file() and out.stat().st_size > 10_000
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
