@@ -13,7 +13,8 @@ sent to worker processes. None downloads anything.
 - :class:`GPT2BPETokenizer`: GPT-2 byte-level BPE from ``vocab.json``/``encoder.json`` and
   ``merges.txt``/``vocab.bpe`` (Megatron's ``--vocab-file``/``--merge-file``). Ids equal
   Hugging Face's ``GPT2Tokenizer`` built from the same files, including its treatment of
-  ``<|endoftext|>`` written in the text (it becomes the single id 50256).
+  ``<|endoftext|>`` written in the text (it becomes the single id 50256). Runs on tiktoken's
+  engine when the files have GPT-2's layout (about 4x faster), else on ``tokenizers``.
 - :class:`TiktokenTokenizer`: a local ``.tiktoken`` file (lines ``<base64 token> <rank>``).
 
 Special-token strings that occur in the text are encoded as the special id by every
