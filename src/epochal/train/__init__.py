@@ -1,1 +1,28 @@
-"""epochal.train."""
+"""The training layer: configuration, trainer loop, LR/WD schedule, checkpoints, metrics.
+
+Public names: :class:`Trainer`, :class:`TrainConfig`, :func:`build_config`,
+:class:`OptimizerParamScheduler`, :class:`Checkpointer`, :func:`make_loaders`,
+:func:`build_data`, :func:`plot_run`. ``epochal train`` / ``epochal plot`` are in
+:mod:`epochal.train.cli_train` / :mod:`epochal.train.cli_plot`.
+"""
+
+from epochal._lazy import lazy_exports
+
+_EXPORTS = {
+    "Trainer": "trainer",
+    "TrainResult": "trainer",
+    "masked_token_mean_loss": "trainer",
+    "TrainConfig": "config",
+    "build_config": "config",
+    "to_toml": "config",
+    "OptimizerParamScheduler": "lr_schedule",
+    "Checkpointer": "checkpoint",
+    "CheckpointError": "checkpoint",
+    "make_loaders": "data",
+    "build_data": "data",
+    "DataBundle": "data",
+    "plot_run": "plot",
+}
+
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+__all__ = sorted(_EXPORTS)
