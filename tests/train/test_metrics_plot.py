@@ -1,0 +1,63 @@
+"""Metrics JSONL (segments, torn lines), TensorBoard events, `epochal plot`."""
+
+from __future__ import annotations
+
+import pytest
+
+from epochal.cli import main as cli_main
+from epochal.train.metrics import MetricsLogger, read_metrics
+from epochal.train.plot import plot_run
+
+
+def write_run(run_dir, steps, start=0, tensorboard=False):
+    m = MetricsLogger(
+        run_dir,
+        total_steps=steps,
+        start_step=start,
+        progress=False,
+        tensorboard=tensorboard,
+        log_interval=2,
+        verbose=False,
+    )
+    for s in range(start + 1, steps + 1):
+        m.log_train(s, {"loss": 5.0 / s, "lr": 1e-3, "tokens_per_s": 100.0})
+        if s % 4 == 0:
+            m.log_eval(s, 4.0 / s)
+    m.close()
+
+
+def test_segments_and_torn_line(tmp_path):
+    write_run(tmp_path, 8)
+    with open(tmp_path / "metrics.jsonl", "a") as f:
+        f.write('{"kind": "train", "segm')  # killed mid-write
+    write_run(tmp_path, 10, start=4)
+    recs = read_metrics(tmp_path / "metrics.jsonl")
+    segs = [r for r in recs if r["kind"] == "segment"]
+    assert [(s["segment"], s["start_step"]) for s in segs] == [(0, 0), (1, 4)]
+    train = [(r["segment"], r["step"]) for r in recs if r["kind"] == "train"]
+    assert train == [(0, s) for s in range(1, 9)] + [(1, s) for s in range(5, 11)]
+    evals = [r for r in recs if r["kind"] == "eval"]
+    assert evals[0]["ppl"] == pytest.approx(2.718281828**1.0, rel=1e-6)
+    with pytest.raises(FileNotFoundError, match="metrics"):
+        read_metrics(tmp_path / "none.jsonl")
+
+
+def test_tensorboard_events(tmp_path):
+    pytest.importorskip("tensorboard")
+    write_run(tmp_path, 4, tensorboard=True)
+    assert list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
+
+
+def test_plot_and_cli(tmp_path, capsys):
+    write_run(tmp_path, 8)
+    write_run(tmp_path, 8, start=3)
+    out = plot_run(tmp_path)
+    assert out == tmp_path / "loss.png" and out.read_bytes()[:4] == b"\x89PNG"
+    assert cli_main(["plot", str(tmp_path), "-o", str(tmp_path / "p.png")]) == 0
+    assert capsys.readouterr().out.strip() == str(tmp_path / "p.png")
+    assert cli_main(["plot", str(tmp_path / "missing")]) == 1
+    assert "does not exist" in capsys.readouterr().err
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "metrics.jsonl").write_text("")
+    with pytest.raises(ValueError, match="no training steps"):
+        plot_run(tmp_path / "empty")
