@@ -275,3 +275,26 @@ def test_cli_preprocess_merge_inspect(tmp_path, capsys):
         stream.write(b"garbage")
     assert main(["inspect", merged]) == 1
     assert "merged.idx" in capsys.readouterr().err
+
+
+def test_pool_keeps_a_bounded_number_of_chunks_in_flight(tmp_path):
+    from epochal.data.preprocess import _run_pool
+    from epochal.data.preprocess_encoding import Chunk, ChunkEncoder
+
+    pulled, in_flight = [0], []
+    consumed = []
+
+    def chunks():
+        for i in range(40):
+            pulled[0] += 1
+            yield Chunk(-1, i, [f"document {i}"]), 1
+
+    def consume(result, advance):
+        in_flight.append(pulled[0] - len(consumed))
+        consumed.append(result.outputs[0][0].tolist())
+
+    tok = ByteLevelTokenizer()
+    encoder = ChunkEncoder(tok, ["text"], append_eod=False, dtype=np.dtype(np.uint16))
+    _run_pool(chunks(), encoder, workers=2, mp_context=None, consume=consume)
+    assert consumed == [tok.encode(f"document {i}") for i in range(40)]  # in input order
+    assert max(in_flight) <= 2 * 2 + 2

@@ -420,6 +420,7 @@ class _SpillArray:
         if self._file is None:
             self._path = _temp_name(self._directory, self._tag)
             self._file = open(self._path, "x+b")  # closed by discard()
+        self._file.seek(0, os.SEEK_END)  # chunks() may have moved the position
         for part in self._buffer:
             self._file.write(part.tobytes())
         self._spilled += self._buffered
