@@ -42,6 +42,13 @@ _EXPORTS = {
     # GPT packing and blending
     "GPTDataset": "gpt_dataset",
     "BlendedDataset": "blended_dataset",
+    "GPTDatasetConfig": "dataset_builder",
+    "build_gpt_datasets": "dataset_builder",
+    "parse_blend": "dataset_builder",
+    "MockGPTLowLevelDataset": "mock_gpt",
+    "parse_split": "splits",
+    "split_document_ranges": "splits",
+    "CacheRebuildWarning": "index_cache",
     # samplers and loaders
     "MegatronPretrainingSampler": "samplers",
     "MegatronPretrainingRandomSampler": "samplers",

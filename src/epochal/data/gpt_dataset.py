@@ -1,0 +1,418 @@
+"""GPTDataset: fixed-length token windows cut from documents, sample for sample as Megatron-Core.
+
+``GPTDataset(indexed, document_ids, num_samples, seq_length, seed)`` exposes the
+documents ``document_ids`` of ``indexed`` (any object with Megatron's
+``IndexedDataset`` interface: ``sequence_lengths`` and ``get(idx, offset, length)``)
+as ``len(dataset) >= num_samples`` samples of ``seq_length`` tokens. Sample ``i`` is
+the same token window as Megatron-Core's ``GPTDataset`` with the same files, seed,
+sequence length and options (see :mod:`epochal.data.gpt_indices` for the indices).
+
+Each sample is a dict of torch tensors with Megatron's keys:
+
+- ``tokens``: int64 ``[seq_length]``, the input ids;
+- ``labels``: int64 ``[seq_length]``, the next-token targets;
+- ``loss_mask``: float32 ``[seq_length]``, 0 on padding (and on EOD tokens with
+  ``eod_mask_loss``), else 1;
+- ``position_ids``: int64 ``[seq_length]``, restarting after each EOD with
+  ``reset_position_ids``;
+- ``attention_mask``: bool ``[1, seq_length, seq_length]``, ``True`` where attention
+  is *blocked* (Megatron's convention), only with ``create_attention_mask=True``
+  (Megatron's default is True; ours is False because most attention kernels build
+  the causal mask themselves and a dense mask costs ``seq_length**2`` bytes per sample).
+
+Padding (only in a kept partial last window, or for ``dataset[None]``) uses
+``pad_token_id``, Megatron's ``-1`` sentinel when ``None``; padded positions get
+token 0, label 0 and loss mask 0, exactly as Megatron-Core.
+
+Multi-epoch training: a Megatron-style ``GPTDataset`` already spans all epochs (the
+document order is reshuffled each epoch, so windows differ between epochs). It
+also accepts an :class:`~epochal.data.epoch_index.EpochIndex` so that a one-epoch
+``GPTDataset`` (``num_samples=None``) can sit under
+:class:`~epochal.data.multi_epoch.MultiEpochDatasetResampler`: the resampler
+reshuffles the sample order every epoch, while the windows themselves (and so
+``dataset[EpochIndex(e, i)]`` for every ``e``) stay the same, because GPT packing has
+no per-sample randomness. Use :class:`GPTEpochDataset` for fresh packing each
+epoch.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from epochal.data.epoch_index import EpochIndex
+from epochal.data.gpt_indices import build_gpt_indices, tokens_in_documents
+from epochal.data.index_cache import cached_arrays
+
+#: Megatron-Core's pad sentinel, guaranteed not to be a real token id.
+PAD_SENTINEL = -1
+
+SPLIT_NAMES = ("train", "valid", "test")
+
+
+def _as_int(value: Any, name: str, minimum: int | None = None, maximum: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | np.integer):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    value = int(value)
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    if maximum is not None and value > maximum:
+        raise ValueError(f"{name} must be <= {maximum}, got {value}")
+    return value
+
+
+def ltor_masks_and_position_ids(
+    tokens: torch.Tensor,
+    eod_token_id: int | None,
+    reset_position_ids: bool,
+    reset_attention_mask: bool,
+    eod_mask_loss: bool,
+    create_attention_mask: bool,
+) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]:
+    """Left-to-right masks and positions, equal to Megatron-Core's ``_get_ltor_masks_and_position_ids``.
+
+    Args:
+        tokens: int64 ``[s]`` input ids.
+        eod_token_id: the end-of-document id (needed by the three EOD options).
+        reset_position_ids: positions restart at 0 after each EOD token.
+        reset_attention_mask: a token attends only to tokens after the last EOD before it.
+        eod_mask_loss: loss mask 0 on EOD tokens.
+        create_attention_mask: build the ``[1, s, s]`` mask at all.
+
+    Returns:
+        ``(attention_mask, loss_mask, position_ids)``: bool ``[1, s, s]`` (``True`` =
+        blocked) or ``None``; float32 ``[s]``; int64 ``[s]``.
+    """
+    s = tokens.numel()
+    loss_mask = torch.ones(s, dtype=torch.float32)
+    is_eod = (
+        tokens == eod_token_id if eod_token_id is not None else torch.zeros(s, dtype=torch.bool)
+    )
+    if eod_mask_loss:
+        loss_mask[is_eod] = 0.0
+    position_ids = torch.arange(s, dtype=torch.long)
+    attention_mask = None
+    # segment[t] = number of EOD tokens strictly before t; a new segment starts after each EOD
+    need_segments = reset_position_ids or (reset_attention_mask and create_attention_mask)
+    if need_segments:
+        segment = torch.zeros(s, dtype=torch.long)
+        segment[1:] = torch.cumsum(is_eod[:-1].long(), 0)
+    if reset_position_ids:
+        starts = torch.zeros(s, dtype=torch.long)
+        starts[1:] = torch.where(is_eod[:-1], position_ids[1:], 0)
+        starts = torch.cummax(starts, 0).values
+        position_ids = position_ids - starts
+    if create_attention_mask:
+        blocked = torch.ones(s, s, dtype=torch.bool).triu_(1)
+        if reset_attention_mask:
+            blocked |= segment[:, None] != segment[None, :]
+        attention_mask = blocked.unsqueeze(0)
+    return attention_mask, loss_mask, position_ids
+
+
+class GPTDataset(Dataset):
+    """Megatron-Core's GPTDataset over any indexed dataset (duck-typed).
+
+    Args:
+        indexed_dataset: object with ``sequence_lengths`` (int array ``[N]``) and
+            ``get(idx, offset=0, length=None) -> np.ndarray``; optionally ``path_prefix``
+            (used in messages).
+        document_ids: the document (sequence) ids to expose, e.g. one split's range;
+            ``None`` = all ``N``.
+        num_samples: samples wanted; the dataset covers enough epochs of the documents
+            and its length is at least this. ``None`` = exactly one epoch.
+        seq_length: tokens per sample (>= 1).
+        seed: seed of the document and sample shuffles (``0 <= seed < 2**32``).
+        split: ``"train"``, ``"valid"`` or ``"test"``, used in file names and messages.
+        add_extra_token_to_sequence: windows of ``seq_length + 1`` tokens, so tokens and
+            labels are both ``seq_length`` long (Megatron's default). With ``False`` the
+            last label is padding.
+        drop_last_partial_sequence: drop a final window that the documents cannot fill;
+            ``False`` keeps it, padded (Megatron does that only for validation with
+            ``drop_last_partial_validation_sequence=False``).
+        reset_position_ids / reset_attention_mask / eod_mask_loss: Megatron's EOD options;
+            each needs ``eod_token_id``.
+        create_attention_mask: also return ``attention_mask`` (see the module docstring).
+        eod_token_id: end-of-document token id.
+        pad_token_id: padding id; ``None`` or an id equal to ``eod_token_id`` becomes
+            Megatron's ``-1`` sentinel (with a warning for the collision).
+        cache_dir: where the three indices are cached (see
+            :mod:`epochal.data.index_cache`); ``None`` builds them in memory.
+        group: ``torch.distributed`` group whose rank 0 builds the cache.
+
+    Attributes:
+        document_index, sample_index, shuffle_index: the three indices.
+        num_samples_requested: ``num_samples`` as given.
+        num_epochs: epochs the indices span.
+        cache_info: ``cache_hit``, ``hash`` and file ``paths`` of the index cache.
+
+    Raises:
+        TypeError / ValueError: an invalid argument (the message names it); documents
+            that hold no tokens (the message names the split and the corpus size).
+        IndexError: a document id out of range.
+    """
+
+    def __init__(
+        self,
+        indexed_dataset: Any,
+        document_ids: np.ndarray | None,
+        num_samples: int | None,
+        seq_length: int,
+        seed: int,
+        *,
+        split: str = "train",
+        add_extra_token_to_sequence: bool = True,
+        drop_last_partial_sequence: bool = True,
+        reset_position_ids: bool = False,
+        reset_attention_mask: bool = False,
+        eod_mask_loss: bool = False,
+        create_attention_mask: bool = False,
+        eod_token_id: int | None = None,
+        pad_token_id: int | None = None,
+        cache_dir: str | os.PathLike | None = None,
+        group: Any = None,
+    ) -> None:
+        if not hasattr(indexed_dataset, "sequence_lengths") or not callable(
+            getattr(indexed_dataset, "get", None)
+        ):
+            raise TypeError(
+                "indexed_dataset must have Megatron's IndexedDataset interface "
+                f"(sequence_lengths and get(idx, offset, length)), got {type(indexed_dataset).__name__}"
+            )
+        if split not in SPLIT_NAMES:
+            raise ValueError(f"split must be one of {SPLIT_NAMES}, got {split!r}")
+        self.seq_length = _as_int(seq_length, "seq_length", 1)
+        self.seed = _as_int(seed, "seed", 0, 2**32 - 1)
+        if num_samples is not None:
+            num_samples = _as_int(num_samples, "num_samples", 0)
+        for flag_name, flag in (
+            ("reset_position_ids", reset_position_ids),
+            ("reset_attention_mask", reset_attention_mask),
+            ("eod_mask_loss", eod_mask_loss),
+        ):
+            if flag and eod_token_id is None:
+                raise ValueError(f"{flag_name}=True needs eod_token_id")
+        if eod_token_id is not None:
+            eod_token_id = _as_int(eod_token_id, "eod_token_id")
+        if pad_token_id is None:
+            pad_token_id = PAD_SENTINEL
+        else:
+            pad_token_id = _as_int(pad_token_id, "pad_token_id")
+            if pad_token_id == eod_token_id:
+                warnings.warn(
+                    f"pad_token_id {pad_token_id} equals eod_token_id; using the -1 pad sentinel "
+                    "instead so that real EOD tokens are not masked (as Megatron-Core does)",
+                    stacklevel=2,
+                )
+                pad_token_id = PAD_SENTINEL
+
+        self.dataset = indexed_dataset
+        self.name = os.fspath(
+            getattr(indexed_dataset, "path_prefix", None) or type(indexed_dataset).__name__
+        )
+        self.split = split
+        self.add_extra_token_to_sequence = bool(add_extra_token_to_sequence)
+        self.drop_last_partial_sequence = bool(drop_last_partial_sequence)
+        self.reset_position_ids = bool(reset_position_ids)
+        self.reset_attention_mask = bool(reset_attention_mask)
+        self.eod_mask_loss = bool(eod_mask_loss)
+        self.create_attention_mask = bool(create_attention_mask)
+        self.eod_token_id = eod_token_id
+        self.pad_token_id = pad_token_id
+        self.num_samples_requested = num_samples
+
+        lengths = np.asarray(indexed_dataset.sequence_lengths)
+        if lengths.ndim != 1 or not np.issubdtype(lengths.dtype, np.integer):
+            raise ValueError(
+                f"{self.name}: sequence_lengths must be a 1-D integer array, got {lengths.dtype}{lengths.shape}"
+            )
+        corpus = lengths.shape[0]
+        if document_ids is None:
+            documents = np.arange(corpus, dtype=np.int32)
+        else:
+            documents = np.asarray(document_ids)
+            if documents.ndim != 1 or not np.issubdtype(documents.dtype, np.integer):
+                raise ValueError(
+                    f"document_ids must be a 1-D integer array, got {documents.dtype}{documents.shape}"
+                )
+            if documents.size and (int(documents.min()) < 0 or int(documents.max()) >= corpus):
+                raise IndexError(
+                    f"document_ids must lie in [0, {corpus}) for {self.name}, got "
+                    f"[{int(documents.min())}, {int(documents.max())}]"
+                )
+        if documents.size == 0:
+            raise ValueError(
+                f"the {split} split of {self.name} is empty: 0 of its {corpus} documents are "
+                "assigned to it (check the split string and the corpus size)"
+            )
+        tokens = tokens_in_documents(lengths, documents)
+        if tokens <= 0:
+            raise ValueError(
+                f"the {split} split of {self.name} holds no tokens: its {documents.size} of "
+                f"{corpus} documents are all empty"
+            )
+        extra = int(self.add_extra_token_to_sequence)
+        if (
+            self.drop_last_partial_sequence
+            and num_samples is None
+            and tokens - extra < self.seq_length
+        ):
+            raise ValueError(
+                f"the {split} split of {self.name} holds {tokens} tokens, fewer than one sample of "
+                f"seq_length={self.seq_length} (+{extra}); use a smaller seq_length or more documents"
+            )
+        self.documents = documents
+
+        contiguous = (
+            documents.size > 1 and int(documents[-1]) - int(documents[0]) + 1 == documents.size
+        )
+        contiguous = contiguous and bool(np.all(np.diff(documents) == 1))
+        if contiguous:
+            first = int(documents[0])
+            documents_key: Any = {"range": [first, first + documents.size]}
+            doc_lengths = lengths[first : first + documents.size]
+        else:
+            documents_key = documents
+            doc_lengths = np.take(lengths, documents.astype(np.int64, copy=False))
+        identity = {
+            "documents": documents_key,
+            "document_lengths": doc_lengths,
+            "max_corpus_length": int(lengths.max()),
+            "num_samples": num_samples,
+            "seq_length": self.seq_length,
+            "seed": self.seed,
+            "add_extra_token_to_sequence": self.add_extra_token_to_sequence,
+            "drop_last_partial_sequence": self.drop_last_partial_sequence,
+        }
+
+        def build() -> dict[str, np.ndarray]:
+            document_index, sample_index, shuffle_index = build_gpt_indices(
+                lengths,
+                documents,
+                num_samples,
+                self.seq_length,
+                self.seed,
+                self.add_extra_token_to_sequence,
+                self.drop_last_partial_sequence,
+            )
+            return {
+                "document_index": document_index,
+                "sample_index": sample_index,
+                "shuffle_index": shuffle_index,
+            }
+
+        arrays, self.cache_info = cached_arrays(
+            cache_dir,
+            type(self).__name__,
+            split,
+            identity,
+            ("document_index", "sample_index", "shuffle_index"),
+            build,
+            group=group,
+            note={"dataset": self.name, "corpus_documents": corpus},
+        )
+        self.document_index = arrays["document_index"]
+        self.sample_index = arrays["sample_index"]
+        self.shuffle_index = arrays["shuffle_index"]
+        self.num_epochs = int(self.document_index.shape[0] // documents.size)
+        self._length = int(self.sample_index.shape[0] - 1)
+
+    def __len__(self) -> int:
+        """Number of samples (>= ``num_samples`` when that was given)."""
+        return self._length
+
+    def _index(self, idx: Any) -> int:
+        if isinstance(idx, EpochIndex):
+            idx = idx.idx
+        if isinstance(idx, bool) or not isinstance(idx, int | np.integer):
+            raise TypeError(
+                f"GPTDataset index must be an int, EpochIndex or None, got {type(idx).__name__}"
+            )
+        i = int(idx)
+        if i < 0:
+            i += self._length
+        if not 0 <= i < self._length:
+            raise IndexError(
+                f"sample {int(idx)} out of range for GPTDataset of length {self._length}"
+            )
+        return i
+
+    def window(self, idx: int) -> tuple[np.ndarray, np.ndarray]:
+        """Return the raw token window of sample ``idx`` and the ids of its documents.
+
+        Returns:
+            ``(tokens, document_ids)``: int64 ``[seq_length + extra]`` (padded with
+            ``pad_token_id``) and int64 ``[documents in the window]``.
+        """
+        i = int(self.shuffle_index[self._index(idx)])
+        beg_doc, beg_off = (int(v) for v in self.sample_index[i])
+        end_doc, end_off = (int(v) for v in self.sample_index[i + 1])
+        extra = int(self.add_extra_token_to_sequence)
+        doc_ids = [int(d) for d in self.document_index[beg_doc : end_doc + 1]]
+        if beg_doc == end_doc:
+            parts = [self.dataset.get(doc_ids[0], offset=beg_off, length=end_off - beg_off + extra)]
+        else:
+            parts = [self.dataset.get(doc_ids[0], offset=beg_off)]
+            parts.extend(self.dataset.get(d) for d in doc_ids[1:-1])
+            parts.append(self.dataset.get(doc_ids[-1], offset=0, length=end_off + extra))
+        target = self.seq_length + extra
+        tokens = np.full(target, self.pad_token_id, dtype=np.int64)
+        filled = 0
+        for part in parts:
+            n = len(part)
+            tokens[filled : filled + n] = part
+            filled += n
+        if filled > target:
+            raise ValueError(
+                f"sample {idx} of {self.name} reads {filled} tokens, more than {target}"
+            )
+        return tokens, np.asarray(doc_ids, dtype=np.int64)
+
+    def __getitem__(self, idx: int | EpochIndex | None) -> dict[str, torch.Tensor]:
+        """Return sample ``idx`` (``None``: a padding sample with an all-zero loss mask).
+
+        Raises:
+            IndexError: ``idx`` out of range.
+            TypeError: ``idx`` is not an int, ``EpochIndex`` or ``None``.
+        """
+        text = torch.from_numpy(self.window(0 if idx is None else idx)[0])
+        if self.add_extra_token_to_sequence:
+            tokens = text[:-1].clone()
+            labels = text[1:].clone()
+        else:
+            tokens = text
+            labels = torch.roll(text, shifts=-1, dims=0)
+            labels[-1] = self.pad_token_id
+        attention_mask, loss_mask, position_ids = ltor_masks_and_position_ids(
+            tokens,
+            self.eod_token_id,
+            self.reset_position_ids,
+            self.reset_attention_mask,
+            self.eod_mask_loss,
+            self.create_attention_mask,
+        )
+        loss_mask[labels == self.pad_token_id] = 0.0
+        tokens[tokens == self.pad_token_id] = 0
+        labels[labels == self.pad_token_id] = 0
+        if idx is None:
+            loss_mask = torch.zeros_like(loss_mask)
+        sample = {
+            "tokens": tokens,
+            "labels": labels,
+            "loss_mask": loss_mask,
+            "position_ids": position_ids,
+        }
+        if attention_mask is not None:
+            sample["attention_mask"] = attention_mask
+        return sample
+
+    def __repr__(self) -> str:
+        return (
+            f"GPTDataset({self.name!r}, split={self.split}, samples={self._length}, "
+            f"seq_length={self.seq_length}, epochs={self.num_epochs}, seed={self.seed})"
+        )
