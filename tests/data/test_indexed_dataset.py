@@ -252,3 +252,5 @@ def test_header_and_dtype_choice(tmp_path):
         assert stream.read(9) == b"MMIDIDX\x00\x00" and struct.unpack("<Q", stream.read(8)) == (1,)
     with pytest.raises(ValueError, match="mode="):
         IndexedDataset(prefix, mode="fast")
+    assert IndexedDataset(prefix, mmap=False).mode == "lazy"  # Megatron-Core's keyword
+    assert IndexedDataset(prefix, mode="cached", mmap=True).mode == "mmap"

@@ -65,6 +65,8 @@ class IndexedDataset:
         validate: check every pointer and document boundary on open (O(N), done in
             bounded-memory chunks). ``False`` keeps the O(1) checks only (header, file
             sizes, first and last boundaries); every read is still bounds-checked.
+        mmap: Megatron-Core's argument, accepted for drop-in use: ``True`` means
+            ``mode="mmap"``, ``False`` means ``mode="lazy"``; overrides ``mode``.
 
     Attributes:
         path_prefix: the prefix given.
@@ -94,7 +96,11 @@ class IndexedDataset:
         mode: str = "mmap",
         multimodal: bool = False,
         validate: bool = True,
+        *,
+        mmap: bool | None = None,
     ) -> None:
+        if mmap is not None:  # Megatron-Core's spelling: mmap=True -> "mmap", False -> file reads
+            mode = "mmap" if mmap else "lazy"
         if mode not in READERS:
             raise ValueError(f"IndexedDataset mode={mode!r} is not one of {sorted(READERS)}")
         self.path_prefix = os.fspath(path_prefix)
