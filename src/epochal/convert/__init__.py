@@ -1,1 +1,23 @@
-"""epochal.convert."""
+"""Checkpoint conversion: epochal <-> Hugging Face (GPT-2, Llama) <-> Megatron-LM (legacy layout).
+
+Public names: :func:`load_hf_checkpoint`, :func:`save_hf_checkpoint`,
+:func:`load_megatron_checkpoint`, :func:`save_megatron_checkpoint`,
+:func:`safe_torch_load`, :class:`ConversionError`, :class:`UnsafeCheckpointError`.
+Every converter works on ``(ModelConfig, state_dict)`` pairs with
+:class:`epochal.model.GPTModel`'s parameter names (see :mod:`epochal.convert.common`).
+"""
+
+from epochal._lazy import lazy_exports
+
+_EXPORTS = {
+    "ConversionError": "common",
+    "UnsafeCheckpointError": "safe_load",
+    "safe_torch_load": "safe_load",
+    "load_hf_checkpoint": "hf_io",
+    "save_hf_checkpoint": "hf_io",
+    "load_megatron_checkpoint": "megatron_legacy",
+    "save_megatron_checkpoint": "megatron_legacy",
+}
+
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+__all__ = sorted(_EXPORTS)

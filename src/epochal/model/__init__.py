@@ -1,7 +1,8 @@
 """The GPT model (no parallelism inside; :mod:`epochal.parallel` applies it from outside).
 
 Public names: :class:`ModelConfig`, :class:`ConfigError`, :class:`GPTModel`,
-:class:`TransformerBlock`, :class:`Attention`, :class:`MLP`, :class:`KVCache`. See
+:class:`TransformerBlock`, :class:`Attention`, :class:`MLP`, :class:`KVCache`,
+:func:`generate`, :class:`GenerationConfig`, :class:`GenerationOutput`. See
 :mod:`epochal.model.gpt` for the parameter names and the pipeline/tying rules.
 """
 
@@ -15,6 +16,9 @@ _EXPORTS = {
     "Attention": "attention",
     "MLP": "mlp",
     "KVCache": "kv_cache",
+    "generate": "generation",
+    "GenerationConfig": "generation",
+    "GenerationOutput": "generation",
     "training_flops_per_token": "flops",
 }
 

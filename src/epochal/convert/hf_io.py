@@ -1,0 +1,227 @@
+"""Read and write Hugging Face model folders (``config.json`` + weights).
+
+Reading accepts ``model.safetensors``, a sharded ``model.safetensors.index.json``,
+or ``pytorch_model.bin`` (loaded with ``weights_only=True``). Writing produces
+``config.json`` and one ``model.safetensors`` (tensors contiguous, in the
+requested dtype), written into a temporary folder that is renamed into place
+when complete. ``transformers`` is not needed for either.
+
+The architecture is chosen by ``config.json``'s ``model_type`` on import
+(``gpt2`` or ``llama``) and on export by the model: learned absolute positions
+-> ``GPT2LMHeadModel``, RoPE -> ``LlamaForCausalLM`` (or named explicitly).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+
+from epochal.convert import hf_gpt2, hf_llama
+from epochal.convert.atomic import atomic_directory
+from epochal.convert.common import ConversionError, check_shapes, complete_tied
+from epochal.convert.safe_load import load_safetensors, safe_torch_load
+from epochal.model.config import ModelConfig
+
+__all__ = ["HFModel", "load_hf_checkpoint", "save_hf_checkpoint", "hf_architecture_for"]
+
+Architecture = Literal["gpt2", "llama"]
+
+
+@dataclass
+class HFModel:
+    """A model read from a Hugging Face folder.
+
+    Attributes:
+        config: our model config.
+        state: our state dict (full CPU tensors, vocabulary padded).
+        hf_config: the ``config.json`` dict as read.
+        architecture: ``"gpt2"`` or ``"llama"``.
+    """
+
+    config: ModelConfig
+    state: dict[str, torch.Tensor]
+    hf_config: dict[str, Any]
+    architecture: Architecture
+
+    @property
+    def eos_token_id(self) -> int | None:
+        """``eos_token_id`` of ``config.json`` (the first one if it is a list)."""
+        eos = self.hf_config.get("eos_token_id")
+        return eos[0] if isinstance(eos, list) and eos else eos
+
+    @property
+    def bos_token_id(self) -> int | None:
+        """``bos_token_id`` of ``config.json``."""
+        return self.hf_config.get("bos_token_id")
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{path}: missing (not a Hugging Face model folder?)") from None
+    except json.JSONDecodeError as exc:
+        raise ConversionError(f"{path}: not valid JSON ({exc})") from exc
+    if not isinstance(data, dict):
+        raise ConversionError(f"{path}: expected a JSON object")
+    return data
+
+
+def _read_weights(folder: Path) -> dict[str, torch.Tensor]:
+    single = folder / "model.safetensors"
+    if single.is_file():
+        return load_safetensors(single)
+    for index_name, loader in (
+        ("model.safetensors.index.json", load_safetensors),
+        ("pytorch_model.bin.index.json", safe_torch_load),
+    ):
+        index = folder / index_name
+        if index.is_file():
+            weight_map = _read_json(index).get("weight_map")
+            if not isinstance(weight_map, dict):
+                raise ConversionError(f"{index}: has no 'weight_map' object")
+            state: dict[str, torch.Tensor] = {}
+            for shard in sorted(set(weight_map.values())):
+                part = loader(folder / shard)
+                state.update(part)
+            missing = sorted(set(weight_map) - set(state))
+            if missing:
+                raise ConversionError(
+                    f"{index}: tensors listed but not found in the shards: {missing[:8]}"
+                )
+            return state
+    binary = folder / "pytorch_model.bin"
+    if binary.is_file():
+        state = safe_torch_load(binary)
+        if not isinstance(state, dict):
+            raise ConversionError(f"{binary}: expected a state dict")
+        return state
+    raise FileNotFoundError(
+        f"{folder}: no model.safetensors, model.safetensors.index.json or pytorch_model.bin"
+    )
+
+
+def load_hf_checkpoint(
+    folder: str | os.PathLike, *, make_vocab_size_divisible_by: int = 128
+) -> HFModel:
+    """Read a Hugging Face GPT-2 or Llama folder into our config and parameter names.
+
+    Args:
+        folder: the model folder (``config.json`` + weights).
+        make_vocab_size_divisible_by: our vocabulary padding multiple.
+
+    Raises:
+        FileNotFoundError: the folder, ``config.json`` or the weights are missing.
+        ConversionError: unsupported ``model_type`` or option, or tensors that do
+            not match the config.
+        UnsafeCheckpointError: a ``.bin`` file holds non-tensor objects.
+    """
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"{folder}: not a folder")
+    hf_config = _read_json(folder / "config.json")
+    model_type = hf_config.get("model_type")
+    weights = _read_weights(folder)
+    source = str(folder)
+    if model_type == "gpt2":
+        config = hf_gpt2.ours_config_from_gpt2(
+            hf_config, make_vocab_size_divisible_by=make_vocab_size_divisible_by
+        )
+        state = hf_gpt2.ours_state_from_gpt2(weights, config, source=source)
+    elif model_type == "llama":
+        config = hf_llama.ours_config_from_llama(
+            hf_config, make_vocab_size_divisible_by=make_vocab_size_divisible_by
+        )
+        state = hf_llama.ours_state_from_llama(weights, config, source=source)
+    else:
+        raise ConversionError(
+            f"{folder / 'config.json'}: model_type={model_type!r} is not supported (gpt2 or llama)"
+        )
+    return HFModel(config=config, state=state, hf_config=hf_config, architecture=model_type)
+
+
+def hf_architecture_for(config: ModelConfig) -> Architecture:
+    """``"gpt2"`` for learned absolute positions, ``"llama"`` for RoPE.
+
+    Raises:
+        ConversionError: other position encodings have no Hugging Face target here.
+    """
+    if config.position_embedding_type == "learned_absolute":
+        return "gpt2"
+    if config.position_embedding_type == "rope":
+        return "llama"
+    raise ConversionError(
+        f"position_embedding_type={config.position_embedding_type!r} has no Hugging Face export "
+        "(GPT-2 needs learned_absolute, Llama needs rope)"
+    )
+
+
+def save_hf_checkpoint(
+    config: ModelConfig,
+    state: dict[str, torch.Tensor],
+    folder: str | os.PathLike,
+    *,
+    architecture: Architecture | None = None,
+    dtype: torch.dtype | None = None,
+    bos_token_id: int | None = None,
+    eos_token_id: int | None = None,
+    overwrite: bool = False,
+) -> Path:
+    """Write ``config.json`` and ``model.safetensors`` for ``GPT2LMHeadModel`` or ``LlamaForCausalLM``.
+
+    Args:
+        config: our model config.
+        state: our state dict (full tensors; e.g. ``GPTModel.state_dict()``).
+        folder: the output folder (created; replaced only with ``overwrite``).
+        architecture: ``"gpt2"``/``"llama"``; default from the position encoding.
+        dtype: cast floating tensors to this dtype (default: keep each tensor's).
+        bos_token_id, eos_token_id: written to ``config.json`` (used by HF ``generate``).
+        overwrite: replace an existing folder.
+
+    Returns:
+        The folder.
+
+    Raises:
+        ConversionError: the model has no such Hugging Face architecture.
+        FileExistsError: the folder exists and ``overwrite`` is false.
+    """
+    from safetensors.torch import save_file
+
+    arch = architecture or hf_architecture_for(config)
+    if arch == "gpt2":
+        hf_config = hf_gpt2.gpt2_config_from_ours(config)
+    elif arch == "llama":
+        hf_config = hf_llama.llama_config_from_ours(config)
+    else:
+        raise ConversionError(f"architecture={arch!r} is not one of 'gpt2', 'llama'")
+    state = complete_tied(config, state)
+    check_shapes(state, config, "model state")
+    out_dtype = dtype or state["tok_embeddings.weight"].dtype
+    hf_config["dtype"] = str(out_dtype).removeprefix("torch.")
+    if arch == "gpt2":
+        hf_state = hf_gpt2.gpt2_state_from_ours(state, config)
+    else:
+        hf_state = hf_llama.llama_state_from_ours(state, config)
+    hf_config["bos_token_id"] = bos_token_id
+    hf_config["eos_token_id"] = eos_token_id
+    tensors: dict[str, torch.Tensor] = {}
+    seen: set[int] = set()
+    for name, tensor in hf_state.items():
+        t = tensor.detach().to("cpu")
+        if dtype is not None and t.is_floating_point():
+            t = t.to(dtype)
+        t = t.contiguous()
+        storage = t.untyped_storage()
+        if storage.data_ptr() in seen or storage.nbytes() != t.nbytes:
+            t = t.clone()  # safetensors wants each tensor to own its storage
+        seen.add(t.untyped_storage().data_ptr())
+        tensors[name] = t
+    with atomic_directory(folder, overwrite=overwrite) as tmp:
+        save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        (tmp / "config.json").write_text(json.dumps(hf_config, indent=2, sort_keys=True) + "\n")
+    return Path(folder)

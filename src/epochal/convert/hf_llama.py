@@ -1,0 +1,248 @@
+"""Hugging Face ``LlamaForCausalLM`` <-> epochal ``GPTModel``.
+
+Mapping (``L`` = layer index)::
+
+    model.embed_tokens.weight                 <-> tok_embeddings.weight   (rows padded / cut)
+    model.layers.L.input_layernorm.weight     <-> layers.L.attention_norm.weight
+    model.layers.L.self_attn.q_proj.*         <-> layers.L.attention.wq.*
+    model.layers.L.self_attn.k_proj.*         <-> layers.L.attention.wk.*
+    model.layers.L.self_attn.v_proj.*         <-> layers.L.attention.wv.*
+    model.layers.L.self_attn.o_proj.*         <-> layers.L.attention.wo.*
+    model.layers.L.post_attention_layernorm.* <-> layers.L.ffn_norm.weight
+    model.layers.L.mlp.gate_proj.*            <-> layers.L.mlp.w1.*
+    model.layers.L.mlp.up_proj.*              <-> layers.L.mlp.w3.*
+    model.layers.L.mlp.down_proj.*            <-> layers.L.mlp.w2.*
+    model.norm.weight                         <-> norm.weight
+    lm_head.weight                            <-> output.weight (absent when tied)
+
+Rotary layout: Hugging Face Llama checkpoints store q/k rows in the
+"rotate_half" layout (channel ``i`` paired with ``i + head_dim/2``; the HF
+conversion script from Meta's weights already applied the interleaved ->
+half-split row permutation), which is also epochal's (and Megatron-Core's
+default) convention, so q/k rows are copied unchanged. Meta's original
+``consolidated.*.pth`` weights (interleaved pairs) are not read here; convert
+them to Hugging Face format first.
+
+Configuration: ``rope_parameters.rope_theta`` (transformers 5) or
+``rope_theta`` (4.x) -> ``rotary_base``; only the default RoPE (no
+``rope_scaling``: linear, dynamic, YaRN, llama3) is supported, others raise
+:class:`ConversionError`. ``head_dim`` -> ``kv_channels``;
+``num_key_value_heads`` -> ``num_query_groups``; ``attention_bias`` must equal
+``mlp_bias`` (our ``add_bias_linear`` covers ``o_proj`` and the MLP together).
+Llama has no hidden dropout: imported models get ``hidden_dropout=0``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from epochal.convert.common import (
+    ConversionError,
+    check_shapes,
+    complete_tied,
+    normalize_config,
+    resize_rows,
+)
+from epochal.model.config import ModelConfig
+
+__all__ = [
+    "llama_config_from_ours",
+    "llama_state_from_ours",
+    "ours_config_from_llama",
+    "ours_state_from_llama",
+]
+
+_LAYER_MAP = {
+    "input_layernorm": "attention_norm",
+    "post_attention_layernorm": "ffn_norm",
+    "self_attn.q_proj": "attention.wq",
+    "self_attn.k_proj": "attention.wk",
+    "self_attn.v_proj": "attention.wv",
+    "self_attn.o_proj": "attention.wo",
+    "mlp.gate_proj": "mlp.w1",
+    "mlp.up_proj": "mlp.w3",
+    "mlp.down_proj": "mlp.w2",
+}
+_IGNORED_SUFFIXES = (".rotary_emb.inv_freq",)
+
+
+def _rope_theta(hf: Mapping[str, Any]) -> float:
+    params = hf.get("rope_parameters") or {}
+    scaling = hf.get("rope_scaling") or {}
+    rope_type = params.get("rope_type", scaling.get("rope_type", scaling.get("type", "default")))
+    if rope_type not in (None, "default"):
+        raise ConversionError(
+            f"config.json: rope_type={rope_type!r} (RoPE scaling) is not supported; only the default RoPE"
+        )
+    if params.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0)) != 1.0:
+        raise ConversionError("config.json: partial_rotary_factor != 1 is not supported for Llama")
+    return float(params.get("rope_theta", hf.get("rope_theta", 10000.0)))
+
+
+def ours_config_from_llama(
+    hf: Mapping[str, Any], *, make_vocab_size_divisible_by: int = 128
+) -> ModelConfig:
+    """Build our :class:`ModelConfig` from a Llama ``config.json`` dict.
+
+    Raises:
+        ConversionError: an option our model cannot reproduce exactly.
+    """
+    act = hf.get("hidden_act", "silu")
+    if act != "silu":
+        raise ConversionError(
+            f"config.json: hidden_act={act!r} is not supported (Llama's SwiGLU needs 'silu')"
+        )
+    attention_bias = bool(hf.get("attention_bias", False))
+    mlp_bias = bool(hf.get("mlp_bias", False))
+    if attention_bias != mlp_bias:
+        raise ConversionError(
+            f"config.json: attention_bias={attention_bias} with mlp_bias={mlp_bias} is not supported "
+            "(epochal's add_bias_linear covers o_proj and the MLP together)"
+        )
+    if int(hf.get("pretraining_tp", 1) or 1) != 1:
+        raise ConversionError("config.json: pretraining_tp != 1 is not supported")
+    hidden = int(hf["hidden_size"])
+    heads = int(hf["num_attention_heads"])
+    head_dim = hf.get("head_dim") or hidden // heads
+    kv_heads = int(hf.get("num_key_value_heads") or heads)
+    config = ModelConfig(
+        vocab_size=int(hf["vocab_size"]),
+        make_vocab_size_divisible_by=make_vocab_size_divisible_by,
+        hidden_size=hidden,
+        num_layers=int(hf["num_hidden_layers"]),
+        num_attention_heads=heads,
+        num_query_groups=None if kv_heads == heads else kv_heads,
+        kv_channels=None if head_dim * heads == hidden else int(head_dim),
+        ffn_hidden_size=int(hf["intermediate_size"]),
+        max_position_embeddings=int(hf.get("max_position_embeddings", 2048)),
+        position_embedding_type="rope",
+        rotary_base=_rope_theta(hf),
+        rotary_percent=1.0,
+        normalization="RMSNorm",
+        norm_epsilon=float(hf.get("rms_norm_eps", 1e-6)),
+        activation="swiglu",
+        add_bias_linear=mlp_bias,
+        add_qkv_bias=None,  # equal to add_bias_linear (checked above)
+        untie_embeddings_and_output_weights=not hf.get("tie_word_embeddings", False),
+        hidden_dropout=0.0,
+        attention_dropout=float(hf.get("attention_dropout", 0.0) or 0.0),
+        init_method_std=float(hf.get("initializer_range", 0.02)),
+    )
+    return normalize_config(config)
+
+
+def llama_config_from_ours(
+    config: ModelConfig, *, dtype: torch.dtype = torch.float32
+) -> dict[str, Any]:
+    """A Llama ``config.json`` dict for ``config``.
+
+    Raises:
+        ConversionError: ``config`` uses something Llama does not have.
+    """
+    problems = []
+    if config.position_embedding_type != "rope" or config.rotary_percent != 1.0:
+        problems.append(
+            f"position_embedding_type={config.position_embedding_type!r}, rotary_percent="
+            f"{config.rotary_percent} (needs rope over the whole head)"
+        )
+    if config.normalization != "RMSNorm":
+        problems.append(f"normalization={config.normalization!r} (needs RMSNorm)")
+    if config.activation != "swiglu":
+        problems.append(f"activation={config.activation!r} (needs swiglu)")
+    if config.qkv_bias != config.add_bias_linear:
+        problems.append(
+            f"add_qkv_bias={config.qkv_bias} differs from add_bias_linear={config.add_bias_linear} "
+            "(Llama's attention_bias covers q, k, v and o together)"
+        )
+    if problems:
+        raise ConversionError("cannot export to Llama: " + "; ".join(problems))
+    return {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "vocab_size": config.vocab_size,
+        "hidden_size": config.hidden_size,
+        "intermediate_size": config.ffn_size,
+        "num_hidden_layers": config.num_layers,
+        "num_attention_heads": config.num_attention_heads,
+        "num_key_value_heads": config.num_kv_heads,
+        "head_dim": config.head_dim,
+        "hidden_act": "silu",
+        "max_position_embeddings": config.max_position_embeddings,
+        "rms_norm_eps": config.norm_epsilon,
+        "rope_theta": config.rotary_base,
+        "rope_parameters": {"rope_type": "default", "rope_theta": config.rotary_base},
+        "attention_bias": config.qkv_bias,
+        "mlp_bias": config.add_bias_linear,
+        "attention_dropout": config.attention_dropout,
+        "initializer_range": config.init_method_std,
+        "tie_word_embeddings": config.tie_embeddings,
+        "pretraining_tp": 1,
+        "bos_token_id": None,
+        "eos_token_id": None,
+        "use_cache": True,
+        "dtype": str(dtype).removeprefix("torch."),
+    }
+
+
+def ours_state_from_llama(
+    hf_state: Mapping[str, torch.Tensor], config: ModelConfig, *, source: str = "Llama checkpoint"
+) -> dict[str, torch.Tensor]:
+    """Convert a Llama state dict to our parameter names (vocabulary padded with zeros).
+
+    Raises:
+        ConversionError: a tensor is missing, unexpected or has the wrong shape.
+    """
+    out: dict[str, torch.Tensor] = {}
+    head = None
+    for name, tensor in hf_state.items():
+        if name.endswith(_IGNORED_SUFFIXES):
+            continue
+        if name == "lm_head.weight":
+            head = tensor
+            continue
+        if not name.startswith("model."):
+            raise ConversionError(f"{source}: unexpected tensor {name!r}")
+        rest = name[len("model.") :]
+        if rest == "embed_tokens.weight":
+            out["tok_embeddings.weight"] = resize_rows(tensor, config.padded_vocab_size)
+        elif rest == "norm.weight":
+            out["norm.weight"] = tensor
+        elif rest.startswith("layers."):
+            _, idx, tail = rest.split(".", 2)
+            module, _, kind = tail.rpartition(".")
+            if module not in _LAYER_MAP:
+                raise ConversionError(f"{source}: unexpected tensor {name!r}")
+            out[f"layers.{idx}.{_LAYER_MAP[module]}.{kind}"] = tensor
+        else:
+            raise ConversionError(f"{source}: unexpected tensor {name!r}")
+    if config.tie_embeddings:
+        out = complete_tied(config, out)
+    elif head is not None:
+        out["output.weight"] = resize_rows(head, config.padded_vocab_size)
+    check_shapes(out, config, source)
+    return out
+
+
+def llama_state_from_ours(
+    state: Mapping[str, torch.Tensor], config: ModelConfig
+) -> dict[str, torch.Tensor]:
+    """Convert our state dict to Llama names (vocabulary cut to ``vocab_size``; no ``lm_head`` when tied)."""
+    llama_config_from_ours(config)  # validates
+    inverse = {v: k for k, v in _LAYER_MAP.items()}
+    v = config.vocab_size
+    out: dict[str, torch.Tensor] = {
+        "model.embed_tokens.weight": state["tok_embeddings.weight"][:v].contiguous()
+    }
+    for name, tensor in state.items():
+        if not name.startswith("layers."):
+            continue
+        _, idx, tail = name.split(".", 2)
+        module, _, kind = tail.rpartition(".")
+        out[f"model.layers.{idx}.{inverse[module]}.{kind}"] = tensor
+    out["model.norm.weight"] = state["norm.weight"]
+    if not config.tie_embeddings:
+        out["lm_head.weight"] = state["output.weight"][:v].contiguous()
+    return out

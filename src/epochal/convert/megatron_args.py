@@ -1,0 +1,268 @@
+"""Megatron-LM's ``args`` namespace <-> our :class:`ModelConfig`.
+
+Export writes the arguments Megatron-LM's ``load_checkpoint`` checks
+(``num_layers``, ``hidden_size``, ``num_attention_heads``,
+``max_position_embeddings``, ``make_vocab_size_divisible_by``,
+``padded_vocab_size``, ``tensor_model_parallel_size``,
+``pipeline_model_parallel_size``, ...) and those its conversion tools read
+(``--use-checkpoint-args``), plus ``vocab_size`` (the unpadded size) so that an
+import restores the exact vocabulary.
+
+Import reads the same names, with the defaults Megatron-LM used when an older
+checkpoint lacks one (``layernorm_epsilon`` for ``norm_epsilon``,
+``use_rotary_position_embeddings`` for ``position_embedding_type="rope"``).
+Decisions where Megatron's behaviour is implicit:
+
+- GELU: ``openai_gelu`` -> ``gelu_tanh``. Megatron also uses the tanh
+  approximation when its fused bias-GELU kernel is on (``bias_gelu_fusion`` /
+  ``bias_activation_fusion`` with biases, the default), so such checkpoints
+  import as ``gelu_tanh`` too; otherwise ``gelu`` (exact). Exports of ``gelu``
+  set both fusion flags to False, of ``gelu_tanh`` set ``openai_gelu``.
+- QKV bias: Megatron's fused QKV has a bias when ``add_bias_linear or
+  add_qkv_bias``, so a model with linear biases but no QKV bias cannot be exported.
+- Unsupported features raise :class:`ConversionError`: mixture of experts,
+  ``qk_layernorm``, RoPE scaling, ALiBi (Megatron-Core has none), squared ReLU.
+"""
+
+from __future__ import annotations
+
+import math
+from argparse import Namespace
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from epochal.convert.common import ConversionError, normalize_config
+from epochal.model.config import ModelConfig
+
+__all__ = [
+    "MegatronExtras",
+    "config_from_megatron_args",
+    "megatron_args_from_config",
+    "megatron_padded_vocab_size",
+]
+
+CHECKPOINT_VERSION = 3.0
+
+
+def megatron_padded_vocab_size(vocab_size: int, divisible_by: int, tensor_parallel: int) -> int:
+    """Megatron's padding: ``vocab_size`` rounded up to a multiple of ``divisible_by * TP``."""
+    multiple = divisible_by * tensor_parallel
+    return int(math.ceil(vocab_size / multiple) * multiple)
+
+
+def megatron_args_from_config(
+    config: ModelConfig,
+    *,
+    tensor_parallel: int,
+    pipeline_parallel: int,
+    iteration: int,
+    dtype: torch.dtype,
+    transformer_impl: str,
+) -> Namespace:
+    """The ``args`` namespace stored in every exported rank file.
+
+    Raises:
+        ConversionError: ``config`` uses something Megatron-Core cannot express.
+    """
+    if config.position_embedding_type == "alibi":
+        raise ConversionError("cannot export to Megatron: Megatron-Core GPT has no ALiBi positions")
+    if config.add_bias_linear and not config.qkv_bias:
+        raise ConversionError(
+            "cannot export to Megatron: add_bias_linear=True with add_qkv_bias=False "
+            "(Megatron's fused QKV always has a bias when add_bias_linear is set)"
+        )
+    heads = config.num_attention_heads
+    gqa = config.num_kv_heads != heads
+    args: dict[str, Any] = {
+        "num_layers": config.num_layers,
+        "hidden_size": config.hidden_size,
+        "ffn_hidden_size": config.ffn_size,
+        "num_attention_heads": heads,
+        "kv_channels": config.head_dim,
+        "group_query_attention": gqa,
+        "num_query_groups": config.num_kv_heads,
+        "max_position_embeddings": config.max_position_embeddings,
+        "seq_length": config.max_position_embeddings,
+        "position_embedding_type": config.position_embedding_type,
+        "add_position_embedding": config.position_embedding_type == "learned_absolute",
+        "use_rotary_position_embeddings": config.position_embedding_type == "rope",
+        "rotary_base": int(config.rotary_base)
+        if float(config.rotary_base).is_integer()
+        else config.rotary_base,
+        "rotary_percent": config.rotary_percent,
+        "rotary_interleaved": False,
+        "normalization": config.normalization,
+        "norm_epsilon": config.norm_epsilon,
+        "layernorm_epsilon": config.norm_epsilon,
+        "apply_layernorm_1p": False,
+        "swiglu": config.activation == "swiglu",
+        "openai_gelu": config.activation == "gelu_tanh",
+        "squared_relu": False,
+        "bias_gelu_fusion": False,
+        "bias_activation_fusion": False,
+        "add_bias_linear": config.add_bias_linear,
+        "add_qkv_bias": config.qkv_bias,
+        "untie_embeddings_and_output_weights": config.untie_embeddings_and_output_weights,
+        "hidden_dropout": config.hidden_dropout,
+        "attention_dropout": config.attention_dropout,
+        "init_method_std": config.init_method_std,
+        "qk_layernorm": False,
+        "num_experts": None,
+        "vocab_size": config.vocab_size,
+        "make_vocab_size_divisible_by": config.make_vocab_size_divisible_by,
+        "padded_vocab_size": megatron_padded_vocab_size(
+            config.vocab_size, config.make_vocab_size_divisible_by, tensor_parallel
+        ),
+        "tokenizer_type": None,
+        "tensor_model_parallel_size": tensor_parallel,
+        "pipeline_model_parallel_size": pipeline_parallel,
+        "virtual_pipeline_model_parallel_size": None,
+        "expert_model_parallel_size": 1,
+        "context_parallel_size": 1,
+        "data_parallel_size": 1,
+        "world_size": tensor_parallel * pipeline_parallel,
+        "sequence_parallel": False,
+        "transformer_impl": transformer_impl,
+        "use_mcore_models": True,
+        "use_legacy_models": False,
+        "ckpt_format": "torch",
+        "params_dtype": dtype,
+        "fp16": dtype == torch.float16,
+        "bf16": dtype == torch.bfloat16,
+        "iteration": iteration,
+        "consumed_train_samples": 0,
+        "consumed_valid_samples": 0,
+        "apply_query_key_layer_scaling": False,
+    }
+    return Namespace(**args)
+
+
+@dataclass
+class MegatronExtras:
+    """Layout facts of an imported checkpoint that are not part of :class:`ModelConfig`.
+
+    Attributes:
+        swiglu: ``linear_fc1`` is a fused ``[gate; up]``.
+        rotary_interleaved: q/k rows use interleaved RoPE pairs (permuted on import).
+        apply_layernorm_1p: norm weights are stored minus one (``--apply-layernorm-1p``).
+        tensor_parallel, pipeline_parallel: the sizes recorded in ``args``.
+    """
+
+    swiglu: bool
+    rotary_interleaved: bool
+    apply_layernorm_1p: bool
+    tensor_parallel: int
+    pipeline_parallel: int
+
+
+def _get(args: Namespace, name: str, default: Any = None) -> Any:
+    value = getattr(args, name, default)
+    return default if value is None else value
+
+
+def config_from_megatron_args(
+    args: Namespace,
+    *,
+    vocab_size: int | None = None,
+    make_vocab_size_divisible_by: int | None = None,
+    source: str = "Megatron checkpoint",
+) -> tuple[ModelConfig, MegatronExtras]:
+    """Our config (and layout facts) from a Megatron ``args`` namespace.
+
+    Args:
+        args: the checkpoint's ``args``.
+        vocab_size: the unpadded vocabulary; default ``args.vocab_size``, else
+            ``args.padded_vocab_size`` (then every padded row counts as a token).
+        make_vocab_size_divisible_by: our padding multiple; default Megatron's.
+        source: named in error messages.
+
+    Raises:
+        ConversionError: a required argument is missing or a feature is unsupported.
+    """
+    if not isinstance(args, Namespace):
+        raise ConversionError(
+            f"{source}: 'args' is {type(args).__name__}, expected an argparse.Namespace"
+        )
+    for name in ("num_layers", "hidden_size", "num_attention_heads"):
+        if getattr(args, name, None) is None:
+            raise ConversionError(f"{source}: args has no {name!r}")
+    if _get(args, "num_experts"):
+        raise ConversionError(
+            f"{source}: mixture-of-experts checkpoints (num_experts) are not supported"
+        )
+    for flag in ("qk_layernorm", "squared_relu", "use_rope_scaling", "apply_rope_fusion_scaling"):
+        if _get(args, flag, False) is True:
+            raise ConversionError(f"{source}: args.{flag}=True is not supported")
+    pos = _get(args, "position_embedding_type")
+    if pos is None:
+        pos = "rope" if _get(args, "use_rotary_position_embeddings", False) else "learned_absolute"
+    if pos not in ("learned_absolute", "rope", "none"):
+        raise ConversionError(f"{source}: position_embedding_type={pos!r} is not supported")
+    heads = int(args.num_attention_heads)
+    groups = (
+        int(_get(args, "num_query_groups", heads))
+        if _get(args, "group_query_attention", False)
+        else heads
+    )
+    hidden = int(args.hidden_size)
+    head_dim = int(_get(args, "kv_channels", hidden // heads))
+    swiglu = bool(_get(args, "swiglu", False))
+    add_bias = bool(_get(args, "add_bias_linear", True))
+    if swiglu:
+        activation = "swiglu"
+    elif _get(args, "openai_gelu", False):
+        activation = "gelu_tanh"
+    elif add_bias and (
+        _get(args, "bias_gelu_fusion", False) or _get(args, "bias_activation_fusion", False)
+    ):
+        activation = "gelu_tanh"  # Megatron's fused bias-GELU kernel is the tanh approximation
+    else:
+        activation = "gelu"
+    padded = _get(args, "padded_vocab_size")
+    vocab = vocab_size if vocab_size is not None else _get(args, "vocab_size", padded)
+    if vocab is None:
+        raise ConversionError(
+            f"{source}: args has neither vocab_size nor padded_vocab_size; pass vocab_size"
+        )
+    divisible = make_vocab_size_divisible_by or int(_get(args, "make_vocab_size_divisible_by", 128))
+    epsilon = _get(args, "norm_epsilon", _get(args, "layernorm_epsilon", 1e-5))
+    config = ModelConfig(
+        vocab_size=int(vocab),
+        make_vocab_size_divisible_by=divisible,
+        hidden_size=hidden,
+        num_layers=int(args.num_layers),
+        num_attention_heads=heads,
+        num_query_groups=None if groups == heads else groups,
+        kv_channels=None if head_dim * heads == hidden else head_dim,
+        ffn_hidden_size=int(_get(args, "ffn_hidden_size", 4 * hidden)),
+        max_position_embeddings=int(
+            _get(args, "max_position_embeddings", _get(args, "seq_length", 2048))
+        ),
+        position_embedding_type=pos,
+        rotary_base=float(_get(args, "rotary_base", 10000)),
+        rotary_percent=float(_get(args, "rotary_percent", 1.0)),
+        normalization=_get(args, "normalization", "LayerNorm"),
+        norm_epsilon=float(epsilon),
+        activation=activation,
+        add_bias_linear=add_bias,
+        add_qkv_bias=None if add_bias or not _get(args, "add_qkv_bias", False) else True,
+        untie_embeddings_and_output_weights=bool(
+            _get(args, "untie_embeddings_and_output_weights", False)
+        ),
+        hidden_dropout=float(_get(args, "hidden_dropout", 0.1)),
+        attention_dropout=float(_get(args, "attention_dropout", 0.1)),
+        init_method_std=float(_get(args, "init_method_std", 0.02)),
+    )
+    config = normalize_config(config)
+    extras = MegatronExtras(
+        swiglu=swiglu,
+        rotary_interleaved=pos == "rope" and bool(_get(args, "rotary_interleaved", False)),
+        apply_layernorm_1p=bool(_get(args, "apply_layernorm_1p", False)),
+        tensor_parallel=int(
+            _get(args, "tensor_model_parallel_size", _get(args, "model_parallel_size", 1))
+        ),
+        pipeline_parallel=int(_get(args, "pipeline_model_parallel_size", 1)),
+    )
+    return config, extras

@@ -1,0 +1,115 @@
+"""Tiny random Hugging Face models and our models for the conversion/generation tests (no downloads)."""
+
+from __future__ import annotations
+
+import torch
+
+from epochal.model import GPTModel, ModelConfig
+
+
+@torch.no_grad()
+def randomize(module: torch.nn.Module, seed: int, std: float = 0.2) -> torch.nn.Module:
+    """Overwrite every parameter with seeded noise (norm weights around 1) so logits are not tiny."""
+    gen = torch.Generator().manual_seed(seed)
+    for name, p in module.named_parameters():
+        noise = torch.randn(p.shape, generator=gen) * std
+        if "norm" in name or ".ln_" in name or name.endswith(("ln_f.weight", "ln_f.bias")):
+            base = 1.0 if name.endswith("weight") else 0.0
+            p.copy_(base + 0.1 * noise / std)
+        else:
+            p.copy_(noise)
+    return module
+
+
+def hf_gpt2(*, tied: bool = True, seed: int = 0, vocab: int = 100, **kw):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    cfg = GPT2Config(
+        vocab_size=vocab,
+        n_embd=32,
+        n_layer=2,
+        n_head=4,
+        n_positions=64,
+        bos_token_id=0,
+        eos_token_id=1,
+        tie_word_embeddings=tied,
+        **kw,
+    )
+    with torch.random.fork_rng():  # transformers initializes with the global RNG; we overwrite it
+        model = GPT2LMHeadModel(cfg)
+    return randomize(model, seed).eval()
+
+
+def hf_llama(
+    *,
+    tied: bool = False,
+    groups: int = 2,
+    bias: bool = False,
+    seed: int = 0,
+    vocab: int = 100,
+    **kw,
+):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=groups,
+        max_position_embeddings=64,
+        tie_word_embeddings=tied,
+        attention_bias=bias,
+        mlp_bias=bias,
+        rope_theta=500.0,
+        bos_token_id=0,
+        eos_token_id=1,
+        **kw,
+    )
+    with torch.random.fork_rng():
+        model = LlamaForCausalLM(cfg)
+    return randomize(model, seed).eval()
+
+
+def ours(config: ModelConfig, seed: int = 0) -> GPTModel:
+    """Our model with randomized weights (same recipe as the HF ones)."""
+    return randomize(GPTModel(config, seed=seed), seed).eval()
+
+
+def gpt2_like(**kw) -> ModelConfig:
+    base = dict(
+        vocab_size=100,
+        hidden_size=32,
+        num_layers=2,
+        num_attention_heads=4,
+        max_position_embeddings=64,
+        activation="gelu_tanh",
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+    )
+    base.update(kw)
+    return ModelConfig(**base)
+
+
+def llama_like(**kw) -> ModelConfig:
+    base = dict(
+        vocab_size=100,
+        hidden_size=32,
+        num_layers=2,
+        num_attention_heads=4,
+        num_query_groups=2,
+        ffn_hidden_size=48,
+        max_position_embeddings=64,
+        position_embedding_type="rope",
+        rotary_base=500.0,
+        normalization="RMSNorm",
+        norm_epsilon=1e-6,
+        activation="swiglu",
+        add_bias_linear=False,
+        untie_embeddings_and_output_weights=True,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+    )
+    base.update(kw)
+    return ModelConfig(**base)

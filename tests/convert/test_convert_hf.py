@@ -1,0 +1,147 @@
+"""Hugging Face GPT-2 / Llama <-> epochal: logits agree within 1e-5 in both directions (peer tests)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from epochal.convert.common import ConversionError
+from epochal.convert.hf_io import load_hf_checkpoint, save_hf_checkpoint
+from epochal.model import GPTModel
+from tests.convert.hf_models import gpt2_like, hf_gpt2, hf_llama, llama_like, ours
+
+pytestmark = pytest.mark.peer
+transformers = pytest.importorskip("transformers")
+
+TOKENS = torch.randint(0, 100, (2, 17), generator=torch.Generator().manual_seed(7))
+
+
+def logits_of(model, tokens=TOKENS, vocab=100):
+    with torch.no_grad():
+        out = model(tokens)
+    out = out.logits if hasattr(out, "logits") else out
+    return out[..., :vocab]
+
+
+def load_ours(folder) -> GPTModel:
+    hf = load_hf_checkpoint(folder)
+    model = GPTModel(hf.config).eval()
+    model.load_state_dict(hf.state, strict=True)
+    return model
+
+
+@pytest.mark.parametrize("tied", [True, False])
+@pytest.mark.parametrize("activation", ["gelu_new", "gelu"])
+def test_gpt2_import_logits(tmp_path, tied, activation):
+    hf = hf_gpt2(tied=tied, activation_function=activation, seed=1)
+    hf.save_pretrained(tmp_path)
+    model = load_ours(tmp_path)
+    assert model.config.padded_vocab_size == 128 and model.config.vocab_size == 100
+    assert model.config.activation == ("gelu_tanh" if activation == "gelu_new" else "gelu")
+    ref = logits_of(hf)
+    assert ref.abs().max() > 1.0  # the comparison is not trivially satisfied
+    torch.testing.assert_close(logits_of(model), ref, rtol=0, atol=1e-5)
+    # padded vocabulary rows are zero
+    assert torch.count_nonzero(model.state_dict()["tok_embeddings.weight"][100:]) == 0
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_gpt2_export_logits(tmp_path, tied):
+    model = ours(gpt2_like(untie_embeddings_and_output_weights=not tied), seed=2)
+    save_hf_checkpoint(model.config, model.state_dict(), tmp_path / "hf", eos_token_id=1)
+    hf = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "hf").eval()
+    assert hf.config.eos_token_id == 1
+    torch.testing.assert_close(logits_of(hf), logits_of(model), rtol=0, atol=1e-5)
+    # and back: bit-identical parameters
+    back = load_ours(tmp_path / "hf")
+    for name, tensor in model.state_dict().items():
+        expected = tensor.clone()
+        expected[100:] = 0 if name in ("tok_embeddings.weight", "output.weight") else expected[100:]
+        torch.testing.assert_close(back.state_dict()[name], expected, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize(
+    ("groups", "tied", "bias"), [(4, False, False), (2, False, True), (1, True, False)]
+)
+def test_llama_import_logits(tmp_path, groups, tied, bias):
+    hf = hf_llama(groups=groups, tied=tied, bias=bias, seed=3)
+    hf.save_pretrained(tmp_path)
+    model = load_ours(tmp_path)
+    cfg = model.config
+    assert cfg.num_kv_heads == groups and cfg.tie_embeddings == tied and cfg.add_bias_linear == bias
+    assert cfg.rotary_base == 500.0 and cfg.position_embedding_type == "rope"
+    ref = logits_of(hf)
+    assert ref.abs().max() > 1.0
+    torch.testing.assert_close(logits_of(model), ref, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("kv_channels", [None, 12])
+def test_llama_export_logits(tmp_path, kv_channels):
+    model = ours(llama_like(kv_channels=kv_channels), seed=4)
+    save_hf_checkpoint(model.config, model.state_dict(), tmp_path / "hf", dtype=torch.float32)
+    hf = transformers.LlamaForCausalLM.from_pretrained(tmp_path / "hf").eval()
+    torch.testing.assert_close(logits_of(hf), logits_of(model), rtol=0, atol=1e-5)
+    back = load_ours(tmp_path / "hf")
+    assert back.config == model.config
+
+
+def test_export_bf16_and_overwrite(tmp_path):
+    model = ours(llama_like(), seed=5)
+    out = tmp_path / "hf"
+    save_hf_checkpoint(model.config, model.state_dict(), out, dtype=torch.bfloat16)
+    assert json.loads((out / "config.json").read_text())["dtype"] == "bfloat16"
+    with pytest.raises(FileExistsError, match="exists"):
+        save_hf_checkpoint(model.config, model.state_dict(), out)
+    save_hf_checkpoint(model.config, model.state_dict(), out, overwrite=True)
+    assert json.loads((out / "config.json").read_text())["dtype"] == "float32"
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary leftovers
+
+
+def test_sharded_safetensors_folder(tmp_path):
+    hf = hf_llama(seed=6)
+    hf.save_pretrained(tmp_path, max_shard_size="20KB")
+    assert (tmp_path / "model.safetensors.index.json").is_file()
+    torch.testing.assert_close(logits_of(load_ours(tmp_path)), logits_of(hf), rtol=0, atol=1e-5)
+
+
+def test_unsupported_configs_are_refused(tmp_path):
+    with pytest.raises(ConversionError, match="GPT-2"):
+        save_hf_checkpoint(
+            gpt2_like(normalization="RMSNorm"), {}, tmp_path / "a", architecture="gpt2"
+        )
+    with pytest.raises(ConversionError, match="alibi"):
+        save_hf_checkpoint(gpt2_like(position_embedding_type="alibi"), {}, tmp_path / "b")
+    with pytest.raises(ConversionError, match="Llama"):
+        save_hf_checkpoint(llama_like(activation="gelu"), {}, tmp_path / "c", architecture="llama")
+    hf = hf_gpt2(scale_attn_by_inverse_layer_idx=True)
+    hf.save_pretrained(tmp_path / "d")
+    with pytest.raises(ConversionError, match="scale_attn_by_inverse_layer_idx"):
+        load_hf_checkpoint(tmp_path / "d")
+    hf_llama().save_pretrained(tmp_path / "e")
+    cfg = json.loads((tmp_path / "e" / "config.json").read_text())
+    cfg["rope_parameters"] = {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}
+    (tmp_path / "e" / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ConversionError, match="rope_type='linear'"):
+        load_hf_checkpoint(tmp_path / "e")
+    cfg["model_type"] = "bert"
+    (tmp_path / "e" / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ConversionError, match="model_type='bert'"):
+        load_hf_checkpoint(tmp_path / "e")
+
+
+def test_missing_or_extra_tensors_name_the_folder(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    hf_llama(seed=0).save_pretrained(tmp_path)
+    weights = load_file(tmp_path / "model.safetensors")
+    weights.pop("model.layers.1.mlp.up_proj.weight")
+    save_file(weights, tmp_path / "model.safetensors")
+    with pytest.raises(ConversionError, match=r"missing.*layers\.1\.mlp\.w3\.weight"):
+        load_hf_checkpoint(tmp_path)
+    (tmp_path / "config.json").unlink()
+    with pytest.raises(FileNotFoundError, match="config.json"):
+        load_hf_checkpoint(tmp_path)
+    with pytest.raises(FileNotFoundError, match="not a folder"):
+        load_hf_checkpoint(tmp_path / "missing")
