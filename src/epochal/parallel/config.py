@@ -1,0 +1,211 @@
+"""``ParallelConfig``: the ``[parallel]`` section of a training configuration.
+
+Names follow Megatron-LM's command-line arguments where one exists
+(``tensor_model_parallel_size`` -> ``tensor_parallel``, ``--sequence-parallel``,
+``--decoder-last-pipeline-num-layers``, ``--use-distributed-optimizer``,
+``--recompute-granularity/-method/-num-layers``).
+
+The data-parallel size is derived from the world size
+(``world_size / (tensor_parallel * pipeline_parallel)``); setting
+``data_parallel`` only checks it (and tells ``epochal train`` how many processes
+to launch when it is not already running under ``torchrun``).
+
+Every invalid value raises :class:`~epochal.model.config.ConfigError` naming the
+option (``parallel.<field>`` once the config tree re-raises it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from epochal.model.config import ConfigError
+
+__all__ = [
+    "DP_SHARDING",
+    "PIPELINE_SCHEDULES",
+    "RECOMPUTE_GRANULARITIES",
+    "RECOMPUTE_METHODS",
+    "ParallelConfig",
+]
+
+PIPELINE_SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")
+DP_SHARDING = ("none", "optimizer", "full")
+RECOMPUTE_GRANULARITIES = ("none", "full", "selective")
+RECOMPUTE_METHODS = ("uniform", "block")
+
+
+def _require(cond: bool, option: str, message: str) -> None:
+    if not cond:
+        raise ConfigError(option, message)
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+@dataclass(kw_only=True)
+class ParallelConfig:
+    """How one training job is split over processes.
+
+    Attributes:
+        tensor_parallel: tensor-parallel size (Megatron's
+            ``tensor_model_parallel_size``); >= 1. Must divide the number of
+            attention heads, the MLP width and the padded vocabulary; the number
+            of key/value groups must be divisible by it, or divide it (then the
+            key/value projections are replicated, e.g. multi-query attention).
+        sequence_parallel: with ``tensor_parallel > 1``, shard the sequence
+            dimension of the norms, dropout and residual stream across the
+            tensor-parallel ranks (Megatron's ``--sequence-parallel``:
+            reduce-scatter / all-gather instead of all-reduce). Needs
+            ``data.seq_length`` divisible by ``tensor_parallel``.
+        loss_parallel: with ``tensor_parallel > 1``, compute the cross-entropy on
+            vocabulary-sharded logits without gathering them (Megatron's
+            ``vocab_parallel_cross_entropy``). A custom loss function always
+            receives gathered logits.
+        pipeline_parallel: number of pipeline stages (ranks); >= 1.
+        virtual_pipeline: model chunks per pipeline rank (Megatron's
+            ``virtual_pipeline_model_parallel_size``); > 1 needs the
+            ``interleaved_1f1b`` schedule.
+        pipeline_schedule: ``gpipe`` (all forwards, then all backwards),
+            ``1f1b`` (Megatron's default without interleaving) or
+            ``interleaved_1f1b`` (Megatron's interleaved schedule, with
+            ``virtual_pipeline`` chunks per rank).
+        decoder_first_pipeline_num_layers / decoder_last_pipeline_num_layers:
+            Megatron's options for an uneven split: the number of transformer
+            layers on the first / last pipeline rank (None = even split). The
+            other ranks share the remaining layers evenly.
+        data_parallel: None (derived from the world size) or the expected
+            data-parallel size (checked; used for the process count when
+            ``epochal train`` launches itself).
+        dp_sharding: ``none`` (replicated parameters and optimizer state,
+            gradients all-reduced: DDP), ``optimizer`` (the distributed optimizer:
+            optimizer state and gradients sharded over data-parallel ranks,
+            parameters gathered once per step and kept for the backward: ZeRO-2,
+            FSDP2 with ``reshard_after_forward=False``) or ``full`` (parameters
+            sharded too, gathered per layer in forward and backward: ZeRO-3,
+            FSDP2).
+        recompute_granularity: ``none``, ``full`` (recompute whole transformer
+            layers in the backward) or ``selective`` (keep the matmul and
+            attention outputs, recompute the pointwise ops: norms, activations,
+            dropout, rotary).
+        recompute_method: for ``full``: ``uniform`` (every layer is recomputed,
+            in groups of ``recompute_num_layers`` that store one input each) or
+            ``block`` (only the first ``recompute_num_layers`` layers of each
+            pipeline chunk are recomputed), as in Megatron.
+        recompute_num_layers: see ``recompute_method`` (>= 1).
+        nproc_per_node: processes to launch per node when ``epochal train`` is
+            not under ``torchrun`` (0 = ``tensor_parallel * pipeline_parallel *
+            (data_parallel or 1)``). Ignored under an outer launcher.
+        backend: process-group backend: ``auto`` (NCCL on CUDA, gloo on CPU),
+            ``gloo`` or ``nccl``.
+    """
+
+    tensor_parallel: int = 1
+    sequence_parallel: bool = False
+    loss_parallel: bool = True
+    pipeline_parallel: int = 1
+    virtual_pipeline: int = 1
+    pipeline_schedule: Literal["gpipe", "1f1b", "interleaved_1f1b"] = "1f1b"
+    decoder_first_pipeline_num_layers: int | None = None
+    decoder_last_pipeline_num_layers: int | None = None
+    data_parallel: int | None = None
+    dp_sharding: Literal["none", "optimizer", "full"] = "none"
+    recompute_granularity: Literal["none", "full", "selective"] = "none"
+    recompute_method: Literal["uniform", "block"] = "uniform"
+    recompute_num_layers: int = 1
+    nproc_per_node: int = 0
+    backend: Literal["auto", "gloo", "nccl"] = "auto"
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        """Check each field on its own; raise :class:`ConfigError` naming the first bad one."""
+        for name in (
+            "tensor_parallel",
+            "pipeline_parallel",
+            "virtual_pipeline",
+            "recompute_num_layers",
+        ):
+            value = getattr(self, name)
+            _require(_is_int(value) and value >= 1, name, f"must be an integer >= 1, got {value!r}")
+        _require(
+            self.data_parallel is None or (_is_int(self.data_parallel) and self.data_parallel >= 1),
+            "data_parallel",
+            f"must be None (derived from the world size) or an integer >= 1, got {self.data_parallel!r}",
+        )
+        _require(
+            _is_int(self.nproc_per_node) and self.nproc_per_node >= 0,
+            "nproc_per_node",
+            f"must be an integer >= 0 (0 = derived), got {self.nproc_per_node!r}",
+        )
+        for name in ("sequence_parallel", "loss_parallel"):
+            _require(
+                isinstance(getattr(self, name), bool),
+                name,
+                f"must be true or false, got {getattr(self, name)!r}",
+            )
+        _require(
+            self.pipeline_schedule in PIPELINE_SCHEDULES,
+            "pipeline_schedule",
+            f"must be one of {PIPELINE_SCHEDULES}, got {self.pipeline_schedule!r}",
+        )
+        _require(
+            self.dp_sharding in DP_SHARDING,
+            "dp_sharding",
+            f"must be one of {DP_SHARDING}, got {self.dp_sharding!r}",
+        )
+        _require(
+            self.recompute_granularity in RECOMPUTE_GRANULARITIES,
+            "recompute_granularity",
+            f"must be one of {RECOMPUTE_GRANULARITIES}, got {self.recompute_granularity!r}",
+        )
+        _require(
+            self.recompute_method in RECOMPUTE_METHODS,
+            "recompute_method",
+            f"must be one of {RECOMPUTE_METHODS}, got {self.recompute_method!r}",
+        )
+        _require(
+            self.backend in ("auto", "gloo", "nccl"),
+            "backend",
+            f"must be auto, gloo or nccl, got {self.backend!r}",
+        )
+        for name in ("decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers"):
+            value = getattr(self, name)
+            _require(
+                value is None or (_is_int(value) and value >= 0),
+                name,
+                f"must be None (even split) or an integer >= 0, got {value!r}",
+            )
+        _require(
+            not self.sequence_parallel or self.tensor_parallel > 1,
+            "sequence_parallel",
+            f"needs tensor_parallel > 1, got tensor_parallel={self.tensor_parallel}",
+        )
+        if self.virtual_pipeline > 1:
+            _require(
+                self.pipeline_schedule == "interleaved_1f1b",
+                "virtual_pipeline",
+                f"> 1 needs pipeline_schedule='interleaved_1f1b', got {self.pipeline_schedule!r}",
+            )
+        if self.pipeline_schedule == "interleaved_1f1b":
+            _require(
+                self.pipeline_parallel > 1,
+                "pipeline_schedule",
+                f"'interleaved_1f1b' needs pipeline_parallel > 1, got {self.pipeline_parallel}",
+            )
+        if self.pipeline_parallel == 1:
+            for name in ("decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers"):
+                _require(getattr(self, name) is None, name, "needs pipeline_parallel > 1")
+
+    @property
+    def model_parallel_size(self) -> int:
+        """``tensor_parallel * pipeline_parallel`` (processes per model replica)."""
+        return self.tensor_parallel * self.pipeline_parallel
+
+    def launch_world_size(self) -> int:
+        """Number of processes ``epochal train`` launches on one node when not under ``torchrun``."""
+        if self.nproc_per_node:
+            return self.nproc_per_node
+        return self.model_parallel_size * (self.data_parallel or 1)

@@ -1,0 +1,443 @@
+"""``ParallelEngine``: builds the parallel model and runs one step's forward/backward under any layout.
+
+Composition order (torchtitan's): pipeline split -> tensor/sequence parallel ->
+activation recompute -> ``torch.compile`` -> data parallel (FSDP2) -> pipeline
+schedule. The trainer keeps its loop; it asks the engine for the model parts,
+hands it the micro-batches of a step and calls its gradient clipping (see
+:mod:`epochal.train.trainer`).
+
+Loss semantics are the trainer's (Megatron's default): each micro-batch's loss is
+its token mean under ``loss_mask``, divided by the number of micro-batches of
+this data-parallel rank; gradients are averaged over data-parallel ranks. The
+step loss returned by :meth:`ParallelEngine.forward_backward` is the mean over
+the whole global batch, the same on every rank.
+
+Batches: every rank of a data-parallel group (all its tensor-parallel and
+pipeline ranks) reads the same micro-batches — the data layer is deterministic
+per ``(seed, sample index, data-parallel rank)``, so no broadcast is needed.
+Pipeline ranks that hold neither the first nor the last stage need no input
+(unless per-document ``position_ids``/``attention_mask`` are used, which every
+stage needs): :attr:`ParallelEngine.needs_batches` tells the trainer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.pipelining import PipelineStage
+from torch.distributed.tensor import DTensor
+
+from epochal.model.config import ModelConfig
+from epochal.model.gpt import GPTModel
+from epochal.parallel.config import ParallelConfig
+from epochal.parallel.data_parallel import apply_data_parallel, set_gradient_sync
+from epochal.parallel.dims import ParallelDims
+from epochal.parallel.grad_clip import clip_grad_norm_parallel
+from epochal.parallel.loss import masked_mean_loss_parallel
+from epochal.parallel.pipeline import (
+    EmbeddingGroup,
+    build_schedule,
+    split_stage_module,
+    stage_indices,
+    stage_layer_counts,
+    stage_layer_ranges,
+)
+from epochal.parallel.recompute import apply_recompute
+from epochal.parallel.tensor_parallel import apply_tensor_parallel
+
+__all__ = ["LossFn", "ParallelEngine", "finalize_grads"]
+
+LossFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+@torch.no_grad()
+def finalize_grads(parts: Sequence[nn.Module]) -> None:
+    """Turn ``Partial`` DTensor gradients into the parameters' placements (one reduction each).
+
+    Replicated tensor-parallel parameters whose use is split over the ranks
+    (sequence-parallel norms, replicated key/value projections, positions)
+    accumulate partial gradients; without a data-parallel wrapper (which does
+    this itself) they are summed here once per step, as Megatron's
+    ``finalize_model_grads`` does.
+    """
+    for part in parts:
+        for p in part.parameters():
+            g = p.grad
+            if isinstance(g, DTensor) and isinstance(p, DTensor) and g.placements != p.placements:
+                p.grad = g.redistribute(placements=p.placements)
+
+
+def compile_part(part: nn.Module, unit_keys: Sequence[str], *, tensor_parallel: bool) -> None:
+    """``torch.compile`` a model part in place: each block, or the whole part under tensor parallelism.
+
+    Without tensor parallelism every block (recompute unit) is compiled on its
+    own, as the single-process trainer does. Under tensor parallelism the
+    blocks' inputs and outputs cross DTensor boundaries (the plans' hooks), and
+    compiling blocks separately is unreliable with torch 2.13 on CPU: with
+    sequence parallelism and RoPE the backward fails (a redistribution receives
+    a plain tensor), without sequence parallelism inductor recurses without end,
+    and embedding gradients have been observed to come out silently zero. The
+    whole part is therefore compiled as one graph (DTensor collectives inside),
+    which gives the single-process gradients (tested).
+    """
+    if tensor_parallel:
+        part.compile()
+        return
+    for key in unit_keys:
+        part.layers[key].compile()
+
+
+def _autocast_forward(module: nn.Module, dtype: torch.dtype, device_type: str) -> None:
+    forward = module.forward
+
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        with torch.autocast(device_type, dtype=dtype):
+            return forward(*args, **kwargs)
+
+    module.forward = wrapped  # instance attribute: parameters and names unchanged
+
+
+class ParallelEngine:
+    """The model of one rank under a parallel layout, and how to run a step on it.
+
+    Args:
+        config: the ``[parallel]`` section.
+        model_config: the model.
+        dims: the layout (from :meth:`ParallelDims.from_config`).
+        mesh: the ``(pp, dp, tp)`` device mesh (``dims.build_mesh()``); None only
+            for a single process.
+        device: this rank's device.
+        seed: initialization seed (same weights as the single-process model).
+        compile: ``torch.compile`` each transformer block (after TP and recompute).
+        custom_loss: a user loss function is used: the logits it receives are
+            gathered over the vocabulary (no vocabulary-parallel loss).
+        bf16: run forwards under bfloat16 autocast (pipeline stages wrap their
+            forward; otherwise :meth:`forward_backward` does).
+    """
+
+    def __init__(
+        self,
+        config: ParallelConfig,
+        model_config: ModelConfig,
+        dims: ParallelDims,
+        mesh: DeviceMesh | None,
+        *,
+        device: torch.device,
+        seed: int,
+        compile: bool = False,
+        custom_loss: bool = False,
+        bf16: bool = False,
+    ) -> None:
+        self.config = config
+        self.model_config = model_config
+        self.dims = dims
+        self.mesh = mesh
+        self.device = device
+        self.seed = seed
+        self.compile = compile
+        self.bf16 = bf16
+        self.loss_parallel = config.loss_parallel and not custom_loss and dims.tp > 1
+        if mesh is None and dims.world_size > 1:
+            raise ValueError(f"layout {dims} needs a device mesh")
+        coords = (
+            {"pp": 0, "dp": 0, "tp": 0}
+            if mesh is None
+            else {n: mesh[n].get_local_rank() for n in ("pp", "dp", "tp")}
+        )
+        self.pp_rank, self.dp_rank, self.tp_rank = coords["pp"], coords["dp"], coords["tp"]
+        counts = stage_layer_counts(
+            model_config.num_layers,
+            dims.pp,
+            dims.vpp,
+            first=config.decoder_first_pipeline_num_layers,
+            last=config.decoder_last_pipeline_num_layers,
+        )
+        self.layer_ranges = stage_layer_ranges(counts)
+        self.stage_ids = stage_indices(self.pp_rank, dims.pp, dims.vpp)
+        self.model_parts = [self._build_part(i) for i in self.stage_ids]
+        self.tied = model_config.tie_embeddings and dims.pp > 1
+        self.embedding_group = EmbeddingGroup(mesh, self.tied)
+        self.stages: list[PipelineStage] = []
+        if dims.pp > 1:
+            assert mesh is not None
+            pp_group = mesh["pp"].get_group()
+            for idx, part in zip(self.stage_ids, self.model_parts):
+                self.stages.append(
+                    PipelineStage(part, idx, dims.num_stages, device, group=pp_group)
+                )
+        self._schedules: dict[int, Any] = {}
+        self._loss_fn: LossFn | None = None
+        self._loss_scale = 1.0
+
+    # ------------------------------------------------------------------ building
+    @property
+    def has_first_stage(self) -> bool:
+        """This rank holds stage 0 (the embeddings; it needs token ids)."""
+        return 0 in self.stage_ids
+
+    @property
+    def has_last_stage(self) -> bool:
+        """This rank holds the last stage (the head; it needs labels and loss masks)."""
+        return self.dims.num_stages - 1 in self.stage_ids
+
+    def needs_batches(self, per_document: bool = False) -> bool:
+        """Whether this rank must read the data (False for middle pipeline ranks).
+
+        Args:
+            per_document: batches carry ``position_ids``/``attention_mask`` that every stage uses.
+        """
+        return per_document or self.has_first_stage or self.has_last_stage
+
+    @property
+    def tp_group(self) -> dist.ProcessGroup | None:
+        """The tensor-parallel process group (None without tensor parallelism)."""
+        return self.mesh["tp"].get_group() if self.mesh is not None and self.dims.tp > 1 else None
+
+    @property
+    def pp_group(self) -> dist.ProcessGroup | None:
+        """The pipeline process group (None without pipeline parallelism)."""
+        return self.mesh["pp"].get_group() if self.mesh is not None and self.dims.pp > 1 else None
+
+    @property
+    def dp_group(self) -> dist.ProcessGroup | None:
+        """The data-parallel process group (None without data parallelism)."""
+        return self.mesh["dp"].get_group() if self.mesh is not None and self.dims.dp > 1 else None
+
+    def _build_part(self, stage_idx: int) -> nn.Module:
+        cfg, pc = self.model_config, self.config
+        with torch.device("meta"):
+            whole = GPTModel(cfg, seed=self.seed)
+        last = self.dims.num_stages - 1
+        if self.dims.num_stages > 1:
+            part = split_stage_module(
+                whole,
+                self.layer_ranges[stage_idx],
+                is_first=stage_idx == 0,
+                is_last=stage_idx == last,
+            )
+        else:
+            part = whole
+        part.to_empty(device=self.device)
+        part.init_weights(seed=self.seed)
+        if self.dims.tp > 1:
+            assert self.mesh is not None
+            apply_tensor_parallel(
+                part,
+                self.mesh["tp"],
+                sequence_parallel=pc.sequence_parallel,
+                loss_parallel=self.loss_parallel,
+            )
+        unit_keys = apply_recompute(
+            part.layers,
+            pc.recompute_granularity,
+            method=pc.recompute_method,
+            num_layers=pc.recompute_num_layers,
+        )
+        if self.compile:
+            compile_part(part, unit_keys, tensor_parallel=self.dims.tp > 1)
+        if self.bf16 and self.dims.pp > 1:
+            _autocast_forward(part, torch.bfloat16, self.device.type)
+        if self.dims.dp > 1:
+            assert self.mesh is not None
+            part = apply_data_parallel(part, self.mesh["dp"], pc.dp_sharding, unit_keys=unit_keys)
+        return part
+
+    # -------------------------------------------------------------------- loss
+    def _loss(
+        self, loss_fn: LossFn | None, labels: torch.Tensor, logits: torch.Tensor, mask: torch.Tensor
+    ) -> torch.Tensor:
+        if loss_fn is not None:
+            return loss_fn(labels, logits, mask)
+        return masked_mean_loss_parallel(
+            labels, logits, mask, self.tp_group if self.loss_parallel else None
+        )
+
+    def _pipeline_loss(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        labels = target[..., 0].long()
+        mask = target[..., 1].float()
+        return self._loss(self._loss_fn, labels, output, mask) * self._loss_scale
+
+    def _schedule(self, n_microbatches: int) -> Any:
+        if n_microbatches not in self._schedules:
+            self._schedules[n_microbatches] = build_schedule(
+                self.config.pipeline_schedule, self.stages, n_microbatches, self._pipeline_loss
+            )
+        return self._schedules[n_microbatches]
+
+    @staticmethod
+    def _forward_kwargs(mb: dict[str, torch.Tensor], per_document: bool) -> dict[str, torch.Tensor]:
+        kwargs = {}
+        if per_document:
+            for key in ("position_ids", "attention_mask"):
+                if key in mb:
+                    kwargs[key] = mb[key]
+        return kwargs
+
+    # ------------------------------------------------------------------- steps
+    def forward_backward(
+        self,
+        micro_batches: Sequence[dict[str, torch.Tensor]],
+        *,
+        num_microbatches: int | None = None,
+        loss_fn: LossFn | None = None,
+        per_document: bool = False,
+    ) -> torch.Tensor:
+        """Forward and backward over this rank's micro-batches of one step; gradients are final after it.
+
+        Args:
+            micro_batches: the micro-batches of this data-parallel rank, on the
+                device, each a dict with ``tokens``, ``labels`` (int64 ``[b, s]``),
+                ``loss_mask`` (float ``[b, s]``) and optionally ``position_ids`` /
+                ``attention_mask``. Middle pipeline ranks may pass an empty list
+                (give ``num_microbatches`` then).
+            num_microbatches: the count when ``micro_batches`` is empty.
+            loss_fn: a custom ``(labels, logits, loss_mask) -> loss``; None = Megatron's token mean.
+            per_document: pass ``position_ids``/``attention_mask`` to the model.
+
+        Returns:
+            The step loss (mean of the micro-batch losses over the global batch),
+            a detached float32 scalar, the same on every rank.
+        """
+        n = len(micro_batches) if micro_batches else int(num_microbatches or 0)
+        if n < 1:
+            raise ValueError("forward_backward needs at least one micro-batch")
+        if self.dims.pp > 1:
+            total = self._pipeline_step(micro_batches, n, loss_fn, per_document, train=True)
+        else:
+            total = torch.zeros((), device=self.device)
+            part = self.model_parts[0]
+            ctx = (
+                torch.autocast(self.device.type, dtype=torch.bfloat16)
+                if self.bf16
+                else contextlib.nullcontext()
+            )
+            for i, mb in enumerate(micro_batches):
+                set_gradient_sync(self.model_parts, i == n - 1)
+                with ctx:
+                    logits = part(mb["tokens"], **self._forward_kwargs(mb, per_document))
+                    loss = self._loss(loss_fn, mb["labels"], logits, mb["loss_mask"])
+                scaled = loss / n
+                scaled.backward()
+                total += scaled.detach().float()
+        self.finish_grads()
+        return self._average_over_dp(total)
+
+    def _pipeline_step(
+        self,
+        micro_batches: Sequence[dict[str, torch.Tensor]],
+        n: int,
+        loss_fn: LossFn | None,
+        per_document: bool,
+        *,
+        train: bool,
+    ) -> torch.Tensor:
+        self._loss_fn = loss_fn
+        self._loss_scale = 1.0 / n
+        schedule = self._schedule(n)
+        args: list[torch.Tensor] = []
+        kwargs: dict[str, torch.Tensor] = {}
+        target = None
+        if self.has_first_stage:
+            args.append(torch.cat([mb["tokens"] for mb in micro_batches]))
+        if per_document and micro_batches:
+            for key in ("position_ids", "attention_mask"):
+                if key in micro_batches[0]:
+                    kwargs[key] = torch.cat([mb[key] for mb in micro_batches])
+        losses: list[torch.Tensor] | None = None
+        if self.has_last_stage:
+            labels = torch.cat([mb["labels"] for mb in micro_batches]).double()
+            mask = torch.cat([mb["loss_mask"] for mb in micro_batches]).double()
+            target = torch.stack([labels, mask], dim=-1)
+            losses = []
+        if train:
+            schedule.step(*args, target=target, losses=losses, return_outputs=False, **kwargs)
+        else:
+            schedule.eval(*args, target=target, losses=losses, **kwargs)
+        total = torch.zeros((), device=self.device)
+        if losses:
+            total = torch.stack([loss.detach().float() for loss in losses]).sum().to(self.device)
+        assert self.mesh is not None
+        dist.broadcast(total, group=self.pp_group, group_src=self.dims.pp - 1)
+        return total
+
+    def _average_over_dp(self, total: torch.Tensor) -> torch.Tensor:
+        group = self.dp_group
+        if group is not None:
+            dist.all_reduce(total, group=group)
+            total = total / self.dims.dp
+        return total
+
+    def finish_grads(self) -> None:
+        """Sum tied-embedding gradients over the pipeline ends and reduce partial DTensor gradients."""
+        if self.dims.dp == 1:
+            finalize_grads(self.model_parts)
+        if self.tied:
+            tied = []
+            if self.has_first_stage:
+                tied.append(self.model_parts[self.stage_ids.index(0)].tok_embeddings.weight)
+            if self.has_last_stage:
+                tied.append(
+                    self.model_parts[self.stage_ids.index(self.dims.num_stages - 1)].output.weight
+                )
+            self.embedding_group.all_reduce_grads(tied)
+
+    @torch.no_grad()
+    def eval_loss(
+        self,
+        micro_batches: Sequence[dict[str, torch.Tensor]],
+        *,
+        num_microbatches: int | None = None,
+        loss_fn: LossFn | None = None,
+        per_document: bool = False,
+    ) -> torch.Tensor:
+        """Mean loss of one global batch without gradients (same on every rank)."""
+        n = len(micro_batches) if micro_batches else int(num_microbatches or 0)
+        if self.dims.pp > 1:
+            total = self._pipeline_step(micro_batches, n, loss_fn, per_document, train=False)
+        else:
+            total = torch.zeros((), device=self.device)
+            ctx = (
+                torch.autocast(self.device.type, dtype=torch.bfloat16)
+                if self.bf16
+                else contextlib.nullcontext()
+            )
+            for mb in micro_batches:
+                with ctx:
+                    logits = self.model_parts[0](
+                        mb["tokens"], **self._forward_kwargs(mb, per_document)
+                    )
+                    total += self._loss(loss_fn, mb["labels"], logits, mb["loss_mask"]).float() / n
+        return self._average_over_dp(total)
+
+    # -------------------------------------------------------------- gradients
+    def parameters(self) -> list[torch.Tensor]:
+        """This rank's parameters (all parts; each once)."""
+        seen: set[int] = set()
+        out = []
+        for part in self.model_parts:
+            for p in part.parameters():
+                if id(p) not in seen:
+                    seen.add(id(p))
+                    out.append(p)
+        return out
+
+    def duplicated_parameters(self) -> list[torch.Tensor]:
+        """Parameters that are a second copy of another rank's (the last stage's tied head)."""
+        if self.tied and self.has_last_stage:
+            return [self.model_parts[self.stage_ids.index(self.dims.num_stages - 1)].output.weight]
+        return []
+
+    def clip_grad_norm(self, max_norm: float) -> torch.Tensor:
+        """Clip all gradients to the global L2 norm ``max_norm`` (0 = measure only); return the norm."""
+        return clip_grad_norm_parallel(
+            self.parameters(),
+            max_norm,
+            pp_group=self.pp_group,
+            exclude_from_norm=self.duplicated_parameters(),
+        )

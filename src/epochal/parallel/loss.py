@@ -1,0 +1,113 @@
+"""Vocabulary-parallel cross-entropy: the loss on logits sharded over the vocabulary.
+
+Under tensor parallelism the output head is column-parallel: each of the ``tp``
+ranks holds the logits of a contiguous slice of the (padded) vocabulary,
+``[b, s, V / tp]``. Gathering them would cost ``b * s * V`` floats per rank; like
+Megatron-LM's ``vocab_parallel_cross_entropy`` we instead reduce three
+``[b, s]`` tensors over the tensor-parallel group:
+
+1. the maximum logit (all-reduce MAX), subtracted for stability;
+2. the logit of the target token (each rank contributes it if the target is in
+   its slice, else 0; all-reduce SUM);
+3. ``sum(exp(logit - max))`` (all-reduce SUM).
+
+``loss = log(sum_exp) - target_logit``. The backward needs no communication:
+``grad = (softmax - one_hot(target)) * grad_loss`` on the local slice. The result
+equals ``F.cross_entropy(full_logits, labels, reduction="none")`` up to float
+rounding (computed in float32).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+__all__ = ["masked_mean_loss_parallel", "vocab_parallel_cross_entropy"]
+
+
+class _VocabParallelCrossEntropy(torch.autograd.Function):
+    @staticmethod
+    def forward(
+        ctx: Any, logits: torch.Tensor, labels: torch.Tensor, group: dist.ProcessGroup
+    ) -> torch.Tensor:
+        logits = logits.float()
+        local_v = logits.shape[-1]
+        rank = dist.get_rank(group)
+        start = rank * local_v
+        logits_max = logits.max(dim=-1).values
+        dist.all_reduce(logits_max, op=dist.ReduceOp.MAX, group=group)
+        shifted = logits - logits_max.unsqueeze(-1)
+        local_labels = labels - start
+        outside = (local_labels < 0) | (local_labels >= local_v)
+        local_labels = local_labels.masked_fill(outside, 0)
+        target_logit = shifted.gather(-1, local_labels.unsqueeze(-1)).squeeze(-1)
+        target_logit = target_logit.masked_fill(outside, 0.0)
+        exp = shifted.exp()
+        sum_exp = exp.sum(dim=-1)
+        stacked = torch.stack([target_logit, sum_exp])
+        dist.all_reduce(stacked, op=dist.ReduceOp.SUM, group=group)
+        target_logit, sum_exp = stacked[0], stacked[1]
+        loss = sum_exp.log() - target_logit
+        softmax = exp.div_(sum_exp.unsqueeze(-1))
+        ctx.save_for_backward(softmax, local_labels, outside)
+        return loss
+
+    @staticmethod
+    def backward(ctx: Any, grad_loss: torch.Tensor) -> tuple[torch.Tensor | None, None, None]:
+        softmax, local_labels, outside = ctx.saved_tensors
+        grad = softmax.clone()
+        inside = (~outside).to(grad.dtype)
+        grad.scatter_add_(-1, local_labels.unsqueeze(-1), -inside.unsqueeze(-1))
+        grad.mul_(grad_loss.unsqueeze(-1))
+        return grad, None, None
+
+
+def vocab_parallel_cross_entropy(
+    local_logits: torch.Tensor, labels: torch.Tensor, group: dist.ProcessGroup | None
+) -> torch.Tensor:
+    """Per-token cross-entropy of vocabulary-sharded logits.
+
+    Args:
+        local_logits: this rank's slice ``[..., V / tp]`` of the logits; rank ``r``
+            of ``group`` holds vocabulary ids ``[r * V/tp, (r+1) * V/tp)``.
+        labels: int64 target ids ``[...]`` in ``[0, V)``.
+        group: the tensor-parallel process group; ``None`` (or a group of one)
+            means the logits are not sharded (plain ``F.cross_entropy``).
+
+    Returns:
+        float32 losses shaped like ``labels`` (identical on every rank of ``group``).
+    """
+    if group is None or dist.get_world_size(group) == 1:
+        flat = F.cross_entropy(
+            local_logits.float().flatten(0, -2), labels.flatten(), reduction="none"
+        )
+        return flat.view_as(labels)
+    return _VocabParallelCrossEntropy.apply(local_logits, labels, group)
+
+
+def masked_mean_loss_parallel(
+    labels: torch.Tensor,
+    local_logits: torch.Tensor,
+    loss_mask: torch.Tensor,
+    group: dist.ProcessGroup | None,
+) -> torch.Tensor:
+    """Megatron's GPT micro-batch loss on vocabulary-sharded logits.
+
+    ``sum(ce * loss_mask) / max(sum(loss_mask), 1)``, the same value as the
+    trainer's ``masked_token_mean_loss`` on the gathered logits.
+
+    Args:
+        labels: int64 ``[b, s]``.
+        local_logits: ``[b, s, V / tp]`` (see :func:`vocab_parallel_cross_entropy`).
+        loss_mask: ``[b, s]``, 1.0 where the token counts.
+        group: the tensor-parallel group (or None).
+
+    Returns:
+        float32 scalar.
+    """
+    losses = vocab_parallel_cross_entropy(local_logits, labels, group).flatten()
+    mask = loss_mask.flatten().to(losses.dtype)
+    return (losses * mask).sum() / mask.sum().clamp(min=1.0)

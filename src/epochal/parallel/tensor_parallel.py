@@ -1,0 +1,248 @@
+"""Tensor and sequence parallelism for :class:`epochal.model.GPTModel` with DTensor plans.
+
+Megatron-LM's layout, expressed with ``torch.distributed.tensor.parallel`` styles
+on the 1-D tensor-parallel mesh (``mesh["tp"]``):
+
+====================================  ==========================  ======================================
+module                                 without sequence parallel   with sequence parallel
+====================================  ==========================  ======================================
+``tok_embeddings`` (vocab-parallel)    rows sharded, all-reduce    rows sharded, reduce-scatter (seq)
+``pos_embeddings`` (learned)           replicated                  replicated, looked up for the local
+                                                                   sequence slice
+``attention_norm``/``ffn_norm``/       replicated (plain)          ``SequenceParallel`` (DTensor,
+``norm``                                                           sequence-sharded activations)
+``attention.wq``                       column-parallel             all-gather (seq) + column-parallel
+``attention.wk``/``wv``                column-parallel, or         same
+                                       replicated (see below)
+``attention.wo``                       row-parallel, all-reduce    row-parallel, reduce-scatter (seq)
+``mlp.fc1``/``w1``/``w3``              column-parallel             all-gather (seq) + column-parallel
+``mlp.fc2``/``w2``                     row-parallel, all-reduce    row-parallel, reduce-scatter (seq)
+``output``                             column-parallel (vocab)     all-gather (seq) + column-parallel
+====================================  ==========================  ======================================
+
+Dropout (embedding and residual) runs on whatever the residual stream is: the
+full sequence without sequence parallelism, this rank's sequence slice with it.
+
+Attention variants: with ``num_query_groups % tp == 0`` (MHA, and GQA with
+enough groups) the key/value projections are column-parallel like the queries.
+When the groups divide ``tp`` instead (multi-query attention, or GQA with fewer
+groups than ranks; Megatron-LM refuses this case) the key/value projections are
+*replicated*: every rank holds the whole ``wk``/``wv`` (``Replicate`` DTensors),
+computes all groups and keeps the one its query heads use (query head ``i``
+uses group ``i // (heads / groups)``, and each rank's heads fall in exactly one
+group). Their gradients are made correct by declaring the kept output's
+gradient ``Partial`` (each rank back-propagates only its heads' share), so
+DTensor sums the shares over the tensor-parallel group, as Megatron does for
+sequence-parallel norm weights. ALiBi slopes are sliced to the local heads.
+
+Output head: with ``loss_parallel`` the logits stay sharded over the vocabulary
+(``[b, s, V/tp]`` local tensors) for
+:func:`epochal.parallel.loss.vocab_parallel_cross_entropy`; without it they are
+gathered (``[b, s, V]``, identical on every rank). Tied embeddings: the input
+embedding and the output head shard the same ``[V, h]`` matrix the same way
+(rows), so the parameter stays one (re-tied after the plan).
+
+Requirements (checked by :meth:`epochal.parallel.dims.ParallelDims.validate`):
+``tp`` divides the heads, the MLP width and the padded vocabulary; with
+sequence parallelism it divides the sequence length.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import (
+    DTensor,
+    Partial,
+    Replicate,
+    Shard,
+    distribute_module,
+    distribute_tensor,
+)
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    PrepareModuleInput,
+    RowwiseParallel,
+    SequenceParallel,
+    parallelize_module,
+)
+from torch.distributed.tensor.parallel.style import ParallelStyle
+
+from epochal.model.config import ModelConfig
+
+__all__ = ["apply_tensor_parallel", "kv_heads_replicated"]
+
+
+def kv_heads_replicated(config: ModelConfig, tp: int) -> bool:
+    """True if the key/value projections are replicated (the groups do not split over ``tp``)."""
+    return config.num_kv_heads % tp != 0
+
+
+class ReplicatedGroupProjection(ParallelStyle):
+    """A replicated ``nn.Linear`` whose output keeps only this rank's key/value group.
+
+    Weights and biases become ``Replicate`` DTensors. The input is taken as
+    replicated (a plain tensor or a DTensor). The output (a local tensor)
+    holds the ``group_width`` columns ``[g * width, (g + 1) * width)`` where
+    ``g = tp_rank * groups // tp``; its gradient is declared ``Partial`` so that
+    the weight, bias and input gradients are summed over the group.
+
+    Args:
+        num_groups: key/value groups of the full projection (divides ``tp``).
+        head_dim: width of one group's output (channels).
+    """
+
+    def __init__(self, num_groups: int, head_dim: int) -> None:
+        super().__init__()
+        self.num_groups = num_groups
+        self.head_dim = head_dim
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        tp = device_mesh.size()
+        group = device_mesh.get_local_rank() * self.num_groups // tp
+        width = self.head_dim
+
+        def partition(name: str, mod: nn.Module, mesh: DeviceMesh) -> None:
+            for p_name, param in list(mod.named_parameters(recurse=False)):
+                dist_param = nn.Parameter(
+                    distribute_tensor(param, mesh, [Replicate()], src_data_rank=self.src_data_rank)
+                )
+                mod.register_parameter(p_name, dist_param)
+
+        def input_fn(mod: nn.Module, inputs: tuple[Any, ...], mesh: DeviceMesh) -> tuple[Any, ...]:
+            x = inputs[0]
+            if not isinstance(x, DTensor):
+                x = DTensor.from_local(x, mesh, [Replicate()], run_check=False)
+            elif x.placements != (Replicate(),):
+                x = x.redistribute(mesh, [Replicate()])
+            return (x, *inputs[1:])
+
+        def output_fn(mod: nn.Module, output: DTensor, mesh: DeviceMesh) -> torch.Tensor:
+            local = output.to_local(grad_placements=[Partial()])
+            return local[..., group * width : (group + 1) * width]
+
+        return distribute_module(module, device_mesh, partition, input_fn, output_fn)
+
+
+class SequenceShardedPositionEmbedding(ParallelStyle):
+    """A replicated ``nn.Embedding`` of positions looked up for this rank's sequence slice.
+
+    Used for learned absolute positions under sequence parallelism: the
+    ``position_ids`` ``[b or 1, s]`` (the same on every rank) are sharded on the
+    sequence dimension, so the output is the local ``[b or 1, s / tp, h]``
+    slice that is added to the sequence-sharded token embeddings. The weight
+    gradient is summed over the tensor-parallel ranks by DTensor.
+    """
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        def partition(name: str, mod: nn.Module, mesh: DeviceMesh) -> None:
+            for p_name, param in list(mod.named_parameters(recurse=False)):
+                dist_param = nn.Parameter(
+                    distribute_tensor(param, mesh, [Replicate()], src_data_rank=self.src_data_rank)
+                )
+                mod.register_parameter(p_name, dist_param)
+
+        def input_fn(mod: nn.Module, inputs: tuple[Any, ...], mesh: DeviceMesh) -> tuple[Any, ...]:
+            ids = DTensor.from_local(inputs[0], mesh, [Replicate()], run_check=False)
+            return (ids.redistribute(mesh, [Shard(1)]), *inputs[1:])
+
+        def output_fn(mod: nn.Module, output: DTensor, mesh: DeviceMesh) -> torch.Tensor:
+            return output.to_local()
+
+        return distribute_module(module, device_mesh, partition, input_fn, output_fn)
+
+
+def _block_plan(config: ModelConfig, tp: int, sequence_parallel: bool) -> dict[str, ParallelStyle]:
+    seq = Shard(1)
+    row_out = seq if sequence_parallel else Replicate()
+    plan: dict[str, ParallelStyle] = {}
+    if sequence_parallel:
+        plan["attention_norm"] = SequenceParallel()
+        plan["ffn_norm"] = SequenceParallel()
+        plan["attention"] = PrepareModuleInput(
+            input_layouts=(seq, None, None), desired_input_layouts=(Replicate(), None, None)
+        )
+        plan["mlp"] = PrepareModuleInput(input_layouts=(seq,), desired_input_layouts=(Replicate(),))
+    plan["attention.wq"] = ColwiseParallel()
+    if kv_heads_replicated(config, tp):
+        plan["attention.wk"] = ReplicatedGroupProjection(config.num_kv_heads, config.head_dim)
+        plan["attention.wv"] = ReplicatedGroupProjection(config.num_kv_heads, config.head_dim)
+    else:
+        plan["attention.wk"] = ColwiseParallel()
+        plan["attention.wv"] = ColwiseParallel()
+    plan["attention.wo"] = RowwiseParallel(output_layouts=row_out)
+    if config.activation == "swiglu":
+        plan["mlp.w1"] = ColwiseParallel()
+        plan["mlp.w3"] = ColwiseParallel()
+        plan["mlp.w2"] = RowwiseParallel(output_layouts=row_out)
+    else:
+        plan["mlp.fc1"] = ColwiseParallel()
+        plan["mlp.fc2"] = RowwiseParallel(output_layouts=row_out)
+    return plan
+
+
+def apply_tensor_parallel(
+    model: nn.Module,
+    tp_mesh: DeviceMesh,
+    *,
+    sequence_parallel: bool = False,
+    loss_parallel: bool = True,
+) -> nn.Module:
+    """Shard ``model`` (a :class:`~epochal.model.GPTModel` or a pipeline stage of one) in place.
+
+    Call it on a materialized, initialized model (every rank with the same
+    values: parameters are scattered from tensor-parallel rank 0).
+
+    Args:
+        model: the model or stage (``tok_embeddings``/``norm``/``output`` may be None).
+        tp_mesh: the 1-D tensor-parallel mesh.
+        sequence_parallel: shard activations on the sequence dimension between
+            the tensor-parallel regions (see the module docstring).
+        loss_parallel: leave the logits sharded over the vocabulary (``[b, s, V/tp]``)
+            instead of gathering them (``[b, s, V]``).
+
+    Returns:
+        ``model`` (modified in place).
+    """
+    tp = tp_mesh.size()
+    if tp == 1:
+        return model
+    config: ModelConfig = model.config
+    seq = Shard(1)
+    top: dict[str, ParallelStyle] = {}
+    if model.tok_embeddings is not None:
+        top["tok_embeddings"] = RowwiseParallel(
+            input_layouts=Replicate(), output_layouts=seq if sequence_parallel else Replicate()
+        )
+    if model.pos_embeddings is not None and sequence_parallel:
+        top["pos_embeddings"] = SequenceShardedPositionEmbedding()
+    if model.norm is not None and sequence_parallel:
+        top["norm"] = SequenceParallel()
+    if model.output is not None:
+        top["output"] = ColwiseParallel(
+            input_layouts=seq if sequence_parallel else Replicate(),
+            output_layouts=Shard(-1) if loss_parallel else Replicate(),
+            use_local_output=True,
+        )
+    tied = (
+        config.tie_embeddings
+        and model.tok_embeddings is not None
+        and model.output is not None
+        and model.output.weight is model.tok_embeddings.weight
+    )
+    parallelize_module(model, tp_mesh, top)
+    if tied:
+        model.output.weight = model.tok_embeddings.weight
+    plan = _block_plan(config, tp, sequence_parallel)
+    heads_per_rank = config.num_attention_heads // tp
+    first_head = tp_mesh.get_local_rank() * heads_per_rank
+    for block in model.layers.values():
+        parallelize_module(block, tp_mesh, plan)
+        attention = block.attention
+        if attention.use_alibi:
+            attention.alibi_heads = slice(first_head, first_head + heads_per_rank)
+            attention.init_buffers()
+    return model
