@@ -1,0 +1,218 @@
+"""``epochal convert``: move a model between epochal, Hugging Face and Megatron-LM checkpoints.
+
+Examples::
+
+    epochal convert runs/tiny hf/tiny --to hf                 # our checkpoint -> LlamaForCausalLM
+    epochal convert hf/gpt2 runs/gpt2 --to epochal            # GPT2LMHeadModel -> model-only run dir
+    epochal convert runs/tiny megatron/tiny --to megatron --tensor-parallel 2 --pipeline-parallel 2
+    epochal convert megatron/tiny hf/tiny --to hf --vocab-size 4096
+
+The input format is detected (``config.json`` -> Hugging Face;
+``latest_checkpointed_iteration.txt`` or ``mp_rank_*`` folders -> Megatron-LM;
+otherwise an epochal run/checkpoint folder) unless ``--from`` names it.
+Outputs are written to a temporary name and renamed when complete; an existing
+output is only replaced with ``--overwrite``. Exit status 0 on success, 2 on a
+bad input or option (the message names the file or option).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+__all__ = ["add_arguments", "detect_format", "run"]
+
+FORMATS = ("epochal", "hf", "megatron")
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Register the options of ``epochal convert``."""
+    parser.add_argument("input", help="input checkpoint (folder)")
+    parser.add_argument(
+        "output", help="output folder (a Megatron save dir, a HF model dir or a run dir)"
+    )
+    parser.add_argument("--to", dest="target", choices=FORMATS, required=True, help="output format")
+    parser.add_argument(
+        "--from", dest="source", choices=("auto", *FORMATS), default="auto", help="input format"
+    )
+    group = parser.add_argument_group("input options")
+    group.add_argument(
+        "--iteration", type=int, default=None, help="Megatron input: iteration to read"
+    )
+    group.add_argument(
+        "--vocab-size",
+        type=int,
+        default=None,
+        help="unpadded vocabulary size when the input lacks it",
+    )
+    group.add_argument(
+        "--make-vocab-size-divisible-by",
+        type=int,
+        default=None,
+        help="our vocabulary padding multiple (default: the input's, else 128)",
+    )
+    group = parser.add_argument_group("output options")
+    group.add_argument(
+        "--hf-architecture",
+        choices=("gpt2", "llama"),
+        default=None,
+        help="HF output class (default: gpt2 for learned positions, llama for RoPE)",
+    )
+    group.add_argument(
+        "--tensor-parallel", type=int, default=1, help="Megatron output: tensor-parallel size"
+    )
+    group.add_argument(
+        "--pipeline-parallel", type=int, default=1, help="Megatron output: pipeline size"
+    )
+    group.add_argument(
+        "--megatron-spec",
+        choices=("transformer_engine", "local"),
+        default="transformer_engine",
+        help="Megatron output: layer-spec parameter names",
+    )
+    group.add_argument(
+        "--megatron-iteration",
+        type=int,
+        default=None,
+        help="Megatron output: iteration number (default: the input's step, else 0)",
+    )
+    group.add_argument(
+        "--dtype", choices=tuple(DTYPES), default=None, help="cast the weights (default: keep)"
+    )
+    group.add_argument(
+        "--bos-token-id", type=int, default=None, help="HF output: bos_token_id in config.json"
+    )
+    group.add_argument(
+        "--eos-token-id", type=int, default=None, help="HF output: eos_token_id in config.json"
+    )
+    group.add_argument("--overwrite", action="store_true", help="replace an existing output")
+
+
+def detect_format(path: str | Path) -> str:
+    """``"hf"``, ``"megatron"`` or ``"epochal"`` for a checkpoint folder.
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist.
+    """
+    from epochal.convert.megatron_legacy import TRACKER_FILE
+
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: no such file or folder")
+    if (path / "config.json").is_file():
+        return "hf"
+    if (path / TRACKER_FILE).is_file():
+        return "megatron"
+    if path.is_dir():
+        children = [p.name for p in path.iterdir()]
+        if any(n.startswith("mp_rank_") for n in children) or any(
+            n.startswith("iter_") for n in children
+        ):
+            return "megatron"
+    return "epochal"
+
+
+def _load(args: argparse.Namespace, fmt: str) -> tuple:
+    """Returns ``(config, state, step, extra)`` (extra: HF token ids)."""
+    if fmt == "hf":
+        from epochal.convert.hf_io import load_hf_checkpoint
+
+        hf = load_hf_checkpoint(
+            args.input, make_vocab_size_divisible_by=args.make_vocab_size_divisible_by or 128
+        )
+        return hf.config, hf.state, 0, {"bos": hf.bos_token_id, "eos": hf.eos_token_id}
+    if fmt == "megatron":
+        from epochal.convert.megatron_legacy import load_megatron_checkpoint
+
+        ck = load_megatron_checkpoint(
+            args.input,
+            iteration=args.iteration,
+            vocab_size=args.vocab_size,
+            make_vocab_size_divisible_by=args.make_vocab_size_divisible_by,
+        )
+        return ck.config, ck.state, ck.iteration or 0, {}
+    from epochal.convert.epochal_ckpt import load_epochal_checkpoint
+
+    ck = load_epochal_checkpoint(args.input, vocab_size=args.vocab_size)
+    return ck.config, ck.state, ck.step, {}
+
+
+def run(args: argparse.Namespace) -> int:
+    """Convert ``args.input`` to ``args.target``; print a one-line summary."""
+    from epochal.convert.common import ConversionError
+    from epochal.convert.safe_load import UnsafeCheckpointError
+    from epochal.model.config import ConfigError
+    from epochal.train.checkpoint import CheckpointError
+
+    t0 = time.perf_counter()
+    try:
+        fmt = detect_format(args.input) if args.source == "auto" else args.source
+        config, state, step, extra = _load(args, fmt)
+        dtype = DTYPES[args.dtype] if args.dtype else None
+        if args.target == "hf":
+            from epochal.convert.hf_io import save_hf_checkpoint
+
+            out = save_hf_checkpoint(
+                config,
+                state,
+                args.output,
+                architecture=args.hf_architecture,
+                dtype=dtype,
+                bos_token_id=args.bos_token_id
+                if args.bos_token_id is not None
+                else extra.get("bos"),
+                eos_token_id=args.eos_token_id
+                if args.eos_token_id is not None
+                else extra.get("eos"),
+                overwrite=args.overwrite,
+            )
+            layout = ""
+        elif args.target == "megatron":
+            from epochal.convert.megatron_legacy import save_megatron_checkpoint
+
+            out = save_megatron_checkpoint(
+                config,
+                state,
+                args.output,
+                tensor_parallel=args.tensor_parallel,
+                pipeline_parallel=args.pipeline_parallel,
+                iteration=args.megatron_iteration if args.megatron_iteration is not None else step,
+                spec=args.megatron_spec,
+                dtype=dtype,
+                overwrite=args.overwrite,
+            )
+            layout = f", TP{args.tensor_parallel} x PP{args.pipeline_parallel}"
+        else:
+            from epochal.convert.epochal_ckpt import save_epochal_checkpoint
+
+            if dtype is not None:
+                state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
+            out = save_epochal_checkpoint(
+                config, state, args.output, source=f"{fmt}:{args.input}", overwrite=args.overwrite
+            )
+            layout = ""
+    except (
+        ConversionError,
+        UnsafeCheckpointError,
+        CheckpointError,
+        ConfigError,
+        FileNotFoundError,
+        FileExistsError,
+    ) as exc:
+        print(f"epochal convert: error: {exc}", file=sys.stderr)
+        return 2
+    params = sum(
+        t.numel()
+        for name, t in state.items()
+        if not (config.tie_embeddings and name == "output.weight")
+    )
+    print(
+        f"converted {fmt}:{args.input} -> {args.target}:{out} ({config.num_layers} layers, "
+        f"{params / 1e6:.1f}M parameters{layout}) in {time.perf_counter() - t0:.2f} s"
+    )
+    return 0

@@ -1,0 +1,207 @@
+"""``epochal convert`` / ``epochal generate`` and epochal's own checkpoints (the trainer's DCP layout)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from epochal.cli import main
+from epochal.convert.common import normalize_config
+from epochal.convert.epochal_ckpt import load_epochal_checkpoint
+from epochal.convert.hf_io import load_hf_checkpoint
+from epochal.convert.megatron_legacy import load_megatron_checkpoint
+from epochal.model import GPTModel
+from epochal.model.generation import generate
+from epochal.train.checkpoint import Checkpointer
+from epochal.train.config import config_from_dict, to_toml
+from epochal.train.state import ModelState
+from tests.convert.hf_models import hf_gpt2, ours
+
+RUN_CONFIG = {
+    "data": {
+        "data_path": ["/nonexistent/prefix"],
+        "tokenizer_type": "ByteLevelTokenizer",
+        "seq_length": 32,
+    },
+    "model": {
+        "hidden_size": 32,
+        "num_layers": 2,
+        "num_attention_heads": 4,
+        "num_query_groups": 2,
+        "position_embedding_type": "rope",
+        "normalization": "RMSNorm",
+        "activation": "swiglu",
+        "ffn_hidden_size": 64,
+        "add_bias_linear": False,
+        "hidden_dropout": 0.0,
+        "attention_dropout": 0.0,
+    },
+}
+
+
+def trainer_checkpoint(run_dir: Path, step: int = 7) -> GPTModel:
+    """Write a checkpoint exactly as the trainer does (Checkpointer + ModelState, config.toml
+    without model.vocab_size: it comes from the ByteLevelTokenizer, 259 ids)."""
+    from epochal.train.config import model_config_from_section
+
+    cfg = config_from_dict({**RUN_CONFIG, "run_dir": str(run_dir)})
+    model_cfg = model_config_from_section(cfg.model, vocab_size=259, seq_length=cfg.data.seq_length)
+    model = ours(model_cfg, seed=4)
+    Checkpointer(run_dir / "checkpoints").save(
+        step,
+        {"model": ModelState([model])},
+        trainer_state={"format": 1, "step": step},
+        rng_state={"cpu": torch.get_rng_state()},
+        config_toml=to_toml(cfg),
+    )
+    return model
+
+
+def test_trainer_checkpoint_reads_back(tmp_path):
+    model = trainer_checkpoint(tmp_path / "run")
+    for path in (
+        tmp_path / "run",
+        tmp_path / "run" / "checkpoints",
+        tmp_path / "run" / "checkpoints" / "step_0000007",
+    ):
+        ck = load_epochal_checkpoint(path)
+        assert ck.step == 7 and ck.config == model.config and ck.config.vocab_size == 259
+        for name, tensor in model.state_dict().items():
+            assert torch.equal(ck.state[name], tensor), name
+    with pytest.raises(FileNotFoundError, match="no epochal checkpoint"):
+        load_epochal_checkpoint(tmp_path)
+
+
+def test_convert_chain_keeps_weights_and_logits(tmp_path, capsys):
+    pytest.importorskip("transformers")
+    model = trainer_checkpoint(tmp_path / "run")
+    assert (
+        main(
+            [
+                "convert",
+                str(tmp_path / "run"),
+                str(tmp_path / "mg"),
+                "--to",
+                "megatron",
+                "--tensor-parallel",
+                "2",
+                "--pipeline-parallel",
+                "2",
+            ]
+        )
+        == 0
+    )
+    assert "TP2 x PP2" in capsys.readouterr().out
+    mg = load_megatron_checkpoint(tmp_path / "mg")
+    assert mg.iteration == 7 and mg.config == normalize_config(model.config)
+    assert (
+        main(
+            [
+                "convert",
+                str(tmp_path / "mg"),
+                str(tmp_path / "hf"),
+                "--to",
+                "hf",
+                "--eos-token-id",
+                "256",
+            ]
+        )
+        == 0
+    )
+    assert json.loads((tmp_path / "hf" / "config.json").read_text())["model_type"] == "llama"
+    assert main(["convert", str(tmp_path / "hf"), str(tmp_path / "back"), "--to", "epochal"]) == 0
+    back = load_epochal_checkpoint(tmp_path / "back")
+    assert back.config == normalize_config(model.config)
+    for name, tensor in model.state_dict().items():
+        expected = tensor.clone()
+        if name in ("tok_embeddings.weight", "output.weight"):
+            expected[259:] = 0  # Hugging Face has no padded rows; they come back as zeros
+        assert torch.equal(back.state[name], expected), name
+    import transformers
+
+    hf = transformers.LlamaForCausalLM.from_pretrained(tmp_path / "hf").eval()
+    tokens = torch.randint(0, 259, (2, 9), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(hf(tokens).logits, model(tokens)[..., :259], rtol=0, atol=1e-5)
+    # errors: exit status 2 and a message naming the problem
+    assert main(["convert", str(tmp_path / "hf"), str(tmp_path / "back"), "--to", "epochal"]) == 2
+    assert "exists" in capsys.readouterr().err
+    assert main(["convert", str(tmp_path / "nothing"), str(tmp_path / "x"), "--to", "hf"]) == 2
+    assert "nothing" in capsys.readouterr().err
+
+
+def test_generate_cli_on_run_and_hf_folder(tmp_path, capsys):
+    model = trainer_checkpoint(tmp_path / "run")
+    out = tmp_path / "out.jsonl"
+    assert (
+        main(
+            [
+                "generate",
+                "--checkpoint",
+                str(tmp_path / "run"),
+                "--prompt",
+                "def f(",
+                "--prompt-ids",
+                "1,2,3",
+                "--max-new-tokens",
+                "5",
+                "--output",
+                str(out),
+                "--no-stop-at-eod",
+            ]
+        )
+        == 0
+    )
+    printed = capsys.readouterr().out
+    assert "=== [0] def f(" in printed and "tokens/s" in printed
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert records[0]["prompt_ids"] == list(b"def f(")  # the run's byte-level tokenizer
+    expected = generate(model, [list(b"def f("), [1, 2, 3]], max_new_tokens=5).tokens
+    assert [r["tokens"] for r in records] == expected
+    assert records[1]["prompt"] is None and isinstance(records[0]["text"], str)
+
+    pytest.importorskip("transformers")
+    hf = hf_gpt2(seed=3)
+    hf.save_pretrained(tmp_path / "hf")
+    assert (
+        main(
+            [
+                "generate",
+                "--checkpoint",
+                str(tmp_path / "hf"),
+                "--prompt-ids",
+                "5,6,7",
+                "--num-beams",
+                "3",
+                "--num-return-sequences",
+                "2",
+                "--max-new-tokens",
+                "4",
+                "--output",
+                str(out),
+            ]
+        )
+        == 0
+    )
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    ours_model = GPTModel(load_hf_checkpoint(tmp_path / "hf").config)
+    ours_model.load_state_dict(load_hf_checkpoint(tmp_path / "hf").state)
+    want = generate(
+        ours_model,
+        [[5, 6, 7]],
+        max_new_tokens=4,
+        num_beams=3,
+        num_return_sequences=2,
+        stop_token_ids=(1,),
+    )  # the HF config's eos_token_id
+    assert [r["tokens"] for r in records] == want.tokens
+    assert (
+        main(
+            ["generate", "--checkpoint", str(tmp_path / "hf"), "--prompt", "text needs a tokenizer"]
+        )
+        == 2
+    )
+    assert "no tokenizer" in capsys.readouterr().err
