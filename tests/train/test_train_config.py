@@ -86,7 +86,7 @@ def test_presets_round_trip_through_toml(name):
         ("--training.bf16=1", "training.bf16"),
         ("--data.seq_length=0", "data.seq_length"),
         ("--data.split=1,2,3,4", "data.split"),
-        ("--data.data_path=['0.5', 'a', 'b']", "data.data_path"),
+        ("--data.data_path=['0.5', 'a', 'b', 'c']", "data.data_path"),
         ("--scheduler.lr_decay_style=step", "scheduler.lr_decay_style"),
         ("--scheduler.lr_warmup_iters=300", "scheduler.lr_warmup_iters"),
         ("--scheduler.lr_decay_style=WSD", "scheduler.lr_wsd_decay_iters"),
@@ -109,6 +109,15 @@ def test_missing_data_and_files():
         build_config(config_file="nope.toml")
     with pytest.raises(ConfigError, match="preset"):
         build_config(preset="huge")
+
+
+def test_blend_and_per_split_paths_are_exclusive():
+    with pytest.raises(ConfigError, match="data.data_path"):
+        build_config(
+            preset="tiny", overrides=["--data.data_path=['a']", "--data.train_data_path=['x']"]
+        )
+    cfg = build_config(preset="tiny", overrides=["--data.corpus=", "--data.train_data_path=['x']"])
+    assert cfg.data.has_paths
 
 
 def test_bad_toml_file_is_named(tmp_path):

@@ -9,6 +9,7 @@
       scheduler  SchedulerConfig   LR warmup/decay and weight-decay increment
       checkpoint CheckpointConfig  save interval, keep-last-k, resume
       logging    LoggingConfig     progress bar, TensorBoard, log interval
+      parallel   ParallelConfig    tensor/sequence/pipeline/data parallelism, recompute (epochal.parallel)
 
 Sources, later ones winning: a preset (``tiny``, ``gpt2-small``), a TOML file
 (tables named like the sections), then ``--section.key=value`` overrides whose
@@ -36,7 +37,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from epochal.data.dataset_builder import parse_blend
 from epochal.model.config import ConfigError, ModelConfig
+from epochal.parallel.config import ParallelConfig
 from epochal.train.lr_schedule import LR_DECAY_STYLES, WD_INCR_STYLES, WSD_DECAY_STYLES
 
 __all__ = [
@@ -113,9 +116,11 @@ class DataConfig:
         data_path: Megatron-style blend: ``["prefix"]`` or
             ``["w1", "prefix1", "w2", "prefix2", ...]`` (prefixes of ``.bin``/``.idx``).
         split: Megatron's train/valid/test split of ``data_path``, e.g. ``"969,30,1"``.
+        train_data_path / valid_data_path / test_data_path: a separate blend per split
+            (Megatron's ``--train-data-path`` ...), instead of ``data_path`` + ``split``.
         seq_length: tokens per sample (>= 1).
-        mock: train on the mock GPT dataset (no files needed).
-        mock_num_samples: samples per split of the mock dataset.
+        mock: train on Megatron's mock GPT corpus (no files needed; ids below
+            ``model.vocab_size``, default 8192).
         corpus: if set, tokenize this corpus first (cached) and train on it:
             ``"stdlib"`` (Python's standard-library sources, a deterministic
             subset in sorted path order) or a ``.jsonl`` path. Replaces ``data_path``.
@@ -137,9 +142,11 @@ class DataConfig:
 
     data_path: list[str] = field(default_factory=list)
     split: str = "969,30,1"
+    train_data_path: list[str] = field(default_factory=list)
+    valid_data_path: list[str] = field(default_factory=list)
+    test_data_path: list[str] = field(default_factory=list)
     seq_length: int = 1024
     mock: bool = False
-    mock_num_samples: int = 100000
     corpus: str = ""
     corpus_max_bytes: int = 4_000_000
     json_keys: list[str] = field(default_factory=lambda: ["text"])
@@ -156,11 +163,6 @@ class DataConfig:
 
     def __post_init__(self) -> None:
         _require(self.seq_length >= 1, "seq_length", f"must be >= 1, got {self.seq_length}")
-        _require(
-            self.mock_num_samples >= 1,
-            "mock_num_samples",
-            f"must be >= 1, got {self.mock_num_samples}",
-        )
         _require(
             self.corpus_max_bytes >= 1,
             "corpus_max_bytes",
@@ -185,18 +187,24 @@ class DataConfig:
             "split",
             f"must be 1-3 comma-separated non-negative weights like '969,30,1', got {self.split!r}",
         )
-        if len(self.data_path) > 1:
-            _require(
-                len(self.data_path) % 2 == 0,
-                "data_path",
-                "a blend must alternate weight and prefix: ['w1', 'prefix1', 'w2', 'prefix2', ...]",
-            )
-            for w in self.data_path[0::2]:
-                try:
-                    ok = float(w) >= 0
-                except ValueError:
-                    ok = False
-                _require(ok, "data_path", f"blend weight {w!r} is not a non-negative number")
+        for name in ("data_path", "train_data_path", "valid_data_path", "test_data_path"):
+            try:
+                parse_blend(getattr(self, name), name)
+            except ValueError as exc:
+                raise ConfigError(name, str(exc).removeprefix(f"{name}: ")) from None
+        per_split = self.train_data_path or self.valid_data_path or self.test_data_path
+        _require(
+            not (self.data_path and per_split),
+            "data_path",
+            "give data_path (+ split) or train/valid/test_data_path, not both",
+        )
+
+    @property
+    def has_paths(self) -> bool:
+        """Whether any data path (blend or per-split) is set."""
+        return bool(
+            self.data_path or self.train_data_path or self.valid_data_path or self.test_data_path
+        )
 
 
 # -------------------------------------------------------------------- training
@@ -246,7 +254,7 @@ class TrainingConfig:
             f"must be a multiple of micro_batch_size={self.micro_batch_size}, got {self.global_batch_size}",
         )
         _require(self.train_iters >= 1, "train_iters", f"must be >= 1, got {self.train_iters}")
-        _require(self.seed >= 0, "seed", f"must be >= 0, got {self.seed}")
+        _require(0 <= self.seed < 2**32, "seed", f"must be in [0, 2**32), got {self.seed}")
         _require(
             self.eval_interval >= 0, "eval_interval", f"must be >= 0, got {self.eval_interval}"
         )
@@ -440,6 +448,7 @@ class TrainConfig:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
 
     def __post_init__(self) -> None:
         _require(bool(self.run_dir), "run_dir", "must be a non-empty path")

@@ -82,16 +82,23 @@ def default_cache_dir() -> Path:
 
 
 def stdlib_files(max_bytes: int) -> list[Path]:
-    """The deterministic subset of standard-library sources (see the module docstring)."""
+    """The deterministic subset of standard-library sources (see the module docstring).
+
+    Order: a depth-first walk with sorted names, a folder's files before its
+    subfolders; files are taken until ``max_bytes`` bytes are collected.
+    """
     root = Path(sysconfig.get_paths()["stdlib"])
     chosen, total = [], 0
-    for path in sorted(root.rglob("*.py"), key=lambda p: p.relative_to(root).as_posix()):
-        if _SKIP_PARTS.intersection(path.relative_to(root).parts) or not path.is_file():
-            continue
-        chosen.append(path)
-        total += path.stat().st_size
-        if total >= max_bytes:
-            break
+    for folder, dirs, files in os.walk(root):
+        dirs[:] = sorted(d for d in dirs if d not in _SKIP_PARTS and not d.startswith("."))
+        for name in sorted(files):
+            path = Path(folder) / name
+            if not name.endswith(".py") or not path.is_file():
+                continue
+            chosen.append(path)
+            total += path.stat().st_size
+            if total >= max_bytes:
+                return chosen
     if not chosen:
         raise OSError(f"no Python sources found under {root}")
     return chosen

@@ -114,9 +114,16 @@ def make_loaders(
 
 
 def build_data(
-    config: TrainConfig, *, dp_rank: int = 0, dp_size: int = 1, log: Any = None
+    config: TrainConfig, *, dp_rank: int = 0, dp_size: int = 1, log: Any = None, group: Any = None
 ) -> DataBundle:
-    """Build tokenizer, datasets and loaders from ``config.data`` (see the module docstring)."""
+    """Build tokenizer, datasets and loaders from ``config.data`` (see the module docstring).
+
+    Args:
+        config: the configuration.
+        dp_rank / dp_size: this process's data-parallel rank and the data-parallel size.
+        log: ``log(str)`` for progress messages (corpus preparation).
+        group: ``torch.distributed`` group whose rank 0 builds the index caches first.
+    """
     try:
         from epochal.train.gpt_data import build_gpt_datasets
     except (
@@ -128,7 +135,9 @@ def build_data(
             f"of epochal.data ({exc}); pass prebuilt datasets with epochal.train.data.make_loaders",
         ) from exc
 
-    train_ds, valid_ds, vocab_size, tokenizer, description = build_gpt_datasets(config, log=log)
+    train_ds, valid_ds, vocab_size, tokenizer, description = build_gpt_datasets(
+        config, log=log, group=group
+    )
     return make_loaders(
         config,
         train_ds,

@@ -1,0 +1,252 @@
+"""``ParallelTrainer``: the trainer under tensor, sequence, pipeline and data parallelism.
+
+It is :class:`~epochal.train.trainer.Trainer` with its seams overridden
+(the loop, logging, checkpoints and resumption are the base class's):
+
+- the process group and the ``(pp, dp, tp)`` device mesh come from
+  :mod:`epochal.parallel.launch` / :class:`~epochal.parallel.dims.ParallelDims`
+  (``[parallel]`` section; the data-parallel size is the world size divided by
+  ``tensor_parallel * pipeline_parallel``);
+- the data is built for this rank's data-parallel slice (rank 0 prepares any
+  shared cache first); tensor-parallel and pipeline ranks of one data-parallel
+  rank read the same micro-batches (deterministic data, no broadcast), and
+  middle pipeline ranks read none: they only advance ``consumed_samples``;
+- the model parts come from :class:`~epochal.parallel.engine.ParallelEngine`
+  (pipeline split, TP/SP, recompute, compile, FSDP2), which also runs the
+  step's forward/backward (pipeline schedules included) and the clipping;
+- checkpoints are DCP folders saved by every rank together and loadable under
+  any other layout (see :mod:`epochal.parallel.checkpoint`);
+- only global rank 0 logs and writes metrics.
+
+The step loss, gradient norm and validation loss are global (the same on every
+rank). With one process and the default ``[parallel]`` section it computes
+exactly what :class:`Trainer` computes.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from epochal.model.gpt import GPTModel
+from epochal.parallel.checkpoint import TiedOptimizerState, consolidate_checkpoint
+from epochal.parallel.dims import ParallelDims
+from epochal.parallel.engine import ParallelEngine
+from epochal.parallel.launch import DistributedInfo, init_distributed, is_logging_rank, rank0_first
+from epochal.train.checkpoint import Checkpointer, SafeFileSystemReader, SafeLoadPlanner
+from epochal.train.config import TrainConfig
+from epochal.train.data import DataBundle, build_data
+from epochal.train.state import ModelState
+from epochal.train.trainer import LossFn, Trainer
+
+__all__ = ["ParallelTrainer", "export_consolidated", "wants_parallel"]
+
+
+def wants_parallel(config: TrainConfig) -> bool:
+    """True if the run needs :class:`ParallelTrainer` (several processes or a non-trivial layout)."""
+    p = config.parallel
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    return world > 1 or p.model_parallel_size > 1 or (p.data_parallel or 1) > 1
+
+
+class ParallelTrainer(Trainer):
+    """:class:`Trainer` under the layout of ``config.parallel`` (see the module docstring).
+
+    Args:
+        config: the resolved configuration.
+        loss_fn: optional custom loss ``(labels, logits, loss_mask) -> scalar``; it
+            receives logits gathered over the vocabulary.
+        data: prebuilt data for THIS rank's data-parallel slice (default: built here).
+        log: print progress (rank 0 only).
+        dist_info: an existing :class:`~epochal.parallel.launch.DistributedInfo`
+            (default: join the process group that ``torchrun`` describes).
+
+    Raises:
+        ConfigError: the layout does not fit the world size, the model or the
+            batch sizes (the message names the option).
+    """
+
+    def __init__(
+        self,
+        config: TrainConfig,
+        *,
+        loss_fn: LossFn | None = None,
+        data: DataBundle | None = None,
+        log: bool = True,
+        dist_info: DistributedInfo | None = None,
+    ) -> None:
+        self.dist = dist_info or init_distributed(config.parallel, config.training.device)
+        self.dims = ParallelDims.from_config(config.parallel, self.dist.world_size)
+        self.mesh = self.dims.build_mesh(self.dist.device.type) if self.dist.distributed else None
+        self.custom_loss: LossFn | None = loss_fn
+        if data is None:
+            info = self.data_parallel_info()
+            data = rank0_first(lambda: build_data(config, **info))
+        super().__init__(config, loss_fn=loss_fn, data=data, log=log and is_logging_rank())
+        self.checkpointer = Checkpointer(
+            self.run_dir / "checkpoints",
+            keep_last=config.checkpoint.keep_last,
+            rank=self.rank,
+            barrier=dist.barrier if self.dist.distributed else None,
+        )
+
+    # ---------------------------------------------------------------- the seams
+    @property
+    def rank(self) -> int:
+        """Global rank."""
+        return self.dist.rank
+
+    def data_parallel_info(self) -> dict[str, int]:
+        """This rank's data-parallel coordinate and the data-parallel size."""
+        return {"dp_rank": self.dims.coords(self.dist.rank)["dp"], "dp_size": self.dims.dp}
+
+    def build_model_parts(self) -> list[nn.Module]:
+        """Validate the layout and build this rank's parts with the :class:`ParallelEngine`."""
+        c = self.config
+        self.device = self.dist.device
+        self.dims.validate(
+            self.model_config,
+            micro_batch_size=c.training.micro_batch_size,
+            global_batch_size=c.training.global_batch_size,
+            seq_length=c.data.seq_length,
+            config=c.parallel,
+        )
+        self.engine = ParallelEngine(
+            c.parallel,
+            self.model_config,
+            self.dims,
+            self.mesh,
+            device=self.device,
+            seed=c.training.seed,
+            compile=c.training.compile,
+            custom_loss=self.custom_loss is not None,
+            bf16=c.training.bf16,
+        )
+        return self.engine.model_parts
+
+    def parallelize(self, model_parts: list[nn.Module]) -> list[nn.Module]:
+        """Nothing left to do: the engine applied everything while building the parts."""
+        return model_parts
+
+    def clip_gradients(self) -> torch.Tensor:
+        """Global-norm clipping over all ranks (DTensor-aware, tied copies counted once)."""
+        return self.engine.clip_grad_norm(self.config.optimizer.clip_grad)
+
+    def num_parameters(self) -> int:
+        """Parameters of the whole model (all ranks together; tied weights once)."""
+        with torch.device("meta"):
+            return GPTModel(self.model_config).num_parameters()
+
+    def _per_document(self) -> bool:
+        d = self.config.data
+        return d.reset_position_ids or d.reset_attention_mask
+
+    def _agree(self, ok: bool) -> bool:
+        """True if every rank says ``ok`` (one tiny all-reduce)."""
+        if not self.dist.distributed:
+            return ok
+        flag = torch.tensor([1 if ok else 0], dtype=torch.int32, device=self.device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+        return bool(flag.item())
+
+    def _advance_without_reading(self, n_mb: int) -> None:
+        loader = self.data.train_loader
+        step_samples = n_mb * self.config.training.micro_batch_size * self.dims.dp
+        loader.load_state_dict(
+            {"consumed_samples": loader.consumed_samples + step_samples, "mode": "train"}
+        )
+
+    def train_step(self, batches: Iterator[dict[str, Any]]) -> dict[str, Any]:
+        """One optimizer step over one global batch (all ranks together).
+
+        Raises:
+            StopIteration: on every rank, when any rank ran out of training data.
+        """
+        n_mb = self.num_microbatches()
+        for part in self.model_parts:
+            part.train()
+        self.optimizers.zero_grad(set_to_none=True)
+        per_doc = self._per_document()
+        micro_batches: list[dict[str, torch.Tensor]] = []
+        ok = True
+        if self.engine.needs_batches(per_doc):
+            try:
+                micro_batches = [self._to_device(next(batches)) for _ in range(n_mb)]
+            except StopIteration:
+                ok = False
+        if not self._agree(ok):
+            raise StopIteration
+        if not micro_batches:
+            self._advance_without_reading(n_mb)
+        loss = self.engine.forward_backward(
+            micro_batches, num_microbatches=n_mb, loss_fn=self.custom_loss, per_document=per_doc
+        )
+        grad_norm = self.clip_gradients()
+        lr = self.optimizers.param_groups[0]["lr"]
+        finite = bool(torch.isfinite(grad_norm))
+        if finite:
+            self.optimizers.step()
+        self.scheduler.step(1)
+        return {
+            "loss": float(loss.item()),
+            "grad_norm": float(grad_norm.item()),
+            "lr": float(lr),
+            "skipped": 0 if finite else 1,
+        }
+
+    @torch.no_grad()
+    def evaluate(self) -> float | None:
+        """Validation loss over ``eval_iters`` global batches (from the start of the validation data)."""
+        loader = self.data.valid_loader
+        iters = self.config.training.eval_iters
+        if loader is None or iters == 0:
+            return None
+        n_mb = self.num_microbatches()
+        iters = min(iters, len(loader) // n_mb)
+        if iters == 0:
+            return None
+        for part in self.model_parts:
+            part.eval()
+        per_doc = self._per_document()
+        reading = self.engine.needs_batches(per_doc)
+        it = iter(loader) if reading else None
+        total = 0.0
+        for _ in range(iters):
+            mbs = [self._to_device(next(it)) for _ in range(n_mb)] if it is not None else []
+            loss = self.engine.eval_loss(
+                mbs, num_microbatches=n_mb, loss_fn=self.custom_loss, per_document=per_doc
+            )
+            total += float(loss.item())
+        for part in self.model_parts:
+            part.train()
+        return total / iters
+
+    # ------------------------------------------------------------ checkpoints
+    def app_state(self) -> dict[str, Any]:
+        """Model parts and optimizers as DCP ``Stateful`` objects, reshardable across layouts."""
+        e = self.engine
+        rename = e.tied and e.has_last_stage and not e.has_first_stage
+        return {
+            "model": ModelState(self.model_parts),
+            "optimizer": TiedOptimizerState(self.optimizers, rename),
+        }
+
+
+def export_consolidated(
+    folder: str | os.PathLike, out_file: str | os.PathLike, **kwargs: Any
+) -> dict[str, tuple[int, ...]]:
+    """Write the model of checkpoint ``folder`` (any layout) to one safetensors file (one process).
+
+    Uses the training layer's safe DCP reader (no arbitrary unpickling). See
+    :func:`epochal.parallel.checkpoint.consolidate_checkpoint` for ``kwargs``.
+    """
+    folder = Path(folder)
+    return consolidate_checkpoint(
+        folder, out_file, reader=SafeFileSystemReader(folder), planner=SafeLoadPlanner(), **kwargs
+    )
