@@ -463,7 +463,7 @@ class TrainConfig:
             f"must be >= data.seq_length={self.data.seq_length}, got {mpe}",
         )
         _require(
-            bool(self.data.data_path) or self.data.mock or bool(self.data.corpus),
+            self.data.has_paths or self.data.mock or bool(self.data.corpus),
             "data.data_path",
             "no data: set data.data_path (Megatron-style prefixes), data.corpus ('stdlib' or a "
             ".jsonl) or data.mock=true",
