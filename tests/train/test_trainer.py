@@ -190,3 +190,20 @@ def test_training_does_not_need_the_global_rng_untouched(tmp_path):
     torch.manual_seed(456)
     b = trainer(tmp_path / "b", "--model.hidden_dropout=0.2").train().losses
     assert a == b
+
+
+def test_batch_size_rampup(tmp_path):
+    """Megatron's ramp-up [2, 2, 8]: gbs = 2 + 2 * (consumed // 4), capped at 6."""
+    tr = trainer(
+        tmp_path,
+        "--training.rampup_batch_size=[2, 2, 8]",
+        "--training.train_iters=5",
+        "--training.eval_interval=0",
+        "--checkpoint.save_interval=0",
+    )
+    result = tr.train()
+    recs = [r for r in read_metrics(tmp_path / "metrics.jsonl") if r["kind"] == "train"]
+    assert [r["consumed_samples"] for r in recs] == [2, 4, 8, 14, 20]  # gbs 2, 2, 4, 6, 6
+    assert result.final_step == 5
+    with pytest.raises(ConfigError, match="rampup_batch_size"):
+        trainer(tmp_path / "x", "--training.rampup_batch_size=[3, 2, 8]")

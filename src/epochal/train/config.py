@@ -217,6 +217,10 @@ class TrainingConfig:
         global_batch_size: samples per optimizer step (a multiple of
             ``micro_batch_size * data_parallel_size``); the number of micro-batches
             (gradient accumulation steps) is their ratio.
+        rampup_batch_size: Megatron's ``[start, increment, ramp_samples]``: the global
+            batch grows from ``start`` by ``increment`` over ``ramp_samples`` samples
+            (None = constant). The LR schedule still counts optimizer steps (Megatron
+            counts samples), so warmup/decay lengths are in steps.
         train_iters: optimizer steps to train (>= 1).
         seed: seed of the weights, dropout and data order.
         eval_interval: evaluate every this many steps (0 = never; also at the end).
@@ -229,6 +233,7 @@ class TrainingConfig:
 
     micro_batch_size: int = 4
     global_batch_size: int = 16
+    rampup_batch_size: list[int] | None = None
     train_iters: int = 300
     seed: int = 1234
     eval_interval: int = 100
@@ -254,6 +259,18 @@ class TrainingConfig:
             f"must be a multiple of micro_batch_size={self.micro_batch_size}, got {self.global_batch_size}",
         )
         _require(self.train_iters >= 1, "train_iters", f"must be >= 1, got {self.train_iters}")
+        if self.rampup_batch_size is not None:
+            r = self.rampup_batch_size
+            _require(
+                len(r) == 3
+                and r[0] >= 1
+                and r[1] >= 1
+                and r[2] >= 0
+                and r[0] <= self.global_batch_size,
+                "rampup_batch_size",
+                f"must be [start >= 1, increment >= 1, ramp_samples >= 0] with start <= "
+                f"global_batch_size={self.global_batch_size}, got {r}",
+            )
         _require(0 <= self.seed < 2**32, "seed", f"must be in [0, 2**32), got {self.seed}")
         _require(
             self.eval_interval >= 0, "eval_interval", f"must be >= 0, got {self.eval_interval}"

@@ -84,15 +84,19 @@ def make_loaders(
         description: shown in logs.
     """
     t, d = config.training, config.data
-    sampler = MegatronDataSampler(
-        seq_len=d.seq_length,
-        micro_batch_size=t.micro_batch_size,
-        global_batch_size=t.global_batch_size,
-        dataloader_type="single",
-        data_parallel_rank=dp_rank,
-        data_parallel_size=dp_size,
-        seed=t.seed,
-    )
+    try:
+        sampler = MegatronDataSampler(
+            seq_len=d.seq_length,
+            micro_batch_size=t.micro_batch_size,
+            global_batch_size=t.global_batch_size,
+            rampup_batch_size=t.rampup_batch_size,
+            dataloader_type="single",
+            data_parallel_rank=dp_rank,
+            data_parallel_size=dp_size,
+            seed=t.seed,
+        )
+    except ValueError as exc:  # the data layer's batch-size errors name the option
+        raise ConfigError("training", str(exc)) from None
 
     def loader(dataset: Any, mode: str, offset: int) -> WrappedDataLoader:
         options: dict[str, Any] = {
