@@ -56,6 +56,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                 f"unrecognized arguments: {' '.join(bad)} (overrides look like --section.key=value)"
             )
         ns._unknown = unknown
+        ns._argv = list(sys.argv[1:] if args is None else args)
         return ns
 
     parser.parse_args = parse_args  # type: ignore[method-assign]
@@ -87,6 +88,10 @@ def run(args: argparse.Namespace) -> int:
     if args.print_config:
         print(to_toml(config), end="")
         return 0
+    from epochal.parallel.launch import needs_relaunch, relaunch
+
+    if needs_relaunch(config.parallel):  # several processes asked for, no torchrun: start it
+        return relaunch(config.parallel, ["train", *getattr(args, "_argv", [])])
     try:
         return _train(config)
     except ConfigError as exc:
@@ -98,17 +103,31 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _train(config) -> int:
+    from epochal.parallel.launch import is_logging_rank
     from epochal.train.data import build_data
+    from epochal.train.parallel_trainer import ParallelTrainer, wants_parallel
     from epochal.train.plot import plot_run
     from epochal.train.trainer import Trainer, perplexity
 
     t0 = time.perf_counter()
-    say = lambda msg: print(msg, flush=True)  # noqa: E731
-    say(f"epochal train: run directory {config.run_dir}")
-    data = build_data(config, log=say)
-    say(f"data: {data.description}")
-    trainer = Trainer(config, data=data)
-    n_params = trainer.model_parts[0].num_parameters()
+    if wants_parallel(config):  # under torchrun or a parallel layout: only rank 0 prints
+        trainer = ParallelTrainer(config)
+        if not is_logging_rank():
+            trainer.train()
+            return 0
+        say = lambda msg: print(msg, flush=True)  # noqa: E731
+        say(
+            f"epochal train: run directory {config.run_dir}; layout {trainer.dims} on {trainer.dist.world_size} processes"
+        )
+        say(f"data: {trainer.data.description}")
+        n_params = trainer.num_parameters()
+    else:
+        say = lambda msg: print(msg, flush=True)  # noqa: E731
+        say(f"epochal train: run directory {config.run_dir}")
+        data = build_data(config, log=say)
+        say(f"data: {data.description}")
+        trainer = Trainer(config, data=data)
+        n_params = trainer.model_parts[0].num_parameters()
     mc = trainer.model_config
     say(
         f"model: {n_params / 1e6:.2f}M parameters ({mc.num_layers} layers, hidden {mc.hidden_size}, "
