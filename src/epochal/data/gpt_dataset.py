@@ -24,15 +24,16 @@ Padding (only in a kept partial last window, or for ``dataset[None]``) uses
 ``pad_token_id``, Megatron's ``-1`` sentinel when ``None``; padded positions get
 token 0, label 0 and loss mask 0, exactly as Megatron-Core.
 
-Multi-epoch training: a Megatron-style ``GPTDataset`` already spans all epochs (the
-document order is reshuffled each epoch, so windows differ between epochs). It
-also accepts an :class:`~epochal.data.epoch_index.EpochIndex` so that a one-epoch
-``GPTDataset`` (``num_samples=None``) can sit under
-:class:`~epochal.data.multi_epoch.MultiEpochDatasetResampler`: the resampler
-reshuffles the sample order every epoch, while the windows themselves (and so
-``dataset[EpochIndex(e, i)]`` for every ``e``) stay the same, because GPT packing has
-no per-sample randomness. Use :class:`GPTEpochDataset` for fresh packing each
-epoch.
+Multi-epoch training: a Megatron-style ``GPTDataset`` already spans all epochs
+(``num_samples`` larger than one epoch): the document order is reshuffled every
+epoch, so the windows themselves differ between epochs, and sample ``i`` is a pure
+function of the files, the seed and the arguments. It also accepts an
+:class:`~epochal.data.epoch_index.EpochIndex`, so that a one-epoch ``GPTDataset``
+(``num_samples=None``) can sit directly under
+:class:`~epochal.data.multi_epoch.MultiEpochDatasetResampler`: the resampler then
+reshuffles the *order* of the windows every epoch, while
+``dataset[EpochIndex(e, i)]`` is the same window for every epoch ``e`` (GPT packing
+has no per-sample randomness; the epoch is ignored).
 """
 
 from __future__ import annotations
