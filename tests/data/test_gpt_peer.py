@@ -335,3 +335,31 @@ def test_megatron_reuses_a_wrong_cache_and_we_do_not(corpora, tmp_path):
     ]
     assert ours[0].cache_info["hash"] != ours[1].cache_info["hash"]
     assert os.path.isfile(ours[1].cache_info["paths"]["sample_index"])
+
+
+def test_split_ranges_equal_megatron():
+    from megatron.core.datasets.blended_megatron_dataset_config import (
+        convert_split_vector_to_split_matrix,
+        parse_and_normalize_split,
+    )
+
+    from epochal.data.splits import split_document_ranges
+
+    for split in (
+        "969,30,1",
+        "99,1",
+        "1,1,1",
+        "8,1,1",
+        "90,8,2",
+        "1",
+        "0.7,0.2,0.1",
+        "3,0,7",
+        "949,50,1",
+    ):
+        matrix = convert_split_vector_to_split_matrix(parse_and_normalize_split(split))
+        for n in (0, 1, 7, 10, 80, 999, 1000, 123457):
+            theirs = [
+                None if m is None else (int(round(m[0] * float(n))), int(round(m[1] * float(n))))
+                for m in matrix
+            ]
+            assert split_document_ranges(split, n) == theirs, (split, n)

@@ -1,0 +1,109 @@
+"""Unit tests of BlendedDataset and the greedy blending indices."""
+
+import numpy as np
+import pytest
+
+from epochal.data.blended_dataset import (
+    BlendedDataset,
+    build_blending_indices,
+    build_exhaustive_blending_indices,
+    normalize_weights,
+)
+from epochal.data.epoch_index import EpochIndex
+
+
+class Numbers:
+    """A dataset whose sample j of dataset `tag` is {"value": (tag, j)}."""
+
+    def __init__(self, tag, size):
+        self.tag, self.size, self.name = tag, size, f"numbers-{tag}"
+
+    def __len__(self):
+        return self.size
+
+    def __getitem__(self, j):
+        assert 0 <= j < self.size
+        return {"value": (self.tag, j)}
+
+
+@pytest.mark.parametrize("weights", [[0.3, 0.7], [1, 1, 1], [5, 1, 2, 0.5]])
+def test_greedy_blend_tracks_the_weights(weights):
+    w = normalize_weights(weights)
+    ds, sample = build_blending_indices(w, 2000)
+    assert ds.dtype == np.int16 and sample.dtype == np.int64
+    counts = np.zeros(len(w), dtype=np.int64)
+    for t in range(2000):
+        i = ds[t]
+        assert sample[t] == counts[i]  # each dataset's samples are used in order
+        counts[i] += 1
+        assert np.all(np.abs(counts - np.asarray(w) * (t + 1)) < 1.0 + 1e-9)
+
+
+def test_greedy_blend_ties_go_to_the_lower_index():
+    ds, _ = build_blending_indices([0.5, 0.5], 6)
+    assert ds.tolist() == [0, 1, 0, 1, 0, 1]
+    ds, _ = build_blending_indices([0.25, 0.75], 4)
+    assert ds.tolist() == [1, 0, 1, 1]
+
+
+def test_exhaustive_blend_uses_every_sample_once():
+    sizes = [7, 3, 11]
+    ds, sample = build_exhaustive_blending_indices(sizes)
+    assert len(ds) == 21 and np.bincount(ds).tolist() == sizes
+    for i, n in enumerate(sizes):
+        assert sample[ds == i].tolist() == list(range(n))
+
+
+def test_blended_dataset_samples_and_epoch_index(tmp_path):
+    datasets = [Numbers(0, 40), Numbers(1, 80)]
+    blend = BlendedDataset(datasets, [1, 2], 100, split="valid", cache_dir=tmp_path)
+    assert len(blend) == 100 and blend.weights == pytest.approx([1 / 3, 2 / 3])
+    for t in range(100):
+        item = blend[t]
+        assert item["value"] == (item["dataset_id"], int(blend.dataset_sample_index[t]))
+    assert blend[EpochIndex(3, 5)] == blend[5] and blend[-1] == blend[99]
+    again = BlendedDataset(datasets, [1, 2], 100, split="valid", cache_dir=tmp_path)
+    assert again.cache_info["cache_hit"] and not blend.cache_info["cache_hit"]
+    np.testing.assert_array_equal(again.dataset_index, blend.dataset_index)
+    with pytest.raises(IndexError):
+        blend[100]
+
+
+def test_blended_dataset_without_size_is_exhaustive():
+    blend = BlendedDataset([Numbers(0, 5), Numbers(1, 9)], [5, 9], None)
+    assert len(blend) == 14
+    assert sorted(blend[t]["value"] for t in range(14)) == sorted(
+        [(0, j) for j in range(5)] + [(1, j) for j in range(9)]
+    )
+
+
+def test_oversampling_names_the_dataset():
+    with pytest.raises(
+        ValueError, match=r"needs 70 samples from dataset 1 \(numbers-1\) but it has only 60"
+    ):
+        BlendedDataset([Numbers(0, 100), Numbers(1, 60)], [0.3, 0.7], 100)
+
+
+@pytest.mark.parametrize(
+    "datasets, weights, size, match",
+    [
+        ([], [], 10, "at least one"),
+        ([Numbers(0, 5)], [1, 2], 10, "2 weights"),
+        ([Numbers(0, 5), Numbers(1, 5)], [1, 0], 4, "weight 1"),
+        ([Numbers(0, 5), Numbers(1, 5)], [1, -2], 4, "weight 1"),
+        ([Numbers(0, 5), Numbers(1, 5)], [1, float("nan")], 4, "weight 1"),
+        ([Numbers(0, 5), Numbers(1, 5)], [1, "2"], 4, "weight 1"),
+        ([Numbers(0, 5), Numbers(1, 5)], [1, 2], -1, "size"),
+        ([Numbers(0, 5), Numbers(1, 5)], [1.5, 2], None, "whole sample counts"),
+    ],
+)
+def test_invalid_blend_arguments(datasets, weights, size, match):
+    with pytest.raises(ValueError, match=match):
+        BlendedDataset(datasets, weights, size)
+
+
+def test_normalize_weights_rejects_bad_input():
+    assert normalize_weights([1, 3]) == [0.25, 0.75]
+    for bad in ([], [0, 0], [1, -1], [float("inf")]):
+        with pytest.raises(ValueError):
+            normalize_weights(bad)
