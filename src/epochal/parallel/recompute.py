@@ -39,7 +39,10 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+    ActivationWrapper,
+    checkpoint_wrapper,
+)
 from torch.utils.checkpoint import (
     CheckpointPolicy,
     checkpoint,
@@ -124,12 +127,16 @@ def recompute_plan(
     raise ConfigError("parallel.recompute_method", f"must be uniform or block, got {method!r}")
 
 
-class _RecomputeGroup(nn.Module):
-    """Runs a group of blocks under one checkpoint; registered in place of the group's first block."""
+class _RecomputeGroup(ActivationWrapper):
+    """Runs a group of blocks under one checkpoint; registered in place of the group's first block.
+
+    Like PyTorch's checkpoint wrapper it holds the block as
+    ``_checkpoint_wrapped_module`` and strips that name from parameter names and
+    state dicts, so names stay those of the plain model.
+    """
 
     def __init__(self, head: nn.Module, members: list[nn.Module]) -> None:
-        super().__init__()
-        self._checkpoint_wrapped_module = head
+        super().__init__(head)
         self._members = members  # plain list: not registered (their own slots own them)
 
     def _run(self, x: torch.Tensor, *rest: Any) -> torch.Tensor:
@@ -142,12 +149,8 @@ class _RecomputeGroup(nn.Module):
         return checkpoint(self._run, x, *rest, use_reentrant=False, preserve_rng_state=True)
 
 
-class _GroupMember(nn.Module):
+class _GroupMember(ActivationWrapper):
     """Placeholder slot for a block that its group's head runs: the identity in the model's loop."""
-
-    def __init__(self, block: nn.Module) -> None:
-        super().__init__()
-        self._checkpoint_wrapped_module = block
 
     def forward(self, x: torch.Tensor, *rest: Any) -> torch.Tensor:
         return x

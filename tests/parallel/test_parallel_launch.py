@@ -1,0 +1,93 @@
+"""``epochal train`` launches itself under torchrun when the layout needs it, and runs unchanged under one."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from epochal.train.metrics import read_metrics
+
+pytestmark = pytest.mark.distributed
+
+ENV = {
+    k: v
+    for k, v in os.environ.items()
+    if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "EPOCHAL_RELAUNCHED")
+}
+ENV.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+TINY = [
+    "--data.corpus=",
+    "--data.mock=true",
+    "--data.seq_length=32",
+    "--model.vocab_size=256",
+    "--model.hidden_size=32",
+    "--model.num_layers=3",
+    "--model.num_attention_heads=4",
+    "--model.ffn_hidden_size=64",
+    "--training.train_iters=2",
+    "--training.micro_batch_size=1",
+    "--training.global_batch_size=4",
+    "--training.eval_interval=0",
+    "--training.eval_iters=1",
+    "--scheduler.lr_warmup_iters=0",
+    "--checkpoint.save_interval=0",
+    "--logging.progress=false",
+    "--logging.tensorboard=false",
+]
+
+
+def _check_run(run_dir, proc, layout: str) -> None:
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    out = proc.stdout
+    assert out.count("trained steps 1-2") == 1, out  # one rank logs
+    assert f"layout {layout}" in out, out
+    train = [r for r in read_metrics(run_dir / "metrics.jsonl") if r["kind"] == "train"]
+    assert [r["step"] for r in train] == [1, 2]
+    state = json.loads(
+        (run_dir / "checkpoints" / "step_0000002" / "trainer_state.json").read_text()
+    )
+    assert state["consumed_train_samples"] == 8
+
+
+def test_epochal_train_relaunches_itself_for_tensor_parallel(tmp_path):
+    run_dir = tmp_path / "tp2"
+    cmd = [
+        sys.executable,
+        "-m",
+        "epochal.cli",
+        "train",
+        f"--run_dir={run_dir}",
+        *TINY,
+        "--model.num_layers=2",
+        "--parallel.tensor_parallel=2",
+        "--parallel.sequence_parallel=true",
+    ]
+    proc = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=400, cwd=tmp_path)
+    assert "launching 2 processes" in proc.stdout
+    _check_run(run_dir, proc, "TP2 x PP1 x DP1")
+
+
+def test_epochal_train_under_an_outer_torchrun_with_a_middle_stage(tmp_path):
+    # three pipeline stages: the middle rank reads no data, only advances its position
+    run_dir = tmp_path / "pp3"
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node=3",
+        "-m",
+        "epochal.cli",
+        "train",
+        f"--run_dir={run_dir}",
+        *TINY,
+        "--parallel.pipeline_parallel=3",
+        "--parallel.pipeline_schedule=1f1b",
+    ]
+    proc = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=400, cwd=tmp_path)
+    assert "launching" not in proc.stdout
+    _check_run(run_dir, proc, "TP1 x PP3 x DP1")
