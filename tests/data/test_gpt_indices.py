@@ -18,11 +18,12 @@ from tests.data.gpt_corpus import reference_sample_index
 def test_sample_index_matches_reference_loop(seed):
     rng = np.random.default_rng(seed)
     checked = 0
+    paths = set()
     for _ in range(150):
         ndocs = int(rng.integers(1, 30))
-        sizes = rng.integers(0 if seed % 2 else 1, int(rng.integers(2, 60)), size=ndocs).astype(
-            np.int32
-        )
+        # short documents (many per window) take the binary-search path, long ones the repeat path
+        max_length = int(rng.integers(2, 8)) if rng.integers(0, 2) else int(rng.integers(2, 60))
+        sizes = rng.integers(0 if seed % 2 else 1, max_length, size=ndocs).astype(np.int32)
         if sizes.sum() < 3:
             continue
         epochs = int(rng.integers(1, 4))
@@ -38,11 +39,12 @@ def test_sample_index_matches_reference_loop(seed):
         if not drop and sizes[doc_index[-1]] < extra:
             continue  # Megatron's loop writes a negative offset there (and asserts)
         ours = build_sample_index(sizes, doc_index, seq, epochs, total, drop, extra)
+        paths.add(2 * (len(ours) - 1) < len(doc_index))  # which of the two algorithms ran
         ref = reference_sample_index(sizes, doc_index, seq, epochs, total, drop, extra)
         assert ours.dtype == np.int32 and ours.shape == ref.shape
         np.testing.assert_array_equal(ours, ref)
         checked += 1
-    assert checked > 50
+    assert checked > 50 and paths == {True, False}
 
 
 def test_sample_windows_tile_the_token_stream():

@@ -67,6 +67,39 @@ def _as_int(value: Any, name: str, minimum: int | None = None, maximum: int | No
     return value
 
 
+def _ltor_numpy(
+    tokens: np.ndarray,
+    eod_token_id: int | None,
+    reset_position_ids: bool,
+    reset_attention_mask: bool,
+    eod_mask_loss: bool,
+    create_attention_mask: bool,
+) -> tuple[np.ndarray | None, np.ndarray, np.ndarray]:
+    s = tokens.shape[0]
+    loss_mask = np.ones(s, dtype=np.float32)
+    position_ids = np.arange(s, dtype=np.int64)
+    attention_mask = None
+    uses_eod = eod_token_id is not None and (
+        eod_mask_loss or reset_position_ids or (reset_attention_mask and create_attention_mask)
+    )
+    is_eod = tokens == eod_token_id if uses_eod else None
+    if eod_mask_loss and is_eod is not None:
+        loss_mask[is_eod] = 0.0
+    if reset_position_ids and is_eod is not None:
+        # a segment starts after each EOD: position = t - (index of the last EOD before t) - 1
+        starts = np.zeros(s, dtype=np.int64)
+        starts[1:] = np.where(is_eod[:-1], position_ids[1:], 0)
+        position_ids = position_ids - np.maximum.accumulate(starts)
+    if create_attention_mask:
+        blocked = np.triu(np.ones((s, s), dtype=bool), 1)
+        if reset_attention_mask and is_eod is not None:
+            segment = np.zeros(s, dtype=np.int64)
+            np.cumsum(is_eod[:-1], out=segment[1:])
+            blocked |= segment[:, None] != segment[None, :]
+        attention_mask = blocked[None]
+    return attention_mask, loss_mask, position_ids
+
+
 def ltor_masks_and_position_ids(
     tokens: torch.Tensor,
     eod_token_id: int | None,
@@ -89,31 +122,19 @@ def ltor_masks_and_position_ids(
         ``(attention_mask, loss_mask, position_ids)``: bool ``[1, s, s]`` (``True`` =
         blocked) or ``None``; float32 ``[s]``; int64 ``[s]``.
     """
-    s = tokens.numel()
-    loss_mask = torch.ones(s, dtype=torch.float32)
-    is_eod = (
-        tokens == eod_token_id if eod_token_id is not None else torch.zeros(s, dtype=torch.bool)
+    attention_mask, loss_mask, position_ids = _ltor_numpy(
+        tokens.numpy(),
+        eod_token_id,
+        reset_position_ids,
+        reset_attention_mask,
+        eod_mask_loss,
+        create_attention_mask,
     )
-    if eod_mask_loss:
-        loss_mask[is_eod] = 0.0
-    position_ids = torch.arange(s, dtype=torch.long)
-    attention_mask = None
-    # segment[t] = number of EOD tokens strictly before t; a new segment starts after each EOD
-    need_segments = reset_position_ids or (reset_attention_mask and create_attention_mask)
-    if need_segments:
-        segment = torch.zeros(s, dtype=torch.long)
-        segment[1:] = torch.cumsum(is_eod[:-1].long(), 0)
-    if reset_position_ids:
-        starts = torch.zeros(s, dtype=torch.long)
-        starts[1:] = torch.where(is_eod[:-1], position_ids[1:], 0)
-        starts = torch.cummax(starts, 0).values
-        position_ids = position_ids - starts
-    if create_attention_mask:
-        blocked = torch.ones(s, s, dtype=torch.bool).triu_(1)
-        if reset_attention_mask:
-            blocked |= segment[:, None] != segment[None, :]
-        attention_mask = blocked.unsqueeze(0)
-    return attention_mask, loss_mask, position_ids
+    return (
+        None if attention_mask is None else torch.from_numpy(attention_mask),
+        torch.from_numpy(loss_mask),
+        torch.from_numpy(position_ids),
+    )
 
 
 class GPTDataset(Dataset):
@@ -269,27 +290,28 @@ class GPTDataset(Dataset):
             )
         self.documents = documents
 
-        contiguous = (
-            documents.size > 1 and int(documents[-1]) - int(documents[0]) + 1 == documents.size
-        )
-        contiguous = contiguous and bool(np.all(np.diff(documents) == 1))
-        if contiguous:
-            first = int(documents[0])
-            documents_key: Any = {"range": [first, first + documents.size]}
-            doc_lengths = lengths[first : first + documents.size]
-        else:
-            documents_key = documents
-            doc_lengths = np.take(lengths, documents.astype(np.int64, copy=False))
-        identity = {
-            "documents": documents_key,
-            "document_lengths": doc_lengths,
-            "max_corpus_length": int(lengths.max()),
-            "num_samples": num_samples,
-            "seq_length": self.seq_length,
-            "seed": self.seed,
-            "add_extra_token_to_sequence": self.add_extra_token_to_sequence,
-            "drop_last_partial_sequence": self.drop_last_partial_sequence,
-        }
+        def identity() -> dict[str, Any]:
+            contiguous = (
+                documents.size > 1 and int(documents[-1]) - int(documents[0]) + 1 == documents.size
+            )
+            contiguous = contiguous and bool(np.all(np.diff(documents) == 1))
+            if contiguous:
+                first = int(documents[0])
+                documents_key: Any = {"range": [first, first + documents.size]}
+                doc_lengths = lengths[first : first + documents.size]
+            else:
+                documents_key = documents
+                doc_lengths = np.take(lengths, documents.astype(np.int64, copy=False))
+            return {
+                "documents": documents_key,
+                "document_lengths": doc_lengths,
+                "max_corpus_length": int(lengths.max()),
+                "num_samples": num_samples,
+                "seq_length": self.seq_length,
+                "seed": self.seed,
+                "add_extra_token_to_sequence": self.add_extra_token_to_sequence,
+                "drop_last_partial_sequence": self.drop_last_partial_sequence,
+            }
 
         def build() -> dict[str, np.ndarray]:
             document_index, sample_index, shuffle_index = build_gpt_indices(
@@ -351,27 +373,25 @@ class GPTDataset(Dataset):
             ``pad_token_id``) and int64 ``[documents in the window]``.
         """
         i = int(self.shuffle_index[self._index(idx)])
-        beg_doc, beg_off = (int(v) for v in self.sample_index[i])
-        end_doc, end_off = (int(v) for v in self.sample_index[i + 1])
+        (beg_doc, beg_off), (end_doc, end_off) = self.sample_index[i : i + 2].tolist()
         extra = int(self.add_extra_token_to_sequence)
-        doc_ids = [int(d) for d in self.document_index[beg_doc : end_doc + 1]]
+        doc_ids = self.document_index[beg_doc : end_doc + 1].tolist()
+        get = self.dataset.get
         if beg_doc == end_doc:
-            parts = [self.dataset.get(doc_ids[0], offset=beg_off, length=end_off - beg_off + extra)]
+            parts = [get(doc_ids[0], offset=beg_off, length=end_off - beg_off + extra)]
         else:
-            parts = [self.dataset.get(doc_ids[0], offset=beg_off)]
-            parts.extend(self.dataset.get(d) for d in doc_ids[1:-1])
-            parts.append(self.dataset.get(doc_ids[-1], offset=0, length=end_off + extra))
+            parts = [get(doc_ids[0], offset=beg_off)]
+            parts.extend(get(d) for d in doc_ids[1:-1])
+            parts.append(get(doc_ids[-1], offset=0, length=end_off + extra))
         target = self.seq_length + extra
-        tokens = np.full(target, self.pad_token_id, dtype=np.int64)
-        filled = 0
-        for part in parts:
-            n = len(part)
-            tokens[filled : filled + n] = part
-            filled += n
+        filled = sum(len(part) for part in parts)
         if filled > target:
             raise ValueError(
                 f"sample {idx} of {self.name} reads {filled} tokens, more than {target}"
             )
+        if filled < target:
+            parts.append(np.full(target - filled, self.pad_token_id, dtype=np.int64))
+        tokens = np.concatenate(parts, dtype=np.int64, casting="unsafe")
         return tokens, np.asarray(doc_ids, dtype=np.int64)
 
     def __getitem__(self, idx: int | EpochIndex | None) -> dict[str, torch.Tensor]:
@@ -381,15 +401,17 @@ class GPTDataset(Dataset):
             IndexError: ``idx`` out of range.
             TypeError: ``idx`` is not an int, ``EpochIndex`` or ``None``.
         """
-        text = torch.from_numpy(self.window(0 if idx is None else idx)[0])
+        text = self.window(0 if idx is None else idx)[0]
+        pad = self.pad_token_id
         if self.add_extra_token_to_sequence:
-            tokens = text[:-1].clone()
-            labels = text[1:].clone()
+            tokens = text[:-1].copy()
+            labels = text[1:].copy()
         else:
             tokens = text
-            labels = torch.roll(text, shifts=-1, dims=0)
-            labels[-1] = self.pad_token_id
-        attention_mask, loss_mask, position_ids = ltor_masks_and_position_ids(
+            labels = np.empty_like(text)
+            labels[:-1] = text[1:]
+            labels[-1] = pad
+        attention_mask, loss_mask, position_ids = _ltor_numpy(
             tokens,
             self.eod_token_id,
             self.reset_position_ids,
@@ -397,19 +419,22 @@ class GPTDataset(Dataset):
             self.eod_mask_loss,
             self.create_attention_mask,
         )
-        loss_mask[labels == self.pad_token_id] = 0.0
-        tokens[tokens == self.pad_token_id] = 0
-        labels[labels == self.pad_token_id] = 0
+        # padding (and, as in Megatron, any real token equal to the pad id) is masked and zeroed
+        label_is_pad = labels == pad
+        if label_is_pad.any():
+            loss_mask[label_is_pad] = 0.0
+            labels[label_is_pad] = 0
+        tokens[tokens == pad] = 0
         if idx is None:
-            loss_mask = torch.zeros_like(loss_mask)
+            loss_mask[:] = 0.0
         sample = {
-            "tokens": tokens,
-            "labels": labels,
-            "loss_mask": loss_mask,
-            "position_ids": position_ids,
+            "tokens": torch.from_numpy(tokens),
+            "labels": torch.from_numpy(labels),
+            "loss_mask": torch.from_numpy(loss_mask),
+            "position_ids": torch.from_numpy(position_ids),
         }
         if attention_mask is not None:
-            sample["attention_mask"] = attention_mask
+            sample["attention_mask"] = torch.from_numpy(attention_mask)
         return sample
 
     def __repr__(self) -> str:

@@ -118,9 +118,11 @@ def build_document_index(
     """
     documents = np.asarray(documents)
     if not separate_final_epoch or num_epochs == 1:
-        index = np.tile(documents.astype(np.int32, copy=False), num_epochs)
+        # Shuffling 8-byte items takes numpy's specialized (faster) path; the permutation
+        # depends only on the length, so it equals Megatron's shuffle of the int32 array.
+        index = np.tile(documents.astype(np.int64, copy=False), num_epochs)
         random_state.shuffle(index)
-        return index
+        return index.astype(np.int32)
     first = build_document_index(documents, num_epochs - 1, random_state, False)
     last = build_document_index(documents, 1, random_state, False)
     return np.concatenate((first, last))
@@ -149,6 +151,54 @@ def count_samples(
     if drop_last_partial_sequence:
         return usable // seq_length
     return int(np.ceil(np.float32(usable) / np.float32(seq_length)))
+
+
+def _rows_by_search(
+    ends: np.ndarray, doc_lengths: np.ndarray, count: int, seq_length: int, extra: int, dtype: type
+) -> np.ndarray:
+    """Rows ``0..count`` by binary search of each window's last token (few windows per document)."""
+    out = np.empty((count + 1, 2), dtype=dtype)
+    out[0] = 0
+    positions = np.arange(1, count + 1, dtype=np.int64)
+    positions *= seq_length
+    doc = np.searchsorted(ends, positions + (extra - 1), side="right")
+    out[1:, 0] = doc
+    starts = np.take(ends, doc)
+    starts -= np.take(doc_lengths, doc)
+    np.subtract(positions, starts, out=out[1:, 1], casting="unsafe")
+    return out
+
+
+def _rows_by_repeat(
+    ends: np.ndarray,
+    doc_lengths: np.ndarray,
+    count: int,
+    num_samples: int,
+    seq_length: int,
+    extra: int,
+    dtype: type,
+) -> np.ndarray:
+    """Rows ``0..count`` by counting the window ends in each document (many windows per document)."""
+    num_docs = doc_lengths.shape[0]
+    # covered[j]: windows k >= 1 whose last token (k * s + extra - 1) lies before ends[j]
+    covered = ends - extra
+    np.floor_divide(covered, seq_length, out=covered)
+    np.clip(covered, 0, num_samples, out=covered)
+    # table row 0 is window 0 = (0, 0); row j + 1 is (document j, its start position)
+    table = np.empty((num_docs + 1, 2), dtype=dtype)
+    table[0] = 0
+    table[1:, 0] = np.arange(num_docs, dtype=dtype)
+    # start positions modulo the dtype's range: the offsets fit, so wrapping arithmetic is exact
+    np.subtract(ends, doc_lengths, out=table[1:, 1], casting="unsafe")
+    repeats = np.empty(num_docs + 1, dtype=np.int64)
+    repeats[0] = 1
+    np.subtract(covered[1:], covered[:-1], out=repeats[2:])
+    repeats[1 : min(2, num_docs + 1)] = covered[:1]
+    out = np.repeat(table, repeats, axis=0)  # [count + 1, 2]: (document, start)
+    positions = np.arange(count + 1, dtype=dtype)
+    np.multiply(positions, seq_length, out=positions)  # wraps like the starts do
+    np.subtract(positions, out[:, 1], out=out[:, 1])
+    return out
 
 
 def build_sample_index(
@@ -192,25 +242,12 @@ def build_sample_index(
 
     # ends[j]: global token position one past document j (exact, int64)
     ends = np.cumsum(doc_lengths, dtype=np.int64)
-    # covered[j]: windows k >= 1 whose last token (k * s + extra - 1) lies before ends[j]
-    covered = ends - extra
-    np.floor_divide(covered, seq_length, out=covered)
-    np.clip(covered, 0, num_samples, out=covered)
-    num_covered = int(covered[-1]) if num_docs else 0
-    # table row 0 is window 0 = (0, 0); row j + 1 is (document j, its start position)
-    table = np.empty((num_docs + 1, 2), dtype=dtype)
-    table[0] = 0
-    table[1:, 0] = np.arange(num_docs, dtype=dtype)
-    # start positions modulo the dtype's range: the offsets fit, so wrapping arithmetic is exact
-    np.subtract(ends, doc_lengths, out=table[1:, 1], casting="unsafe")
-    repeats = np.empty(num_docs + 1, dtype=np.int64)
-    repeats[0] = 1
-    np.subtract(covered[1:], covered[:-1], out=repeats[2:])
-    repeats[1 : min(2, num_docs + 1)] = covered[:1]
-    out = np.repeat(table, repeats, axis=0)  # [num_covered + 1, 2]: (document, start)
-    positions = np.arange(num_covered + 1, dtype=dtype)
-    np.multiply(positions, seq_length, out=positions)  # wraps like the starts do
-    np.subtract(positions, out[:, 1], out=out[:, 1])
+    total = int(ends[-1]) if num_docs else 0
+    num_covered = min(num_samples, max(0, (total - extra) // seq_length))
+    if 2 * num_samples < num_docs:
+        out = _rows_by_search(ends, doc_lengths, num_covered, seq_length, extra, dtype)
+    else:
+        out = _rows_by_repeat(ends, doc_lengths, num_covered, num_samples, seq_length, extra, dtype)
     if num_covered < num_samples:  # kept partial window(s) running past the last document
         tail = np.empty((num_samples - num_covered, 2), dtype=dtype)
         tail[:, 0] = num_docs - 1
@@ -233,13 +270,13 @@ def build_shuffle_index(
         uint32 array ``[total_size]`` (int64 when ``total_size`` needs it), as Megatron-Core.
     """
     dtype = np.uint32 if total_size < np.iinfo(np.uint32).max - 1 else np.int64
-    first = np.arange(num_samples, dtype=dtype)
+    first = np.arange(num_samples, dtype=np.int64)  # 8-byte items: numpy's faster shuffle
     random_state.shuffle(first)
     if num_samples == total_size:
-        return first
-    last = np.arange(num_samples, total_size, dtype=dtype)
+        return first.astype(dtype, copy=False)
+    last = np.arange(num_samples, total_size, dtype=np.int64)
     random_state.shuffle(last)
-    return np.concatenate((first, last))
+    return np.concatenate((first, last)).astype(dtype, copy=False)
 
 
 def tokens_in_documents(sequence_lengths: np.ndarray, documents: np.ndarray) -> int:

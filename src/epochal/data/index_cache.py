@@ -195,7 +195,7 @@ def cached_arrays(
     cache_dir: str | os.PathLike | None,
     kind: str,
     split: str,
-    identity: Mapping[str, Any],
+    identity: Mapping[str, Any] | Callable[[], Mapping[str, Any]],
     names: tuple[str, ...],
     build: Callable[[], Mapping[str, np.ndarray]],
     group: Any = None,
@@ -207,7 +207,8 @@ def cached_arrays(
         cache_dir: folder of the cache; ``None`` builds in memory and writes nothing.
         kind: the dataset class name, part of the file names (e.g. ``"GPTDataset"``).
         split: split name, part of the file names (e.g. ``"train"``).
-        identity: everything the arrays depend on (JSON-able values, numpy arrays).
+        identity: everything the arrays depend on (JSON-able values, numpy arrays),
+            or a function returning it (called only when there is a cache to name).
         names: the array names ``build`` returns.
         build: builds the arrays (called on at most one rank of a synchronized group
             unless the cache cannot be seen by the others).
@@ -218,20 +219,22 @@ def cached_arrays(
 
     Returns:
         ``(arrays, info)``; loaded arrays are read-only memory maps. ``info`` holds
-        ``hash``, ``stem``, ``cache_hit`` (bool) and ``paths`` (name -> file, empty
-        without a cache).
+        ``hash``, ``stem`` (both ``None`` without a cache), ``cache_hit`` (bool) and
+        ``paths`` (name -> file, empty without a cache).
 
     Raises:
         OSError: if the cache folder cannot be written.
         ValueError: if ``build`` returns other names than ``names``.
     """
     names = tuple(names)
+    if cache_dir is None:  # nothing to name: skip hashing the identity
+        built = dict(build())
+        return built, {"hash": None, "stem": None, "cache_hit": False, "paths": {}}
+    if callable(identity):
+        identity = identity()
     canonical, key = describe({"kind": kind, "split": split, **identity})
     canonical = {**canonical, "note": _canonical(dict(note or {}))}
     stem = f"{key}-{kind}-{split}"
-    if cache_dir is None:
-        built = dict(build())
-        return built, {"hash": key, "stem": stem, "cache_hit": False, "paths": {}}
     cache_dir = os.fspath(cache_dir)
     rank, world = _group_rank(group)
     if world == 1:
