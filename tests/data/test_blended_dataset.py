@@ -107,3 +107,20 @@ def test_normalize_weights_rejects_bad_input():
     for bad in ([], [0, 0], [1, -1], [float("inf")]):
         with pytest.raises(ValueError):
             normalize_weights(bad)
+
+
+@pytest.mark.parametrize(
+    "weights",
+    [[0.5, 0.5], [0.3, 0.7], [1 / 3, 2 / 3], [0.999, 0.001], [1e-9, 1.0], [0.6180339887, 1]],
+)
+def test_two_dataset_scan_equals_the_step_by_step_rule(weights):
+    from epochal.data.blended_dataset import _blend_two, _greedy_loop
+
+    w = normalize_weights(weights)
+    size = 70_000  # more than one chunk, a partial last chunk
+    fast = _blend_two(w[0], w[1], size)
+    assert fast is not None
+    slow = _greedy_loop(w, size)
+    np.testing.assert_array_equal(fast[0], slow[0])
+    np.testing.assert_array_equal(fast[1], slow[1])
+    assert build_blending_indices(w, 0)[0].shape == (0,)

@@ -7,8 +7,10 @@ and it is that dataset's next unused sample ``taken[i]``. Randomness comes from
 the blended datasets themselves (each ``GPTDataset`` is shuffled by its seed).
 :func:`build_blending_indices` and :func:`build_exhaustive_blending_indices`
 reproduce Megatron's ``helpers.cpp`` exactly (same float operations, same
-tie-breaking), in plain Python: about half a microsecond per sample for two
-datasets, and the result is cached (see :mod:`epochal.data.index_cache`).
+tie-breaking). Two datasets (the common case) take a vectorized exact scan (tens of
+nanoseconds per sample); three or more take a plain Python loop (about a microsecond
+per sample, so ~2 minutes for 10**8 samples); either result is cached (see
+:mod:`epochal.data.index_cache`).
 
 Each sample is ``{"dataset_id": i, **datasets[i][j]}``.
 """
@@ -44,6 +46,92 @@ def normalize_weights(weights: Sequence[float]) -> list[float]:
     return (w / np.sum(w)).tolist()
 
 
+#: Offsets of dataset 0's count from floor(w0 * t) tracked by the two-dataset scan.
+_LOWEST_OFFSET = -1
+_NUM_OFFSETS = 4
+_ESCAPE = _NUM_OFFSETS  # an absorbing state: the offset left the tracked range
+_STATES = _NUM_OFFSETS + 1
+_SEGMENT = 1 << 20
+_CHUNK = 1024
+_BLOCK = 1 << 15
+
+
+def _blend_two(w0: float, w1: float, size: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """Exact two-dataset greedy blend, vectorized; ``None`` if the scan leaves its state space.
+
+    The count ``c0(t)`` of dataset 0 stays within a unit or two of ``floor(w0 * t)``,
+    so each step is a transition on the few possible offsets ``c0(t) - floor(w0 * t)``,
+    evaluated for every offset with the very float operations of the greedy rule
+    (``w * max(t, 1) - count``, compared with ``>``). The transitions of all steps are
+    computed at once; the offsets are then propagated chunk by chunk (every chunk from
+    every entry offset at once, then the chunks in order): exact, and linear in ``size``.
+    """
+    dataset_index = np.empty(size, dtype=np.int16)
+    sample_index = np.empty(size, dtype=np.int64)
+    offsets = np.arange(_LOWEST_OFFSET, _LOWEST_OFFSET + _NUM_OFFSETS, dtype=np.int64)
+    state = -_LOWEST_OFFSET  # c0(0) = 0 = floor(w0 * 0)
+    for begin in range(0, size, _SEGMENT):
+        length = min(_SEGMENT, size - begin)
+        chunks = -(-length // _CHUNK)
+        padded = chunks * _CHUNK
+        t = np.arange(begin, begin + padded + 1, dtype=np.int64)
+        reference = np.floor(w0 * t.astype(np.float64)).astype(np.int64)
+        steps = t[:-1]
+        table = np.full((padded, _STATES), _ESCAPE, dtype=np.int8)
+        for lo in range(0, padded, _BLOCK):  # cache-sized blocks: no huge temporaries
+            hi = min(lo + _BLOCK, padded)
+            ref = reference[lo:hi]
+            rf = ref.astype(np.float64)
+            tf = steps[lo:hi].astype(np.float64)
+            x = np.maximum(tf, 1.0)
+            e0, e1 = w0 * x, w1 * x
+            drift = ref - reference[lo + 1 : hi + 1] - _LOWEST_OFFSET
+            for column, offset in enumerate(offsets.tolist()):
+                # states off the real path (e.g. a negative count) are never reached, so
+                # their transitions need no special care
+                c0f = rf + offset  # exact: integers below 2**53
+                pick_zero = e1 - (tf - c0f) <= e0 - c0f
+                following = drift + pick_zero
+                following += offset
+                # negative or too large -> the escape state
+                table[lo:hi, column] = np.minimum(following.view(np.uint64), _ESCAPE)
+        # [step in chunk, chunk, state], contiguous per step
+        table = np.ascontiguousarray(table.reshape(chunks, _CHUNK, _STATES).transpose(1, 0, 2))
+        flat_tables = table.reshape(_CHUNK, chunks * _STATES)
+        base = np.arange(chunks, dtype=np.intp) * _STATES
+        # pass 1: the exit state of every chunk for every entry state
+        current = np.tile(np.arange(_STATES, dtype=np.intp), chunks)
+        row_base = np.repeat(base, _STATES)
+        for j in range(_CHUNK):
+            current = flat_tables[j].take(row_base + current).astype(np.intp)
+        exits = current.reshape(chunks, _STATES).tolist()
+        entries = np.empty(chunks, dtype=np.intp)
+        for c in range(chunks):
+            entries[c] = state
+            state = exits[c][state]
+        # pass 2: the state at every step, from each chunk's entry state
+        per_step = np.empty((_CHUNK, chunks), dtype=np.intp)
+        current = entries
+        for j in range(_CHUNK):
+            per_step[j] = current
+            current = flat_tables[j].take(base + current).astype(np.intp)
+        path = per_step.T.reshape(-1)[:length]
+        steps = steps[:length]
+        state = int(current[-1]) if length == padded else int(per_step[length % _CHUNK, -1])
+        if state == _ESCAPE or np.any(path == _ESCAPE):
+            return None
+        count0 = np.empty(length + 1, dtype=np.int64)
+        count0[:-1] = reference[:length] + offsets[path]
+        count0[-1] = reference[length] + offsets[state]
+        took0 = np.diff(count0)
+        dataset_index[begin : begin + length] = 1 - took0
+        before0 = count0[:-1]
+        sample_index[begin : begin + length] = np.where(
+            took0 == 1, before0, steps[:length] - before0
+        )
+    return dataset_index, sample_index
+
+
 def build_blending_indices(weights: Sequence[float], size: int) -> tuple[np.ndarray, np.ndarray]:
     """Greedy blend of ``size`` samples; equal to Megatron's ``helpers.build_blending_indices``.
 
@@ -60,42 +148,35 @@ def build_blending_indices(weights: Sequence[float], size: int) -> tuple[np.ndar
         raise ValueError(f"need 1 to {MAX_DATASETS} datasets, got {k}")
     if size < 0:
         raise ValueError(f"size must be >= 0, got {size}")
-    dataset_index = np.zeros(size, dtype=np.int16)
-    sample_index = np.zeros(size, dtype=np.int64)
-    picks = [0] * size
-    taken = [0] * k
-    positions = [0] * size
     if k == 1:
-        return dataset_index, np.arange(size, dtype=np.int64)
+        return np.zeros(size, dtype=np.int16), np.arange(size, dtype=np.int64)
     if k == 2:
-        w0, w1 = w
-        c0 = c1 = 0
-        for t in range(size):
-            x = float(t) if t > 1 else 1.0
-            if w1 * x - c1 > w0 * x - c0:
-                picks[t] = 1
-                positions[t] = c1
-                c1 += 1
-            else:
-                positions[t] = c0
-                c0 += 1
-    else:
-        others = range(1, k)
-        for t in range(size):
-            x = float(t) if t > 1 else 1.0
-            best = 0
-            best_error = w[0] * x - taken[0]
-            for i in others:
-                error = w[i] * x - taken[i]
-                if error > best_error:
-                    best_error = error
-                    best = i
-            picks[t] = best
-            positions[t] = taken[best]
-            taken[best] += 1
-    dataset_index[:] = picks
-    sample_index[:] = positions
-    return dataset_index, sample_index
+        fast = _blend_two(w[0], w[1], size)
+        if fast is not None:
+            return fast
+    return _greedy_loop(w, size)
+
+
+def _greedy_loop(w: list[float], size: int) -> tuple[np.ndarray, np.ndarray]:
+    """The greedy rule step by step (any number of datasets); about 0.5-1.5 us per sample."""
+    k = len(w)
+    picks = [0] * size
+    positions = [0] * size
+    taken = [0] * k
+    others = range(1, k)
+    for t in range(size):
+        x = float(t) if t > 1 else 1.0
+        best = 0
+        best_error = w[0] * x - taken[0]
+        for i in others:
+            error = w[i] * x - taken[i]
+            if error > best_error:
+                best_error = error
+                best = i
+        picks[t] = best
+        positions[t] = taken[best]
+        taken[best] += 1
+    return np.array(picks, dtype=np.int16), np.array(positions, dtype=np.int64)
 
 
 def build_exhaustive_blending_indices(sizes: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:

@@ -322,6 +322,7 @@ class GPTDataset(Dataset):
                 self.seed,
                 self.add_extra_token_to_sequence,
                 self.drop_last_partial_sequence,
+                num_tokens_per_epoch=tokens,
             )
             return {
                 "document_index": document_index,

@@ -303,6 +303,7 @@ def build_gpt_indices(
     seed: int,
     add_extra_token_to_sequence: bool = True,
     drop_last_partial_sequence: bool = True,
+    num_tokens_per_epoch: int | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Build ``(document_index, sample_index, shuffle_index)`` like Megatron-Core's GPTDataset.
 
@@ -315,6 +316,7 @@ def build_gpt_indices(
         add_extra_token_to_sequence: windows of ``seq_length + 1`` tokens.
         drop_last_partial_sequence: drop a trailing partial window (Megatron keeps it,
             padded, only for validation when asked).
+        num_tokens_per_epoch: the documents' total length, when the caller already knows it.
 
     Returns:
         The three index arrays (see the module docstring for shapes and dtypes).
@@ -324,7 +326,8 @@ def build_gpt_indices(
     """
     lengths = np.asarray(sequence_lengths)
     documents = np.asarray(documents)
-    num_tokens_per_epoch = tokens_in_documents(lengths, documents)
+    if num_tokens_per_epoch is None:
+        num_tokens_per_epoch = tokens_in_documents(lengths, documents)
     plan = plan_epochs(num_tokens_per_epoch, num_samples, seq_length, add_extra_token_to_sequence)
     random_state = np.random.RandomState(seed)
     document_index = build_document_index(
