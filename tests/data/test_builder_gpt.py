@@ -84,6 +84,18 @@ def test_empty_split_raises_instead_of_hanging(prefixes):
         build_gpt_datasets(config, [100, 10, 1])
 
 
+def test_empty_split_with_no_samples_requested_is_absent(prefixes):
+    config = GPTDatasetConfig(seq_length=16, seed=3, data_path=[prefixes["a"]], split="969,30,1")
+    train, valid, test = build_gpt_datasets(config, [100, 10, 0])
+    assert test is None and isinstance(valid, GPTDataset)
+    blend = ["1", prefixes["a"], "1", prefixes["b"]]
+    config = GPTDatasetConfig(seq_length=16, seed=3, data_path=blend, split="969,30,1")
+    train, valid, test = build_gpt_datasets(config, [100, 10, 0])
+    assert test is None and isinstance(train, BlendedDataset)
+    with pytest.raises(ValueError, match="test split"):
+        build_gpt_datasets(config, [100, 10, 3])
+
+
 def test_missing_prefix_names_the_file(tmp_path):
     config = GPTDatasetConfig(seq_length=8, seed=0, data_path=[str(tmp_path / "nope")], split="1")
     with pytest.raises(FileNotFoundError, match="nope"):

@@ -17,7 +17,9 @@ each split holds the same samples as Megatron-Core's for the same arguments:
 - ``mock=True``: Megatron's mock corpus (:mod:`epochal.data.mock_gpt`) split ``"1,1,1"``
   (Megatron-Core ignores the split string for mock data, and so do we).
 
-Validation samples keep a padded last partial window when
+A split whose document range is empty raises ``ValueError`` (Megatron-Core hangs),
+unless 0 samples are requested from it: then it is ``None``. Validation samples
+keep a padded last partial window when
 ``drop_last_partial_validation_sequence=False``. Index caches go to ``path_to_cache``
 (``None``: built in memory, nothing written; unlike Megatron-Core, which writes a
 ``cache`` folder next to the data by default). Every rank of a distributed job must
@@ -251,7 +253,8 @@ class _Builder:
     ) -> list[GPTDataset | None]:
         out: list[GPTDataset | None] = []
         for i, bounds in enumerate(ranges):
-            if bounds is None:
+            if bounds is None or (bounds[0] == bounds[1] and self.sizes[i] == 0):
+                # an empty split that no sample is asked from is absent, not an error
                 out.append(None)
             else:
                 documents = np.arange(bounds[0], bounds[1], dtype=np.int32)
@@ -293,6 +296,8 @@ class _Builder:
             if not present[i]:
                 continue
             datasets = [per_corpus[j][i] for j in range(len(lows))]
+            if any(d is None for d in datasets):  # an empty split with 0 samples requested
+                continue
             if weights is not None:
                 blend_weights: list[float] = weights
                 size: int | None = sum(target[i])
