@@ -73,6 +73,14 @@ def test_trainer_checkpoint_reads_back(tmp_path):
             assert torch.equal(ck.state[name], tensor), name
     with pytest.raises(FileNotFoundError, match="no epochal checkpoint"):
         load_epochal_checkpoint(tmp_path)
+    # the parallel layer's consolidated single-file export, kept in the step folder
+    from epochal.train.parallel_trainer import export_consolidated
+
+    step = tmp_path / "run" / "checkpoints" / "step_0000007"
+    export_consolidated(step, step / "model.safetensors")
+    ck = load_epochal_checkpoint(step / "model.safetensors")
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(ck.state[name], tensor), name
 
 
 def test_convert_chain_keeps_weights_and_logits(tmp_path, capsys):

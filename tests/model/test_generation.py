@@ -9,6 +9,7 @@ from epochal.model import GPTModel
 from epochal.model.generation import (
     GenerationConfig,
     GenerationConfigError,
+    candidates,
     filter_logits,
     generate,
 )
@@ -160,34 +161,48 @@ def test_batch_of_different_lengths_equals_single_prompts(options, pair_llama):
 
 
 @pytest.mark.peer
-def test_sampling_is_seeded_and_stays_in_the_allowed_set(pair_llama):
+@pytest.mark.parametrize(
+    "opts",
+    [
+        dict(temperature=0.7, top_k=12, top_p=0.9, top_p_decay=0.7, top_p_bound=0.3),
+        dict(temperature=1.3, top_p=0.6),
+        dict(temperature=0.9, top_k=5),
+    ],
+    ids=["topk+topp+decay", "topp", "topk"],
+)
+def test_sampling_is_seeded_and_stays_in_the_allowed_set(pair_llama, opts):
     from transformers.generation.logits_process import TopKLogitsWarper, TopPLogitsWarper
 
     _, model = pair_llama
-    opts = dict(
-        do_sample=True, temperature=0.7, top_k=12, top_p=0.9, top_p_decay=0.7, top_p_bound=0.3
-    )
+    opts = dict(do_sample=True, **opts)
     before = torch.get_rng_state()
     a = generate(model, PROMPTS, max_new_tokens=12, seed=1, **opts)
     assert torch.equal(torch.get_rng_state(), before)  # the global RNG is untouched
     assert generate(model, PROMPTS, max_new_tokens=12, seed=1, **opts).tokens == a.tokens
     assert generate(model, PROMPTS, max_new_tokens=12, seed=2, **opts).tokens != a.tokens
+    top_k, top_p0 = opts.get("top_k", 0), opts.get("top_p", 0.0)
     for prompt, new in zip(PROMPTS, a.tokens):
         seq = torch.tensor([prompt + new])
         with torch.no_grad():
             logits = model(seq)[0, len(prompt) - 1 : -1, :100] / opts["temperature"]
-        top_p = opts["top_p"]
+        top_p = top_p0
         for step, token in enumerate(new):
-            row = logits[step : step + 1]
-            allowed = TopPLogitsWarper(top_p)(
-                None, TopKLogitsWarper(opts["top_k"])(None, row.clone())
-            )
+            row = logits[step : step + 1].clone()
+            allowed = TopKLogitsWarper(top_k)(None, row.clone()) if top_k else row.clone()
+            allowed = TopPLogitsWarper(top_p)(None, allowed) if top_p else allowed
             assert torch.isfinite(allowed[0, token]), (step, token)
-            ours_allowed = filter_logits(row, top_k=opts["top_k"], top_p=top_p)
+            ours_allowed = filter_logits(row, top_k=top_k, top_p=top_p)
             assert torch.equal(torch.isfinite(ours_allowed), torch.isfinite(allowed))
-            top_p = max(top_p * opts["top_p_decay"], opts["top_p_bound"])
-    # with the bound reached, few tokens remain allowed: sampling became nearly greedy
-    assert top_p == opts["top_p_bound"]
+            # the sampler's candidate distribution is exactly the filtered softmax
+            probs, order = candidates(row, top_k=top_k, top_p=top_p)
+            dense = torch.zeros_like(row).scatter_(1, order, probs)
+            torch.testing.assert_close(
+                dense / dense.sum(), ours_allowed.softmax(-1), rtol=0, atol=1e-6
+            )
+            if opts.get("top_p_decay"):
+                top_p = max(top_p * opts["top_p_decay"], opts["top_p_bound"])
+    if opts.get("top_p_decay"):
+        assert top_p == opts["top_p_bound"]  # the schedule reached its bound
 
 
 def test_padded_vocabulary_ids_are_never_produced():

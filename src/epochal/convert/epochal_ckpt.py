@@ -1,7 +1,9 @@
 """Read and write epochal's own checkpoints (the trainer's DCP folders) as ``(ModelConfig, state)``.
 
 Reading accepts a run directory (``<run_dir>/checkpoints/latest``), a
-checkpoints directory, or one ``step_*`` folder, saved under any parallel
+checkpoints directory, one ``step_*`` folder, or a consolidated ``.safetensors``
+file (:func:`epochal.train.parallel_trainer.export_consolidated`) stored inside
+its ``step_*`` folder (for the config), saved under any parallel
 layout: the model tensors are read with DCP into full (unsharded) CPU tensors,
 so a TP2 x PP2 checkpoint loads in one process (DCP reshards). Only the
 ``model.*`` entries are read; optimizer state is ignored. Loading uses
@@ -179,6 +181,12 @@ def load_epochal_checkpoint(
 
     from epochal.train.checkpoint import SafeFileSystemReader, SafeLoadPlanner
 
+    consolidated = None
+    if Path(path).suffix == ".safetensors":
+        consolidated = Path(path)
+        if not consolidated.is_file():
+            raise FileNotFoundError(f"{consolidated}: no such file")
+        path = consolidated.parent
     folder = find_step_folder(path)
     trainer_state = _read_json(folder / "trainer_state.json")
     run_config = None
@@ -188,6 +196,14 @@ def load_epochal_checkpoint(
         except tomllib.TOMLDecodeError as exc:
             raise ConversionError(f"{folder / 'config.toml'}: not valid TOML ({exc})") from exc
     config = _model_config(folder, trainer_state, run_config, vocab_size)
+    step = int(trainer_state.get("step", 0))
+    if consolidated is not None:
+        from epochal.convert.safe_load import load_safetensors
+
+        state = _complete(config, load_safetensors(consolidated), str(consolidated))
+        return EpochalCheckpoint(
+            config=config, state=state, folder=folder, step=step, run_config=run_config
+        )
     metadata = SafeFileSystemReader(folder).read_metadata()
     template: dict[str, torch.Tensor] = {}
     for key, meta in metadata.state_dict_metadata.items():
@@ -205,22 +221,22 @@ def load_epochal_checkpoint(
             {"model": template},
             storage_reader=SafeFileSystemReader(folder),
             planner=SafeLoadPlanner(),
+            no_dist=True,  # every process reads the whole model itself, with or without a process group
         )
-    state = complete_tied(config, template)
-    if (
-        config.tie_embeddings
-        and "tok_embeddings.weight" not in template
-        and "output.weight" in template
-    ):
-        state["tok_embeddings.weight"] = state["output.weight"]
-    check_shapes(state, config, str(folder))
+    state = _complete(config, template, str(folder))
     return EpochalCheckpoint(
-        config=config,
-        state=state,
-        folder=folder,
-        step=int(trainer_state.get("step", 0)),
-        run_config=run_config,
+        config=config, state=state, folder=folder, step=step, run_config=run_config
     )
+
+
+def _complete(
+    config: ModelConfig, tensors: dict[str, torch.Tensor], source: str
+) -> dict[str, torch.Tensor]:
+    state = complete_tied(config, tensors)
+    if config.tie_embeddings and "tok_embeddings.weight" not in state and "output.weight" in state:
+        state["tok_embeddings.weight"] = state["output.weight"]
+    check_shapes(state, config, source)
+    return state
 
 
 def save_epochal_checkpoint(

@@ -170,6 +170,10 @@ def ours_state_from_gpt2(
 ) -> dict[str, torch.Tensor]:
     """Convert a GPT-2 state dict to our parameter names (vocabulary padded with zeros).
 
+    Conv1D weights come back as transposed *views* (``[out, in]`` strides over the
+    ``[in, out]`` storage): ``load_state_dict`` / ``copy_`` / saving make them
+    contiguous once, where needed, instead of here.
+
     Raises:
         ConversionError: a tensor is missing, unexpected or has the wrong shape.
     """
@@ -197,13 +201,13 @@ def ours_state_from_gpt2(
                 f"{source}: {src}attn.c_attn.weight has shape {tuple(qkv_w.shape[::-1])}"
             )
         for j, proj in enumerate(("wq", "wk", "wv")):
-            out[f"{dst}attention.{proj}.weight"] = qkv_w[j * h : (j + 1) * h].contiguous()
+            out[f"{dst}attention.{proj}.weight"] = qkv_w[j * h : (j + 1) * h]
             out[f"{dst}attention.{proj}.bias"] = qkv_b[j * h : (j + 1) * h].clone()
-        out[f"{dst}attention.wo.weight"] = take(f"{src}attn.c_proj.weight").t().contiguous()
+        out[f"{dst}attention.wo.weight"] = take(f"{src}attn.c_proj.weight").t()
         out[f"{dst}attention.wo.bias"] = take(f"{src}attn.c_proj.bias")
-        out[f"{dst}mlp.fc1.weight"] = take(f"{src}mlp.c_fc.weight").t().contiguous()
+        out[f"{dst}mlp.fc1.weight"] = take(f"{src}mlp.c_fc.weight").t()
         out[f"{dst}mlp.fc1.bias"] = take(f"{src}mlp.c_fc.bias")
-        out[f"{dst}mlp.fc2.weight"] = take(f"{src}mlp.c_proj.weight").t().contiguous()
+        out[f"{dst}mlp.fc2.weight"] = take(f"{src}mlp.c_proj.weight").t()
         out[f"{dst}mlp.fc2.bias"] = take(f"{src}mlp.c_proj.bias")
     out["norm.weight"] = take("ln_f.weight")
     out["norm.bias"] = take("ln_f.bias")

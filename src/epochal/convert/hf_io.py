@@ -210,16 +210,16 @@ def save_hf_checkpoint(
     hf_config["bos_token_id"] = bos_token_id
     hf_config["eos_token_id"] = eos_token_id
     tensors: dict[str, torch.Tensor] = {}
-    seen: set[int] = set()
+    seen: set[tuple[int, int]] = set()
     for name, tensor in hf_state.items():
         t = tensor.detach().to("cpu")
         if dtype is not None and t.is_floating_point():
             t = t.to(dtype)
         t = t.contiguous()
-        storage = t.untyped_storage()
-        if storage.data_ptr() in seen or storage.nbytes() != t.nbytes:
-            t = t.clone()  # safetensors wants each tensor to own its storage
-        seen.add(t.untyped_storage().data_ptr())
+        key = (t.data_ptr(), t.nbytes)
+        if key in seen:
+            t = t.clone()  # safetensors refuses two names for the same memory
+        seen.add((t.data_ptr(), t.nbytes))
         tensors[name] = t
     with atomic_directory(folder, overwrite=overwrite) as tmp:
         save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})

@@ -54,6 +54,7 @@ __all__ = [
     "GenerationConfig",
     "GenerationConfigError",
     "GenerationOutput",
+    "candidates",
     "filter_logits",
     "generate",
 ]
@@ -204,6 +205,66 @@ def filter_logits(logits: torch.Tensor, *, top_k: int = 0, top_p: float = 0.0) -
         remove[:, 0] = False
         logits.scatter_(1, order, sorted_logits.masked_fill(remove, float("-inf")))
     return logits
+
+
+def candidates(
+    logits: torch.Tensor, *, top_k: int = 0, top_p: float = 0.0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The sampling distribution of ``logits`` after top-k / top-p filtering, over sorted candidates.
+
+    Equals ``softmax(filter_logits(logits, top_k=top_k, top_p=top_p))`` scattered to
+    ``order`` (up to normalization), but only the candidates are materialized:
+    the ``top_k`` largest logits, or for top-p alone the 1024 most likely tokens
+    when they hold at least ``top_p`` of the probability in every row (the
+    nucleus is a prefix of the sorted order), else the whole sorted row.
+
+    Args:
+        logits: float ``[b, V]`` (already divided by the temperature).
+
+    Returns:
+        ``(probs, order)``: ``[b, n]`` non-negative weights (not normalized) and the
+        token ids they belong to, most likely first.
+    """
+    if top_k > 0:
+        values, order = torch.topk(logits, min(top_k, logits.shape[-1]), dim=-1)  # descending
+        probs = values.softmax(dim=-1)
+    elif top_p > 0.0:
+        full = logits.softmax(dim=-1)
+        probs, order = torch.topk(full, min(1024, full.shape[-1]), dim=-1)
+        if not bool((probs.sum(dim=-1) >= top_p).all()):
+            probs, order = torch.sort(full, dim=-1, descending=True)
+    else:
+        probs = logits.softmax(dim=-1)
+        order = torch.arange(logits.shape[-1], device=logits.device).expand_as(logits)
+        return probs, order
+    if top_p > 0.0:
+        remove = probs.cumsum(dim=-1) > top_p
+        remove[:, 1:] = remove[:, :-1].clone()  # keep the token that crosses the threshold
+        remove[:, 0] = False
+        probs = probs.masked_fill(remove, 0.0)
+    return probs, order
+
+
+def _sample(
+    logits: torch.Tensor, top_k: int, top_p: float, generators: list[torch.Generator]
+) -> torch.Tensor:
+    """One draw per row from :func:`candidates` (row ``i`` uses ``generators[i]``)."""
+    probs, order = candidates(logits, top_k=top_k, top_p=top_p)
+    return torch.gather(order, 1, _draw(probs, generators)[:, None]).squeeze(1)
+
+
+def _draw(probs: torch.Tensor, generators: list[torch.Generator]) -> torch.Tensor:
+    """Inverse-CDF draw: row ``i`` takes one uniform number from ``generators[i]``.
+
+    ``probs`` is ``[b, n]``, non-negative (rows need not sum to 1; zeros are never
+    drawn). Returns int64 ``[b]``.
+    """
+    cdf = probs.double().cumsum(dim=-1)
+    u = torch.cat(
+        [torch.rand(1, generator=g, dtype=torch.float64, device=g.device) for g in generators]
+    )
+    u = (u * cdf[:, -1]).to(cdf.device)[:, None]
+    return torch.searchsorted(cdf, u, right=True).squeeze(1).clamp_(max=probs.shape[-1] - 1)
 
 
 def _row_seed(seed: int, row: int) -> int:
@@ -376,11 +437,7 @@ def _sample_or_greedy(
     for step in range(cfg.max_new_tokens):
         logits = logits[:, :vocab]
         if cfg.do_sample:
-            filtered = filter_logits(logits / cfg.temperature, top_k=cfg.top_k, top_p=top_p)
-            probs = filtered.softmax(dim=-1)
-            nxt = torch.cat(
-                [torch.multinomial(probs[i], 1, generator=generators[i]) for i in range(b)]
-            )
+            nxt = _sample(logits / cfg.temperature, cfg.top_k, top_p, generators)
             if top_p > 0.0 and cfg.top_p_decay > 0.0:
                 top_p = top_p * cfg.top_p_decay
                 if cfg.top_p_bound > 0.0:

@@ -119,8 +119,18 @@ class LayerKVCache:
         return self.keys[:, :, :end], self.values[:, :, :end]
 
     def reorder(self, index: torch.Tensor) -> None:
-        """Select batch rows (see :meth:`KVCache.reorder`)."""
-        if self.keys is not None:
-            index = index.to(self.keys.device)
+        """Select batch rows (see :meth:`KVCache.reorder`).
+
+        With an unchanged batch size only the filled slots are copied (beam search
+        reorders every step); otherwise the buffers are rebuilt with ``b'`` rows.
+        """
+        if self.keys is None:
+            return
+        index = index.to(self.keys.device)
+        filled = self._parent.length
+        if index.numel() == self.keys.shape[0]:
+            self.keys[:, :, :filled] = self.keys[:, :, :filled].index_select(0, index)
+            self.values[:, :, :filled] = self.values[:, :, :filled].index_select(0, index)
+        else:
             self.keys = self.keys.index_select(0, index)
             self.values = self.values.index_select(0, index)
