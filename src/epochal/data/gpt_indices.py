@@ -128,6 +128,27 @@ def build_document_index(
     return np.concatenate((first, last))
 
 
+def _shuffled_documents_and_lengths(
+    packed: np.ndarray,
+    num_epochs: int,
+    random_state: np.random.RandomState,
+    separate_final_epoch: bool,
+) -> np.ndarray:
+    """:func:`build_document_index` on ``(length << 32) | document`` int64 items.
+
+    Shuffling these 8-byte items moves each document's length along with its id, so
+    the sample index needs no random gather of lengths afterwards; the permutation is
+    the same as for the plain ids (it depends only on the length of the array).
+    """
+    if not separate_final_epoch or num_epochs == 1:
+        index = np.tile(packed, num_epochs)
+        random_state.shuffle(index)
+        return index
+    first = _shuffled_documents_and_lengths(packed, num_epochs - 1, random_state, False)
+    last = _shuffled_documents_and_lengths(packed, 1, random_state, False)
+    return np.concatenate((first, last))
+
+
 def sample_index_dtype(document_index_size: int, max_document_length: int) -> type[np.integer]:
     """Return the integer dtype Megatron-Core picks for the sample index (int32 when it fits)."""
     if max(document_index_size, max_document_length) <= np.iinfo(np.int32).max:
@@ -209,6 +230,7 @@ def build_sample_index(
     num_tokens_per_epoch: int,
     drop_last_partial_sequence: bool = True,
     add_extra_token_to_sequence: bool = True,
+    document_lengths: np.ndarray | None = None,
 ) -> np.ndarray:
     """Build the sample index equal to Megatron-Core's ``helpers.build_sample_idx``.
 
@@ -227,6 +249,7 @@ def build_sample_index(
         num_tokens_per_epoch: tokens per epoch.
         drop_last_partial_sequence: drop (True) or keep (False, padded) a last partial window.
         add_extra_token_to_sequence: windows hold ``seq_length + 1`` tokens.
+        document_lengths: ``sequence_lengths[document_index]`` when already known.
 
     Returns:
         ``[num_samples + 1, 2]`` array, int32 unless the sizes need int64.
@@ -235,8 +258,10 @@ def build_sample_index(
     total_tokens = num_epochs * num_tokens_per_epoch
     num_samples = count_samples(total_tokens, seq_length, drop_last_partial_sequence, bool(extra))
     lengths = np.asarray(sequence_lengths)
-    # int64 indices take numpy's fastest gather path
-    doc_lengths = np.take(lengths, np.asarray(document_index).astype(np.int64, copy=False))
+    if document_lengths is None:  # int64 indices take numpy's fastest gather path
+        doc_lengths = np.take(lengths, np.asarray(document_index).astype(np.int64, copy=False))
+    else:
+        doc_lengths = np.asarray(document_lengths)
     num_docs = doc_lengths.shape[0]
     dtype = sample_index_dtype(num_docs, int(lengths.max()) if lengths.size else 0)
 
@@ -277,6 +302,15 @@ def build_shuffle_index(
     last = np.arange(num_samples, total_size, dtype=np.int64)
     random_state.shuffle(last)
     return np.concatenate((first, last)).astype(dtype, copy=False)
+
+
+def _document_lengths(sequence_lengths: np.ndarray, documents: np.ndarray) -> np.ndarray:
+    """``sequence_lengths[documents]`` (a slice view when the documents are a contiguous range)."""
+    if documents.size > 1:
+        first, last = int(documents[0]), int(documents[-1])
+        if last - first + 1 == documents.size and np.all(np.diff(documents) == 1):
+            return sequence_lengths[first : last + 1]
+    return np.take(sequence_lengths, documents.astype(np.int64, copy=False))
 
 
 def tokens_in_documents(sequence_lengths: np.ndarray, documents: np.ndarray) -> int:
@@ -330,9 +364,21 @@ def build_gpt_indices(
         num_tokens_per_epoch = tokens_in_documents(lengths, documents)
     plan = plan_epochs(num_tokens_per_epoch, num_samples, seq_length, add_extra_token_to_sequence)
     random_state = np.random.RandomState(seed)
-    document_index = build_document_index(
-        documents, plan.num_epochs, random_state, plan.separate_final_epoch
-    )
+    if documents.size and int(documents.min()) >= 0 and int(documents.max()) < 2**31:
+        # shuffle (length, id) pairs together: the same permutation, no gather afterwards
+        packed = _document_lengths(lengths, documents).astype(np.int64) << 32
+        packed |= documents.astype(np.int64)
+        shuffled = _shuffled_documents_and_lengths(
+            packed, plan.num_epochs, random_state, plan.separate_final_epoch
+        )
+        document_index = shuffled.astype(np.int32)  # the low 32 bits: the ids
+        shuffled >>= 32
+        document_lengths: np.ndarray | None = shuffled
+    else:
+        document_index = build_document_index(
+            documents, plan.num_epochs, random_state, plan.separate_final_epoch
+        )
+        document_lengths = None
     sample_index = build_sample_index(
         lengths,
         document_index,
@@ -341,6 +387,7 @@ def build_gpt_indices(
         num_tokens_per_epoch,
         drop_last_partial_sequence,
         add_extra_token_to_sequence,
+        document_lengths=document_lengths,
     )
     total = sample_index.shape[0] - 1
     first = plan.num_samples_sans_final_epoch if plan.separate_final_epoch else total
