@@ -120,3 +120,23 @@ def test_build_gpt_indices_is_a_pure_function_of_its_arguments():
 def test_plan_epochs_rejects_bad_arguments(kwargs, match):
     with pytest.raises(ValueError, match=match):
         plan_epochs(**kwargs)
+
+
+@pytest.mark.parametrize("num_samples", [None, 40, 130, 400])
+def test_packed_shuffle_equals_the_plain_document_index(num_samples):
+    """build_gpt_indices shuffles (length, id) pairs; the result equals the plain recipe."""
+    sizes = np.random.default_rng(1).integers(0, 30, size=60).astype(np.int32)
+    documents = np.arange(3, 57)
+    doc, sample, shuffle = build_gpt_indices(sizes, documents, num_samples, 9, seed=21)
+    plan = plan_epochs(int(sizes[documents].sum()), num_samples, 9)
+    rs = np.random.RandomState(21)
+    plain_doc = build_document_index(documents, plan.num_epochs, rs, plan.separate_final_epoch)
+    plain_sample = build_sample_index(
+        sizes, plain_doc, 9, plan.num_epochs, plan.num_tokens_per_epoch
+    )
+    total = plain_sample.shape[0] - 1
+    first = plan.num_samples_sans_final_epoch if plan.separate_final_epoch else total
+    plain_shuffle = build_shuffle_index(first, total, rs)
+    for ours, plain in ((doc, plain_doc), (sample, plain_sample), (shuffle, plain_shuffle)):
+        assert ours.dtype == plain.dtype
+        np.testing.assert_array_equal(ours, plain)
