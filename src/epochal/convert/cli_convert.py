@@ -139,7 +139,27 @@ def _load(args: argparse.Namespace, fmt: str) -> tuple:
     from epochal.convert.epochal_ckpt import load_epochal_checkpoint
 
     ck = load_epochal_checkpoint(args.input, vocab_size=args.vocab_size)
-    return ck.config, ck.state, ck.step, {}
+    return ck.config, ck.state, ck.step, _run_tokenizer_info(ck)
+
+
+def _run_tokenizer_info(ck) -> dict:
+    """BOS/EOS ids and a ``tokenizer.json`` of the run's tokenizer, when it can be rebuilt."""
+    if not ck.run_config or "data" not in ck.run_config:
+        return {}
+    from epochal.convert.epochal_ckpt import tokenizer_for_run
+    from epochal.train.config import config_from_dict
+
+    try:
+        tokenizer = tokenizer_for_run(config_from_dict(ck.run_config))
+    except Exception:  # noqa: BLE001 - the tokenizer is optional for a conversion
+        return {}
+    if tokenizer is None:
+        return {}
+    info = {"bos": getattr(tokenizer, "bos", None), "eos": getattr(tokenizer, "eod", None)}
+    source = getattr(tokenizer, "source", None)
+    if isinstance(source, str) and source.endswith(".json") and Path(source).is_file():
+        info["tokenizer_json"] = source
+    return info
 
 
 def run(args: argparse.Namespace) -> int:
@@ -171,6 +191,12 @@ def run(args: argparse.Namespace) -> int:
                 else extra.get("eos"),
                 overwrite=args.overwrite,
             )
+            if extra.get("tokenizer_json") and not (out / "tokenizer.json").exists():
+                import shutil
+
+                shutil.copyfile(
+                    extra["tokenizer_json"], out / "tokenizer.json"
+                )  # the run's tokenizer
             layout = ""
         elif args.target == "megatron":
             from epochal.convert.megatron_legacy import save_megatron_checkpoint
