@@ -170,6 +170,13 @@ def parallel_run(
         Checkpointer(load_dir, rank=dist.get_rank(), barrier=dist.barrier).load(
             load_dir, _app_state(engine.model_parts, opts, engine)
         )
+    # the evaluation path (forward only, pipeline schedules' eval) on the first batch
+    first = micro_batches(batches[0], mbs, engine.dp_rank, dims.dp)
+    eval0 = float(
+        engine.eval_loss(
+            first if engine.needs_batches() else [], num_microbatches=len(first), loss_fn=loss_fn
+        )
+    )
     losses, norms, grads = [], [], []
     for batch in batches:
         opts.zero_grad(set_to_none=True)
@@ -197,7 +204,7 @@ def parallel_run(
     for part in engine.model_parts:
         for name, p in part.named_parameters():
             params[canonical_name(name)] = full(p).detach().clone()
-    return {"losses": losses, "norms": norms, "grads": grads, "params": params}
+    return {"losses": losses, "norms": norms, "grads": grads, "params": params, "eval0": eval0}
 
 
 def single_process_run(
@@ -258,6 +265,8 @@ def compare(
     for step, (a, b) in enumerate(zip(ref["losses"], got["losses"], strict=True)):
         if abs(a - b) > atol:
             problems.append(f"step {step}: loss {b} != {a}")
+    if "eval0" in got and abs(got["eval0"] - ref["losses"][0]) > atol:
+        problems.append(f"evaluation loss {got['eval0']} != {ref['losses'][0]}")
     for step, (a, b) in enumerate(zip(ref["norms"], got["norms"], strict=True)):
         if abs(a - b) > atol * max(1.0, abs(a)):
             problems.append(f"step {step}: grad norm {b} != {a}")

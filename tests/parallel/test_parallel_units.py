@@ -307,3 +307,48 @@ def test_tied_optimizer_state_renames_the_head_copy():
     wrapped.load_state_dict(sd)
     assert opt.loaded == opt.state_dict()
     assert TiedOptimizerState(opt, rename=False).state_dict() == opt.state_dict()
+
+
+# ------------------------------------------------------------------ trainer
+def test_parallel_trainer_in_one_process_matches_the_trainer(tmp_path):
+    from epochal.train.config import build_config
+    from epochal.train.data import make_loaders
+    from epochal.train.parallel_trainer import ParallelTrainer
+    from epochal.train.trainer import Trainer
+    from tests.train.synthetic import CountingDataset
+
+    results = []
+    for cls in (Trainer, ParallelTrainer):
+        cfg = build_config(
+            preset="tiny",
+            overrides=[
+                "--data.corpus=",
+                "--data.mock=true",
+                "--data.seq_length=16",
+                "--model.hidden_size=32",
+                "--model.num_layers=2",
+                "--model.num_attention_heads=4",
+                "--model.ffn_hidden_size=64",
+                "--training.micro_batch_size=2",
+                "--training.global_batch_size=4",
+                "--training.train_iters=4",
+                "--training.eval_interval=2",
+                "--training.eval_iters=1",
+                "--scheduler.lr_warmup_iters=1",
+                "--checkpoint.save_interval=0",
+                "--checkpoint.save_final=false",
+                "--logging.progress=false",
+                "--logging.tensorboard=false",
+                f"--run_dir={tmp_path / cls.__name__}",
+            ],
+        )
+        data = make_loaders(
+            cfg,
+            CountingDataset(1000, 16, 96),
+            CountingDataset(8, 16, 96, offset=10**6),
+            vocab_size=96,
+        )
+        results.append(cls(cfg, data=data, log=False).train())
+    plain, parallel = results
+    assert parallel.losses == pytest.approx(plain.losses, abs=1e-5)
+    assert parallel.eval_loss == pytest.approx(plain.eval_loss, abs=1e-5)
