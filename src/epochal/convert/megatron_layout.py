@@ -230,14 +230,14 @@ def to_local_names(state: dict[str, object], source: str) -> dict[str, object]:
     Accepts Megatron-Core names (local or Transformer-Engine spec) and the
     legacy ``language_model.*`` names (``encoder``/``transformer``,
     ``input_norm``/``input_layernorm``, ``query_key_value``, ``dense_h_to_4h``, ...).
-    ``_extra_state`` entries (TE/FP8 metadata) are dropped.
+    ``_extra_state`` entries (TE/FP8 metadata) and rotary ``inv_freq`` buffers are dropped.
 
     Raises:
         ConversionError: a name matches none of these schemes.
     """
     out: dict[str, object] = {}
     for name, value in state.items():
-        if name.endswith("_extra_state"):
+        if name.endswith(("_extra_state", "inv_freq")):  # TE/FP8 metadata, rotary buffers
             continue
         new = None
         if name in _LEGACY_GLOBAL:
