@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -18,15 +19,18 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 ITERS = 12
 
 
-def run(run_dir: Path, *args: str) -> None:
-    proc = subprocess.run(
+def start(run_dir: Path, *args: str) -> subprocess.Popen:
+    return subprocess.Popen(
         [sys.executable, WORKER, str(run_dir), str(ITERS), *args],
         env=ENV,
-        capture_output=True,
-        text=True,
-        timeout=300,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
     )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def finish(proc: subprocess.Popen) -> None:
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, out.decode()
 
 
 def losses(run_dir: Path, kind: str = "train") -> dict[int, dict[int, float]]:
@@ -38,41 +42,39 @@ def losses(run_dir: Path, kind: str = "train") -> dict[int, dict[int, float]]:
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory) -> Path:
-    run_dir = tmp_path_factory.mktemp("full")
-    run(run_dir)
-    return run_dir
-
-
-@pytest.fixture(scope="module")
-def killed_and_resumed(tmp_path_factory) -> Path:
-    run_dir = tmp_path_factory.mktemp("killed")
-    proc = subprocess.Popen(
-        [sys.executable, WORKER, str(run_dir), str(ITERS), "--pause-after", "8"],
-        env=ENV,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-    )
-    marker = run_dir / "paused"
+def runs(tmp_path_factory) -> dict[str, Path]:
+    """Single-threaded worker processes, two at a time (one per core); bit-exactness holds regardless."""
+    dirs = {name: tmp_path_factory.mktemp(name) for name in ("full", "killed", "older")}
+    full = start(dirs["full"])
+    killed = start(dirs["killed"], "--pause-after", "8")
+    marker = dirs["killed"] / "paused"
     deadline = time.monotonic() + 240
     while not marker.exists():
-        assert proc.poll() is None, proc.stdout.read().decode()
+        assert killed.poll() is None, killed.communicate()[0].decode()
         assert time.monotonic() < deadline, "worker never reached step 8"
         time.sleep(0.05)
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait(timeout=30)
-    proc.stdout.close()
-    assert proc.returncode == -signal.SIGKILL
+    os.kill(killed.pid, signal.SIGKILL)
+    killed.communicate(timeout=30)
+    assert killed.returncode == -signal.SIGKILL
     ckpts = sorted(
-        p.name for p in (run_dir / "checkpoints").iterdir() if p.name.startswith("step_")
+        p.name for p in (dirs["killed"] / "checkpoints").iterdir() if p.name.startswith("step_")
     )
     assert ckpts == ["step_0000003", "step_0000006"]
-    assert (run_dir / "checkpoints" / "latest").read_text().strip() == "step_0000006"
-    run(run_dir)  # resume="auto" picks up step 6
-    return run_dir
+    assert (dirs["killed"] / "checkpoints" / "latest").read_text().strip() == "step_0000006"
+    older = dirs["killed"] / "checkpoints" / "step_0000003"
+    shutil.copytree(
+        older, dirs["older"] / "from_step_3"
+    )  # before the resumed run prunes nothing (keep_last=10)
+    finish(full)
+    resumed = start(dirs["killed"])  # resume="auto" picks up step 6
+    from_older = start(dirs["older"], f"--checkpoint.resume={dirs['older'] / 'from_step_3'}")
+    finish(resumed)
+    finish(from_older)
+    return dirs
 
 
-def test_resumed_losses_equal_uninterrupted_exactly(uninterrupted, killed_and_resumed):
+def test_resumed_losses_equal_uninterrupted_exactly(runs):
+    uninterrupted, killed_and_resumed = runs["full"], runs["killed"]
     full = losses(uninterrupted)
     assert list(full) == [0] and sorted(full[0]) == list(range(1, ITERS + 1))
     got = losses(killed_and_resumed)
@@ -90,19 +92,15 @@ def test_resumed_losses_equal_uninterrupted_exactly(uninterrupted, killed_and_re
     assert segments[1]["start_step"] == 6 and segments[1]["resumed_from"].endswith("step_0000006")
 
 
-def test_resume_from_an_older_checkpoint_into_a_new_run(
-    uninterrupted, killed_and_resumed, tmp_path
-):
-    older = killed_and_resumed / "checkpoints" / "step_0000003"
-    run(tmp_path, f"--checkpoint.resume={older}")
-    full, got = losses(uninterrupted)[0], losses(tmp_path)
+def test_resume_from_an_older_checkpoint_into_a_new_run(runs):
+    full, got = losses(runs["full"])[0], losses(runs["older"])
     assert list(got) == [0] and sorted(got[0]) == list(range(4, ITERS + 1))
     assert all(got[0][s] == full[s] for s in got[0])
 
 
-def test_plot_overlays_the_resumed_segment(killed_and_resumed):
+def test_plot_overlays_the_resumed_segment(runs):
     from epochal.train.plot import plot_run
 
-    out = plot_run(killed_and_resumed)
+    out = plot_run(runs["killed"])
     assert out.is_file() and out.stat().st_size > 10_000
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
