@@ -285,6 +285,31 @@ class Checkpointer:
             CheckpointError: the folder or one of its files is missing, malformed or unsafe.
         """
         folder = Path(folder)
+        trainer_state = self.read_trainer_state(folder)
+        self.load_tensors(folder, state)
+        rng_path = folder / f"rng_rank{self.rank}.pt"
+        if not rng_path.is_file():
+            rng_path = folder / "rng_rank0.pt"
+        try:
+            rng_state = torch.load(rng_path, map_location="cpu", weights_only=True)
+        except FileNotFoundError as exc:
+            raise CheckpointError(f"{rng_path}: missing RNG state") from exc
+        except (pickle.UnpicklingError, RuntimeError) as exc:
+            raise CheckpointError(f"{rng_path}: unsafe or corrupt RNG state ({exc})") from exc
+        if not isinstance(rng_state, dict) or not all(
+            isinstance(v, torch.Tensor) for v in rng_state.values()
+        ):
+            raise CheckpointError(f"{rng_path}: expected a dict of tensors")
+        return trainer_state, rng_state
+
+    @staticmethod
+    def read_trainer_state(folder: str | os.PathLike) -> dict[str, Any]:
+        """The JSON bookkeeping of checkpoint ``folder`` (no tensors are read).
+
+        Raises:
+            CheckpointError: the folder or its ``trainer_state.json`` is missing or malformed.
+        """
+        folder = Path(folder)
         json_path = folder / TRAINER_STATE
         if not folder.is_dir():
             raise CheckpointError(f"{folder}: checkpoint folder does not exist")
@@ -296,6 +321,20 @@ class Checkpointer:
             raise CheckpointError(f"{json_path}: not valid JSON ({exc})") from exc
         if not isinstance(trainer_state, dict):
             raise CheckpointError(f"{json_path}: expected a JSON object")
+        return trainer_state
+
+    @staticmethod
+    def load_tensors(folder: str | os.PathLike, state: dict[str, Any]) -> None:
+        """Load the DCP tensors of checkpoint ``folder`` into ``state`` in place.
+
+        ``state`` may name a subset of what was saved (e.g. only ``"model"``, to
+        initialize a fresh run from a checkpoint's weights).
+
+        Raises:
+            CheckpointError: the metadata is missing or unsafe, or the tensors do not
+                fit ``state`` (another model shape).
+        """
+        folder = Path(folder)
         meta_path = folder / ".metadata"
         if not meta_path.is_file():
             raise CheckpointError(
@@ -317,20 +356,6 @@ class Checkpointer:
             raise CheckpointError(
                 f"{folder}: cannot load into this model/optimizer: {exc}"
             ) from exc
-        rng_path = folder / f"rng_rank{self.rank}.pt"
-        if not rng_path.is_file():
-            rng_path = folder / "rng_rank0.pt"
-        try:
-            rng_state = torch.load(rng_path, map_location="cpu", weights_only=True)
-        except FileNotFoundError as exc:
-            raise CheckpointError(f"{rng_path}: missing RNG state") from exc
-        except (pickle.UnpicklingError, RuntimeError) as exc:
-            raise CheckpointError(f"{rng_path}: unsafe or corrupt RNG state ({exc})") from exc
-        if not isinstance(rng_state, dict) or not all(
-            isinstance(v, torch.Tensor) for v in rng_state.values()
-        ):
-            raise CheckpointError(f"{rng_path}: expected a dict of tensors")
-        return trainer_state, rng_state
 
 
 def _torch_bytes(obj: Any) -> bytes:

@@ -412,12 +412,18 @@ class CheckpointConfig:
         resume: ``"auto"`` (continue from ``<run_dir>/checkpoints/latest`` if it
             exists), ``"never"`` (start fresh; refuses a run_dir that has
             checkpoints), or a path to a checkpoint folder or a checkpoints folder.
+        init_from: when there is nothing to resume, initialize the model weights
+            from this checkpoint (a step folder, checkpoints folder or run dir,
+            e.g. one written by ``epochal convert --to epochal``) and start the
+            optimizer, schedule and data from zero (Megatron's ``--finetune``).
+            Empty = random initialization.
     """
 
     save_interval: int = 100
     save_final: bool = True
     keep_last: int = 2
     resume: str = "auto"
+    init_from: str = ""
 
     def __post_init__(self) -> None:
         _require(

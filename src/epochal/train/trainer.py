@@ -357,6 +357,9 @@ class Trainer:
             "global_batch_size": self.config.training.global_batch_size,
             "seq_length": self.config.data.seq_length,
             "eval_history": self.eval_history,
+            # The resolved model (vocab size included), so converters and
+            # `epochal generate` rebuild it without re-deriving the data.
+            "model_config": self.model_config.to_dict(),
         }
 
     def save_checkpoint(self) -> Path:
@@ -387,18 +390,68 @@ class Trainer:
             return None
         if mode == "auto":
             return self.checkpointer.latest()
-        path = Path(mode)
+        return self.find_checkpoint(mode, "resume")
+
+    @staticmethod
+    def find_checkpoint(path: str | Path, option: str) -> Path:
+        """The checkpoint ``path`` names: a step folder, a checkpoints folder or a run dir.
+
+        Raises:
+            ConfigError: (naming ``checkpoint.<option>``) nothing there is a checkpoint.
+        """
+        path = Path(path)
         if (path / "trainer_state.json").is_file():
             return path
-        found = Checkpointer(path).latest() if path.is_dir() else None
-        if found is None:
-            raise ConfigError(
-                "checkpoint.resume", f"{path} is neither a checkpoint nor a folder of checkpoints"
-            )
-        return found
+        for candidate in (path, path / "checkpoints"):
+            found = Checkpointer(candidate).latest() if candidate.is_dir() else None
+            if found is not None:
+                return found
+        raise ConfigError(
+            f"checkpoint.{option}",
+            f"{path} is neither a checkpoint, a folder of checkpoints nor a run directory",
+        )
+
+    def check_model_config(self, folder: str | Path, saved: dict[str, Any]) -> None:
+        """Refuse a checkpoint of another model (``trainer_state.json``'s ``model_config``).
+
+        Raises:
+            CheckpointError: naming every option whose value differs.
+        """
+        recorded = saved.get("model_config")
+        if not isinstance(recorded, dict):
+            return  # older checkpoints: DCP's shape check still refuses a wrong model
+        ours = self.model_config.to_dict()
+        diff = [
+            f"model.{k}: checkpoint {recorded.get(k)!r} vs config {v!r}"
+            for k, v in ours.items()
+            if k in recorded and recorded[k] != v
+        ]
+        if diff:
+            raise CheckpointError(f"{folder} holds another model: " + "; ".join(diff))
+
+    def init_from_checkpoint(self, folder: str | Path) -> None:
+        """Load only the model weights of ``folder``; optimizer, schedule, step and data start fresh.
+
+        Megatron's ``--finetune``: used for ``checkpoint.init_from`` and for the
+        model-only folders ``epochal convert --to epochal`` writes.
+
+        Raises:
+            CheckpointError: the folder is not a checkpoint of this model.
+        """
+        self.check_model_config(folder, self.checkpointer.read_trainer_state(folder))
+        self.checkpointer.load_tensors(folder, {"model": self.app_state()["model"]})
 
     def load_checkpoint(self, folder: str | Path) -> None:
-        """Restore everything from ``folder`` (model, optimizer, scheduler, data position, RNG)."""
+        """Restore everything from ``folder`` (model, optimizer, scheduler, data position, RNG).
+
+        A model-only checkpoint (``"model_only": true``, as written by ``epochal
+        convert``) only initializes the weights (see :meth:`init_from_checkpoint`).
+        """
+        saved = self.checkpointer.read_trainer_state(folder)
+        if saved.get("model_only"):
+            self.init_from_checkpoint(folder)
+            return
+        self.check_model_config(folder, saved)
         state, rng = self.checkpointer.load(folder, self.app_state())
         try:
             self.step = int(state["step"])
@@ -418,6 +471,8 @@ class Trainer:
         folder = self.resume_folder()
         if folder is not None:
             self.load_checkpoint(folder)
+        elif cfg.checkpoint.init_from:
+            self.init_from_checkpoint(self.find_checkpoint(cfg.checkpoint.init_from, "init_from"))
         start_step = self.step
         total = cfg.training.train_iters
         result = TrainResult(
