@@ -211,3 +211,25 @@ def test_builder_must_return_the_declared_names(tmp_path):
 def test_unsupported_identity_value():
     with pytest.raises(TypeError, match="cannot describe"):
         describe({"x": object()})
+
+
+def test_cached_datasets_pickle_as_file_names(tmp_path):
+    import pickle
+
+    from epochal.data.blended_dataset import BlendedDataset
+
+    corpus = ArrayCorpus(random_documents(8, 200, max_length=60))
+    ds = GPTDataset(corpus, None, 20_000, 8, seed=3, cache_dir=tmp_path)
+    assert isinstance(ds.shuffle_index, np.memmap)  # the builder serves the saved files too
+    indices_bytes = ds.shuffle_index.nbytes + ds.sample_index.nbytes + ds.document_index.nbytes
+    blob = pickle.dumps(ds)
+    assert len(blob) < indices_bytes / 4
+    copy = pickle.loads(blob)
+    assert isinstance(copy.sample_index, np.memmap)
+    for i in (0, 7, len(ds) - 1):
+        assert copy[i]["tokens"].tolist() == ds[i]["tokens"].tolist()
+    blend = BlendedDataset([ds, ds], [1, 1], 30_000, cache_dir=tmp_path)
+    again = pickle.loads(pickle.dumps(blend))
+    np.testing.assert_array_equal(again.dataset_sample_index, blend.dataset_sample_index)
+    in_memory = GPTDataset(corpus, None, 20_000, 8, seed=3)
+    assert len(pickle.dumps(in_memory)) > indices_bytes

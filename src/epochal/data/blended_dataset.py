@@ -26,7 +26,7 @@ import numpy as np
 from torch.utils.data import Dataset
 
 from epochal.data.epoch_index import EpochIndex
-from epochal.data.index_cache import cached_arrays
+from epochal.data.index_cache import cached_arrays, pickle_arrays, unpickle_arrays
 
 #: Megatron stores dataset ids as int16.
 MAX_DATASETS = 32767
@@ -333,6 +333,15 @@ class BlendedDataset(Dataset):
             "dataset_id": dataset_id,
             **self.datasets[dataset_id][int(self.dataset_sample_index[i])],
         }
+
+    _INDICES = ("dataset_index", "dataset_sample_index")
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickle cached indices as their file names (workers map the files again)."""
+        return pickle_arrays(self.__dict__, self._INDICES)
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(unpickle_arrays(state, self._INDICES))
 
     def __repr__(self) -> str:
         return f"BlendedDataset(split={self.split}, datasets={len(self.datasets)}, samples={len(self)})"

@@ -48,7 +48,7 @@ from torch.utils.data import Dataset
 
 from epochal.data.epoch_index import EpochIndex
 from epochal.data.gpt_indices import build_gpt_indices, tokens_in_documents
-from epochal.data.index_cache import cached_arrays
+from epochal.data.index_cache import cached_arrays, pickle_arrays, unpickle_arrays
 
 #: Megatron-Core's pad sentinel, guaranteed not to be a real token id.
 PAD_SENTINEL = -1
@@ -437,6 +437,15 @@ class GPTDataset(Dataset):
         if attention_mask is not None:
             sample["attention_mask"] = torch.from_numpy(attention_mask)
         return sample
+
+    _INDICES = ("document_index", "sample_index", "shuffle_index")
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickle cached indices as their file names (workers map the files again)."""
+        return pickle_arrays(self.__dict__, self._INDICES)
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(unpickle_arrays(state, self._INDICES))
 
     def __repr__(self) -> str:
         return (

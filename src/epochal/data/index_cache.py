@@ -24,6 +24,9 @@ Rules:
   system) builds and saves its own copy. Every rank of the group must therefore
   call this the same number of times, in the same order.
 - With ``cache_dir=None`` nothing is written: the arrays are built in memory.
+  With a cache, every rank (the builder too) serves read-only memory maps of the
+  files, and datasets pickle them as file names (:func:`pickle_arrays`), so
+  ``DataLoader`` workers map the same files instead of receiving copies.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ import os
 import uuid
 import warnings
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -178,7 +181,8 @@ def _load_or_build_here(
     if set(built) != set(names):
         raise ValueError(f"index builder returned {sorted(built)}, expected {sorted(names)}")
     _save(cache_dir, stem, built, canonical, key)
-    return built, False
+    # serve the saved files, mapped like on every other rank (cheap to pickle, see below)
+    return _load(cache_dir, stem, names, key) or built, False
 
 
 def _group_rank(group: Any) -> tuple[int, int]:
@@ -264,3 +268,34 @@ def cached_arrays(
             )
     _, paths = _paths(cache_dir, stem, names)
     return arrays, {"hash": key, "stem": stem, "cache_hit": hit, "paths": paths}
+
+
+class MappedFile(NamedTuple):
+    """Stands for a memory-mapped cache array in a pickled dataset (see :func:`pickle_arrays`)."""
+
+    path: str
+
+
+def pickle_arrays(state: dict[str, Any], names: tuple[str, ...]) -> dict[str, Any]:
+    """Return ``state`` with each memory-mapped array in ``names`` replaced by its file.
+
+    A dataset whose indices come from the cache then pickles in bytes, not in the size
+    of its indices, when it is sent to ``DataLoader`` workers or other processes; the
+    copy maps the same files again (:func:`unpickle_arrays`).
+    """
+    state = dict(state)
+    for name in names:
+        value = state.get(name)
+        if isinstance(value, np.memmap) and value.filename and value.offset and value.mode == "r":
+            state[name] = MappedFile(os.fspath(value.filename))
+    return state
+
+
+def unpickle_arrays(state: dict[str, Any], names: tuple[str, ...]) -> dict[str, Any]:
+    """Undo :func:`pickle_arrays`: map the files again (read-only)."""
+    state = dict(state)
+    for name in names:
+        value = state.get(name)
+        if isinstance(value, MappedFile):
+            state[name] = np.load(value.path, mmap_mode="r", allow_pickle=False)
+    return state
