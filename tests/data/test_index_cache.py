@@ -9,6 +9,7 @@ import warnings
 import numpy as np
 import pytest
 
+from epochal.data.dataset_builder import GPTDatasetConfig, build_gpt_datasets
 from epochal.data.gpt_dataset import GPTDataset
 from epochal.data.index_cache import CacheRebuildWarning, cached_arrays, describe
 from tests.data.gpt_corpus import ArrayCorpus, random_documents
@@ -175,12 +176,33 @@ def _ranked_build(rank, world_size, directory):
     ds = GPTDataset(corpus, None, 40, 8, seed=6, cache_dir=os.path.join(directory, "gpt"))
     samples = [ds[i]["tokens"].tolist() for i in range(len(ds))]
     out.append((ds.cache_info["cache_hit"], samples))
+    # the builder: a weighted blend, built on rank 0 first, identical on every rank
+    corpora = {"x": ArrayCorpus(random_documents(1, 40)), "y": ArrayCorpus(random_documents(2, 30))}
+    config = GPTDatasetConfig(
+        seq_length=8,
+        seed=2,
+        data_path=["0.4", "x", "0.6", "y"],
+        split="8,2,0",
+        path_to_cache=os.path.join(directory, "builder"),
+    )
+    train, valid, _ = build_gpt_datasets(config, [60, 10, 0], open_indexed=corpora.__getitem__)
+    out.append(
+        (
+            train.cache_info["cache_hit"],
+            [train[i]["tokens"].tolist() + [train[i]["dataset_id"]] for i in range(len(train))],
+            [valid[i]["tokens"].tolist() for i in range(len(valid))],
+        )
+    )
     return out
 
 
 @pytest.mark.distributed
 def test_rank_zero_builds_and_other_ranks_load(tmp_path):
-    (shared0, local0, gpt0), (shared1, local1, gpt1) = run_gloo(_ranked_build, 2, str(tmp_path))
+    (shared0, local0, gpt0, built0), (shared1, local1, gpt1, built1) = run_gloo(
+        _ranked_build, 2, str(tmp_path)
+    )
+    assert built0[0] is False and built1[0] is True and built0[1:] == built1[1:]
+    assert len(built0[1]) >= 60 and {row[-1] for row in built0[1]} == {0, 1}
     assert gpt0[0] is False and gpt1[0] is True and gpt0[1] == gpt1[1]
     assert gpt0[1] == [
         GPTDataset(ArrayCorpus(random_documents(9, 25)), None, 40, 8, seed=6)[i]["tokens"].tolist()
