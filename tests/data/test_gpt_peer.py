@@ -8,7 +8,6 @@ set, so the module runs inside a single-process gloo group.
 
 import itertools
 import os
-import tempfile
 import warnings
 
 import numpy as np
@@ -53,10 +52,10 @@ class DuckTokenizer:
 
 
 @pytest.fixture(scope="module")
-def world_of_one():
+def world_of_one(tmp_path_factory):
     created = not dist.is_initialized()
     if created:
-        store = dist.FileStore(tempfile.mktemp(prefix="epochal-gpt-peer-store-"), 1)
+        store = dist.FileStore(str(tmp_path_factory.mktemp("store") / "filestore"), 1)
         dist.init_process_group("gloo", store=store, rank=0, world_size=1)
     yield
     if created:
