@@ -7,7 +7,6 @@ set, so the module runs inside a single-process gloo group.
 """
 
 import itertools
-import os
 import warnings
 
 import numpy as np
@@ -332,22 +331,34 @@ def test_exhaustive_blending_indices_equal_megatron_helpers():
 
 
 def test_megatron_reuses_a_wrong_cache_and_we_do_not(corpora, tmp_path):
-    """Megatron's cache key omits add_extra_token_to_sequence; ours hashes it."""
+    """Megatron's cache key omits add_extra_token_to_sequence; ours hashes every option."""
     prefix = corpora["a"]
+    documents = np.arange(80, dtype=np.int32)
+
+    def theirs(extra, cache):
+        config = megatron_config(
+            str(cache), split="1,0,0", blend=([prefix], None), add_extra_token_to_sequence=extra
+        )
+        return MGPTDataset(MIndexedDataset(prefix), prefix, documents, 40, Split.train, config)
+
+    shared = tmp_path / "megatron-shared"
+    stale = (theirs(True, shared), theirs(False, shared))[1]
+    fresh = theirs(False, tmp_path / "megatron-fresh")
+    assert not np.array_equal(stale.sample_index, fresh.sample_index)  # Megatron: stale cache
     ours = [
         GPTDataset(
             IndexedDataset(prefix),
-            None,
+            documents,
             40,
             16,
-            1,
+            1234,
             add_extra_token_to_sequence=e,
-            cache_dir=tmp_path,
+            cache_dir=tmp_path / "ours",
         )
         for e in (True, False)
     ]
     assert ours[0].cache_info["hash"] != ours[1].cache_info["hash"]
-    assert os.path.isfile(ours[1].cache_info["paths"]["sample_index"])
+    np.testing.assert_array_equal(ours[1].sample_index, fresh.sample_index)
 
 
 def test_split_ranges_equal_megatron():
