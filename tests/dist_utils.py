@@ -50,7 +50,9 @@ def _worker(rank: int, world_size: int, port: int, fn: Callable, args: tuple, qu
             dist.destroy_process_group()
 
 
-def run_gloo(fn: Callable[..., Any], world_size: int, *args: Any, timeout: float = 300) -> list[Any]:
+def run_gloo(
+    fn: Callable[..., Any], world_size: int, *args: Any, timeout: float = 300
+) -> list[Any]:
     """Run ``fn(rank, world_size, *args)`` on ``world_size`` gloo ranks; return results by rank.
 
     ``fn`` must be importable (a module-level function). Raises ``RuntimeError``
@@ -86,17 +88,30 @@ def run_gloo(fn: Callable[..., Any], world_size: int, *args: Any, timeout: float
 
 
 def run_torchrun(
-    argv: Sequence[str], nproc: int, *, env: dict[str, str] | None = None, timeout: float = 300, cwd: str | None = None
+    argv: Sequence[str],
+    nproc: int,
+    *,
+    env: dict[str, str] | None = None,
+    timeout: float = 300,
+    cwd: str | None = None,
 ) -> subprocess.CompletedProcess:
     """Run ``python -m torch.distributed.run --standalone --nproc-per-node nproc argv...``.
 
     Raises ``AssertionError`` with the captured output if the command fails.
     """
     cmd = [
-        sys.executable, "-m", "torch.distributed.run", "--standalone",
-        f"--nproc-per-node={nproc}", *argv,
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={nproc}",
+        *argv,
     ]
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env, cwd=cwd)
-    assert proc.returncode == 0, f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
+    proc = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=timeout, env=full_env, cwd=cwd
+    )
+    assert proc.returncode == 0, (
+        f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
+    )
     return proc

@@ -14,13 +14,31 @@ import sys
 
 # subcommand -> (module, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "train": ("epochal.train.cli_train", "train a GPT model (the main job; no arguments = a small demo run)"),
-    "plot": ("epochal.train.cli_plot", "plot a run's loss curves (train, validation, resumed segments) to PNG"),
-    "generate": ("epochal.train.cli_generate", "generate text from a checkpoint (greedy, sampling, beam search)"),
-    "convert": ("epochal.convert.cli_convert", "convert checkpoints: epochal <-> Hugging Face <-> Megatron-LM"),
-    "preprocess": ("epochal.data.cli_preprocess", "tokenize JSONL into Megatron .bin/.idx indexed files"),
+    "train": (
+        "epochal.train.cli_train",
+        "train a GPT model (the main job; no arguments = a small demo run)",
+    ),
+    "plot": (
+        "epochal.train.cli_plot",
+        "plot a run's loss curves (train, validation, resumed segments) to PNG",
+    ),
+    "generate": (
+        "epochal.train.cli_generate",
+        "generate text from a checkpoint (greedy, sampling, beam search)",
+    ),
+    "convert": (
+        "epochal.convert.cli_convert",
+        "convert checkpoints: epochal <-> Hugging Face <-> Megatron-LM",
+    ),
+    "preprocess": (
+        "epochal.data.cli_preprocess",
+        "tokenize JSONL into Megatron .bin/.idx indexed files",
+    ),
     "merge": ("epochal.data.cli_merge", "merge several indexed-file prefixes into one"),
-    "inspect": ("epochal.data.cli_inspect", "show counts, a length histogram and decoded samples of indexed files"),
+    "inspect": (
+        "epochal.data.cli_inspect",
+        "show counts, a length histogram and decoded samples of indexed files",
+    ),
     "demo-epochs": ("epochal.data.demo", "show per-epoch shuffles and masks, reproducibly"),
 }
 
@@ -29,7 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     """Return the top-level parser with every subcommand registered."""
     parser = argparse.ArgumentParser(prog="epochal", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for name, (module_name, help_text) in SUBCOMMANDS.items():
+    for name, (_module, help_text) in SUBCOMMANDS.items():
         sub.add_parser(name, help=help_text, add_help=False)
     return parser
 

@@ -266,7 +266,7 @@ def save_epochal_checkpoint(
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint import FileSystemWriter
 
-    from epochal.convert.atomic import atomic_directory
+    from epochal._atomic import atomic_directory
 
     state = complete_tied(config, state)
     check_shapes(state, config, "model state")

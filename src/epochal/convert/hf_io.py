@@ -21,8 +21,8 @@ from typing import Any, Literal
 
 import torch
 
+from epochal._atomic import atomic_directory
 from epochal.convert import hf_gpt2, hf_llama
-from epochal.convert.atomic import atomic_directory
 from epochal.convert.common import ConversionError, check_shapes, complete_tied
 from epochal.convert.safe_load import load_safetensors, safe_torch_load
 from epochal.model.config import ModelConfig

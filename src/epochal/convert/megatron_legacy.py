@@ -46,7 +46,7 @@ from typing import Any, Literal
 
 import torch
 
-from epochal.convert.atomic import atomic_directory, atomic_write_text
+from epochal._atomic import atomic_directory, atomic_write
 from epochal.convert.common import ConversionError, check_shapes, complete_tied, resize_rows
 from epochal.convert.megatron_args import (
     CHECKPOINT_VERSION,
@@ -329,7 +329,7 @@ def save_megatron_checkpoint(
                     "num_floating_point_operations_so_far": 0,
                 }
                 torch.save(payload, rank_dir / FILE_NAME)
-    atomic_write_text(directory / TRACKER_FILE, f"{iteration}\n")
+    atomic_write(directory / TRACKER_FILE, f"{iteration}\n")
     return folder
 
 

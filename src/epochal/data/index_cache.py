@@ -34,12 +34,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import uuid
 import warnings
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 import numpy as np
+
+from epochal._atomic import atomic_path, atomic_write
 
 #: Bump when the index algorithms change so old caches are never reused.
 CACHE_FORMAT_VERSION = 1
@@ -79,17 +80,6 @@ def describe(identity: Mapping[str, Any]) -> tuple[dict[str, Any], str]:
     canonical = {"cache_format_version": CACHE_FORMAT_VERSION, **_canonical(identity)}
     text = json.dumps(canonical, sort_keys=True)
     return canonical, hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
-
-
-def _atomic_write(path: str, write: Callable[[Any], None], mode: str) -> None:
-    tmp = f"{path}.tmp-{os.getpid()}-{uuid.uuid4().hex}"
-    try:
-        with open(tmp, mode) as handle:
-            write(handle)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
 
 
 def _paths(cache_dir: str, stem: str, names: tuple[str, ...]) -> tuple[str, dict[str, str]]:
@@ -141,9 +131,8 @@ def _save(
     os.makedirs(cache_dir, exist_ok=True)
     description_path, array_paths = _paths(cache_dir, stem, tuple(arrays))
     for name, path in array_paths.items():
-        _atomic_write(
-            path, lambda handle, a=arrays[name]: np.save(handle, a, allow_pickle=False), "wb"
-        )
+        with atomic_path(path) as tmp:
+            np.save(tmp, arrays[name], allow_pickle=False)
     description = {
         "hash": key,
         "identity": canonical,
@@ -151,11 +140,7 @@ def _save(
             name: {"shape": list(a.shape), "dtype": a.dtype.str} for name, a in arrays.items()
         },
     }
-    _atomic_write(
-        description_path,
-        lambda handle: handle.write(json.dumps(description, indent=2, sort_keys=True)),
-        "w",
-    )
+    atomic_write(description_path, json.dumps(description, indent=2, sort_keys=True))
 
 
 def _load_or_build_here(

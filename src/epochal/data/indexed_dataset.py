@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from epochal._atomic import fsync_dir
 from epochal.data.indexed_format import (
     HEADER_SIZE,
     IndexedFileError,
@@ -701,7 +702,7 @@ class IndexedDatasetBuilder:
                 os.remove(idx_path)  # never leave a new .bin next to an old .idx
             os.replace(self._tmp_bin, self.bin_path)
             os.replace(tmp_idx, idx_path)
-            _fsync_directory(os.path.dirname(os.path.abspath(idx_path)))
+            fsync_dir(os.path.dirname(os.path.abspath(idx_path)))
         except BaseException:
             self.abort()
             raise
@@ -777,19 +778,6 @@ def _remove_quietly(path: str) -> None:
         os.remove(path)
     except FileNotFoundError:
         pass
-
-
-def _fsync_directory(directory: str) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def write_indexed_dataset(

@@ -30,6 +30,8 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
+from epochal._atomic import atomic_path
+
 __all__ = ["TiedOptimizerState", "consolidate_checkpoint", "load_consolidated"]
 
 _OUT, _IN = "output.weight", "tok_embeddings.weight"
@@ -136,9 +138,8 @@ def consolidate_checkpoint(
         tensors[key[len(prefix) :]] = t.contiguous()
     out = Path(out_file)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
-    save_file(tensors, str(tmp), metadata={"format": "pt", "source": str(folder)})
-    os.replace(tmp, out)
+    with atomic_path(out) as tmp:
+        save_file(tensors, str(tmp), metadata={"format": "pt", "source": str(folder)})
     return {k: tuple(v.shape) for k, v in tensors.items()}
 
 

@@ -49,6 +49,8 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 
+from epochal._atomic import atomic_write, fsync_dir, replace_directory
+
 __all__ = [
     "CheckpointError",
     "Checkpointer",
@@ -246,22 +248,16 @@ class Checkpointer:
                 "ignore", message=".*assuming the intent is to save in a single process.*"
             )
             dcp.save(state, storage_writer=FileSystemWriter(tmp, thread_count=1))
-        _atomic_write_bytes(tmp / f"rng_rank{self.rank}.pt", _torch_bytes(rng_state))
+        atomic_write(tmp / f"rng_rank{self.rank}.pt", _torch_bytes(rng_state))
         self._barrier()
         if self.rank == 0:
-            _atomic_write_bytes(tmp / TRAINER_STATE, json.dumps(trainer_state, indent=1).encode())
+            atomic_write(tmp / TRAINER_STATE, json.dumps(trainer_state, indent=1))
             if config_toml is not None:
-                _atomic_write_bytes(tmp / "config.toml", config_toml.encode())
-            _fsync_dir(tmp)
-            if final.exists():  # re-saving a step (a run resumed from an older checkpoint)
-                trash = self.directory / f".tmp-trash-{final.name}"
-                os.replace(final, trash)
-                os.replace(tmp, final)
-                shutil.rmtree(trash, ignore_errors=True)
-            else:
-                os.replace(tmp, final)
-            _fsync_dir(self.directory)
-            _atomic_write_bytes(self.directory / LATEST, f"{final.name}\n".encode())
+                atomic_write(tmp / "config.toml", config_toml)
+            fsync_dir(tmp)
+            # (re-saving a step, e.g. after resuming from an older checkpoint, swaps it)
+            replace_directory(tmp, final)
+            atomic_write(self.directory / LATEST, f"{final.name}\n")
             self._prune(keep=final)
         self._barrier()
         return final
@@ -362,25 +358,3 @@ def _torch_bytes(obj: Any) -> bytes:
     buf = io.BytesIO()
     torch.save(obj, buf)
     return buf.getvalue()
-
-
-def _atomic_write_bytes(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)

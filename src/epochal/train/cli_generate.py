@@ -312,9 +312,9 @@ def _generate(args, parallel, init_distributed, is_logging_rank) -> int:
         body = text if text is not None else str(tokens)
         print(f"=== [{prompt_index}] {head}\n{body}")
     if args.output:
-        from epochal.convert.atomic import atomic_write_text
+        from epochal._atomic import atomic_write
 
-        atomic_write_text(args.output, "".join(json.dumps(r) + "\n" for r in records))
+        atomic_write(args.output, "".join(json.dumps(r) + "\n" for r in records))
     n = sum(len(t) for t in out.tokens)
     print(
         f"generated {n} tokens for {len(ids)} prompt(s) in {seconds:.2f} s ({n / max(seconds, 1e-9):.1f} tokens/s; "

@@ -12,6 +12,7 @@ import os
 from collections import defaultdict
 from pathlib import Path
 
+from epochal._atomic import atomic_path
 from epochal.train.metrics import read_metrics
 
 __all__ = ["plot_run"]
@@ -94,10 +95,11 @@ def plot_run(
     fig.tight_layout()
     out = Path(output) if output is not None else run / "loss.png"
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.stem}.tmp{os.getpid()}.png")
-    fig.savefig(tmp)
-    plt.close(fig)
-    os.replace(tmp, out)
+    try:
+        with atomic_path(out) as tmp:
+            fig.savefig(tmp)
+    finally:
+        plt.close(fig)
     return out
 
 
