@@ -162,16 +162,15 @@ class ParallelTrainer(Trainer):
             {"consumed_samples": loader.consumed_samples + step_samples, "mode": "train"}
         )
 
-    def train_step(self, batches: Iterator[dict[str, Any]]) -> dict[str, Any]:
-        """One optimizer step over one global batch (all ranks together).
+    def forward_backward(
+        self, batches: Iterator[dict[str, Any]], num_microbatches: int
+    ) -> torch.Tensor:
+        """Forward and backward of one global batch through the engine (all ranks together).
 
         Raises:
             StopIteration: on every rank, when any rank ran out of training data.
         """
-        n_mb = self.num_microbatches()
-        for part in self.model_parts:
-            part.train()
-        self.optimizers.zero_grad(set_to_none=True)
+        n_mb = num_microbatches
         per_doc = self._per_document()
         micro_batches: list[dict[str, torch.Tensor]] = []
         ok = True
@@ -184,21 +183,9 @@ class ParallelTrainer(Trainer):
             raise StopIteration
         if not micro_batches:
             self._advance_without_reading(n_mb)
-        loss = self.engine.forward_backward(
+        return self.engine.forward_backward(
             micro_batches, num_microbatches=n_mb, loss_fn=self.custom_loss, per_document=per_doc
         )
-        grad_norm = self.clip_gradients()
-        lr = self.optimizers.param_groups[0]["lr"]
-        finite = bool(torch.isfinite(grad_norm))
-        if finite:
-            self.optimizers.step()
-        self.scheduler.step(1)
-        return {
-            "loss": float(loss.item()),
-            "grad_norm": float(grad_norm.item()),
-            "lr": float(lr),
-            "skipped": 0 if finite else 1,
-        }
 
     @torch.no_grad()
     def evaluate(self) -> float | None:

@@ -7,8 +7,10 @@ methods rather than rewriting the loop):
   pipeline stages later), then :meth:`Trainer.parallelize` (the seam where tensor /
   sequence / data parallelism, recompute and ``torch.compile`` are applied; here
   it only compiles blocks if asked);
-- :meth:`Trainer.forward_backward_step` runs ONE micro-batch; :meth:`Trainer.train_step`
-  runs the micro-batches of one global batch, clips, steps;
+- :meth:`Trainer.forward_backward` runs the forward and backward passes of one global
+  batch (here: :meth:`Trainer.forward_backward_step` per micro-batch; a pipeline
+  schedule under parallelism), then :meth:`Trainer.optimizer_step` clips and steps;
+  :meth:`Trainer.train_step` is the two together;
 - :class:`~epochal.train.optim.OptimizersContainer` and
   :class:`~epochal.train.lr_schedule.OptimizerParamScheduler`;
 - :class:`~epochal.train.checkpoint.Checkpointer` with DCP ``Stateful`` objects;
@@ -51,6 +53,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from epochal._atomic import atomic_write
 from epochal.model.config import ConfigError, ModelConfig
 from epochal.model.gpt import GPTModel
 from epochal.train.checkpoint import Checkpointer, CheckpointError
@@ -297,9 +300,28 @@ class Trainer:
         for part in self.model_parts:
             part.train()
         self.optimizers.zero_grad(set_to_none=True)
+        loss = self.forward_backward(batches, n_mb)
+        return self.optimizer_step(loss)
+
+    def forward_backward(
+        self, batches: Iterator[dict[str, Any]], num_microbatches: int
+    ) -> torch.Tensor:
+        """Forward and backward of one global batch; returns the step's detached loss.
+
+        Raises:
+            StopIteration: ``batches`` ran out.
+        """
         total = torch.zeros((), device=self.device)
-        for _ in range(n_mb):
-            total += self.forward_backward_step(next(batches), n_mb)
+        for _ in range(num_microbatches):
+            total += self.forward_backward_step(next(batches), num_microbatches)
+        return total
+
+    def optimizer_step(self, loss: torch.Tensor) -> dict[str, Any]:
+        """Clip, step the optimizers (skipped on a non-finite gradient norm) and the schedule.
+
+        Returns:
+            ``{"loss", "grad_norm", "lr", "skipped"}`` (Python numbers).
+        """
         grad_norm = self.clip_gradients()
         lr = self.optimizers.param_groups[0]["lr"]
         finite = bool(torch.isfinite(grad_norm))
@@ -307,7 +329,7 @@ class Trainer:
             self.optimizers.step()
         self.scheduler.step(1)
         return {
-            "loss": float(total.item()),
+            "loss": float(loss.item()),
             "grad_norm": float(grad_norm.item()),
             "lr": float(lr),
             "skipped": 0 if finite else 1,
@@ -485,7 +507,7 @@ class Trainer:
         if self.eval_history:
             result.eval_loss = self.eval_history[-1][1]
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        (self.run_dir / "config.toml").write_text(to_toml(cfg))
+        atomic_write(self.run_dir / "config.toml", to_toml(cfg))
         metrics = MetricsLogger(
             self.run_dir,
             total_steps=total,
