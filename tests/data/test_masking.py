@@ -59,17 +59,21 @@ def test_outputs_are_consistent(seqs):
 
 def test_masking_rates(seqs):
     ds = make(seqs * 20)
-    sel = masked = rand_or_same = total = 0
+    sel = masked = replaced = kept = total = 0
     for i in range(len(ds)):
         out = ds[EpochIndex(0, i)]
         s = out["loss_mask"]
         total += s.numel() - 2
         sel += int(s.sum())
-        masked += int((out["tokens"][s] == MASK).sum())
-        rand_or_same += int((out["tokens"][s] != MASK).sum())
+        new, orig = out["tokens"][s], torch.as_tensor(ds.dataset[i])[s]
+        masked += int((new == MASK).sum())
+        replaced += int(((new != MASK) & (new != orig)).sum())
+        kept += int((new == orig).sum())
     assert abs(sel / total - 0.15) < 0.01, sel / total
     assert abs(masked / sel - 0.8) < 0.03, masked / sel
-    assert abs(rand_or_same / sel - 0.2) < 0.03
+    # 10% random tokens (1 in 26 of them happens to draw the original token), 10% kept
+    assert abs(replaced / sel - 0.1 * 25 / 26) < 0.02, replaced / sel
+    assert abs(kept / sel - (0.1 + 0.1 / 26)) < 0.02, kept / sel
 
 
 def test_extreme_probabilities(seqs):
