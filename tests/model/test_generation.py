@@ -235,6 +235,9 @@ def test_bos_stop_and_edge_cases():
         generate(model, [[1], []])
     with pytest.raises(GenerationConfigError, match=r"prompts\[0\]: token ids \[500\]"):
         generate(model, [[500]])
+    for pad in (-1, 1000):  # the pad id is fed to the model: it must be a row of the embedding
+        with pytest.raises(GenerationConfigError, match=rf"pad_token_id: {pad} is outside"):
+            generate(model, [[1, 2], [3]], max_new_tokens=2, pad_token_id=pad)
     for bad, match in (
         (dict(temperature=0.0), "temperature"),
         (dict(top_p=1.5), "top_p"),

@@ -366,6 +366,11 @@ def _prepare(
     for t in cfg.stop_token_ids:
         if not 0 <= t < vocab:
             raise GenerationConfigError(f"stop_token_ids: {t} is outside [0, vocab_size={vocab})")
+    if cfg.pad_token_id is not None and not 0 <= cfg.pad_token_id < padded_vocab:
+        raise GenerationConfigError(
+            f"pad_token_id: {cfg.pad_token_id} is outside the model's [0, {padded_vocab}) "
+            "(padding is fed to the model)"
+        )
     return rows, vocab, longest
 
 
@@ -390,7 +395,8 @@ def generate(
 
     Raises:
         GenerationConfigError: an invalid option, an empty or out-of-vocabulary
-            prompt, or prompt + ``max_new_tokens`` longer than the model's positions.
+            prompt, a stop or pad id outside the vocabulary, or prompt +
+            ``max_new_tokens`` longer than the model's positions.
     """
     cfg = config or GenerationConfig()
     if overrides:
@@ -445,9 +451,9 @@ def _sample_or_greedy(
         else:
             nxt = logits.argmax(dim=-1)
         nxt = torch.where(finished, torch.full_like(nxt, pad_id), nxt)
-        for i, t in enumerate(nxt.tolist()):
-            if not finished[i]:
-                generated[i].append(t)
+        for row, t, done in zip(generated, nxt.tolist(), finished.tolist()):
+            if not done:
+                row.append(t)
         if len(stop):
             finished |= torch.isin(nxt, stop_t)
         if bool(finished.all()) or step == cfg.max_new_tokens - 1:
