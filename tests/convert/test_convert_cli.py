@@ -213,3 +213,44 @@ def test_generate_cli_on_run_and_hf_folder(tmp_path, capsys):
         == 2
     )
     assert "no tokenizer" in capsys.readouterr().err
+
+
+def test_generate_stops_at_the_hf_models_eos(tmp_path):
+    """A Hugging Face folder's config.json ``eos_token_id`` (all of a list) wins over the
+    end-of-document token guessed from its ``tokenizer.json``, as in ``transformers``."""
+    pytest.importorskip("transformers")
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+
+    hf = hf_gpt2(seed=3)
+    hf.save_pretrained(tmp_path / "hf")
+    vocab = {f"t{i}": i for i in range(99)} | {"<|endoftext|>": 99}
+    Tokenizer(WordLevel(vocab, unk_token="t0")).save(str(tmp_path / "hf" / "tokenizer.json"))
+    model = GPTModel(load_hf_checkpoint(tmp_path / "hf").config)
+    model.load_state_dict(load_hf_checkpoint(tmp_path / "hf").state)
+    free = generate(model, [[5, 6, 7]], max_new_tokens=6).tokens[0]
+    eos = free[1]  # a token greedy decoding reaches at step 2
+    assert 99 not in free[:2] and eos not in free[:1]
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    config["eos_token_id"] = [98, eos]
+    (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
+    out = tmp_path / "out.jsonl"
+    argv = ["generate", "--checkpoint", str(tmp_path / "hf"), "--prompt-ids", "5,6,7"]
+    assert main([*argv, "--max-new-tokens", "6", "--output", str(out)]) == 0
+    record = json.loads(out.read_text())
+    assert record["tokens"] == free[:2] and record["finished"]
+
+
+def test_generate_relaunch_command_line_parses_back():
+    import argparse
+
+    from epochal.train.cli_generate import _argv, add_arguments
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    argv = ["--checkpoint", "run", "--prompt", "a = -1", "--prompt", "b=2", "--prompt-ids", "1,2"]
+    argv += ["--stop-token-id", "5", "--do-sample", "--top-p", "0.9", "--tensor-parallel", "2"]
+    args = parser.parse_args(argv)
+    rebuilt = _argv(args)
+    assert rebuilt[0] == "generate"
+    assert parser.parse_args(rebuilt[1:]) == args

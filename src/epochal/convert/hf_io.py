@@ -55,6 +55,13 @@ class HFModel:
         return eos[0] if isinstance(eos, list) and eos else eos
 
     @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        """Every ``eos_token_id`` of ``config.json`` (an int or a list; empty if unset)."""
+        eos = self.hf_config.get("eos_token_id")
+        eos = eos if isinstance(eos, list) else [] if eos is None else [eos]
+        return tuple(int(t) for t in eos)
+
+    @property
     def bos_token_id(self) -> int | None:
         """``bos_token_id`` of ``config.json``."""
         return self.hf_config.get("bos_token_id")

@@ -12,9 +12,11 @@ a Hugging Face GPT-2/Llama folder or a Megatron-LM legacy checkpoint (detected
 as in ``epochal convert``). The tokenizer is, in order: the ``--tokenizer-*``
 options, the training run's own tokenizer (rebuilt from its ``config.toml``),
 or a ``tokenizer.json`` inside a Hugging Face folder; without one, prompts must
-be token ids (``--prompt-ids 1,2,3``). Generation stops at the tokenizer's
-end-of-document token (Megatron's behaviour) or the model's ``eos_token_id``
-unless ``--no-stop-at-eod``; ``--stop-token-id`` adds stop tokens.
+be token ids (``--prompt-ids 1,2,3``). Generation stops at a Hugging Face
+model's ``eos_token_id`` (every one of a list, as ``transformers`` does), else at
+the tokenizer's end-of-document token (Megatron's behaviour), unless
+``--no-stop-at-eod``; ``--stop-token-id`` adds stop tokens. ``--add-bos``
+prepends the model's ``bos_token_id``, else the tokenizer's BOS.
 
 With ``--tensor-parallel N`` the model is sharded over N processes
 (``epochal.parallel``'s tensor-parallel plan, gathered logits); every rank runs
@@ -93,7 +95,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="extra stop token (repeatable)",
     )
     dec.add_argument(
-        "--no-stop-at-eod", action="store_true", help="do not stop at the end-of-document token"
+        "--no-stop-at-eod",
+        action="store_true",
+        help="do not stop at the model's eos / the tokenizer's end-of-document token",
     )
     run_g = parser.add_argument_group("execution")
     run_g.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
@@ -118,7 +122,7 @@ def _load_model(
 
         hf = load_hf_checkpoint(args.checkpoint)
         config, state = hf.config, hf.state
-        extras["eos"] = hf.eos_token_id
+        extras["eos"] = hf.eos_token_ids
         extras["bos"] = hf.bos_token_id
         tok_file = Path(args.checkpoint) / "tokenizer.json"
         if tok_file.is_file():
@@ -245,10 +249,13 @@ def _generate(args, parallel, init_distributed, is_logging_rank) -> int:
     ids, shown = _prompts(args, tokenizer)
     stops = list(args.stop_token_id)
     if not args.no_stop_at_eod:
-        eod = getattr(tokenizer, "eod", None) if tokenizer is not None else extras.get("eos")
-        if eod is not None and eod < config.vocab_size:
-            stops.append(int(eod))
-    bos = getattr(tokenizer, "bos", None) if tokenizer is not None else extras.get("bos")
+        # a Hugging Face model's own eos ids win (as in transformers), else the tokenizer's EOD
+        eod = getattr(tokenizer, "eod", None)
+        ends = extras.get("eos") or (() if eod is None else (eod,))
+        stops += [int(t) for t in ends if 0 <= t < config.vocab_size]
+    bos = extras.get("bos")
+    if bos is None:
+        bos = getattr(tokenizer, "bos", None)
     gen_config = GenerationConfig(
         max_new_tokens=args.max_new_tokens,
         do_sample=args.do_sample,
