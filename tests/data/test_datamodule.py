@@ -203,3 +203,28 @@ def test_state_inside_a_step_is_tolerated_but_drift_is_not():
         next(it)
     with pytest.raises(DataModuleStateError, match="delivered samples up to position 16"):
         dm.state_dict()
+
+
+def test_padded_train_loader_counts_its_last_step_whole():
+    class Data(MegatronDataModule):
+        def __init__(self):
+            super().__init__(
+                MegatronDataSampler(
+                    6,
+                    2,
+                    4,
+                    data_parallel_rank=0,
+                    data_parallel_size=1,
+                    pad_samples_to_global_batch_size=True,
+                )
+            )
+
+        def train_dataloader(self):
+            return WrappedDataLoader(ToyGPTDataset(10), mode="train", drop_last=False)
+
+    dm = Data()
+    dm.trainer = SimpleNamespace(global_step=0)
+    batches = list(dm.train_dataloader())  # 3 steps of 2 micro-batches; the last one is padding
+    assert len(batches) == 6 and not batches[-1]["loss_mask"].any()
+    dm.trainer.global_step = 3
+    assert dm.state_dict() == {"consumed_samples": 12}

@@ -172,8 +172,8 @@ def test_padding_gives_loss_masked_zero_samples():
     assert batches[2]["loss_mask"].tolist() == [[1.0] * SEQ_LEN, [0.0] * SEQ_LEN]
     assert batches[2]["id"].tolist() == [10, 0]
     assert not batches[3]["loss_mask"].any() and not batches[3]["tokens"].any()
-    assert loader.consumed_samples == 11
-    assert list(loader.stream()) == []  # the padding is not data: nothing left after it
+    assert loader.consumed_samples == 16  # the padded global batch counts whole, like a step
+    assert list(loader.stream()) == []  # nothing left after the padding
     with pytest.raises(DataExhaustedError):
         next(iter(loader))
 

@@ -86,6 +86,23 @@ def test_sequential_global_batch_truncation_and_padding():
     assert list(s) == [[0, 1], [2, 3], [4, 5], [6, 7]]
 
 
+def test_sequential_padding_counts_as_consumed_and_resumes_inside_it():
+    # 11 samples, gbs 8, mbs 2, dp 2, padded: positions 11..15 complete the last global batch
+    kw = {"drop_last": False, "global_batch_size": 8, "pad_samples_to_global_batch_size": True}
+    full = [list(s) for s in _ranks(MegatronPretrainingSampler, 11, 0, 2, dp=2, **kw)]
+    s = MegatronPretrainingSampler(11, 0, 2, 0, 2, **kw)
+    # the padded step counts whole, as the step count does (2 steps of 8 = 16)
+    assert [s.consumed_after(0, k) for k in range(5)] == [0, 4, 8, 12, 16]
+    for rank in range(2):  # resume after the first micro-batch of padding
+        resumed = MegatronPretrainingSampler(11, 12, 2, rank, 2, **kw)
+        assert list(resumed) == full[rank][3:] == [[PAD, PAD]]
+        assert resumed.remaining(12) == 1
+    done = MegatronPretrainingSampler(11, 16, 2, 0, 2, **kw)
+    assert list(done) == [] and done.remaining(16) == 0
+    with pytest.raises(SamplerConfigError, match="beyond the end"):
+        MegatronPretrainingSampler(11, 17, 2, 0, 2, **kw)
+
+
 def test_sequential_rampup_truncation():
     # ramp 2 -> 4 over 4 samples, mbs 1, dp 2: steps [0,2) [2,4) [4,6)?  gbs(4)=4 (4 <= 4 -> stage 1)
     (s,) = _ranks(
@@ -313,6 +330,10 @@ def test_batch_sampler_hand_computed():
     )
     assert list(r0) == [[0, 2], [4, 6], [8, 10]] and list(r1) == [[1, 3], [5, 7], [9, PAD]]
     assert len(r0) == 3
+    assert r0.consumed_after(0, 3) == 12  # the padded global batch counts whole
+    assert list(MegatronPretrainingBatchSampler(11, 12, 1, 4, 0, 2, False, True)) == []
+    with pytest.raises(SamplerConfigError, match="beyond the end"):
+        MegatronPretrainingBatchSampler(11, 13, 1, 4, 0, 2, False, True)
     (s,) = _ranks(MegatronPretrainingBatchSampler, 11, 8, 1, 4, dp=1, drop_last=False)
     assert list(s) == [[8, 9, 10]] and s.consumed_after(8, 1) == 11
     # empty local share of a short last global batch

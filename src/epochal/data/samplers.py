@@ -207,7 +207,7 @@ class MegatronPretrainingSampler(_MegatronSamplerBase):
     Args:
         total_samples: number of positions (``len(dataset)``), ``>= 1``.
         consumed_samples: position where iteration starts, ``0 <= consumed_samples <=
-            total_samples``.
+            total_samples`` (or up to the end of the padding, which counts as consumed).
         micro_batch_size: indices per item, ``>= 1``.
         data_parallel_rank: this rank, ``0 <= rank < data_parallel_size``.
         data_parallel_size: number of data-parallel ranks, ``>= 1``.
@@ -245,7 +245,6 @@ class MegatronPretrainingSampler(_MegatronSamplerBase):
             pad_samples_to_global_batch_size,
             rampup_batch_size,
         )
-        self._check_consumed(self.consumed_samples)
         block = self.micro_batch_times_data_parallel_size
         n = self.total_samples
         # Positions [0, data_end) are yielded; the pass ends at pass_end (>= data_end with padding).
@@ -260,17 +259,23 @@ class MegatronPretrainingSampler(_MegatronSamplerBase):
             )
         else:
             self._pass_end = self._data_end
+        # The last position: padding positions count as consumed (a padded step is a whole
+        # global batch, as the step count says), so a pass may end beyond the data.
+        self._end = max(self._pass_end, n)
         if self.drop_last:
             self._len = self._data_end // block
         else:
             self._len = _ceil_div(self._pass_end, block)
+        self._check_consumed(self.consumed_samples)
 
     def _check_consumed(self, consumed: int) -> int:
         consumed = _check_int(consumed, "consumed_samples", 0)
-        if consumed > self.total_samples:
+        if consumed > self._end:
             raise SamplerConfigError(
                 f"consumed_samples ({consumed}) is beyond the end of the data (total_samples="
-                f"{self.total_samples}); a single-pass sampler cannot resume there"
+                f"{self.total_samples}"
+                + (f", padded to {self._end}" if self._end > self.total_samples else "")
+                + "); a single-pass sampler cannot resume there"
             )
         return consumed
 
@@ -282,9 +287,9 @@ class MegatronPretrainingSampler(_MegatronSamplerBase):
         start = self._check_consumed(self.consumed_samples)
         block, mbs = self.micro_batch_times_data_parallel_size, self.micro_batch_size
         n = self.total_samples
-        if start >= n:  # positions never point into the padding: all data consumed
+        if start >= self._end:  # all data (and padding) consumed
             return
-        end = self._data_end if self.drop_last else min(self._pass_end, n)
+        end = self._data_end if self.drop_last else n
         p, lo = start, start + self.data_parallel_rank * mbs
         while p + block <= end:  # whole micro-blocks of real samples: this rank's slice directly
             yield list(range(lo, lo + mbs))
@@ -300,15 +305,16 @@ class MegatronPretrainingSampler(_MegatronSamplerBase):
             p = stop
 
     def consumed_after(self, start: int, num_batches: int) -> int:
-        """Position after ``num_batches`` items of a pass that started at ``start``."""
-        return min(
-            start + num_batches * self.micro_batch_times_data_parallel_size, self.total_samples
-        )
+        """Position after ``num_batches`` items of a pass that started at ``start``.
+
+        Padding positions count (a padded last global batch ends at its full size).
+        """
+        return min(start + num_batches * self.micro_batch_times_data_parallel_size, self._end)
 
     def remaining(self, start: int) -> int:
         """Items a pass starting at ``start`` yields (0 when the data is exhausted)."""
         block = self.micro_batch_times_data_parallel_size
-        if start >= self.total_samples:
+        if start >= self._end:
             return 0
         if self.drop_last:
             return max(0, (self._data_end - start) // block)
@@ -569,13 +575,22 @@ class MegatronPretrainingBatchSampler(_MegatronSamplerBase):
         )
         has_partial = self._full_end < self.total_samples
         self._len = self._full_steps + (1 if has_partial and not self.drop_last else 0)
+        # The last position: a padded last global batch counts whole, as the step count says.
+        self._end = self.total_samples
+        if has_partial and self.pad_samples_to_global_batch_size:
+            self._end = self._full_end + self.calculator.running_global_batch_size_at(
+                self._full_end
+            )
         self._check_consumed(self.consumed_samples)
 
     def _check_consumed(self, consumed: int) -> int:
         consumed = _check_int(consumed, "consumed_samples", 0)
-        if consumed > self.total_samples:
+        if consumed > self._end:
             raise SamplerConfigError(
-                f"consumed_samples ({consumed}) is beyond the end of the data (total_samples={self.total_samples})"
+                f"consumed_samples ({consumed}) is beyond the end of the data (total_samples="
+                f"{self.total_samples}"
+                + (f", padded to {self._end}" if self._end > self.total_samples else "")
+                + ")"
             )
         assert self.calculator is not None
         if consumed < self.total_samples:
@@ -610,9 +625,9 @@ class MegatronPretrainingBatchSampler(_MegatronSamplerBase):
             return
 
     def consumed_after(self, start: int, num_batches: int) -> int:
-        """Position after ``num_batches`` items of a pass that started at ``start``."""
+        """Position after ``num_batches`` items of a pass that started at ``start`` (padding counts)."""
         assert self.calculator is not None
-        return min(self.calculator.consumed_samples_after(num_batches, start), self.total_samples)
+        return min(self.calculator.consumed_samples_after(num_batches, start), self._end)
 
     def remaining(self, start: int) -> int:
         """Items a pass starting at ``start`` yields (0 when the data is exhausted)."""
