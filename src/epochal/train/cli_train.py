@@ -105,9 +105,10 @@ def run(args: argparse.Namespace) -> int:
 def _train(config) -> int:
     from epochal.parallel.launch import is_logging_rank
     from epochal.train.data import build_data
+    from epochal.train.metrics import perplexity
     from epochal.train.parallel_trainer import ParallelTrainer, wants_parallel
     from epochal.train.plot import plot_run
-    from epochal.train.trainer import Trainer, perplexity
+    from epochal.train.trainer import Trainer
 
     t0 = time.perf_counter()
     if wants_parallel(config):  # under torchrun or a parallel layout: only rank 0 prints

@@ -30,7 +30,6 @@ import shutil
 import sys
 import sysconfig
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -199,10 +198,6 @@ def _cache_key(cfg: DataConfig, docs: list[str]) -> str:
     return h.hexdigest()[:20]
 
 
-def _iter_docs(docs: list[str]) -> Iterator[str]:
-    yield from docs
-
-
 def prepare_corpus(
     cfg: DataConfig, cache_dir: str | os.PathLike | None = None, *, log: Any = None
 ) -> PreparedCorpus:
@@ -223,26 +218,37 @@ def prepare_corpus(
     docs, description = _read_documents(cfg)
     folder = root / f"corpus-{_cache_key(cfg, docs)}"
     done = folder / "corpus.json"
-    if done.is_file():
-        info = json.loads(done.read_text())
-        tok_file = info.get("tokenizer_file")
-        tokenizer = (
-            HuggingFaceTokenizer(folder / tok_file, eod_token=EOD_TOKEN)
-            if tok_file
-            else tokenizer_from_config(cfg)
-        )
-        return PreparedCorpus(
-            str(folder / "corpus"),
-            tokenizer,
-            str(folder / tok_file) if tok_file else None,
-            info["documents"],
-            info["tokens"],
-            cached=True,
-            seconds=0.0,
-        )
+    cached = done.is_file()
     t0 = time.perf_counter()
-    root.mkdir(parents=True, exist_ok=True)
-    tmp = root / f".tmp-{folder.name}-{os.getpid()}"
+    tokenizer = None if cached else _build(cfg, docs, description, folder, say)
+    info = json.loads(done.read_text())
+    tok_file = info.get("tokenizer_file")
+    if tok_file:
+        tokenizer = HuggingFaceTokenizer(folder / tok_file, eod_token=EOD_TOKEN)
+    elif tokenizer is None:
+        tokenizer = tokenizer_from_config(cfg)
+    return PreparedCorpus(
+        str(folder / "corpus"),
+        tokenizer,
+        str(folder / tok_file) if tok_file else None,
+        info["documents"],
+        info["tokens"],
+        cached=cached,
+        seconds=0.0 if cached else time.perf_counter() - t0,
+    )
+
+
+def _build(
+    cfg: DataConfig, docs: list[str], description: str, folder: Path, say: Any
+) -> Tokenizer | None:
+    """Write the cache ``folder`` (tokenizer, indexed files, ``corpus.json``) under a temporary name.
+
+    Returns:
+        The tokenizer used if it was built from ``data.tokenizer_type`` (None for a
+        trained one, which is reloaded from ``folder``).
+    """
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = folder.parent / f".tmp-{folder.name}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     try:
@@ -255,7 +261,7 @@ def prepare_corpus(
         else:
             tokenizer = tokenizer_from_config(cfg)
         say(f"tokenizing {description} ...")
-        summary = preprocess_documents(_iter_docs(docs), tokenizer, tmp / "corpus", append_eod=True)
+        summary = preprocess_documents(docs, tokenizer, tmp / "corpus", append_eod=True)
         info = {
             "format": _FORMAT,
             "description": description,
@@ -267,20 +273,10 @@ def prepare_corpus(
         try:
             os.replace(tmp, folder)
         except OSError:
-            if not done.is_file():  # not a concurrent winner: a real error
+            if not (folder / "corpus.json").is_file():  # not a concurrent winner: a real error
                 raise
             shutil.rmtree(tmp, ignore_errors=True)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    if tok_file:
-        tokenizer = HuggingFaceTokenizer(folder / tok_file, eod_token=EOD_TOKEN)
-    return PreparedCorpus(
-        str(folder / "corpus"),
-        tokenizer,
-        str(folder / tok_file) if tok_file else None,
-        info["documents"],
-        info["tokens"],
-        cached=False,
-        seconds=time.perf_counter() - t0,
-    )
+    return None if tok_file else tokenizer

@@ -25,7 +25,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-__all__ = ["MetricsLogger", "read_metrics"]
+__all__ = ["MetricsLogger", "perplexity", "read_metrics"]
+
+
+def perplexity(loss: float) -> float:
+    """``exp(loss)`` of a mean cross-entropy in nats/token (``inf`` where it would overflow)."""
+    return math.exp(loss) if loss < 700 else float("inf")
 
 
 def read_metrics(path: str | os.PathLike) -> list[dict[str, Any]]:
@@ -170,7 +175,7 @@ class MetricsLogger:
         """Record a validation loss after step ``step``; perplexity is ``exp(loss)``."""
         if not self.enabled:
             return
-        ppl = math.exp(loss) if loss < 700 else float("inf")
+        ppl = perplexity(loss)
         self._write({"kind": "eval", "step": step, "loss": loss, "ppl": ppl})
         if self._tb is not None:
             self._tb.add_scalar("eval/loss", loss, step)

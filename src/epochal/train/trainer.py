@@ -40,7 +40,6 @@ deterministic kernels).
 from __future__ import annotations
 
 import contextlib
-import math
 import random
 import time
 from collections.abc import Callable, Iterator
@@ -506,8 +505,9 @@ class Trainer:
         )
         if self.eval_history:
             result.eval_loss = self.eval_history[-1][1]
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        atomic_write(self.run_dir / "config.toml", to_toml(cfg))
+        if self.rank == 0:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            atomic_write(self.run_dir / "config.toml", to_toml(cfg))
         metrics = MetricsLogger(
             self.run_dir,
             total_steps=total,
@@ -570,8 +570,3 @@ class Trainer:
         result.tokens_per_s = trained_tokens / train_time if train_time > 0 else 0.0
         result.wall_time_s = time.perf_counter() - t_start
         return result
-
-
-def perplexity(loss: float) -> float:
-    """``exp(loss)`` (inf on overflow)."""
-    return math.exp(loss) if loss < 700 else float("inf")
