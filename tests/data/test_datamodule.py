@@ -13,6 +13,7 @@ import torch
 pl = pytest.importorskip("lightning.pytorch")
 
 from epochal.data import MegatronDataModule, MegatronDataSampler, WrappedDataLoader  # noqa: E402
+from epochal.data.data_sampler import DataSamplerConfigError  # noqa: E402
 from epochal.data.datamodule import DataModuleStateError  # noqa: E402
 from tests.data.lightning_toy import (  # noqa: E402
     SCENARIOS,
@@ -228,3 +229,48 @@ def test_padded_train_loader_counts_its_last_step_whole():
     assert len(batches) == 6 and not batches[-1]["loss_mask"].any()
     dm.trainer.global_step = 3
     assert dm.state_dict() == {"consumed_samples": 12}
+
+
+@pytest.mark.parametrize(
+    ("rampup", "train_samples", "drop_last", "fits"),
+    [
+        (
+            [2, 2, 4],
+            12,
+            True,
+            True,
+        ),  # steps of 2, 2, 4 (to 8), then 4: epoch ends (12) are step ends
+        ([2, 2, 5], 12, True, False),  # ramp-up ends at 10: the step [10, 14) runs across 12
+        ([2, 2, 10], 12, True, False),  # the last ramp-up step [10, 14) crosses 12
+        (None, 13, False, False),  # drop_last=False: epochs of 13, steps of 4
+        (None, 13, True, True),
+    ],
+)
+def test_cyclic_steps_must_not_run_across_an_epoch_end(rampup, train_samples, drop_last, fits):
+    # Lightning ends its epoch when a pass of the train loader ends and discards a step left
+    # half-way: its samples would be lost and the run would resume at another sample.
+    class Data(MegatronDataModule):
+        def __init__(self):
+            super().__init__(
+                MegatronDataSampler(
+                    6,
+                    2,
+                    4,
+                    rampup_batch_size=rampup,
+                    dataloader_type="cyclic",
+                    global_shuffle=True,
+                    data_parallel_rank=0,
+                    data_parallel_size=1,
+                )
+            )
+
+        def train_dataloader(self):
+            return WrappedDataLoader(
+                ToyGPTDataset(train_samples), mode="train", drop_last=drop_last
+            )
+
+    if fits:
+        assert Data().train_dataloader().megatron_sampler is not None
+    else:
+        with pytest.raises(DataSamplerConfigError, match="epoch"):
+            Data().train_dataloader()

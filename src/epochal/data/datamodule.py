@@ -30,7 +30,10 @@ Every hook a subclass defines is wrapped (``__init_subclass__``) so that:
 With ``Trainer(accumulate_grad_batches=k)`` each Lightning batch is one micro-batch and
 ``global_batch_size`` must equal ``micro_batch_size * data_parallel_size * k``; with a
 batch-size ramp-up, write ``training_step(self, dataloader_iter)`` and take
-``self.trainer.datamodule.num_microbatches`` micro-batches per step. :meth:`state_dict`
+``self.trainer.datamodule.num_microbatches`` micro-batches per step. A ``cyclic`` train
+loader whose epoch ends would fall inside a step (a ramp-up that does not end at a
+multiple of ``global_batch_size``, or ``drop_last=False``) is refused: Lightning would
+end the epoch there and drop the step. :meth:`state_dict`
 checks that the samples counted from the optimizer steps equal the samples the train
 loader delivered, and raises if they differ (a configuration that would resume at the
 wrong sample).
@@ -55,8 +58,9 @@ except ImportError as err:  # pragma: no cover - exercised only without the opti
         "epochal.data.MegatronDataModule needs Lightning: pip install 'epochal[lightning]'"
     ) from err
 
-from epochal.data.data_sampler import MegatronDataSampler
+from epochal.data.data_sampler import DataSamplerConfigError, MegatronDataSampler
 from epochal.data.loader import WrappedDataLoader
+from epochal.data.samplers import MegatronPretrainingRandomSampler
 
 __all__ = ["DataModuleStateError", "MegatronDataModule"]
 
@@ -70,6 +74,43 @@ _HOOK_MODES = {
 
 class DataModuleStateError(RuntimeError):
     """The data module's resume bookkeeping is inconsistent (the message says what to fix)."""
+
+
+def _check_steps_fit_epochs(loader: WrappedDataLoader, data_sampler: MegatronDataSampler) -> None:
+    """Refuse a ``cyclic`` train loader whose epochs would end inside a training step.
+
+    Lightning ends its epoch when a pass of the train loader ends; a step still taking
+    micro-batches then stops with ``StopIteration`` and is discarded, so its samples are
+    never trained and the step count no longer matches the position (the run would resume
+    at another sample). Epoch ends are multiples of the sampler's active epoch length;
+    steps follow the ramp-up schedule from position 0, then have ``global_batch_size``.
+
+    Raises:
+        DataSamplerConfigError: a step would run across the end of an epoch.
+    """
+    sampler = loader.megatron_sampler
+    if not isinstance(sampler, MegatronPretrainingRandomSampler):
+        return
+    epoch, calc = sampler.active_total_samples, data_sampler.calculator
+    start, problem = 0, None
+    while problem is None and calc.in_rampup(start):
+        size = calc.running_global_batch_size_at(start)
+        if start // epoch != (start + size - 1) // epoch:
+            problem = f"the ramp-up step at sample {start} ({size} samples) crosses an epoch end"
+        start += size
+    if problem is None:
+        size = calc.running_global_batch_size_at(start)
+        if start % size == 0 and epoch % size == 0:
+            return  # every later epoch end is a step end
+        problem = f"the steps of {size} samples from sample {start} on miss some epoch ends"
+    raise DataSamplerConfigError(
+        f"the cyclic train loader's epochs of {epoch} samples end inside a training step"
+        f" ({problem}): Lightning would end the epoch there and drop that step"
+        f" (rampup_batch_size={data_sampler.rampup_batch_size}, global_batch_size="
+        f"{data_sampler.global_batch_size}, drop_last={sampler.drop_last}). Choose a ramp-up"
+        " that ends at a multiple of global_batch_size and keep drop_last=True, or use"
+        " dataloader_type='single' over a MultiEpochDatasetResampler"
+    )
 
 
 def _wrap_hook(fn: Callable[[Any], Any], mode: str) -> Callable[[Any], Any]:
@@ -144,7 +185,10 @@ class MegatronDataModule(pl.LightningDataModule):
                     else " (only train loaders resume)"
                 )
             )
-        return self._sampler().transform_dataloader(loaders)
+        loader = self._sampler().transform_dataloader(loaders)
+        if mode == "train":
+            _check_steps_fit_epochs(loader, self._sampler())
+        return loader
 
     # ------------------------------------------------------------------ resume bookkeeping
     def update_init_global_step(self) -> None:
