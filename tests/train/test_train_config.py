@@ -37,6 +37,11 @@ def test_overrides_parse_toml_literals():
     }
     with pytest.raises(ConfigError):
         parse_overrides(["--model.hidden_size"])
+    # dashes in keys are underscores, with or without a section
+    assert parse_overrides(["--run-dir=x", "--training.train-iters=5"]) == {
+        "run_dir": "x",
+        "training": {"train_iters": 5},
+    }
 
 
 def test_file_then_overrides(tmp_path):
@@ -90,6 +95,7 @@ def test_presets_round_trip_through_toml(name):
         ("--scheduler.lr_decay_style=step", "scheduler.lr_decay_style"),
         ("--scheduler.lr_warmup_iters=300", "scheduler.lr_warmup_iters"),
         ("--scheduler.lr_decay_style=WSD", "scheduler.lr_wsd_decay_iters"),
+        ("--scheduler.lr_warmup_init=1.0", "scheduler.lr_warmup_init"),  # > optimizer.lr
         ("--optimizer.end_weight_decay=0.5", "optimizer.end_weight_decay"),
         ("--checkpoint.keep_last=0", "checkpoint.keep_last"),
         ("--logging.log_interval=0", "logging.log_interval"),

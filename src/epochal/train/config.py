@@ -344,7 +344,7 @@ class SchedulerConfig:
         lr_decay_style: ``constant``, ``linear``, ``cosine``, ``inverse-square-root`` or ``WSD``.
         lr_warmup_iters: linear warmup steps (>= 0).
         lr_warmup_fraction: if set, warmup = this fraction of ``lr_decay_iters`` (in [0, 1)).
-        lr_warmup_init: learning rate at step 0.
+        lr_warmup_init: learning rate at step 0 (in [0, optimizer.lr]).
         lr_decay_iters: steps until ``min_lr`` (default ``training.train_iters``).
         lr_wsd_decay_iters: annealing steps of ``WSD``.
         lr_wsd_decay_style: ``linear``, ``cosine``, ``exponential`` or ``minus_sqrt``.
@@ -492,6 +492,11 @@ class TrainConfig:
             ".jsonl) or data.mock=true",
         )
         s = self.scheduler
+        _require(
+            s.lr_warmup_init <= self.optimizer.lr,
+            "scheduler.lr_warmup_init",
+            f"must be <= optimizer.lr={self.optimizer.lr}, got {s.lr_warmup_init}",
+        )
         decay = self.lr_decay_iters
         warm = self.lr_warmup_iters
         _require(
@@ -630,6 +635,7 @@ def parse_overrides(overrides: list[str]) -> dict[str, Any]:
     """Turn ``["--a.b=1", "c.d=x"]`` into ``{"a": {"b": 1}, "c": {"d": "x"}}``.
 
     Values are TOML literals; a value that does not parse as TOML is a string.
+    Dashes in keys are read as underscores (``--training.train-iters=5``).
 
     Raises:
         ConfigError: an item without ``=``.
@@ -638,7 +644,7 @@ def parse_overrides(overrides: list[str]) -> dict[str, Any]:
     for item in overrides:
         text = item[2:] if item.startswith("--") else item
         key, sep, raw = text.partition("=")
-        key = key.strip().replace("-", "_") if "." not in key else key.strip()
+        key = key.strip().replace("-", "_")  # --run-dir, --training.train-iters
         _require(bool(sep) and bool(key), item, "overrides look like --section.key=value")
         try:
             value = tomllib.loads(f"v = {raw}")["v"]
