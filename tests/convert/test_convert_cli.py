@@ -215,6 +215,43 @@ def test_generate_cli_on_run_and_hf_folder(tmp_path, capsys):
     assert "no tokenizer" in capsys.readouterr().err
 
 
+def test_convert_to_one_safetensors_file_for_inference(tmp_path, capsys):
+    from safetensors.torch import load_file
+
+    from epochal.parallel.checkpoint import load_consolidated
+
+    model = trainer_checkpoint(tmp_path / "run")
+    out = tmp_path / "export" / "tiny.safetensors"
+    assert main(["convert", str(tmp_path / "run"), str(out), "--to", "safetensors"]) == 0
+    assert f"safetensors:{out}" in capsys.readouterr().out
+    # the parallel layer's consolidated format: every state-dict name (the tied head included)
+    fresh = GPTModel(model.config)
+    load_consolidated(out, fresh)
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(fresh.state_dict()[name], tensor), name
+    # self-contained: away from its run, the file still gives the config, the step and the tokenizer
+    moved = tmp_path / "elsewhere.safetensors"
+    out.rename(moved)
+    ck = load_epochal_checkpoint(moved)
+    assert ck.config == model.config and ck.step == 7
+    assert ck.run_config["data"]["tokenizer_type"] == "ByteLevelTokenizer"
+    jsonl = tmp_path / "gen.jsonl"
+    argv = ["generate", "--checkpoint", str(moved), "--prompt", "def f(", "--max-new-tokens", "3"]
+    assert main([*argv, "--no-stop-at-eod", "--output", str(jsonl)]) == 0
+    record = json.loads(jsonl.read_text())
+    assert record["prompt_ids"] == list(b"def f(")
+    assert [record["tokens"]] == generate(model, [list(b"def f(")], max_new_tokens=3).tokens
+    # --dtype casts; an existing file is kept unless --overwrite; the name must say .safetensors
+    capsys.readouterr()
+    again = ["convert", str(tmp_path / "run"), str(moved), "--to", "safetensors"]
+    assert main([*again, "--dtype", "bfloat16"]) == 2
+    assert "exists" in capsys.readouterr().err
+    assert main([*again, "--dtype", "bfloat16", "--overwrite"]) == 0
+    assert load_file(moved)["tok_embeddings.weight"].dtype == torch.bfloat16
+    assert main([*again[:2], str(tmp_path / "x.pt"), "--to", "safetensors"]) == 2
+    assert "x.pt" in capsys.readouterr().err and not (tmp_path / "x.pt").exists()
+
+
 def test_generate_stops_at_the_hf_models_eos(tmp_path):
     """A Hugging Face folder's config.json ``eos_token_id`` (all of a list) wins over the
     end-of-document token guessed from its ``tokenizer.json``, as in ``transformers``."""

@@ -6,10 +6,15 @@ Examples::
     epochal convert hf/gpt2 runs/gpt2 --to epochal            # GPT2LMHeadModel -> model-only run dir
     epochal convert runs/tiny megatron/tiny --to megatron --tensor-parallel 2 --pipeline-parallel 2
     epochal convert megatron/tiny hf/tiny --to hf --vocab-size 4096
+    epochal convert runs/tiny tiny.safetensors --to safetensors   # one file for inference
 
 The input format is detected (``config.json`` -> Hugging Face;
 ``latest_checkpointed_iteration.txt`` or ``mp_rank_*`` folders -> Megatron-LM;
-otherwise an epochal run/checkpoint folder) unless ``--from`` names it.
+otherwise an epochal run/checkpoint folder or consolidated ``.safetensors``
+file) unless ``--from`` names it. ``--to safetensors`` writes the consolidated
+single-file export (:func:`epochal.convert.epochal_ckpt.save_consolidated`: the
+format of ``export_consolidated``, plus the config, step and run configuration
+in its metadata, so ``epochal generate`` and ``convert`` read it on its own).
 Outputs are written to a temporary name and renamed when complete; an existing
 output is only replaced with ``--overwrite``. Exit status 0 on success, 2 on a
 bad input or option (the message names the file or option).
@@ -27,6 +32,7 @@ import torch
 __all__ = ["add_arguments", "detect_format", "run"]
 
 FORMATS = ("epochal", "hf", "megatron")
+TARGETS = (*FORMATS, "safetensors")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -34,9 +40,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Register the options of ``epochal convert``."""
     parser.add_argument("input", help="input checkpoint (folder)")
     parser.add_argument(
-        "output", help="output folder (a Megatron save dir, a HF model dir or a run dir)"
+        "output",
+        help="output folder (a Megatron save dir, a HF model dir or a run dir), "
+        "or the .safetensors file of --to safetensors",
     )
-    parser.add_argument("--to", dest="target", choices=FORMATS, required=True, help="output format")
+    parser.add_argument("--to", dest="target", choices=TARGETS, required=True, help="output format")
     parser.add_argument(
         "--from", dest="source", choices=("auto", *FORMATS), default="auto", help="input format"
     )
@@ -139,20 +147,14 @@ def _load(args: argparse.Namespace, fmt: str) -> tuple:
     from epochal.convert.epochal_ckpt import load_epochal_checkpoint
 
     ck = load_epochal_checkpoint(args.input, vocab_size=args.vocab_size)
-    return ck.config, ck.state, ck.step, _run_tokenizer_info(ck)
+    return ck.config, ck.state, ck.step, {**_run_tokenizer_info(ck), "run_config": ck.run_config}
 
 
 def _run_tokenizer_info(ck) -> dict:
     """BOS/EOS ids and a ``tokenizer.json`` of the run's tokenizer, when it can be rebuilt."""
-    if not ck.run_config or "data" not in ck.run_config:
-        return {}
-    from epochal.convert.epochal_ckpt import tokenizer_for_run
-    from epochal.train.config import config_from_dict
+    from epochal.convert.epochal_ckpt import run_tokenizer
 
-    try:
-        tokenizer = tokenizer_for_run(config_from_dict(ck.run_config))
-    except Exception:  # noqa: BLE001 - the tokenizer is optional for a conversion
-        return {}
+    tokenizer = run_tokenizer(ck)
     if tokenizer is None:
         return {}
     info = {"bos": getattr(tokenizer, "bos", None), "eos": getattr(tokenizer, "eod", None)}
@@ -191,12 +193,13 @@ def run(args: argparse.Namespace) -> int:
                 else extra.get("eos"),
                 overwrite=args.overwrite,
             )
-            if extra.get("tokenizer_json") and not (out / "tokenizer.json").exists():
+            if extra.get("tokenizer_json"):  # the run's tokenizer, next to the weights
                 import shutil
 
-                shutil.copyfile(
-                    extra["tokenizer_json"], out / "tokenizer.json"
-                )  # the run's tokenizer
+                from epochal._atomic import atomic_path
+
+                with atomic_path(out / "tokenizer.json") as tmp:
+                    shutil.copyfile(extra["tokenizer_json"], tmp)
             layout = ""
         elif args.target == "megatron":
             from epochal.convert.megatron_legacy import save_megatron_checkpoint
@@ -213,6 +216,20 @@ def run(args: argparse.Namespace) -> int:
                 overwrite=args.overwrite,
             )
             layout = f", TP{args.tensor_parallel} x PP{args.pipeline_parallel}"
+        elif args.target == "safetensors":
+            from epochal.convert.epochal_ckpt import save_consolidated
+
+            out = save_consolidated(
+                config,
+                state,
+                args.output,
+                step=step,
+                run_config=extra.get("run_config"),
+                source=f"{fmt}:{args.input}",
+                dtype=dtype,
+                overwrite=args.overwrite,
+            )
+            layout = ""
         else:
             from epochal.convert.epochal_ckpt import save_epochal_checkpoint
 

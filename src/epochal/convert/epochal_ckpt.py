@@ -15,6 +15,12 @@ The model configuration comes from, in order: ``trainer_state.json``'s
 file, the ``vocab_size`` argument, or the tokenizer named in ``[data]``
 (``max_position_embeddings`` defaults to ``data.seq_length`` as in the trainer).
 
+A consolidated file written by :func:`save_consolidated` (``epochal convert
+--to safetensors``) carries the model config, the step and the run's
+``config.toml`` (as JSON) in its safetensors metadata, so it is read on its own,
+anywhere; one written by ``export_consolidated`` has none and must stay in its
+``step_*`` folder.
+
 Writing (:func:`save_epochal_checkpoint`) produces a run directory holding one
 model-only checkpoint ``checkpoints/step_0000000`` in the trainer's layout
 (DCP tensors under ``model.``, ``trainer_state.json`` with ``"model_only":
@@ -22,6 +28,7 @@ true`` and the model config, ``config.toml`` with the resolved ``[model]``
 table), written to a temporary name and renamed. It has no optimizer state, so
 the trainer cannot *resume* from it; ``epochal generate`` and ``epochal convert``
 read it, and its ``config.toml`` is a starting point for fine-tuning.
+:func:`save_consolidated` writes the single-file export for inference.
 """
 
 from __future__ import annotations
@@ -44,9 +51,16 @@ __all__ = [
     "find_step_folder",
     "load_epochal_checkpoint",
     "model_toml",
-    "tokenizer_for_run",
+    "run_tokenizer",
+    "save_consolidated",
     "save_epochal_checkpoint",
+    "tokenizer_for_run",
 ]
+
+#: safetensors metadata keys of :func:`save_consolidated` (JSON text, decimal step).
+META_MODEL_CONFIG = "epochal_model_config"
+META_STEP = "epochal_step"
+META_RUN_CONFIG = "epochal_run_config"
 
 
 @dataclass
@@ -56,7 +70,8 @@ class EpochalCheckpoint:
     Attributes:
         config: the model config.
         state: full CPU tensors with :class:`~epochal.model.GPTModel`'s names.
-        folder: the ``step_*`` folder that was read.
+        folder: the ``step_*`` folder that was read (for a self-contained
+            consolidated file: the folder holding it).
         step: the training step of that checkpoint.
         run_config: the parsed ``config.toml`` (a dict), or None.
     """
@@ -162,48 +177,49 @@ def tokenizer_for_run(train_config: Any, source: str = "config.toml") -> Any:
         raise ConversionError(f"{source}: cannot rebuild the run's tokenizer ({exc})") from exc
 
 
+def run_tokenizer(ck: EpochalCheckpoint) -> Any:
+    """The tokenizer of the run that wrote ``ck``, or None when its config names none to rebuild.
+
+    None for a checkpoint without a ``[data]`` section, with mock data, or whose
+    ``[data]`` cannot be rebuilt here (a model-only checkpoint from ``epochal
+    convert``, files that moved): the tokenizer is optional for conversion and
+    generation, which then ask for ``--tokenizer-type``/``--prompt-ids``.
+    """
+    if not ck.run_config or "data" not in ck.run_config:
+        return None
+    from epochal.train.config import config_from_dict
+
+    try:
+        return tokenizer_for_run(config_from_dict(ck.run_config), str(ck.folder / "config.toml"))
+    except (ValueError, TypeError, OSError):  # ConversionError and ConfigError are ValueErrors
+        return None
+
+
 def load_epochal_checkpoint(
     path: str | os.PathLike, *, vocab_size: int | None = None
 ) -> EpochalCheckpoint:
     """Read the model of an epochal checkpoint (any parallel layout) into full CPU tensors.
 
     Args:
-        path: a run dir, a checkpoints dir, or a ``step_*`` folder.
+        path: a run dir, a checkpoints dir, a ``step_*`` folder, or a consolidated
+            ``.safetensors`` file (see the module docstring).
         vocab_size: the unpadded vocabulary when the checkpoint does not record it.
 
     Raises:
         FileNotFoundError: no checkpoint at ``path``.
         ConversionError: the config cannot be resolved or tensors do not match it.
         CheckpointError: a malformed or unsafe DCP folder.
+        UnsafeCheckpointError: a ``.safetensors`` file that is not valid.
     """
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
     from epochal.train.checkpoint import SafeFileSystemReader, SafeLoadPlanner
 
-    consolidated = None
     if Path(path).suffix == ".safetensors":
-        consolidated = Path(path)
-        if not consolidated.is_file():
-            raise FileNotFoundError(f"{consolidated}: no such file")
-        path = consolidated.parent
+        return _load_consolidated(Path(path), vocab_size)
     folder = find_step_folder(path)
-    trainer_state = _read_json(folder / "trainer_state.json")
-    run_config = None
-    if (folder / "config.toml").is_file():
-        try:
-            run_config = tomllib.loads((folder / "config.toml").read_text())
-        except tomllib.TOMLDecodeError as exc:
-            raise ConversionError(f"{folder / 'config.toml'}: not valid TOML ({exc})") from exc
-    config = _model_config(folder, trainer_state, run_config, vocab_size)
-    step = int(trainer_state.get("step", 0))
-    if consolidated is not None:
-        from epochal.convert.safe_load import load_safetensors
-
-        state = _complete(config, load_safetensors(consolidated), str(consolidated))
-        return EpochalCheckpoint(
-            config=config, state=state, folder=folder, step=step, run_config=run_config
-        )
+    config, step, run_config = _read_step_folder(folder, vocab_size)
     metadata = SafeFileSystemReader(folder).read_metadata()
     template: dict[str, torch.Tensor] = {}
     for key, meta in metadata.state_dict_metadata.items():
@@ -224,6 +240,43 @@ def load_epochal_checkpoint(
             no_dist=True,  # every process reads the whole model itself, with or without a process group
         )
     state = _complete(config, template, str(folder))
+    return EpochalCheckpoint(
+        config=config, state=state, folder=folder, step=step, run_config=run_config
+    )
+
+
+def _read_step_folder(
+    folder: Path, vocab_size: int | None
+) -> tuple[ModelConfig, int, dict[str, Any] | None]:
+    """``(config, step, parsed config.toml or None)`` of a ``step_*`` folder."""
+    trainer_state = _read_json(folder / "trainer_state.json")
+    run_config = None
+    if (folder / "config.toml").is_file():
+        try:
+            run_config = tomllib.loads((folder / "config.toml").read_text())
+        except tomllib.TOMLDecodeError as exc:
+            raise ConversionError(f"{folder / 'config.toml'}: not valid TOML ({exc})") from exc
+    config = _model_config(folder, trainer_state, run_config, vocab_size)
+    return config, int(trainer_state.get("step", 0)), run_config
+
+
+def _load_consolidated(file: Path, vocab_size: int | None) -> EpochalCheckpoint:
+    """A consolidated ``.safetensors`` file: self-contained, or inside its ``step_*`` folder."""
+    from epochal.convert.safe_load import load_safetensors, safetensors_metadata
+
+    meta = safetensors_metadata(file)
+    if META_MODEL_CONFIG in meta:
+        try:
+            config = ModelConfig.from_dict(json.loads(meta[META_MODEL_CONFIG]))
+            step = int(meta.get(META_STEP, "0"))
+            run_config = json.loads(meta[META_RUN_CONFIG]) if META_RUN_CONFIG in meta else None
+        except (ValueError, TypeError) as exc:  # JSONDecodeError and ConfigError are ValueErrors
+            raise ConversionError(f"{file}: bad epochal metadata ({exc})") from exc
+        folder = file.parent
+    else:  # export_consolidated's file: the config is in its step folder
+        folder = find_step_folder(file.parent)
+        config, step, run_config = _read_step_folder(folder, vocab_size)
+    state = _complete(config, load_safetensors(file), str(file))
     return EpochalCheckpoint(
         config=config, state=state, folder=folder, step=step, run_config=run_config
     )
@@ -294,6 +347,77 @@ def save_epochal_checkpoint(
         (tmp / "config.toml").write_text(toml_text)
         (tmp / "checkpoints" / "latest").write_text("step_0000000\n")
     return run_dir / "checkpoints" / "step_0000000"
+
+
+def save_consolidated(
+    config: ModelConfig,
+    state: dict[str, torch.Tensor],
+    path: str | os.PathLike,
+    *,
+    step: int = 0,
+    run_config: dict[str, Any] | None = None,
+    source: str = "",
+    dtype: torch.dtype | None = None,
+    overwrite: bool = False,
+) -> Path:
+    """Write the model as one ``.safetensors`` file for inference, written then renamed.
+
+    The tensors are those of ``export_consolidated`` (every ``GPTModel.state_dict()``
+    name, the tied ``output.weight`` included, full CPU tensors), so
+    :func:`epochal.parallel.checkpoint.load_consolidated` loads the file into a
+    model. Its metadata adds the model config, ``step`` and ``run_config`` (the
+    run's parsed ``config.toml``, for its tokenizer) as JSON, so that
+    :func:`load_epochal_checkpoint` and ``epochal generate`` read the file alone.
+
+    Args:
+        config: the model config.
+        state: full tensors with our names.
+        path: the file to write; its name must end in ``.safetensors``.
+        step: the training step recorded.
+        run_config: the run's configuration dict, or None.
+        source: recorded in the metadata (where the weights came from).
+        dtype: cast floating tensors to this dtype (default: keep).
+        overwrite: replace an existing file.
+
+    Returns:
+        ``path``.
+
+    Raises:
+        ConversionError: ``path`` is not a ``.safetensors`` name, or ``state``
+            does not match ``config``.
+        FileExistsError: the file exists and ``overwrite`` is false.
+    """
+    from safetensors.torch import save_file
+
+    from epochal._atomic import atomic_path
+
+    path = Path(path)
+    if path.suffix != ".safetensors":
+        raise ConversionError(f"{path}: the consolidated export must be a *.safetensors file")
+    if path.exists() and not overwrite:
+        raise FileExistsError(f"{path}: output exists (pass overwrite / --overwrite to replace it)")
+    state = complete_tied(config, state)
+    check_shapes(state, config, "model state")
+    tensors: dict[str, torch.Tensor] = {}
+    for name, tensor in state.items():
+        t = tensor.detach().to("cpu")
+        if dtype is not None and t.is_floating_point():
+            t = t.to(dtype)
+        tensors[name] = t.contiguous()
+    if config.tie_embeddings:  # safetensors refuses two names for the same memory
+        tensors["output.weight"] = tensors["tok_embeddings.weight"].clone()
+    metadata = {
+        "format": "pt",
+        "source": source,
+        META_MODEL_CONFIG: json.dumps(config.to_dict()),
+        META_STEP: str(int(step)),
+    }
+    if run_config is not None:
+        metadata[META_RUN_CONFIG] = json.dumps(run_config, default=str)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_path(path) as tmp:
+        save_file(tensors, str(tmp), metadata=metadata)
+    return path
 
 
 def model_toml(config: ModelConfig, source: str = "") -> str:

@@ -16,7 +16,8 @@
   file and the globals, before anything is unpickled
   (``torch.serialization.get_unsafe_globals_in_checkpoint`` scans the pickle
   without executing it).
-- :func:`load_safetensors`: a ``.safetensors`` file to a dict of CPU tensors.
+- :func:`load_safetensors`: a ``.safetensors`` file to a dict of CPU tensors;
+  :func:`safetensors_metadata`: its string metadata.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ __all__ = [
     "UnsafeCheckpointError",
     "load_safetensors",
     "safe_torch_load",
+    "safetensors_metadata",
 ]
 
 _OPAQUE_PREFIXES = ("megatron.", "transformer_engine.", "apex.")
@@ -168,5 +170,24 @@ def load_safetensors(path: str | os.PathLike) -> dict[str, torch.Tensor]:
         raise FileNotFoundError(f"{path}: no such safetensors file")
     try:
         return load_file(str(path), device="cpu")
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise UnsafeCheckpointError(f"{path}: not a valid safetensors file ({exc})") from exc
+
+
+def safetensors_metadata(path: str | os.PathLike) -> dict[str, str]:
+    """The ``__metadata__`` strings of a ``.safetensors`` file (empty if it has none).
+
+    Raises:
+        FileNotFoundError: the file does not exist.
+        UnsafeCheckpointError: the file is not a valid safetensors file.
+    """
+    from safetensors import SafetensorError, safe_open
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such safetensors file")
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            return dict(f.metadata() or {})
     except (SafetensorError, OSError, ValueError) as exc:
         raise UnsafeCheckpointError(f"{path}: not a valid safetensors file ({exc})") from exc

@@ -135,19 +135,12 @@ def _load_model(
         ck = load_megatron_checkpoint(args.checkpoint, vocab_size=args.vocab_size)
         config, state = ck.config, ck.state
     else:
-        from epochal.convert.epochal_ckpt import load_epochal_checkpoint, tokenizer_for_run
+        from epochal.convert.epochal_ckpt import load_epochal_checkpoint, run_tokenizer
 
         ck = load_epochal_checkpoint(args.checkpoint, vocab_size=args.vocab_size)
         config, state = ck.config, ck.state
-        if ck.run_config is not None and args.tokenizer_type is None and "data" in ck.run_config:
-            from epochal.train.config import config_from_dict
-
-            try:
-                tokenizer = tokenizer_for_run(
-                    config_from_dict(ck.run_config), str(ck.folder / "config.toml")
-                )
-            except Exception:  # noqa: BLE001 - a model-only checkpoint has no usable [data] section
-                tokenizer = None
+        if args.tokenizer_type is None:
+            tokenizer = run_tokenizer(ck)
     if args.tokenizer_type is not None:
         from epochal.data.tokenizer import build_tokenizer
 
