@@ -59,6 +59,12 @@ def test_demo_errors(capsys, tmp_path):
     assert code == 2 and "bad.txt" in err and "UTF-8" in err
     code, _, err = _run(capsys, "--epochs", "0")
     assert code == 2 and "--epochs" in err
+    code, _, err = _run(capsys, "--mask-prob", "1.5")
+    assert code == 2 and "--mask-prob" in err
+    code, _, err = _run(capsys, "--seed", "-1")
+    assert code == 2 and "--seed" in err
+    code, out, _ = _run(capsys, "--seed", str(2**64 - 1), "--epochs", "1")  # the largest seed
+    assert code == 0 and "seed 0 gives a different run" in out
     text = tmp_path / "t.txt"
     text.write_text("hello world, a text of my own\nwith two lines " * 4, encoding="utf-8")
     code, out, _ = _run(capsys, "--text-file", str(text), "--num-sequences", "3", "--seq-len", "12")

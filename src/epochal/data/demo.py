@@ -22,6 +22,7 @@ import numpy as np
 from epochal.data.epoch_index import EpochIndex
 from epochal.data.masking import MaskedTokenDataset
 from epochal.data.multi_epoch import MultiEpochDatasetResampler
+from epochal.data.permutation import MAX_SEED
 
 __all__ = ["DEFAULT_TEXT", "CharTokenizer", "add_arguments", "build_demo", "run"]
 
@@ -84,6 +85,10 @@ def build_demo(
     ):
         if value < 1:
             raise ValueError(f"{name} must be >= 1, got {value}")
+    if not 0.0 <= mask_prob <= 1.0:
+        raise ValueError(f"--mask-prob must be in [0, 1], got {mask_prob}")
+    if not 0 <= seed <= MAX_SEED:
+        raise ValueError(f"--seed must be in [0, 2**64), got {seed}")
     text = " ".join(text.split())  # one line: newlines and tabs become spaces
     need = num_sequences * seq_len
     if len(text) < need:
@@ -179,9 +184,10 @@ def run(args: argparse.Namespace) -> int:
             prefix = f"  sample {g:>3} = item {key.idx}: "
             print(f"{prefix}|{tokenizer.decode(sample['tokens'].tolist())}|")
             print(f"{' ' * len(prefix)}|{marks}|")
+    other_seed = (args.seed + 1) % (MAX_SEED + 1)
     digest = _digest(resampler)
     rebuilt = _digest(build_demo(text, **options)[2])
-    other = _digest(build_demo(text, **{**options, "seed": args.seed + 1})[2])
+    other = _digest(build_demo(text, **{**options, "seed": other_seed})[2])
     permutations = all(sorted(order) == list(range(n)) for order in orders)
     distinct_orders = len({tuple(o) for o in orders})
     masked = resampler.dataset
@@ -201,7 +207,7 @@ def run(args: argparse.Namespace) -> int:
         f"{'== ' if rebuilt == digest else '!= '}{digest} (reproducible: {'yes' if rebuilt == digest else 'NO'})"
     )
     print(
-        f"check: seed {args.seed + 1} gives a different run: digest {other} "
+        f"check: seed {other_seed} gives a different run: digest {other} "
         f"({'yes' if other != digest else 'NO'})"
     )
     print("OK: samples are a pure function of (seed, sample number)" if ok else "FAILED")
