@@ -93,4 +93,12 @@ def test_errors():
         ds.sample_indices(np.array([0.0]))
     with pytest.raises(ValueError, match="length"):
         resample_index(0, 0, 1)
+    with pytest.raises(TypeError, match="length"):
+        resample_index(0, 5.0, 1)
+    with pytest.raises(ValueError, match="index"):
+        resample_index(-1, 5, 1)
+    with pytest.raises(ValueError, match="indices"):
+        resample_indices(np.array([3, -1]), 5, 1)
+    with pytest.raises(TypeError, match="indices"):
+        resample_indices(np.array([0.5]), 5, 1)
     assert len(PRNGResampleDataset([1], num_samples=0)) == 0

@@ -25,7 +25,13 @@ import numpy as np
 from torch.utils.data import Dataset
 
 from epochal.data.epoch_index import SizedDataset
-from epochal.data.permutation import MASK64, derive_seed, derive_seed_array
+from epochal.data.permutation import (
+    MASK64,
+    _as_u64_array,
+    _check_u64,
+    derive_seed,
+    derive_seed_array,
+)
 
 __all__ = ["PRNGResampleDataset", "resample_index", "resample_indices"]
 
@@ -36,7 +42,10 @@ _S32 = np.uint64(32)
 
 
 def _check_length(length: Any) -> int:
-    length = operator.index(length)
+    try:
+        length = operator.index(length)
+    except TypeError:
+        raise TypeError(f"length must be an integer, got {type(length).__name__}") from None
     if not 1 <= length <= MASK64:
         raise ValueError(f"length must be in [1, 2**64), got {length}")
     return length
@@ -57,7 +66,7 @@ def resample_index(index: int, length: int, seed: int) -> int:
         ValueError: an argument out of range. TypeError: a non-integer argument.
     """
     length = _check_length(length)
-    h = derive_seed(seed, index)
+    h = derive_seed(seed, _check_u64(index, "index"))
     threshold = (1 << 64) % length
     j = 0
     while True:
@@ -99,7 +108,7 @@ def resample_indices(indices: np.ndarray, length: int, seed: int) -> np.ndarray:
     """
     length = _check_length(length)
     derive_seed(seed)  # validate
-    arr = np.asarray(indices)
+    arr = _as_u64_array(indices, "indices")
     shape = arr.shape
     h = derive_seed_array(seed, arr.reshape(-1))
     threshold = np.uint64((1 << 64) % length)
