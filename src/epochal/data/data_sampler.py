@@ -27,7 +27,7 @@ Typical use (see :mod:`epochal.data.loader` for a whole training loop)::
 
 from __future__ import annotations
 
-import operator
+import functools
 from collections.abc import Sequence
 from typing import Any, Literal
 
@@ -36,6 +36,7 @@ from epochal.data.microbatches import (
     MicroBatchConfigError,
     NumMicroBatchesCalculator,
     build_num_microbatches_calculator,
+    check_int,
 )
 from epochal.data.samplers import (
     MegatronPretrainingBatchSampler,
@@ -53,18 +54,7 @@ class DataSamplerConfigError(ValueError):
     """An invalid :class:`MegatronDataSampler` option (the message names it)."""
 
 
-def _check_int(value: Any, name: str, minimum: int) -> int:
-    if isinstance(value, bool):
-        raise DataSamplerConfigError(f"{name} must be an integer >= {minimum}, got {value!r}")
-    try:
-        value = operator.index(value)
-    except TypeError:
-        raise DataSamplerConfigError(
-            f"{name} must be an integer >= {minimum}, got {type(value).__name__} {value!r}"
-        ) from None
-    if value < minimum:
-        raise DataSamplerConfigError(f"{name} must be an integer >= {minimum}, got {value}")
-    return value
+_check_int = functools.partial(check_int, error=DataSamplerConfigError)
 
 
 class MegatronDataSampler:

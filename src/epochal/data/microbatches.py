@@ -43,17 +43,24 @@ class MicroBatchConfigError(ValueError):
     """An invalid batch-size configuration (the message names the option and the allowed values)."""
 
 
-def _check_int(value: Any, name: str, minimum: int) -> int:
+def check_int(
+    value: Any, name: str, minimum: int, error: type[ValueError] = MicroBatchConfigError
+) -> int:
+    """Return ``value`` as an ``int >= minimum``, or raise ``error`` naming ``name``.
+
+    Shared by the batch-size, sampler and data-sampler options: ``bool`` and
+    non-integral values are refused like out-of-range ones.
+    """
     if isinstance(value, bool):
-        raise MicroBatchConfigError(f"{name} must be an integer >= {minimum}, got {value!r}")
+        raise error(f"{name} must be an integer >= {minimum}, got {value!r}")
     try:
         value = operator.index(value)
     except TypeError:
-        raise MicroBatchConfigError(
+        raise error(
             f"{name} must be an integer >= {minimum}, got {type(value).__name__} {value!r}"
         ) from None
     if value < minimum:
-        raise MicroBatchConfigError(f"{name} must be an integer >= {minimum}, got {value}")
+        raise error(f"{name} must be an integer >= {minimum}, got {value}")
     return value
 
 
@@ -82,9 +89,9 @@ class NumMicroBatchesCalculator(ABC):
         data_parallel_size: int,
         decrease_batch_size_if_needed: bool = False,
     ) -> None:
-        self.global_batch_size = _check_int(global_batch_size, "global_batch_size", 1)
-        self.micro_batch_size = _check_int(micro_batch_size, "micro_batch_size", 1)
-        self.data_parallel_size = _check_int(data_parallel_size, "data_parallel_size", 1)
+        self.global_batch_size = check_int(global_batch_size, "global_batch_size", 1)
+        self.micro_batch_size = check_int(micro_batch_size, "micro_batch_size", 1)
+        self.data_parallel_size = check_int(data_parallel_size, "data_parallel_size", 1)
         self.decrease_batch_size_if_needed = bool(decrease_batch_size_if_needed)
         # Megatron-compatible mutable view (``update`` / ``get``), starting at 0 consumed samples.
         self._consumed_samples = 0
@@ -137,8 +144,8 @@ class NumMicroBatchesCalculator(ABC):
         Returns:
             ``start`` plus the samples of the ``steps`` steps.
         """
-        steps = _check_int(steps, "steps", 0)
-        consumed = _check_int(start, "start", 0)
+        steps = check_int(steps, "steps", 0)
+        consumed = check_int(start, "start", 0)
         # Walk step by step while the batch size can still change (ramp-up lasts at most
         # rampup_samples / start_global_batch_size + 1 steps); then it is constant.
         while steps and self.in_rampup(consumed):
@@ -151,7 +158,7 @@ class NumMicroBatchesCalculator(ABC):
 
         An endless generator; the first step starts at ``start``.
         """
-        consumed = _check_int(start, "start", 0)
+        consumed = check_int(start, "start", 0)
         while True:
             size = self.running_global_batch_size_at(consumed)
             yield consumed, size
@@ -169,8 +176,8 @@ class NumMicroBatchesCalculator(ABC):
             ``start`` whose samples all lie before ``end``, and the consumed samples after
             them (``start`` if none fits).
         """
-        consumed = _check_int(start, "start", 0)
-        end = _check_int(end, "end", 0)
+        consumed = check_int(start, "start", 0)
+        end = check_int(end, "end", 0)
         steps = 0
         while self.in_rampup(consumed):
             size = self.running_global_batch_size_at(consumed)
@@ -191,7 +198,7 @@ class NumMicroBatchesCalculator(ABC):
         ``consistency_check`` and ``verbose`` are accepted for compatibility; the
         consistency check is always done at construction.
         """
-        self._consumed_samples = _check_int(consumed_samples, "consumed_samples", 0)
+        self._consumed_samples = check_int(consumed_samples, "consumed_samples", 0)
 
     def get(self) -> int:
         """Number of micro-batches per data-parallel rank at the last :meth:`update` position."""
@@ -305,15 +312,13 @@ class RampupBatchsizeNumMicroBatchesCalculator(NumMicroBatchesCalculator):
         super().__init__(
             global_batch_size, micro_batch_size, data_parallel_size, decrease_batch_size_if_needed
         )
-        self.start_global_batch_size = _check_int(
+        self.start_global_batch_size = check_int(
             start_global_batch_size, "rampup_batch_size[0] (start)", 1
         )
-        self.batch_size_increment = _check_int(
+        self.batch_size_increment = check_int(
             batch_size_increment, "rampup_batch_size[1] (increment)", 1
         )
-        self.rampup_samples = _check_int(
-            rampup_samples, "rampup_batch_size[2] (ramp-up samples)", 0
-        )
+        self.rampup_samples = check_int(rampup_samples, "rampup_batch_size[2] (ramp-up samples)", 0)
         diff = self.global_batch_size - self.start_global_batch_size
         if diff < 0:
             raise MicroBatchConfigError(

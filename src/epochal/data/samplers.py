@@ -27,7 +27,7 @@ in the epoch itself).
 
 from __future__ import annotations
 
-import operator
+import functools
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -39,6 +39,7 @@ from epochal.data.microbatches import (
     MicroBatchConfigError,
     NumMicroBatchesCalculator,
     build_num_microbatches_calculator,
+    check_int,
 )
 from epochal.data.padding import PAD, PaddingIndex
 from epochal.data.permutation import derive_seed, permute_array
@@ -57,18 +58,7 @@ class SamplerConfigError(ValueError):
     """An invalid sampler configuration or resume position (the message names the option)."""
 
 
-def _check_int(value: Any, name: str, minimum: int) -> int:
-    if isinstance(value, bool):
-        raise SamplerConfigError(f"{name} must be an integer >= {minimum}, got {value!r}")
-    try:
-        value = operator.index(value)
-    except TypeError:
-        raise SamplerConfigError(
-            f"{name} must be an integer >= {minimum}, got {type(value).__name__} {value!r}"
-        ) from None
-    if value < minimum:
-        raise SamplerConfigError(f"{name} must be an integer >= {minimum}, got {value}")
-    return value
+_check_int = functools.partial(check_int, error=SamplerConfigError)
 
 
 def _ceil_div(a: int, b: int) -> int:
