@@ -139,6 +139,12 @@ def test_convert_chain_keeps_weights_and_logits(tmp_path, capsys):
     assert "exists" in capsys.readouterr().err
     assert main(["convert", str(tmp_path / "nothing"), str(tmp_path / "x"), "--to", "hf"]) == 2
     assert "nothing" in capsys.readouterr().err
+    (tmp_path / "file").write_text("")  # an output that cannot be created: a message, no traceback
+    assert (
+        main(["convert", str(tmp_path / "hf"), str(tmp_path / "file" / "a" / "b"), "--to", "hf"])
+        == 2
+    )
+    assert "file" in capsys.readouterr().err
 
 
 def test_generate_cli_on_run_and_hf_folder(tmp_path, capsys):

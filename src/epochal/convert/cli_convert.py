@@ -164,89 +164,82 @@ def _run_tokenizer_info(ck) -> dict:
     return info
 
 
-def run(args: argparse.Namespace) -> int:
-    """Convert ``args.input`` to ``args.target``; print a one-line summary."""
-    from epochal.convert.common import ConversionError
-    from epochal.convert.safe_load import UnsafeCheckpointError
-    from epochal.model.config import ConfigError
-    from epochal.train.checkpoint import CheckpointError
+def _save(args: argparse.Namespace, fmt: str, config, state, step: int, extra: dict) -> tuple:
+    """Write ``args.target``; returns ``(output path, layout note for the summary)``."""
+    dtype = DTYPES[args.dtype] if args.dtype else None
+    source = f"{fmt}:{args.input}"
+    if args.target == "hf":
+        from epochal.convert.hf_io import save_hf_checkpoint
 
+        out = save_hf_checkpoint(
+            config,
+            state,
+            args.output,
+            architecture=args.hf_architecture,
+            dtype=dtype,
+            bos_token_id=extra.get("bos") if args.bos_token_id is None else args.bos_token_id,
+            eos_token_id=extra.get("eos") if args.eos_token_id is None else args.eos_token_id,
+            overwrite=args.overwrite,
+        )
+        if extra.get("tokenizer_json"):  # the run's tokenizer, next to the weights
+            import shutil
+
+            from epochal._atomic import atomic_path
+
+            with atomic_path(out / "tokenizer.json") as tmp:
+                shutil.copyfile(extra["tokenizer_json"], tmp)
+        return out, ""
+    if args.target == "megatron":
+        from epochal.convert.megatron_legacy import save_megatron_checkpoint
+
+        out = save_megatron_checkpoint(
+            config,
+            state,
+            args.output,
+            tensor_parallel=args.tensor_parallel,
+            pipeline_parallel=args.pipeline_parallel,
+            iteration=step if args.megatron_iteration is None else args.megatron_iteration,
+            spec=args.megatron_spec,
+            dtype=dtype,
+            overwrite=args.overwrite,
+        )
+        return out, f", TP{args.tensor_parallel} x PP{args.pipeline_parallel}"
+    if args.target == "safetensors":
+        from epochal.convert.epochal_ckpt import save_consolidated
+
+        out = save_consolidated(
+            config,
+            state,
+            args.output,
+            step=step,
+            run_config=extra.get("run_config"),
+            source=source,
+            dtype=dtype,
+            overwrite=args.overwrite,
+        )
+        return out, ""
+    from epochal.convert.epochal_ckpt import save_epochal_checkpoint
+
+    if dtype is not None:
+        state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
+    return save_epochal_checkpoint(
+        config, state, args.output, source=source, overwrite=args.overwrite
+    ), ""
+
+
+def run(args: argparse.Namespace) -> int:
+    """Convert ``args.input`` to ``args.target``; print a one-line summary.
+
+    Returns 2 with a one-line message for a bad input, option or output path
+    (every ``ValueError``/``OSError``: ``ConversionError``, ``UnsafeCheckpointError``,
+    ``CheckpointError``, ``ConfigError``, missing files, an existing output).
+    """
     t0 = time.perf_counter()
     try:
         fmt = detect_format(args.input) if args.source == "auto" else args.source
         config, state, step, extra = _load(args, fmt)
-        dtype = DTYPES[args.dtype] if args.dtype else None
-        if args.target == "hf":
-            from epochal.convert.hf_io import save_hf_checkpoint
-
-            out = save_hf_checkpoint(
-                config,
-                state,
-                args.output,
-                architecture=args.hf_architecture,
-                dtype=dtype,
-                bos_token_id=args.bos_token_id
-                if args.bos_token_id is not None
-                else extra.get("bos"),
-                eos_token_id=args.eos_token_id
-                if args.eos_token_id is not None
-                else extra.get("eos"),
-                overwrite=args.overwrite,
-            )
-            if extra.get("tokenizer_json"):  # the run's tokenizer, next to the weights
-                import shutil
-
-                from epochal._atomic import atomic_path
-
-                with atomic_path(out / "tokenizer.json") as tmp:
-                    shutil.copyfile(extra["tokenizer_json"], tmp)
-            layout = ""
-        elif args.target == "megatron":
-            from epochal.convert.megatron_legacy import save_megatron_checkpoint
-
-            out = save_megatron_checkpoint(
-                config,
-                state,
-                args.output,
-                tensor_parallel=args.tensor_parallel,
-                pipeline_parallel=args.pipeline_parallel,
-                iteration=args.megatron_iteration if args.megatron_iteration is not None else step,
-                spec=args.megatron_spec,
-                dtype=dtype,
-                overwrite=args.overwrite,
-            )
-            layout = f", TP{args.tensor_parallel} x PP{args.pipeline_parallel}"
-        elif args.target == "safetensors":
-            from epochal.convert.epochal_ckpt import save_consolidated
-
-            out = save_consolidated(
-                config,
-                state,
-                args.output,
-                step=step,
-                run_config=extra.get("run_config"),
-                source=f"{fmt}:{args.input}",
-                dtype=dtype,
-                overwrite=args.overwrite,
-            )
-            layout = ""
-        else:
-            from epochal.convert.epochal_ckpt import save_epochal_checkpoint
-
-            if dtype is not None:
-                state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
-            out = save_epochal_checkpoint(
-                config, state, args.output, source=f"{fmt}:{args.input}", overwrite=args.overwrite
-            )
-            layout = ""
-    except (
-        ConversionError,
-        UnsafeCheckpointError,
-        CheckpointError,
-        ConfigError,
-        FileNotFoundError,
-        FileExistsError,
-    ) as exc:
+        out, layout = _save(args, fmt, config, state, step, extra)
+    except (ValueError, OSError) as exc:
         print(f"epochal convert: error: {exc}", file=sys.stderr)
         return 2
     params = sum(
