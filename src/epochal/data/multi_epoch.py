@@ -41,6 +41,9 @@ __all__ = [
     "as_epoch_index",
 ]
 
+_SHORT_EPOCH = 1 << 16
+"""Below this many items an epoch is too short to map range by range (see ``epoch_indices``)."""
+
 T = TypeVar("T")
 T_co = TypeVar("T_co", covariant=True)
 U_co = TypeVar("U_co", covariant=True)
@@ -200,6 +203,9 @@ class MultiEpochDatasetResampler(Dataset[T_co]):
                 f"range [{start}, {stop}) is not inside [0, {self.num_samples}] (start <= stop)"
             )
         n = self._n
+        if n < _SHORT_EPOCH and (stop - 1) // n - start // n > 1:
+            # many short epochs: one call with gathered per-epoch keys beats a call per epoch
+            return self.map_indices(np.arange(start, stop, dtype=np.int64))
         epochs = np.empty(stop - start, dtype=np.int64)
         idx = np.empty(stop - start, dtype=np.int64)
         pos = start
