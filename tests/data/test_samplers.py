@@ -104,7 +104,7 @@ def test_sequential_padding_counts_as_consumed_and_resumes_inside_it():
 
 
 def test_sequential_rampup_truncation():
-    # ramp 2 -> 4 over 4 samples, mbs 1, dp 2: steps [0,2) [2,4) [4,6)?  gbs(4)=4 (4 <= 4 -> stage 1)
+    # ramp 2 -> 4 over 4 samples, mbs 1, dp 1, 11 samples; drop_last keeps whole steps only
     (s,) = _ranks(
         MegatronPretrainingSampler, 11, 0, 1, dp=1, global_batch_size=4, rampup_batch_size=[2, 2, 4]
     )
