@@ -247,3 +247,13 @@ def test_bos_stop_and_edge_cases():
     ):
         with pytest.raises(GenerationConfigError, match=match):
             GenerationConfig(**bad)
+
+
+def test_top_p_one_keeps_every_token():
+    """``top_p=1`` filters nothing (as in Hugging Face), although float32 cumulative sums
+    pass 1.0 before the end of a large vocabulary."""
+    logits = 3 * torch.randn(2, 5000, generator=torch.Generator().manual_seed(0))
+    assert bool(torch.isfinite(filter_logits(logits, top_p=1.0)).all())
+    probs, order = candidates(logits, top_p=1.0)
+    assert bool((probs > 0).all()) and order.shape == logits.shape
+    assert not bool(torch.isfinite(filter_logits(logits, top_p=0.999)).all())  # a real threshold

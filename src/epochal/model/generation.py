@@ -18,7 +18,7 @@ Hugging Face ``generate``):
 
 - greedy (``do_sample=False, num_beams=1``): argmax at every step;
 - sampling (``do_sample=True``): logits / ``temperature``, then top-k (``top_k > 0``)
-  and top-p (``top_p > 0``: keep the smallest set of most likely tokens whose
+  and top-p (``0 < top_p < 1``: keep the smallest set of most likely tokens whose
   probability reaches ``top_p``) filtering, then a draw. After every step
   ``top_p *= top_p_decay`` (if ``top_p_decay > 0``), floored at ``top_p_bound``
   (if > 0), as Megatron's ``--top_p_decay``/``--top_p_bound``. Unlike Megatron,
@@ -75,7 +75,7 @@ class GenerationConfig:
         do_sample: sample instead of greedy / beam search.
         temperature: logits are divided by it when sampling (> 0).
         top_k: keep the ``top_k`` most likely tokens when sampling (0 = off).
-        top_p: nucleus sampling threshold in (0, 1] (0 = off).
+        top_p: nucleus sampling threshold in [0, 1] (0 or 1 = off).
         top_p_decay: multiply ``top_p`` by this after every step, in [0, 1] (0 = off).
         top_p_bound: lower bound of the decayed ``top_p``, in [0, 1] (0 = none).
         num_beams: beam search when > 1.
@@ -124,7 +124,9 @@ class GenerationConfig:
         need(self.max_new_tokens >= 0, "max_new_tokens", f"must be >= 0, got {self.max_new_tokens}")
         need(self.temperature > 0, "temperature", f"must be > 0, got {self.temperature}")
         need(self.top_k >= 0, "top_k", f"must be >= 0 (0 = off), got {self.top_k}")
-        need(0.0 <= self.top_p <= 1.0, "top_p", f"must be in [0, 1] (0 = off), got {self.top_p}")
+        need(
+            0.0 <= self.top_p <= 1.0, "top_p", f"must be in [0, 1] (0 or 1 = off), got {self.top_p}"
+        )
         need(
             0.0 <= self.top_p_decay <= 1.0,
             "top_p_decay",
@@ -187,7 +189,8 @@ def filter_logits(logits: torch.Tensor, *, top_k: int = 0, top_p: float = 0.0) -
         logits: float ``[b, vocab]`` (already divided by the temperature).
         top_k: keep the ``top_k`` largest per row (0 = off; ties at the k-th value are kept).
         top_p: keep the smallest prefix of the descending-probability order whose
-            total probability reaches ``top_p`` (0 = off); the most likely token is always kept.
+            total probability reaches ``top_p`` (0 or 1 = off); the most likely token is
+            always kept.
 
     Returns:
         ``[b, vocab]``.
@@ -197,7 +200,7 @@ def filter_logits(logits: torch.Tensor, *, top_k: int = 0, top_p: float = 0.0) -
         k = min(top_k, logits.shape[-1])
         kth = torch.topk(logits, k, dim=-1).values[:, -1:]
         logits.masked_fill_(logits < kth, float("-inf"))
-    if top_p > 0.0:
+    if 0.0 < top_p < 1.0:
         sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
         cumulative = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
         remove = cumulative > top_p
@@ -225,6 +228,8 @@ def candidates(
         ``(probs, order)``: ``[b, n]`` non-negative weights (not normalized) and the
         token ids they belong to, most likely first.
     """
+    if top_p >= 1.0:  # keeps everything (float32 cumulative sums pass 1.0 early)
+        top_p = 0.0
     if top_k > 0:
         values, order = torch.topk(logits, min(top_k, logits.shape[-1]), dim=-1)  # descending
         probs = values.softmax(dim=-1)
