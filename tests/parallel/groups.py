@@ -160,9 +160,10 @@ FOUR_RANK_LAYOUTS: list[tuple[str, dict, dict, int, int, bool]] = [
         False,
     ),
     (
-        "pp2_tp2_sp",
+        # RoPE: the second stage gets a sequence slice but must rotate by full positions
+        "pp2_tp2_sp_rope",
         dict(pipeline_parallel=2, tensor_parallel=2, sequence_parallel=True),
-        {},
+        dict(position_embedding_type="rope"),
         2,
         8,
         False,

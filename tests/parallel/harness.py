@@ -273,6 +273,9 @@ def compare(
     for step, (ga, gb) in enumerate(zip(ref["grads"], got["grads"], strict=True)):
         if not gb:
             problems.append(f"step {step}: no gradients")
+        missing = sorted(set(got["params"]) - set(gb))
+        if missing:  # a parameter this rank holds got no gradient at all
+            problems.append(f"step {step}: no gradient for {missing}")
         for name, g in gb.items():
             key = (
                 name

@@ -188,6 +188,7 @@ def test_stage_layer_counts(args, kwargs, expected):
         ((8, 3, 1), {"last": 3}, "parallel.decoder_last_pipeline_num_layers"),
         ((11, 3, 2), {"last": 3}, "parallel.virtual_pipeline"),
         ((2, 3, 1), {"first": 1, "last": 1}, "parallel.decoder_last_pipeline_num_layers"),
+        ((8, 3, 1), {"first": 3}, "parallel.decoder_first_pipeline_num_layers"),  # 5 over 2 ranks
     ],
 )
 def test_stage_layer_count_errors(args, kwargs, option):

@@ -270,6 +270,12 @@ class ParallelEngine:
             )
         return self._schedules[n_microbatches]
 
+    def _autocast(self) -> contextlib.AbstractContextManager:
+        """bfloat16 autocast for the unpipelined forward (pipeline stages wrap their own)."""
+        if self.bf16:
+            return torch.autocast(self.device.type, dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
     @staticmethod
     def _forward_kwargs(mb: dict[str, torch.Tensor], per_document: bool) -> dict[str, torch.Tensor]:
         kwargs = {}
@@ -312,14 +318,9 @@ class ParallelEngine:
         else:
             total = torch.zeros((), device=self.device)
             part = self.model_parts[0]
-            ctx = (
-                torch.autocast(self.device.type, dtype=torch.bfloat16)
-                if self.bf16
-                else contextlib.nullcontext()
-            )
             for i, mb in enumerate(micro_batches):
                 set_gradient_sync(self.model_parts, i == n - 1)
-                with ctx:
+                with self._autocast():
                     logits = part(mb["tokens"], **self._forward_kwargs(mb, per_document))
                     loss = self._loss(loss_fn, mb["labels"], logits, mb["loss_mask"])
                 scaled = loss / n
@@ -402,13 +403,8 @@ class ParallelEngine:
             total = self._pipeline_step(micro_batches, n, loss_fn, per_document, train=False)
         else:
             total = torch.zeros((), device=self.device)
-            ctx = (
-                torch.autocast(self.device.type, dtype=torch.bfloat16)
-                if self.bf16
-                else contextlib.nullcontext()
-            )
             for mb in micro_batches:
-                with ctx:
+                with self._autocast():
                     logits = self.model_parts[0](
                         mb["tokens"], **self._forward_kwargs(mb, per_document)
                     )

@@ -77,6 +77,14 @@ def stage_layer_counts(
     """
     if pp == 1:
         return [num_layers]
+    # the option to blame when the split fails: the one the user set (last wins), else the model
+    option = (
+        "parallel.decoder_last_pipeline_num_layers"
+        if last is not None
+        else "parallel.decoder_first_pipeline_num_layers"
+        if first is not None
+        else "model.num_layers"
+    )
     per_rank: list[int | None] = [None] * pp
     if first is not None:
         per_rank[0] = first
@@ -87,19 +95,12 @@ def stage_layer_counts(
     rest = num_layers - fixed
     if rest < 0 or (not free and rest != 0):
         raise ConfigError(
-            "parallel.decoder_last_pipeline_num_layers"
-            if last is not None
-            else "parallel.decoder_first_pipeline_num_layers",
+            option,
             f"the first/last pipeline ranks take {fixed} layers but the model has model.num_layers={num_layers}",
         )
     if free:
         unit = len(free) * vpp
         if rest % unit:
-            option = (
-                "model.num_layers"
-                if first is None and last is None
-                else "parallel.decoder_last_pipeline_num_layers"
-            )
             raise ConfigError(
                 option,
                 f"{rest} layers cannot be split evenly over {len(free)} pipeline ranks x {vpp} virtual "
@@ -121,9 +122,7 @@ def stage_layer_counts(
     for i, c in enumerate(counts[1:-1], start=1):
         if c == 0:
             raise ConfigError(
-                "parallel.decoder_last_pipeline_num_layers"
-                if last is not None
-                else "parallel.decoder_first_pipeline_num_layers",
+                option,
                 f"leaves pipeline stage {i} (neither first nor last) without layers; model.num_layers={num_layers}",
             )
     return counts

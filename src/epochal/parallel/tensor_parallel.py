@@ -22,6 +22,9 @@ module                                 without sequence parallel   with sequence
 
 Dropout (embedding and residual) runs on whatever the residual stream is: the
 full sequence without sequence parallelism, this rank's sequence slice with it.
+Under sequence parallelism a later pipeline stage therefore receives the slice
+``[b, s / tp, hidden]``; a pre-hook gives it the positions of the whole sequence
+(RoPE rotates the gathered ``s`` tokens), unless ``position_ids`` are passed.
 
 Attention variants: with ``num_query_groups % tp == 0`` (MHA, and GQA with
 enough groups) the key/value projections are column-parallel like the queries.
@@ -155,6 +158,24 @@ class SequenceShardedPositionEmbedding(ParallelStyle):
         return distribute_module(module, device_mesh, partition, input_fn, output_fn)
 
 
+def _full_sequence_positions(tp: int) -> Any:
+    """Forward pre-hook of a later pipeline stage under sequence parallelism.
+
+    Such a stage receives this rank's sequence slice ``[b, s / tp, hidden]`` of the
+    residual stream, so the model's default positions (``0 .. s/tp - 1``) would be
+    wrong for RoPE, whose attention runs on the gathered ``s`` tokens. When the
+    caller passes no ``position_ids``, supply ``0 .. s - 1`` (``[1, s]``).
+    """
+
+    def hook(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        if kwargs.get("position_ids") is None and (len(args) < 2 or args[1] is None):
+            x = args[0] if args else kwargs["tokens"]
+            kwargs["position_ids"] = torch.arange(x.shape[1] * tp, device=x.device).unsqueeze(0)
+        return args, kwargs
+
+    return hook
+
+
 def _block_plan(config: ModelConfig, tp: int, sequence_parallel: bool) -> dict[str, ParallelStyle]:
     seq = Shard(1)
     row_out = seq if sequence_parallel else Replicate()
@@ -236,6 +257,8 @@ def apply_tensor_parallel(
     parallelize_module(model, tp_mesh, top)
     if tied:
         model.output.weight = model.tok_embeddings.weight
+    if sequence_parallel and model.tok_embeddings is None:
+        model.register_forward_pre_hook(_full_sequence_positions(tp), with_kwargs=True)
     plan = _block_plan(config, tp, sequence_parallel)
     heads_per_rank = config.num_attention_heads // tp
     first_head = tp_mesh.get_local_rank() * heads_per_rank
