@@ -3,8 +3,11 @@
 import numpy as np
 import pytest
 
+from epochal.data import blended_dataset as blended
 from epochal.data.blended_dataset import (
     BlendedDataset,
+    _greedy_loop,
+    _greedy_scan,
     build_blending_indices,
     build_exhaustive_blending_indices,
     normalize_weights,
@@ -111,16 +114,55 @@ def test_normalize_weights_rejects_bad_input():
 
 @pytest.mark.parametrize(
     "weights",
-    [[0.5, 0.5], [0.3, 0.7], [1 / 3, 2 / 3], [0.999, 0.001], [1e-9, 1.0], [0.6180339887, 1]],
+    [
+        [0.5, 0.5],
+        [0.3, 0.7],
+        [1 / 3, 2 / 3],
+        [0.999, 0.001],
+        [1e-9, 1.0],
+        [0.6180339887, 1],
+        [1, 1, 1],
+        [0.3, 0.5, 0.2],
+        [1e-6, 0.5, 0.5],
+        [0, 2, 3],
+        [5, 1, 2, 0.5, 3],
+        list(range(1, 12)),  # past the compare chain: numpy's argmax
+    ],
 )
-def test_two_dataset_scan_equals_the_step_by_step_rule(weights):
-    from epochal.data.blended_dataset import _blend_two, _greedy_loop
-
+def test_vectorized_scan_equals_the_step_by_step_rule(weights):
     w = normalize_weights(weights)
-    size = 70_000  # more than one chunk, a partial last chunk
-    fast = _blend_two(w[0], w[1], size)
-    assert fast is not None
+    size = 70_000  # 17 chunks, a partial last chunk
     slow = _greedy_loop(w, size)
+    fast = _greedy_scan(np.asarray(w), size)
     np.testing.assert_array_equal(fast[0], slow[0])
     np.testing.assert_array_equal(fast[1], slow[1])
     assert build_blending_indices(w, 0)[0].shape == (0,)
+
+
+@pytest.mark.parametrize("rounds", [0, 2])
+def test_scan_repairs_chunks_that_start_wrong(monkeypatch, rounds):
+    """Without a warm-up most chunk guesses are wrong; the check catches and redoes them."""
+    calls, runs = [], []
+    monkeypatch.setattr(blended, "_REPAIR_ROUNDS", rounds)
+    monkeypatch.setattr(blended, "_greedy_loop", lambda *a: calls.append(a) or _greedy_loop(*a))
+    advance = blended._advance
+    monkeypatch.setattr(blended, "_advance", lambda *a: runs.append(a) or advance(*a))
+    w = np.asarray(normalize_weights([1e-3, 0.3, 0.2, 0.5]))
+    fast = _greedy_scan(w, 100_000, warmup=0)
+    slow = _greedy_loop(w.tolist(), 100_000)
+    np.testing.assert_array_equal(fast[0], slow[0])
+    np.testing.assert_array_equal(fast[1], slow[1])
+    if rounds:  # wrong chunks redone together from their predecessors' ends
+        assert len(runs) > 1 and not calls
+    else:  # one by one
+        assert len(runs) == 1 and calls
+
+
+def test_exhaustive_blend_finishes_with_the_exhaustive_rule(monkeypatch):
+    monkeypatch.setattr(blended, "_SCAN_FROM", 0)  # the scan, then the exhaustive tail
+    sizes = [30_001, 5, 17_777, 2]
+    ds, sample = build_exhaustive_blending_indices(sizes)
+    total = sum(sizes)
+    slow = _greedy_loop([c / total for c in sizes], total, caps=sizes)
+    np.testing.assert_array_equal(ds, slow[0])
+    np.testing.assert_array_equal(sample, slow[1])

@@ -304,21 +304,32 @@ def test_blending_indices_equal_megatron_helpers(num_datasets):
 
 
 @pytest.mark.parametrize(
-    "weights", [[0.5, 0.5], [0.3, 0.7], [0.1, 0.9], [2, 1], [0.123456789, 0.7]]
+    "weights",
+    [
+        [0.5, 0.5],
+        [0.3, 0.7],
+        [0.1, 0.9],
+        [2, 1],
+        [0.123456789, 0.7],
+        [1, 1, 1],
+        [0.3, 0.5, 0.2],
+        [5, 1, 2, 0.5, 3],
+        [1e-5, 0.3, 0.3, 0.4, 0.01, 0.02, 0.05, 0.1, 0.2, 0.9],
+    ],
 )
-def test_two_dataset_blend_equals_megatron_helpers_at_scale(weights):
+def test_blend_equals_megatron_helpers_at_scale(weights):
     weights = (np.asarray(weights, np.float64) / np.sum(weights)).tolist()
-    size = 1_500_000  # more than one segment of the vectorized scan
+    size = 1_500_000  # hundreds of chunks of the vectorized scan
     ref_ds = np.zeros(size, dtype=np.int16)
     ref_sample = np.zeros(size, dtype=np.int64)
-    mhelpers.build_blending_indices(ref_ds, ref_sample, weights, 2, size, False)
+    mhelpers.build_blending_indices(ref_ds, ref_sample, weights, len(weights), size, False)
     ds, sample = build_blending_indices(weights, size)
     np.testing.assert_array_equal(ds, ref_ds)
     np.testing.assert_array_equal(sample, ref_sample)
 
 
 def test_exhaustive_blending_indices_equal_megatron_helpers():
-    for sizes in ([5, 9], [100, 1, 33], [7, 7, 7, 7]):
+    for sizes in ([5, 9], [100, 1, 33], [7, 7, 7, 7], [400_000, 3, 77_777, 123_457]):
         total = sum(sizes)
         ref_ds = np.zeros(total, dtype=np.int16)
         ref_sample = np.zeros(total, dtype=np.int64)
