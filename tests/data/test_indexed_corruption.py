@@ -128,6 +128,23 @@ def test_reads_are_bounds_checked_without_full_validation(prefix):
             ds[1]
 
 
+@pytest.mark.parametrize(
+    ("field", "value", "pattern"),
+    [
+        (LENGTHS + 4, struct.pack("<i", -1), "sequence 1 has negative length -1"),
+        (POINTERS + 8, struct.pack("<q", 7), "sequence 1 starts at byte 7, not a multiple of 2"),
+    ],
+)
+def test_unvalidated_reads_reject_a_bad_entry(prefix, field, value, pattern):
+    patch(get_idx_path(prefix), field, value)
+    for mode in MODES:
+        ds = IndexedDataset(prefix, mode=mode, validate=False)
+        with pytest.raises(
+            IndexedFileError, match=re.escape(get_idx_path(prefix)) + ".*" + pattern
+        ):
+            ds[1]
+
+
 def test_lazy_mode_detects_a_file_that_shrank(prefix):
     ds = IndexedDataset(prefix, mode="lazy")
     truncate(get_bin_path(prefix), 6)

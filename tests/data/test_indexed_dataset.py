@@ -234,6 +234,14 @@ def test_add_index_merges_and_converts_dtypes(tmp_path):
     with pytest.raises(ValueError, match="do not fit uint16"):
         merge_indexed_datasets([a, b], tmp_path / "bad", dtype=np.uint16)
     assert not exists(tmp_path / "bad")
+    # a failed add_index leaves no half-merged builder to finalize
+    builder = IndexedDatasetBuilder(str(tmp_path / "half.bin"), dtype=np.uint16)
+    builder.add_index(a)
+    with pytest.raises(ValueError, match="do not fit uint16"):
+        builder.add_index(b)
+    with pytest.raises(ValueError, match="aborted"):
+        builder.finalize()
+    assert not exists(tmp_path / "half") and not list(tmp_path.glob(".half*"))
     # merging into one of the inputs is safe: the output is renamed into place at the end
     merge_indexed_datasets([a, c], a)
     assert [x.tolist() for x in IndexedDataset(a)] == [[1, 2], [3], [4, 5], [6]]

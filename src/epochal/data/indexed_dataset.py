@@ -271,8 +271,17 @@ class IndexedDataset:
         return i
 
     def _span(self, i: int) -> tuple[int, int]:
-        start = int(self.sequence_pointers[i]) // self.dtype.itemsize
-        stop = start + int(self.sequence_lengths[i])
+        """Token offsets ``[start, stop)`` of sequence ``i``, checked (also when not validated)."""
+        pointer, length = int(self.sequence_pointers[i]), int(self.sequence_lengths[i])
+        if length < 0:
+            raise IndexedFileError(f"{self.idx_path}: sequence {i} has negative length {length}")
+        if pointer % self.dtype.itemsize:
+            raise IndexedFileError(
+                f"{self.idx_path}: sequence {i} starts at byte {pointer}, not a multiple of "
+                f"{self.dtype.itemsize} ({self.dtype} tokens)"
+            )
+        start = pointer // self.dtype.itemsize
+        stop = start + length
         if stop * self.dtype.itemsize > self._bin_size or start < 0:
             raise IndexedFileError(
                 f"{self.idx_path}: sequence {i} points past the end of {self.bin_path} "
@@ -642,32 +651,40 @@ class IndexedDatasetBuilder:
         Raises:
             IndexedFileError / FileNotFoundError: the dataset cannot be opened.
             ValueError: its tokens do not fit this dtype, or multimodal does not match.
+                The builder is then aborted (part of the dataset may have been added).
         """
         self._check_open()
         other = IndexedDataset(path_prefix, mode="mmap", multimodal=self.multimodal)
         try:
-            base = len(self._lengths)
-            for start in range(0, len(other), _VALIDATE_CHUNK):
-                self._lengths.extend(other.sequence_lengths[start : start + _VALIDATE_CHUNK])
-                if self._modes is not None and other.sequence_modes is not None:
-                    self._modes.extend(other.sequence_modes[start : start + _VALIDATE_CHUNK])
-            docs = other.document_indices
-            for start in range(1, len(docs), _VALIDATE_CHUNK):
-                self._documents.extend(docs[start : start + _VALIDATE_CHUNK] + base)
-            self._sequences_at_last_document = len(self._lengths)
-            self._data.flush()
-            if other.dtype == self.dtype:
-                with open(other.bin_path, "rb") as source:
-                    while block := source.read(1 << 24):
-                        self._data.write(block)
-                self._num_tokens += other.num_tokens
-            else:
-                step = (1 << 24) // other.dtype.itemsize
-                for start in range(0, other.num_tokens, step):
-                    part = other._reader.read(start, min(start + step, other.num_tokens))
-                    self._write(_as_token_array(part, self.dtype, other.bin_path))
+            self._append_dataset(other)
+        except BaseException:
+            self.abort()
+            raise
         finally:
             other.close()
+
+    def _append_dataset(self, other: IndexedDataset) -> None:
+        """Append ``other``'s index entries and tokens (converted to this dtype)."""
+        base = len(self._lengths)
+        for start in range(0, len(other), _VALIDATE_CHUNK):
+            self._lengths.extend(other.sequence_lengths[start : start + _VALIDATE_CHUNK])
+            if self._modes is not None and other.sequence_modes is not None:
+                self._modes.extend(other.sequence_modes[start : start + _VALIDATE_CHUNK])
+        docs = other.document_indices
+        for start in range(1, len(docs), _VALIDATE_CHUNK):
+            self._documents.extend(docs[start : start + _VALIDATE_CHUNK] + base)
+        self._sequences_at_last_document = len(self._lengths)
+        self._data.flush()
+        if other.dtype == self.dtype:
+            with open(other.bin_path, "rb") as source:
+                while block := source.read(1 << 24):
+                    self._data.write(block)
+            self._num_tokens += other.num_tokens
+        else:
+            step = (1 << 24) // other.dtype.itemsize
+            for start in range(0, other.num_tokens, step):
+                part = other._reader.read(start, min(start + step, other.num_tokens))
+                self._write(_as_token_array(part, self.dtype, other.bin_path))
 
     # ------------------------------------------------------------------ finishing
     def finalize(self, idx_path: PathLike | None = None) -> None:
