@@ -3,7 +3,8 @@
 A random ``GPT2LMHeadModel`` (12 x 768, 50257 ids, 1024 positions) is saved
 with ``save_pretrained``; then each conversion step is timed (wall time, best of
 ``--repeats``; files go to a temporary folder on the local disk, so the page
-cache is warm after the first round). The reference column times what
+cache is warm after the first round), down to the single-file export for
+inference (``epochal convert --to safetensors``). The reference column times what
 transformers itself takes to read / write the same folder
 (``from_pretrained`` / ``save_pretrained``), as a yardstick for I/O. The
 Megatron round trip is checked to give back identical tensors. Run::
@@ -41,7 +42,11 @@ def main() -> None:
 
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    from epochal.convert.epochal_ckpt import load_epochal_checkpoint, save_epochal_checkpoint
+    from epochal.convert.epochal_ckpt import (
+        load_epochal_checkpoint,
+        save_consolidated,
+        save_epochal_checkpoint,
+    )
     from epochal.convert.hf_io import load_hf_checkpoint, save_hf_checkpoint
     from epochal.convert.megatron_legacy import load_megatron_checkpoint, save_megatron_checkpoint
     from epochal.model import GPTModel
@@ -115,6 +120,13 @@ def main() -> None:
         rows.append(("epochal DCP checkpoint write (model only)", t, ""))
         t, _ = best_time(lambda: load_epochal_checkpoint(root / "run"), args.repeats)
         rows.append(("epochal DCP checkpoint read", t, ""))
+        single = root / "model.safetensors"
+        t, _ = best_time(
+            lambda: save_consolidated(config, state, single, overwrite=True), args.repeats
+        )
+        rows.append(("epochal -> one safetensors file (--to safetensors)", t, ""))
+        t, _ = best_time(lambda: load_epochal_checkpoint(single), args.repeats)
+        rows.append(("one safetensors file -> epochal", t, ""))
 
         print()
         print(f"| {'step':<62} | ours (s) | reference |")
