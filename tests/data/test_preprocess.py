@@ -229,6 +229,24 @@ def test_preprocess_documents_and_dtype(tmp_path, gpt2):
         preprocess_documents(["fine", 3], gpt2, tmp_path / "bad")
     with pytest.raises(ValueError, match="do not fit uint8"):
         preprocess_documents(["hello"], gpt2, tmp_path / "narrow", dtype="uint8")
+    with pytest.raises(ValueError, match="dtype float32 .*integer"):
+        preprocess_documents(["hello"], gpt2, tmp_path / "float", dtype="float32")
+    assert not list(tmp_path.glob("float*")) and not list(tmp_path.glob(".float*"))
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--chunk-size", "inf"], "--chunk-size"),
+        (["--chunk-size", "0"], "--chunk-size"),
+        (["--workers", "0"], "--workers"),
+    ],
+)
+def test_cli_rejects_bad_runtime_flags(tmp_path, capsys, flags, message):
+    args = ["preprocess", "--input", "x.jsonl", "--output-prefix", str(tmp_path / "o")]
+    with pytest.raises(SystemExit):
+        main([*args, "--tokenizer-type", "bytes", *flags])
+    assert message in capsys.readouterr().err
 
 
 def test_cli_preprocess_merge_inspect(tmp_path, capsys):

@@ -71,7 +71,7 @@ def _positive_bytes(text: str) -> int:
     number = text[:-1] if text[-1:] in units else text
     try:
         value = int(float(number) * scale)
-    except ValueError:
+    except (ValueError, OverflowError):  # not a number, nan, inf
         raise argparse.ArgumentTypeError(
             f"--chunk-size {text!r} is not a size like 1048576, 512k or 4M"
         ) from None

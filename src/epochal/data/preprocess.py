@@ -132,7 +132,8 @@ def preprocess(
         workers: processes that tokenize; ``<= 1`` tokenizes in this process.
         skip_bad_lines: skip (and count) lines that are not JSON objects with the keys,
             instead of failing on the first one.
-        dtype: token dtype; default the smallest for ``tokenizer.vocab_size`` (uint16 below 65500).
+        dtype: integer token dtype; default the smallest for ``tokenizer.vocab_size`` (uint16
+            below 65500).
         chunk_bytes: bytes of input per work item (memory per in-flight chunk).
         progress: show a tqdm bar (bytes, documents/s, tokens/s) on stderr.
         mp_context: multiprocessing start method for the workers; default the platform's
@@ -147,6 +148,7 @@ def preprocess(
         FileNotFoundError: an input matches no file.
         PreprocessError: a bad line (``file:line: reason``) without ``skip_bad_lines``, or an
             unreadable gzip file. No output file is left behind on error.
+        ValueError: a ``dtype`` that is not an integer dtype or does not hold the ids.
     """
     files = find_input_files(inputs)
     keys = list(json_keys)
@@ -206,6 +208,7 @@ def preprocess_documents(
     Raises:
         PreprocessError: a document is not a string or list of strings, or is not valid
             Unicode (named by its 0-based position).
+        ValueError: a ``dtype`` that is not an integer dtype or does not hold the ids.
     """
     total = len(documents) if hasattr(documents, "__len__") else None  # type: ignore[arg-type]
 
@@ -266,6 +269,8 @@ def _run(
     from tqdm.auto import tqdm
 
     token_dtype = optimal_dtype(tokenizer.vocab_size) if dtype is None else normalize_dtype(dtype)
+    if token_dtype.kind not in "iu":
+        raise ValueError(f"dtype {token_dtype} (--dtype): token ids need an integer dtype")
     encoder = ChunkEncoder(tokenizer, keys, append_eod, token_dtype)
     summary = PreprocessSummary(
         outputs=dict(outputs), tokens=dict.fromkeys(keys, 0), dtype=str(token_dtype)
