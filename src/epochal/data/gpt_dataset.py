@@ -47,7 +47,12 @@ import torch
 from torch.utils.data import Dataset
 
 from epochal.data.epoch_index import EpochIndex
-from epochal.data.gpt_indices import build_gpt_indices, tokens_in_documents
+from epochal.data.gpt_indices import (
+    build_gpt_indices,
+    document_lengths_of,
+    document_range,
+    tokens_in_documents,
+)
 from epochal.data.index_cache import cached_arrays, pickle_arrays, unpickle_arrays
 
 #: Megatron-Core's pad sentinel, guaranteed not to be a real token id.
@@ -291,20 +296,10 @@ class GPTDataset(Dataset):
         self.documents = documents
 
         def identity() -> dict[str, Any]:
-            contiguous = (
-                documents.size > 1 and int(documents[-1]) - int(documents[0]) + 1 == documents.size
-            )
-            contiguous = contiguous and bool(np.all(np.diff(documents) == 1))
-            if contiguous:
-                first = int(documents[0])
-                documents_key: Any = {"range": [first, first + documents.size]}
-                doc_lengths = lengths[first : first + documents.size]
-            else:
-                documents_key = documents
-                doc_lengths = np.take(lengths, documents.astype(np.int64, copy=False))
+            bounds = document_range(documents)
             return {
-                "documents": documents_key,
-                "document_lengths": doc_lengths,
+                "documents": documents if bounds is None else {"range": list(bounds)},
+                "document_lengths": document_lengths_of(lengths, documents),
                 "max_corpus_length": int(lengths.max()),
                 "num_samples": num_samples,
                 "seq_length": self.seq_length,

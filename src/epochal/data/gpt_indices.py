@@ -304,29 +304,27 @@ def build_shuffle_index(
     return np.concatenate((first, last)).astype(dtype, copy=False)
 
 
-def _document_lengths(sequence_lengths: np.ndarray, documents: np.ndarray) -> np.ndarray:
+def document_range(documents: np.ndarray) -> tuple[int, int] | None:
+    """Return ``(first, stop)`` when ``documents`` (2 or more ids) is ``arange(first, stop)``, else ``None``."""
+    if documents.size < 2:
+        return None
+    first, last = int(documents[0]), int(documents[-1])
+    if last - first + 1 == documents.size and np.all(np.diff(documents) == 1):
+        return first, last + 1
+    return None
+
+
+def document_lengths_of(sequence_lengths: np.ndarray, documents: np.ndarray) -> np.ndarray:
     """``sequence_lengths[documents]`` (a slice view when the documents are a contiguous range)."""
-    if documents.size > 1:
-        first, last = int(documents[0]), int(documents[-1])
-        if last - first + 1 == documents.size and np.all(np.diff(documents) == 1):
-            return sequence_lengths[first : last + 1]
+    bounds = document_range(documents)
+    if bounds is not None:
+        return sequence_lengths[bounds[0] : bounds[1]]
     return np.take(sequence_lengths, documents.astype(np.int64, copy=False))
 
 
 def tokens_in_documents(sequence_lengths: np.ndarray, documents: np.ndarray) -> int:
-    """Return the total length of ``documents`` (a slice sum when they are a contiguous range)."""
-    if documents.size == 0:
-        return 0
-    first, last = int(documents[0]), int(documents[-1])
-    if (
-        last - first + 1 == documents.size
-        and documents.size > 1
-        and np.all(np.diff(documents) == 1)
-    ):
-        return int(np.sum(sequence_lengths[first : last + 1], dtype=np.int64))
-    return int(
-        np.sum(np.take(sequence_lengths, documents.astype(np.int64, copy=False)), dtype=np.int64)
-    )
+    """Return the total length of ``documents`` in tokens."""
+    return int(np.sum(document_lengths_of(sequence_lengths, documents), dtype=np.int64))
 
 
 def build_gpt_indices(
@@ -366,7 +364,7 @@ def build_gpt_indices(
     random_state = np.random.RandomState(seed)
     if documents.size and int(documents.min()) >= 0 and int(documents.max()) < 2**31:
         # shuffle (length, id) pairs together: the same permutation, no gather afterwards
-        packed = _document_lengths(lengths, documents).astype(np.int64) << 32
+        packed = document_lengths_of(lengths, documents).astype(np.int64) << 32
         packed |= documents.astype(np.int64)
         shuffled = _shuffled_documents_and_lengths(
             packed, plan.num_epochs, random_state, plan.separate_final_epoch
