@@ -127,6 +127,15 @@ def test_multimodal_round_trip(tmp_path):
     np.testing.assert_array_equal(sequences[2], [8, 9])
     with pytest.raises(ValueError, match="multimodal=True"):
         IndexedDataset(prefix)
+    # modes that do not match the sequences are refused before anything is written
+    builder = IndexedDatasetBuilder(str(tmp_path / "mm2.bin"), dtype=np.uint8, multimodal=True)
+    with pytest.raises(ValueError, match="1 modes for 2 sequences"):
+        builder.add_document([7, 8, 9], lengths=[1, 2], modes=[5])
+    with pytest.raises(ValueError, match="int8"):
+        builder.add_documents([1, 2], [1, 1], [2], modes=[0, 300])
+    builder.add_documents([1, 2], [1, 1], [2], modes=[0, -3])
+    builder.finalize()
+    assert IndexedDataset(str(tmp_path / "mm2"), multimodal=True)[1][1] == -3
 
 
 def test_empty_dataset_and_empty_documents(tmp_path):

@@ -566,10 +566,11 @@ class IndexedDatasetBuilder:
         """Append one sequence (1-D token ids: torch tensor, numpy array or list)."""
         self._check_open()
         array = _as_token_array(tensor, self.dtype, self.bin_path)
+        mode_array = self._mode_array([mode], 1, "add_item") if self._modes is not None else None
         self._write(array)
         self._lengths.append(array.size)
         if self._modes is not None:
-            self._modes.append(mode)
+            self._modes.extend(mode_array)
 
     def end_document(self) -> None:
         """Close the current document: the sequences added since the last one form it."""
@@ -597,10 +598,11 @@ class IndexedDatasetBuilder:
             raise ValueError(
                 f"add_document: lengths {list(lengths)} do not add up to {array.size} tokens"
             )
+        mode_array = self._mode_array(modes, lengths_array.size, "add_document")
         self._write(array)
         self._lengths.extend(lengths_array)
         if self._modes is not None:
-            self._modes.extend(np.zeros(len(lengths_array)) if modes is None else np.asarray(modes))
+            self._modes.extend(mode_array)
         self.end_document()
 
     def add_documents(
@@ -633,14 +635,30 @@ class IndexedDatasetBuilder:
             )
         if (lengths < 0).any() or (per_doc < 0).any():
             raise ValueError("add_documents: negative sequence length or sequence count")
+        mode_array = self._mode_array(modes, lengths.size, "add_documents")
         self._write(array)
         base = len(self._lengths)
         self._lengths.extend(lengths)
         if self._modes is not None:
-            self._modes.extend(np.zeros(lengths.size) if modes is None else np.asarray(modes))
+            self._modes.extend(mode_array)
         if per_doc.size:
             self._documents.extend(base + np.cumsum(per_doc))
             self._sequences_at_last_document = len(self._lengths)
+
+    def _mode_array(self, modes: Any, count: int, what: str) -> np.ndarray:
+        """``modes`` as int8 ``[count]`` (zeros when ``None``), checked before anything is written."""
+        if modes is None:
+            return np.zeros(count, dtype=np.int8)
+        values = np.asarray(modes).reshape(-1)
+        if values.size != count:
+            raise ValueError(f"{what}: {values.size} modes for {count} sequences")
+        if values.size and (
+            values.dtype.kind not in "iu" or values.min() < -128 or values.max() > 127
+        ):
+            raise ValueError(
+                f"{what}: modes must be int8 values (-128..127), got {values.tolist()}"
+            )
+        return values.astype(np.int8)
 
     def add_index(self, path_prefix: PathLike) -> None:
         """Append a whole existing dataset (merge), keeping its document boundaries.
