@@ -257,3 +257,27 @@ def test_top_p_one_keeps_every_token():
     probs, order = candidates(logits, top_p=1.0)
     assert bool((probs > 0).all()) and order.shape == logits.shape
     assert not bool(torch.isfinite(filter_logits(logits, top_p=0.999)).all())  # a real threshold
+
+
+class _UniformLM(torch.nn.Module):
+    """Equal logits for every token: top-p keeps a ``top_p`` fraction of the vocabulary."""
+
+    def __init__(self, vocab: int = 100):
+        super().__init__()
+        self.config = llama_like(vocab_size=vocab, make_vocab_size_divisible_by=1)
+
+    def forward(self, tokens, position_ids=None, attention_mask=None, kv_cache=None, **_):
+        kv_cache.advance(tokens.shape[1])
+        return torch.zeros(tokens.shape[0], 1, self.config.vocab_size)
+
+
+def test_top_p_decays_to_its_bound():
+    """Megatron's schedule: without a bound top-p decays to the single most likely token;
+    with ``top_p_bound`` it keeps that fraction of the (uniform) distribution."""
+    opts = dict(max_new_tokens=30, do_sample=True, top_p=0.9, top_p_decay=0.5, seed=3)
+    late = [row[-15:] for row in generate(_UniformLM(), [[1], [2]], **opts).tokens]
+    assert all(len(set(row)) == 1 for row in late)  # top_p = 0.9 * 0.5**15: one token left
+    bounded = generate(_UniformLM(), [[1], [2]], top_p_bound=0.5, **opts).tokens
+    assert all(len(set(row[-15:])) > 5 for row in bounded)  # 50 tokens stay allowed
+    early = generate(_UniformLM(), [[1], [2]], **{**opts, "top_p_decay": 0.0}).tokens
+    assert all(len(set(row[-15:])) > 5 for row in early)  # no decay: 90 tokens allowed
