@@ -268,3 +268,19 @@ def test_replicated_shards_must_agree(tmp_path):
     torch.save(payload, path)
     with pytest.raises(ConversionError, match="input_layernorm.weight: replicated tensor differs"):
         load_megatron_checkpoint(tmp_path)
+
+
+def test_apply_layernorm_1p_weights_import_plus_one(tmp_path):
+    """``--apply-layernorm-1p`` checkpoints store norm weights minus one (zero-centered gamma)."""
+    cfg = gpt2_like()
+    state = ours(cfg, seed=6).state_dict()
+    save_megatron_checkpoint(cfg, state, tmp_path, tensor_parallel=2, spec="local")
+    for t in range(2):
+        path = tmp_path / "iter_0000000" / f"mp_rank_{t:02d}" / "model_optim_rng.pt"
+        payload = safe_torch_load(path)
+        payload["args"].apply_layernorm_1p = True
+        for name, tensor in payload["model"].items():
+            if "layernorm.weight" in name:
+                tensor -= 1
+        torch.save(payload, path)
+    assert_same_state(load_megatron_checkpoint(tmp_path).state, state)
