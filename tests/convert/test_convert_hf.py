@@ -145,3 +145,17 @@ def test_missing_or_extra_tensors_name_the_folder(tmp_path):
         load_hf_checkpoint(tmp_path)
     with pytest.raises(FileNotFoundError, match="not a folder"):
         load_hf_checkpoint(tmp_path / "missing")
+
+
+def test_pytorch_model_bin_is_read_without_unpickling_code(tmp_path):
+    import os
+
+    from epochal.convert.safe_load import UnsafeCheckpointError
+
+    hf = hf_gpt2(seed=8)
+    hf.config.save_pretrained(tmp_path)
+    torch.save(hf.state_dict(), tmp_path / "pytorch_model.bin")
+    torch.testing.assert_close(logits_of(load_ours(tmp_path)), logits_of(hf), rtol=0, atol=1e-5)
+    torch.save({**hf.state_dict(), "hook": os.system}, tmp_path / "pytorch_model.bin")
+    with pytest.raises(UnsafeCheckpointError, match=r"pytorch_model\.bin: refusing.*system"):
+        load_hf_checkpoint(tmp_path)
