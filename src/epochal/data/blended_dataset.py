@@ -50,9 +50,11 @@ def normalize_weights(weights: Sequence[float]) -> list[float]:
 _SCAN_FROM = 1 << 17
 #: A chunk runs this many steps from its guessed state before its first sample.
 _WARMUP = 256
-#: Each chunk covers at least this many samples; at most this many chunks run together.
+#: Each chunk covers at least this many samples; at most this many chunks run together,
+#: and at most ``_MAX_CELLS`` (chunk, dataset) errors are held at once (32 MiB).
 _MIN_CHUNK = 4096
 _MAX_CHUNKS = 4096
+_MAX_CELLS = 1 << 22
 #: Above this many datasets the per-step argmax is numpy's (a chain of compares below).
 _CHAIN_MAX = 8
 #: Vectorized rounds over the chunks whose start was wrong, before fixing the rest one by one.
@@ -132,7 +134,7 @@ def _greedy_loop(
     """The greedy rule step by step: ``n`` picks from sample ``start``, ``taken`` used so far.
 
     With ``caps``, a dataset that has used ``caps[i]`` samples leaves the competition
-    (Megatron's exhaustive rule). About 0.5-1.5 us per sample and dataset.
+    (Megatron's exhaustive rule). About 0.3 us per sample and dataset.
     """
     taken = [0] * len(w) if taken is None else list(taken)
     live = [i for i in range(len(w)) if caps is None or taken[i] < caps[i]]
@@ -177,7 +179,7 @@ def _greedy_scan(w: np.ndarray, size: int, warmup: int = _WARMUP) -> tuple[np.nd
     Returns:
         ``(dataset_index, dataset_sample_index)``: int16 and int64 ``[size]``.
     """
-    chunks = min(_MAX_CHUNKS, max(1, size // _MIN_CHUNK))
+    chunks = max(1, min(_MAX_CHUNKS, size // _MIN_CHUNK, _MAX_CELLS // w.size))
     length = -(-size // chunks)
     warmup = min(warmup, length - 1) if chunks > 1 else 0
     first = np.arange(chunks, dtype=np.int64) * length  # each chunk's first sample
