@@ -225,6 +225,9 @@ def test_errors_name_the_problem(tmp_path):
         save_megatron_checkpoint(cfg, state, tmp_path / "a", tensor_parallel=3)
     with pytest.raises(ConversionError, match="ALiBi"):
         save_megatron_checkpoint(gpt2_like(position_embedding_type="alibi"), state, tmp_path / "a")
+    partial = {k: v for k, v in state.items() if k != "layers.1.mlp.fc2.weight"}
+    with pytest.raises(ConversionError, match=r"missing \['layers\.1\.mlp\.fc2\.weight'\]"):
+        save_megatron_checkpoint(cfg, partial, tmp_path / "a")
     assert not (tmp_path / "a").exists() or not any((tmp_path / "a").iterdir())
 
     save_megatron_checkpoint(cfg, state, tmp_path / "b", tensor_parallel=2, pipeline_parallel=2)

@@ -268,7 +268,8 @@ def save_megatron_checkpoint(
         The iteration folder.
 
     Raises:
-        ConversionError: the model or layout cannot be expressed in Megatron.
+        ConversionError: the model or layout cannot be expressed in Megatron, or
+            ``state`` does not match ``config``.
         FileExistsError: the iteration folder exists and ``overwrite`` is false.
     """
     if spec not in ("transformer_engine", "local"):
@@ -285,7 +286,7 @@ def save_megatron_checkpoint(
         if value % tensor_parallel:
             raise ConversionError(f"tensor_parallel={tensor_parallel} must divide {name}={value}")
     stages = _stage_layers(config.num_layers, pipeline_parallel)
-    out_dtype = dtype or state["tok_embeddings.weight"].dtype
+    out_dtype = dtype or state.get("tok_embeddings.weight", torch.empty(0)).dtype
     args = megatron_args_from_config(
         config,
         tensor_parallel=tensor_parallel,
@@ -294,6 +295,8 @@ def save_megatron_checkpoint(
         dtype=out_dtype,
         transformer_impl=spec,
     )
+    state = complete_tied(config, state)
+    check_shapes(state, config, "model state")
     full = _megatron_full_from_ours(state, config)
     for name in ("embedding.word_embeddings.weight", "output_layer.weight"):
         if name in full:
