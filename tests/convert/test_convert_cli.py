@@ -282,6 +282,9 @@ def test_generate_stops_at_the_hf_models_eos(tmp_path):
     assert main([*argv, "--max-new-tokens", "6", "--output", str(out)]) == 0
     record = json.loads(out.read_text())
     assert record["tokens"] == free[:2] and record["finished"]
+    # and a conversion keeps the whole list
+    assert main(["convert", str(tmp_path / "hf"), str(tmp_path / "hf2"), "--to", "hf"]) == 0
+    assert json.loads((tmp_path / "hf2" / "config.json").read_text())["eos_token_id"] == [98, eos]
 
 
 def test_generate_relaunch_command_line_parses_back():

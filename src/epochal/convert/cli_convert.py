@@ -133,7 +133,9 @@ def _load(args: argparse.Namespace, fmt: str) -> tuple:
         hf = load_hf_checkpoint(
             args.input, make_vocab_size_divisible_by=args.make_vocab_size_divisible_by or 128
         )
-        return hf.config, hf.state, 0, {"bos": hf.bos_token_id, "eos": hf.eos_token_id}
+        eos = hf.eos_token_ids
+        eos = eos[0] if len(eos) == 1 else (list(eos) or None)
+        return hf.config, hf.state, 0, {"bos": hf.bos_token_id, "eos": eos}
     if fmt == "megatron":
         from epochal.convert.megatron_legacy import load_megatron_checkpoint
 

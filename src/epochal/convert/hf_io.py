@@ -176,7 +176,7 @@ def save_hf_checkpoint(
     architecture: Architecture | None = None,
     dtype: torch.dtype | None = None,
     bos_token_id: int | None = None,
-    eos_token_id: int | None = None,
+    eos_token_id: int | list[int] | None = None,
     overwrite: bool = False,
 ) -> Path:
     """Write ``config.json`` and ``model.safetensors`` for ``GPT2LMHeadModel`` or ``LlamaForCausalLM``.
@@ -187,7 +187,8 @@ def save_hf_checkpoint(
         folder: the output folder (created; replaced only with ``overwrite``).
         architecture: ``"gpt2"``/``"llama"``; default from the position encoding.
         dtype: cast floating tensors to this dtype (default: keep each tensor's).
-        bos_token_id, eos_token_id: written to ``config.json`` (used by HF ``generate``).
+        bos_token_id, eos_token_id: written to ``config.json`` (used by HF ``generate``;
+            ``eos_token_id`` may be a list, as in Llama 3).
         overwrite: replace an existing folder.
 
     Returns:
