@@ -139,6 +139,15 @@ def test_vectorized_scan_equals_the_step_by_step_rule(weights):
     assert build_blending_indices(w, 0)[0].shape == (0,)
 
 
+@pytest.mark.parametrize("weights", [[1.0], [0.5, 0.5], [0.2, 0.3, 0.5]])
+@pytest.mark.parametrize("size", [1, 3, 5000])
+def test_scan_of_one_chunk_starts_from_nothing(weights, size):
+    fast = _greedy_scan(np.asarray(weights), size)
+    slow = _greedy_loop(weights, size)
+    np.testing.assert_array_equal(fast[0], slow[0])
+    np.testing.assert_array_equal(fast[1], slow[1])
+
+
 @pytest.mark.parametrize("rounds", [0, 2])
 def test_scan_repairs_chunks_that_start_wrong(monkeypatch, rounds):
     """Without a warm-up most chunk guesses are wrong; the check catches and redoes them."""

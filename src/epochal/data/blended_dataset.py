@@ -212,7 +212,7 @@ def _greedy_scan(w: np.ndarray, size: int, warmup: int = _WARMUP) -> tuple[np.nd
 
 def _guess_counts(w: np.ndarray, t: np.ndarray) -> np.ndarray:
     """Counts near the greedy path at samples ``t``: float64 ``[k, len(t)]`` summing to ``t``."""
-    ideal = np.multiply.outer(w, np.maximum(t, 1).astype(np.float64))
+    ideal = np.multiply.outer(w, np.maximum(t, 0).astype(np.float64))  # nothing used at t <= 0
     counts = np.floor(ideal)
     short = t - counts.sum(axis=0).astype(np.int64)  # samples left to hand out
     rank = np.argsort(np.argsort(counts - ideal, axis=0, kind="stable"), axis=0, kind="stable")
