@@ -172,7 +172,7 @@ def _greedy_scan(w: np.ndarray, size: int, warmup: int = _WARMUP) -> tuple[np.nd
     rounds, then one by one), so the result is Megatron's in every case.
 
     Args:
-        w: float64 ``[k]`` normalized weights, ``k >= 2``.
+        w: float64 ``[k]`` normalized weights.
         size: samples of the blend.
         warmup: steps each chunk ``j > 0`` runs before its first sample.
 
@@ -230,7 +230,8 @@ def _advance(
     """Run chunks from samples ``t`` with counts ``taken`` ([k, chunks], updated in place).
 
     Steps ``skip .. skip + len(picks)`` are recorded in ``picks`` and ``positions``
-    ([steps, chunks]); chunk 0 is reset to nothing used at step ``skip``. Returns the
+    ([steps, chunks]); with ``skip > 0`` chunk 0 is reset to nothing used at step ``skip``
+    (its warm-up is idle). Returns the
     counts at step ``skip``. Each step is Megatron's rule on every chunk at once:
     ``error = w * max(t, 1) - taken`` in float64, the first maximum wins.
     """
