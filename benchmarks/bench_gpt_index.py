@@ -6,8 +6,8 @@ Prints one table. Rows:
   index, sample index, shuffle index; no cache) over ``--documents`` documents,
   for one epoch and for several epochs (with a separated final epoch);
 - ``sample index only``: ``build_sample_index`` vs Megatron's C++ ``build_sample_idx``;
-- ``blend indices``: the greedy blend of ``--blend-size`` samples (pure Python here,
-  C++ in Megatron);
+- ``blend indices``: the greedy blend of ``--blend-size`` samples (a vectorized numpy
+  scan here, a C++ loop in Megatron);
 - ``samples/s read``: random samples read through each ``GPTDataset`` from the same
   ``.bin``/``.idx`` files (epochal's reader vs Megatron's).
 
