@@ -59,6 +59,10 @@ def test_clip_grad_norm_is_global():
     b.grad = torch.tensor([0.0, 4.0, 0.0, 0.0])
     assert clip_grad_norm([a, b], max_norm=0.0).item() == 5.0  # measure only
     assert a.grad[0].item() == 3.0
+    # a non-finite norm leaves the gradients as they are (the trainer skips the step)
+    b.grad = torch.tensor([float("inf"), 4.0, 0.0, 0.0])
+    assert clip_grad_norm([a, b], max_norm=1.0).item() == float("inf")
+    assert a.grad.tolist() == [3.0, 0.0, 0.0] and b.grad[1].item() == 4.0
 
 
 def test_container_state_roundtrip_is_fqn_keyed():

@@ -72,7 +72,8 @@ class ModelConfig:
         kv_channels: per-head dimension (``head_dim``). ``None`` =
             ``hidden_size // num_attention_heads`` (which must then divide).
         ffn_hidden_size: MLP inner width. ``None`` = ``4 * hidden_size`` for
-            GELU, and Megatron's ``int(4 * hidden_size * 2 / 3 / 64) * 64`` for SwiGLU.
+            GELU, and Megatron's ``int(4 * hidden_size * 2 / 3 / 64) * 64`` for SwiGLU
+            (at least 64).
         max_position_embeddings: the longest sequence the model accepts, in
             tokens (size of the learned position table and of the RoPE cache).
         position_embedding_type: ``"learned_absolute"`` (GPT-2), ``"rope"``

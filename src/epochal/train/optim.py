@@ -90,9 +90,11 @@ def clip_grad_norm(parameters: Iterable[torch.Tensor], max_norm: float) -> torch
     params = [p for p in parameters if p.grad is not None]
     if not params:
         return torch.zeros(())
-    if max_norm > 0:
-        return torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=None)
-    return torch.nn.utils.get_total_norm([p.grad for p in params])
+    total = torch.nn.utils.get_total_norm([p.grad for p in params])
+    if max_norm > 0 and torch.isfinite(total):
+        # what clip_grad_norm_ does, minus scaling by a non-finite norm (0 or nan)
+        torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
+    return total
 
 
 class OptimizersContainer:

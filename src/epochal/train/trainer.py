@@ -121,6 +121,7 @@ class TrainResult:
         wall_time_s: duration of this call in seconds.
         resumed_from: the checkpoint folder resumed from, if any.
         last_checkpoint: the newest checkpoint folder, if any.
+        losses: the loss of every step run by this call, in order.
     """
 
     run_dir: Path
