@@ -274,10 +274,10 @@ class _UniformLM(torch.nn.Module):
 def test_top_p_decays_to_its_bound():
     """Megatron's schedule: without a bound top-p decays to the single most likely token;
     with ``top_p_bound`` it keeps that fraction of the (uniform) distribution."""
-    opts = dict(max_new_tokens=30, do_sample=True, top_p=0.9, top_p_decay=0.5, seed=3)
-    late = [row[-15:] for row in generate(_UniformLM(), [[1], [2]], **opts).tokens]
-    assert all(len(set(row)) == 1 for row in late)  # top_p = 0.9 * 0.5**15: one token left
+    opts = dict(max_new_tokens=20, do_sample=True, top_p=0.9, top_p_decay=0.5, seed=3)
+    late = [row[-10:] for row in generate(_UniformLM(), [[1], [2]], **opts).tokens]
+    assert all(len(set(row)) == 1 for row in late)  # top_p <= 0.9 * 0.5**10: one token left
     bounded = generate(_UniformLM(), [[1], [2]], top_p_bound=0.5, **opts).tokens
-    assert all(len(set(row[-15:])) > 5 for row in bounded)  # 50 tokens stay allowed
+    assert all(len(set(row[-10:])) > 5 for row in bounded)  # 50 tokens stay allowed
     early = generate(_UniformLM(), [[1], [2]], **{**opts, "top_p_decay": 0.0}).tokens
-    assert all(len(set(row[-15:])) > 5 for row in early)  # no decay: 90 tokens allowed
+    assert all(len(set(row[-10:])) > 5 for row in early)  # no decay: 90 tokens allowed
