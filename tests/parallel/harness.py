@@ -82,6 +82,22 @@ def _adamw(parts: list[torch.nn.Module]) -> list[torch.optim.Optimizer]:
     return [build_adamw([p], lr=LR, weight_decay=0.1, betas=(0.9, 0.95)) for p in parts]
 
 
+def _forward_backward(model: torch.nn.Module, batch: dict[str, torch.Tensor], mbs: int) -> float:
+    """One global batch in one process, the trainer's way; returns the step loss."""
+    mbs_list = micro_batches(batch, mbs)
+    total = 0.0
+    for mb in mbs_list:
+        logits = model(mb["tokens"])
+        ce = torch.nn.functional.cross_entropy(
+            logits.float().flatten(0, 1), mb["labels"].flatten(), reduction="none"
+        )
+        m = mb["loss_mask"].flatten()
+        loss = (ce * m).sum() / m.sum().clamp(min=1.0) / len(mbs_list)
+        loss.backward()
+        total += loss.item()
+    return total
+
+
 def reference_run(
     config: ModelConfig, batches: list[dict[str, torch.Tensor]], mbs: int, seed: int = 0
 ) -> dict[str, Any]:
@@ -92,17 +108,7 @@ def reference_run(
     losses, norms, grads = [], [], []
     for batch in batches:
         opt.zero_grad(set_to_none=True)
-        mbs_list = micro_batches(batch, mbs)
-        total = 0.0
-        for mb in mbs_list:
-            logits = model(mb["tokens"])
-            ce = torch.nn.functional.cross_entropy(
-                logits.float().flatten(0, 1), mb["labels"].flatten(), reduction="none"
-            )
-            m = mb["loss_mask"].flatten()
-            loss = (ce * m).sum() / m.sum().clamp(min=1.0) / len(mbs_list)
-            loss.backward()
-            total += loss.item()
+        total = _forward_backward(model, batch, mbs)
         grads.append({n: p.grad.detach().clone() for n, p in model.named_parameters()})
         norms.append(float(clip_grad_norm(list(model.parameters()), CLIP)))
         opt.step()
@@ -224,17 +230,7 @@ def single_process_run(
     losses = []
     for batch in batches:
         opts.zero_grad(set_to_none=True)
-        mbs_list = micro_batches(batch, mbs)
-        total = 0.0
-        for mb in mbs_list:
-            logits = model(mb["tokens"])
-            ce = torch.nn.functional.cross_entropy(
-                logits.float().flatten(0, 1), mb["labels"].flatten(), reduction="none"
-            )
-            m = mb["loss_mask"].flatten()
-            loss = (ce * m).sum() / m.sum().clamp(min=1.0) / len(mbs_list)
-            loss.backward()
-            total += loss.item()
+        total = _forward_backward(model, batch, mbs)
         clip_grad_norm(list(model.parameters()), CLIP)
         opts.step()
         losses.append(total)

@@ -40,13 +40,25 @@ TINY = [
 ]
 
 
-def _check_run(run_dir, proc, layout: str) -> None:
+def _single_process_losses(run_dir, model_overrides: list[str]) -> list[float]:
+    """The same configuration trained by the single-process Trainer (no dropout in TINY)."""
+    from epochal.train.config import build_config
+    from epochal.train.trainer import Trainer
+
+    cfg = build_config(preset="tiny", overrides=[f"--run_dir={run_dir}", *TINY, *model_overrides])
+    return Trainer(cfg, log=False).train().losses
+
+
+def _check_run(run_dir, proc, layout: str, model_overrides: list[str]) -> None:
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     out = proc.stdout
     assert out.count("trained steps 1-2") == 1, out  # one rank logs
     assert f"layout {layout}" in out, out
     train = [r for r in read_metrics(run_dir / "metrics.jsonl") if r["kind"] == "train"]
     assert [r["step"] for r in train] == [1, 2]
+    # every rank read the right batches (TP ranks the same ones, a middle stage none)
+    expected = _single_process_losses(run_dir.parent / "single", model_overrides)
+    assert [r["loss"] for r in train] == pytest.approx(expected, abs=1e-5)
     state = json.loads(
         (run_dir / "checkpoints" / "step_0000002" / "trainer_state.json").read_text()
     )
@@ -68,7 +80,7 @@ def test_epochal_train_relaunches_itself_for_tensor_parallel(tmp_path):
     ]
     proc = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=400, cwd=tmp_path)
     assert "launching 2 processes" in proc.stdout
-    _check_run(run_dir, proc, "TP2 x PP1 x DP1")
+    _check_run(run_dir, proc, "TP2 x PP1 x DP1", ["--model.num_layers=2"])
 
 
 def test_epochal_train_under_an_outer_torchrun_with_a_middle_stage(tmp_path):
@@ -90,4 +102,4 @@ def test_epochal_train_under_an_outer_torchrun_with_a_middle_stage(tmp_path):
     ]
     proc = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=400, cwd=tmp_path)
     assert "launching" not in proc.stdout
-    _check_run(run_dir, proc, "TP1 x PP3 x DP1")
+    _check_run(run_dir, proc, "TP1 x PP3 x DP1", [])
