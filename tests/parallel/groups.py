@@ -264,10 +264,69 @@ def _vocab_parallel_loss_check() -> list[str]:
     return problems
 
 
+def _dropout_streams_check(sequence_parallel: bool) -> list[str]:
+    """TP2 with dropout: a rank's heads get their own masks, replicated activations the same ones.
+
+    Rank 1's attention heads are made copies of rank 0's, so with one shared
+    stream both ranks' attention outputs would be identical.
+    """
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from epochal.model import GPTModel
+    from epochal.parallel.tensor_parallel import apply_tensor_parallel
+
+    config = H.tiny_config(num_layers=1, attention_dropout=0.5, hidden_dropout=0.5)
+    model = GPTModel(config, seed=0)
+    attention = model.layers["0"].attention
+    half = attention.wq.weight.shape[0] // 2
+    with torch.no_grad():
+        for linear in (attention.wq, attention.wk, attention.wv):
+            linear.weight[half:] = linear.weight[:half]
+            if linear.bias is not None:
+                linear.bias[half:] = linear.bias[:half]
+    mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("tp",))
+    apply_tensor_parallel(model, mesh, sequence_parallel=sequence_parallel)
+    model.train()
+    seen: dict[str, torch.Tensor] = {}
+
+    def keep(name: str) -> Any:
+        def hook(mod: torch.nn.Module, args: tuple) -> None:
+            x = args[0]
+            seen[name] = (x.to_local() if hasattr(x, "to_local") else x).detach().clone()
+
+        return hook
+
+    attention.wo.register_forward_pre_hook(keep("heads"))  # after the TP plan's own input hook
+    model.layers["0"].register_forward_pre_hook(keep("residual"))
+    torch.manual_seed(123)
+    tokens = torch.arange(2 * H.SEQ).view(2, H.SEQ) % config.vocab_size
+    model(tokens)
+
+    def gathered(t: torch.Tensor) -> list[torch.Tensor]:
+        out = [torch.empty_like(t) for _ in range(2)]
+        dist.all_gather(out, t.contiguous())
+        return out
+
+    problems = []
+    heads = gathered(seen["heads"])
+    if torch.equal(heads[0], heads[1]):
+        problems.append("both ranks' attention heads drew the same dropout masks")
+    states = gathered(torch.get_rng_state())
+    if not torch.equal(states[0], states[1]):
+        problems.append("the shared random stream diverged between tensor-parallel ranks")
+    residual = gathered(seen["residual"])
+    same_residual = torch.equal(residual[0], residual[1])
+    if not sequence_parallel and not same_residual:
+        problems.append("replicated embedding-dropout outputs differ between ranks")
+    return problems
+
+
 def two_rank_group(rank: int, world: int, tmp: str) -> dict[str, list[str]]:
     """All 2-process checks (run by :func:`tests.dist_utils.run_gloo`)."""
     torch.set_num_threads(1)
     out = {"vocab_parallel_loss": _guard(_vocab_parallel_loss_check)}
+    for sp in (False, True):
+        out[f"tp2_dropout_streams{'_sp' if sp else ''}"] = _guard(_dropout_streams_check, sp)
     out.update(_layout_checks(TWO_RANK_LAYOUTS))
     # a user loss hook under TP receives gathered logits and gives the same result
     config = H.tiny_config(num_layers=2)

@@ -45,6 +45,10 @@ gathered (``[b, s, V]``, identical on every rank). Tied embeddings: the input
 embedding and the output head shard the same ``[V, h]`` matrix the same way
 (rows), so the parameter stays one (re-tied after the plan).
 
+Dropout: heads (and, with sequence parallelism, whole blocks and the embedding
+output) draw their masks from a per-rank stream, replicated activations from the
+stream shared by the group (:mod:`epochal.parallel.rng`, Megatron's RNG tracker).
+
 Requirements (checked by :meth:`epochal.parallel.dims.ParallelDims.validate`):
 ``tp`` divides the heads, the MLP width and the padded vocabulary; with
 sequence parallelism it divides the sequence length.
@@ -75,6 +79,7 @@ from torch.distributed.tensor.parallel import (
 from torch.distributed.tensor.parallel.style import ParallelStyle
 
 from epochal.model.config import ModelConfig
+from epochal.parallel.rng import apply_dropout_rng_regions
 
 __all__ = ["apply_tensor_parallel", "kv_heads_replicated"]
 
@@ -268,4 +273,5 @@ def apply_tensor_parallel(
         if attention.use_alibi:
             attention.alibi_heads = slice(first_head, first_head + heads_per_rank)
             attention.init_buffers()
+    apply_dropout_rng_regions(model, tp_mesh.get_local_rank(), sequence_parallel=sequence_parallel)
     return model

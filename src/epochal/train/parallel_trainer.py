@@ -39,6 +39,7 @@ from epochal.parallel.checkpoint import TiedOptimizerState, consolidate_checkpoi
 from epochal.parallel.dims import ParallelDims
 from epochal.parallel.engine import ParallelEngine
 from epochal.parallel.launch import DistributedInfo, init_distributed, is_logging_rank, rank0_first
+from epochal.parallel.rng import pipeline_stage_seed
 from epochal.train.checkpoint import Checkpointer, SafeFileSystemReader, SafeLoadPlanner
 from epochal.train.config import TrainConfig
 from epochal.train.data import DataBundle, build_data
@@ -101,6 +102,15 @@ class ParallelTrainer(Trainer):
     def rank(self) -> int:
         """Global rank."""
         return self.dist.rank
+
+    def global_seed(self) -> int:
+        """``training.seed + 100 * pipeline stage`` (Megatron), so stages draw different masks.
+
+        Tensor-parallel regions fork their own per-rank streams from it
+        (:mod:`epochal.parallel.rng`).
+        """
+        pp_rank = self.dims.coords(self.dist.rank)["pp"]
+        return pipeline_stage_seed(self.config.training.seed, pp_rank)
 
     def data_parallel_info(self) -> dict[str, int]:
         """This rank's data-parallel coordinate and the data-parallel size."""

@@ -160,7 +160,7 @@ class Trainer:
     ) -> None:
         self.config = config
         self.log = log
-        seed_everything(config.training.seed)
+        seed_everything(self.global_seed())
         self.run_dir = Path(config.run_dir)
         self.device = resolve_device(config.training.device)
         self.loss_fn: LossFn = loss_fn or masked_token_mean_loss
@@ -189,6 +189,10 @@ class Trainer:
     def rank(self) -> int:
         """Global rank (0 in a single process)."""
         return 0
+
+    def global_seed(self) -> int:
+        """The seed of this rank's global RNGs (dropout): ``training.seed`` here."""
+        return self.config.training.seed
 
     def data_parallel_info(self) -> dict[str, int]:
         """``{"dp_rank": ..., "dp_size": ...}`` for building the data (one process: 0 of 1)."""
