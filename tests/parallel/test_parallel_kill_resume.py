@@ -6,6 +6,7 @@ processes, dropout on, a distributed checkpoint written by all ranks).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -82,7 +83,13 @@ def killed_and_resumed(tmp_path_factory) -> Path:
             assert time.monotonic() < deadline, "the job never reached step 7"
             time.sleep(0.1)
     finally:
-        os.killpg(proc.pid, signal.SIGKILL)  # torchrun and its 4 workers (their own session)
+        # SIGKILL torchrun's session and every worker: torchrun starts each worker in a
+        # session of its own, so the process-group kill alone leaves them running.
+        for marker in markers:
+            if marker.exists():
+                with contextlib.suppress(ProcessLookupError, ValueError):
+                    os.kill(int(marker.read_text()), signal.SIGKILL)
+        os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=60)
         proc.stdout.close()
     ckpts = sorted(

@@ -2,19 +2,22 @@
 
 Usage: python -m torch.distributed.run ... train_worker.py RUN_DIR TRAIN_ITERS [--pause-after N] [override ...]
 
-With ``--pause-after N`` every rank writes ``RUN_DIR/paused_rank{r}`` after step N
-(after that step's evaluation/checkpoint) and then sleeps, so the test can kill
-the job at a known point mid-run.
+With ``--pause-after N`` every rank writes its process id to ``RUN_DIR/paused_rank{r}``
+after step N (after that step's evaluation/checkpoint) and then sleeps, so the test
+can kill the job at a known point mid-run (torchrun starts each worker in a session
+of its own, so killing torchrun's process group alone would leave them running).
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from epochal._atomic import atomic_write
 from epochal.parallel.dims import ParallelDims  # noqa: E402
 from epochal.parallel.launch import init_distributed  # noqa: E402
 from epochal.train.config import build_config  # noqa: E402
@@ -70,7 +73,7 @@ def main(argv: list[str]) -> int:
 
         def pause(tr: ParallelTrainer, step: int, metrics: dict) -> None:
             if step == pause_after:
-                (Path(run_dir) / f"paused_rank{tr.rank}").write_text(str(step))
+                atomic_write(Path(run_dir) / f"paused_rank{tr.rank}", str(os.getpid()))
                 time.sleep(600)
 
         trainer.add_callback(pause)
