@@ -19,7 +19,14 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["atomic_directory", "atomic_path", "atomic_write", "fsync_dir", "replace_directory"]
+__all__ = [
+    "aside_directory",
+    "atomic_directory",
+    "atomic_path",
+    "atomic_write",
+    "fsync_dir",
+    "replace_directory",
+]
 
 
 def _temporary_sibling(path: Path, prefix: str, suffix: str = "") -> Path:
@@ -74,20 +81,34 @@ def fsync_dir(path: str | os.PathLike) -> None:
         os.close(fd)
 
 
+def aside_directory(final: str | os.PathLike) -> Path:
+    """Where :func:`replace_directory` parks the old ``final`` while it swaps in the new one.
+
+    A crash between its two renames leaves ``final`` missing and its previous,
+    complete content here (``.old-<name>`` beside it); readers that find ``final``
+    gone may fall back to this folder.
+    """
+    final = Path(final)
+    return final.with_name(f".old-{final.name}")
+
+
 def replace_directory(tmp: str | os.PathLike, final: str | os.PathLike) -> None:
     """Move the complete folder ``tmp`` to ``final``, swapping out an existing ``final``.
 
     ``os.replace`` cannot replace a non-empty folder, so an existing ``final`` is first
-    renamed aside (``final`` is missing only between two renames) and deleted after.
+    renamed to :func:`aside_directory` (``final`` is missing only between two renames,
+    and then its old content is complete under that name) and deleted after.
     """
     tmp, final = Path(tmp), Path(final)
+    aside = aside_directory(final)
     if final.exists():
-        trash = _temporary_sibling(final, "trash-")
-        os.replace(final, trash)
+        if aside.exists():  # left by an earlier crash after the second rename
+            shutil.rmtree(aside)
+        os.replace(final, aside)
         os.replace(tmp, final)
-        shutil.rmtree(trash, ignore_errors=True)
     else:
         os.replace(tmp, final)
+    shutil.rmtree(aside, ignore_errors=True)
     fsync_dir(final.parent)
 
 

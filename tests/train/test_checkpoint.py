@@ -93,6 +93,40 @@ def test_resave_same_step_replaces(tmp_path):
     assert json.loads((ck.latest() / "trainer_state.json").read_text())["tag"] == "new"
 
 
+def test_crash_between_the_renames_of_a_resave_loses_nothing(tmp_path, monkeypatch):
+    """Re-saving step 5 moves the old step_5 aside, then renames the new one in; a
+    kill between the two renames must leave the old copy loadable through ``latest``."""
+    import epochal._atomic as atomic
+
+    m, opt = trained()
+    ck = Checkpointer(tmp_path / "ck")
+    save(ck, 5, m, opt, tag="old")
+    real_replace = os.replace
+
+    def killed_after_first_rename(src, dst):
+        real_replace(src, dst)
+        if str(dst).endswith(".old-step_0000005"):
+            raise KeyboardInterrupt("killed")
+
+    monkeypatch.setattr(atomic.os, "replace", killed_after_first_rename)
+    with pytest.raises(KeyboardInterrupt):
+        save(ck, 5, m, opt, tag="new")
+    monkeypatch.setattr(atomic.os, "replace", real_replace)
+    assert not (tmp_path / "ck" / "step_0000005").exists()
+    with pytest.warns(UserWarning, match="interrupted"):
+        folder = ck.latest()
+    assert folder.name == ".old-step_0000005"
+    m2 = GPTModel(CFG, seed=3)
+    opt2 = OptimizersContainer([m2], lambda part: build_adamw([part], lr=1e-2, weight_decay=0.1))
+    state, _ = ck.load(folder, {"model": ModelState([m2]), "optimizer": opt2})
+    assert state["tag"] == "old"
+    assert all(torch.equal(a, b) for a, b in zip(m.parameters(), m2.parameters()))
+    # The next save completes and clears the parked copy.
+    save(ck, 6, m, opt, tag="next")
+    assert ck.latest().name == "step_0000006"
+    assert not list((tmp_path / "ck").glob(".old-*"))
+
+
 class Evil:
     def __reduce__(self):
         return (os.system, ("touch PWNED",))

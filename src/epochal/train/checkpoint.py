@@ -49,7 +49,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 
-from epochal._atomic import atomic_write, fsync_dir, replace_directory
+from epochal._atomic import aside_directory, atomic_write, fsync_dir, replace_directory
 
 __all__ = [
     "CheckpointError",
@@ -204,11 +204,21 @@ class Checkpointer:
         pointer = self.directory / LATEST
         if pointer.is_file():
             name = pointer.read_text().strip()
-            if not _STEP_RE.match(name) or not (self.directory / name).is_dir():
+            folder = self.directory / name
+            if _STEP_RE.match(name) and not folder.is_dir() and aside_directory(folder).is_dir():
+                # a crash while re-saving this step, between replace_directory's two
+                # renames: the previous complete checkpoint waits under the aside name
+                warnings.warn(
+                    f"{folder} is missing (a save of that step was interrupted); "
+                    f"using its previous copy {aside_directory(folder)}",
+                    stacklevel=2,
+                )
+                return aside_directory(folder)
+            if not _STEP_RE.match(name) or not folder.is_dir():
                 raise CheckpointError(
                     f"{pointer}: names {name!r}, which is not a checkpoint folder"
                 )
-            return self.directory / name
+            return folder
         folders = self.step_folders()
         return folders[-1][1] if folders else None
 
@@ -267,6 +277,9 @@ class Checkpointer:
         for _, path in folders[: max(0, len(folders) - self.keep_last)]:
             if path != keep:
                 shutil.rmtree(path, ignore_errors=True)
+        # previous copies an interrupted re-save left behind (``latest`` names ``keep`` now)
+        for stale in self.directory.glob(".old-step_*"):
+            shutil.rmtree(stale, ignore_errors=True)
 
     # ------------------------------------------------------------------ loading
     def load(
