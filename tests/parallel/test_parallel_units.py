@@ -353,3 +353,29 @@ def test_parallel_trainer_in_one_process_matches_the_trainer(tmp_path):
     plain, parallel = results
     assert parallel.losses == pytest.approx(plain.losses, abs=1e-5)
     assert parallel.eval_loss == pytest.approx(plain.eval_loss, abs=1e-5)
+
+
+def test_parallel_trainer_checks_the_layout_before_building_data(tmp_path, monkeypatch):
+    """A layout that cannot fit the model fails at once, not after a (long) data build."""
+    import epochal.train.parallel_trainer as pt
+    from epochal.parallel.launch import DistributedInfo
+    from epochal.train.config import build_config
+
+    def no_data(*args, **kwargs):
+        raise AssertionError("the data was built before the layout was checked")
+
+    monkeypatch.setattr(pt, "build_data", no_data)
+    cfg = build_config(
+        preset="tiny",
+        overrides=[
+            "--parallel.tensor_parallel=2",
+            "--model.num_attention_heads=3",
+            "--model.num_query_groups=1",
+            "--model.hidden_size=48",
+            f"--run_dir={tmp_path}",
+        ],
+    )
+    two_ranks = DistributedInfo(0, 2, 0, torch.device("cpu"))
+    with pytest.raises(ConfigError, match=r"num_attention_heads=3") as err:
+        pt.ParallelTrainer(cfg, log=False, dist_info=two_ranks)
+    assert err.value.option == "parallel.tensor_parallel"

@@ -105,8 +105,13 @@ class ParallelDims:
         global_batch_size: int,
         seq_length: int,
         config: ParallelConfig | None = None,
+        check_vocab: bool = True,
     ) -> None:
         """Check the layout against the model and the batch sizes.
+
+        ``check_vocab=False`` skips the one check that needs the real vocabulary size
+        (the tokenizer's, known only once the data is built), so that a trainer can
+        check everything else before a long data build.
 
         Raises:
             ConfigError: naming the option that has to change, e.g.
@@ -129,7 +134,7 @@ class ParallelDims:
             raise _err(
                 "parallel.tensor_parallel", f"must divide the MLP width {model.ffn_size}, got {tp}"
             )
-        if model.padded_vocab_size % tp:
+        if check_vocab and model.padded_vocab_size % tp:
             raise _err(
                 "parallel.tensor_parallel",
                 f"must divide the padded vocabulary {model.padded_vocab_size} "

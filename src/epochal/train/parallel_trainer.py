@@ -34,6 +34,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from epochal.model.config import ModelConfig
 from epochal.model.gpt import GPTModel
 from epochal.parallel.checkpoint import TiedOptimizerState, consolidate_checkpoint
 from epochal.parallel.dims import ParallelDims
@@ -41,7 +42,7 @@ from epochal.parallel.engine import ParallelEngine
 from epochal.parallel.launch import DistributedInfo, init_distributed, is_logging_rank, rank0_first
 from epochal.parallel.rng import pipeline_stage_seed
 from epochal.train.checkpoint import Checkpointer, SafeFileSystemReader, SafeLoadPlanner
-from epochal.train.config import TrainConfig
+from epochal.train.config import TrainConfig, model_config_from_section
 from epochal.train.data import DataBundle, build_data
 from epochal.train.state import ModelState
 from epochal.train.trainer import LossFn, Trainer
@@ -84,6 +85,15 @@ class ParallelTrainer(Trainer):
     ) -> None:
         self.dist = dist_info or init_distributed(config.parallel, config.training.device)
         self.dims = ParallelDims.from_config(config.parallel, self.dist.world_size)
+        self._validate_layout(
+            config,
+            model_config_from_section(
+                config.model,
+                vocab_size=config.model.vocab_size or 1,
+                seq_length=config.data.seq_length,
+            ),
+            check_vocab=False,  # the tokenizer's size is checked with the real config later
+        )
         self.mesh = self.dims.build_mesh(self.dist.device.type) if self.dist.distributed else None
         self.custom_loss: LossFn | None = loss_fn
         if data is None:
@@ -120,13 +130,7 @@ class ParallelTrainer(Trainer):
         """Validate the layout and build this rank's parts with the :class:`ParallelEngine`."""
         c = self.config
         self.device = self.dist.device
-        self.dims.validate(
-            self.model_config,
-            micro_batch_size=c.training.micro_batch_size,
-            global_batch_size=c.training.global_batch_size,
-            seq_length=c.data.seq_length,
-            config=c.parallel,
-        )
+        self._validate_layout(c, self.model_config)
         self.engine = ParallelEngine(
             c.parallel,
             self.model_config,
@@ -139,6 +143,18 @@ class ParallelTrainer(Trainer):
             bf16=c.training.bf16,
         )
         return self.engine.model_parts
+
+    def _validate_layout(
+        self, c: TrainConfig, model_config: ModelConfig, *, check_vocab: bool = True
+    ) -> None:
+        self.dims.validate(
+            model_config,
+            micro_batch_size=c.training.micro_batch_size,
+            global_batch_size=c.training.global_batch_size,
+            seq_length=c.data.seq_length,
+            config=c.parallel,
+            check_vocab=check_vocab,
+        )
 
     def parallelize(self, model_parts: list[nn.Module]) -> list[nn.Module]:
         """Nothing left to do: the engine applied everything while building the parts."""
