@@ -47,6 +47,12 @@ def _ds(**kw):
         ({"global_shuffle": True}, "only applies to dataloader_type='cyclic'"),
         ({"global_shuffle": "yes", "dataloader_type": "cyclic"}, "global_shuffle must be a bool"),
         ({"pad_samples_to_global_batch_size": 1}, "must be a bool"),
+        ({"data_sharding": False}, "only applies to dataloader_type='cyclic'"),
+        ({"data_sharding": "no", "dataloader_type": "cyclic"}, "data_sharding must be a bool"),
+        (
+            {"data_sharding": False, "global_shuffle": True, "dataloader_type": "cyclic"},
+            "choose one",
+        ),
     ],
 )
 def test_config_errors(kwargs, needle):
@@ -118,6 +124,10 @@ def test_transform_modes_types_and_drop_last():
         ).batch_sampler,
         MegatronPretrainingRandomSampler,
     )
+    unsharded = _ds(dataloader_type="cyclic", data_sharding=False, seed=3).transform_dataloader(
+        WrappedDataLoader(ToyGPTDataset(16), mode="train")
+    )
+    assert unsharded.batch_sampler.data_sharding is False
     # shuffling a test set is useless: test/predict use the in-order sampler
     assert isinstance(
         cyclic.transform_dataloader(

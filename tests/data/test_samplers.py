@@ -215,6 +215,69 @@ def test_random_bucket_epochs_and_dp_dependence():
     assert _global_sequence(_ranks(MegatronPretrainingRandomSampler, n, 0, mbs * 2, dp=1)) != epoch0
 
 
+def _megatron_unsharded_reference(total, consumed, mbs, rank, dp, seed=0):
+    """Megatron-LM's MegatronPretrainingRandomSampler.__iter__ with data_sharding=False
+    (one pass; Megatron seeds with the epoch, i.e. our seed 0), written out for the test."""
+    block = mbs * dp
+    active = total - total % block
+    epoch, offset = divmod(consumed, active)
+    g = torch.Generator()
+    g.manual_seed(seed + epoch)
+    order = torch.randperm((total // mbs) * mbs, generator=g).tolist()
+    idx = order[offset:][rank::dp]
+    return [idx[i : i + mbs] for i in range(0, len(idx) - mbs + 1, mbs)]
+
+
+@pytest.mark.parametrize(
+    ("total", "mbs", "dp", "consumed"),
+    [(10, 2, 2, 0), (10, 2, 2, 4), (37, 3, 2, 66), (64, 4, 4, 128), (41, 2, 4, 8)],
+)
+def test_random_unsharded_matches_megatron(total, mbs, dp, consumed):
+    for rank in range(dp):
+        s = MegatronPretrainingRandomSampler(total, consumed, mbs, rank, dp, data_sharding=False)
+        assert list(s) == _megatron_unsharded_reference(total, consumed, mbs, rank, dp)
+    ranks = _ranks(MegatronPretrainingRandomSampler, total, 0, mbs, dp=dp, data_sharding=False)
+    epoch = _global_sequence(ranks)
+    assert len(epoch) == len(set(epoch)) == total - total % (mbs * dp)
+
+
+def test_random_unsharded_stops_every_rank_at_the_epoch_end():
+    # 5 samples, mbs 1, dp 2: Megatron gives rank 0 three micro-batches (positions 0, 2
+    # and the skipped remainder 4) but rank 1 two; here both get two.
+    r0, r1 = _ranks(MegatronPretrainingRandomSampler, 5, 0, 1, dp=2, data_sharding=False)
+    assert len(_megatron_unsharded_reference(5, 0, 1, 0, 2)) == 3
+    assert len(list(r0)) == len(list(r1)) == len(r0) == 2
+
+
+def test_random_unsharded_global_batches_do_not_depend_on_dp():
+    n, gbs = 48, 8
+    steps = {}
+    for dp, mbs in ((1, 2), (2, 2), (4, 2), (1, 4), (2, 4), (8, 1)):
+        ranks = _ranks(
+            MegatronPretrainingRandomSampler,
+            n,
+            16,  # resumed two steps in
+            mbs,
+            dp=dp,
+            global_batch_size=gbs,
+            seed=7,
+            data_sharding=False,
+        )
+        seq = _global_sequence(ranks)
+        steps[dp, mbs] = [sorted(seq[i : i + gbs]) for i in range(0, len(seq), gbs)]
+        assert len(steps[dp, mbs]) == 4
+    ref = steps[1, 2]
+    assert all(v == ref for v in steps.values()), steps
+    # unlike the bucketed (sharded) shuffle
+    sharded = [
+        _global_sequence(
+            _ranks(MegatronPretrainingRandomSampler, n, 16, 2, dp=dp, global_batch_size=gbs, seed=7)
+        )
+        for dp in (1, 2)
+    ]
+    assert sorted(sharded[0][:gbs]) != sorted(sharded[1][:gbs])
+
+
 def test_random_unit_is_global_batch_when_given():
     # 22 samples, gbs 8: epochs of 16 samples (Megatron alone would use 20 = 22 - 22 % 4)
     s = MegatronPretrainingRandomSampler(22, 0, 2, 0, 2, global_batch_size=8)
@@ -291,6 +354,11 @@ def test_random_global_shuffle_resume_and_drop_last_false():
         ({"seed": -1}, "seed"),
         ({"seed": 2**63}, "seed"),
         ({"global_shuffle": 1, "global_batch_size": 4}, "global_shuffle must be a bool"),
+        ({"data_sharding": 0}, "data_sharding must be a bool"),
+        (
+            {"data_sharding": False, "global_shuffle": True, "global_batch_size": 4},
+            "choose one",
+        ),
     ],
 )
 def test_random_errors(kwargs, needle):

@@ -81,6 +81,9 @@ class MegatronDataSampler:
         seed: shuffle seed of ``"cyclic"``.
         global_shuffle: ``"cyclic"`` only: a shuffle independent of the data-parallel
             size (see :class:`~epochal.data.samplers.MegatronPretrainingRandomSampler`).
+        data_sharding: ``"cyclic"`` only: ``False`` for Megatron's unsharded shuffle
+            (``--no-data-sharding``; see
+            :class:`~epochal.data.samplers.MegatronPretrainingRandomSampler`).
         pad_samples_to_global_batch_size: when a loader keeps its last incomplete global
             batch (test/predict, or ``drop_last=False``), complete it with loss-masked
             padding samples (always done for ``"batch"``).
@@ -104,6 +107,7 @@ class MegatronDataSampler:
         data_parallel_size: int | None = None,
         seed: int = 0,
         global_shuffle: bool = False,
+        data_sharding: bool = True,
         pad_samples_to_global_batch_size: bool = False,
     ) -> None:
         self.seq_len = _check_int(seq_len, "seq_len", 1)
@@ -125,6 +129,18 @@ class MegatronDataSampler:
                 f"global_shuffle=True only applies to dataloader_type='cyclic', got {dataloader_type!r}"
             )
         self.global_shuffle = global_shuffle
+        if not isinstance(data_sharding, bool):
+            raise DataSamplerConfigError(f"data_sharding must be a bool, got {data_sharding!r}")
+        if not data_sharding and dataloader_type != "cyclic":
+            raise DataSamplerConfigError(
+                f"data_sharding=False only applies to dataloader_type='cyclic', got {dataloader_type!r}"
+            )
+        if global_shuffle and not data_sharding:
+            raise DataSamplerConfigError(
+                "data_sharding=False (Megatron's unsharded shuffle) and global_shuffle=True"
+                " (epochal's) exclude each other: choose one"
+            )
+        self.data_sharding = data_sharding
         if not isinstance(pad_samples_to_global_batch_size, bool):
             raise DataSamplerConfigError(
                 f"pad_samples_to_global_batch_size must be a bool, got {pad_samples_to_global_batch_size!r}"
@@ -327,6 +343,7 @@ class MegatronDataSampler:
                 global_batch_size=self.global_batch_size,
                 seed=self.seed,
                 global_shuffle=self.global_shuffle,
+                data_sharding=self.data_sharding,
             )
         return MegatronPretrainingSampler(
             total_samples=total_samples,

@@ -332,6 +332,15 @@ class MegatronPretrainingRandomSampler(_MegatronSamplerBase):
       ``torch.randperm(A // dp, generator=manual_seed(seed + epoch))``. The samples a
       rank sees depend on the data-parallel size, so resuming on a different number of
       GPUs changes the order; the last ``total_samples % U`` samples are never used.
+    * ``data_sharding=False`` (Megatron-LM's ``--no-data-sharding``): one
+      ``torch.randperm(total_samples - total_samples % micro_batch_size,
+      generator=manual_seed(seed + epoch))`` of the whole dataset; positions ``[0, A)``
+      of it are the epoch, and rank ``r`` takes every ``dp``-th of them starting at
+      ``r``, ``micro_batch_size`` at a time. Every micro-block (hence every global
+      batch) then holds the same samples whatever the data-parallel size, only their
+      assignment to ranks changes. Megatron lets a rank read past ``A`` into the
+      skipped remainder (with ``micro_batch_size=1`` rank 0 can get one micro-batch
+      more than the others); here every rank stops at ``A``.
     * ``global_shuffle=True`` (epochal): epoch ``e``'s global order is the O(1)-memory
       permutation ``permute_array(positions, total_samples, derive_seed(seed, e))`` of
       all samples; its first ``A`` entries are used (so the skipped remainder changes
@@ -357,6 +366,8 @@ class MegatronPretrainingRandomSampler(_MegatronSamplerBase):
         pad_samples_to_global_batch_size: must be ``False``.
         seed: shuffle seed, ``0 <= seed < 2**63``.
         global_shuffle: see above.
+        data_sharding: ``False`` for Megatron's unsharded shuffle (see above); only with
+            ``global_shuffle=False``.
 
     Raises:
         SamplerConfigError: any invalid value, an epoch shorter than one unit, or a
@@ -375,6 +386,7 @@ class MegatronPretrainingRandomSampler(_MegatronSamplerBase):
         pad_samples_to_global_batch_size: bool = False,
         seed: int = 0,
         global_shuffle: bool = False,
+        data_sharding: bool = True,
     ) -> None:
         if pad_samples_to_global_batch_size:
             raise SamplerConfigError(
@@ -397,6 +409,14 @@ class MegatronPretrainingRandomSampler(_MegatronSamplerBase):
         if not isinstance(global_shuffle, bool):
             raise SamplerConfigError(f"global_shuffle must be a bool, got {global_shuffle!r}")
         self.global_shuffle = global_shuffle
+        if not isinstance(data_sharding, bool):
+            raise SamplerConfigError(f"data_sharding must be a bool, got {data_sharding!r}")
+        if global_shuffle and not data_sharding:
+            raise SamplerConfigError(
+                "data_sharding=False selects Megatron's unsharded shuffle, global_shuffle=True"
+                " epochal's: choose one"
+            )
+        self.data_sharding = data_sharding
         block = self.micro_batch_times_data_parallel_size
         if global_shuffle and self.global_batch_size is None:
             raise SamplerConfigError(
@@ -452,8 +472,10 @@ class MegatronPretrainingRandomSampler(_MegatronSamplerBase):
         epoch, offset = self._check_consumed(self.consumed_samples)
         if self.global_shuffle:
             yield from self._iter_global(epoch, offset)
-        else:
+        elif self.data_sharding:
             yield from self._iter_buckets(epoch, offset)
+        else:
+            yield from self._iter_unsharded(epoch, offset)
 
     def _iter_buckets(self, epoch: int, offset: int) -> Iterator[list[Index]]:
         dp, mbs = self.data_parallel_size, self.micro_batch_size
@@ -465,6 +487,16 @@ class MegatronPretrainingRandomSampler(_MegatronSamplerBase):
         order = torch.randperm(bucket_size, generator=g)[bucket_offset:]
         order += start_idx
         indices = order.tolist()
+        for i in range(0, len(indices) - mbs + 1, mbs):
+            yield indices[i : i + mbs]
+
+    def _iter_unsharded(self, epoch: int, offset: int) -> Iterator[list[Index]]:
+        mbs = self.micro_batch_size
+        g = torch.Generator()
+        g.manual_seed(self.seed + epoch)
+        order = torch.randperm(self.total_samples - self.total_samples % mbs, generator=g)
+        mine = order[offset + self.data_parallel_rank : self.active_total_samples]
+        indices = mine[:: self.data_parallel_size].tolist()
         for i in range(0, len(indices) - mbs + 1, mbs):
             yield indices[i : i + mbs]
 
