@@ -43,3 +43,17 @@ def test_directories_swap_whole(tmp_path):
     replace_directory(new, final)
     assert [p.name for p in final.iterdir()] == ["c"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+def test_files_get_the_mode_of_a_plain_open_whatever_the_writer(tmp_path):
+    import os
+    import stat
+
+    torch = pytest.importorskip("torch")
+    from safetensors.torch import save_file
+
+    (tmp_path / "plain").write_text("x")
+    plain_mode = stat.S_IMODE(os.stat(tmp_path / "plain").st_mode)
+    with atomic_path(tmp_path / "model.safetensors") as tmp:
+        save_file({"w": torch.zeros(2)}, str(tmp))  # its writer creates 0600 files
+    assert stat.S_IMODE(os.stat(tmp_path / "model.safetensors").st_mode) == plain_mode

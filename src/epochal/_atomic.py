@@ -34,6 +34,13 @@ def _temporary_sibling(path: Path, prefix: str, suffix: str = "") -> Path:
     return path.with_name(f".{prefix}{path.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}{suffix}")
 
 
+def _umask() -> int:
+    """The process's umask (reading it means setting it: set and restore at once)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary file path next to ``path``; rename it to ``path`` when the block succeeds.
@@ -50,6 +57,8 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
         yield tmp
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
+        # the mode a plain open() gives (safetensors' writer, for one, creates 0600 files)
+        os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, path)
     finally:
         with contextlib.suppress(FileNotFoundError):
