@@ -62,6 +62,48 @@ def test_invalid_values_name_the_option(option, value):
     assert isinstance(info.value, ValueError)
 
 
+ROPE = dict(BASE, position_embedding_type="rope")
+
+
+@pytest.mark.parametrize(
+    ("option", "values"),
+    [
+        ("rope_scaling_type", dict(rope_scaling_type="yarn")),
+        ("rope_scaling_type", dict(rope_scaling_type="dynamic", rope_scaling_factor=2.0)),
+        ("rope_scaling_factor", dict(rope_scaling_type="llama3", rope_scaling_factor=0.0)),
+        ("rope_scaling_factor", dict(rope_scaling_type="linear", rope_scaling_factor=-2.0)),
+        ("rope_scaling_factor", dict(rope_scaling_factor=float("nan"))),
+        ("rope_low_freq_factor", dict(rope_scaling_type="llama3", rope_low_freq_factor=0.0)),
+        ("rope_high_freq_factor", dict(rope_scaling_type="llama3", rope_high_freq_factor=1.0)),
+        (
+            "rope_high_freq_factor",
+            dict(rope_scaling_type="llama3", rope_low_freq_factor=5.0),  # > high (4)
+        ),
+        (
+            "rope_original_max_position_embeddings",
+            dict(rope_scaling_type="llama3", rope_original_max_position_embeddings=0),
+        ),
+        (
+            "rope_original_max_position_embeddings",
+            dict(rope_scaling_type="llama3", rope_original_max_position_embeddings=8192.0),
+        ),
+    ],
+)
+def test_invalid_rope_scaling_names_the_option(option, values):
+    with pytest.raises(ConfigError) as info:
+        ModelConfig(**ROPE, **values)
+    assert info.value.option == option, str(info.value)
+
+
+def test_rope_scaling_needs_rope_positions():
+    ModelConfig(**ROPE, rope_scaling_type="llama3", rope_scaling_factor=8.0)
+    ModelConfig(**ROPE, rope_scaling_type="linear", rope_scaling_factor=2.0)
+    with pytest.raises(
+        ConfigError, match="rope_scaling_type: needs position_embedding_type='rope'"
+    ):
+        ModelConfig(**BASE, rope_scaling_type="linear", rope_scaling_factor=2.0)
+
+
 def test_odd_rotary_dim_is_rejected():
     with pytest.raises(ConfigError, match="rotary_percent"):
         ModelConfig(**BASE, kv_channels=6, position_embedding_type="rope", rotary_percent=0.5)

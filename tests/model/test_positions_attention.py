@@ -8,7 +8,14 @@ import pytest
 import torch
 
 from epochal.model import Attention, ModelConfig
-from epochal.model.positions import alibi_bias, alibi_slopes, apply_rotary, rope_cos_sin
+from epochal.model.positions import (
+    RopeScaling,
+    alibi_bias,
+    alibi_slopes,
+    apply_rotary,
+    rope_cos_sin,
+    rope_inv_freq,
+)
 
 
 def ref_rope(
@@ -69,6 +76,150 @@ def test_rope_matches_megatron_core():
     cos, sin = rope_cos_sin(8, 10)
     ours = apply_rotary(x.transpose(0, 1), cos[None], sin[None]).transpose(0, 1)
     torch.testing.assert_close(ours, theirs, rtol=1e-6, atol=1e-6)
+
+
+def ref_llama3_inv_freq(
+    rotary_dim: int, base: float, factor: float, low: float, high: float, original: int
+) -> list[float]:
+    """Llama 3.1's frequency rule, one frequency at a time in float64 (Meta's apply_scaling)."""
+    out = []
+    for i in range(rotary_dim // 2):
+        freq = base ** (-2.0 * i / rotary_dim)
+        wavelen = 2 * math.pi / freq
+        if wavelen < original / high:
+            out.append(freq)
+        elif wavelen > original / low:
+            out.append(freq / factor)
+        else:
+            smooth = (original / wavelen - low) / (high - low)
+            out.append((1 - smooth) * freq / factor + smooth * freq)
+    return out
+
+
+# base 500, r = 16: wavelengths 6.3 .. 2e3 tokens; with original 64 and low/high 1/4 the
+# thresholds are 16 and 64 tokens, so some frequencies are kept, some divided, some interpolated.
+LLAMA3 = RopeScaling(
+    type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_positions=64
+)
+
+
+def test_rope_llama3_scaling_matches_reference():
+    plain = rope_inv_freq(16, 500.0)
+    ours = rope_inv_freq(16, 500.0, LLAMA3)
+    ref = torch.tensor(ref_llama3_inv_freq(16, 500.0, 8.0, 1.0, 4.0, 64), dtype=torch.float64)
+    torch.testing.assert_close(ours.double(), ref, rtol=1e-6, atol=0)
+    ratio = plain / ours
+    kept, divided = ratio == 1, (ratio - 8).abs() < 1e-5
+    assert kept.any() and divided.any() and (~kept & ~divided).any()  # all three regimes
+    # the tables rotate by the scaled frequencies
+    cos, sin = rope_cos_sin(16, 40, 500.0, scaling=LLAMA3)
+    angles = torch.outer(torch.arange(40, dtype=torch.float64), ref)
+    torch.testing.assert_close(
+        cos.double(), torch.cat([angles, angles], -1).cos(), atol=1e-5, rtol=0
+    )
+    torch.testing.assert_close(
+        sin.double(), torch.cat([angles, angles], -1).sin(), atol=1e-5, rtol=0
+    )
+
+
+def test_rope_linear_scaling_divides_positions():
+    cos, sin = rope_cos_sin(8, 24, 500.0, scaling=RopeScaling(type="linear", factor=4.0))
+    quarter = torch.arange(24, dtype=torch.float64) / 4  # position p is rotated as p / 4
+    angles = torch.outer(quarter, rope_inv_freq(8, 500.0).double())
+    emb = torch.cat([angles, angles], dim=-1)
+    torch.testing.assert_close(cos.double(), emb.cos(), atol=1e-6, rtol=0)
+    torch.testing.assert_close(sin.double(), emb.sin(), atol=1e-6, rtol=0)
+    plain_cos, _ = rope_cos_sin(8, 24, 500.0)
+    torch.testing.assert_close(cos[::4], plain_cos[:6], atol=1e-6, rtol=0)  # p = 4k acts as k
+
+
+@pytest.mark.parametrize(
+    ("kw", "match"),
+    [
+        (dict(type="yarn", factor=2.0), "type"),
+        (dict(type="linear", factor=0.0), "factor"),
+        (dict(type="llama3", factor=8.0, low_freq_factor=4.0, high_freq_factor=4.0), "low_freq"),
+        (dict(type="llama3", factor=8.0, original_max_positions=0), "original_max_positions"),
+    ],
+)
+def test_rope_scaling_rejects_bad_values(kw, match):
+    with pytest.raises(ValueError, match=match):
+        RopeScaling(**kw)
+
+
+@pytest.mark.peer
+@pytest.mark.parametrize(
+    "params",
+    [
+        dict(
+            rope_type="llama3",
+            factor=8.0,
+            low_freq_factor=1.0,
+            high_freq_factor=4.0,
+            original_max_position_embeddings=64,
+        ),
+        dict(
+            rope_type="llama3",
+            factor=32.0,
+            low_freq_factor=2.0,
+            high_freq_factor=8.0,
+            original_max_position_embeddings=128,
+        ),
+        dict(rope_type="linear", factor=3.0),
+    ],
+)
+def test_rope_scaling_equals_transformers_bit_for_bit(params):
+    from transformers import LlamaConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    hf = LlamaConfig(
+        hidden_size=64,
+        num_attention_heads=4,
+        max_position_embeddings=256,
+        rope_parameters={**params, "rope_theta": 500.0},
+    )
+    theirs, attention_factor = ROPE_INIT_FUNCTIONS[params["rope_type"]](hf, "cpu")
+    assert attention_factor == 1.0
+    scaling = RopeScaling(
+        type=params["rope_type"],
+        factor=params["factor"],
+        low_freq_factor=params.get("low_freq_factor", 1.0),
+        high_freq_factor=params.get("high_freq_factor", 4.0),
+        original_max_positions=params.get("original_max_position_embeddings", 8192),
+    )
+    ours = rope_inv_freq(16, 500.0, scaling)
+    assert not torch.equal(ours, rope_inv_freq(16, 500.0))
+    torch.testing.assert_close(ours, theirs, rtol=0, atol=0)
+
+
+@pytest.mark.peer
+def test_rope_scaling_equals_megatron_core():
+    from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
+
+    # Megatron-Core's llama3 scaling: low 1, high 4, original 8192 (hard-coded); base 1e6 and
+    # head_dim 16 put wavelengths on both sides of its 2048 / 8192 token thresholds.
+    rope = RotaryEmbedding(
+        kv_channels=16,
+        rotary_percent=1.0,
+        rotary_base=1000000,
+        rope_scaling=True,
+        rope_scaling_factor=8.0,
+        use_cpu_initialization=True,
+    )
+    ours = rope_inv_freq(16, 1e6, RopeScaling(type="llama3", factor=8.0))
+    assert not torch.equal(ours, rope_inv_freq(16, 1e6))
+    torch.testing.assert_close(ours, rope.inv_freq, rtol=0, atol=0)
+    # --rotary-seq-len-interpolation-factor multiplies positions by 1 / factor: our "linear"
+    rope = RotaryEmbedding(
+        kv_channels=16,
+        rotary_percent=1.0,
+        rotary_base=500,
+        seq_len_interpolation_factor=4,
+        use_cpu_initialization=True,
+    )
+    cos, _ = rope_cos_sin(16, 50, 500.0, scaling=RopeScaling(type="linear", factor=4.0))
+    freqs = rope.get_freqs_non_repeated(50)
+    torch.testing.assert_close(cos, torch.cat([freqs, freqs], -1).cos(), rtol=0, atol=1e-6)
 
 
 @pytest.mark.parametrize("n", [1, 2, 4, 6, 8, 12, 16])

@@ -73,6 +73,22 @@ def test_presets_round_trip_through_toml(name):
     assert isinstance(cfg, TrainConfig)
 
 
+def test_rope_scaling_from_overrides_round_trips_through_toml():
+    cfg = build_config(
+        preset="tiny",
+        overrides=[
+            "--data.mock=true",
+            "--model.rope_scaling_type=llama3",
+            "--model.rope_scaling_factor=8",
+            "--model.rope-original-max-position-embeddings=32",
+        ],
+    )
+    assert cfg.model.rope_scaling_type == "llama3" and cfg.model.rope_scaling_factor == 8.0
+    assert config_from_dict(tomllib.loads(to_toml(cfg))) == cfg
+    mc = model_config_from_section(cfg.model, vocab_size=100, seq_length=64)
+    assert (mc.rope_scaling_type, mc.rope_original_max_position_embeddings) == ("llama3", 32)
+
+
 @pytest.mark.parametrize(
     ("override", "option"),
     [
@@ -83,6 +99,9 @@ def test_presets_round_trip_through_toml(name):
         ("--model.num_query_groups=3", "model.num_query_groups"),
         ("--model.position_embedding_type=sinusoid", "model.position_embedding_type"),
         ("--model.max_position_embeddings=16", "model.max_position_embeddings"),
+        ("--model.rope_scaling_type=yarn", "model.rope_scaling_type"),
+        ("--model.rope_scaling_factor=0", "model.rope_scaling_factor"),
+        ("--model.rope_high_freq_factor=0.5", "model.rope_high_freq_factor"),
         ("--model.bogus=1", "model.bogus"),
         ("--bogus.key=1", "bogus"),
         ("--training.micro_batch_size=0", "training.micro_batch_size"),

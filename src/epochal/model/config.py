@@ -22,11 +22,13 @@ __all__ = [
     "POSITION_EMBEDDING_TYPES",
     "NORMALIZATIONS",
     "ACTIVATIONS",
+    "ROPE_SCALING_TYPES",
 ]
 
 POSITION_EMBEDDING_TYPES = ("learned_absolute", "rope", "alibi", "none")
 NORMALIZATIONS = ("LayerNorm", "RMSNorm")
 ACTIVATIONS = ("gelu", "gelu_tanh", "swiglu")
+ROPE_SCALING_TYPES = ("linear", "llama3")
 
 
 class ConfigError(ValueError):
@@ -81,6 +83,22 @@ class ModelConfig:
         rotary_base: RoPE base frequency (``theta``), > 0.
         rotary_percent: fraction of each head's dimensions that is rotated, in
             (0, 1]; the rotated part must have an even size.
+        rope_scaling_type: RoPE frequency scaling for long contexts (see
+            :mod:`epochal.model.positions`): ``None`` (plain RoPE), ``"linear"``
+            (positions divided by ``rope_scaling_factor``; Hugging Face
+            ``"linear"``, Megatron's ``--rotary-seq-len-interpolation-factor``)
+            or ``"llama3"`` (Llama 3.1's smooth per-frequency scaling; Megatron-Core's
+            ``--use-rope-scaling``). Needs ``position_embedding_type="rope"``.
+        rope_scaling_factor: the context extension factor, > 0 (Llama 3.1: 8).
+            Ignored without ``rope_scaling_type``.
+        rope_low_freq_factor: ``"llama3"`` only: wavelengths longer than
+            ``rope_original_max_position_embeddings / rope_low_freq_factor``
+            tokens are divided by the factor; > 0 (Llama 3.1: 1).
+        rope_high_freq_factor: ``"llama3"`` only: wavelengths shorter than
+            ``rope_original_max_position_embeddings / rope_high_freq_factor``
+            tokens are kept; > ``rope_low_freq_factor`` (Llama 3.1: 4).
+        rope_original_max_position_embeddings: ``"llama3"`` only: the
+            pre-training context length in tokens, >= 1 (Llama 3.1: 8192).
         normalization: ``"LayerNorm"`` or ``"RMSNorm"``.
         norm_epsilon: epsilon of the norms (> 0).
         activation: ``"gelu"`` (exact, erf), ``"gelu_tanh"`` (the tanh
@@ -112,6 +130,11 @@ class ModelConfig:
     )
     rotary_base: float = 10000.0
     rotary_percent: float = 1.0
+    rope_scaling_type: Literal["linear", "llama3"] | None = None
+    rope_scaling_factor: float = 1.0
+    rope_low_freq_factor: float = 1.0
+    rope_high_freq_factor: float = 4.0
+    rope_original_max_position_embeddings: int = 8192
     normalization: Literal["LayerNorm", "RMSNorm"] = "LayerNorm"
     norm_epsilon: float = 1e-5
     activation: Literal["gelu", "gelu_tanh", "swiglu"] = "gelu"
@@ -205,6 +228,7 @@ class ModelConfig:
                 f"must rotate an even number >= 2 of the head_dim={self.head_dim} channels, "
                 f"got {self.rotary_percent!r} (-> {self.rotary_dim})",
             )
+        self._validate_rope_scaling()
         _require(
             _is_real(self.norm_epsilon) and self.norm_epsilon > 0,
             "norm_epsilon",
@@ -228,6 +252,33 @@ class ModelConfig:
             self.add_qkv_bias is None or isinstance(self.add_qkv_bias, bool),
             "add_qkv_bias",
             f"must be true, false or None, got {self.add_qkv_bias!r}",
+        )
+
+    def _validate_rope_scaling(self) -> None:
+        _require(
+            self.rope_scaling_type is None or self.rope_scaling_type in ROPE_SCALING_TYPES,
+            "rope_scaling_type",
+            f"must be one of {ROPE_SCALING_TYPES} or None, got {self.rope_scaling_type!r}",
+        )
+        _require(
+            self.rope_scaling_type is None or self.position_embedding_type == "rope",
+            "rope_scaling_type",
+            f"needs position_embedding_type='rope', got {self.position_embedding_type!r}",
+        )
+        for name in ("rope_scaling_factor", "rope_low_freq_factor"):
+            value = getattr(self, name)
+            _require(_is_real(value) and value > 0, name, f"must be > 0, got {value!r}")
+        high, low = self.rope_high_freq_factor, self.rope_low_freq_factor
+        _require(
+            _is_real(high) and high > low,
+            "rope_high_freq_factor",
+            f"must be > rope_low_freq_factor={low!r}, got {high!r}",
+        )
+        original = self.rope_original_max_position_embeddings
+        _require(
+            isinstance(original, int) and not isinstance(original, bool) and original >= 1,
+            "rope_original_max_position_embeddings",
+            f"must be an integer >= 1, got {original!r}",
         )
 
     # --------------------------------------------------------------- derived sizes

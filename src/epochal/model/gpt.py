@@ -35,10 +35,12 @@ every stage but the last; ``forward`` then takes / returns hidden states
 ``[b, s, hidden]`` instead of token ids / logits.
 
 Buffers: ``rope_cos`` / ``rope_sin`` (``[max_position_embeddings, rotary_dim]``,
-RoPE only) on the model and ``layers.{i}.attention.alibi_slopes`` (ALiBi only) are
-non-persistent (not in checkpoints), so every stage has them. They follow
-``.to(device)``; after ``to_empty`` (meta-device construction) call
-:meth:`init_buffers` (``init_weights`` does it).
+RoPE only, the config's ``rope_scaling_*`` applied; KV-cache decoding and every
+pipeline stage index these same tables) on the model and
+``layers.{i}.attention.alibi_slopes`` (ALiBi only) are non-persistent (not in
+checkpoints), so every stage has them. They follow ``.to(device)``; after
+``to_empty`` (meta-device construction) call :meth:`init_buffers`
+(``init_weights`` does it).
 
 The model returns logits; the loss is computed outside (the trainer; a
 vocabulary-parallel loss under tensor parallelism).
@@ -60,7 +62,7 @@ from epochal.model.config import ModelConfig
 from epochal.model.init import initial_value
 from epochal.model.kv_cache import KVCache
 from epochal.model.norms import build_norm
-from epochal.model.positions import rope_cos_sin
+from epochal.model.positions import RopeScaling, rope_cos_sin
 
 __all__ = ["GPTModel"]
 
@@ -101,15 +103,29 @@ class GPTModel(nn.Module):
         self.norm: nn.Module | None = build_norm(config)
         self.output: nn.Linear | None = nn.Linear(h, config.padded_vocab_size, bias=False)
         if config.position_embedding_type == "rope":
-            cos, sin = rope_cos_sin(
-                config.rotary_dim, config.max_position_embeddings, config.rotary_base
-            )
+            cos, sin = self._rope_tables(device=None)
             self.register_buffer("rope_cos", cos, persistent=False)
             self.register_buffer("rope_sin", sin, persistent=False)
         else:
             self.rope_cos = None
             self.rope_sin = None
         self.tie_weights()
+
+    def _rope_tables(self, device: torch.device | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """RoPE ``(cos, sin)``, float32 ``[max_position_embeddings, rotary_dim]``, scaled."""
+        c = self.config
+        scaling = None
+        if c.rope_scaling_type is not None:
+            scaling = RopeScaling(
+                type=c.rope_scaling_type,
+                factor=c.rope_scaling_factor,
+                low_freq_factor=c.rope_low_freq_factor,
+                high_freq_factor=c.rope_high_freq_factor,
+                original_max_positions=c.rope_original_max_position_embeddings,
+            )
+        return rope_cos_sin(
+            c.rotary_dim, c.max_position_embeddings, c.rotary_base, device=device, scaling=scaling
+        )
 
     # ------------------------------------------------------------ initialization
     def tie_weights(self) -> None:
@@ -125,13 +141,7 @@ class GPTModel(nn.Module):
         """Recompute the non-persistent RoPE / ALiBi buffers on the parameters' device."""
         device = next(self.parameters()).device
         if self.config.position_embedding_type == "rope":
-            cos, sin = rope_cos_sin(
-                self.config.rotary_dim,
-                self.config.max_position_embeddings,
-                self.config.rotary_base,
-                device=device,
-            )
-            self.rope_cos, self.rope_sin = cos, sin
+            self.rope_cos, self.rope_sin = self._rope_tables(device=device)
         for layer in self.layers.values():
             layer.attention.init_buffers()
 

@@ -16,6 +16,22 @@ is paired with channel ``i + r/2`` (not ``2i`` with ``2i+1`` as in the GPT-J /
 Meta checkpoint "interleaved" layout); Hugging Face Llama weights already use
 this layout, Meta's original ones need the usual q/k row permutation.
 
+RoPE scaling (:class:`RopeScaling`) changes only ``inv_freq``, so every table
+built from the same config agrees (training, KV-cache decoding, pipeline stages):
+
+- ``"linear"`` (position interpolation; Hugging Face ``rope_type="linear"``,
+  Megatron's ``--rotary-seq-len-interpolation-factor``): ``inv_freq / factor``,
+  i.e. position ``p`` is rotated as ``p / factor``.
+- ``"llama3"`` (Llama 3.1+; Hugging Face ``rope_type="llama3"``, Megatron-Core's
+  ``--use-rope-scaling``): with ``wavelen = 2 pi / inv_freq``,
+  ``L = original_max_positions``, ``s = (L / wavelen - low) / (high - low)``
+  clamped to ``[0, 1]``, the scaled frequency is
+  ``(1 - s) * inv_freq / factor + s * inv_freq``: long wavelengths
+  (``wavelen > L / low``) are divided by ``factor``, short ones
+  (``wavelen < L / high``) are kept, those in between are interpolated smoothly.
+  Same float32 arithmetic as ``transformers``' and Megatron-Core's, so
+  ``inv_freq`` is bit-identical to theirs.
+
 ALiBi (Press et al. 2022, as in BLOOM/MPT and Megatron): head ``h`` adds
 ``-slope[h] * (i - j)`` to the score of query ``i`` and key ``j <= i``; slopes are
 the geometric sequence ``2 ** (-8 (h+1) / n)`` for a power-of-two head count
@@ -25,28 +41,85 @@ the geometric sequence ``2 ** (-8 (h+1) / n)`` for a power-of-two head count
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Literal
 
 import torch
 
-__all__ = ["rope_cos_sin", "rotate_half", "apply_rotary", "alibi_slopes", "alibi_bias"]
+from epochal.model.config import ROPE_SCALING_TYPES
+
+__all__ = [
+    "ROPE_SCALING_TYPES",
+    "RopeScaling",
+    "rope_inv_freq",
+    "rope_cos_sin",
+    "rotate_half",
+    "apply_rotary",
+    "alibi_slopes",
+    "alibi_bias",
+]
 
 
-def rope_cos_sin(
+@dataclass(frozen=True, kw_only=True)
+class RopeScaling:
+    """How RoPE frequencies are stretched for contexts longer than pre-training's.
+
+    Attributes:
+        type: ``"linear"`` or ``"llama3"`` (see the module docstring).
+        factor: the context extension factor (> 0; Llama 3.1 uses 8).
+        low_freq_factor: ``"llama3"`` only: wavelengths above
+            ``original_max_positions / low_freq_factor`` tokens are divided by
+            ``factor`` (> 0; Llama 3.1 uses 1).
+        high_freq_factor: ``"llama3"`` only: wavelengths below
+            ``original_max_positions / high_freq_factor`` tokens are kept
+            (> ``low_freq_factor``; Llama 3.1 uses 4).
+        original_max_positions: ``"llama3"`` only: the pre-training context
+            length in tokens (>= 1; Llama 3.1 uses 8192).
+
+    Raises:
+        ValueError: a value outside the ranges above.
+    """
+
+    type: Literal["linear", "llama3"]
+    factor: float
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_positions: int = 8192
+
+    def __post_init__(self) -> None:
+        if self.type not in ROPE_SCALING_TYPES:
+            raise ValueError(
+                f"RoPE scaling type must be one of {ROPE_SCALING_TYPES}, got {self.type!r}"
+            )
+        if not self.factor > 0:
+            raise ValueError(f"RoPE scaling factor must be > 0, got {self.factor!r}")
+        if not 0 < self.low_freq_factor < self.high_freq_factor:
+            raise ValueError(
+                "RoPE scaling needs 0 < low_freq_factor < high_freq_factor, got "
+                f"{self.low_freq_factor!r} and {self.high_freq_factor!r}"
+            )
+        if self.original_max_positions < 1:
+            raise ValueError(
+                f"RoPE original_max_positions must be >= 1, got {self.original_max_positions!r}"
+            )
+
+
+def rope_inv_freq(
     rotary_dim: int,
-    max_positions: int,
     base: float = 10000.0,
+    scaling: RopeScaling | None = None,
     device: torch.device | str | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Cosine and sine tables of RoPE.
+) -> torch.Tensor:
+    """RoPE's per-pair angular frequencies, in radians per position.
 
     Args:
-        rotary_dim: number of rotated channels per head (even).
-        max_positions: number of positions (table rows).
+        rotary_dim: number of rotated channels per head (even, > 0).
         base: the base frequency ``theta``.
-        device: where to build the tables (computed in float32).
+        scaling: optional frequency scaling (``None`` = plain RoPE).
+        device: where to build the result.
 
     Returns:
-        ``(cos, sin)``, each float32 ``[max_positions, rotary_dim]``.
+        float32 ``[rotary_dim / 2]``: ``base ** (-2 i / rotary_dim)``, scaled.
 
     Raises:
         ValueError: if ``rotary_dim`` is odd or not positive.
@@ -55,6 +128,41 @@ def rope_cos_sin(
         raise ValueError(f"rotary_dim must be a positive even number, got {rotary_dim}")
     exponent = torch.arange(0, rotary_dim, 2, dtype=torch.float32, device=device) / rotary_dim
     inv_freq = 1.0 / (base**exponent)
+    if scaling is None:
+        return inv_freq
+    if scaling.type == "linear":
+        return inv_freq / scaling.factor
+    # llama3: interpolate between "divided by factor" (long wavelengths) and "kept" (short ones).
+    low, high = scaling.low_freq_factor, scaling.high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    keep = ((scaling.original_max_positions / wavelen - low) / (high - low)).clamp(0.0, 1.0)
+    return (1 - keep) * inv_freq / scaling.factor + keep * inv_freq
+
+
+def rope_cos_sin(
+    rotary_dim: int,
+    max_positions: int,
+    base: float = 10000.0,
+    device: torch.device | str | None = None,
+    *,
+    scaling: RopeScaling | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Cosine and sine tables of RoPE.
+
+    Args:
+        rotary_dim: number of rotated channels per head (even).
+        max_positions: number of positions (table rows).
+        base: the base frequency ``theta``.
+        device: where to build the tables (computed in float32).
+        scaling: optional frequency scaling (:func:`rope_inv_freq`).
+
+    Returns:
+        ``(cos, sin)``, each float32 ``[max_positions, rotary_dim]``.
+
+    Raises:
+        ValueError: if ``rotary_dim`` is odd or not positive.
+    """
+    inv_freq = rope_inv_freq(rotary_dim, base, scaling, device=device)
     positions = torch.arange(max_positions, dtype=torch.float32, device=device)
     angles = torch.outer(positions, inv_freq)  # [max_positions, rotary_dim / 2]
     emb = torch.cat([angles, angles], dim=-1)
