@@ -40,6 +40,21 @@ def hf_gpt2(*, tied: bool = True, seed: int = 0, vocab: int = 100, **kw):
     return randomize(model, seed).eval()
 
 
+# RoPE scaling for the tiny Llama (head_dim 8, rope_theta 500: wavelengths 6, 30, 140 and
+# 660 tokens). With original_max_position_embeddings=32 the llama3 thresholds are 8 and 32
+# tokens, so one frequency is kept, one interpolated and two divided by the factor.
+HF_ROPE_SCALING = {
+    "llama3": {
+        "rope_type": "llama3",
+        "factor": 4.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 32,
+    },
+    "linear": {"rope_type": "linear", "factor": 3.0},
+}
+
+
 def hf_llama(
     *,
     tied: bool = False,

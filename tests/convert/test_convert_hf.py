@@ -9,8 +9,9 @@ import torch
 
 from epochal.convert.common import ConversionError
 from epochal.convert.hf_io import load_hf_checkpoint, save_hf_checkpoint
+from epochal.convert.hf_llama import llama_config_from_ours, ours_config_from_llama
 from epochal.model import GPTModel
-from tests.convert.hf_models import gpt2_like, hf_gpt2, hf_llama, llama_like, ours
+from tests.convert.hf_models import HF_ROPE_SCALING, gpt2_like, hf_gpt2, hf_llama, llama_like, ours
 
 pytestmark = pytest.mark.peer
 transformers = pytest.importorskip("transformers")
@@ -87,6 +88,103 @@ def test_llama_export_logits(tmp_path, kv_channels):
     assert back.config == model.config
 
 
+LONG_TOKENS = torch.randint(0, 100, (2, 60), generator=torch.Generator().manual_seed(8))
+
+
+@pytest.mark.parametrize("kind", ["llama3", "linear"])
+def test_llama_rope_scaling_import_export_logits(tmp_path, kind):
+    hf = hf_llama(seed=9, rope_scaling=dict(HF_ROPE_SCALING[kind]))
+    ref = logits_of(hf, LONG_TOKENS)
+    # the scaling matters at this size: the unscaled model gives other logits
+    unscaled = logits_of(hf_llama(seed=9), LONG_TOKENS)
+    assert (ref - unscaled).abs().max() > 0.1
+    hf.save_pretrained(tmp_path / "hf")
+    model = load_ours(tmp_path / "hf")
+    cfg = model.config
+    assert cfg.rope_scaling_type == kind
+    assert cfg.rope_scaling_factor == HF_ROPE_SCALING[kind]["factor"]
+    if kind == "llama3":
+        assert (
+            cfg.rope_low_freq_factor,
+            cfg.rope_high_freq_factor,
+            cfg.rope_original_max_position_embeddings,
+        ) == (1.0, 4.0, 32)
+    torch.testing.assert_close(logits_of(model, LONG_TOKENS), ref, rtol=0, atol=1e-5)
+
+    # ours -> Hugging Face -> same logits, and the config survives the round trip
+    mine = ours(cfg, seed=10)
+    save_hf_checkpoint(cfg, mine.state_dict(), tmp_path / "out", dtype=torch.float32)
+    written = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert written["rope_scaling"] == HF_ROPE_SCALING[kind]  # what transformers 4.x reads
+    assert written["rope_parameters"] == {**HF_ROPE_SCALING[kind], "rope_theta": 500.0}
+    back_hf = transformers.LlamaForCausalLM.from_pretrained(tmp_path / "out").eval()
+    assert back_hf.config.rope_parameters["rope_type"] == kind
+    torch.testing.assert_close(
+        logits_of(back_hf, LONG_TOKENS), logits_of(mine, LONG_TOKENS), rtol=0, atol=1e-5
+    )
+    assert load_ours(tmp_path / "out").config == cfg
+
+
+def test_llama_rope_scaling_config_spellings():
+    base = hf_llama().config.to_dict()
+    base.pop("rope_parameters")
+    # transformers 4.x: rope_theta at the top, rope_scaling with "rope_type" or the older "type"
+    llama31 = {
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+        "rope_type": "llama3",
+    }
+    cfg = ours_config_from_llama({**base, "rope_theta": 500000.0, "rope_scaling": llama31})
+    assert (cfg.rotary_base, cfg.rope_scaling_type, cfg.rope_scaling_factor) == (
+        500000.0,
+        "llama3",
+        8.0,
+    )
+    assert cfg.rope_original_max_position_embeddings == 8192
+    old = ours_config_from_llama(
+        {**base, "rope_theta": 500.0, "rope_scaling": {"type": "linear", "factor": 2}}
+    )
+    assert (old.rope_scaling_type, old.rope_scaling_factor) == ("linear", 2.0)
+    # transformers 5.x: rope_parameters only
+    new = ours_config_from_llama(
+        {**base, "rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 500.0}}
+    )
+    assert new == old
+    # our export holds both spellings, and they agree
+    written = llama_config_from_ours(cfg)
+    assert written["rope_scaling"] == llama31 and written["rope_theta"] == 500000.0
+    assert written["rope_parameters"] == {**llama31, "rope_theta": 500000.0}
+    plain = llama_config_from_ours(llama_like())
+    assert "rope_scaling" not in plain
+    assert plain["rope_parameters"] == {"rope_type": "default", "rope_theta": 500.0}
+
+
+@pytest.mark.parametrize(
+    ("rope", "match"),
+    [
+        ({"rope_scaling": {"rope_type": "dynamic", "factor": 2.0}}, "rope_type='dynamic'"),
+        ({"rope_parameters": {"rope_type": "yarn", "factor": 4.0}}, "rope_type='yarn'"),
+        ({"rope_scaling": {"type": "longrope", "factor": 4.0}}, "rope_type='longrope'"),
+        ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, "needs 'low_freq_factor'"),
+        ({"rope_parameters": {"rope_type": "linear"}}, "needs 'factor'"),
+        (
+            {
+                "rope_scaling": {"rope_type": "linear", "factor": 2.0},
+                "rope_parameters": {"rope_type": "linear", "factor": 4.0},
+            },
+            "disagree on 'factor'",
+        ),
+    ],
+)
+def test_unsupported_rope_scaling_is_refused(rope, match):
+    base = hf_llama().config.to_dict()
+    base.pop("rope_parameters")
+    with pytest.raises(ConversionError, match=match):
+        ours_config_from_llama({**base, **rope})
+
+
 def test_export_bf16_and_overwrite(tmp_path):
     model = ours(llama_like(), seed=5)
     out = tmp_path / "hf"
@@ -121,9 +219,9 @@ def test_unsupported_configs_are_refused(tmp_path):
         load_hf_checkpoint(tmp_path / "d")
     hf_llama().save_pretrained(tmp_path / "e")
     cfg = json.loads((tmp_path / "e" / "config.json").read_text())
-    cfg["rope_parameters"] = {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}
+    cfg["rope_parameters"] = {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0}
     (tmp_path / "e" / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(ConversionError, match="rope_type='linear'"):
+    with pytest.raises(ConversionError, match="rope_type='dynamic'"):
         load_hf_checkpoint(tmp_path / "e")
     cfg["model_type"] = "bert"
     (tmp_path / "e" / "config.json").write_text(json.dumps(cfg))

@@ -11,7 +11,11 @@ import pytest
 import torch
 
 from epochal.convert.common import ConversionError
-from epochal.convert.megatron_args import megatron_padded_vocab_size
+from epochal.convert.megatron_args import (
+    config_from_megatron_args,
+    megatron_args_from_config,
+    megatron_padded_vocab_size,
+)
 from epochal.convert.megatron_layout import pack_qkv, qkv_rows_to_v2, unpack_qkv
 from epochal.convert.megatron_legacy import (
     TRACKER_FILE,
@@ -287,3 +291,90 @@ def test_apply_layernorm_1p_weights_import_plus_one(tmp_path):
                 tensor -= 1
         torch.save(payload, path)
     assert_same_state(load_megatron_checkpoint(tmp_path).state, state)
+
+
+def _args(cfg, **changes) -> argparse.Namespace:
+    args = megatron_args_from_config(
+        cfg,
+        tensor_parallel=1,
+        pipeline_parallel=1,
+        iteration=0,
+        dtype=torch.float32,
+        transformer_impl="local",
+    )
+    for name, value in changes.items():
+        setattr(args, name, value)
+    return args
+
+
+def test_rope_scaling_args_round_trip(tmp_path):
+    llama31 = llama_like(rope_scaling_type="llama3", rope_scaling_factor=8.0, rotary_base=5e5)
+    args = _args(llama31)
+    assert args.use_rope_scaling is True and args.rope_scaling_factor == 8.0
+    assert args.rotary_seq_len_interpolation_factor is None
+    assert config_from_megatron_args(args)[0] == llama31
+    linear = llama_like(rope_scaling_type="linear", rope_scaling_factor=4.0)
+    args = _args(linear)
+    assert args.use_rope_scaling is False and args.rotary_seq_len_interpolation_factor == 4
+    assert config_from_megatron_args(args)[0] == linear
+    plain = _args(llama_like())
+    assert plain.use_rope_scaling is False and plain.rotary_seq_len_interpolation_factor is None
+    assert config_from_megatron_args(plain)[0] == llama_like()
+    # Megatron-LM's own spellings: --rope-scaling-factor defaults to 8, an interpolation factor
+    # of 1 is no interpolation
+    del plain.rope_scaling_factor
+    plain.use_rope_scaling = True
+    got = config_from_megatron_args(plain)[0]
+    assert (got.rope_scaling_type, got.rope_scaling_factor) == ("llama3", 8.0)
+    assert (got.rope_low_freq_factor, got.rope_high_freq_factor) == (1.0, 4.0)
+    assert got.rope_original_max_position_embeddings == 8192
+    one = _args(llama_like(), rotary_seq_len_interpolation_factor=1)
+    assert config_from_megatron_args(one)[0].rope_scaling_type is None
+    # and through a whole checkpoint, sharded
+    model = ours(llama31, seed=3)
+    save_megatron_checkpoint(llama31, model.state_dict(), tmp_path, tensor_parallel=2)
+    back = load_megatron_checkpoint(tmp_path)
+    assert back.config == llama31
+    assert_same_state(back.state, model.state_dict())
+
+
+@pytest.mark.parametrize(
+    ("changes", "match"),
+    [
+        (
+            dict(rope_scaling_type="llama3", rope_scaling_factor=8.0, rope_low_freq_factor=2.0),
+            "rope_low_freq_factor=2.0",
+        ),
+        (
+            dict(rope_scaling_type="llama3", rope_scaling_factor=8.0, rope_high_freq_factor=8.0),
+            "rope_high_freq_factor=8.0",
+        ),
+        (
+            dict(
+                rope_scaling_type="llama3",
+                rope_scaling_factor=8.0,
+                rope_original_max_position_embeddings=4096,
+            ),
+            "rope_original_max_position_embeddings=4096",
+        ),
+        (dict(rope_scaling_type="linear", rope_scaling_factor=2.5), "rope_scaling_factor=2.5"),
+        (dict(rope_scaling_type="linear", rope_scaling_factor=0.5), "rope_scaling_factor=0.5"),
+    ],
+)
+def test_rope_scaling_megatron_cannot_express_is_refused(tmp_path, changes, match):
+    cfg = llama_like(**changes)
+    with pytest.raises(ConversionError, match=f"cannot export to Megatron.*{match}"):
+        save_megatron_checkpoint(cfg, ours(cfg).state_dict(), tmp_path)
+    assert not any(tmp_path.iterdir())
+
+
+def test_rope_scaling_import_refusals():
+    args = _args(llama_like(), use_rope_scaling=True, rotary_seq_len_interpolation_factor=2)
+    with pytest.raises(ConversionError, match="use_rope_scaling=True together with"):
+        config_from_megatron_args(args)
+    args = _args(llama_like(), apply_rope_fusion_scaling=True)
+    with pytest.raises(ConversionError, match="apply_rope_fusion_scaling=True"):
+        config_from_megatron_args(args)
+    # learned positions: Megatron ignores the RoPE flags, so do we
+    gpt2 = _args(gpt2_like(), use_rope_scaling=True, rotary_seq_len_interpolation_factor=4)
+    assert config_from_megatron_args(gpt2)[0] == gpt2_like()

@@ -1,8 +1,9 @@
 """Peer test against the real megatron-core GPTModel (local layer spec, CPU, one gloo rank).
 
 Exported rank files load strictly into megatron-core and give our logits; a
-random megatron-core model (including ``rotary_interleaved=True``) written with
-Megatron's layout imports into ours with the same logits. megatron-core's CPU
+random megatron-core model (including ``rotary_interleaved=True`` and RoPE scaling:
+``rope_scaling=True`` / ``seq_len_interpolation_factor``) written with Megatron's
+layout imports into ours with the same logits. megatron-core's CPU
 path needs two small shims (it asks for the CUDA device and a CUDA RNG
 tracker); they are applied inside the spawned test process only.
 """
@@ -22,7 +23,8 @@ pytestmark = pytest.mark.peer
 pytest.importorskip("megatron.core")
 
 
-def _mcore_model(cfg, *, padded_vocab: int, rotary_interleaved: bool = False):
+def _mcore_model(cfg, args, *, padded_vocab: int, rotary_interleaved: bool = False):
+    """megatron-core's GPTModel for ``cfg``, its RoPE options taken from ``args`` as Megatron-LM does."""
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.models.gpt.gpt_model import GPTModel as McoreGPT
     from megatron.core.transformer.transformer_config import TransformerConfig
@@ -58,6 +60,9 @@ def _mcore_model(cfg, *, padded_vocab: int, rotary_interleaved: bool = False):
         max_sequence_length=cfg.max_position_embeddings,
         position_embedding_type=cfg.position_embedding_type,
         rotary_base=int(cfg.rotary_base),
+        rope_scaling=args.use_rope_scaling,
+        rope_scaling_factor=args.rope_scaling_factor,
+        seq_len_interpolation_factor=args.rotary_seq_len_interpolation_factor,
         share_embeddings_and_output_weights=cfg.tie_embeddings,
     )
     return model.eval()
@@ -85,7 +90,7 @@ def _peer(rank: int, world: int, tmp: str) -> list[str]:
     torch.cuda.current_device = lambda: "cpu"  # megatron-core's CPU shims (this process only)
     mrandom.CudaRNGStatesTracker.fork = lambda self, name=None: contextlib.nullcontext()
     parallel_state.initialize_model_parallel(1, 1)
-    tokens = torch.randint(0, 100, (2, 13), generator=torch.Generator().manual_seed(0))
+    tokens = torch.randint(0, 100, (2, 40), generator=torch.Generator().manual_seed(0))
     checked = []
     configs = {
         "gpt2": gpt2_like(num_layers=2, activation="gelu"),
@@ -98,6 +103,14 @@ def _peer(rank: int, world: int, tmp: str) -> list[str]:
             activation="gelu_tanh",
             ffn_hidden_size=64,
         ),
+        # base 1e6: wavelengths up to 2e5 tokens, across Megatron-Core's fixed llama3
+        # thresholds (8192 / 4 and 8192 tokens), so the scaling changes frequencies
+        "llama3_scaling": llama_like(
+            num_layers=2, rotary_base=1e6, rope_scaling_type="llama3", rope_scaling_factor=8.0
+        ),
+        "linear_scaling": llama_like(
+            num_layers=2, rope_scaling_type="linear", rope_scaling_factor=4.0
+        ),
     }
     for name, cfg in configs.items():
         # export: our weights -> Megatron files -> strict load into megatron-core
@@ -107,7 +120,7 @@ def _peer(rank: int, world: int, tmp: str) -> list[str]:
         payload = torch.load(
             out / "iter_0000000" / "mp_rank_00" / "model_optim_rng.pt", weights_only=False
         )
-        mc = _mcore_model(cfg, padded_vocab=payload["args"].padded_vocab_size)
+        mc = _mcore_model(cfg, payload["args"], padded_vocab=payload["args"].padded_vocab_size)
         mc.load_state_dict(payload["model"], strict=True)
         with torch.no_grad():
             ref = model(tokens)[..., :100]
@@ -118,11 +131,11 @@ def _peer(rank: int, world: int, tmp: str) -> list[str]:
         ("llama_gqa", configs["llama_gqa"], False),
         ("rope_interleaved", configs["llama_gqa"], True),
         ("gpt2", configs["gpt2"], False),
+        ("llama3_scaling", configs["llama3_scaling"], False),
+        ("linear_scaling", configs["linear_scaling"], False),
     ):
         # import: a random megatron-core model saved in Megatron's layout -> ours
         padded = 128
-        mc = _mcore_model(cfg, padded_vocab=padded, rotary_interleaved=interleaved)
-        randomize(mc, seed=9)
         args = megatron_args_from_config(
             cfg,
             tensor_parallel=1,
@@ -132,6 +145,8 @@ def _peer(rank: int, world: int, tmp: str) -> list[str]:
             transformer_impl="local",
         )
         args.rotary_interleaved = interleaved
+        mc = _mcore_model(cfg, args, padded_vocab=padded, rotary_interleaved=interleaved)
+        randomize(mc, seed=9)
         rank_dir = Path(tmp) / f"import_{name}" / "iter_0000003" / "mp_rank_00"
         rank_dir.mkdir(parents=True)
         torch.save(
@@ -147,6 +162,10 @@ def _peer(rank: int, world: int, tmp: str) -> list[str]:
         assert ref.abs().max() > 1.0
         with torch.no_grad():
             torch.testing.assert_close(model(tokens)[..., :100], ref, rtol=0, atol=1e-5)
+            if cfg.rope_scaling_type is not None:  # the scaling is exercised
+                plain = GPTModel(dataclasses.replace(cfg, rope_scaling_type=None)).eval()
+                plain.load_state_dict(ckpt.state, strict=True)
+                assert (plain(tokens)[..., :100] - ref).abs().max() > 1e-3
         checked.append(f"import:{name}")
     return checked
 
@@ -157,7 +176,11 @@ def test_megatron_core_loads_our_export_and_we_load_its_weights(tmp_path):
         "export:gpt2",
         "export:llama_gqa",
         "export:rope_bias_layernorm_tied",
+        "export:llama3_scaling",
+        "export:linear_scaling",
         "import:llama_gqa",
         "import:rope_interleaved",
         "import:gpt2",
+        "import:llama3_scaling",
+        "import:linear_scaling",
     ]

@@ -13,7 +13,7 @@ from epochal.model.generation import (
     filter_logits,
     generate,
 )
-from tests.convert.hf_models import hf_gpt2, hf_llama, llama_like, ours
+from tests.convert.hf_models import HF_ROPE_SCALING, hf_gpt2, hf_llama, llama_like, ours
 
 transformers = pytest.importorskip("transformers")
 
@@ -49,6 +49,14 @@ def pair_llama():
     return hf, converted(hf)
 
 
+@pytest.fixture(scope="module")
+def pair_llama3():
+    hf = hf_llama(seed=22, groups=2, rope_scaling=dict(HF_ROPE_SCALING["llama3"]))
+    model = converted(hf)
+    assert model.config.rope_scaling_type == "llama3"
+    return hf, model
+
+
 def hf_generate(hf, prompt, *, eos, **kw) -> list[int]:
     hf.generation_config.eos_token_id = eos
     hf.generation_config.pad_token_id = 0
@@ -69,9 +77,11 @@ def pick_eos(model) -> int:
 
 
 @pytest.mark.peer
-@pytest.mark.parametrize("which", ["gpt2", "llama"])
-def test_greedy_equals_hf_generate(which, pair_gpt2, pair_llama):
-    hf, model = pair_gpt2 if which == "gpt2" else pair_llama
+@pytest.mark.parametrize("which", ["gpt2", "llama", "llama3_rope_scaling"])
+def test_greedy_equals_hf_generate(which, request):
+    hf, model = request.getfixturevalue(
+        {"gpt2": "pair_gpt2", "llama": "pair_llama", "llama3_rope_scaling": "pair_llama3"}[which]
+    )
     eos = pick_eos(model)
     for stop in (None, eos):
         for prompt in PROMPTS:

@@ -24,9 +24,19 @@ default) convention, so q/k rows are copied unchanged. Meta's original
 them to Hugging Face format first.
 
 Configuration: ``rope_parameters.rope_theta`` (transformers 5) or
-``rope_theta`` (4.x) -> ``rotary_base``; only the default RoPE (no
-``rope_scaling``: linear, dynamic, YaRN, llama3) is supported, others raise
-:class:`ConversionError`. ``head_dim`` -> ``kv_channels``;
+``rope_theta`` (4.x) -> ``rotary_base``. RoPE scaling, read from
+``rope_scaling`` (4.x; ``rope_type`` or the older ``type``) or
+``rope_parameters`` (5.x), maps onto our ``rope_scaling_*`` fields::
+
+    rope_type "linear" | "llama3"          <-> rope_scaling_type
+    factor                                 <-> rope_scaling_factor
+    low_freq_factor, high_freq_factor      <-> rope_low_freq_factor, rope_high_freq_factor  (llama3)
+    original_max_position_embeddings       <-> rope_original_max_position_embeddings        (llama3)
+
+(Llama 3.1-3.3 use ``llama3`` with factor 8, 1, 4, 8192.) Export writes both
+spellings (``rope_scaling`` only when scaled) so transformers 4.x and 5.x read
+it back. Other RoPE types (``dynamic``, ``yarn``, ``longrope``, ...) raise
+:class:`ConversionError` naming the type. ``head_dim`` -> ``kv_channels``;
 ``num_key_value_heads`` -> ``num_query_groups``; ``attention_bias`` must equal
 ``mlp_bias`` (our ``add_bias_linear`` covers ``o_proj`` and the MLP together).
 Llama has no hidden dropout: imported models get ``hidden_dropout=0``.
@@ -69,17 +79,84 @@ _LAYER_MAP = {
 _IGNORED_SUFFIXES = (".rotary_emb.inv_freq",)
 
 
-def _rope_theta(hf: Mapping[str, Any]) -> float:
+# Hugging Face rope_type -> the config.json keys it needs, each with our ModelConfig field.
+_SCALING_KEYS: dict[str, tuple[tuple[str, str], ...]] = {
+    "linear": (("factor", "rope_scaling_factor"),),
+    "llama3": (
+        ("factor", "rope_scaling_factor"),
+        ("low_freq_factor", "rope_low_freq_factor"),
+        ("high_freq_factor", "rope_high_freq_factor"),
+        ("original_max_position_embeddings", "rope_original_max_position_embeddings"),
+    ),
+}
+
+
+def _rope_type(params: Mapping[str, Any]) -> str:
+    kind = params.get("rope_type", params.get("type"))
+    return "default" if kind is None else kind
+
+
+def _rope_fields(hf: Mapping[str, Any]) -> dict[str, Any]:
+    """``rotary_base`` and the ``rope_scaling_*`` fields of our config from a Llama ``config.json``.
+
+    ``rope_scaling`` (4.x) takes precedence over ``rope_parameters`` (5.x) as in
+    transformers 5; if both name a scaling type they must agree.
+
+    Raises:
+        ConversionError: a RoPE type other than default / linear / llama3, a
+            missing scaling key, disagreeing ``rope_scaling`` and
+            ``rope_parameters``, or ``partial_rotary_factor != 1``.
+    """
     params = hf.get("rope_parameters") or {}
-    scaling = hf.get("rope_scaling") or {}
-    rope_type = params.get("rope_type", scaling.get("rope_type", scaling.get("type", "default")))
-    if rope_type not in (None, "default"):
+    legacy = hf.get("rope_scaling") or {}
+    source = legacy or params
+    rope_type = _rope_type(source)
+    if legacy and params and _rope_type(params) != "default":
+        for key in ("rope_type", "factor", "low_freq_factor", "high_freq_factor"):
+            mine = rope_type if key == "rope_type" else legacy.get(key)
+            theirs = _rope_type(params) if key == "rope_type" else params.get(key)
+            if mine is not None and theirs is not None and mine != theirs:
+                raise ConversionError(
+                    f"config.json: rope_scaling and rope_parameters disagree on {key!r} "
+                    f"({mine!r} vs {theirs!r})"
+                )
+    if rope_type != "default" and rope_type not in _SCALING_KEYS:
         raise ConversionError(
-            f"config.json: rope_type={rope_type!r} (RoPE scaling) is not supported; only the default RoPE"
+            f"config.json: rope_type={rope_type!r} (RoPE scaling) is not supported; "
+            f"only the default RoPE, {' and '.join(map(repr, _SCALING_KEYS))}"
         )
-    if params.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0)) != 1.0:
+    partial = source.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0))
+    if partial not in (None, 1.0):
         raise ConversionError("config.json: partial_rotary_factor != 1 is not supported for Llama")
-    return float(params.get("rope_theta", hf.get("rope_theta", 10000.0)))
+    theta = source.get("rope_theta", hf.get("rope_theta", params.get("rope_theta", 10000.0)))
+    fields: dict[str, Any] = {"rotary_base": float(theta)}
+    if rope_type in _SCALING_KEYS:
+        fields["rope_scaling_type"] = rope_type
+        for key, ours in _SCALING_KEYS[rope_type]:
+            if source.get(key) is None:
+                raise ConversionError(f"config.json: rope_type={rope_type!r} needs {key!r}")
+            value = source[key]
+            fields[ours] = int(value) if key == "original_max_position_embeddings" else float(value)
+    return fields
+
+
+def _rope_json(config: ModelConfig) -> dict[str, Any]:
+    """RoPE keys of an exported ``config.json``.
+
+    ``rope_theta`` and (when scaled) ``rope_scaling`` for transformers 4.x,
+    ``rope_parameters`` for 5.x; the two always agree.
+    """
+    kind = config.rope_scaling_type
+    scaling: dict[str, Any] = {}
+    if kind is not None:
+        scaling = {"rope_type": kind}
+        for key, ours in _SCALING_KEYS[kind]:
+            scaling[key] = getattr(config, ours)
+    out: dict[str, Any] = {"rope_theta": config.rotary_base}
+    if scaling:
+        out["rope_scaling"] = scaling
+    out["rope_parameters"] = {"rope_type": "default", **scaling, "rope_theta": config.rotary_base}
+    return out
 
 
 def ours_config_from_llama(
@@ -119,8 +196,8 @@ def ours_config_from_llama(
         ffn_hidden_size=int(hf["intermediate_size"]),
         max_position_embeddings=int(hf.get("max_position_embeddings", 2048)),
         position_embedding_type="rope",
-        rotary_base=_rope_theta(hf),
         rotary_percent=1.0,
+        **_rope_fields(hf),
         normalization="RMSNorm",
         norm_epsilon=float(hf.get("rms_norm_eps", 1e-6)),
         activation="swiglu",
@@ -172,8 +249,7 @@ def llama_config_from_ours(
         "hidden_act": "silu",
         "max_position_embeddings": config.max_position_embeddings,
         "rms_norm_eps": config.norm_epsilon,
-        "rope_theta": config.rotary_base,
-        "rope_parameters": {"rope_type": "default", "rope_theta": config.rotary_base},
+        **_rope_json(config),
         "attention_bias": config.qkv_bias,
         "mlp_bias": config.add_bias_linear,
         "attention_dropout": config.attention_dropout,

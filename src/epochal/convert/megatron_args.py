@@ -20,8 +20,17 @@ Decisions where Megatron's behaviour is implicit:
   set both fusion flags to False, of ``gelu_tanh`` set ``openai_gelu``.
 - QKV bias: Megatron's fused QKV has a bias when ``add_bias_linear or
   add_qkv_bias``, so a model with linear biases but no QKV bias cannot be exported.
+- RoPE scaling: ``use_rope_scaling`` (``--use-rope-scaling``) with
+  ``rope_scaling_factor`` (``--rope-scaling-factor``, default 8) is our
+  ``rope_scaling_type="llama3"``; Megatron-Core's ``RotaryEmbedding._apply_scaling``
+  hard-codes ``low_freq_factor=1``, ``high_freq_factor=4`` and
+  ``original_max_position_embeddings=8192``, so other values cannot be exported.
+  ``rotary_seq_len_interpolation_factor`` (``--rotary-seq-len-interpolation-factor``,
+  an integer; positions multiplied by ``1 / factor``) is our ``"linear"``; 1 means
+  no scaling, and only integer factors >= 1 export. Both at once is refused.
 - Unsupported features raise :class:`ConversionError`: mixture of experts,
-  ``qk_layernorm``, RoPE scaling, ALiBi (Megatron-Core has none), squared ReLU.
+  ``qk_layernorm``, ``apply_rope_fusion_scaling``, ALiBi (Megatron-Core has
+  none), squared ReLU.
 """
 
 from __future__ import annotations
@@ -93,6 +102,7 @@ def megatron_args_from_config(
         else config.rotary_base,
         "rotary_percent": config.rotary_percent,
         "rotary_interleaved": False,
+        **_rope_scaling_args(config),
         "normalization": config.normalization,
         "norm_epsilon": config.norm_epsilon,
         "layernorm_epsilon": config.norm_epsilon,
@@ -137,6 +147,69 @@ def megatron_args_from_config(
         "apply_query_key_layer_scaling": False,
     }
     return Namespace(**args)
+
+
+# Megatron-Core's RotaryEmbedding._apply_scaling defaults, which Megatron-LM never overrides.
+_MCORE_LLAMA3 = {
+    "rope_low_freq_factor": 1.0,
+    "rope_high_freq_factor": 4.0,
+    "rope_original_max_position_embeddings": 8192,
+}
+_MCORE_DEFAULT_ROPE_SCALING_FACTOR = 8.0  # --rope-scaling-factor's default
+
+
+def _rope_scaling_args(config: ModelConfig) -> dict[str, Any]:
+    """``use_rope_scaling``, ``rope_scaling_factor`` and ``rotary_seq_len_interpolation_factor``.
+
+    Raises:
+        ConversionError: scaling Megatron cannot express (see the module docstring).
+    """
+    kind, factor = config.rope_scaling_type, config.rope_scaling_factor
+    if kind == "llama3":
+        bad = [
+            f"{k}={getattr(config, k)!r}"
+            for k, v in _MCORE_LLAMA3.items()
+            if getattr(config, k) != v
+        ]
+        if bad:
+            raise ConversionError(
+                f"cannot export to Megatron: rope_scaling_type='llama3' with {', '.join(bad)} "
+                "(Megatron-Core's --use-rope-scaling hard-codes rope_low_freq_factor=1, "
+                "rope_high_freq_factor=4, rope_original_max_position_embeddings=8192)"
+            )
+    if kind == "linear" and not (float(factor).is_integer() and factor >= 1):
+        raise ConversionError(
+            f"cannot export to Megatron: rope_scaling_type='linear' with rope_scaling_factor={factor!r} "
+            "(Megatron-LM's --rotary-seq-len-interpolation-factor is an integer >= 1)"
+        )
+    return {
+        "use_rope_scaling": kind == "llama3",
+        "rope_scaling_factor": factor if kind == "llama3" else _MCORE_DEFAULT_ROPE_SCALING_FACTOR,
+        "rotary_seq_len_interpolation_factor": int(factor) if kind == "linear" else None,
+    }
+
+
+def _rope_scaling_fields(args: Namespace, source: str) -> dict[str, Any]:
+    """Our ``rope_scaling_*`` fields from ``args`` (rope positions only).
+
+    Raises:
+        ConversionError: llama3 scaling and a sequence-length interpolation factor together.
+    """
+    llama3 = _get(args, "use_rope_scaling", False) is True
+    linear = _get(args, "rotary_seq_len_interpolation_factor")
+    if linear is not None and float(linear) == 1.0:
+        linear = None  # Megatron scripts pass 1 for "no interpolation"
+    if llama3 and linear is not None:
+        raise ConversionError(
+            f"{source}: args.use_rope_scaling=True together with "
+            f"args.rotary_seq_len_interpolation_factor={linear!r} is not supported"
+        )
+    if llama3:
+        factor = float(_get(args, "rope_scaling_factor", _MCORE_DEFAULT_ROPE_SCALING_FACTOR))
+        return {"rope_scaling_type": "llama3", "rope_scaling_factor": factor, **_MCORE_LLAMA3}
+    if linear is not None:
+        return {"rope_scaling_type": "linear", "rope_scaling_factor": float(linear)}
+    return {}
 
 
 @dataclass
@@ -192,7 +265,7 @@ def config_from_megatron_args(
         raise ConversionError(
             f"{source}: mixture-of-experts checkpoints (num_experts) are not supported"
         )
-    for flag in ("qk_layernorm", "squared_relu", "use_rope_scaling", "apply_rope_fusion_scaling"):
+    for flag in ("qk_layernorm", "squared_relu", "apply_rope_fusion_scaling"):
         if _get(args, flag, False) is True:
             raise ConversionError(f"{source}: args.{flag}=True is not supported")
     pos = _get(args, "position_embedding_type")
@@ -243,6 +316,7 @@ def config_from_megatron_args(
         position_embedding_type=pos,
         rotary_base=float(_get(args, "rotary_base", 10000)),
         rotary_percent=float(_get(args, "rotary_percent", 1.0)),
+        **(_rope_scaling_fields(args, source) if pos == "rope" else {}),
         normalization=_get(args, "normalization", "LayerNorm"),
         norm_epsilon=float(epsilon),
         activation=activation,
