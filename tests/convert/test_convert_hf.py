@@ -245,6 +245,18 @@ def test_missing_or_extra_tensors_name_the_folder(tmp_path):
         load_hf_checkpoint(tmp_path / "missing")
 
 
+@pytest.mark.parametrize("make", [hf_gpt2, hf_llama])
+def test_untied_folder_without_its_head_names_the_tensor(tmp_path, make):
+    from safetensors.torch import load_file, save_file
+
+    make(tied=False, seed=0).save_pretrained(tmp_path)
+    weights = load_file(tmp_path / "model.safetensors")
+    weights.pop("lm_head.weight")
+    save_file(weights, tmp_path / "model.safetensors")
+    with pytest.raises(ConversionError, match=r"missing tensor 'lm_head\.weight' \(untied"):
+        load_hf_checkpoint(tmp_path)
+
+
 def test_pytorch_model_bin_is_read_without_unpickling_code(tmp_path):
     import os
 

@@ -95,6 +95,32 @@ def complete_tied(
     return out
 
 
+def attach_output_head(
+    config: ModelConfig,
+    state: Mapping[str, torch.Tensor],
+    head: torch.Tensor | None,
+    *,
+    source: str,
+    head_name: str,
+) -> dict[str, torch.Tensor]:
+    """Return ``state`` with ``output.weight``: the embedding when tied, else ``head``
+    padded to ``config.padded_vocab_size`` rows.
+
+    Args:
+        head: the source's output matrix ``[vocab, hidden]`` (``None`` if it had none;
+            ignored when tied).
+        source, head_name: the file and the source's tensor name, for the error.
+
+    Raises:
+        ConversionError: untied embeddings and no ``head``.
+    """
+    if config.tie_embeddings:
+        return complete_tied(config, state)
+    if head is None:
+        raise ConversionError(f"{source}: missing tensor {head_name!r} (untied embeddings)")
+    return {**state, "output.weight": resize_rows(head, config.padded_vocab_size)}
+
+
 def check_shapes(state: Mapping[str, torch.Tensor], config: ModelConfig, source: str) -> None:
     """Raise :class:`ConversionError` if a tensor's shape differs from ``GPTModel(config)``'s."""
     with torch.device("meta"):

@@ -36,8 +36,8 @@ import torch
 
 from epochal.convert.common import (
     ConversionError,
+    attach_output_head,
     check_shapes,
-    complete_tied,
     normalize_config,
     resize_rows,
 )
@@ -212,14 +212,7 @@ def ours_state_from_gpt2(
     out["norm.weight"] = take("ln_f.weight")
     out["norm.bias"] = take("ln_f.bias")
     head = hf.pop("lm_head.weight", None)
-    if config.tie_embeddings:
-        out = complete_tied(config, out)
-    else:
-        if head is None:
-            raise ConversionError(
-                f"{source}: missing tensor 'lm_head.weight' (tie_word_embeddings=false)"
-            )
-        out["output.weight"] = resize_rows(head, config.padded_vocab_size)
+    out = attach_output_head(config, out, head, source=source, head_name="lm_head.weight")
     if hf:
         raise ConversionError(f"{source}: unexpected tensors {sorted(hf)[:8]}")
     check_shapes(out, config, source)

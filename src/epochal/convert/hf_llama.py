@@ -51,8 +51,8 @@ import torch
 
 from epochal.convert.common import (
     ConversionError,
+    attach_output_head,
     check_shapes,
-    complete_tied,
     normalize_config,
     resize_rows,
 )
@@ -294,10 +294,7 @@ def ours_state_from_llama(
             out[f"layers.{idx}.{_LAYER_MAP[module]}.{kind}"] = tensor
         else:
             raise ConversionError(f"{source}: unexpected tensor {name!r}")
-    if config.tie_embeddings:
-        out = complete_tied(config, out)
-    elif head is not None:
-        out["output.weight"] = resize_rows(head, config.padded_vocab_size)
+    out = attach_output_head(config, out, head, source=source, head_name="lm_head.weight")
     check_shapes(out, config, source)
     return out
 

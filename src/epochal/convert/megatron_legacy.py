@@ -47,7 +47,13 @@ from typing import Any, Literal
 import torch
 
 from epochal._atomic import atomic_directory, atomic_write
-from epochal.convert.common import ConversionError, check_shapes, complete_tied, resize_rows
+from epochal.convert.common import (
+    ConversionError,
+    attach_output_head,
+    check_shapes,
+    complete_tied,
+    resize_rows,
+)
 from epochal.convert.megatron_args import (
     CHECKPOINT_VERSION,
     MegatronExtras,
@@ -198,14 +204,7 @@ def _ours_from_megatron_full(
     for kind in bias_names:
         out[f"norm.{kind}"] = norm(f"decoder.final_layernorm.{kind}")
     head = full.pop("output_layer.weight", None)
-    if config.tie_embeddings:
-        out = complete_tied(config, out)
-    else:
-        if head is None:
-            raise ConversionError(
-                f"{source}: missing tensor 'output_layer.weight' (untied embeddings)"
-            )
-        out["output.weight"] = resize_rows(head, config.padded_vocab_size)
+    out = attach_output_head(config, out, head, source=source, head_name="output_layer.weight")
     if full:
         raise ConversionError(f"{source}: tensors the config does not explain: {sorted(full)[:8]}")
     check_shapes(out, config, source)
