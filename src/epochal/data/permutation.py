@@ -60,24 +60,27 @@ _U_M1 = np.uint64(_M1)
 _U_M2 = np.uint64(_M2)
 
 
-def _check_u64(value: Any, name: str) -> int:
+def _check_bounded_int(value: Any, name: str, low: int, high: int, text: str) -> int:
+    """``value`` as an int in ``[low, high]`` (``text`` spells the range in errors).
+
+    Raises:
+        TypeError: not an integer.  ValueError: outside the range.
+    """
     try:
         value = operator.index(value)
     except TypeError:
         raise TypeError(f"{name} must be an integer, got {type(value).__name__}") from None
-    if not 0 <= value <= MASK64:
-        raise ValueError(f"{name} must be in [0, 2**64), got {value}")
+    if not low <= value <= high:
+        raise ValueError(f"{name} must be in {text}, got {value}")
     return value
 
 
+def _check_u64(value: Any, name: str) -> int:
+    return _check_bounded_int(value, name, 0, MASK64, "[0, 2**64)")
+
+
 def _check_length(length: Any) -> int:
-    try:
-        length = operator.index(length)
-    except TypeError:
-        raise TypeError(f"length must be an integer, got {type(length).__name__}") from None
-    if not 1 <= length <= MAX_LENGTH:
-        raise ValueError(f"length must be in [1, 2**63], got {length}")
-    return length
+    return _check_bounded_int(length, "length", 1, MAX_LENGTH, "[1, 2**63]")
 
 
 def mix64(x: int) -> int:

@@ -28,6 +28,7 @@ from epochal.data.epoch_index import SizedDataset
 from epochal.data.permutation import (
     MASK64,
     _as_u64_array,
+    _check_bounded_int,
     _check_u64,
     derive_seed,
     derive_seed_array,
@@ -42,13 +43,7 @@ _S32 = np.uint64(32)
 
 
 def _check_length(length: Any) -> int:
-    try:
-        length = operator.index(length)
-    except TypeError:
-        raise TypeError(f"length must be an integer, got {type(length).__name__}") from None
-    if not 1 <= length <= MASK64:
-        raise ValueError(f"length must be in [1, 2**64), got {length}")
-    return length
+    return _check_bounded_int(length, "length", 1, MASK64, "[1, 2**64)")
 
 
 def resample_index(index: int, length: int, seed: int) -> int:
