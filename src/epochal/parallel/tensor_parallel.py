@@ -89,7 +89,18 @@ def kv_heads_replicated(config: ModelConfig, tp: int) -> bool:
     return config.num_kv_heads % tp != 0
 
 
-class ReplicatedGroupProjection(ParallelStyle):
+class _ReplicatedParameterStyle(ParallelStyle):
+    """A style whose module keeps whole (``Replicate``) parameters on every rank."""
+
+    def _replicate_parameters(self, name: str, module: nn.Module, mesh: DeviceMesh) -> None:
+        for p_name, param in list(module.named_parameters(recurse=False)):
+            replicated = distribute_tensor(
+                param, mesh, [Replicate()], src_data_rank=self.src_data_rank
+            )
+            module.register_parameter(p_name, nn.Parameter(replicated))
+
+
+class ReplicatedGroupProjection(_ReplicatedParameterStyle):
     """A replicated ``nn.Linear`` whose output keeps only this rank's key/value group.
 
     Weights and biases become ``Replicate`` DTensors. The input is taken as
@@ -113,13 +124,6 @@ class ReplicatedGroupProjection(ParallelStyle):
         group = device_mesh.get_local_rank() * self.num_groups // tp
         width = self.head_dim
 
-        def partition(name: str, mod: nn.Module, mesh: DeviceMesh) -> None:
-            for p_name, param in list(mod.named_parameters(recurse=False)):
-                dist_param = nn.Parameter(
-                    distribute_tensor(param, mesh, [Replicate()], src_data_rank=self.src_data_rank)
-                )
-                mod.register_parameter(p_name, dist_param)
-
         def input_fn(mod: nn.Module, inputs: tuple[Any, ...], mesh: DeviceMesh) -> tuple[Any, ...]:
             x = inputs[0]
             if not isinstance(x, DTensor):
@@ -132,10 +136,12 @@ class ReplicatedGroupProjection(ParallelStyle):
             local = output.to_local(grad_placements=[Partial()])
             return local[..., group * width : (group + 1) * width]
 
-        return distribute_module(module, device_mesh, partition, input_fn, output_fn)
+        return distribute_module(
+            module, device_mesh, self._replicate_parameters, input_fn, output_fn
+        )
 
 
-class SequenceShardedPositionEmbedding(ParallelStyle):
+class SequenceShardedPositionEmbedding(_ReplicatedParameterStyle):
     """A replicated ``nn.Embedding`` of positions looked up for this rank's sequence slice.
 
     Used for learned absolute positions under sequence parallelism: the
@@ -146,13 +152,6 @@ class SequenceShardedPositionEmbedding(ParallelStyle):
     """
 
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
-        def partition(name: str, mod: nn.Module, mesh: DeviceMesh) -> None:
-            for p_name, param in list(mod.named_parameters(recurse=False)):
-                dist_param = nn.Parameter(
-                    distribute_tensor(param, mesh, [Replicate()], src_data_rank=self.src_data_rank)
-                )
-                mod.register_parameter(p_name, dist_param)
-
         def input_fn(mod: nn.Module, inputs: tuple[Any, ...], mesh: DeviceMesh) -> tuple[Any, ...]:
             ids = DTensor.from_local(inputs[0], mesh, [Replicate()], run_check=False)
             return (ids.redistribute(mesh, [Shard(1)]), *inputs[1:])
@@ -160,7 +159,9 @@ class SequenceShardedPositionEmbedding(ParallelStyle):
         def output_fn(mod: nn.Module, output: DTensor, mesh: DeviceMesh) -> torch.Tensor:
             return output.to_local()
 
-        return distribute_module(module, device_mesh, partition, input_fn, output_fn)
+        return distribute_module(
+            module, device_mesh, self._replicate_parameters, input_fn, output_fn
+        )
 
 
 def _full_sequence_positions(tp: int) -> Any:
