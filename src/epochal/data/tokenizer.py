@@ -233,7 +233,23 @@ TIKTOKEN_PATTERNS = {
 }
 
 
-class TiktokenTokenizer(Tokenizer):
+class _PicklesItsFiles:
+    """Pickles ``source`` and the file contents in ``_state``; the subclass's ``_build()``
+    remakes the engine (a Rust object that cannot be pickled) in the process that loads it."""
+
+    source: str
+    _state: Any
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"source": self.source, "state": self._state}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.source = state["source"]
+        self._state = state["state"]
+        self._build()
+
+
+class TiktokenTokenizer(_PicklesItsFiles, Tokenizer):
     """A tiktoken BPE from a local ``.tiktoken`` file.
 
     Args:
@@ -313,14 +329,6 @@ class TiktokenTokenizer(Tokenizer):
     def decode(self, ids: Sequence[int]) -> str:
         return self._encoding.decode([int(i) for i in ids], errors="replace")
 
-    def __getstate__(self) -> dict[str, Any]:
-        return {"source": self.source, "state": self._state}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.source = state["source"]
-        self._state = state["state"]
-        self._build()
-
 
 def _bytes_to_unicode() -> dict[int, str]:
     """GPT-2's reversible table: each byte -> one printable character (spaces become 'Ġ', ...)."""
@@ -362,7 +370,7 @@ def _gpt2_layout_ranks(
     return {bytes(char_to_byte[c] for c in token): vocab[token] for token in mergeable}
 
 
-class GPT2BPETokenizer(Tokenizer):
+class GPT2BPETokenizer(_PicklesItsFiles, Tokenizer):
     """GPT-2's byte-level BPE from a vocabulary and a merges file (Megatron's arguments).
 
     Ids equal Hugging Face's ``GPT2Tokenizer`` built from the same files. Two engines:
@@ -462,14 +470,6 @@ class GPT2BPETokenizer(Tokenizer):
         if self.backend == "tiktoken":
             return self._engine.decode(ids, errors="replace")
         return self._engine.decode(ids, skip_special_tokens=False)
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {"source": self.source, "state": self._state}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.source = state["source"]
-        self._state = state["state"]
-        self._build()
 
 
 def _read_merges(path: str) -> list[tuple[str, str]]:
