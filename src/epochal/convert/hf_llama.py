@@ -112,13 +112,14 @@ def _rope_fields(hf: Mapping[str, Any]) -> dict[str, Any]:
     source = legacy or params
     rope_type = _rope_type(source)
     if legacy and params and _rope_type(params) != "default":
+        mine = {**legacy, "rope_type": rope_type}
+        theirs = {**params, "rope_type": _rope_type(params)}
         for key in ("rope_type", "factor", "low_freq_factor", "high_freq_factor"):
-            mine = rope_type if key == "rope_type" else legacy.get(key)
-            theirs = _rope_type(params) if key == "rope_type" else params.get(key)
-            if mine is not None and theirs is not None and mine != theirs:
+            a, b = mine.get(key), theirs.get(key)
+            if a is not None and b is not None and a != b:
                 raise ConversionError(
                     f"config.json: rope_scaling and rope_parameters disagree on {key!r} "
-                    f"({mine!r} vs {theirs!r})"
+                    f"({a!r} vs {b!r})"
                 )
     if rope_type != "default" and rope_type not in _SCALING_KEYS:
         raise ConversionError(
