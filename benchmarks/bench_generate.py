@@ -54,7 +54,7 @@ def main() -> None:
 
     from epochal.convert.hf_gpt2 import ours_config_from_gpt2, ours_state_from_gpt2
     from epochal.model import GPTModel
-    from epochal.model.generation import generate
+    from epochal.model.generation.decoding import generate
 
     hf_config = GPT2Config(
         n_positions=1024, vocab_size=50257, bos_token_id=None, eos_token_id=None, **SIZES[args.size]

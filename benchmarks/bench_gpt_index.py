@@ -82,8 +82,8 @@ def bench_build(args, rows):
     from megatron.core.datasets.gpt_dataset import GPTDataset as MGPTDataset
     from megatron.core.datasets.utils import Split
 
-    from epochal.data.gpt_dataset import GPTDataset
-    from epochal.data.gpt_indices import build_sample_index
+    from epochal.data.datasets.gpt_dataset import GPTDataset
+    from epochal.data.datasets.gpt_indices import build_sample_index
 
     rng = np.random.default_rng(0)
     lengths = rng.integers(1, 2 * args.mean_length, size=args.documents, dtype=np.int32)
@@ -134,7 +134,7 @@ def bench_build(args, rows):
 def bench_blend(args, rows):
     from megatron.core.datasets import helpers
 
-    from epochal.data.blended_dataset import build_blending_indices, normalize_weights
+    from epochal.data.datasets.blended_dataset import build_blending_indices, normalize_weights
 
     for weights in ([0.3, 0.7], [5, 1, 2, 0.5, 3]):
         w = normalize_weights(weights)
@@ -164,8 +164,8 @@ def bench_read(args, rows):
     from megatron.core.datasets.indexed_dataset import IndexedDataset as MIndexedDataset
     from megatron.core.datasets.utils import Split
 
-    from epochal.data.gpt_dataset import GPTDataset
-    from epochal.data.indexed_dataset import IndexedDataset, write_indexed_dataset
+    from epochal.data.datasets.gpt_dataset import GPTDataset
+    from epochal.data.indexed.indexed_dataset import IndexedDataset, write_indexed_dataset
 
     rng = np.random.default_rng(1)
     with tempfile.TemporaryDirectory() as root:

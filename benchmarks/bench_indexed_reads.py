@@ -26,7 +26,7 @@ import warnings
 import numpy as np
 
 from epochal.data import IndexedDataset, IndexedDatasetBuilder
-from epochal.data.indexed_format import get_bin_path
+from epochal.data.indexed.indexed_format import get_bin_path
 
 
 def best_time(fn, repeats: int) -> float:

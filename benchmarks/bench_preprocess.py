@@ -45,7 +45,7 @@ import time  # noqa: E402
 import warnings  # noqa: E402
 
 from epochal.data import build_tokenizer, find_gpt2_bpe_files  # noqa: E402
-from epochal.data.preprocess import preprocess  # noqa: E402
+from epochal.data.indexed.preprocess import preprocess  # noqa: E402
 
 
 def write_corpus(path: str, megabytes: float, doc_bytes: int) -> tuple[int, int]:

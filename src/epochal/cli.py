@@ -31,15 +31,15 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "convert checkpoints: epochal <-> Hugging Face <-> Megatron-LM",
     ),
     "preprocess": (
-        "epochal.data.cli_preprocess",
+        "epochal.data.indexed.cli_preprocess",
         "tokenize JSONL into Megatron .bin/.idx indexed files",
     ),
-    "merge": ("epochal.data.cli_merge", "merge several indexed-file prefixes into one"),
+    "merge": ("epochal.data.indexed.cli_merge", "merge several indexed-file prefixes into one"),
     "inspect": (
-        "epochal.data.cli_inspect",
+        "epochal.data.indexed.cli_inspect",
         "show counts, a length histogram and decoded samples of indexed files",
     ),
-    "demo-epochs": ("epochal.data.demo", "show per-epoch shuffles and masks, reproducibly"),
+    "demo-epochs": ("epochal.data.epochs.demo", "show per-epoch shuffles and masks, reproducibly"),
 }
 
 

@@ -14,7 +14,7 @@ from epochal.convert.epochal_ckpt import load_epochal_checkpoint
 from epochal.convert.hf_io import load_hf_checkpoint
 from epochal.convert.megatron_legacy import load_megatron_checkpoint
 from epochal.model import GPTModel
-from epochal.model.generation import generate
+from epochal.model.generation.decoding import generate
 from epochal.train.checkpoint import Checkpointer
 from epochal.train.config import config_from_dict, to_toml
 from epochal.train.state import ModelState

@@ -26,7 +26,7 @@ def random_documents(
 
 def write_ours(directory: str, name: str, docs: list[np.ndarray], dtype=np.uint16) -> str:
     """Write ``docs`` with epochal's builder; return the prefix."""
-    from epochal.data.indexed_dataset import write_indexed_dataset
+    from epochal.data.indexed.indexed_dataset import write_indexed_dataset
 
     return write_indexed_dataset(os.path.join(directory, name), docs, dtype=dtype)
 

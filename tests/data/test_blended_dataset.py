@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from epochal.data import blended_dataset as blended
-from epochal.data.blended_dataset import (
+from epochal.data.datasets import blended_dataset as blended
+from epochal.data.datasets.blended_dataset import (
     BlendedDataset,
     _greedy_loop,
     _greedy_scan,
@@ -12,7 +12,7 @@ from epochal.data.blended_dataset import (
     build_exhaustive_blending_indices,
     normalize_weights,
 )
-from epochal.data.epoch_index import EpochIndex
+from epochal.data.epochs.epoch_index import EpochIndex
 
 
 class Numbers:

@@ -5,10 +5,10 @@ import math
 import numpy as np
 import pytest
 
-from epochal.data.blended_dataset import BlendedDataset
-from epochal.data.dataset_builder import GPTDatasetConfig, build_gpt_datasets, parse_blend
-from epochal.data.gpt_dataset import GPTDataset
-from epochal.data.splits import parse_split, split_document_ranges, split_matrix
+from epochal.data.datasets.blended_dataset import BlendedDataset
+from epochal.data.datasets.dataset_builder import GPTDatasetConfig, build_gpt_datasets, parse_blend
+from epochal.data.datasets.gpt_dataset import GPTDataset
+from epochal.data.datasets.splits import parse_split, split_document_ranges, split_matrix
 from tests.data.gpt_corpus import EOD, random_documents, write_ours
 
 

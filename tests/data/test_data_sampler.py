@@ -14,7 +14,7 @@ from epochal.data import (
     SamplerConfigError,
     WrappedDataLoader,
 )
-from epochal.data.data_sampler import DataSamplerConfigError
+from epochal.data.loading.data_sampler import DataSamplerConfigError
 from tests.data.resumable_helpers import ToyGPTDataset, ids_of
 
 

@@ -13,8 +13,8 @@ import torch
 pl = pytest.importorskip("lightning.pytorch")
 
 from epochal.data import MegatronDataModule, MegatronDataSampler, WrappedDataLoader  # noqa: E402
-from epochal.data.data_sampler import DataSamplerConfigError  # noqa: E402
-from epochal.data.datamodule import DataModuleStateError  # noqa: E402
+from epochal.data.loading.data_sampler import DataSamplerConfigError  # noqa: E402
+from epochal.data.loading.datamodule import DataModuleStateError  # noqa: E402
 from tests.data.lightning_toy import (  # noqa: E402
     SCENARIOS,
     ToyDataModule,

@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 from epochal.cli import main
-from epochal.data.demo import CharTokenizer, build_demo
+from epochal.data.epochs.demo import CharTokenizer, build_demo
 
 
 def _run(capsys, *argv):

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from epochal.data.epoch_index import EpochIndex
-from epochal.data.gpt_dataset import GPTDataset, ltor_masks_and_position_ids
-from epochal.data.indexed_dataset import IndexedDataset
-from epochal.data.multi_epoch import MultiEpochDatasetResampler
+from epochal.data.datasets.gpt_dataset import GPTDataset, ltor_masks_and_position_ids
+from epochal.data.epochs.epoch_index import EpochIndex
+from epochal.data.epochs.multi_epoch import MultiEpochDatasetResampler
+from epochal.data.indexed.indexed_dataset import IndexedDataset
 from tests.data.gpt_corpus import EOD, ArrayCorpus, random_documents, write_ours
 
 

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from epochal.data.gpt_indices import (
+from epochal.data.datasets.gpt_indices import (
     build_document_index,
     build_gpt_indices,
     build_sample_index,

@@ -14,15 +14,15 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from epochal.data.blended_dataset import (
+from epochal.data.datasets.blended_dataset import (
     BlendedDataset,
     build_blending_indices,
     build_exhaustive_blending_indices,
 )
-from epochal.data.dataset_builder import GPTDatasetConfig, build_gpt_datasets
-from epochal.data.gpt_dataset import GPTDataset
-from epochal.data.gpt_indices import plan_epochs
-from epochal.data.indexed_dataset import IndexedDataset
+from epochal.data.datasets.dataset_builder import GPTDatasetConfig, build_gpt_datasets
+from epochal.data.datasets.gpt_dataset import GPTDataset
+from epochal.data.datasets.gpt_indices import plan_epochs
+from epochal.data.indexed.indexed_dataset import IndexedDataset
 from tests.data.gpt_corpus import EOD, VOCAB, random_documents, write_megatron
 
 # Megatron-Core hangs forever on an empty split: never wait long for it.
@@ -378,7 +378,7 @@ def test_split_ranges_equal_megatron():
         parse_and_normalize_split,
     )
 
-    from epochal.data.splits import split_document_ranges
+    from epochal.data.datasets.splits import split_document_ranges
 
     for split in (
         "969,30,1",

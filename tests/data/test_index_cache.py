@@ -9,9 +9,9 @@ import warnings
 import numpy as np
 import pytest
 
-from epochal.data.dataset_builder import GPTDatasetConfig, build_gpt_datasets
-from epochal.data.gpt_dataset import GPTDataset
-from epochal.data.index_cache import CacheRebuildWarning, cached_arrays, describe
+from epochal.data.datasets.dataset_builder import GPTDatasetConfig, build_gpt_datasets
+from epochal.data.datasets.gpt_dataset import GPTDataset
+from epochal.data.datasets.index_cache import CacheRebuildWarning, cached_arrays, describe
 from tests.data.gpt_corpus import ArrayCorpus, random_documents
 from tests.dist_utils import run_gloo
 
@@ -238,7 +238,7 @@ def test_unsupported_identity_value():
 def test_cached_datasets_pickle_as_file_names(tmp_path):
     import pickle
 
-    from epochal.data.blended_dataset import BlendedDataset
+    from epochal.data.datasets.blended_dataset import BlendedDataset
 
     corpus = ArrayCorpus(random_documents(8, 200, max_length=60))
     ds = GPTDataset(corpus, None, 20_000, 8, seed=3, cache_dir=tmp_path)

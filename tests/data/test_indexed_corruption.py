@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from epochal.data import IndexedDataset, IndexedFileError, write_indexed_dataset
-from epochal.data.indexed_format import HEADER_SIZE, get_bin_path, get_idx_path
+from epochal.data.indexed.indexed_format import HEADER_SIZE, get_bin_path, get_idx_path
 
 MODES = ["mmap", "cached", "lazy"]
 SEQUENCES = [[1, 2, 3], [4, 5], [6], [7, 8, 9, 10]]  # 4 sequences, 4 documents, uint16

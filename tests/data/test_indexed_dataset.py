@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from epochal.data import IndexedDataset, IndexedDatasetBuilder, write_indexed_dataset
-from epochal.data.indexed_dataset import merge_indexed_datasets
-from epochal.data.indexed_format import (
+from epochal.data.indexed.indexed_dataset import merge_indexed_datasets
+from epochal.data.indexed.indexed_format import (
     DTYPE_CODES,
     HEADER_SIZE,
     exists,
@@ -215,7 +215,7 @@ def test_builder_writes_atomically(tmp_path):
 
 
 def test_builder_spills_index_to_disk(tmp_path, monkeypatch):
-    import epochal.data.indexed_dataset as module
+    import epochal.data.indexed.indexed_dataset as module
 
     original = module._SpillArray.__init__
 

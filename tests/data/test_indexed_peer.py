@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from epochal.data import IndexedDataset, IndexedDatasetBuilder
-from epochal.data.indexed_dataset import merge_indexed_datasets
-from epochal.data.indexed_format import DTYPE_CODES, get_bin_path, get_idx_path
+from epochal.data.indexed.indexed_dataset import merge_indexed_datasets
+from epochal.data.indexed.indexed_format import DTYPE_CODES, get_bin_path, get_idx_path
 
 pytestmark = pytest.mark.peer
 

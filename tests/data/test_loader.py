@@ -17,7 +17,7 @@ from epochal.data import (
     PaddedDataset,
     WrappedDataLoader,
 )
-from epochal.data.padding import PaddingError, zeros_like_sample
+from epochal.data.loading.padding import PaddingError, zeros_like_sample
 from tests.data.resumable_helpers import SEQ_LEN, NegativeIndexFriendlyList, ToyGPTDataset, ids_of
 
 

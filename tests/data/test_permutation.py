@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from epochal.data import permute, permute_array
-from epochal.data.permutation import (
+from epochal.data.epochs.permutation import (
     MAX_LENGTH,
     derive_seed,
     derive_seed_array,

@@ -15,9 +15,9 @@ from epochal.data import (
     build_tokenizer,
     preprocess_documents,
 )
-from epochal.data.indexed_format import get_bin_path, get_idx_path
-from epochal.data.preprocess import preprocess
-from epochal.data.preprocess_encoding import find_input_files
+from epochal.data.indexed.indexed_format import get_bin_path, get_idx_path
+from epochal.data.indexed.preprocess import preprocess
+from epochal.data.indexed.preprocess_encoding import find_input_files
 
 RECORDS = [
     {"text": "The quick brown fox.", "title": "Fox"},
@@ -296,8 +296,8 @@ def test_cli_preprocess_merge_inspect(tmp_path, capsys):
 
 
 def test_pool_keeps_a_bounded_number_of_chunks_in_flight(tmp_path):
-    from epochal.data.preprocess import _run_pool
-    from epochal.data.preprocess_encoding import Chunk, ChunkEncoder
+    from epochal.data.indexed.preprocess import _run_pool
+    from epochal.data.indexed.preprocess_encoding import Chunk, ChunkEncoder
 
     pulled, in_flight = [0], []
     consumed = []

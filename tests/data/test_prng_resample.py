@@ -6,7 +6,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from epochal.data import PRNGResampleDataset
-from epochal.data.prng_resample import resample_index, resample_indices
+from epochal.data.epochs.prng_resample import resample_index, resample_indices
 
 
 class Huge:

@@ -13,7 +13,7 @@ from epochal.data import (
     MegatronPretrainingSampler,
     SamplerConfigError,
 )
-from epochal.data.permutation import derive_seed, permute_array
+from epochal.data.epochs.permutation import derive_seed, permute_array
 
 
 def _ranks(cls, *args, dp, **kwargs):

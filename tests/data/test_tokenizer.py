@@ -15,7 +15,7 @@ from epochal.data import (
     build_tokenizer,
     find_gpt2_bpe_files,
 )
-from epochal.data.tokenizer import TokenizerFileError
+from epochal.data.indexed.tokenizer import TokenizerFileError
 
 TEXTS = [
     "Hello world!",

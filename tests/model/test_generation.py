@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from epochal.model import GPTModel
-from epochal.model.generation import (
+from epochal.model.generation.decoding import (
     GenerationConfig,
     GenerationConfigError,
     candidates,

@@ -39,7 +39,7 @@ def _run(rank: int, world: int, ckpt_dir: str) -> dict[str, list[list[int]]]:
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
-    from epochal.model.generation import generate
+    from epochal.model.generation.decoding import generate
     from epochal.parallel.tensor_parallel import apply_tensor_parallel
     from epochal.train.checkpoint import Checkpointer
     from epochal.train.state import ModelState

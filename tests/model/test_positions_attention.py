@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from epochal.model import Attention, ModelConfig
-from epochal.model.positions import (
+from epochal.model.layers.positions import (
     RopeScaling,
     alibi_bias,
     alibi_slopes,

@@ -168,7 +168,7 @@ def test_bf16_autocast(tmp_path):
 
 
 def test_compile_option_compiles_every_block(tmp_path, monkeypatch):
-    from epochal.model.block import TransformerBlock
+    from epochal.model.layers.block import TransformerBlock
 
     compiled = []
     monkeypatch.setattr(

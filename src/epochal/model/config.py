@@ -84,7 +84,7 @@ class ModelConfig:
         rotary_percent: fraction of each head's dimensions that is rotated, in
             (0, 1]; the rotated part must have an even size.
         rope_scaling_type: RoPE frequency scaling for long contexts (see
-            :mod:`epochal.model.positions`): ``None`` (plain RoPE), ``"linear"``
+            :mod:`epochal.model.layers.positions`): ``None`` (plain RoPE), ``"linear"``
             (positions divided by ``rope_scaling_factor``; Hugging Face
             ``"linear"``, Megatron's ``--rotary-seq-len-interpolation-factor``)
             or ``"llama3"`` (Llama 3.1's smooth per-frequency scaling; Megatron-Core's

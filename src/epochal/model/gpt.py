@@ -45,7 +45,7 @@ checkpoints), so every stage has them. They follow ``.to(device)``; after
 The model returns logits; the loss is computed outside (the trainer; a
 vocabulary-parallel loss under tensor parallelism).
 
-Incremental decoding (:mod:`epochal.model.generation`): ``forward(tokens,
+Incremental decoding (:mod:`epochal.model.generation.decoding`): ``forward(tokens,
 kv_cache=cache)`` with a :class:`~epochal.model.kv_cache.KVCache` processes the
 new ``tokens`` after the ``cache.length`` tokens already cached (default
 positions continue from there) and advances the cache; ``logits_to_keep=n``
@@ -57,12 +57,12 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from epochal.model.block import TransformerBlock
 from epochal.model.config import ModelConfig
+from epochal.model.generation.kv_cache import KVCache
 from epochal.model.init import initial_value
-from epochal.model.kv_cache import KVCache
-from epochal.model.norms import build_norm
-from epochal.model.positions import RopeScaling, rope_cos_sin
+from epochal.model.layers.block import TransformerBlock
+from epochal.model.layers.norms import build_norm
+from epochal.model.layers.positions import RopeScaling, rope_cos_sin
 
 __all__ = ["GPTModel"]
 

@@ -38,7 +38,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from epochal.data.permutation import derive_seed
+from epochal.data.epochs.permutation import derive_seed
 
 __all__ = ["apply_dropout_rng_regions", "fork_rng_per_tp_rank", "pipeline_stage_seed"]
 

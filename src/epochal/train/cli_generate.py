@@ -126,7 +126,7 @@ def _load_model(
         extras["bos"] = hf.bos_token_id
         tok_file = Path(args.checkpoint) / "tokenizer.json"
         if tok_file.is_file():
-            from epochal.data.tokenizer import HuggingFaceTokenizer
+            from epochal.data.indexed.tokenizer import HuggingFaceTokenizer
 
             tokenizer = HuggingFaceTokenizer(tok_file)
     elif fmt == "megatron":
@@ -142,7 +142,7 @@ def _load_model(
         if args.tokenizer_type is None:
             tokenizer = run_tokenizer(ck)
     if args.tokenizer_type is not None:
-        from epochal.data.tokenizer import build_tokenizer
+        from epochal.data.indexed.tokenizer import build_tokenizer
 
         tokenizer = build_tokenizer(
             args.tokenizer_type,
@@ -233,7 +233,7 @@ def _argv(args: argparse.Namespace) -> list[str]:
 
 
 def _generate(args, parallel, init_distributed, is_logging_rank) -> int:
-    from epochal.model.generation import GenerationConfig, generate
+    from epochal.model.generation.decoding import GenerationConfig, generate
     from epochal.model.gpt import GPTModel
 
     t0 = time.perf_counter()

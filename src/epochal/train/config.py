@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from epochal.data.dataset_builder import parse_blend
+from epochal.data.datasets.dataset_builder import parse_blend
 from epochal.model.config import ConfigError, ModelConfig
 from epochal.parallel.config import ParallelConfig
 from epochal.train.lr_schedule import LR_DECAY_STYLES, WD_INCR_STYLES, WSD_DECAY_STYLES

@@ -34,8 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from epochal.data.preprocess import preprocess_documents
-from epochal.data.tokenizer import HuggingFaceTokenizer, Tokenizer, build_tokenizer
+from epochal.data.indexed.preprocess import preprocess_documents
+from epochal.data.indexed.tokenizer import HuggingFaceTokenizer, Tokenizer, build_tokenizer
 from epochal.model.config import ConfigError
 from epochal.train.config import DataConfig
 

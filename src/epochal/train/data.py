@@ -27,8 +27,8 @@ from typing import Any
 
 import torch
 
-from epochal.data.data_sampler import MegatronDataSampler
-from epochal.data.loader import WrappedDataLoader
+from epochal.data.loading.data_sampler import MegatronDataSampler
+from epochal.data.loading.loader import WrappedDataLoader
 from epochal.model.config import ConfigError
 from epochal.train.config import TrainConfig
 

@@ -18,8 +18,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from epochal.data.dataset_builder import GPTDatasetConfig
-from epochal.data.dataset_builder import build_gpt_datasets as build_datasets
+from epochal.data.datasets.dataset_builder import GPTDatasetConfig
+from epochal.data.datasets.dataset_builder import build_gpt_datasets as build_datasets
 from epochal.model.config import ConfigError
 from epochal.train.config import TrainConfig
 from epochal.train.corpus import default_cache_dir, prepare_corpus, tokenizer_from_config

@@ -15,7 +15,7 @@ as pure data parallelism), the micro-batch calculator is an object, and:
 * test and predict loaders always use the in-order single-pass sampler without
   dropping samples (each sample evaluated once), whatever ``dataloader_type``.
 
-Typical use (see :mod:`epochal.data.loader` for a whole training loop)::
+Typical use (see :mod:`epochal.data.loading.loader` for a whole training loop)::
 
     sampler = MegatronDataSampler(seq_len=2048, micro_batch_size=2, global_batch_size=512,
                                   rampup_batch_size=[32, 32, 2_000_000],
@@ -31,14 +31,14 @@ import functools
 from collections.abc import Sequence
 from typing import Any, Literal
 
-from epochal.data.loader import MODES, WrappedDataLoader
-from epochal.data.microbatches import (
+from epochal.data.loading.loader import MODES, WrappedDataLoader
+from epochal.data.loading.microbatches import (
     MicroBatchConfigError,
     NumMicroBatchesCalculator,
     build_num_microbatches_calculator,
     check_int,
 )
-from epochal.data.samplers import (
+from epochal.data.loading.samplers import (
     MegatronPretrainingBatchSampler,
     MegatronPretrainingRandomSampler,
     MegatronPretrainingSampler,

@@ -5,7 +5,7 @@ documents ``document_ids`` of ``indexed`` (any object with Megatron's
 ``IndexedDataset`` interface: ``sequence_lengths`` and ``get(idx, offset, length)``)
 as ``len(dataset) >= num_samples`` samples of ``seq_length`` tokens. Sample ``i`` is
 the same token window as Megatron-Core's ``GPTDataset`` with the same files, seed,
-sequence length and options (see :mod:`epochal.data.gpt_indices` for the indices).
+sequence length and options (see :mod:`epochal.data.datasets.gpt_indices` for the indices).
 
 Each sample is a dict of torch tensors with Megatron's keys:
 
@@ -46,14 +46,14 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from epochal.data.epoch_index import EpochIndex
-from epochal.data.gpt_indices import (
+from epochal.data.datasets.gpt_indices import (
     build_gpt_indices,
     document_lengths_of,
     document_range,
     tokens_in_documents,
 )
-from epochal.data.index_cache import cached_arrays, pickle_arrays, unpickle_arrays
+from epochal.data.datasets.index_cache import cached_arrays, pickle_arrays, unpickle_arrays
+from epochal.data.epochs.epoch_index import EpochIndex
 
 #: Megatron-Core's pad sentinel, guaranteed not to be a real token id.
 PAD_SENTINEL = -1
@@ -169,7 +169,7 @@ class GPTDataset(Dataset):
         pad_token_id: padding id; ``None`` or an id equal to ``eod_token_id`` becomes
             Megatron's ``-1`` sentinel (with a warning for the collision).
         cache_dir: where the three indices are cached (see
-            :mod:`epochal.data.index_cache`); ``None`` builds them in memory.
+            :mod:`epochal.data.datasets.index_cache`); ``None`` builds them in memory.
         group: ``torch.distributed`` group whose rank 0 builds the cache.
 
     Attributes:

@@ -17,10 +17,10 @@ from typing import Any
 
 import numpy as np
 
-from epochal.data.cli_preprocess import add_tokenizer_arguments, tokenizer_from_args
-from epochal.data.indexed_dataset import IndexedDataset
-from epochal.data.indexed_format import IndexedFileError
-from epochal.data.tokenizer import TokenizerFileError
+from epochal.data.indexed.cli_preprocess import add_tokenizer_arguments, tokenizer_from_args
+from epochal.data.indexed.indexed_dataset import IndexedDataset
+from epochal.data.indexed.indexed_format import IndexedFileError
+from epochal.data.indexed.tokenizer import TokenizerFileError
 
 _QUANTILE_SAMPLE = 10_000_000  # above this many sequences, quantiles come from an even sample
 

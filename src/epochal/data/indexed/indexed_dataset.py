@@ -1,7 +1,7 @@
 """Megatron's indexed dataset (``.bin`` + ``.idx``): reader and builder.
 
 Files written here are read by Megatron-Core's ``IndexedDataset`` and files it
-writes are read here, sequence for sequence (see :mod:`epochal.data.indexed_format`
+writes are read here, sequence for sequence (see :mod:`epochal.data.indexed.indexed_format`
 for the layout). Differences from Megatron-Core, all on the side of safety:
 
 - Opening validates the pair (magic, version, dtype code, sizes, every pointer and
@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from epochal._atomic import fsync_dir
-from epochal.data.indexed_format import (
+from epochal.data.indexed.indexed_format import (
     HEADER_SIZE,
     IndexedFileError,
     IndexHeader,
@@ -36,7 +36,7 @@ from epochal.data.indexed_format import (
     optimal_dtype,
     read_header,
 )
-from epochal.data.indexed_readers import READERS, map_file
+from epochal.data.indexed.indexed_readers import READERS, map_file
 
 __all__ = [
     "IndexedDataset",

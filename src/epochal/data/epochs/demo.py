@@ -19,10 +19,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from epochal.data.epoch_index import EpochIndex
-from epochal.data.masking import MaskedTokenDataset
-from epochal.data.multi_epoch import MultiEpochDatasetResampler
-from epochal.data.permutation import MAX_SEED
+from epochal.data.epochs.epoch_index import EpochIndex
+from epochal.data.epochs.masking import MaskedTokenDataset
+from epochal.data.epochs.multi_epoch import MultiEpochDatasetResampler
+from epochal.data.epochs.permutation import MAX_SEED
 
 __all__ = ["DEFAULT_TEXT", "CharTokenizer", "add_arguments", "build_demo", "run"]
 

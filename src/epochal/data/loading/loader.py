@@ -6,7 +6,7 @@ samples every time. NeMo and BioNeMo default the mode to ``"train"``, so a
 forgotten argument silently made a validation loader resume mid-way; here ``mode``
 is required.
 
-Why stateful: with a Megatron batch sampler (see :mod:`epochal.data.samplers`, or
+Why stateful: with a Megatron batch sampler (see :mod:`epochal.data.loading.samplers`, or
 build the loader with :meth:`~epochal.data.data_sampler.MegatronDataSampler.transform_dataloader`)
 the loader counts the micro-batches it has *delivered* (not the indices its workers
 prefetched) and exposes the position as ``consumed_samples``. ``state_dict()`` /
@@ -48,8 +48,8 @@ from typing import Any
 
 from torch.utils.data import DataLoader
 
-from epochal.data.padding import PaddedDataset
-from epochal.data.samplers import (
+from epochal.data.loading.padding import PaddedDataset
+from epochal.data.loading.samplers import (
     MegatronPretrainingBatchSampler,
     MegatronPretrainingRandomSampler,
     MegatronPretrainingSampler,

@@ -48,7 +48,7 @@ from dataclasses import dataclass, field, replace
 import torch
 from torch import nn
 
-from epochal.model.kv_cache import KVCache
+from epochal.model.generation.kv_cache import KVCache
 
 __all__ = [
     "GenerationConfig",

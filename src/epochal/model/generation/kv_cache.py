@@ -1,4 +1,4 @@
-"""Key/value cache for incremental decoding (used by :mod:`epochal.model.generation`).
+"""Key/value cache for incremental decoding (used by :mod:`epochal.model.generation.decoding`).
 
 A :class:`KVCache` is passed to ``GPTModel.forward(..., kv_cache=cache)``. Each
 attention layer appends its new keys and values to its own

@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from epochal.data.indexed_dataset import _as_token_array
-from epochal.data.tokenizer import Tokenizer
+from epochal.data.indexed.indexed_dataset import _as_token_array
+from epochal.data.indexed.tokenizer import Tokenizer
 
 INPUT_SUFFIXES = (".jsonl", ".jsonl.gz", ".json", ".json.gz")
 _GLOB_CHARS = set("*?[")

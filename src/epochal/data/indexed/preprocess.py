@@ -25,9 +25,9 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Any
 
-from epochal.data.indexed_dataset import IndexedDatasetBuilder
-from epochal.data.indexed_format import get_bin_path, normalize_dtype, optimal_dtype
-from epochal.data.preprocess_encoding import (
+from epochal.data.indexed.indexed_dataset import IndexedDatasetBuilder
+from epochal.data.indexed.indexed_format import get_bin_path, normalize_dtype, optimal_dtype
+from epochal.data.indexed.preprocess_encoding import (
     Chunk,
     ChunkEncoder,
     EncodedChunk,
@@ -37,7 +37,7 @@ from epochal.data.preprocess_encoding import (
     init_worker,
     read_chunks,
 )
-from epochal.data.tokenizer import Tokenizer
+from epochal.data.indexed.tokenizer import Tokenizer
 
 __all__ = [
     "PreprocessError",

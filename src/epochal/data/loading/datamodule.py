@@ -58,9 +58,9 @@ except ImportError as err:  # pragma: no cover - exercised only without the opti
         "epochal.data.MegatronDataModule needs Lightning: pip install 'epochal[lightning]'"
     ) from err
 
-from epochal.data.data_sampler import DataSamplerConfigError, MegatronDataSampler
-from epochal.data.loader import WrappedDataLoader
-from epochal.data.samplers import MegatronPretrainingRandomSampler
+from epochal.data.loading.data_sampler import DataSamplerConfigError, MegatronDataSampler
+from epochal.data.loading.loader import WrappedDataLoader
+from epochal.data.loading.samplers import MegatronPretrainingRandomSampler
 
 __all__ = ["DataModuleStateError", "MegatronDataModule"]
 

@@ -23,8 +23,8 @@ from typing import Any, Generic, TypeVar
 import numpy as np
 from torch.utils.data import Dataset
 
-from epochal.data.epoch_index import EpochIndex, MultiEpochDataset, SizedDataset
-from epochal.data.permutation import (
+from epochal.data.epochs.epoch_index import EpochIndex, MultiEpochDataset, SizedDataset
+from epochal.data.epochs.permutation import (
     MAX_LENGTH,
     _encrypt_int,
     _round_keys,

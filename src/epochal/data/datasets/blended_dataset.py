@@ -10,7 +10,7 @@ reproduce Megatron's ``helpers.cpp`` exactly (same float operations, same
 tie-breaking) for any number of datasets, with a vectorized scan that checks its own
 result (see :func:`_greedy_scan`): about 0.1 us per sample for 2-5 datasets (Megatron's
 C++ loop takes ~0.02 us; 10**8 samples of 3 datasets take ~13 s here, 2 s there), growing
-with the number of datasets; the result is cached (see :mod:`epochal.data.index_cache`).
+with the number of datasets; the result is cached (see :mod:`epochal.data.datasets.index_cache`).
 
 Each sample is ``{"dataset_id": i, **datasets[i][j]}``.
 """
@@ -25,8 +25,8 @@ from typing import Any
 import numpy as np
 from torch.utils.data import Dataset
 
-from epochal.data.epoch_index import EpochIndex
-from epochal.data.index_cache import cached_arrays, pickle_arrays, unpickle_arrays
+from epochal.data.datasets.index_cache import cached_arrays, pickle_arrays, unpickle_arrays
+from epochal.data.epochs.epoch_index import EpochIndex
 
 #: Megatron stores dataset ids as int16.
 MAX_DATASETS = 32767

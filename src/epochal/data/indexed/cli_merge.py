@@ -14,7 +14,7 @@ import argparse
 import os
 import sys
 
-from epochal.data.indexed_format import IndexedFileError, exists
+from epochal.data.indexed.indexed_format import IndexedFileError, exists
 
 
 def find_prefixes(directory: str) -> list[str]:
@@ -74,7 +74,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``epochal merge``; returns 0, or 1 after printing the error."""
-    from epochal.data.indexed_dataset import merge_indexed_datasets
+    from epochal.data.indexed.indexed_dataset import merge_indexed_datasets
 
     inputs = list(args.inputs) + list(args.input)
     try:

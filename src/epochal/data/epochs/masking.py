@@ -26,9 +26,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from epochal.data.epoch_index import EpochIndex
-from epochal.data.multi_epoch import MultiEpochDatasetWrapper
-from epochal.data.permutation import derive_seed
+from epochal.data.epochs.epoch_index import EpochIndex
+from epochal.data.epochs.multi_epoch import MultiEpochDatasetWrapper
+from epochal.data.epochs.permutation import derive_seed
 
 __all__ = ["IGNORE_INDEX", "MaskedTokenDataset", "apply_mlm_mask"]
 

@@ -16,7 +16,7 @@ so DataLoader workers that prefetch make it run ahead of the model):
 delivered and resumes from that count via :meth:`consumed_after`.
 
 Padding positions are the sentinel :data:`~epochal.data.padding.PAD`, never a
-negative index (see :mod:`epochal.data.padding`).
+negative index (see :mod:`epochal.data.loading.padding`).
 
 ``len(sampler)`` is the number of items of one *whole* pass (from the start of the
 data or of an epoch), whatever ``consumed_samples`` is, so it does not shrink every
@@ -35,14 +35,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from epochal.data.microbatches import (
+from epochal.data.epochs.permutation import derive_seed, permute_array
+from epochal.data.loading.microbatches import (
     MicroBatchConfigError,
     NumMicroBatchesCalculator,
     build_num_microbatches_calculator,
     check_int,
 )
-from epochal.data.padding import PAD, PaddingIndex
-from epochal.data.permutation import derive_seed, permute_array
+from epochal.data.loading.padding import PAD, PaddingIndex
 
 __all__ = [
     "MegatronPretrainingBatchSampler",

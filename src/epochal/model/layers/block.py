@@ -13,11 +13,11 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from epochal.model.attention import Attention
 from epochal.model.config import ModelConfig
-from epochal.model.kv_cache import KVCache
-from epochal.model.mlp import MLP
-from epochal.model.norms import build_norm
+from epochal.model.generation.kv_cache import KVCache
+from epochal.model.layers.attention import Attention
+from epochal.model.layers.mlp import MLP
+from epochal.model.layers.norms import build_norm
 
 __all__ = ["TransformerBlock"]
 

@@ -29,8 +29,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from epochal.model.config import ModelConfig
-from epochal.model.kv_cache import LayerKVCache
-from epochal.model.positions import alibi_bias, alibi_slopes, apply_rotary
+from epochal.model.generation.kv_cache import LayerKVCache
+from epochal.model.layers.positions import alibi_bias, alibi_slopes, apply_rotary
 
 __all__ = ["Attention", "causal_mask_out"]
 

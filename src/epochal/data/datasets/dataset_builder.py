@@ -4,7 +4,7 @@
 each split holds the same samples as Megatron-Core's for the same arguments:
 
 - ``data_path=["prefix"]``: one :class:`~epochal.data.gpt_dataset.GPTDataset` per
-  split over that split's document range (see :mod:`epochal.data.splits`), with
+  split over that split's document range (see :mod:`epochal.data.datasets.splits`), with
   ``sizes[i]`` samples (``None`` = one epoch).
 - ``data_path=["0.3", "a", "0.7", "b"]``: per split, one ``GPTDataset`` per corpus with
   ``ceil(ceil(size * w) * (1 + mid_level_dataset_surplus))`` samples (a small margin),
@@ -14,7 +14,7 @@ each split holds the same samples as Megatron-Core's for the same arguments:
   proportion to their lengths, ``min(size, total)`` samples (all of them for ``None``).
 - ``train_data_path`` / ``valid_data_path`` / ``test_data_path``: a separate blend per
   split, each using its whole corpora (Megatron's ``blend_per_split``).
-- ``mock=True``: Megatron's mock corpus (:mod:`epochal.data.mock_gpt`) split ``"1,1,1"``
+- ``mock=True``: Megatron's mock corpus (:mod:`epochal.data.datasets.mock_gpt`) split ``"1,1,1"``
   (Megatron-Core ignores the split string for mock data, and so do we).
 
 A split whose document range is empty raises ``ValueError`` (Megatron-Core hangs),
@@ -23,7 +23,7 @@ keep a padded last partial window when
 ``drop_last_partial_validation_sequence=False``. Index caches go to ``path_to_cache``
 (``None``: built in memory, nothing written; unlike Megatron-Core, which writes a
 ``cache`` folder next to the data by default). Every rank of a distributed job must
-call the builder (rank 0 builds the caches first, see :mod:`epochal.data.index_cache`).
+call the builder (rank 0 builds the caches first, see :mod:`epochal.data.datasets.index_cache`).
 """
 
 from __future__ import annotations
@@ -35,10 +35,10 @@ from typing import Any
 
 import numpy as np
 
-from epochal.data.blended_dataset import BlendedDataset, normalize_weights
-from epochal.data.gpt_dataset import SPLIT_NAMES, GPTDataset
-from epochal.data.mock_gpt import MockGPTLowLevelDataset
-from epochal.data.splits import parse_split, split_document_ranges, split_matrix
+from epochal.data.datasets.blended_dataset import BlendedDataset, normalize_weights
+from epochal.data.datasets.gpt_dataset import SPLIT_NAMES, GPTDataset
+from epochal.data.datasets.mock_gpt import MockGPTLowLevelDataset
+from epochal.data.datasets.splits import parse_split, split_document_ranges, split_matrix
 
 
 def parse_blend(
@@ -317,7 +317,7 @@ class _Builder:
 
 def _open_indexed(mmap: bool) -> Callable[[str], Any]:
     def open_prefix(prefix: str) -> Any:
-        from epochal.data.indexed_dataset import IndexedDataset
+        from epochal.data.indexed.indexed_dataset import IndexedDataset
 
         return IndexedDataset(prefix, mode="mmap" if mmap else "lazy", validate=False)
 

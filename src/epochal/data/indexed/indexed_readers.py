@@ -13,7 +13,7 @@ import os
 
 import numpy as np
 
-from epochal.data.indexed_format import IndexedFileError
+from epochal.data.indexed.indexed_format import IndexedFileError
 
 
 def map_file(path: str) -> np.ndarray:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from epochal.data.tokenizer import Tokenizer, TokenizerFileError, build_tokenizer
+from epochal.data.indexed.tokenizer import Tokenizer, TokenizerFileError, build_tokenizer
 
 
 def add_tokenizer_arguments(parser: argparse.ArgumentParser, required: bool = True) -> None:
@@ -143,7 +143,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``epochal preprocess``; returns 0, or 1 after printing the error."""
-    from epochal.data.preprocess import PreprocessError, preprocess
+    from epochal.data.indexed.preprocess import PreprocessError, preprocess
 
     try:
         tokenizer = tokenizer_from_args(args)

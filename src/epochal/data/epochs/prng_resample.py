@@ -24,8 +24,8 @@ from typing import Any, TypeVar
 import numpy as np
 from torch.utils.data import Dataset
 
-from epochal.data.epoch_index import SizedDataset
-from epochal.data.permutation import (
+from epochal.data.epochs.epoch_index import SizedDataset
+from epochal.data.epochs.permutation import (
     MASK64,
     _as_u64_array,
     _check_bounded_int,

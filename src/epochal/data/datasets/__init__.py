@@ -1,0 +1,1 @@
+"""GPT samples, blends, splits, index caches and mock corpora built on indexed files."""

@@ -1,0 +1,1 @@
+"""Megatron's .bin/.idx format: readers, builder, tokenizers, preprocess/merge/inspect commands."""

@@ -1,0 +1,1 @@
+"""Decoding (greedy, top-k, top-p, beam search) and KV caches."""

@@ -1,0 +1,1 @@
+"""Shared transformer layers: attention, MLP, norms, positions, the transformer block."""
