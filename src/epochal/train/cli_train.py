@@ -93,7 +93,12 @@ def run(args: argparse.Namespace) -> int:
     if needs_relaunch(config.parallel):  # several processes asked for, no torchrun: start it
         return relaunch(config.parallel, ["train", *getattr(args, "_argv", [])])
     try:
-        return _train(config)
+        rc = _train(config)
+        if rc == 0:
+            from epochal.parallel.launch import report_clean_exit
+
+            report_clean_exit()
+        return rc
     except ConfigError as exc:
         print(f"epochal train: error: {exc}", file=sys.stderr)
         return 2
@@ -161,5 +166,11 @@ def _train(config) -> int:
         f"trained steps {result.start_step + 1}-{result.final_step}{resumed} in {time.perf_counter() - t0:.0f} s "
         f"({result.tokens_per_s:,.0f} tokens/s): loss {result.losses[0]:.3f} -> {result.last_loss:.3f}{ev}"
     )
+    if result.stopped_by:
+        say(
+            f"stopped early ({result.stopped_by}) after step {result.final_step} of "
+            f"{config.training.train_iters}; checkpoint saved to {ckpt}; "
+            "run the same command again to resume"
+        )
     say(where)
     return 0
