@@ -37,6 +37,12 @@ from epochal.data.indexed.indexed_format import (
     read_header,
 )
 from epochal.data.indexed.indexed_readers import READERS, map_file
+from epochal.data.indexed.indexed_validation import (
+    check_index_arrays,
+    file_identity,
+    is_remembered,
+    remember,
+)
 
 __all__ = [
     "IndexedDataset",
@@ -50,7 +56,7 @@ __all__ = [
     "write_indexed_dataset",
 ]
 
-_VALIDATE_CHUNK = 1 << 20  # index entries checked per step (bounded memory)
+_VALIDATE_CHUNK = 1 << 20  # index entries copied per step (bounded memory)
 
 
 class IndexedDataset:
@@ -63,9 +69,16 @@ class IndexedDataset:
             ``pread`` calls (no mmap).
         multimodal: the index carries one int8 mode per sequence (Megatron's
             multimodal files); ``ds[i]`` then returns ``(tokens, mode)``.
-        validate: check every pointer and document boundary on open (O(N), done in
-            bounded-memory chunks). ``False`` keeps the O(1) checks only (header, file
-            sizes, first and last boundaries); every read is still bounds-checked.
+        validate: check every length, pointer and document boundary on open (O(N),
+            vectorized in bounded-memory chunks, about 10 ms per million sequences).
+            A pair that passed is remembered by file identity (path, size, inode,
+            mtime, ctime) in this process and in ``validation_cache``, so reopening
+            unchanged files skips the scan; a changed file, or one changed in the last
+            2 s, is checked again (see :mod:`epochal.data.indexed.indexed_validation`). ``False`` keeps the O(1)
+            checks only (header, file sizes, first and last boundaries); every read is
+            still bounds-checked.
+        validation_cache: folder for the validation records (the GPT builder passes its
+            index cache); ``None`` remembers in this process only.
         mmap: Megatron-Core's argument, accepted for drop-in use: ``True`` means
             ``mode="mmap"``, ``False`` means ``mode="lazy"``; overrides ``mode``.
 
@@ -99,6 +112,7 @@ class IndexedDataset:
         validate: bool = True,
         *,
         mmap: bool | None = None,
+        validation_cache: PathLike | None = None,
     ) -> None:
         if mmap is not None:  # Megatron-Core's spelling: mmap=True -> "mmap", False -> file reads
             mode = "mmap" if mmap else "lazy"
@@ -107,16 +121,23 @@ class IndexedDataset:
         self.path_prefix = os.fspath(path_prefix)
         self.mode = mode
         self.multimodal = bool(multimodal)
-        self._open(validate)
+        self._open(validate, validation_cache)
 
     # ------------------------------------------------------------------ opening
-    def _open(self, validate: bool) -> None:
+    def _open(self, validate: bool, validation_cache: PathLike | None = None) -> None:
         idx_path, bin_path = self.idx_path, self.bin_path
         for path in (idx_path, bin_path):
             if not os.path.isfile(path):
                 raise FileNotFoundError(
                     f"indexed dataset file {path} not found (prefix {self.path_prefix!r} needs both .idx and .bin)"
                 )
+        identity = None
+        if validate:  # taken before reading: a change made while we read gives a new identity
+            identity, settled = file_identity(idx_path, bin_path, multimodal=self.multimodal)
+            if is_remembered(identity, validation_cache):
+                validate = False
+            if not (validate and settled):
+                identity = None  # nothing to remember
         header = read_header(idx_path)
         self.dtype: np.dtype = header.dtype
         idx_size = os.path.getsize(idx_path)
@@ -157,6 +178,8 @@ class IndexedDataset:
         )
         self._bin_size = os.path.getsize(bin_path)
         self._check_index(validate)
+        if identity is not None:
+            remember(identity, validation_cache)
         self._reader = READERS[self.mode](bin_path, self.dtype)
         self._len = n
 
@@ -181,54 +204,15 @@ class IndexedDataset:
                 f"{bin_path}: size {self._bin_size} bytes is not a multiple of the {self.dtype} token size {itemsize}"
             )
         if full:
-            end = self._check_pointers(lengths, pointers, itemsize)
-            self._check_documents(docs)
-        else:
-            end = int(pointers[-1]) + int(lengths[-1]) * itemsize if n else 0
+            check_index_arrays(
+                lengths, pointers, docs, itemsize, self._bin_size, idx_path, bin_path
+            )
+            return
+        end = int(pointers[-1]) + int(lengths[-1]) * itemsize if n else 0
         if end > self._bin_size:
             raise IndexedFileError(
                 f"{idx_path}: index points past the end of {bin_path} (needs {end} bytes, file has {self._bin_size})"
             )
-        if full and end < self._bin_size:
-            raise IndexedFileError(
-                f"{bin_path}: {self._bin_size - end} trailing bytes not covered by {idx_path} (files do not match)"
-            )
-
-    def _check_pointers(self, lengths: np.ndarray, pointers: np.ndarray, itemsize: int) -> int:
-        """Check lengths >= 0 and contiguous pointers; return the end byte of the data."""
-        next_pointer = 0
-        for start in range(0, len(lengths), _VALIDATE_CHUNK):
-            chunk = lengths[start : start + _VALIDATE_CHUNK].astype(np.int64)
-            negative = np.flatnonzero(chunk < 0)
-            if negative.size:
-                i = start + int(negative[0])
-                raise IndexedFileError(
-                    f"{self.idx_path}: sequence {i} has negative length {int(lengths[i])}"
-                )
-            ends = next_pointer + np.cumsum(chunk * itemsize)
-            starts = np.empty_like(ends)
-            starts[0] = next_pointer
-            starts[1:] = ends[:-1]
-            wrong = np.flatnonzero(pointers[start : start + _VALIDATE_CHUNK] != starts)
-            if wrong.size:
-                i = start + int(wrong[0])
-                raise IndexedFileError(
-                    f"{self.idx_path}: sequence {i} starts at byte {int(pointers[i])}, expected "
-                    f"{int(starts[wrong[0]])} from the lengths before it (corrupt index)"
-                )
-            next_pointer = int(ends[-1])
-        return next_pointer
-
-    def _check_documents(self, docs: np.ndarray) -> None:
-        for start in range(0, len(docs) - 1, _VALIDATE_CHUNK):
-            chunk = docs[start : start + _VALIDATE_CHUNK + 1]
-            decreasing = np.flatnonzero(np.diff(chunk) < 0)
-            if decreasing.size:
-                k = start + int(decreasing[0])
-                raise IndexedFileError(
-                    f"{self.idx_path}: document_indices decrease at entry {k + 1} "
-                    f"({int(docs[k])} -> {int(docs[k + 1])}; corrupt index)"
-                )
 
     # ------------------------------------------------------------------ paths and sizes
     @property
