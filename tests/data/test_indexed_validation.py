@@ -166,6 +166,8 @@ def test_a_stale_or_garbled_record_means_check_again(monkeypatch, fresh_memo, co
     [
         (length_offset(7), struct.pack("<i", 9), "sequence 8 starts at byte"),  # a changed size
         (length_offset(7), struct.pack("<i", -3), "sequence 7 has negative length -3"),
+        # unvalidated: a misleading "holds no tokens" (or numpy's "repeats may not contain ...")
+        (length_offset(7), struct.pack("<i", -1000), "sequence 7 has negative length -1000"),
     ],
 )
 def test_training_data_refuses_a_corrupt_index(

@@ -68,7 +68,7 @@ class IndexedDataset:
         multimodal: the index carries one int8 mode per sequence (Megatron's
             multimodal files); ``ds[i]`` then returns ``(tokens, mode)``.
         validate: check every length, pointer and document boundary on open (O(N),
-            vectorized in bounded-memory chunks, about 10 ms per million sequences).
+            vectorized in cache-sized chunks, a few ms per million sequences).
             A pair that passed is remembered by file identity (path, size, inode,
             mtime, ctime) in this process and in ``validation_cache``, so reopening
             unchanged files skips the scan; a changed file, or one changed in the last
