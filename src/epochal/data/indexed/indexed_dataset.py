@@ -72,9 +72,9 @@ class IndexedDataset:
             A pair that passed is remembered by file identity (path, size, inode,
             mtime, ctime) in this process and in ``validation_cache``, so reopening
             unchanged files skips the scan; a changed file, or one changed in the last
-            2 s, is checked again (see :mod:`epochal.data.indexed.indexed_validation`). ``False`` keeps the O(1)
-            checks only (header, file sizes, first and last boundaries); every read is
-            still bounds-checked.
+            2 s, is checked again (see :mod:`epochal.data.indexed.indexed_validation`).
+            ``False`` keeps the O(1) checks only (header, file sizes, first and last
+            boundaries); every read is still bounds-checked.
         validation_cache: folder for the validation records (the GPT builder passes its
             index cache); ``None`` remembers in this process only.
         mmap: Megatron-Core's argument, accepted for drop-in use: ``True`` means
