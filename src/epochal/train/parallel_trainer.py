@@ -105,6 +105,7 @@ class ParallelTrainer(Trainer):
             keep_last=config.checkpoint.keep_last,
             rank=self.rank,
             barrier=dist.barrier if self.dist.distributed else None,
+            broadcast=_broadcast_from_rank0 if self.dist.distributed else None,
         )
 
     # ---------------------------------------------------------------- the seams
@@ -249,6 +250,13 @@ class ParallelTrainer(Trainer):
             "model": ModelState(self.model_parts),
             "optimizer": TiedOptimizerState(self.optimizers, rename),
         }
+
+
+def _broadcast_from_rank0(obj: Any) -> Any:
+    """Rank 0's ``obj`` on every rank (a collective; checkpoint verification verdicts)."""
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
 
 
 def export_consolidated(
