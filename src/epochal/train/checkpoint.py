@@ -222,6 +222,8 @@ class Checkpointer:
         broadcast: ``broadcast(obj)`` returns rank 0's ``obj`` on every rank (a
             collective), so that rank 0 alone verifies checksums and every rank
             acts on its verdict; ``None``: each process verifies for itself.
+        checksums: write ``manifest.json`` on save and verify it on load (default);
+            False skips both (``benchmarks/bench_checkpoint.py`` measures the cost).
     """
 
     def __init__(
@@ -232,6 +234,7 @@ class Checkpointer:
         rank: int = 0,
         barrier: Callable[[], None] | None = None,
         broadcast: Callable[[Any], Any] | None = None,
+        checksums: bool = True,
     ) -> None:
         if keep_last < 1:
             raise ValueError(f"checkpoint.keep_last must be >= 1, got {keep_last}")
@@ -240,6 +243,7 @@ class Checkpointer:
         self.rank = rank
         self._barrier = barrier or (lambda: None)
         self._broadcast = broadcast
+        self.checksums = checksums
         self._verified: set[Path] = set()
         #: step folders found damaged by :meth:`newest_intact` (kept; see :meth:`save`)
         self.damaged: set[Path] = set()
@@ -314,7 +318,7 @@ class Checkpointer:
             CheckpointCorruptError: naming the damaged or missing file (on every rank).
         """
         folder = Path(folder)
-        if folder.resolve() in self._verified:
+        if not self.checksums or folder.resolve() in self._verified:
             return
         self._agreed(lambda: verify_checkpoint(folder))
         self._verified.add(folder.resolve())
@@ -333,6 +337,8 @@ class Checkpointer:
         Raises:
             CheckpointCorruptError: checkpoints exist but every one is damaged.
         """
+        if not self.checksums:
+            return self.latest()
 
         def search() -> tuple[str | None, list[str]]:
             latest = self.latest()
@@ -412,7 +418,8 @@ class Checkpointer:
             atomic_write(tmp / TRAINER_STATE, json.dumps(trainer_state, indent=1))
             if config_toml is not None:
                 atomic_write(tmp / "config.toml", config_toml)
-            atomic_write(tmp / MANIFEST, build_manifest(tmp))  # last: it covers the rest
+            if self.checksums:
+                atomic_write(tmp / MANIFEST, build_manifest(tmp))  # last: it covers the rest
             fsync_dir(tmp)
             if final in self.damaged and final.is_dir():  # kept for inspection, never deleted
                 os.replace(final, _free_name(final.with_name(f"damaged-{final.name}")))
