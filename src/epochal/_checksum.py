@@ -38,7 +38,10 @@ __all__ = [
     "SAFETENSORS_KEY",
     "ChecksumError",
     "build_manifest",
+    "file_entries",
     "file_sha256",
+    "list_files",
+    "manifest_bytes",
     "placeholder_metadata",
     "read_manifest",
     "seal_safetensors",
@@ -90,23 +93,43 @@ def file_sha256(path: str | os.PathLike, *, replace: tuple[int, bytes] | None = 
 
 
 # ---------------------------------------------------------------------- manifests
-def build_manifest(folder: str | os.PathLike) -> bytes:
-    """The manifest of every regular file under ``folder`` (recursively; not ``manifest.json``).
+def list_files(folder: str | os.PathLike) -> list[str]:
+    """Relative names of every regular file under ``folder`` (recursively), sorted; not the manifest."""
+    folder = Path(folder)
+    names = (p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
+    return sorted(n for n in names if n != MANIFEST)
 
-    The caller writes it as ``folder / MANIFEST`` (atomically, last).
+
+def file_entries(folder: str | os.PathLike, names: list[str]) -> dict[str, dict[str, Any]]:
+    """``{name: {"size": ..., "sha256": ...}}`` of the files ``names`` in ``folder``.
 
     Raises:
         OSError: a file cannot be read.
     """
     folder = Path(folder)
-    files: dict[str, dict[str, Any]] = {}
-    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
-        rel = path.relative_to(folder).as_posix()
-        if rel == MANIFEST:
-            continue
-        files[rel] = {"size": path.stat().st_size, ALGORITHM: file_sha256(path)}
+    return {
+        name: {"size": (folder / name).stat().st_size, ALGORITHM: file_sha256(folder / name)}
+        for name in names
+    }
+
+
+def manifest_bytes(files: dict[str, dict[str, Any]]) -> bytes:
+    """The text of a manifest listing ``files`` (entries from :func:`file_entries`)."""
     manifest = {"format": 1, "algorithm": ALGORITHM, "files": files}
     return (json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode()
+
+
+def build_manifest(folder: str | os.PathLike) -> bytes:
+    """The manifest of every regular file under ``folder`` (recursively; not ``manifest.json``).
+
+    The caller writes it as ``folder / MANIFEST`` (atomically, last). Several
+    processes can share the work: :func:`file_entries` of a slice of
+    :func:`list_files` each, merged into :func:`manifest_bytes`.
+
+    Raises:
+        OSError: a file cannot be read.
+    """
+    return manifest_bytes(file_entries(folder, list_files(folder)))
 
 
 def read_manifest(folder: str | os.PathLike) -> dict[str, dict[str, Any]] | None:
@@ -133,10 +156,15 @@ def read_manifest(folder: str | os.PathLike) -> dict[str, dict[str, Any]] | None
     return files
 
 
-def verify_manifest(folder: str | os.PathLike) -> bool:
+def verify_manifest(folder: str | os.PathLike, *, part: tuple[int, int] = (0, 1)) -> bool:
     """Check every file ``folder``'s manifest lists: present, same size, same SHA-256.
 
     Files the manifest does not list are not checked (nothing reads them).
+
+    Args:
+        folder: the folder holding ``manifest.json``.
+        part: ``(index, count)``: check only every ``count``-th listed file from
+            ``index`` (in name order), so ``count`` processes share the work.
 
     Returns:
         True when verified, False when the folder has no manifest (written before
@@ -151,19 +179,22 @@ def verify_manifest(folder: str | os.PathLike) -> bool:
     files = read_manifest(folder)
     if files is None:
         return False
-    for name, entry in files.items():
+    index, count = part
+    names = sorted(files)[index::count]
+    for name in names:
         path = folder / name
         try:
             size = path.stat().st_size
         except FileNotFoundError:
             raise ChecksumError(path, "missing (listed in the checkpoint's manifest)") from None
-        if size != entry["size"]:
+        if size != files[name]["size"]:
             raise ChecksumError(
-                path, f"damaged: {size} bytes, the manifest records {entry['size']} (truncated?)"
+                path,
+                f"damaged: {size} bytes, the manifest records {files[name]['size']} (truncated?)",
             )
-    for name, entry in files.items():
+    for name in names:
         path = folder / name
-        if file_sha256(path) != entry[ALGORITHM]:
+        if file_sha256(path) != files[name][ALGORITHM]:
             raise ChecksumError(
                 path, f"damaged: its {ALGORITHM} differs from the checkpoint's manifest"
             )

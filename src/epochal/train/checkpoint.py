@@ -19,10 +19,11 @@ deleted afterwards.
 
 Checksums: rank 0 writes ``manifest.json`` (:mod:`epochal._checksum`: size and
 SHA-256 of every file, every rank's ``.distcp`` and RNG file included) last,
-atomically, before the rename. Loading verifies the folder first and raises
-:class:`CheckpointCorruptError` naming the missing, truncated or changed file;
-under a process group rank 0 verifies and broadcasts the verdict, so every rank
-raises or loads together. :meth:`Checkpointer.newest_intact` (``resume =
+atomically, before the rename; under a process group each rank hashes a slice
+of the files and rank 0 merges them. Loading verifies the folder first and
+raises :class:`CheckpointCorruptError` naming the missing, truncated or changed
+file; ranks again share the work and every rank gets the same verdict, so all
+raise or load together, and all resume from the same step. :meth:`Checkpointer.newest_intact` (``resume =
 "auto"``) skips damaged steps, newest first, with a warning naming each, and
 deletes nothing: a damaged folder is kept, and when training later re-saves
 that step it is moved aside to ``damaged-step_N`` rather than replaced. A folder
@@ -62,7 +63,14 @@ from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 
 from epochal._atomic import aside_directory, atomic_write, fsync_dir, replace_directory
-from epochal._checksum import MANIFEST, ChecksumError, build_manifest, verify_manifest
+from epochal._checksum import (
+    MANIFEST,
+    ChecksumError,
+    file_entries,
+    list_files,
+    manifest_bytes,
+    verify_manifest,
+)
 
 __all__ = [
     "CheckpointCorruptError",
@@ -128,12 +136,16 @@ def verify_checkpoint(folder: str | os.PathLike) -> bool:
     except OSError as exc:
         raise CheckpointCorruptError(f"{folder}: unreadable ({exc})") from exc
     if not verified:
-        warnings.warn(
-            f"{folder} has no {MANIFEST} (saved before checkpoints carried checksums); "
-            "loading it unverified",
-            stacklevel=2,
-        )
+        _warn_unverified(folder)
     return verified
+
+
+def _warn_unverified(folder: Path) -> None:
+    warnings.warn(
+        f"{folder} has no {MANIFEST} (saved before checkpoints carried checksums); "
+        "loading it unverified",
+        stacklevel=3,
+    )
 
 
 class _RestrictedUnpickler(pickle.Unpickler):
@@ -219,9 +231,12 @@ class Checkpointer:
         rank: this process's global rank (rank 0 writes the files outside DCP).
         barrier: called between phases when several processes save together
             (``torch.distributed.barrier``); ``None`` in one process.
-        broadcast: ``broadcast(obj)`` returns rank 0's ``obj`` on every rank (a
-            collective), so that rank 0 alone verifies checksums and every rank
-            acts on its verdict; ``None``: each process verifies for itself.
+        world_size: the number of processes saving and loading together.
+        all_gather: ``all_gather(obj)`` returns every rank's ``obj``, by rank (a
+            collective, ``torch.distributed.all_gather_object``): the ranks then
+            share hashing on save and verifying on load, and all act on the same
+            verdict. ``None``: rank 0 hashes every file on save and each process
+            verifies every file itself on load.
         checksums: write ``manifest.json`` on save and verify it on load (default);
             False skips both (``benchmarks/bench_checkpoint.py`` measures the cost).
     """
@@ -233,7 +248,8 @@ class Checkpointer:
         keep_last: int = 2,
         rank: int = 0,
         barrier: Callable[[], None] | None = None,
-        broadcast: Callable[[Any], Any] | None = None,
+        world_size: int = 1,
+        all_gather: Callable[[Any], list[Any]] | None = None,
         checksums: bool = True,
     ) -> None:
         if keep_last < 1:
@@ -242,7 +258,8 @@ class Checkpointer:
         self.keep_last = keep_last
         self.rank = rank
         self._barrier = barrier or (lambda: None)
-        self._broadcast = broadcast
+        self.world_size = world_size
+        self._all_gather = all_gather
         self.checksums = checksums
         self._verified: set[Path] = set()
         #: step folders found damaged by :meth:`newest_intact` (kept; see :meth:`save`)
@@ -284,35 +301,36 @@ class Checkpointer:
         return folders[-1][1] if folders else None
 
     # ----------------------------------------------------------------- checking
-    def _agreed(self, compute: Callable[[], Any]) -> Any:
-        """``compute()`` on rank 0 (every rank without ``broadcast``), its outcome on every rank.
+    def _verify(self, folder: Path) -> None:
+        """:func:`verify_checkpoint` shared by the ranks: each checks a slice, all get the verdict.
 
-        An exception on the computing rank is re-raised on every rank as a
-        :class:`CheckpointError` (same class and message), so no rank is left
-        waiting in a collective.
+        Without ``all_gather`` this process checks every file itself.
+
+        Raises:
+            CheckpointCorruptError: on every rank alike, naming the first damaged file.
+            CheckpointError: the folder does not exist.
         """
-        if self._broadcast is None:
-            return compute()
-        outcome: tuple[str, Any] = ("ok", None)
-        if self.rank == 0:
-            try:
-                outcome = ("ok", compute())
-            except CheckpointError as exc:
-                outcome = (
-                    "corrupt" if isinstance(exc, CheckpointCorruptError) else "error",
-                    str(exc),
-                )
-            except Exception as exc:  # noqa: BLE001 - every rank must learn of any failure
-                outcome = ("error", f"{type(exc).__name__}: {exc}")
-        kind, value = self._broadcast(outcome)
-        if kind == "corrupt":
-            raise CheckpointCorruptError(value)
-        if kind == "error":
-            raise CheckpointError(value)
-        return value
+        if self._all_gather is None:
+            verify_checkpoint(folder)
+            return
+        if not folder.is_dir():
+            raise CheckpointError(f"{folder}: checkpoint folder does not exist")
+        problem: str | None = None
+        verified = False
+        try:
+            verified = verify_manifest(folder, part=(self.rank, self.world_size))
+        except ChecksumError as exc:
+            problem = str(exc)
+        except OSError as exc:
+            problem = f"{folder}: unreadable ({exc})"
+        problems = [p for p in self._all_gather(problem) if p is not None]
+        if problems:
+            raise CheckpointCorruptError(problems[0])
+        if not verified and self.rank == 0:
+            _warn_unverified(folder)
 
     def check_intact(self, folder: str | os.PathLike) -> None:
-        """Verify ``folder``'s checksums once (:func:`verify_checkpoint`); a collective with ``broadcast``.
+        """Verify ``folder``'s checksums once (a collective when ranks share the work).
 
         Raises:
             CheckpointCorruptError: naming the damaged or missing file (on every rank).
@@ -320,15 +338,15 @@ class Checkpointer:
         folder = Path(folder)
         if not self.checksums or folder.resolve() in self._verified:
             return
-        self._agreed(lambda: verify_checkpoint(folder))
+        self._verify(folder)
         self._verified.add(folder.resolve())
 
     def newest_intact(self) -> Path | None:
         """The newest checkpoint that passes its checksums: ``latest()``, else older steps.
 
-        Each damaged step skipped gets a ``UserWarning`` naming its damaged file and
-        is remembered in :attr:`damaged`; nothing is deleted. A collective with
-        ``broadcast`` (rank 0 verifies, every rank gets the same folder).
+        Each damaged step skipped gets a ``UserWarning`` (rank 0) naming its damaged
+        file and is remembered in :attr:`damaged`; nothing is deleted. Every rank
+        calls this together and gets the same folder (the verdicts are shared).
 
         Returns:
             The folder (verified, or without a manifest), or None when there is no
@@ -337,44 +355,31 @@ class Checkpointer:
         Raises:
             CheckpointCorruptError: checkpoints exist but every one is damaged.
         """
-        if not self.checksums:
-            return self.latest()
-
-        def search() -> tuple[str | None, list[str]]:
-            latest = self.latest()
-            if latest is None:
-                return None, []
-            m = _STEP_RE.match(latest.name.removeprefix(".old-"))
-            newest = int(m.group(1)) if m else -1
-            candidates = [latest] + [
-                path for step, path in reversed(self.step_folders()) if step < newest
-            ]
-            damaged: list[str] = []
-            problems: list[str] = []
-            for folder in candidates:
-                try:
-                    verify_checkpoint(folder)
-                except CheckpointCorruptError as exc:
-                    damaged.append(str(folder))
-                    problems.append(str(exc))
-                    continue
+        latest = self.latest()
+        if latest is None or not self.checksums:
+            return latest
+        m = _STEP_RE.match(latest.name.removeprefix(".old-"))
+        newest = int(m.group(1)) if m else -1
+        candidates = [latest] + [p for step, p in reversed(self.step_folders()) if step < newest]
+        problems: list[str] = []
+        for folder in candidates:
+            try:
+                self.check_intact(folder)
+            except CheckpointCorruptError as exc:
+                self.damaged.add(folder)
+                problems.append(str(exc))
+                continue
+            if self.rank == 0:
                 for problem in problems:
                     warnings.warn(
                         f"checkpoint skipped as damaged: {problem}; resuming from {folder} "
                         "(nothing was deleted)",
-                        stacklevel=3,
+                        stacklevel=2,
                     )
-                return str(folder), damaged
-            raise CheckpointCorruptError(
-                f"{self.directory}: every checkpoint is damaged: " + "; ".join(problems)
-            )
-
-        found, damaged = self._agreed(search)
-        self.damaged.update(Path(p) for p in damaged)
-        if found is None:
-            return None
-        self._verified.add(Path(found).resolve())
-        return Path(found)
+            return folder
+        raise CheckpointCorruptError(
+            f"{self.directory}: every checkpoint is damaged: " + "; ".join(problems)
+        )
 
     # ------------------------------------------------------------------- saving
     def save(
@@ -413,13 +418,16 @@ class Checkpointer:
             )
             dcp.save(state, storage_writer=FileSystemWriter(tmp, thread_count=1))
         atomic_write(tmp / f"rng_rank{self.rank}.pt", _torch_bytes(rng_state))
-        self._barrier()
         if self.rank == 0:
             atomic_write(tmp / TRAINER_STATE, json.dumps(trainer_state, indent=1))
             if config_toml is not None:
                 atomic_write(tmp / "config.toml", config_toml)
-            if self.checksums:
-                atomic_write(tmp / MANIFEST, build_manifest(tmp))  # last: it covers the rest
+        self._barrier()
+        if self.checksums:
+            files = self._hash_files(tmp)
+            if self.rank == 0:  # last: it covers the rest
+                atomic_write(tmp / MANIFEST, manifest_bytes(files))
+        if self.rank == 0:
             fsync_dir(tmp)
             if final in self.damaged and final.is_dir():  # kept for inspection, never deleted
                 os.replace(final, _free_name(final.with_name(f"damaged-{final.name}")))
@@ -431,6 +439,17 @@ class Checkpointer:
             self._prune(keep=final)
         self._barrier()
         return final
+
+    def _hash_files(self, tmp: Path) -> dict[str, dict[str, Any]]:
+        """The manifest entries of every file in ``tmp`` (on rank 0; each rank hashes a slice).
+
+        Called by every rank after all have written their files.
+        """
+        names = list_files(tmp)
+        if self._all_gather is None:
+            return file_entries(tmp, names) if self.rank == 0 else {}
+        parts = self._all_gather(file_entries(tmp, names[self.rank :: self.world_size]))
+        return {name: entry for part in parts for name, entry in part.items()}
 
     def _prune(self, keep: Path) -> None:
         folders = [(s, p) for s, p in self.step_folders() if p not in self.damaged]

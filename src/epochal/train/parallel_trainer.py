@@ -105,7 +105,8 @@ class ParallelTrainer(Trainer):
             keep_last=config.checkpoint.keep_last,
             rank=self.rank,
             barrier=dist.barrier if self.dist.distributed else None,
-            broadcast=_broadcast_from_rank0 if self.dist.distributed else None,
+            world_size=self.dist.world_size,
+            all_gather=_all_gather if self.dist.distributed else None,
         )
 
     # ---------------------------------------------------------------- the seams
@@ -252,11 +253,11 @@ class ParallelTrainer(Trainer):
         }
 
 
-def _broadcast_from_rank0(obj: Any) -> Any:
-    """Rank 0's ``obj`` on every rank (a collective; checkpoint verification verdicts)."""
-    box = [obj]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
+def _all_gather(obj: Any) -> list[Any]:
+    """Every rank's ``obj``, by rank (a collective; checkpoint hashing and verification)."""
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
 
 
 def export_consolidated(
