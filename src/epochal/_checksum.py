@@ -202,25 +202,21 @@ def verify_manifest(folder: str | os.PathLike, *, part: tuple[int, int] = (0, 1)
 
 
 # -------------------------------------------------------------------- safetensors
-def _safetensors_header(path: Path) -> tuple[int, dict[str, Any]]:
-    """``(header length, parsed header)`` of a safetensors file."""
+def _safetensors_header(path: Path) -> dict[str, Any] | None:
+    """The parsed JSON header of a safetensors file; None if the file is not one."""
     with open(path, "rb") as f:
         head = f.read(8)
         if len(head) != 8:
-            raise ChecksumError(
-                path, "not a safetensors file (shorter than its 8-byte header size)"
-            )
+            return None
         (n,) = struct.unpack("<Q", head)
         if n > 100_000_000:
-            raise ChecksumError(path, f"not a safetensors file (header size {n})")
+            return None
         raw = f.read(n)
     try:
         header = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise ChecksumError(path, f"damaged safetensors header ({exc})") from exc
-    if len(raw) != n or not isinstance(header, dict):
-        raise ChecksumError(path, "damaged safetensors header (truncated)")
-    return n, header
+    except (ValueError, UnicodeDecodeError):
+        return None
+    return header if len(raw) == n and isinstance(header, dict) else None
 
 
 def _digest_slot(path: Path, digest: str) -> int:
@@ -266,13 +262,16 @@ def verify_safetensors(path: str | os.PathLike) -> bool:
 
     Returns:
         True when verified, False when the file carries no digest (a file from
-        another tool, or written before checksums).
+        another tool, or written before checksums) or is no safetensors file at
+        all (left to the safetensors reader to report).
 
     Raises:
         ChecksumError: the file is damaged (naming it).
     """
     path = Path(path)
-    _, header = _safetensors_header(path)
+    header = _safetensors_header(path)
+    if header is None:  # not a safetensors file: its reader reports that
+        return False
     meta = header.get("__metadata__") or {}
     digest = meta.get(SAFETENSORS_KEY) if isinstance(meta, dict) else None
     if digest is None:

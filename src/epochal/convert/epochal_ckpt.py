@@ -268,15 +268,13 @@ def _load_consolidated(file: Path, vocab_size: int | None) -> EpochalCheckpoint:
     from epochal._checksum import verify_safetensors
     from epochal.convert.safe_load import load_safetensors, safetensors_metadata
 
-    if not file.is_file():
-        raise FileNotFoundError(f"{file}: no such safetensors file")
+    meta = safetensors_metadata(file)  # a file that is no safetensors file is refused here
     if not verify_safetensors(file):
         warnings.warn(
             f"{file} records no checksum (exported before exports carried one); "
             "reading it unverified",
             stacklevel=3,
         )
-    meta = safetensors_metadata(file)
     if META_MODEL_CONFIG in meta:
         try:
             config = ModelConfig.from_dict(json.loads(meta[META_MODEL_CONFIG]))
