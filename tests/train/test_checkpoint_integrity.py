@@ -17,7 +17,7 @@ import torch
 from epochal._checksum import MANIFEST, ChecksumError
 from epochal.cli import main as cli_main
 from epochal.model import GPTModel
-from epochal.train.checkpoint import Checkpointer, CheckpointError
+from epochal.train.checkpoint import CheckpointCorruptError, Checkpointer, CheckpointError
 from epochal.train.state import ModelState
 from tests.train.test_checkpoint import CFG, save, trained
 from tests.train.test_trainer import trainer
@@ -37,12 +37,6 @@ def distcp(folder):
     return files[0]
 
 
-def corrupt_error():
-    from epochal.train.checkpoint import CheckpointCorruptError
-
-    return CheckpointCorruptError
-
-
 # --------------------------------------------------------------- the trainer
 def test_auto_resume_skips_a_bit_flipped_step_and_continues_exactly(tmp_path):
     full = trainer(tmp_path).train()  # steps 1-4, checkpoints at 2 and 4
@@ -59,7 +53,7 @@ def test_auto_resume_skips_a_bit_flipped_step_and_continues_exactly(tmp_path):
     kept = ckpts / "damaged-step_0000004"
     assert (kept / damaged.name).read_bytes() == damaged_bytes
     assert (kept / MANIFEST).is_file()
-    with pytest.raises(corrupt_error(), match=damaged.name):
+    with pytest.raises(CheckpointCorruptError, match=damaged.name):
         Checkpointer(ckpts).check_intact(kept)
     Checkpointer(ckpts).check_intact(step4)  # the new step 4 is intact
     assert sorted(p.name for p in ckpts.iterdir() if p.name.startswith("step_")) == [
@@ -72,7 +66,7 @@ def test_explicit_resume_of_a_damaged_step_is_an_error(tmp_path):
     trainer(tmp_path).train()
     step4 = tmp_path / "checkpoints" / "step_0000004"
     flip(distcp(step4))
-    with pytest.raises(corrupt_error(), match=rf"{distcp(step4)}: damaged"):
+    with pytest.raises(CheckpointCorruptError, match=rf"{distcp(step4)}: damaged"):
         trainer(tmp_path, f"--checkpoint.resume={step4}").train()
     assert (step4 / MANIFEST).is_file()  # untouched
 
@@ -81,7 +75,7 @@ def test_auto_resume_with_every_step_damaged_is_an_error(tmp_path):
     trainer(tmp_path).train()
     for folder in (tmp_path / "checkpoints").glob("step_*"):
         flip(distcp(folder))
-    with pytest.raises(corrupt_error(), match="every checkpoint is damaged"):
+    with pytest.raises(CheckpointCorruptError, match="every checkpoint is damaged"):
         trainer(tmp_path).train()
 
 
@@ -143,7 +137,7 @@ def test_damaged_file_is_named(tmp_path, damage):
     target = pick(folder)
     hurt(target)
     m2, opt2 = trained(seed=1)
-    with pytest.raises(corrupt_error(), match=rf"{target}: .*{why}") as info:
+    with pytest.raises(CheckpointCorruptError, match=rf"{target}: .*{why}") as info:
         Checkpointer(tmp_path / "ck").load(folder, {"model": ModelState([m2]), "optimizer": opt2})
     assert isinstance(info.value, CheckpointError) and isinstance(info.value, ValueError)
     assert info.value.__cause__ is None or isinstance(info.value.__cause__, ChecksumError)
@@ -158,7 +152,7 @@ def test_manifest_lists_every_file_and_a_damaged_manifest_is_an_error(tmp_path):
     assert sorted(files) == sorted(p.name for p in folder.iterdir() if p.name != MANIFEST)
     assert {"size", "sha256"} <= set(files["rng_rank0.pt"])
     (folder / MANIFEST).write_text("{")
-    with pytest.raises(corrupt_error(), match=rf"{folder / MANIFEST}: malformed"):
+    with pytest.raises(CheckpointCorruptError, match=rf"{folder / MANIFEST}: malformed"):
         Checkpointer(tmp_path / "ck").load(folder, {"model": ModelState([GPTModel(CFG)])})
 
 
@@ -221,5 +215,5 @@ def test_convert_refuses_a_damaged_safetensors_export_and_checkpoint(tmp_path, c
     assert f"{out}: damaged" in capsys.readouterr().err
     step1 = tmp_path / "run" / "checkpoints" / "step_0000001"
     flip(distcp(step1))
-    with pytest.raises(corrupt_error(), match=rf"{distcp(step1)}: damaged"):
+    with pytest.raises(CheckpointCorruptError, match=rf"{distcp(step1)}: damaged"):
         load_epochal_checkpoint(tmp_path / "run")
