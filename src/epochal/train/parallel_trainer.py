@@ -105,6 +105,8 @@ class ParallelTrainer(Trainer):
             keep_last=config.checkpoint.keep_last,
             rank=self.rank,
             barrier=dist.barrier if self.dist.distributed else None,
+            world_size=self.dist.world_size,
+            all_gather=_all_gather if self.dist.distributed else None,
         )
 
     # ---------------------------------------------------------------- the seams
@@ -249,6 +251,13 @@ class ParallelTrainer(Trainer):
             "model": ModelState(self.model_parts),
             "optimizer": TiedOptimizerState(self.optimizers, rename),
         }
+
+
+def _all_gather(obj: Any) -> list[Any]:
+    """Every rank's ``obj``, by rank (a collective; checkpoint hashing and verification)."""
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
 
 
 def export_consolidated(

@@ -401,9 +401,14 @@ class Trainer:
     def resume_folder(self) -> Path | None:
         """The checkpoint to resume from per ``checkpoint.resume``, or None to start fresh.
 
+        ``"auto"`` takes the newest checkpoint whose checksums verify, skipping
+        damaged ones with a warning (:meth:`Checkpointer.newest_intact`); an explicit
+        path is verified when it is loaded, and a damaged one is an error.
+
         Raises:
             ConfigError: ``resume="never"`` with existing checkpoints, or a path that
                 holds no checkpoint.
+            CheckpointCorruptError: ``"auto"`` and every checkpoint is damaged.
         """
         mode = self.config.checkpoint.resume
         if mode == "never":
@@ -415,7 +420,7 @@ class Trainer:
                 )
             return None
         if mode == "auto":
-            return self.checkpointer.latest()
+            return self.checkpointer.newest_intact()
         return self.find_checkpoint(mode, "resume")
 
     @staticmethod
