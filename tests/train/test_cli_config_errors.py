@@ -171,3 +171,22 @@ def test_print_config_round_trips(tmp_path, capsys):
     assert again == build_config(preset="gpt2-small", require_data=False)
     with pytest.raises(ConfigError, match="data.data_path"):
         build_config(config_file=f)
+
+
+def test_configs_saved_before_exclusive_options_still_load():
+    """A run saved with two data sources / both warmup options trained on the winner of the
+    old precedence (corpus > mock > paths; fraction > iters); reading it back says so."""
+    from epochal.train.config import config_from_dict, config_from_saved
+
+    saved = {
+        "data": {"corpus": "stdlib", "mock": True, "data_path": ["/data/x"]},
+        "scheduler": {"lr_warmup_iters": 30, "lr_warmup_fraction": 0.1},
+    }
+    with pytest.raises(ConfigError):
+        config_from_dict(saved)
+    cfg = config_from_saved(saved)
+    assert (cfg.data.corpus, cfg.data.mock, cfg.data.data_path) == ("stdlib", False, [])
+    assert cfg.scheduler.lr_warmup_iters == 0 and cfg.lr_warmup_iters == 30
+    assert saved["data"]["mock"] is True  # the caller's dict is not changed
+    cfg = config_from_saved({"data": {"mock": True, "train_data_path": ["/t"]}})
+    assert cfg.data.mock and not cfg.data.has_paths

@@ -54,6 +54,7 @@ __all__ = [
     "TrainingConfig",
     "build_config",
     "config_from_dict",
+    "config_from_saved",
     "parse_overrides",
     "to_toml",
 ]
@@ -652,6 +653,29 @@ def _build_dataclass(cls: type, values: dict[str, Any], prefix: str) -> Any:
 def config_from_dict(values: dict[str, Any]) -> TrainConfig:
     """Build and validate a :class:`TrainConfig` from nested dicts (TOML tables)."""
     return _build_dataclass(TrainConfig, values, "")
+
+
+def config_from_saved(values: dict[str, Any]) -> TrainConfig:
+    """Build a :class:`TrainConfig` from a ``config.toml`` a run saved (any version).
+
+    Runs saved before the options of :data:`EXCLUSIVE_OPTIONS` became exclusive may
+    hold two of a group; they were resolved by precedence then, and are read the
+    same way here: ``data.corpus`` over ``data.mock`` over the paths, and
+    ``scheduler.lr_warmup_fraction`` over ``lr_warmup_iters``.
+
+    Raises:
+        ConfigError: as :func:`config_from_dict`.
+    """
+    values = {k: dict(v) if isinstance(v, dict) else v for k, v in values.items()}
+    data, sched = values.get("data"), values.get("scheduler")
+    if isinstance(data, dict) and (data.get("corpus") or data.get("mock")):
+        for key in ("data_path", "train_data_path", "valid_data_path", "test_data_path"):
+            data.pop(key, None)
+        if data.get("corpus"):
+            data.pop("mock", None)
+    if isinstance(sched, dict) and sched.get("lr_warmup_fraction") is not None:
+        sched["lr_warmup_iters"] = 0
+    return config_from_dict(values)
 
 
 def _deep_merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:

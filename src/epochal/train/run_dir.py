@@ -33,7 +33,7 @@ from typing import Any
 
 from epochal.model.config import ConfigError
 from epochal.train.checkpoint import Checkpointer
-from epochal.train.config import DataConfig, TrainConfig, config_from_dict
+from epochal.train.config import DataConfig, TrainConfig, config_from_saved
 
 __all__ = ["RUN_DEFINING", "archive_previous_history", "check_resume_config", "config_changes"]
 
@@ -103,7 +103,7 @@ def check_resume_config(folder: str | os.PathLike, current: TrainConfig) -> list
     if not path.is_file() or Checkpointer.read_trainer_state(folder).get("model_only"):
         return []
     try:
-        saved = config_from_dict(tomllib.loads(path.read_text(encoding="utf-8")))
+        saved = config_from_saved(tomllib.loads(path.read_text(encoding="utf-8")))
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError, ConfigError) as exc:
         raise ConfigError(
             "checkpoint.resume", f"cannot read the configuration of {path} ({exc})"
