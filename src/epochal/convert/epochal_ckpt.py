@@ -129,10 +129,10 @@ def _model_config(
         return config
     if run_config is None:
         raise ConversionError(f"{folder}: no config.toml and no model_config in trainer_state.json")
-    from epochal.train.config import config_from_dict, model_config_from_section
+    from epochal.train.config import config_from_saved, model_config_from_section
 
     try:
-        train_config = config_from_dict(run_config)
+        train_config = config_from_saved(run_config)
     except (ConfigError, TypeError) as exc:
         raise ConversionError(f"{folder / 'config.toml'}: {exc}") from exc
     vocab = vocab_size or train_config.model.vocab_size
@@ -187,10 +187,10 @@ def run_tokenizer(ck: EpochalCheckpoint) -> Any:
     """
     if not ck.run_config or "data" not in ck.run_config:
         return None
-    from epochal.train.config import config_from_dict
+    from epochal.train.config import config_from_saved
 
     try:
-        return tokenizer_for_run(config_from_dict(ck.run_config), str(ck.folder / "config.toml"))
+        return tokenizer_for_run(config_from_saved(ck.run_config), str(ck.folder / "config.toml"))
     except (ValueError, TypeError, OSError):  # ConversionError and ConfigError are ValueErrors
         return None
 

@@ -24,6 +24,7 @@ import torch
 from epochal._atomic import atomic_directory
 from epochal.convert import hf_gpt2, hf_llama
 from epochal.convert.common import ConversionError, check_shapes, complete_tied
+from epochal.convert.hf_tokenizer import hf_tokenizer_files
 from epochal.convert.safe_load import load_safetensors, safe_torch_load
 from epochal.model.config import ModelConfig
 
@@ -177,6 +178,8 @@ def save_hf_checkpoint(
     dtype: torch.dtype | None = None,
     bos_token_id: int | None = None,
     eos_token_id: int | list[int] | None = None,
+    pad_token_id: int | None = None,
+    tokenizer_file: str | os.PathLike | None = None,
     overwrite: bool = False,
 ) -> Path:
     """Write ``config.json`` and ``model.safetensors`` for ``GPT2LMHeadModel`` or ``LlamaForCausalLM``.
@@ -187,18 +190,33 @@ def save_hf_checkpoint(
         folder: the output folder (created; replaced only with ``overwrite``).
         architecture: ``"gpt2"``/``"llama"``; default from the position encoding.
         dtype: cast floating tensors to this dtype (default: keep each tensor's).
-        bos_token_id, eos_token_id: written to ``config.json`` (used by HF ``generate``;
-            ``eos_token_id`` may be a list, as in Llama 3).
+        bos_token_id, eos_token_id, pad_token_id: written to ``config.json`` (used by HF
+            ``generate``; ``eos_token_id`` may be a list, as in Llama 3).
+        tokenizer_file: a ``tokenizer.json`` to ship with the weights, with a
+            ``tokenizer_config.json`` and ``special_tokens_map.json`` naming the
+            tokens of those ids (see :mod:`epochal.convert.hf_tokenizer`), so that
+            ``AutoTokenizer`` agrees with ``config.json``.
         overwrite: replace an existing folder.
 
     Returns:
         The folder.
 
     Raises:
-        ConversionError: the model has no such Hugging Face architecture.
+        ConversionError: the model has no such Hugging Face architecture, or
+            ``tokenizer_file`` is unreadable or lacks one of the ids.
         FileExistsError: the folder exists and ``overwrite`` is false.
     """
     from safetensors.torch import save_file
+
+    tokenizer_files: dict[str, str] = {}
+    if tokenizer_file is not None:
+        tokenizer_files = hf_tokenizer_files(
+            tokenizer_file,
+            bos_token_id=bos_token_id,
+            eos_token_id=eos_token_id,
+            pad_token_id=pad_token_id,
+            model_max_length=config.max_position_embeddings,
+        )
 
     arch = architecture or hf_architecture_for(config)
     if arch == "gpt2":
@@ -217,6 +235,8 @@ def save_hf_checkpoint(
         hf_state = hf_llama.llama_state_from_ours(state, config)
     hf_config["bos_token_id"] = bos_token_id
     hf_config["eos_token_id"] = eos_token_id
+    if pad_token_id is not None:
+        hf_config["pad_token_id"] = pad_token_id
     tensors: dict[str, torch.Tensor] = {}
     seen: set[tuple[int, int]] = set()
     for name, tensor in hf_state.items():
@@ -232,4 +252,6 @@ def save_hf_checkpoint(
     with atomic_directory(folder, overwrite=overwrite) as tmp:
         save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         (tmp / "config.json").write_text(json.dumps(hf_config, indent=2, sort_keys=True) + "\n")
+        for name, text in tokenizer_files.items():
+            (tmp / name).write_text(text, encoding="utf-8")
     return Path(folder)

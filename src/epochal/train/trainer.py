@@ -62,6 +62,7 @@ from epochal.train.lr_schedule import OptimizerParamScheduler
 from epochal.train.metrics import MetricsLogger
 from epochal.train.optim import OptimizersContainer, build_adamw, clip_grad_norm
 from epochal.train.rng import get_rng_state, set_rng_state
+from epochal.train.run_dir import archive_previous_history, check_resume_config
 from epochal.train.state import ModelState
 
 __all__ = ["LossFn", "TrainResult", "Trainer", "masked_token_mean_loss", "resolve_device"]
@@ -501,7 +502,10 @@ class Trainer:
         t_start = time.perf_counter()
         folder = self.resume_folder()
         if folder is not None:
+            changed = check_resume_config(folder, cfg)  # before loading anything
             self.load_checkpoint(folder)
+            if changed and self.log:
+                print(f"resuming with changed options: {'; '.join(changed)}", flush=True)
         elif cfg.checkpoint.init_from:
             self.init_from_checkpoint(self.find_checkpoint(cfg.checkpoint.init_from, "init_from"))
         start_step = self.step
@@ -516,6 +520,10 @@ class Trainer:
         if self.eval_history:
             result.eval_loss = self.eval_history[-1][1]
         if self.rank == 0:
+            if folder is None:  # a fresh start: an earlier history is moved aside, not appended to
+                archive_previous_history(
+                    self.run_dir, log=(lambda m: print(m, flush=True)) if self.log else None
+                )
             self.run_dir.mkdir(parents=True, exist_ok=True)
             atomic_write(self.run_dir / "config.toml", to_toml(cfg))
         metrics = MetricsLogger(
