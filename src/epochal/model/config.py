@@ -44,6 +44,7 @@ ENCODER_FIELDS = (
     "transformer_block_type",
     "token_dropout",
     "mask_token_id",
+    "pad_token_id",
 )
 
 
@@ -153,6 +154,9 @@ class ModelConfig:
             training and evaluation alike). Needs ``mask_token_id``.
         mask_token_id: ESM: the id of the mask token (ESM-2's alphabet: 32);
             ``None`` = unknown (then ``token_dropout`` must be off).
+        pad_token_id: encoders: the padding token's id (metadata: the model
+            masks padding by ``padding_mask``, not by id; Hugging Face ESM needs
+            it, ESM-2's alphabet: 1). ``None`` = unknown.
     """
 
     vocab_size: int
@@ -189,6 +193,7 @@ class ModelConfig:
     transformer_block_type: Literal["pre_ln", "post_ln"] = "pre_ln"
     token_dropout: bool = False
     mask_token_id: int | None = None
+    pad_token_id: int | None = None
 
     def __post_init__(self) -> None:
         self.validate()
