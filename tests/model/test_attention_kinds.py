@@ -128,6 +128,10 @@ def test_model_type_validation_names_the_option():
         cfg(type="esm", position_embedding_type="rope", token_dropout=True)
     with pytest.raises(ConfigError, match="^mask_token_id:"):
         cfg(type="esm", position_embedding_type="rope", mask_token_id=50)
+    with pytest.raises(ConfigError, match="^pad_token_id:"):
+        cfg(type="bert", pad_token_id=50)
+    with pytest.raises(ConfigError, match="^pad_token_id:.*encoder option"):
+        cfg(pad_token_id=0)
     with pytest.raises(ConfigError, match="^num_tokentypes:"):
         cfg(type="esm", position_embedding_type="rope", num_tokentypes=2)
     with pytest.raises(ConfigError, match="^transformer_block_type:"):
