@@ -185,3 +185,17 @@ def test_training_mode_dropout_and_backward():
     assert model.lm_head.bias.grad.abs().sum() > 0
     with pytest.raises(ValueError, match="max_position_embeddings"):
         model(torch.zeros(1, 33, dtype=torch.long))
+
+
+@pytest.mark.parametrize("make", [bert_cfg, esm_cfg])
+def test_flops_count_every_per_token_matmul(make):
+    from epochal.model.flops import matmul_parameters
+
+    model = build_model(make(bert_binary_head=False))
+    per_token = [
+        p.numel()
+        for name, p in model.named_parameters()
+        if p.dim() == 2 and not name.endswith("embeddings.weight")
+    ]
+    # the tied decoder is tok_embeddings.weight: counted once, as the head
+    assert matmul_parameters(model.config) == sum(per_token) + model.output.weight.numel()
