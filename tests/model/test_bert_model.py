@@ -136,10 +136,16 @@ def test_pipeline_stages_compose_to_the_full_model(make):
     full = build_model(config, seed=5).eval()
     first, last = copy.deepcopy(full), copy.deepcopy(full)
     del first.layers["1"]
-    first.norm = first.lm_head = first.output = first.pooler = first.binary_head = None
+    for name in BertModel.LAST_STAGE_MODULES:
+        setattr(first, name, None)
     del last.layers["0"]
-    last.tok_embeddings = last.pos_embeddings = last.tokentype_embeddings = None
-    last.embedding_norm = None
+    for name in BertModel.FIRST_STAGE_MODULES:
+        setattr(last, name, None)
+    # every parameter belongs to exactly one stage (the tied decoder is the last stage's copy)
+    first_names = {n for n, _ in first.named_parameters()}
+    last_names = {n for n, _ in last.named_parameters()}
+    assert not first_names & last_names
+    assert first_names | last_names == {n for n, _ in full.named_parameters()} | {"output.weight"}
     tokens, types, padding = batch(vocab=32)
     types = types if config.num_tokentypes else None
     with torch.no_grad():
