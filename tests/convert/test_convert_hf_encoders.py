@@ -195,7 +195,7 @@ def test_cli_hf_to_epochal_to_safetensors_to_hf(tmp_path, capsys, make):
     want, got = hf_outputs(hf, tokens, PADDING, types), hf_outputs(again, tokens, PADDING, types)
     for a, b in zip(got, want, strict=True):
         assert torch.equal(a, b)
-    # encoders have no Megatron-LM export here: a clear error, exit status 2
+    # post-LN BERT and ESM have no Megatron-LM counterpart: a clear error, exit status 2
     code = main(["convert", str(tmp_path / "run"), str(tmp_path / "meg"), "--to", "megatron"])
     assert code == 2
     assert f"model.type='{make}'" in capsys.readouterr().err

@@ -93,13 +93,14 @@ def megatron_args_from_config(
     if config.type == "bert":
         if config.transformer_block_type != "pre_ln":
             raise ConversionError(
-                "cannot export to Megatron: transformer_block_type="
+                "cannot export to Megatron: model.type='bert' with transformer_block_type="
                 f"{config.transformer_block_type!r} (Megatron-Core's BertModel is pre-LN; "
                 "export post-LN BERTs to Hugging Face with --to hf)"
             )
         if config.activation != "gelu":
             raise ConversionError(
-                f"cannot export to Megatron: a BERT with activation={config.activation!r} "
+                "cannot export to Megatron: model.type='bert' with "
+                f"activation={config.activation!r} "
                 "(Megatron-Core's BertLMHead always uses the exact GELU, so only "
                 "activation='gelu' gives the same logits)"
             )

@@ -1,4 +1,4 @@
-"""Megatron-LM's legacy (``--ckpt-format torch``) GPT checkpoints, both directions, any TP x PP.
+"""Megatron-LM's legacy (``--ckpt-format torch``) GPT and BERT checkpoints, both directions, any TP x PP.
 
 Layout of a Megatron save directory::
 
@@ -15,6 +15,19 @@ non-core models nest ``language_model.{embedding,encoder,output_layer}`` dicts.
 See :mod:`epochal.convert.megatron_layout` for the fused QKV / SwiGLU layouts
 and the tensor-parallel sharding rules, :mod:`epochal.convert.megatron_args` for
 the ``args`` mapping.
+
+BERT (``model.type="bert"``, pre-LN) is Megatron-Core's ``BertModel``: its
+transformer block is ``encoder.*`` (GPT's is ``decoder.*``; the layer names are
+the same), plus ``embedding.tokentype_embeddings`` (first stage; replicated),
+``lm_head.dense`` / ``lm_head.layer_norm`` (our ``lm_head.dense`` / ``lm_head.norm``),
+``output_layer.bias`` (our ``lm_head.bias``; vocabulary-parallel and padded like
+the word embeddings), ``pooler.dense`` and ``binary_head`` (last stage; replicated).
+The decoder matrix is tied to the word embeddings (``pretrain_bert.py``), so the
+last stage of a pipeline holds its synced copy as ``output_layer.weight``. The
+legacy (non-core) ``BertModel`` names (``language_model.pooler``, ``lm_head.bias``,
+``lm_head.layernorm``) import too. The model type is read from the tensor names of
+all rank files (:func:`~epochal.convert.megatron_layout.megatron_model_type`);
+``num_tokentypes`` and ``bert_binary_head`` from the tensors as well.
 
 Import (:func:`load_megatron_checkpoint`) reads any TP x PP, Megatron-Core names
 (local or Transformer-Engine spec) or legacy names, checkpoint versions 0-3,
