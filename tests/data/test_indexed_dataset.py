@@ -2,6 +2,7 @@
 
 import os
 import pickle
+import re
 import struct
 
 import numpy as np
@@ -215,14 +216,14 @@ def test_builder_writes_atomically(tmp_path):
 
 
 def test_builder_spills_index_to_disk(tmp_path, monkeypatch):
-    import epochal.data.indexed.indexed_dataset as module
+    from epochal.data.indexed.spill_array import SpillArray
 
-    original = module._SpillArray.__init__
+    original = SpillArray.__init__
 
     def tiny(self, dtype, directory, tag, limit=1 << 20):
         original(self, dtype, directory, tag, limit=7)
 
-    monkeypatch.setattr(module._SpillArray, "__init__", tiny)
+    monkeypatch.setattr(SpillArray, "__init__", tiny)
     sequences = [list(range(i % 5)) for i in range(100)]
     prefix = write_indexed_dataset(tmp_path / "spill", [[s] for s in sequences], dtype=np.uint8)
     ds = IndexedDataset(prefix)
@@ -230,6 +231,86 @@ def test_builder_spills_index_to_disk(tmp_path, monkeypatch):
     for i in (0, 6, 7, 8, 55, 99):
         np.testing.assert_array_equal(ds[i], sequences[i])
     assert sorted(os.listdir(tmp_path)) == ["spill.bin", "spill.idx"]
+
+
+def test_builder_lists_read_spilled_index(tmp_path, monkeypatch):
+    # Megatron's builder.sequence_lengths / document_indices / sequence_modes, as views
+    from epochal.data.indexed.spill_array import SpillArray
+
+    original = SpillArray.__init__
+    monkeypatch.setattr(
+        SpillArray,
+        "__init__",
+        lambda self, d, folder, tag, limit=0: original(self, d, folder, tag, 7),
+    )
+    builder = IndexedDatasetBuilder(tmp_path / "v.bin", dtype=np.uint16, multimodal=True)
+    lengths, documents = [], [0]
+    for i in range(40):
+        builder.add_item(list(range(i % 5)), mode=i % 3)
+        lengths.append(i % 5)
+        if i % 3 == 2:
+            builder.end_document()
+            documents.append(i + 1)
+        assert builder.sequence_lengths == lengths and builder.document_indices == documents
+    assert len(os.listdir(tmp_path)) > 1  # spilled to temporary files
+    view = builder.sequence_lengths
+    assert view[0] == 0 and view[-1] == 39 % 5 and view[6:9] == lengths[6:9]
+    assert view[::7] == lengths[::7] and view[5:2] == [] and list(reversed(view)) == lengths[::-1]
+    assert builder.sequence_modes == [i % 3 for i in range(40)]
+    np.testing.assert_array_equal(np.asarray(builder.document_indices), documents)
+    assert np.asarray(view, dtype=np.int64).dtype == np.int64
+    with pytest.raises(IndexError, match="out of range for 40"):
+        view[40]
+    with pytest.raises(TypeError, match="read-only view; add data with add_item"):
+        view.append(3)
+    with pytest.raises(TypeError, match="read-only"):
+        view[0] = 1
+    builder.end_document()
+    builder.finalize()
+    assert sorted(os.listdir(tmp_path)) == ["v.bin", "v.idx"]  # no spill file left
+    assert builder.sequence_lengths == lengths  # still readable, like Megatron's lists
+    np.testing.assert_array_equal(
+        IndexedDataset(tmp_path / "v", multimodal=True).sequence_lengths, lengths
+    )
+
+
+@pytest.mark.parametrize(
+    ("tokens", "pattern"),
+    [
+        ("1 2 3", "must be integers, got a str"),
+        (b"\x01\x02", "must be integers, got a bytes"),
+        ([1, None], "must be integers, got NoneType"),
+        ([1, "2"], "must be integers, got values of dtype <U21"),
+        ([[1, 2], [3]], "flat or rectangular integer sequence"),
+        ([1.5, 2], "non-integer token values"),
+        (np.array([1 + 1j]), "must be integers, got values of dtype complex128"),
+        ({1: 2}, "must be integers, got a dict"),
+        ([2**80], "do not fit uint16"),
+        (iter([1, 2]), "must be integers, got list_iterator"),
+    ],
+)
+def test_builder_rejects_non_integer_tokens_clearly(tmp_path, tokens, pattern):
+    builder = IndexedDatasetBuilder(tmp_path / "t.bin", dtype=np.uint16)
+    for add in (builder.add_item, lambda t: builder.add_document(t, [2])):
+        with pytest.raises(ValueError, match=re.escape(str(tmp_path / "t.bin")) + ".*" + pattern):
+            add(tokens)
+    assert builder.num_tokens == 0 and builder.sequence_lengths == []
+    with pytest.raises(ValueError, match="lengths must be integers"):
+        builder.add_document([1, 2], [0.5, 1.5])
+
+
+def test_builder_takes_torch_tensors_of_any_dtype_and_device(tmp_path):
+    import torch
+
+    builder = IndexedDatasetBuilder(tmp_path / "t.bin", dtype=np.int32)
+    builder.add_item(torch.tensor([3.0, 4.0], dtype=torch.bfloat16, requires_grad=True))
+    builder.add_item(torch.tensor([5, 6], dtype=torch.uint16))
+    builder.add_item(torch.empty(0, dtype=torch.int64))
+    with pytest.raises(ValueError, match="non-integer"):
+        builder.add_item(torch.tensor([1.5], dtype=torch.bfloat16))
+    builder.end_document()
+    builder.finalize()
+    assert [x.tolist() for x in IndexedDataset(tmp_path / "t")] == [[3, 4], [5, 6], []]
 
 
 def test_add_index_merges_and_converts_dtypes(tmp_path):

@@ -136,3 +136,69 @@ def test_multimodal_both_directions(tmp_path, megatron):
         (a, mode_a), (b, mode_b) = mine[i], other[i]
         np.testing.assert_array_equal(a, b)
         assert mode_a == mode_b == i % 3
+
+
+def token_inputs(torch, values: list[int]) -> dict:
+    """The same token ids in every form Megatron's builder takes."""
+    forms = {"list": list(values), "tuple": tuple(values)}
+    if values == list(range(values[0], values[-1] + 1)):
+        forms["range"] = range(values[0], values[-1] + 1)
+    for name in ("int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64"):
+        forms[f"numpy {name}"] = np.array(values, dtype=name)
+        forms[f"torch {name}"] = torch.tensor(values, dtype=getattr(torch, name))
+    return forms
+
+
+@pytest.mark.parametrize("dtype", [np.uint16, np.int32, np.int64])
+def test_builder_takes_any_integer_sequence_byte_identical(tmp_path, megatron, dtype):
+    module, torch = megatron
+    documents = [[1, 2, 3, 4, 5], [7], [100, 101, 102], [9, 8, 120]]
+    ours_item = IndexedDatasetBuilder(str(tmp_path / "item.bin"), dtype=dtype)
+    ours_doc = IndexedDatasetBuilder(str(tmp_path / "doc.bin"), dtype=dtype)
+    theirs = module.IndexedDatasetBuilder(str(tmp_path / "theirs.bin"), dtype=dtype)
+    for values in documents:
+        for form, tokens in token_inputs(torch, values).items():
+            ours_item.add_item(tokens)
+            ours_item.end_document()
+            ours_doc.add_document(tokens, [len(values)])
+            if form.startswith("torch"):
+                theirs.add_item(tokens)  # Megatron's add_item needs a tensor
+                theirs.end_document()
+            else:
+                theirs.add_document(tokens, [len(values)])
+    for name in ("sequence_lengths", "document_indices"):
+        assert getattr(ours_item, name) == getattr(theirs, name)
+        assert getattr(ours_doc, name) == getattr(theirs, name)
+    assert ours_item.sequence_modes is None and theirs.sequence_modes is None
+    ours_item.finalize(str(tmp_path / "item.idx"))
+    ours_doc.finalize(str(tmp_path / "doc.idx"))
+    theirs.finalize(str(tmp_path / "theirs.idx"))
+    expected = read_bytes(str(tmp_path / "theirs"))
+    assert read_bytes(str(tmp_path / "item")) == expected
+    assert read_bytes(str(tmp_path / "doc")) == expected
+
+
+def test_builder_public_lists_match_megatron(tmp_path, megatron):
+    module, torch = megatron
+    source = str(tmp_path / "src")
+    builder = IndexedDatasetBuilder(get_bin_path(source), dtype=np.int32, multimodal=True)
+    builder.add_document(np.arange(6), [2, 4], modes=[1, 2])
+    builder.finalize(get_idx_path(source))
+    ours = IndexedDatasetBuilder(str(tmp_path / "ours.bin"), dtype=np.int32, multimodal=True)
+    theirs = module.IndexedDatasetBuilder(
+        str(tmp_path / "theirs.bin"), dtype=np.int32, multimodal=True
+    )
+    for builder in (ours, theirs):
+        assert builder.sequence_lengths == [] and builder.document_indices == [0]
+        assert builder.sequence_modes == []
+        builder.add_item(torch.tensor([5, 6, 7]), mode=3)
+        builder.add_item(torch.tensor([8]), mode=0)
+        builder.end_document()
+        builder.add_document(torch.tensor([1, 2, 3]), [1, 2], modes=[4, 5])
+        builder.add_index(source)
+    for name in ("sequence_lengths", "document_indices", "sequence_modes"):
+        mine, other = getattr(ours, name), getattr(theirs, name)
+        assert mine == other and list(mine) == [int(v) for v in other], name
+        assert len(mine) == len(other) and mine[-1] == other[-1] and mine[1:3] == other[1:3]
+        assert all(type(v) is int for v in mine)
+        np.testing.assert_array_equal(np.asarray(mine), np.asarray(other))

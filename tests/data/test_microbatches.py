@@ -197,3 +197,27 @@ def test_matches_megatron_core(megatron_calculators, gbs, mbs, dp, rampup, decre
     for probe in range(0, 2000, 7):
         theirs.update(probe, consistency_check=False)
         assert ours.num_microbatches_at(probe) == theirs.get(), probe
+
+
+@pytest.mark.peer
+@pytest.mark.parametrize(("gbs", "mbs", "dp", "rampup", "decrease"), _CONFIGS)
+def test_megatron_public_attributes(megatron_calculators, gbs, mbs, dp, rampup, decrease):
+    # users' code reads calculator.num_micro_batches, .current_global_batch_size, ...
+    theirs = megatron_calculators._build_num_microbatches_calculator(
+        rank=0,
+        rampup_batch_size=rampup,
+        global_batch_size=gbs,
+        micro_batch_size=mbs,
+        data_parallel_size=dp,
+        decrease_batch_size_if_needed=decrease,
+    )
+    ours = build_num_microbatches_calculator(gbs, mbs, dp, rampup, decrease)
+    consumed = 0
+    for _ in range(60):
+        theirs.update(consumed, consistency_check=False)
+        ours.update(consumed)
+        for name, value in vars(theirs).items():
+            if name == "rank":  # Megatron's logging rank, not a property of the schedule
+                continue
+            assert getattr(ours, name) == value, (name, consumed)
+        consumed += theirs.current_running_global_batch_size

@@ -198,10 +198,51 @@ def test_other_process_needs_a_picklable_dataset():
         def __getitem__(self, i):
             return i
 
-    with pytest.raises(TypeError, match="picklable"):
+    with pytest.raises(TypeError, match="picklable.*importable by a fresh Python process"):
         assert_dataset_deterministic_across_processes(Local())
 
 
 def test_multi_epoch_keys():
     ds = _masked_resampler().dataset
     assert_dataset_elements_not_equal(ds, EpochIndex(0, 1), EpochIndex(1, 1))
+
+
+class MainDataset(Base):
+    def __getitem__(self, i):
+        return i
+
+
+def test_other_process_names_a_class_defined_in_main(monkeypatch):
+    # picklable here (pickle finds __main__.MainDataset), but a fresh process cannot import it
+    import sys
+
+    monkeypatch.setattr(MainDataset, "__module__", "__main__")
+    monkeypatch.setattr(sys.modules["__main__"], "MainDataset", MainDataset, raising=False)
+    with pytest.raises(
+        TypeError, match=r"importable by a fresh Python process, not just picklable"
+    ):
+        assert_dataset_deterministic_across_processes(MainDataset())
+    wrapped = MultiEpochDatasetResampler(MainDataset(), num_epochs=2, seed=1)  # nested: found too
+    with pytest.raises(TypeError, match=r"not importable: __main__\.MainDataset"):
+        assert_dataset_compatible_with_megatron(wrapped, index=0, check_other_process=True)
+
+
+def test_other_process_explains_a_class_the_child_cannot_import(tmp_path, monkeypatch):
+    # importable here, not in the child (different RANK): the child's error says why
+    (tmp_path / "rank_zero_only.py").write_text(
+        "import os\n"
+        "if os.environ.get('RANK', '0') != '0':\n"
+        "    raise ImportError('only importable on rank 0')\n"
+        "class Data:\n"
+        "    def __len__(self):\n"
+        "        return 2\n"
+        "    def __getitem__(self, i):\n"
+        "        return i\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delenv("RANK", raising=False)
+    import rank_zero_only
+
+    with pytest.raises(RuntimeError, match="needs the dataset's classes to be importable") as info:
+        assert_dataset_deterministic_across_processes(rank_zero_only.Data())
+    assert "only importable on rank 0" in str(info.value)

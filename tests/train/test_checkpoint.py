@@ -9,6 +9,7 @@ import pickle
 import pytest
 import torch
 
+from epochal._checksum import MANIFEST, build_manifest
 from epochal.model import GPTModel, ModelConfig
 from epochal.train.checkpoint import Checkpointer, CheckpointError, load_metadata_safely
 from epochal.train.optim import OptimizersContainer, build_adamw
@@ -132,11 +133,17 @@ class Evil:
         return (os.system, ("touch PWNED",))
 
 
+def forge_manifest(folder):
+    """What an attacker who rewrites files also does: a manifest that matches them."""
+    (folder / MANIFEST).write_bytes(build_manifest(folder))
+
+
 def test_malicious_metadata_is_refused(tmp_path, monkeypatch):
     m, opt = trained()
     ck = Checkpointer(tmp_path / "ck")
     folder = save(ck, 1, m, opt)
     (folder / ".metadata").write_bytes(pickle.dumps(Evil()))
+    forge_manifest(folder)  # checksums catch damage, the restricted unpickler catches malice
     monkeypatch.chdir(tmp_path)
     m2 = GPTModel(CFG, seed=1)
     with pytest.raises(CheckpointError, match="refusing to unpickle"):
@@ -155,11 +162,13 @@ def test_malicious_rng_and_missing_files(tmp_path, monkeypatch):
     ck = Checkpointer(tmp_path / "ck")
     folder = save(ck, 1, m, opt)
     (folder / "rng_rank0.pt").write_bytes(pickle.dumps(Evil()))
+    forge_manifest(folder)
     monkeypatch.chdir(tmp_path)
     with pytest.raises(CheckpointError, match="rng_rank0.pt"):
         ck.load(folder, {"model": ModelState([GPTModel(CFG)])})
     assert not (tmp_path / "PWNED").exists()
     (folder / "trainer_state.json").write_text("{not json")
+    forge_manifest(folder)
     with pytest.raises(CheckpointError, match="trainer_state.json"):
         ck.load(folder, {"model": ModelState([GPTModel(CFG)])})
     with pytest.raises(CheckpointError, match="does not exist"):

@@ -67,9 +67,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("output options")
     group.add_argument(
         "--hf-architecture",
-        choices=("gpt2", "llama"),
+        choices=("gpt2", "llama", "bert", "megatron-bert", "esm"),
         default=None,
-        help="HF output class (default: gpt2 for learned positions, llama for RoPE)",
+        help="HF output class (default: GPT -> gpt2 for learned positions, llama for RoPE; "
+        "BERT -> bert (post-LN) or megatron-bert (pre-LN); ESM -> esm)",
     )
     group.add_argument(
         "--tensor-parallel", type=int, default=1, help="Megatron output: tensor-parallel size"
@@ -97,6 +98,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         "--eos-token-id", type=int, default=None, help="HF output: eos_token_id in config.json"
+    )
+    group.add_argument(
+        "--pad-token-id",
+        type=int,
+        default=None,
+        help="HF output: pad_token_id in config.json (default: the tokenizer's pad token, else eos)",
     )
     group.add_argument("--overwrite", action="store_true", help="replace an existing output")
 
@@ -153,13 +160,17 @@ def _load(args: argparse.Namespace, fmt: str) -> tuple:
 
 
 def _run_tokenizer_info(ck) -> dict:
-    """BOS/EOS ids and a ``tokenizer.json`` of the run's tokenizer, when it can be rebuilt."""
+    """BOS/EOS/PAD ids and a ``tokenizer.json`` of the run's tokenizer, when it can be rebuilt."""
     from epochal.convert.epochal_ckpt import run_tokenizer
 
     tokenizer = run_tokenizer(ck)
     if tokenizer is None:
         return {}
-    info = {"bos": getattr(tokenizer, "bos", None), "eos": getattr(tokenizer, "eod", None)}
+    info = {
+        "bos": getattr(tokenizer, "bos", None),
+        "eos": getattr(tokenizer, "eod", None),
+        "pad": getattr(tokenizer, "pad", None),
+    }
     source = getattr(tokenizer, "source", None)
     if isinstance(source, str) and source.endswith(".json") and Path(source).is_file():
         info["tokenizer_json"] = source
@@ -173,6 +184,10 @@ def _save(args: argparse.Namespace, fmt: str, config, state, step: int, extra: d
     if args.target == "hf":
         from epochal.convert.hf_io import save_hf_checkpoint
 
+        eos = extra.get("eos") if args.eos_token_id is None else args.eos_token_id
+        pad = extra.get("pad") if args.pad_token_id is None else args.pad_token_id
+        if pad is None and extra.get("tokenizer_json"):  # a padding token for AutoTokenizer
+            pad = eos[0] if isinstance(eos, list) and eos else eos
         out = save_hf_checkpoint(
             config,
             state,
@@ -180,16 +195,12 @@ def _save(args: argparse.Namespace, fmt: str, config, state, step: int, extra: d
             architecture=args.hf_architecture,
             dtype=dtype,
             bos_token_id=extra.get("bos") if args.bos_token_id is None else args.bos_token_id,
-            eos_token_id=extra.get("eos") if args.eos_token_id is None else args.eos_token_id,
+            eos_token_id=eos,
+            pad_token_id=pad,
+            # the run's tokenizer next to the weights, its special tokens matching config.json
+            tokenizer_file=extra.get("tokenizer_json"),
             overwrite=args.overwrite,
         )
-        if extra.get("tokenizer_json"):  # the run's tokenizer, next to the weights
-            import shutil
-
-            from epochal._atomic import atomic_path
-
-            with atomic_path(out / "tokenizer.json") as tmp:
-                shutil.copyfile(extra["tokenizer_json"], tmp)
         return out, ""
     if args.target == "megatron":
         from epochal.convert.megatron_legacy import save_megatron_checkpoint

@@ -129,10 +129,10 @@ def _model_config(
         return config
     if run_config is None:
         raise ConversionError(f"{folder}: no config.toml and no model_config in trainer_state.json")
-    from epochal.train.config import config_from_dict, model_config_from_section
+    from epochal.train.config import config_from_saved, model_config_from_section
 
     try:
-        train_config = config_from_dict(run_config)
+        train_config = config_from_saved(run_config)
     except (ConfigError, TypeError) as exc:
         raise ConversionError(f"{folder / 'config.toml'}: {exc}") from exc
     vocab = vocab_size or train_config.model.vocab_size
@@ -187,10 +187,10 @@ def run_tokenizer(ck: EpochalCheckpoint) -> Any:
     """
     if not ck.run_config or "data" not in ck.run_config:
         return None
-    from epochal.train.config import config_from_dict
+    from epochal.train.config import config_from_saved
 
     try:
-        return tokenizer_for_run(config_from_dict(ck.run_config), str(ck.folder / "config.toml"))
+        return tokenizer_for_run(config_from_saved(ck.run_config), str(ck.folder / "config.toml"))
     except (ValueError, TypeError, OSError):  # ConversionError and ConfigError are ValueErrors
         return None
 
@@ -208,17 +208,20 @@ def load_epochal_checkpoint(
     Raises:
         FileNotFoundError: no checkpoint at ``path``.
         ConversionError: the config cannot be resolved or tensors do not match it.
-        CheckpointError: a malformed or unsafe DCP folder.
+        CheckpointError: a malformed or unsafe DCP folder
+            (``CheckpointCorruptError``: a file fails its checksum).
         UnsafeCheckpointError: a ``.safetensors`` file that is not valid.
+        epochal._checksum.ChecksumError: a ``.safetensors`` file fails its checksum.
     """
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-    from epochal.train.checkpoint import SafeFileSystemReader, SafeLoadPlanner
+    from epochal.train.checkpoint import SafeFileSystemReader, SafeLoadPlanner, verify_checkpoint
 
     if Path(path).suffix == ".safetensors":
         return _load_consolidated(Path(path), vocab_size)
     folder = find_step_folder(path)
+    verify_checkpoint(folder)
     config, step, run_config = _read_step_folder(folder, vocab_size)
     metadata = SafeFileSystemReader(folder).read_metadata()
     template: dict[str, torch.Tensor] = {}
@@ -262,9 +265,16 @@ def _read_step_folder(
 
 def _load_consolidated(file: Path, vocab_size: int | None) -> EpochalCheckpoint:
     """A consolidated ``.safetensors`` file: self-contained, or inside its ``step_*`` folder."""
+    from epochal._checksum import verify_safetensors
     from epochal.convert.safe_load import load_safetensors, safetensors_metadata
 
-    meta = safetensors_metadata(file)
+    meta = safetensors_metadata(file)  # a file that is no safetensors file is refused here
+    if not verify_safetensors(file):
+        warnings.warn(
+            f"{file} records no checksum (exported before exports carried one); "
+            "reading it unverified",
+            stacklevel=3,
+        )
     if META_MODEL_CONFIG in meta:
         try:
             config = ModelConfig.from_dict(json.loads(meta[META_MODEL_CONFIG]))
@@ -276,7 +286,7 @@ def _load_consolidated(file: Path, vocab_size: int | None) -> EpochalCheckpoint:
     else:  # export_consolidated's file: the config is in its step folder
         folder = find_step_folder(file.parent)
         config, step, run_config = _read_step_folder(folder, vocab_size)
-    state = _complete(config, load_safetensors(file), str(file))
+    state = _complete(config, load_safetensors(file, verify=False), str(file))
     return EpochalCheckpoint(
         config=config, state=state, folder=folder, step=step, run_config=run_config
     )
@@ -320,6 +330,7 @@ def save_epochal_checkpoint(
     from torch.distributed.checkpoint import FileSystemWriter
 
     from epochal._atomic import atomic_directory
+    from epochal._checksum import MANIFEST, build_manifest
 
     state = complete_tied(config, state)
     check_shapes(state, config, "model state")
@@ -344,6 +355,7 @@ def save_epochal_checkpoint(
         torch.save({}, folder / "rng_rank0.pt")
         (folder / "trainer_state.json").write_text(json.dumps(trainer_state, indent=1))
         (folder / "config.toml").write_text(toml_text)
+        (folder / MANIFEST).write_bytes(build_manifest(folder))  # last: checksums of the rest
         (tmp / "config.toml").write_text(toml_text)
         (tmp / "checkpoints" / "latest").write_text("step_0000000\n")
     return run_dir / "checkpoints" / "step_0000000"
@@ -390,6 +402,7 @@ def save_consolidated(
     from safetensors.torch import save_file
 
     from epochal._atomic import atomic_path
+    from epochal._checksum import placeholder_metadata, seal_safetensors
 
     path = Path(path)
     if path.suffix != ".safetensors":
@@ -411,12 +424,14 @@ def save_consolidated(
         "source": source,
         META_MODEL_CONFIG: json.dumps(config.to_dict()),
         META_STEP: str(int(step)),
+        **placeholder_metadata(),
     }
     if run_config is not None:
         metadata[META_RUN_CONFIG] = json.dumps(run_config, default=str)
     path.parent.mkdir(parents=True, exist_ok=True)
     with atomic_path(path) as tmp:
         save_file(tensors, str(tmp), metadata=metadata)
+        seal_safetensors(tmp)
     return path
 
 

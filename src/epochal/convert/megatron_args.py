@@ -28,6 +28,16 @@ Decisions where Megatron's behaviour is implicit:
   ``rotary_seq_len_interpolation_factor`` (``--rotary-seq-len-interpolation-factor``,
   an integer; positions multiplied by ``1 / factor``) is our ``"linear"``; 1 means
   no scaling, and only integer factors >= 1 export. Both at once is refused.
+- BERT (``model.type="bert"``): Megatron-Core's ``BertModel`` is pre-LN and its
+  masked-LM head always applies the exact (erf) GELU, so only ``pre_ln`` BERTs
+  with ``activation="gelu"`` export; ``bert_binary_head`` is written, and
+  ``num_tokentypes`` (not a Megatron-LM argument: ``pretrain_bert.py`` derives
+  it as ``2 if bert_binary_head else 0``) is written for reference. On import
+  the model type and these two fields come from the tensors
+  (:mod:`epochal.convert.megatron_legacy`). A BERT whose ``args`` give a tanh
+  GELU (``openai_gelu``, or the fused bias-GELU that Megatron-LM enables by
+  default) imports as ``gelu_tanh``, with a warning: our head then uses the tanh
+  GELU too, Megatron's the exact one. ESM models have no Megatron counterpart.
 - Unsupported features raise :class:`ConversionError`: mixture of experts,
   ``qk_layernorm``, ``apply_rope_fusion_scaling``, ALiBi (Megatron-Core has
   none), squared ReLU.
@@ -75,6 +85,25 @@ def megatron_args_from_config(
     Raises:
         ConversionError: ``config`` uses something Megatron-Core cannot express.
     """
+    if config.type == "esm":
+        raise ConversionError(
+            "cannot export to Megatron: model.type='esm' has no Megatron-LM counterpart "
+            "(export ESM models to Hugging Face with --to hf)"
+        )
+    if config.type == "bert":
+        if config.transformer_block_type != "pre_ln":
+            raise ConversionError(
+                "cannot export to Megatron: model.type='bert' with transformer_block_type="
+                f"{config.transformer_block_type!r} (Megatron-Core's BertModel is pre-LN; "
+                "export post-LN BERTs to Hugging Face with --to hf)"
+            )
+        if config.activation != "gelu":
+            raise ConversionError(
+                "cannot export to Megatron: model.type='bert' with "
+                f"activation={config.activation!r} "
+                "(Megatron-Core's BertLMHead always uses the exact GELU, so only "
+                "activation='gelu' gives the same logits)"
+            )
     if config.position_embedding_type == "alibi":
         raise ConversionError("cannot export to Megatron: Megatron-Core GPT has no ALiBi positions")
     if config.add_bias_linear and not config.qkv_bias:
@@ -145,6 +174,8 @@ def megatron_args_from_config(
         "consumed_train_samples": 0,
         "consumed_valid_samples": 0,
         "apply_query_key_layer_scaling": False,
+        "bert_binary_head": config.bert_binary_head,
+        "num_tokentypes": config.num_tokentypes,
     }
     return Namespace(**args)
 

@@ -28,7 +28,7 @@ the same on every rank.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import torch
 
@@ -36,6 +36,7 @@ from epochal.convert.common import ConversionError
 
 __all__ = [
     "interleaved_to_half_rotary",
+    "megatron_model_type",
     "merge_tp",
     "pack_qkv",
     "qkv_rows_to_v2",
@@ -141,7 +142,7 @@ def interleaved_to_half_rotary(
 # ----------------------------------------------------------------------------- sharding
 _COLUMN = re.compile(r"(linear_qkv|linear_fc1)\.(weight|bias)$")
 _ROW = re.compile(r"(linear_proj|linear_fc2)\.weight$")
-_VOCAB = ("embedding.word_embeddings.weight", "output_layer.weight")
+_VOCAB = ("embedding.word_embeddings.weight", "output_layer.weight", "output_layer.bias")
 
 
 def shard_kind(name: str, *, swiglu: bool) -> str:
@@ -216,12 +217,44 @@ _LEGACY_GLOBAL = {
     "language_model.embedding.position_embeddings.weight": "embedding.position_embeddings.weight",
     "language_model.output_layer.weight": "output_layer.weight",
     "word_embeddings_for_head.weight": "output_layer.weight",
+    # legacy BertModel (megatron/legacy/model/bert_model.py)
+    "language_model.embedding.tokentype_embeddings.weight": "embedding.tokentype_embeddings.weight",
+    "language_model.pooler.dense.weight": "pooler.dense.weight",
+    "language_model.pooler.dense.bias": "pooler.dense.bias",
+    "lm_head.bias": "output_layer.bias",
+    "lm_head.layernorm.weight": "lm_head.layer_norm.weight",
+    "lm_head.layernorm.bias": "lm_head.layer_norm.bias",
 }
 _LEGACY_LAYER_PREFIX = re.compile(r"^language_model\.(?:encoder|transformer)\.layers\.(\d+)\.(.*)$")
 _LEGACY_FINAL = re.compile(
     r"^language_model\.(?:encoder|transformer)\.(?:final_norm|final_layernorm)\.(.*)$"
 )
-_MCORE_LAYER = re.compile(r"^decoder\.layers\.(\d+)\.(.*)$")
+_MCORE_LAYER = re.compile(r"^(?:decoder|encoder)\.layers\.(\d+)\.(.*)$")
+_MCORE_FINAL = re.compile(r"^(?:decoder|encoder)\.final_layernorm\.(.*)$")
+# Megatron-Core BertModel's own modules (its transformer block is ``encoder``, GPT's ``decoder``).
+_BERT_GLOBAL = (
+    "embedding.tokentype_embeddings.",
+    "lm_head.dense.",
+    "lm_head.layer_norm.",
+    "pooler.dense.",
+    "binary_head.",
+)
+_BERT_MARKERS = re.compile(
+    r"^(?:encoder\.|lm_head\.|pooler\.|binary_head\.|output_layer\.bias$"
+    r"|(?:language_model\.)?embedding\.tokentype_embeddings\.|language_model\.pooler\.)"
+)
+
+
+def megatron_model_type(names: Iterable[str]) -> str:
+    """``"bert"`` or ``"gpt"``: which Megatron model the tensor names of a checkpoint come from.
+
+    Pass the names of every rank file: a BERT pipeline stage in the legacy
+    (``language_model.*``) naming without token types shows its BERT modules
+    (``lm_head``, ``binary_head``, ``pooler``) on the last stage only. A name that
+    only ``BertModel`` has (``encoder.layers.*``, ``lm_head.*``, ``output_layer.bias``,
+    token-type embeddings, ``pooler``, ``binary_head``) means BERT.
+    """
+    return "bert" if any(_BERT_MARKERS.match(n) for n in names) else "gpt"
 
 
 def to_local_names(state: dict[str, object], source: str) -> dict[str, object]:
@@ -229,7 +262,12 @@ def to_local_names(state: dict[str, object], source: str) -> dict[str, object]:
 
     Accepts Megatron-Core names (local or Transformer-Engine spec) and the
     legacy ``language_model.*`` names (``encoder``/``transformer``,
-    ``input_norm``/``input_layernorm``, ``query_key_value``, ``dense_h_to_4h``, ...).
+    ``input_norm``/``input_layernorm``, ``query_key_value``, ``dense_h_to_4h``, ...),
+    of ``GPTModel`` and ``BertModel``. A BERT's transformer block (``encoder.*``)
+    gets GPT's ``decoder.*`` names, so one mapping serves both (tell them apart
+    with :func:`megatron_model_type` first); BERT's own modules keep Megatron-Core's
+    names (``lm_head.dense``, ``lm_head.layer_norm``, ``output_layer.bias``,
+    ``pooler.dense``, ``binary_head``, ``embedding.tokentype_embeddings``).
     ``_extra_state`` entries (TE/FP8 metadata) and rotary ``inv_freq`` buffers are dropped.
 
     Raises:
@@ -254,7 +292,9 @@ def to_local_names(state: dict[str, object], source: str) -> dict[str, object]:
             for pattern, repl in _TE_LAYER:
                 tail = re.sub(pattern, repl, tail)
             new = f"decoder.layers.{m.group(1)}.{tail}"
-        elif name.startswith(("embedding.", "decoder.final_layernorm.", "output_layer.")):
+        elif m := _MCORE_FINAL.match(name):
+            new = f"decoder.final_layernorm.{m.group(1)}"
+        elif name.startswith(("embedding.", "output_layer.", *_BERT_GLOBAL)):
             new = name
         if new is None:
             raise ConversionError(f"{source}: unrecognized Megatron tensor name {name!r}")

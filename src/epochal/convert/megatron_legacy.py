@@ -1,4 +1,4 @@
-"""Megatron-LM's legacy (``--ckpt-format torch``) GPT checkpoints, both directions, any TP x PP.
+"""Megatron-LM's legacy (``--ckpt-format torch``) GPT and BERT checkpoints, both directions, any TP x PP.
 
 Layout of a Megatron save directory::
 
@@ -15,6 +15,19 @@ non-core models nest ``language_model.{embedding,encoder,output_layer}`` dicts.
 See :mod:`epochal.convert.megatron_layout` for the fused QKV / SwiGLU layouts
 and the tensor-parallel sharding rules, :mod:`epochal.convert.megatron_args` for
 the ``args`` mapping.
+
+BERT (``model.type="bert"``, pre-LN) is Megatron-Core's ``BertModel``: its
+transformer block is ``encoder.*`` (GPT's is ``decoder.*``; the layer names are
+the same), plus ``embedding.tokentype_embeddings`` (first stage; replicated),
+``lm_head.dense`` / ``lm_head.layer_norm`` (our ``lm_head.dense`` / ``lm_head.norm``),
+``output_layer.bias`` (our ``lm_head.bias``; vocabulary-parallel and padded like
+the word embeddings), ``pooler.dense`` and ``binary_head`` (last stage; replicated).
+The decoder matrix is tied to the word embeddings (``pretrain_bert.py``), so the
+last stage of a pipeline holds its synced copy as ``output_layer.weight``. The
+legacy (non-core) ``BertModel`` names (``language_model.pooler``, ``lm_head.bias``,
+``lm_head.layernorm``) import too. The model type is read from the tensor names of
+all rank files (:func:`~epochal.convert.megatron_layout.megatron_model_type`);
+``num_tokentypes`` and ``bert_binary_head`` from the tensors as well.
 
 Import (:func:`load_megatron_checkpoint`) reads any TP x PP, Megatron-Core names
 (local or Transformer-Engine spec) or legacy names, checkpoint versions 0-3,
@@ -36,8 +49,10 @@ renamed when complete; the tracker file is replaced last.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
+import warnings
 from argparse import Namespace
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -62,6 +77,7 @@ from epochal.convert.megatron_args import (
 )
 from epochal.convert.megatron_layout import (
     interleaved_to_half_rotary,
+    megatron_model_type,
     merge_tp,
     pack_qkv,
     qkv_rows_to_v2,
@@ -147,7 +163,39 @@ def _megatron_full_from_ours(
             out[f"decoder.final_layernorm.{kind}"] = state[f"norm.{kind}"]
     if not config.tie_embeddings:
         out["output_layer.weight"] = state["output.weight"]
+    if config.type == "bert":
+        for ours, theirs in _BERT_NAMES:
+            if ours in state:
+                out[theirs] = state[ours]
     return out
+
+
+#: BERT-only tensors: our name -> Megatron-Core ``BertModel``'s (full, unsharded).
+_BERT_NAMES = (
+    ("tokentype_embeddings.weight", "embedding.tokentype_embeddings.weight"),
+    ("lm_head.dense.weight", "lm_head.dense.weight"),
+    ("lm_head.dense.bias", "lm_head.dense.bias"),
+    ("lm_head.norm.weight", "lm_head.layer_norm.weight"),
+    ("lm_head.norm.bias", "lm_head.layer_norm.bias"),
+    ("lm_head.bias", "output_layer.bias"),
+    ("pooler.dense.weight", "pooler.dense.weight"),
+    ("pooler.dense.bias", "pooler.dense.bias"),
+    ("binary_head.weight", "binary_head.weight"),
+    ("binary_head.bias", "binary_head.bias"),
+)
+#: Megatron tensors that live on the first / last pipeline stage (besides the layers).
+_FIRST_STAGE = (
+    "embedding.word_embeddings.weight",
+    "embedding.position_embeddings.weight",
+    "embedding.tokentype_embeddings.weight",
+)
+_LAST_STAGE_PREFIXES = (
+    "decoder.final_layernorm.",
+    "lm_head.",
+    "output_layer.bias",
+    "pooler.",
+    "binary_head.",
+)
 
 
 def _ours_from_megatron_full(
@@ -203,12 +251,63 @@ def _ours_from_megatron_full(
                 out[f"{dst}mlp.fc2.{kind}"] = fc2
     for kind in bias_names:
         out[f"norm.{kind}"] = norm(f"decoder.final_layernorm.{kind}")
+    if config.type == "bert":
+        for ours, theirs in _BERT_NAMES:
+            if theirs == "embedding.tokentype_embeddings.weight" and not config.num_tokentypes:
+                continue
+            if theirs.startswith(("pooler.", "binary_head.")) and not config.bert_binary_head:
+                continue
+            if theirs == "output_layer.bias":
+                out[ours] = resize_rows(take(theirs), config.padded_vocab_size)
+            elif theirs.startswith("lm_head.layer_norm."):
+                out[ours] = norm(theirs)
+            else:
+                out[ours] = take(theirs)
     head = full.pop("output_layer.weight", None)
     out = attach_output_head(config, out, head, source=source, head_name="output_layer.weight")
     if full:
         raise ConversionError(f"{source}: tensors the config does not explain: {sorted(full)[:8]}")
     check_shapes(out, config, source)
     return out
+
+
+def _bert_config(
+    config: ModelConfig,
+    args: Namespace,
+    first: Mapping[str, Any],
+    last: Mapping[str, Any],
+    source: str,
+) -> ModelConfig:
+    """``config`` (read from ``args`` as for GPT) made a BERT from the first and last stages' tensors.
+
+    ``num_tokentypes`` is the row count of ``embedding.tokentype_embeddings``
+    (0 without it); ``bert_binary_head`` is whether ``binary_head`` exists, and
+    must agree with ``args.bert_binary_head`` when that is recorded.
+
+    Raises:
+        ConversionError: ``args.bert_binary_head`` contradicts the tensors.
+    """
+    types = first.get("embedding.tokentype_embeddings.weight")
+    binary = "binary_head.weight" in last
+    said = getattr(args, "bert_binary_head", None)
+    if said is not None and bool(said) != binary:
+        raise ConversionError(
+            f"{source}: args.bert_binary_head={said!r}, but the last pipeline stage "
+            f"{'has' if binary else 'has no'} binary_head tensors"
+        )
+    if config.activation == "gelu_tanh":
+        warnings.warn(
+            f"{source}: the checkpoint's MLP uses the tanh GELU (openai_gelu or Megatron's "
+            "fused bias-GELU); it imports as activation='gelu_tanh', which our masked-LM head "
+            "uses too, where Megatron-Core's BertLMHead applies the exact GELU",
+            stacklevel=3,
+        )
+    return dataclasses.replace(
+        config,
+        type="bert",
+        num_tokentypes=0 if types is None else int(types.shape[0]),
+        bert_binary_head=binary,
+    )
 
 
 # --------------------------------------------------------------------------- export
@@ -297,7 +396,7 @@ def save_megatron_checkpoint(
     state = complete_tied(config, state)
     check_shapes(state, config, "model state")
     full = _megatron_full_from_ours(state, config)
-    for name in ("embedding.word_embeddings.weight", "output_layer.weight"):
+    for name in ("embedding.word_embeddings.weight", "output_layer.weight", "output_layer.bias"):
         if name in full:
             full[name] = resize_rows(full[name], args.padded_vocab_size)
     if dtype is not None:
@@ -319,6 +418,8 @@ def save_megatron_checkpoint(
                     shards[t][_to_spec(name, spec)] = pieces[t].clone()
             for t, shard in enumerate(shards):
                 _add_extra_state(shard, spec)
+                if config.type == "bert":  # Megatron-Core BertModel's block is ``encoder``
+                    shard = {re.sub(r"^decoder\.", "encoder.", k): v for k, v in shard.items()}
                 rank_dir = tmp / (
                     f"mp_rank_{t:02d}" if pipeline_parallel == 1 else f"mp_rank_{t:02d}_{p:03d}"
                 )
@@ -340,7 +441,7 @@ def _stage_state(
 ) -> dict[str, torch.Tensor]:
     stage: dict[str, torch.Tensor] = {}
     if first:
-        for name in ("embedding.word_embeddings.weight", "embedding.position_embeddings.weight"):
+        for name in _FIRST_STAGE:
             if name in full:
                 stage[name] = full[name]
     for local, i in enumerate(layers):
@@ -350,7 +451,7 @@ def _stage_state(
                 stage[f"decoder.layers.{local}.{name[len(prefix) :]}"] = tensor
     if last:
         for name, tensor in full.items():
-            if name.startswith("decoder.final_layernorm."):
+            if name.startswith(_LAST_STAGE_PREFIXES):
                 stage[name] = tensor
         if config.tie_embeddings:
             if not first:  # Megatron keeps a synced copy of the embedding on the last stage
@@ -370,7 +471,7 @@ def _add_extra_state(shard: dict[str, Any], spec: Spec) -> None:
             modules.append("self_attention.core_attention")
         for module in modules:
             shard[f"decoder.layers.{i}.{module}._extra_state"] = None
-    if "output_layer.weight" in shard:
+    if "output_layer.weight" in shard or "output_layer.bias" in shard:
         shard["output_layer._extra_state"] = None
 
 
@@ -438,6 +539,7 @@ def load_megatron_checkpoint(
     iteration: int | None = None,
     vocab_size: int | None = None,
     make_vocab_size_divisible_by: int | None = None,
+    model_type: Literal["gpt", "bert"] | None = None,
 ) -> MegatronCheckpoint:
     """Read a Megatron-LM legacy checkpoint (any TP x PP) into our config and names.
 
@@ -448,11 +550,13 @@ def load_megatron_checkpoint(
         vocab_size: the unpadded vocabulary size (default: ``args.vocab_size``,
             else ``args.padded_vocab_size``).
         make_vocab_size_divisible_by: our padding multiple (default: Megatron's).
+        model_type: the model the caller expects (``"gpt"`` or ``"bert"``); default:
+            whichever the tensor names show (:func:`~epochal.convert.megatron_layout.megatron_model_type`).
 
     Raises:
         FileNotFoundError: folders or rank files are missing.
-        ConversionError: an incomplete rank grid, unsupported features, or tensors
-            that do not match ``args``.
+        ConversionError: an incomplete rank grid, unsupported features, tensors
+            that do not match ``args``, or a model other than ``model_type``.
         UnsafeCheckpointError: a file holds objects outside the allow-list.
     """
     directory = Path(directory)
@@ -477,7 +581,15 @@ def load_megatron_checkpoint(
                 raise ConversionError(
                     f"{folder}: rank folder for tensor rank {t}, pipeline rank {p} is missing"
                 )
-    first_state, args, version = _read_rank(grid[(0, 0)])
+    raw = {pos: _read_rank(path) for pos, path in sorted(grid.items())}
+    _, args, version = raw[(0, 0)]
+    found_type = megatron_model_type(n for state, _, _ in raw.values() for n in state)
+    if model_type is not None and found_type != model_type:
+        raise ConversionError(
+            f"{folder}: holds a {found_type!r} model (Megatron "
+            f"{'BertModel' if found_type == 'bert' else 'GPTModel'} tensor names), "
+            f"expected model.type={model_type!r}"
+        )
     config, extras = config_from_megatron_args(
         args,
         vocab_size=vocab_size,
@@ -489,13 +601,15 @@ def load_megatron_checkpoint(
             f"{folder}: args say TP={extras.tensor_parallel} x PP={extras.pipeline_parallel}, "
             f"but the folder holds TP={tp} x PP={pp} rank files"
         )
+    local = {pos: to_local_names(state, str(grid[pos])) for pos, (state, _, _) in raw.items()}
+    if found_type == "bert":
+        config = _bert_config(config, args, local[(0, 0)], local[(0, pp - 1)], str(folder))
     full: dict[str, torch.Tensor] = {}
     layer_offset = 0
     for p in range(pp):
         shards = []
         for t in range(tp):
-            state = first_state if (t, p) == (0, 0) else _read_rank(grid[(t, p)])[0]
-            state = to_local_names(state, str(grid[(t, p)]))
+            state = local[(t, p)]
             if version < 2.0:
                 for name in [n for n in state if ".linear_qkv." in n]:
                     heads = config.num_attention_heads // tp

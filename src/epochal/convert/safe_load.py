@@ -155,19 +155,28 @@ def safe_torch_load(path: str | os.PathLike, *, map_location: str | torch.device
         raise UnsafeCheckpointError(f"{path}: unsafe or corrupt checkpoint ({exc})") from exc
 
 
-def load_safetensors(path: str | os.PathLike) -> dict[str, torch.Tensor]:
+def load_safetensors(path: str | os.PathLike, *, verify: bool = True) -> dict[str, torch.Tensor]:
     """Read every tensor of a ``.safetensors`` file onto the CPU.
+
+    With ``verify``, a file that records its checksum (epochal's exports) is
+    verified first; other files (Hugging Face's, ...) have none and are read as
+    they are.
 
     Raises:
         FileNotFoundError: the file does not exist.
         UnsafeCheckpointError: the file is not a valid safetensors file.
+        epochal._checksum.ChecksumError: the file fails its recorded checksum.
     """
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
+    from epochal._checksum import verify_safetensors
+
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such safetensors file")
+    if verify:
+        verify_safetensors(path)
     try:
         return load_file(str(path), device="cpu")
     except (SafetensorError, OSError, ValueError) as exc:

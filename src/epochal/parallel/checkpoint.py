@@ -17,6 +17,9 @@ model entries need nothing: model state dicts hold both names in every layout.
 Export: :func:`consolidate_checkpoint` reads the model entries of a DCP
 checkpoint in ONE process (no process group; any saving layout) and writes a
 single ``safetensors`` file of full tensors, e.g. for inference or conversion.
+The file records the SHA-256 of its own bytes in its metadata
+(:func:`epochal._checksum.seal_safetensors`), and :func:`load_consolidated`
+verifies it: a damaged file is an error naming it.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from epochal._atomic import atomic_path
+from epochal._checksum import placeholder_metadata, seal_safetensors, verify_safetensors
 
 __all__ = ["TiedOptimizerState", "consolidate_checkpoint", "load_consolidated"]
 
@@ -139,7 +143,9 @@ def consolidate_checkpoint(
     out = Path(out_file)
     out.parent.mkdir(parents=True, exist_ok=True)
     with atomic_path(out) as tmp:
-        save_file(tensors, str(tmp), metadata={"format": "pt", "source": str(folder)})
+        metadata = {"format": "pt", "source": str(folder), **placeholder_metadata()}
+        save_file(tensors, str(tmp), metadata=metadata)
+        seal_safetensors(tmp)
     return {k: tuple(v.shape) for k, v in tensors.items()}
 
 
@@ -148,11 +154,16 @@ def load_consolidated(
 ) -> None:
     """Load a file from :func:`consolidate_checkpoint` into a plain (single-process) model.
 
+    The file's recorded checksum is verified first (a file without one, written
+    before checksums, loads unverified).
+
     Raises:
+        epochal._checksum.ChecksumError: the file is damaged (a ``ValueError`` naming it).
         RuntimeError: missing or unexpected keys with ``strict``.
     """
     from safetensors.torch import load_file
 
+    verify_safetensors(path)
     state = load_file(str(path))
     own = model.state_dict()
     missing = [k for k in own if k not in state]

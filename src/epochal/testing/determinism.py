@@ -17,8 +17,10 @@ hash seed and rank variables.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import pickle
+import pickletools
 import subprocess
 import sys
 import tempfile
@@ -155,6 +157,42 @@ def _child_env() -> dict[str, str]:
     return env
 
 
+_IMPORTABLE = (
+    "check_other_process=True (assert_dataset_deterministic_across_processes) needs the "
+    "dataset's classes to be importable by a fresh Python process, not just picklable: "
+    "define them at the top level of a module that `import` finds (not in __main__, a "
+    "notebook cell, a script run directly, or inside a function or test)"
+)
+
+
+def _unimportable_globals(dataset: Any) -> list[str]:
+    """Classes/functions the pickle of ``dataset`` names that a fresh process cannot import.
+
+    Scans the ``GLOBAL`` opcodes of a protocol-2 pickle: names in ``__main__``, local
+    names (``<locals>``) and modules without an import spec (made at run time). Returns
+    ``[]`` when the dataset does not pickle at protocol 2 (the real pickle decides then).
+    """
+    try:
+        payload = pickle.dumps(dataset, protocol=2, fix_imports=False)
+    except Exception:  # noqa: BLE001 - only a pre-check
+        return []
+    bad: list[str] = []
+    for opcode, arg, _ in pickletools.genops(payload):
+        if opcode.name != "GLOBAL":
+            continue
+        module, name = str(arg).split(" ", 1)
+        if module == "__main__" or "<locals>" in name:
+            bad.append(f"{module}.{name}")
+            continue
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except (ImportError, ValueError):  # ValueError: a run-time module, __spec__ is None
+            found = False
+        if not found:
+            bad.append(f"{module}.{name}")
+    return sorted(set(bad))
+
+
 def assert_dataset_deterministic_across_processes(
     dataset: Any,
     indices: Sequence[Any] = (0,),
@@ -172,8 +210,10 @@ def assert_dataset_deterministic_across_processes(
     that the in-process checks cannot see. Costs one interpreter start (seconds).
 
     Args:
-        dataset: a picklable dataset whose class is importable (defined in a module,
-            not in ``__main__`` or a function body).
+        dataset: a picklable dataset whose classes are importable by a fresh Python
+            process: defined at the top level of an importable module, not in
+            ``__main__`` (a script run directly, a notebook) or a function body.
+            Picklable is not enough: the child imports the classes by name.
         indices: keys to compare.
         assert_elements_equal: comparator (default exact).
         timeout: seconds to wait for the child process.
@@ -181,7 +221,8 @@ def assert_dataset_deterministic_across_processes(
     Raises:
         DatasetDistributedNondeterministic: a sample differs, or ``dataset[i]`` raised in
             the fresh process.
-        TypeError: the dataset or an index cannot be pickled.
+        TypeError: the dataset or an index cannot be pickled, or a class it pickles
+            is not importable by a fresh process (the message names it).
         RuntimeError: the child process could not load the dataset, crashed or timed out.
     """
     indices = list(indices)
@@ -189,8 +230,11 @@ def assert_dataset_deterministic_across_processes(
         payload = pickle.dumps((dataset, indices))
     except Exception as err:  # noqa: BLE001 - pickling can fail in many ways
         raise TypeError(
-            f"the dataset must be picklable to be checked in another process: {err}"
+            f"the dataset must be picklable to be checked in another process ({err}); {_IMPORTABLE}"
         ) from err
+    unimportable = _unimportable_globals((dataset, indices))
+    if unimportable:
+        raise TypeError(f"{_IMPORTABLE}; not importable: {', '.join(unimportable)}")
     with preserve_global_rng():
         local = [dataset[i] for i in indices]
     with tempfile.TemporaryDirectory(prefix="epochal-determinism-") as tmp:
@@ -219,7 +263,7 @@ def assert_dataset_deterministic_across_processes(
             status, value = pickle.load(f)  # written by our own child process
     if status == "load-error":
         raise RuntimeError(
-            "the child process could not unpickle the dataset (is its class importable?):\n" + value
+            f"the child process could not unpickle the dataset; {_IMPORTABLE}:\n{value}"
         )
     if status == "getitem-error":
         raise DatasetDistributedNondeterministic(

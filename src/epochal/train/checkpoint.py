@@ -8,6 +8,7 @@ Layout of ``<dir>`` (``<run_dir>/checkpoints``)::
         rng_rank0.pt         every RNG state of rank 0 (a dict of tensors)
         trainer_state.json   step, consumed samples, scheduler, data state, ...
         config.toml          the resolved configuration of the run
+        manifest.json        size and SHA-256 of every file above (written last)
     latest                   text file naming the newest complete folder
     .tmp-step_0000300/       a save in progress (removed on the next save)
 
@@ -15,6 +16,18 @@ Saving writes everything into ``.tmp-step_N``, renames it to ``step_N`` and then
 replaces ``latest`` (write-then-rename), so a crash at any moment leaves the
 previous checkpoint loadable. Older ``step_*`` folders beyond ``keep_last`` are
 deleted afterwards.
+
+Checksums: rank 0 writes ``manifest.json`` (:mod:`epochal._checksum`: size and
+SHA-256 of every file, every rank's ``.distcp`` and RNG file included) last,
+atomically, before the rename; under a process group each rank hashes a slice
+of the files and rank 0 merges them. Loading verifies the folder first and
+raises :class:`CheckpointCorruptError` naming the missing, truncated or changed
+file; ranks again share the work and every rank gets the same verdict, so all
+raise or load together, and all resume from the same step. :meth:`Checkpointer.newest_intact` (``resume =
+"auto"``) skips damaged steps, newest first, with a warning naming each, and
+deletes nothing: a damaged folder is kept, and when training later re-saves
+that step it is moved aside to ``damaged-step_N`` rather than replaced. A folder
+without a manifest (written before checksums) loads with a warning, unverified.
 
 Tensors go through ``torch.distributed.checkpoint`` (DCP), with FQN-keyed model
 and (flattened) optimizer state from ``torch.distributed.checkpoint.state_dict``,
@@ -50,13 +63,23 @@ from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 
 from epochal._atomic import aside_directory, atomic_write, fsync_dir, replace_directory
+from epochal._checksum import (
+    MANIFEST,
+    ChecksumError,
+    file_entries,
+    list_files,
+    manifest_bytes,
+    verify_manifest,
+)
 
 __all__ = [
+    "CheckpointCorruptError",
     "CheckpointError",
     "Checkpointer",
     "SafeFileSystemReader",
     "SafeLoadPlanner",
     "load_metadata_safely",
+    "verify_checkpoint",
 ]
 
 _STEP_RE = re.compile(r"^step_(\d+)$")
@@ -85,6 +108,44 @@ _ALLOWED_GLOBALS: dict[str, set[str]] = {
 
 class CheckpointError(ValueError):
     """A checkpoint is missing, incomplete, malformed or unsafe; the message names the file."""
+
+
+class CheckpointCorruptError(CheckpointError):
+    """A checkpoint file is missing, truncated or changed since it was saved (names the file)."""
+
+
+def verify_checkpoint(folder: str | os.PathLike) -> bool:
+    """Check every file of checkpoint ``folder`` against its ``manifest.json``.
+
+    Returns:
+        True when verified; False (after a ``UserWarning``) for a folder without a
+        manifest, written before checksums existed, which loads unverified.
+
+    Raises:
+        CheckpointCorruptError: naming the missing, truncated or changed file, or a
+            malformed manifest.
+        CheckpointError: ``folder`` is not a folder.
+    """
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise CheckpointError(f"{folder}: checkpoint folder does not exist")
+    try:
+        verified = verify_manifest(folder)
+    except ChecksumError as exc:
+        raise CheckpointCorruptError(str(exc)) from exc
+    except OSError as exc:
+        raise CheckpointCorruptError(f"{folder}: unreadable ({exc})") from exc
+    if not verified:
+        _warn_unverified(folder)
+    return verified
+
+
+def _warn_unverified(folder: Path) -> None:
+    warnings.warn(
+        f"{folder} has no {MANIFEST} (saved before checkpoints carried checksums); "
+        "loading it unverified",
+        stacklevel=3,
+    )
 
 
 class _RestrictedUnpickler(pickle.Unpickler):
@@ -170,6 +231,14 @@ class Checkpointer:
         rank: this process's global rank (rank 0 writes the files outside DCP).
         barrier: called between phases when several processes save together
             (``torch.distributed.barrier``); ``None`` in one process.
+        world_size: the number of processes saving and loading together.
+        all_gather: ``all_gather(obj)`` returns every rank's ``obj``, by rank (a
+            collective, ``torch.distributed.all_gather_object``): the ranks then
+            share hashing on save and verifying on load, and all act on the same
+            verdict. ``None``: rank 0 hashes every file on save and each process
+            verifies every file itself on load.
+        checksums: write ``manifest.json`` on save and verify it on load (default);
+            False skips both (``benchmarks/bench_checkpoint.py`` measures the cost).
     """
 
     def __init__(
@@ -179,6 +248,9 @@ class Checkpointer:
         keep_last: int = 2,
         rank: int = 0,
         barrier: Callable[[], None] | None = None,
+        world_size: int = 1,
+        all_gather: Callable[[Any], list[Any]] | None = None,
+        checksums: bool = True,
     ) -> None:
         if keep_last < 1:
             raise ValueError(f"checkpoint.keep_last must be >= 1, got {keep_last}")
@@ -186,6 +258,12 @@ class Checkpointer:
         self.keep_last = keep_last
         self.rank = rank
         self._barrier = barrier or (lambda: None)
+        self.world_size = world_size
+        self._all_gather = all_gather
+        self.checksums = checksums
+        self._verified: set[Path] = set()
+        #: step folders found damaged by :meth:`newest_intact` (kept; see :meth:`save`)
+        self.damaged: set[Path] = set()
 
     # ------------------------------------------------------------------ finding
     def step_folders(self) -> list[tuple[int, Path]]:
@@ -221,6 +299,87 @@ class Checkpointer:
             return folder
         folders = self.step_folders()
         return folders[-1][1] if folders else None
+
+    # ----------------------------------------------------------------- checking
+    def _verify(self, folder: Path) -> None:
+        """:func:`verify_checkpoint` shared by the ranks: each checks a slice, all get the verdict.
+
+        Without ``all_gather`` this process checks every file itself.
+
+        Raises:
+            CheckpointCorruptError: on every rank alike, naming the first damaged file.
+            CheckpointError: the folder does not exist.
+        """
+        if self._all_gather is None:
+            verify_checkpoint(folder)
+            return
+        if not folder.is_dir():
+            raise CheckpointError(f"{folder}: checkpoint folder does not exist")
+        problem: str | None = None
+        verified = False
+        try:
+            verified = verify_manifest(folder, part=(self.rank, self.world_size))
+        except ChecksumError as exc:
+            problem = str(exc)
+        except OSError as exc:
+            problem = f"{folder}: unreadable ({exc})"
+        problems = [p for p in self._all_gather(problem) if p is not None]
+        if problems:
+            raise CheckpointCorruptError(problems[0])
+        if not verified and self.rank == 0:
+            _warn_unverified(folder)
+
+    def check_intact(self, folder: str | os.PathLike) -> None:
+        """Verify ``folder``'s checksums once (a collective when ranks share the work).
+
+        Raises:
+            CheckpointCorruptError: naming the damaged or missing file (on every rank).
+        """
+        folder = Path(folder)
+        if not self.checksums or folder.resolve() in self._verified:
+            return
+        self._verify(folder)
+        self._verified.add(folder.resolve())
+
+    def newest_intact(self) -> Path | None:
+        """The newest checkpoint that passes its checksums: ``latest()``, else older steps.
+
+        Each damaged step skipped gets a ``UserWarning`` (rank 0) naming its damaged
+        file and is remembered in :attr:`damaged`; nothing is deleted. Every rank
+        calls this together and gets the same folder (the verdicts are shared).
+
+        Returns:
+            The folder (verified, or without a manifest), or None when there is no
+            checkpoint at all.
+
+        Raises:
+            CheckpointCorruptError: checkpoints exist but every one is damaged.
+        """
+        latest = self.latest()
+        if latest is None or not self.checksums:
+            return latest
+        m = _STEP_RE.match(latest.name.removeprefix(".old-"))
+        newest = int(m.group(1)) if m else -1
+        candidates = [latest] + [p for step, p in reversed(self.step_folders()) if step < newest]
+        problems: list[str] = []
+        for folder in candidates:
+            try:
+                self.check_intact(folder)
+            except CheckpointCorruptError as exc:
+                self.damaged.add(folder)
+                problems.append(str(exc))
+                continue
+            if self.rank == 0:
+                for problem in problems:
+                    warnings.warn(
+                        f"checkpoint skipped as damaged: {problem}; resuming from {folder} "
+                        "(nothing was deleted)",
+                        stacklevel=2,
+                    )
+            return folder
+        raise CheckpointCorruptError(
+            f"{self.directory}: every checkpoint is damaged: " + "; ".join(problems)
+        )
 
     # ------------------------------------------------------------------- saving
     def save(
@@ -259,21 +418,41 @@ class Checkpointer:
             )
             dcp.save(state, storage_writer=FileSystemWriter(tmp, thread_count=1))
         atomic_write(tmp / f"rng_rank{self.rank}.pt", _torch_bytes(rng_state))
-        self._barrier()
         if self.rank == 0:
             atomic_write(tmp / TRAINER_STATE, json.dumps(trainer_state, indent=1))
             if config_toml is not None:
                 atomic_write(tmp / "config.toml", config_toml)
+        self._barrier()
+        if self.checksums:
+            files = self._hash_files(tmp)
+            if self.rank == 0:  # last: it covers the rest
+                atomic_write(tmp / MANIFEST, manifest_bytes(files))
+        if self.rank == 0:
             fsync_dir(tmp)
+            if final in self.damaged and final.is_dir():  # kept for inspection, never deleted
+                os.replace(final, _free_name(final.with_name(f"damaged-{final.name}")))
+                self.damaged.discard(final)
             # (re-saving a step, e.g. after resuming from an older checkpoint, swaps it)
             replace_directory(tmp, final)
+            self._verified.discard(final.resolve())
             atomic_write(self.directory / LATEST, f"{final.name}\n")
             self._prune(keep=final)
         self._barrier()
         return final
 
+    def _hash_files(self, tmp: Path) -> dict[str, dict[str, Any]]:
+        """The manifest entries of every file in ``tmp`` (on rank 0; each rank hashes a slice).
+
+        Called by every rank after all have written their files.
+        """
+        names = list_files(tmp)
+        if self._all_gather is None:
+            return file_entries(tmp, names) if self.rank == 0 else {}
+        parts = self._all_gather(file_entries(tmp, names[self.rank :: self.world_size]))
+        return {name: entry for part in parts for name, entry in part.items()}
+
     def _prune(self, keep: Path) -> None:
-        folders = self.step_folders()
+        folders = [(s, p) for s, p in self.step_folders() if p not in self.damaged]
         for _, path in folders[: max(0, len(folders) - self.keep_last)]:
             if path != keep:
                 shutil.rmtree(path, ignore_errors=True)
@@ -287,10 +466,13 @@ class Checkpointer:
     ) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
         """Load checkpoint ``folder`` into ``state`` in place (DCP semantics).
 
+        The folder's checksums are verified first (:meth:`check_intact`).
+
         Returns:
             ``(trainer_state, rng_state)``: the JSON bookkeeping and this rank's RNG tensors.
 
         Raises:
+            CheckpointCorruptError: a file is missing, truncated or changed since the save.
             CheckpointError: the folder or one of its files is missing, malformed or unsafe.
         """
         folder = Path(folder)
@@ -303,7 +485,8 @@ class Checkpointer:
             rng_state = torch.load(rng_path, map_location="cpu", weights_only=True)
         except FileNotFoundError as exc:
             raise CheckpointError(f"{rng_path}: missing RNG state") from exc
-        except (pickle.UnpicklingError, RuntimeError) as exc:
+        except (pickle.UnpicklingError, RuntimeError, OSError, EOFError, ValueError) as exc:
+            # a truncated file: "[Errno 22] Invalid argument" (OSError) or EOFError
             raise CheckpointError(f"{rng_path}: unsafe or corrupt RNG state ({exc})") from exc
         if not isinstance(rng_state, dict) or not all(
             isinstance(v, torch.Tensor) for v in rng_state.values()
@@ -311,17 +494,18 @@ class Checkpointer:
             raise CheckpointError(f"{rng_path}: expected a dict of tensors")
         return trainer_state, rng_state
 
-    @staticmethod
-    def read_trainer_state(folder: str | os.PathLike) -> dict[str, Any]:
-        """The JSON bookkeeping of checkpoint ``folder`` (no tensors are read).
+    def read_trainer_state(self, folder: str | os.PathLike) -> dict[str, Any]:
+        """The JSON bookkeeping of checkpoint ``folder``, after :meth:`check_intact`.
 
         Raises:
+            CheckpointCorruptError: a file of the folder is damaged or missing.
             CheckpointError: the folder or its ``trainer_state.json`` is missing or malformed.
         """
         folder = Path(folder)
         json_path = folder / TRAINER_STATE
         if not folder.is_dir():
             raise CheckpointError(f"{folder}: checkpoint folder does not exist")
+        self.check_intact(folder)
         try:
             trainer_state = json.loads(json_path.read_text())
         except FileNotFoundError as exc:
@@ -332,18 +516,20 @@ class Checkpointer:
             raise CheckpointError(f"{json_path}: expected a JSON object")
         return trainer_state
 
-    @staticmethod
-    def load_tensors(folder: str | os.PathLike, state: dict[str, Any]) -> None:
-        """Load the DCP tensors of checkpoint ``folder`` into ``state`` in place.
+    def load_tensors(self, folder: str | os.PathLike, state: dict[str, Any]) -> None:
+        """Load the DCP tensors of checkpoint ``folder`` into ``state`` in place, after :meth:`check_intact`.
 
         ``state`` may name a subset of what was saved (e.g. only ``"model"``, to
         initialize a fresh run from a checkpoint's weights).
 
         Raises:
+            CheckpointCorruptError: a file of the folder is damaged or missing.
             CheckpointError: the metadata is missing or unsafe, or the tensors do not
                 fit ``state`` (another model shape).
         """
         folder = Path(folder)
+        if folder.is_dir():
+            self.check_intact(folder)
         meta_path = folder / ".metadata"
         if not meta_path.is_file():
             raise CheckpointError(
@@ -365,6 +551,15 @@ class Checkpointer:
             raise CheckpointError(
                 f"{folder}: cannot load into this model/optimizer: {exc}"
             ) from exc
+
+
+def _free_name(path: Path) -> Path:
+    """``path``, or ``path.1``, ``path.2``, ... : the first name not taken."""
+    candidate, n = path, 0
+    while candidate.exists():
+        n += 1
+        candidate = path.with_name(f"{path.name}.{n}")
+    return candidate
 
 
 def _torch_bytes(obj: Any) -> bytes:

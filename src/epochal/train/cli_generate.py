@@ -132,7 +132,7 @@ def _load_model(
     elif fmt == "megatron":
         from epochal.convert.megatron_legacy import load_megatron_checkpoint
 
-        ck = load_megatron_checkpoint(args.checkpoint, vocab_size=args.vocab_size)
+        ck = load_megatron_checkpoint(args.checkpoint, vocab_size=args.vocab_size, model_type="gpt")
         config, state = ck.config, ck.state
     else:
         from epochal.convert.epochal_ckpt import load_epochal_checkpoint, run_tokenizer

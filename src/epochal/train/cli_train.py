@@ -19,6 +19,7 @@ Overrides are ``--section.key=value`` (TOML literals); see
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 
@@ -81,16 +82,32 @@ def run(args: argparse.Namespace) -> int:
     try:
         overrides = _split_overrides(args, getattr(args, "_unknown", []))
         preset = args.preset or (None if args.config else "tiny")
-        config = build_config(preset=preset, config_file=args.config, overrides=overrides)
+        config = build_config(
+            preset=preset,
+            config_file=args.config,
+            overrides=overrides,
+            require_data=not args.print_config,
+        )
     except (ConfigError, ValueError, FileNotFoundError) as exc:
         print(f"epochal train: error: {exc}", file=sys.stderr)
         return 2
     if args.print_config:
         print(to_toml(config), end="")
+        try:
+            config.check_data()
+        except ConfigError as exc:
+            print(f"epochal train: note: to train, {exc}", file=sys.stderr)
         return 0
-    from epochal.parallel.launch import needs_relaunch, relaunch
+    from epochal.parallel.launch import needs_relaunch, relaunch, under_launcher
 
-    if needs_relaunch(config.parallel):  # several processes asked for, no torchrun: start it
+    relaunching = needs_relaunch(config.parallel)
+    try:  # what can be checked before any process starts or any data is prepared
+        _preflight(config, relaunching)
+    except ConfigError as exc:
+        if not under_launcher() or os.environ.get("RANK") == "0":  # once, not once per rank
+            print(f"epochal train: error: {exc}", file=sys.stderr)
+        return 2
+    if relaunching:  # several processes asked for, no torchrun: start it
         return relaunch(config.parallel, ["train", *getattr(args, "_argv", [])])
     try:
         rc = _train(config)
@@ -105,6 +122,20 @@ def run(args: argparse.Namespace) -> int:
     except (CheckpointError, OSError, ValueError) as exc:
         print(f"epochal train: error: {exc}", file=sys.stderr)
         return 1
+
+
+def _preflight(config, relaunching: bool) -> None:
+    """Check the data files and the parallel layout; raise ConfigError naming the option."""
+    from epochal.parallel.launch import under_launcher
+    from epochal.train.gpt_data import check_data_files
+    from epochal.train.parallel_trainer import check_layout, wants_parallel
+
+    if not (config.data.corpus or config.data.mock):
+        check_data_files(config.data)
+    if relaunching:
+        check_layout(config, config.parallel.launch_world_size())
+    elif under_launcher() or wants_parallel(config):
+        check_layout(config, int(os.environ.get("WORLD_SIZE", "1")))
 
 
 def _train(config) -> int:

@@ -45,6 +45,7 @@ from epochal.train.lr_schedule import LR_DECAY_STYLES, WD_INCR_STYLES, WSD_DECAY
 __all__ = [
     "CheckpointConfig",
     "DataConfig",
+    "EXCLUSIVE_OPTIONS",
     "LoggingConfig",
     "ModelSection",
     "OptimizerConfig",
@@ -53,6 +54,7 @@ __all__ = [
     "TrainingConfig",
     "build_config",
     "config_from_dict",
+    "config_from_saved",
     "parse_overrides",
     "to_toml",
 ]
@@ -123,7 +125,11 @@ class DataConfig:
             ``model.vocab_size``, default 8192).
         corpus: if set, tokenize this corpus first (cached) and train on it:
             ``"stdlib"`` (Python's standard-library sources, a deterministic
-            subset in sorted path order) or a ``.jsonl`` path. Replaces ``data_path``.
+            subset in sorted path order) or a ``.jsonl`` path.
+
+    Exactly one data source: ``corpus``, ``mock`` or the paths. Setting two is a
+    :class:`ConfigError` naming both; an option given explicitly (config file or
+    override) replaces a preset's other source (see :func:`build_config`).
         corpus_max_bytes: how much of the ``stdlib`` corpus to use (bytes of source).
         json_keys: JSON keys holding the text of a JSONL corpus.
         tokenizer_type: Megatron's names: ``GPT2BPETokenizer`` (local GPT-2 files by
@@ -198,6 +204,15 @@ class DataConfig:
             "data_path",
             "give data_path (+ split) or train/valid/test_data_path, not both",
         )
+        sources = [name for name in ("corpus", "mock") if getattr(self, name)]
+        if self.has_paths:
+            sources.append("data_path" if self.data_path else "train_data_path")
+        if len(sources) > 1:
+            raise ConfigError(
+                sources[0],
+                f"is {getattr(self, sources[0])!r} and data.{sources[1]} is also set; set one data source "
+                "(data.corpus, data.mock or data.data_path / data.train_data_path ...)",
+            )
 
     @property
     def has_paths(self) -> bool:
@@ -363,7 +378,9 @@ class SchedulerConfig:
     Attributes:
         lr_decay_style: ``constant``, ``linear``, ``cosine``, ``inverse-square-root`` or ``WSD``.
         lr_warmup_iters: linear warmup steps (>= 0).
-        lr_warmup_fraction: if set, warmup = this fraction of ``lr_decay_iters`` (in [0, 1)).
+        lr_warmup_fraction: if set, warmup = this fraction of ``lr_decay_iters`` (in [0, 1));
+            Megatron's ``--lr-warmup-fraction``, exclusive with a non-zero ``lr_warmup_iters``.
+            The presets use it, so a shortened run keeps a proportionate warmup.
         lr_warmup_init: learning rate at step 0 (in [0, optimizer.lr]).
         lr_decay_iters: steps until ``min_lr`` (default ``training.train_iters``).
         lr_wsd_decay_iters: annealing steps of ``WSD``.
@@ -405,6 +422,12 @@ class SchedulerConfig:
             self.lr_warmup_fraction is None or 0 <= self.lr_warmup_fraction < 1,
             "lr_warmup_fraction",
             f"must be in [0, 1), got {self.lr_warmup_fraction}",
+        )
+        _require(
+            self.lr_warmup_fraction is None or self.lr_warmup_iters == 0,
+            "lr_warmup_fraction",
+            f"and lr_warmup_iters={self.lr_warmup_iters} are both set; set one "
+            "(as Megatron's --lr-warmup-fraction / --lr-warmup-iters)",
         )
         _require(
             self.lr_warmup_init >= 0, "lr_warmup_init", f"must be >= 0, got {self.lr_warmup_init}"
@@ -505,12 +528,6 @@ class TrainConfig:
             "model.max_position_embeddings",
             f"must be >= data.seq_length={self.data.seq_length}, got {mpe}",
         )
-        _require(
-            self.data.has_paths or self.data.mock or bool(self.data.corpus),
-            "data.data_path",
-            "no data: set data.data_path (Megatron-style prefixes), data.corpus ('stdlib' or a "
-            ".jsonl) or data.mock=true",
-        )
         s = self.scheduler
         _require(
             s.lr_warmup_init <= self.optimizer.lr,
@@ -519,11 +536,14 @@ class TrainConfig:
         )
         decay = self.lr_decay_iters
         warm = self.lr_warmup_iters
-        _require(
-            warm < decay,
-            "scheduler.lr_warmup_iters",
-            f"must be < lr_decay_iters={decay}, got {warm}",
-        )
+        if s.lr_warmup_fraction is None:
+            _require(
+                warm < decay,
+                "scheduler.lr_warmup_iters",
+                f"must be < lr_decay_iters={decay} (training.train_iters unless set), got {warm}; "
+                "set a smaller scheduler.lr_warmup_iters or scheduler.lr_warmup_fraction instead "
+                "(e.g. --scheduler.lr_warmup_iters=0 --scheduler.lr_warmup_fraction=0.1)",
+            )
         if s.lr_decay_style == "WSD":
             _require(
                 s.lr_wsd_decay_iters is not None and s.lr_wsd_decay_iters <= decay,
@@ -538,6 +558,20 @@ class TrainConfig:
                 "must equal start_weight_decay with scheduler.weight_decay_incr_style='constant'",
             )
 
+    def check_data(self) -> None:
+        """Require a data source (what training needs; printing a configuration does not).
+
+        Raises:
+            ConfigError: none of ``data.data_path`` (or the per-split paths),
+                ``data.corpus`` or ``data.mock`` is set.
+        """
+        _require(
+            self.data.has_paths or self.data.mock or bool(self.data.corpus),
+            "data.data_path",
+            "no data: set data.data_path (Megatron-style prefixes), data.corpus ('stdlib' or a "
+            ".jsonl) or data.mock=true",
+        )
+
     @property
     def lr_decay_iters(self) -> int:
         """``scheduler.lr_decay_iters`` or ``training.train_iters``."""
@@ -545,7 +579,7 @@ class TrainConfig:
 
     @property
     def lr_warmup_iters(self) -> int:
-        """Warmup steps (``lr_warmup_fraction`` wins over ``lr_warmup_iters``, as in Megatron)."""
+        """Warmup steps: ``lr_warmup_fraction * lr_decay_iters`` if the fraction is set, else ``lr_warmup_iters``."""
         if self.scheduler.lr_warmup_fraction is not None:
             return int(self.scheduler.lr_warmup_fraction * self.lr_decay_iters)
         return self.scheduler.lr_warmup_iters
@@ -641,6 +675,29 @@ def config_from_dict(values: dict[str, Any]) -> TrainConfig:
     return _build_dataclass(TrainConfig, values, "")
 
 
+def config_from_saved(values: dict[str, Any]) -> TrainConfig:
+    """Build a :class:`TrainConfig` from a ``config.toml`` a run saved (any version).
+
+    Runs saved before the options of :data:`EXCLUSIVE_OPTIONS` became exclusive may
+    hold two of a group; they were resolved by precedence then, and are read the
+    same way here: ``data.corpus`` over ``data.mock`` over the paths, and
+    ``scheduler.lr_warmup_fraction`` over ``lr_warmup_iters``.
+
+    Raises:
+        ConfigError: as :func:`config_from_dict`.
+    """
+    values = {k: dict(v) if isinstance(v, dict) else v for k, v in values.items()}
+    data, sched = values.get("data"), values.get("scheduler")
+    if isinstance(data, dict) and (data.get("corpus") or data.get("mock")):
+        for key in ("data_path", "train_data_path", "valid_data_path", "test_data_path"):
+            data.pop(key, None)
+        if data.get("corpus"):
+            data.pop("mock", None)
+    if isinstance(sched, dict) and sched.get("lr_warmup_fraction") is not None:
+        sched["lr_warmup_iters"] = 0
+    return config_from_dict(values)
+
+
 def _deep_merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
     out = dict(base)
     for k, v in update.items():
@@ -679,38 +736,98 @@ def parse_overrides(overrides: list[str]) -> dict[str, Any]:
     return out
 
 
+# Options of which a configuration sets at most one. An option set explicitly (in the
+# config file or an override) removes the preset's values of the others in its group,
+# so ``--data.data_path=[...]`` replaces the tiny preset's ``data.corpus`` and
+# ``--scheduler.lr_warmup_iters=5`` its ``scheduler.lr_warmup_fraction``.
+EXCLUSIVE_OPTIONS: tuple[tuple[str, ...], ...] = (
+    (
+        "data.corpus",
+        "data.mock",
+        "data.data_path",
+        "data.train_data_path",
+        "data.valid_data_path",
+        "data.test_data_path",
+    ),
+    ("scheduler.lr_warmup_iters", "scheduler.lr_warmup_fraction"),
+)
+
+
+def _has_option(values: dict[str, Any], dotted: str) -> bool:
+    section, _, key = dotted.rpartition(".")
+    table = values.get(section) if section else values
+    return isinstance(table, dict) and key in table
+
+
+def _drop_replaced_preset_options(preset: dict[str, Any], explicit: dict[str, Any]) -> None:
+    for group in EXCLUSIVE_OPTIONS:
+        if not any(_has_option(explicit, o) for o in group):
+            continue
+        for option in group:
+            if _has_option(preset, option) and not _has_option(explicit, option):
+                section, _, key = option.rpartition(".")
+                del preset[section][key]
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"config file {path} does not exist") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(str(path), f"not valid TOML: {exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            str(path),
+            f"not a TOML text file (byte {exc.start} is 0x{exc.object[exc.start]:02x}, "
+            "not UTF-8); --config takes a .toml file",
+        ) from None
+    except OSError as exc:
+        raise ConfigError(
+            str(path), f"cannot read the config file: {exc.strerror or exc}"
+        ) from None
+
+
 def build_config(
     *,
     preset: str | None = None,
     config_file: str | Path | None = None,
     overrides: list[str] | None = None,
+    require_data: bool = True,
 ) -> TrainConfig:
     """Resolve a configuration: preset, then TOML file, then overrides.
+
+    Options set in the file or the overrides are explicit: one of a group in
+    :data:`EXCLUSIVE_OPTIONS` replaces the preset's others (an explicit
+    ``data.data_path`` wins over the preset's ``data.corpus``); two set
+    explicitly are an error naming both.
 
     Args:
         preset: a name from :data:`epochal.train.presets.PRESETS` (None = defaults).
         config_file: a TOML file.
         overrides: ``--section.key=value`` strings.
+        require_data: require a data source (:meth:`TrainConfig.check_data`); False
+            to resolve a configuration only to show it.
 
     Raises:
-        ConfigError: unknown key or invalid value (names the option).
-        FileNotFoundError / ValueError: the file is missing or is not valid TOML (names it).
+        ConfigError: unknown key or invalid value (names the option); a config file
+            that is not UTF-8 TOML or cannot be read (names the file).
+        FileNotFoundError: the config file is missing (names it).
     """
     from epochal.train.presets import preset_dict
 
     values: dict[str, Any] = preset_dict(preset) if preset else {}
+    explicit: dict[str, Any] = {}
     if config_file is not None:
-        path = Path(config_file)
-        try:
-            with open(path, "rb") as f:
-                values = _deep_merge(values, tomllib.load(f))
-        except FileNotFoundError:
-            raise FileNotFoundError(f"config file {path} does not exist") from None
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(str(path), f"not valid TOML: {exc}") from None
+        explicit = _read_toml(Path(config_file))
     if overrides:
-        values = _deep_merge(values, parse_overrides(overrides))
-    return config_from_dict(values)
+        explicit = _deep_merge(explicit, parse_overrides(overrides))
+    _drop_replaced_preset_options(values, explicit)
+    config = config_from_dict(_deep_merge(values, explicit))
+    if require_data:
+        config.check_data()
+    return config
 
 
 # ------------------------------------------------------------------ writing

@@ -18,15 +18,40 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from epochal.data.datasets.dataset_builder import GPTDatasetConfig
+from epochal.data.datasets.dataset_builder import GPTDatasetConfig, parse_blend
 from epochal.data.datasets.dataset_builder import build_gpt_datasets as build_datasets
 from epochal.model.config import ConfigError
-from epochal.train.config import TrainConfig
+from epochal.train.config import DataConfig, TrainConfig
 from epochal.train.corpus import default_cache_dir, prepare_corpus, tokenizer_from_config
 
-__all__ = ["MOCK_VOCAB_SIZE", "build_gpt_datasets"]
+__all__ = ["MOCK_VOCAB_SIZE", "build_gpt_datasets", "check_data_files"]
 
 MOCK_VOCAB_SIZE = 8192
+
+
+_PATH_OPTIONS = ("data_path", "train_data_path", "valid_data_path", "test_data_path")
+
+
+def check_data_files(data: DataConfig) -> None:
+    """Check that every prefix of the data paths has its ``.bin`` and ``.idx`` files.
+
+    Cheap (two ``stat`` calls per prefix): ``epochal train`` runs it before
+    launching processes or preparing anything, so a typo fails at once.
+
+    Raises:
+        ConfigError: naming the option (``data.data_path`` ...) and the missing file.
+    """
+    for option in _PATH_OPTIONS:
+        blend = parse_blend(getattr(data, option) or None, option)
+        for prefix in blend[0] if blend else []:
+            for ext in (".idx", ".bin"):
+                path = Path(prefix + ext)
+                if not path.is_file():
+                    raise ConfigError(
+                        f"data.{option}",
+                        f"{path} does not exist (prefix {prefix!r} needs {prefix}.bin and "
+                        f"{prefix}.idx, as written by epochal preprocess)",
+                    )
 
 
 def build_gpt_datasets(
@@ -40,9 +65,11 @@ def build_gpt_datasets(
         group: ``torch.distributed`` group whose rank 0 builds index caches first.
 
     Raises:
-        ConfigError: an option the data layer rejects (named ``data.<option>``).
-        FileNotFoundError / OSError: missing or unreadable indexed files (named).
+        ConfigError: no data source, a missing indexed file, or an option the data
+            layer rejects (named ``data.<option>``).
+        OSError: unreadable indexed files (named).
     """
+    config.check_data()
     d, t = config.data, config.training
     cache = Path(d.cache_dir) if d.cache_dir else default_cache_dir()
     tokenizer = None
@@ -70,6 +97,7 @@ def build_gpt_datasets(
         paths = {}
         source = f"Megatron's mock GPT corpus (vocab {vocab_size})"
     else:
+        check_data_files(d)
         tokenizer = tokenizer_from_config(d)
         vocab_size, eod = tokenizer.vocab_size, tokenizer.eod
         source = ", ".join(f"{k}={v}" for k, v in paths.items() if v)

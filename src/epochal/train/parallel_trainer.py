@@ -47,7 +47,7 @@ from epochal.train.data import DataBundle, build_data
 from epochal.train.state import ModelState
 from epochal.train.trainer import LossFn, Trainer
 
-__all__ = ["ParallelTrainer", "export_consolidated", "wants_parallel"]
+__all__ = ["ParallelTrainer", "check_layout", "export_consolidated", "wants_parallel"]
 
 
 def wants_parallel(config: TrainConfig) -> bool:
@@ -55,6 +55,36 @@ def wants_parallel(config: TrainConfig) -> bool:
     p = config.parallel
     world = int(os.environ.get("WORLD_SIZE", "1"))
     return world > 1 or p.model_parallel_size > 1 or (p.data_parallel or 1) > 1
+
+
+def check_layout(config: TrainConfig, world_size: int) -> ParallelDims:
+    """Check ``config.parallel`` against ``world_size``, the model and the batch sizes.
+
+    Needs no process group and no data, so ``epochal train`` runs it before it
+    launches any process. The padded vocabulary is checked only when
+    ``model.vocab_size`` is set (otherwise the tokenizer decides it, and the
+    trainer checks it once the data is built).
+
+    Returns:
+        The :class:`~epochal.parallel.dims.ParallelDims` of the layout.
+
+    Raises:
+        ConfigError: naming the option that has to change (e.g. ``parallel.tensor_parallel``).
+    """
+    dims = ParallelDims.from_config(config.parallel, world_size)
+    dims.validate(
+        model_config_from_section(
+            config.model,
+            vocab_size=config.model.vocab_size or 1,
+            seq_length=config.data.seq_length,
+        ),
+        micro_batch_size=config.training.micro_batch_size,
+        global_batch_size=config.training.global_batch_size,
+        seq_length=config.data.seq_length,
+        config=config.parallel,
+        check_vocab=config.model.vocab_size is not None,
+    )
+    return dims
 
 
 class ParallelTrainer(Trainer):
@@ -84,16 +114,8 @@ class ParallelTrainer(Trainer):
         dist_info: DistributedInfo | None = None,
     ) -> None:
         self.dist = dist_info or init_distributed(config.parallel, config.training.device)
-        self.dims = ParallelDims.from_config(config.parallel, self.dist.world_size)
-        self._validate_layout(
-            config,
-            model_config_from_section(
-                config.model,
-                vocab_size=config.model.vocab_size or 1,
-                seq_length=config.data.seq_length,
-            ),
-            check_vocab=False,  # the tokenizer's size is checked with the real config later
-        )
+        # Everything but the tokenizer's vocabulary (checked with the real config later).
+        self.dims = check_layout(config, self.dist.world_size)
         self.mesh = self.dims.build_mesh(self.dist.device.type) if self.dist.distributed else None
         self.custom_loss: LossFn | None = loss_fn
         if data is None:
@@ -105,6 +127,8 @@ class ParallelTrainer(Trainer):
             keep_last=config.checkpoint.keep_last,
             rank=self.rank,
             barrier=dist.barrier if self.dist.distributed else None,
+            world_size=self.dist.world_size,
+            all_gather=_all_gather if self.dist.distributed else None,
         )
 
     # ---------------------------------------------------------------- the seams
@@ -144,16 +168,13 @@ class ParallelTrainer(Trainer):
         )
         return self.engine.model_parts
 
-    def _validate_layout(
-        self, c: TrainConfig, model_config: ModelConfig, *, check_vocab: bool = True
-    ) -> None:
+    def _validate_layout(self, c: TrainConfig, model_config: ModelConfig) -> None:
         self.dims.validate(
             model_config,
             micro_batch_size=c.training.micro_batch_size,
             global_batch_size=c.training.global_batch_size,
             seq_length=c.data.seq_length,
             config=c.parallel,
-            check_vocab=check_vocab,
         )
 
     def parallelize(self, model_parts: list[nn.Module]) -> list[nn.Module]:
@@ -257,6 +278,13 @@ class ParallelTrainer(Trainer):
             "model": ModelState(self.model_parts),
             "optimizer": TiedOptimizerState(self.optimizers, rename),
         }
+
+
+def _all_gather(obj: Any) -> list[Any]:
+    """Every rank's ``obj``, by rank (a collective; checkpoint hashing and verification)."""
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
 
 
 def export_consolidated(

@@ -8,6 +8,8 @@ merged over it. ``epochal train --preset NAME --print-config`` shows the result.
   no biases, no dropout) trained for 300 steps on Python's standard-library
   sources with a 4096-id BPE tokenizer trained on them; about 2-4 minutes on 2
   CPU cores.
+- Warmup is a fraction of the decay (``scheduler.lr_warmup_fraction``: 30 of 300
+  steps, 700 of 20000), so ``--training.train_iters=20`` shortens it with the run.
 - ``gpt2-small``: GPT-2 124M (learned positions, LayerNorm, tanh-GELU, tied
   embeddings, dropout 0.1), 1024 tokens, GPT-2's BPE, global batch 512,
   nanoGPT/Megatron-like schedule. Needs ``data.data_path``.
@@ -61,7 +63,7 @@ PRESETS: dict[str, dict[str, Any]] = {
             "adam_beta2": 0.95,
             "clip_grad": 1.0,
         },
-        "scheduler": {"lr_decay_style": "cosine", "lr_warmup_iters": 30},
+        "scheduler": {"lr_decay_style": "cosine", "lr_warmup_fraction": 0.1},
         "checkpoint": {"save_interval": 100, "keep_last": 2},
         "logging": {"log_interval": 10},
     },
@@ -94,7 +96,7 @@ PRESETS: dict[str, dict[str, Any]] = {
             "adam_beta2": 0.95,
             "clip_grad": 1.0,
         },
-        "scheduler": {"lr_decay_style": "cosine", "lr_warmup_iters": 700},
+        "scheduler": {"lr_decay_style": "cosine", "lr_warmup_fraction": 0.035},
         "checkpoint": {"save_interval": 1000, "keep_last": 3},
         "logging": {"log_interval": 10},
     },

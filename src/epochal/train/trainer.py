@@ -63,6 +63,7 @@ from epochal.train.metrics import MetricsLogger
 from epochal.train.optim import OptimizersContainer, build_adamw, clip_grad_norm
 from epochal.train.preemption import Preemption
 from epochal.train.rng import get_rng_state, set_rng_state
+from epochal.train.run_dir import archive_previous_history, check_resume_config
 from epochal.train.state import ModelState
 
 __all__ = ["LossFn", "TrainResult", "Trainer", "masked_token_mean_loss", "resolve_device"]
@@ -416,9 +417,14 @@ class Trainer:
     def resume_folder(self) -> Path | None:
         """The checkpoint to resume from per ``checkpoint.resume``, or None to start fresh.
 
+        ``"auto"`` takes the newest checkpoint whose checksums verify, skipping
+        damaged ones with a warning (:meth:`Checkpointer.newest_intact`); an explicit
+        path is verified when it is loaded, and a damaged one is an error.
+
         Raises:
             ConfigError: ``resume="never"`` with existing checkpoints, or a path that
                 holds no checkpoint.
+            CheckpointCorruptError: ``"auto"`` and every checkpoint is damaged.
         """
         mode = self.config.checkpoint.resume
         if mode == "never":
@@ -430,7 +436,7 @@ class Trainer:
                 )
             return None
         if mode == "auto":
-            return self.checkpointer.latest()
+            return self.checkpointer.newest_intact()
         return self.find_checkpoint(mode, "resume")
 
     @staticmethod
@@ -520,7 +526,10 @@ class Trainer:
         t_start = time.perf_counter()
         folder = self.resume_folder()
         if folder is not None:
+            changed = check_resume_config(folder, cfg)  # before loading anything
             self.load_checkpoint(folder)
+            if changed and self.log:
+                print(f"resuming with changed options: {'; '.join(changed)}", flush=True)
         elif cfg.checkpoint.init_from:
             self.init_from_checkpoint(self.find_checkpoint(cfg.checkpoint.init_from, "init_from"))
         start_step = self.step
@@ -535,6 +544,10 @@ class Trainer:
         if self.eval_history:
             result.eval_loss = self.eval_history[-1][1]
         if self.rank == 0:
+            if folder is None:  # a fresh start: an earlier history is moved aside, not appended to
+                archive_previous_history(
+                    self.run_dir, log=(lambda m: print(m, flush=True)) if self.log else None
+                )
             self.run_dir.mkdir(parents=True, exist_ok=True)
             atomic_write(self.run_dir / "config.toml", to_toml(cfg))
         metrics = MetricsLogger(

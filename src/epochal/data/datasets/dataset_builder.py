@@ -315,11 +315,15 @@ class _Builder:
         return out
 
 
-def _open_indexed(mmap: bool) -> Callable[[str], Any]:
+def _open_indexed(mmap: bool, cache_dir: str | None) -> Callable[[str], Any]:
     def open_prefix(prefix: str) -> Any:
         from epochal.data.indexed.indexed_dataset import IndexedDataset
 
-        return IndexedDataset(prefix, mode="mmap" if mmap else "lazy", validate=False)
+        # fully validated: a corrupt corpus must stop training, not feed it wrong tokens;
+        # the pass is remembered per file identity in the index cache
+        return IndexedDataset(
+            prefix, mode="mmap" if mmap else "lazy", validate=True, validation_cache=cache_dir
+        )
 
     return open_prefix
 
@@ -338,8 +342,9 @@ def build_gpt_datasets(
         sizes: ``(train, valid, test)`` sample counts; ``None`` = one epoch of the split.
             In a weighted blend every present split needs a count.
         open_indexed: opens a prefix as an indexed dataset (default: epochal's
-            :class:`~epochal.data.indexed_dataset.IndexedDataset`, mmap, without the O(N)
-            validation pass); any object with Megatron's interface works.
+            :class:`~epochal.data.indexed.indexed_dataset.IndexedDataset`, mmap, fully
+            validated, the pass remembered per file identity in ``path_to_cache``); any
+            object with Megatron's interface works.
         group: ``torch.distributed`` group whose rank 0 builds the caches first.
 
     Returns:
@@ -349,9 +354,10 @@ def build_gpt_datasets(
         ValueError: invalid sizes, or a present split with no documents or tokens (the
             message names the split and the corpus size).
         FileNotFoundError / OSError: a missing or unreadable ``.bin``/``.idx`` pair.
+        IndexedFileError (a ValueError): a corrupt pair (the message names the file).
     """
     sizes_list = _sizes(sizes)
-    opener = open_indexed or _open_indexed(config.mmap)
+    opener = open_indexed or _open_indexed(config.mmap, config.path_to_cache)
     builder = _Builder(config, sizes_list, opener, group)
     if config.mock:
         low = MockGPTLowLevelDataset(config.vocab_size, config.eod_token_id)

@@ -17,7 +17,6 @@ for the layout). Differences from Megatron-Core, all on the side of safety:
 from __future__ import annotations
 
 import os
-import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
@@ -37,6 +36,13 @@ from epochal.data.indexed.indexed_format import (
     read_header,
 )
 from epochal.data.indexed.indexed_readers import READERS, map_file
+from epochal.data.indexed.indexed_validation import (
+    check_index_arrays,
+    file_identity,
+    is_remembered,
+    remember,
+)
+from epochal.data.indexed.spill_array import CHUNK, SpillArray, SpillArrayView, temp_name
 
 __all__ = [
     "IndexedDataset",
@@ -50,8 +56,6 @@ __all__ = [
     "write_indexed_dataset",
 ]
 
-_VALIDATE_CHUNK = 1 << 20  # index entries checked per step (bounded memory)
-
 
 class IndexedDataset:
     """Random access to the sequences of a Megatron ``.bin``/``.idx`` pair.
@@ -63,9 +67,16 @@ class IndexedDataset:
             ``pread`` calls (no mmap).
         multimodal: the index carries one int8 mode per sequence (Megatron's
             multimodal files); ``ds[i]`` then returns ``(tokens, mode)``.
-        validate: check every pointer and document boundary on open (O(N), done in
-            bounded-memory chunks). ``False`` keeps the O(1) checks only (header, file
-            sizes, first and last boundaries); every read is still bounds-checked.
+        validate: check every length, pointer and document boundary on open (O(N),
+            vectorized in cache-sized chunks, a few ms per million sequences).
+            A pair that passed is remembered by file identity (path, size, inode,
+            mtime, ctime) in this process and in ``validation_cache``, so reopening
+            unchanged files skips the scan; a changed file, or one changed in the last
+            2 s, is checked again (see :mod:`epochal.data.indexed.indexed_validation`).
+            ``False`` keeps the O(1) checks only (header, file sizes, first and last
+            boundaries); every read is still bounds-checked.
+        validation_cache: folder for the validation records (the GPT builder passes its
+            index cache); ``None`` remembers in this process only.
         mmap: Megatron-Core's argument, accepted for drop-in use: ``True`` means
             ``mode="mmap"``, ``False`` means ``mode="lazy"``; overrides ``mode``.
 
@@ -99,6 +110,7 @@ class IndexedDataset:
         validate: bool = True,
         *,
         mmap: bool | None = None,
+        validation_cache: PathLike | None = None,
     ) -> None:
         if mmap is not None:  # Megatron-Core's spelling: mmap=True -> "mmap", False -> file reads
             mode = "mmap" if mmap else "lazy"
@@ -107,16 +119,23 @@ class IndexedDataset:
         self.path_prefix = os.fspath(path_prefix)
         self.mode = mode
         self.multimodal = bool(multimodal)
-        self._open(validate)
+        self._open(validate, validation_cache)
 
     # ------------------------------------------------------------------ opening
-    def _open(self, validate: bool) -> None:
+    def _open(self, validate: bool, validation_cache: PathLike | None = None) -> None:
         idx_path, bin_path = self.idx_path, self.bin_path
         for path in (idx_path, bin_path):
             if not os.path.isfile(path):
                 raise FileNotFoundError(
                     f"indexed dataset file {path} not found (prefix {self.path_prefix!r} needs both .idx and .bin)"
                 )
+        identity = None
+        if validate:  # taken before reading: a change made while we read gives a new identity
+            identity, settled = file_identity(idx_path, bin_path, multimodal=self.multimodal)
+            if is_remembered(identity, validation_cache):
+                validate = False
+            if not (validate and settled):
+                identity = None  # nothing to remember
         header = read_header(idx_path)
         self.dtype: np.dtype = header.dtype
         idx_size = os.path.getsize(idx_path)
@@ -157,6 +176,8 @@ class IndexedDataset:
         )
         self._bin_size = os.path.getsize(bin_path)
         self._check_index(validate)
+        if identity is not None:
+            remember(identity, validation_cache)
         self._reader = READERS[self.mode](bin_path, self.dtype)
         self._len = n
 
@@ -181,54 +202,15 @@ class IndexedDataset:
                 f"{bin_path}: size {self._bin_size} bytes is not a multiple of the {self.dtype} token size {itemsize}"
             )
         if full:
-            end = self._check_pointers(lengths, pointers, itemsize)
-            self._check_documents(docs)
-        else:
-            end = int(pointers[-1]) + int(lengths[-1]) * itemsize if n else 0
+            check_index_arrays(
+                lengths, pointers, docs, itemsize, self._bin_size, idx_path, bin_path
+            )
+            return
+        end = int(pointers[-1]) + int(lengths[-1]) * itemsize if n else 0
         if end > self._bin_size:
             raise IndexedFileError(
                 f"{idx_path}: index points past the end of {bin_path} (needs {end} bytes, file has {self._bin_size})"
             )
-        if full and end < self._bin_size:
-            raise IndexedFileError(
-                f"{bin_path}: {self._bin_size - end} trailing bytes not covered by {idx_path} (files do not match)"
-            )
-
-    def _check_pointers(self, lengths: np.ndarray, pointers: np.ndarray, itemsize: int) -> int:
-        """Check lengths >= 0 and contiguous pointers; return the end byte of the data."""
-        next_pointer = 0
-        for start in range(0, len(lengths), _VALIDATE_CHUNK):
-            chunk = lengths[start : start + _VALIDATE_CHUNK].astype(np.int64)
-            negative = np.flatnonzero(chunk < 0)
-            if negative.size:
-                i = start + int(negative[0])
-                raise IndexedFileError(
-                    f"{self.idx_path}: sequence {i} has negative length {int(lengths[i])}"
-                )
-            ends = next_pointer + np.cumsum(chunk * itemsize)
-            starts = np.empty_like(ends)
-            starts[0] = next_pointer
-            starts[1:] = ends[:-1]
-            wrong = np.flatnonzero(pointers[start : start + _VALIDATE_CHUNK] != starts)
-            if wrong.size:
-                i = start + int(wrong[0])
-                raise IndexedFileError(
-                    f"{self.idx_path}: sequence {i} starts at byte {int(pointers[i])}, expected "
-                    f"{int(starts[wrong[0]])} from the lengths before it (corrupt index)"
-                )
-            next_pointer = int(ends[-1])
-        return next_pointer
-
-    def _check_documents(self, docs: np.ndarray) -> None:
-        for start in range(0, len(docs) - 1, _VALIDATE_CHUNK):
-            chunk = docs[start : start + _VALIDATE_CHUNK + 1]
-            decreasing = np.flatnonzero(np.diff(chunk) < 0)
-            if decreasing.size:
-                k = start + int(decreasing[0])
-                raise IndexedFileError(
-                    f"{self.idx_path}: document_indices decrease at entry {k + 1} "
-                    f"({int(docs[k])} -> {int(docs[k + 1])}; corrupt index)"
-                )
 
     # ------------------------------------------------------------------ paths and sizes
     @property
@@ -403,88 +385,76 @@ class IndexedDataset:
         )
 
 
-class _SpillArray:
-    """An append-only 1-D array kept in memory up to ``limit`` items, then spilled to a temp file."""
-
-    def __init__(self, dtype: type, directory: str, tag: str, limit: int = 1 << 20) -> None:
-        self.dtype = np.dtype(dtype)
-        self._directory = directory
-        self._tag = tag
-        self._limit = limit
-        self._buffer: list[np.ndarray] = []
-        self._buffered = 0
-        self._spilled = 0
-        self._file: Any = None
-        self._path: str | None = None
-
-    def __len__(self) -> int:
-        return self._spilled + self._buffered
-
-    def extend(self, values: np.ndarray) -> None:
-        values = np.asarray(values, dtype=self.dtype).reshape(-1)
-        if values.size == 0:
-            return
-        self._buffer.append(values.copy() if values.base is not None else values)
-        self._buffered += values.size
-        if self._buffered >= self._limit:
-            self._spill()
-
-    def append(self, value: int) -> None:
-        self.extend(np.array([value], dtype=self.dtype))
-
-    def _spill(self) -> None:
-        if self._file is None:
-            self._path = _temp_name(self._directory, self._tag)
-            self._file = open(self._path, "x+b")  # closed by discard()
-        self._file.seek(0, os.SEEK_END)  # chunks() may have moved the position
-        for part in self._buffer:
-            self._file.write(part.tobytes())
-        self._spilled += self._buffered
-        self._buffer, self._buffered = [], 0
-
-    def chunks(self, size: int = _VALIDATE_CHUNK) -> Iterator[np.ndarray]:
-        """Yield the contents in order, in arrays of at most ``size`` items."""
-        if self._file is not None:
-            self._file.flush()
-            self._file.seek(0)
-            remaining = self._spilled
-            while remaining:
-                count = min(size, remaining)
-                yield np.frombuffer(self._file.read(count * self.dtype.itemsize), dtype=self.dtype)
-                remaining -= count
-        yield from self._buffer
-
-    def discard(self) -> None:
-        if self._file is not None:
-            self._file.close()
-            self._file = None
-        if self._path is not None:
-            try:
-                os.remove(self._path)
-            except FileNotFoundError:
-                pass
-            self._path = None
-        self._buffer, self._buffered, self._spilled = [], 0, 0
+def _torch_to_numpy(values: Any, what: str) -> np.ndarray:
+    """A torch tensor's values as a numpy array (any device; dtypes numpy lacks are refused)."""
+    tensor = values.detach().cpu()
+    if tensor.dtype.is_floating_point and tensor.dtype.itemsize < 4:  # bfloat16 / float8: no numpy
+        tensor = tensor.float()
+    try:
+        return tensor.numpy()
+    except (TypeError, RuntimeError) as err:
+        raise ValueError(
+            f"{what}: token ids must be integers; a torch tensor of dtype {tensor.dtype} "
+            f"cannot be read ({err})"
+        ) from None
 
 
 def _as_token_array(values: Any, dtype: np.dtype, what: str) -> np.ndarray:
-    """Convert token ids to a 1-D array of ``dtype``, refusing values that do not fit."""
+    """Convert token ids to a 1-D array of ``dtype``, refusing values that do not fit.
+
+    Args:
+        values: any integer sequence Megatron's builder takes: a torch tensor (any
+            integer dtype, any device), a numpy array (any integer dtype), a list, tuple or
+            ``range`` of ints (numpy or torch scalars included), or a scalar (one token).
+            Integral floats are accepted; nested equal-length sequences are flattened.
+        dtype: the builder's token dtype.
+        what: the file, for messages.
+
+    Raises:
+        ValueError: a value that is not an integer (fractional float, string, ``None``,
+            ragged nesting, ...), or does not fit ``dtype`` (Megatron wraps or truncates).
+    """
     if hasattr(values, "detach") and hasattr(
         values, "cpu"
     ):  # torch tensor, without importing torch
-        values = values.detach().cpu().numpy()
-    array = np.asarray(values)
+        values = _torch_to_numpy(values, what)
+    if isinstance(values, str | bytes | bytearray | dict | set | frozenset):
+        raise ValueError(f"{what}: token ids must be integers, got a {type(values).__name__}")
+    try:
+        array = np.asarray(values)
+    except (ValueError, TypeError) as err:
+        raise ValueError(
+            f"{what}: token ids must be a flat or rectangular integer sequence ({err})"
+        ) from None
+    if array.dtype.kind == "O":  # Python ints beyond int64, tensors of other dtypes, junk
+        items = array.reshape(-1).tolist()
+        items = [v.item() if hasattr(v, "item") and not isinstance(v, int) else v for v in items]
+        for value in items:
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ValueError(
+                    f"{what}: token ids must be integers, got {type(value).__name__} {value!r}"
+                )
+        low, high = (min(items), max(items)) if items else (0, 0)
+        if dtype.kind in "iu" and (low < np.iinfo(dtype).min or high > np.iinfo(dtype).max):
+            info = np.iinfo(dtype)
+            raise ValueError(
+                f"{what}: token values {low}..{high} do not fit {dtype} ({info.min}..{info.max}); "
+                "use a wider dtype"
+            )
+        array = np.asarray(items, dtype=dtype)
     if array.size == 0:
         return np.empty(0, dtype=dtype)
     array = array.reshape(-1)
     if array.dtype == dtype:
         return array
+    if array.dtype.kind not in "iubf":
+        raise ValueError(
+            f"{what}: token ids must be integers, got values of dtype {array.dtype} ({array.dtype.kind!r})"
+        )
     if dtype.kind in "iu":
         if array.dtype.kind == "f":
             if not np.all(np.isfinite(array)) or not np.all(array == np.floor(array)):
                 raise ValueError(f"{what}: non-integer token values cannot be stored as {dtype}")
-        elif array.dtype.kind not in "iub":
-            raise ValueError(f"{what}: tokens of dtype {array.dtype} cannot be stored as {dtype}")
         if not np.can_cast(array.dtype, dtype, casting="safe"):
             info = np.iinfo(dtype)
             low, high = array.min(), array.max()
@@ -494,6 +464,29 @@ def _as_token_array(values: Any, dtype: np.dtype, what: str) -> np.ndarray:
                     "use a wider dtype"
                 )
     return array.astype(dtype)
+
+
+def _as_counts(values: Any, what: str) -> np.ndarray:
+    """Sequence lengths or counts as a 1-D int64 array of non-negative integers.
+
+    Raises:
+        ValueError: a non-integer or negative value (``what`` names the argument).
+    """
+    if hasattr(values, "detach") and hasattr(values, "cpu"):
+        values = _torch_to_numpy(values, what)
+    try:
+        array = np.asarray(values).reshape(-1)
+    except (ValueError, TypeError) as err:
+        raise ValueError(f"{what} must be a flat sequence of integers ({err})") from None
+    if array.size == 0:
+        return np.empty(0, dtype=np.int64)
+    if array.dtype.kind not in "iu" and not (
+        array.dtype.kind == "f" and np.all(np.isfinite(array)) and np.all(array == np.floor(array))
+    ):
+        raise ValueError(f"{what} must be integers, got {array.tolist()[:10]}")
+    if (array < 0).any():
+        raise ValueError(f"{what} must be non-negative, got {array.tolist()[:10]}")
+    return array.astype(np.int64)
 
 
 class IndexedDatasetBuilder:
@@ -525,13 +518,13 @@ class IndexedDatasetBuilder:
         directory = os.path.dirname(os.path.abspath(self.bin_path))
         os.makedirs(directory, exist_ok=True)
         base = os.path.basename(self.bin_path)
-        self._tmp_bin = _temp_name(directory, base)
+        self._tmp_bin = temp_name(directory, base)
         self._data = open(self._tmp_bin, "xb", buffering=1 << 20)  # closed by finalize()/abort()
         self._directory = directory
-        self._lengths = _SpillArray(np.int32, directory, f"{base}.lengths")
-        self._documents = _SpillArray(np.int64, directory, f"{base}.documents")
+        self._lengths = SpillArray(np.int32, directory, f"{base}.lengths")
+        self._documents = SpillArray(np.int64, directory, f"{base}.documents")
         self._documents.append(0)
-        self._modes = _SpillArray(np.int8, directory, f"{base}.modes") if self.multimodal else None
+        self._modes = SpillArray(np.int8, directory, f"{base}.modes") if self.multimodal else None
         self._sequences_at_last_document = 0
         self._num_tokens = 0
         self._done = False
@@ -551,6 +544,22 @@ class IndexedDatasetBuilder:
     def num_tokens(self) -> int:
         """Tokens written so far."""
         return self._num_tokens
+
+    # Megatron-Core's public lists, as read-only list views (the index may be spilled to disk)
+    @property
+    def sequence_lengths(self) -> SpillArrayView:
+        """Tokens of each sequence added so far (list-like of ``int``, Megatron's attribute)."""
+        return SpillArrayView(self._lengths, "sequence_lengths")
+
+    @property
+    def document_indices(self) -> SpillArrayView:
+        """``0``, then the sequence count at the end of each document (Megatron's attribute)."""
+        return SpillArrayView(self._documents, "document_indices")
+
+    @property
+    def sequence_modes(self) -> SpillArrayView | None:
+        """Mode of each sequence (multimodal builders), else ``None`` (Megatron's attribute)."""
+        return None if self._modes is None else SpillArrayView(self._modes, "sequence_modes")
 
     def _check_open(self) -> None:
         if self._done:
@@ -593,7 +602,7 @@ class IndexedDatasetBuilder:
         """
         self._check_open()
         array = _as_token_array(tensor, self.dtype, self.bin_path)
-        lengths_array = np.asarray(lengths, dtype=np.int64).reshape(-1)
+        lengths_array = _as_counts(lengths, "add_document: lengths")
         if int(lengths_array.sum()) != array.size or (lengths_array < 0).any():
             raise ValueError(
                 f"add_document: lengths {list(lengths)} do not add up to {array.size} tokens"
@@ -626,8 +635,8 @@ class IndexedDatasetBuilder:
         """
         self._check_open()
         array = _as_token_array(tokens, self.dtype, self.bin_path)
-        lengths = np.asarray(sequence_lengths, dtype=np.int64).reshape(-1)
-        per_doc = np.asarray(sequences_per_document, dtype=np.int64).reshape(-1)
+        lengths = _as_counts(sequence_lengths, "add_documents: sequence_lengths")
+        per_doc = _as_counts(sequences_per_document, "add_documents: sequences_per_document")
         if int(lengths.sum()) != array.size or int(per_doc.sum()) != lengths.size:
             raise ValueError(
                 f"add_documents: {array.size} tokens, sequence lengths summing to {int(lengths.sum())}, "
@@ -684,13 +693,13 @@ class IndexedDatasetBuilder:
     def _append_dataset(self, other: IndexedDataset) -> None:
         """Append ``other``'s index entries and tokens (converted to this dtype)."""
         base = len(self._lengths)
-        for start in range(0, len(other), _VALIDATE_CHUNK):
-            self._lengths.extend(other.sequence_lengths[start : start + _VALIDATE_CHUNK])
+        for start in range(0, len(other), CHUNK):
+            self._lengths.extend(other.sequence_lengths[start : start + CHUNK])
             if self._modes is not None and other.sequence_modes is not None:
-                self._modes.extend(other.sequence_modes[start : start + _VALIDATE_CHUNK])
+                self._modes.extend(other.sequence_modes[start : start + CHUNK])
         docs = other.document_indices
-        for start in range(1, len(docs), _VALIDATE_CHUNK):
-            self._documents.extend(docs[start : start + _VALIDATE_CHUNK] + base)
+        for start in range(1, len(docs), CHUNK):
+            self._documents.extend(docs[start : start + CHUNK] + base)
         self._sequences_at_last_document = len(self._lengths)
         self._data.flush()
         if other.dtype == self.dtype:
@@ -741,14 +750,16 @@ class IndexedDatasetBuilder:
         except BaseException:
             self.abort()
             raise
-        self._discard_spills()
+        for spill in (self._lengths, self._documents, self._modes):
+            if spill is not None:
+                spill.unlink()  # no file left behind; the views stay readable, like Megatron's lists
         self._done = True
 
     def _write_index(self, idx_path: str) -> str:
         header = IndexHeader(self.dtype, len(self._lengths), len(self._documents))
         directory = os.path.dirname(os.path.abspath(idx_path))
         os.makedirs(directory, exist_ok=True)
-        tmp_idx = _temp_name(directory, os.path.basename(idx_path))
+        tmp_idx = temp_name(directory, os.path.basename(idx_path))
         try:
             with open(tmp_idx, "xb", buffering=1 << 20) as out:
                 out.write(header.pack())
@@ -801,11 +812,6 @@ class IndexedDatasetBuilder:
     def __del__(self) -> None:
         if not getattr(self, "_done", True):
             self.abort()
-
-
-def _temp_name(directory: str, base: str) -> str:
-    """Return a fresh hidden temporary path ``directory/.base.<random>.tmp`` (opened with mode ``x``)."""
-    return os.path.join(directory, f".{base}.{uuid.uuid4().hex[:12]}.tmp")
 
 
 def _remove_quietly(path: str) -> None:

@@ -216,6 +216,22 @@ class NumMicroBatchesCalculator(ABC):
         """The micro-batch size."""
         return self.micro_batch_size
 
+    # Megatron-Core's public attributes (read-only here: they follow :meth:`update`)
+    @property
+    def num_micro_batches(self) -> int:
+        """Megatron-Core's attribute: same as :meth:`get`."""
+        return self.get()
+
+    @property
+    def current_global_batch_size(self) -> int:
+        """Megatron-Core's attribute: same as :meth:`get_current_global_batch_size`."""
+        return self.get_current_global_batch_size()
+
+    @property
+    def current_running_global_batch_size(self) -> int:
+        """Megatron-Core's attribute: same as :meth:`get_current_running_global_batch_size`."""
+        return self.get_current_running_global_batch_size()
+
 
 class ConstantNumMicroBatchesCalculator(NumMicroBatchesCalculator):
     """A constant global batch size: ``global_batch_size // (micro_batch_size * data_parallel_size)``.
@@ -361,6 +377,11 @@ class RampupBatchsizeNumMicroBatchesCalculator(NumMicroBatchesCalculator):
     def rampup_batch_size(self) -> list[int]:
         """``[start_global_batch_size, batch_size_increment, rampup_samples]`` as configured."""
         return [self.start_global_batch_size, self.batch_size_increment, self.rampup_samples]
+
+    @property
+    def ramup_samples(self) -> int:
+        """Megatron-Core's spelling of :attr:`rampup_samples` (its attribute has the typo)."""
+        return self.rampup_samples
 
     def global_batch_size_at(self, consumed_samples: int) -> int:
         """Megatron's ramp-up formula at ``consumed_samples`` (see the class docstring)."""
