@@ -100,7 +100,10 @@ def check_resume_config(folder: str | os.PathLike, current: TrainConfig) -> list
             that differs, or naming the checkpoint's unreadable ``config.toml``.
     """
     path = Path(folder) / "config.toml"
-    if not path.is_file() or Checkpointer.read_trainer_state(folder).get("model_only"):
+    saved_state = (
+        Checkpointer(Path(folder).parent).read_trainer_state(folder) if path.is_file() else {}
+    )
+    if not path.is_file() or saved_state.get("model_only"):
         return []
     try:
         saved = config_from_saved(tomllib.loads(path.read_text(encoding="utf-8")))
