@@ -502,7 +502,7 @@ class Trainer:
         t_start = time.perf_counter()
         folder = self.resume_folder()
         if folder is not None:
-            changed = check_resume_config(folder, cfg)  # before loading anything
+            changed = check_resume_config(folder, cfg, self.checkpointer)  # before loading
             self.load_checkpoint(folder)
             if changed and self.log:
                 print(f"resuming with changed options: {'; '.join(changed)}", flush=True)
