@@ -117,8 +117,8 @@ def test_long_line_inside_a_chunk_and_the_cli_flag(tmp_path, capsys):
         run_cli(tmp_path, "--input", str(path), "--max-line-bytes", "4k", "--skip-bad-lines") == 0
     )
     assert len(IndexedDataset(str(tmp_path / "out_text_document"))) == 2
-    # under the default limit (64 MiB) the same line is fine
-    assert DEFAULT_MAX_LINE_BYTES == 64 << 20
+    # under the default limit (32 MiB) the same line is fine
+    assert DEFAULT_MAX_LINE_BYTES == 32 << 20
     summary = preprocess(path, tmp_path / "ok", tok, skip_bad_lines=True, chunk_bytes=1024)
     assert summary.documents == 3 and summary.tokens["text"] == 5 + 5000 + 5
     with pytest.raises(SystemExit):

@@ -10,7 +10,7 @@ the same files (``{output_prefix}_{key}_document.{bin,idx}``, or ``_sentence`` w
 no-ops (the output is always in input order, whatever ``--workers``). In addition
 ``--input`` takes several files, directories and globs, ``.jsonl.gz`` is read directly,
 ``--skip-bad-lines`` skips lines that are not JSON objects with the keys, and
-``--max-line-bytes`` (default 64M) refuses longer lines before reading them whole.
+``--max-line-bytes`` (default 32M) refuses longer lines before reading them whole.
 
 Example::
 
@@ -144,7 +144,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=lambda text: _positive_bytes(text, "--max-line-bytes"),
         default=DEFAULT_MAX_LINE_BYTES,
         help="refuse (or with --skip-bad-lines skip) longer lines, before reading them whole "
-        "(default 64M; tokenizing a line takes about 10-20x its size in memory)",
+        "(default 32M; tokenizing a line takes about 13-20x its size in memory)",
     )
     group.add_argument(
         "--max-documents",

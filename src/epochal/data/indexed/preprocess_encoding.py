@@ -297,6 +297,7 @@ class ChunkEncoder:
         ids = self.tokenizer.encode_batch(sentences) if sentences else []
         lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
         tokens = np.fromiter(chain.from_iterable(ids), dtype=np.int64, count=int(lengths.sum()))
+        del ids  # one huge line: do not hold its id list and its arrays at once
         # Megatron drops sentences without tokens; a document may end up with none.
         document_of = np.repeat(np.arange(len(values)), counts)
         keep = lengths > 0
