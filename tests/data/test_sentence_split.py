@@ -7,7 +7,13 @@ import numpy as np
 import pytest
 
 from epochal.cli import main
-from epochal.data import IndexedDataset, SentenceSplitter, build_tokenizer, split_sentences
+from epochal.data import (
+    IndexedDataset,
+    SentenceSplitter,
+    build_tokenizer,
+    preprocess_documents,
+    split_sentences,
+)
 from epochal.data.indexed.indexed_format import get_bin_path, get_idx_path
 from epochal.data.indexed.preprocess import preprocess
 from epochal.data.indexed.sentence_split import MAX_SPLIT_CHARS, _punkt_from_params
@@ -122,6 +128,11 @@ def test_split_sentences_layout_and_workers(tmp_path):
     assert [x.tolist() for x in ds] == [s for d in expected for s in d]
     np.testing.assert_array_equal(ds.document_indices, np.cumsum([0] + [len(d) for d in expected]))
     assert len(expected[0]) == len(SENTENCES) and len(expected[1]) == 0
+    in_memory = preprocess_documents(
+        [r["text"] for r in RECORDS], tok, tmp_path / "docs", split_sentences=True
+    )
+    assert in_memory.sentence_splitter == one.sentence_splitter
+    assert file_bytes(str(tmp_path / "docs")) == file_bytes(one.outputs["text"])
 
 
 @pytest.mark.peer

@@ -204,11 +204,7 @@ def preprocess(
     level = "sentence" if split_sentences else "document"
     outputs = {key: f"{prefix}_{key}_{level}" for key in keys}
     total_bytes = sum(os.path.getsize(path) for path in files)
-    splitter = None
-    if split_sentences:
-        from epochal.data.indexed.sentence_split import SentenceSplitter
-
-        splitter = SentenceSplitter(lang, keep_newlines=keep_newlines)
+    splitter = _splitter(split_sentences, lang, keep_newlines)
 
     def chunks() -> Iterator[tuple[Chunk, int]]:
         for index, path in enumerate(files):
@@ -248,6 +244,9 @@ def preprocess_documents(
     chunk_bytes: int = 1 << 20,
     progress: bool = False,
     mp_context: str | None = None,
+    split_sentences: bool = False,
+    lang: str = "english",
+    keep_newlines: bool = False,
 ) -> PreprocessSummary:
     """Tokenize documents given as strings into ``output_prefix.{bin,idx}``.
 
@@ -258,6 +257,8 @@ def preprocess_documents(
         output_prefix: output path without extension.
         append_eod: append ``tokenizer.eod`` to every non-empty document.
         workers, dtype, chunk_bytes, progress, mp_context: as in :func:`preprocess`.
+        split_sentences, lang, keep_newlines: as in :func:`preprocess` (the output
+            name stays ``output_prefix``).
 
     Returns:
         A :class:`PreprocessSummary` with the single output under key ``"text"``.
@@ -306,7 +307,17 @@ def preprocess_documents(
         progress_total=total,
         mp_context=mp_context,
         where="the documents given",
+        splitter=_splitter(split_sentences, lang, keep_newlines),
     )
+
+
+def _splitter(split_sentences: bool, lang: str, keep_newlines: bool) -> Any:
+    """The sentence splitter for ``split_sentences``, or ``None``."""
+    if not split_sentences:
+        return None
+    from epochal.data.indexed.sentence_split import SentenceSplitter
+
+    return SentenceSplitter(lang, keep_newlines=keep_newlines)
 
 
 def _run(
