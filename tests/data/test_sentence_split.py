@@ -69,6 +69,24 @@ def test_punkt_engine_with_megatron_keep_newlines():
     assert kept.tokenize(text) == ["First one. ", "Second one.\n\n", "Third one."]
 
 
+def test_punkt_is_used_when_its_data_is_installed(tmp_path, monkeypatch):
+    """A (tiny) punkt_tab folder on nltk's data path: the auto engine picks Punkt for --lang."""
+    nltk = pytest.importorskip("nltk")
+    folder = tmp_path / "tokenizers" / "punkt_tab" / "testlang"
+    folder.mkdir(parents=True)
+    (folder / "abbrev_types.txt").write_text("mr\ndr\n")
+    for name in ("collocations.tab", "sent_starters.txt", "ortho_context.tab"):
+        (folder / name).write_text("")
+    monkeypatch.setattr(nltk.data, "path", [str(tmp_path), *nltk.data.path])
+    text = "Mr. Smith left. Dr. Who came.\n\nNext one."
+    splitter = SentenceSplitter("testlang")
+    assert splitter.engine == "punkt"
+    assert splitter.tokenize(text) == ["Mr. Smith left.", "Dr. Who came.", "Next one."]
+    kept = pickle.loads(pickle.dumps(SentenceSplitter("testlang", keep_newlines=True)))
+    assert kept.engine == "punkt"
+    assert kept.tokenize(text) == ["Mr. Smith left. ", "Dr. Who came.\n\n", "Next one."]
+
+
 def test_punkt_requested_without_data_is_a_clear_error():
     nltk = pytest.importorskip("nltk")
     try:
