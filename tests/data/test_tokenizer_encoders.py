@@ -75,6 +75,11 @@ def test_bert_wordpiece_attributes_and_roundtrip(vocabs, lower):
     assert (tok.bos, tok.eos, tok.eod, tok.vocab_size) == (1200, 1201, 1201, 1202)
     assert tok.inv_vocab[tok.mask] == "[MASK]" and tok.vocab["[EOS]"] == tok.eos
     assert all(tok.vocab[t] == i for i, t in tok.inv_vocab.items())
+    assert tok.unique_identifiers == {
+        "class": name,
+        "tokenizer_path": [str(vocabs[lower])],
+        "vocab_extra_ids": "0",
+    }
     ids = tok.tokenize("Hello World, tokenization!")
     assert ids == tok.encode("Hello World, tokenization!")
     words = "hello world , tokenization !" if lower else "Hello World , tokenization !"

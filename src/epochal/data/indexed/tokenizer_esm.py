@@ -41,6 +41,7 @@ class ESM2Tokenizer(Tokenizer):
         cls (= bos), pad, eos (= eod = sep), unk, mask: the special ids (0, 1, 2, 3, 32
             for ESM-2's alphabet), also as ``cls_id``, ``pad_id``, ``mask_id``, ...
         vocab: token -> id; inv_vocab: id -> token.
+        unique_identifiers: the description Megatron-Core's datasets serialize.
 
     Raises:
         FileNotFoundError: ``vocab_file`` is missing.
@@ -71,6 +72,7 @@ class ESM2Tokenizer(Tokenizer):
         self.eos = self.eod = self.sep = self.sep_id = self.vocab["<eos>"]
         self.unk = self.vocab["<unk>"]
         self.mask = self.mask_id = self.vocab["<mask>"]
+        self.unique_identifiers = {"class": "ESM2Tokenizer", "tokenizer_path": [self.source]}
         by_length = sorted(self._tokens, key=len, reverse=True)
         self._splitter = re.compile("(" + "|".join(map(re.escape, by_length)) + ")")
 

@@ -76,6 +76,8 @@ class BertWordPieceTokenizer(Tokenizer):
         eod: the ``[EOS]`` id.
         vocab: token -> id (``dict``); inv_vocab: id -> token.
         lower_case: as given.
+        unique_identifiers: Megatron's tokenizer description (class, vocabulary path),
+            which Megatron-Core's datasets serialize.
 
     Raises:
         FileNotFoundError: the vocabulary file is missing.
@@ -138,6 +140,12 @@ class BertWordPieceTokenizer(Tokenizer):
         self.bos_token, self.eos_token = "[BOS]", "[EOS]"
         self.bos = vocab["[BOS]"]
         self.eos = self.eod = vocab["[EOS]"]
+        # what Megatron-Core's datasets put in their description (and cache hash)
+        self.unique_identifiers = {
+            "class": "BertWordPieceLowerCase" if self.lower_case else "BertWordPieceCase",
+            "tokenizer_path": [self.source],
+            "vocab_extra_ids": str(state["extra"]),
+        }
 
     def __getstate__(self) -> dict[str, Any]:
         return {"source": self.source, "state": self._state}
