@@ -227,7 +227,9 @@ def preprocess(
         max_line_bytes=max_line_bytes,
         max_documents=max_documents,
         log_interval=log_interval,
-        where=", ".join(files),
+        where=", ".join(files)
+        if len(files) <= 3
+        else f"{files[0]} and {len(files) - 1} more files",
     )
     summary.files = len(files)
     return summary
