@@ -231,3 +231,61 @@ def _inner_index(dataset, i: int) -> list[int]:
     if hasattr(dataset, "dataset_index"):
         return [int(dataset.dataset_sample_index[i])]
     return [i]
+
+
+def stdlib_paragraphs() -> list[list[str]]:
+    """Documents of sentences from standard-library docstrings (offline, deterministic)."""
+    import argparse
+    import collections
+    import json
+    import textwrap
+
+    documents = []
+    for module in (argparse, collections, json, textwrap, warnings):
+        for paragraph in (module.__doc__ or "").split("\n\n"):
+            text = " ".join(paragraph.split())
+            sentences = [s.strip() for s in text.replace("? ", ". ").split(". ") if s.strip()]
+            if sentences:
+                documents.append(sentences)
+    return documents
+
+
+@pytest.mark.parametrize("classification_head", [True, False])
+def test_real_wordpiece_tokenizer_on_text(tmp_path, world_of_one, classification_head):
+    """Megatron's BertWordPieceLowerCase on a sentence-split text corpus: same samples."""
+    import torch
+    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
+
+    from epochal.data import build_tokenizer
+    from epochal.data.indexed.tokenizer_wordpiece import train_wordpiece
+
+    documents = stdlib_paragraphs()
+    texts = [s for sentences in documents for s in sentences]
+    vocab = train_wordpiece(texts, 400, tmp_path / "vocab.txt", min_frequency=1)
+    tokenizer = build_tokenizer("BertWordPieceLowerCase", vocab_file=vocab)
+    tokenizer.unique_identifiers = {"class": "BertWordPieceLowerCase", "vocab": vocab}
+    prefix = str(tmp_path / "text")
+    builder = IndexedDatasetBuilder(prefix + ".bin", dtype=np.uint16)
+    for sentences in documents:
+        for sentence in sentences:
+            builder.add_item(torch.tensor(tokenizer.tokenize(sentence), dtype=torch.int64))
+        builder.end_document()
+    builder.finalize(prefix + ".idx")
+    config = BERTDatasetConfig(
+        seq_length=64,
+        tokenizer=tokenizer,
+        seed=11,
+        data_path=[prefix],
+        split="1",
+        classification_head=classification_head,
+        masking_max_ngram=2,
+    )
+    theirs = BlendedMegatronDatasetBuilder(
+        MBERTDataset,
+        [100, 0, 0],
+        lambda: True,
+        megatron_config(config, str(tmp_path / "megatron"), blend=config.blend, split="1"),
+    ).build()[0]
+    ours = build_bert_datasets(config, [100, 0, 0])[0]
+    assert any(ours[i]["truncated"] for i in range(len(ours)))
+    assert_same_samples(ours, theirs, config)
