@@ -30,6 +30,7 @@ is read. Megatron's one use of numpy's global generator (the N-gram sizes of
 from __future__ import annotations
 
 import os
+import threading
 import warnings
 from typing import Any
 
@@ -217,6 +218,14 @@ class BERTDataset(Dataset):
             note={"dataset": self.name, "documents": [first, end]},
         )
         self.sample_index = arrays["sample_index"]
+        self._local = threading.local()
+
+    def _generators(self) -> tuple[np.random.RandomState, np.random.RandomState]:
+        """This thread's two generators, reseeded per sample (creating one costs ~100x more)."""
+        local = self._local
+        if not hasattr(local, "state"):
+            local.state, local.permutation = np.random.RandomState(0), np.random.RandomState(0)
+        return local.state, local.permutation
 
     def _no_samples(self, err: ValueError | None) -> ValueError:
         reason = f" ({err})" if err else ""
@@ -256,7 +265,8 @@ class BERTDataset(Dataset):
         idx = self._index(idx)
         begin, end, target = (int(v) for v in self.sample_index[idx])
         sentences = [self.dataset.get(i).tolist() for i in range(begin, end)]
-        state = np.random.RandomState(seed=(self.seed + idx) % 2**32)
+        state, permutation_state = self._generators()
+        state.seed((self.seed + idx) % 2**32)  # Megatron: RandomState(seed=(seed + idx) % 2**32)
         vocab, seq_length, pad = self.vocab, self.seq_length, self.pad_token_id
 
         pivot, is_random = len(sentences), False
@@ -287,9 +297,8 @@ class BERTDataset(Dataset):
             tokens += [*split_b, vocab.sep]
             types += [1] * (len(split_b) + 1)
 
-        permutation_state = None
         if self.masking.do_permutation:
-            permutation_state = np.random.RandomState([self.seed, idx, PERMUTATION_SEED_WORD])
+            permutation_state.seed([self.seed, idx, PERMUTATION_SEED_WORD])
         tokens, positions, labels_at = create_masked_lm_predictions(
             tokens, target, state, vocab, self.masking, permutation_state
         )
@@ -319,10 +328,13 @@ class BERTDataset(Dataset):
 
     def __getstate__(self) -> dict[str, Any]:
         """Pickle a cached index as its file name (workers map the file again)."""
-        return pickle_arrays(self.__dict__, ("sample_index",))
+        state = pickle_arrays(self.__dict__, ("sample_index",))
+        del state["_local"]  # per-thread generators are recreated on first use
+        return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(unpickle_arrays(state, ("sample_index",)))
+        self._local = threading.local()
 
     def __repr__(self) -> str:
         return (
