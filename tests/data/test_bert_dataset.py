@@ -101,9 +101,17 @@ class NoMaskTokenizer:
         raise NotImplementedError("no [MASK]")
 
 
-def test_tokenizer_without_mask_is_rejected(setup):
+class NoClsSepTokenizer:
+    mask, pad = 4, 0
+    cls = sep = None
+    inv_vocab = {0: "[PAD]", 4: "[MASK]"}
+
+
+def test_tokenizer_without_mask_cls_or_sep_is_rejected(setup):
     with pytest.raises(ValueError, match=r"tokenizer: NoMaskTokenizer has no mask"):
         BERTDatasetConfig(seq_length=40, tokenizer=NoMaskTokenizer(), data_path=["x"])
+    with pytest.raises(ValueError, match=r"tokenizer: NoClsSepTokenizer has no cls, sep"):
+        BERTDatasetConfig(seq_length=40, tokenizer=NoClsSepTokenizer(), data_path=["x"])
 
 
 @pytest.mark.parametrize(

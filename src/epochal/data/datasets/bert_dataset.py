@@ -25,6 +25,11 @@ Samples are a pure function of (files, seed, options, index): no global random s
 is read. Megatron's one use of numpy's global generator (the N-gram sizes of
 ``masking_do_permutation``) comes here from ``RandomState([seed, idx, 0x5045524D])``
 (see :data:`PERMUTATION_SEED_WORD`).
+
+Multi-epoch training: as in Megatron, ``num_samples`` above one epoch indexes further
+epochs, and since every sample index has its own generator, a sentence run met again in
+a later epoch gets fresh masks (and a fresh segment split). ``dataset[EpochIndex(e, i)]``
+is sample ``i`` for every ``e`` (the epoch is ignored, as by ``GPTDataset``).
 """
 
 from __future__ import annotations
