@@ -54,6 +54,10 @@ _EXPORTS = {
     "parse_split": "datasets.splits",
     "split_document_ranges": "datasets.splits",
     "CacheRebuildWarning": "datasets.index_cache",
+    # BERT masked-LM samples
+    "BERTDataset": "datasets.bert_dataset",
+    "BERTDatasetConfig": "datasets.bert_builder",
+    "build_bert_datasets": "datasets.bert_builder",
     # samplers and loaders
     "MegatronPretrainingSampler": "loading.samplers",
     "MegatronPretrainingRandomSampler": "loading.samplers",
