@@ -23,14 +23,17 @@ RUNNABLE = (
 
 
 def python_blocks() -> dict[str, str]:
-    """``{section heading: its first python block}`` for the runnable sections."""
+    """``{section heading: its python blocks, in order}`` for the runnable sections.
+
+    The blocks of one section (its ``###`` parts included) run in one namespace.
+    """
     blocks: dict[str, str] = {}
     for section in re.split(r"^## ", README.read_text(), flags=re.M)[1:]:
         heading = section.splitlines()[0]
-        match = re.search(r"```python\n(.*?)```", section, flags=re.S)
+        code = re.findall(r"```python\n(.*?)```", section, flags=re.S)
         for name in RUNNABLE:
-            if heading.startswith(name) and match:
-                blocks[name] = match.group(1)
+            if heading.startswith(name) and code:
+                blocks[name] = "\n".join(code)
     return blocks
 
 

@@ -198,7 +198,7 @@ def build_bert_datasets(
             group=group,
         )
 
-    opener = open_indexed or _open_indexed(config.mmap)
+    opener = open_indexed or _open_indexed(config.mmap, config.path_to_cache)
     builder = _Builder(config, sizes_list, opener, group, make=make)
     return build_from_paths(
         config, builder, lambda low: int(np.asarray(low.document_indices).shape[0]) - 1
