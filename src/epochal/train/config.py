@@ -229,6 +229,11 @@ class TrainingConfig:
         bf16: run forward/backward under bfloat16 autocast (parameters and
             optimizer state stay float32).
         compile: ``torch.compile`` each transformer block.
+        train_step: a custom train step class ``"package.module:Class"`` (a
+            subclass of ``epochal.train.GPTTrainStep`` / ``BertTrainStep``;
+            Accelerate's ``custom_train_step_class``); empty = the model type's step.
+        train_step_kwargs: keyword arguments of that class (a TOML table;
+            Accelerate's ``custom_train_step_kwargs``).
     """
 
     micro_batch_size: int = 4
@@ -241,8 +246,20 @@ class TrainingConfig:
     device: Literal["auto", "cpu", "cuda"] = "auto"
     bf16: bool = False
     compile: bool = False
+    train_step: str = ""
+    train_step_kwargs: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        _require(
+            not self.train_step or self.train_step.count(":") == 1,
+            "train_step",
+            f"must look like 'package.module:Class', got {self.train_step!r}",
+        )
+        _require(
+            not self.train_step_kwargs or bool(self.train_step),
+            "train_step_kwargs",
+            "is set but training.train_step is not",
+        )
         _require(
             self.micro_batch_size >= 1,
             "micro_batch_size",
@@ -558,6 +575,9 @@ def _coerce(value: Any, tp: Any, option: str) -> Any:
         allowed = typing.get_args(tp)
         _require(value in allowed, option, f"must be one of {list(allowed)}, got {value!r}")
         return value
+    if origin is dict:
+        _require(isinstance(value, dict), option, f"expected a table, got {value!r}")
+        return dict(value)
     if origin is list:
         (item_tp,) = typing.get_args(tp)
         _require(isinstance(value, list | tuple), option, f"expected a list, got {value!r}")
@@ -711,6 +731,10 @@ def _toml_value(v: Any) -> str:
         return '"' + v.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
     if isinstance(v, list | tuple):
         return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return (
+            "{" + ", ".join(f"{_toml_value(str(k))} = {_toml_value(x)}" for k, x in v.items()) + "}"
+        )
     raise TypeError(f"cannot write {v!r} to TOML")
 
 

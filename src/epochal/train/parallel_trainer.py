@@ -40,11 +40,13 @@ from epochal.parallel.checkpoint import TiedOptimizerState, consolidate_checkpoi
 from epochal.parallel.dims import ParallelDims
 from epochal.parallel.engine import ParallelEngine
 from epochal.parallel.launch import DistributedInfo, init_distributed, is_logging_rank, rank0_first
+from epochal.parallel.logged import reduce_logged
 from epochal.parallel.rng import pipeline_stage_seed
 from epochal.train.checkpoint import Checkpointer, SafeFileSystemReader, SafeLoadPlanner
 from epochal.train.config import TrainConfig, model_config_from_section
 from epochal.train.data import DataBundle, build_data
 from epochal.train.state import ModelState
+from epochal.train.steps import set_data_parallel_group
 from epochal.train.trainer import LossFn, Trainer
 
 __all__ = ["ParallelTrainer", "export_consolidated", "wants_parallel"]
@@ -96,6 +98,9 @@ class ParallelTrainer(Trainer):
         )
         self.mesh = self.dims.build_mesh(self.dist.device.type) if self.dist.distributed else None
         self.custom_loss: LossFn | None = loss_fn
+        set_data_parallel_group(
+            self.mesh["dp"].get_group() if self.mesh is not None and self.dims.dp > 1 else None
+        )
         if data is None:
             info = self.data_parallel_info()
             data = rank0_first(lambda: build_data(config, **info))
@@ -202,7 +207,7 @@ class ParallelTrainer(Trainer):
         ok = True
         if self.engine.needs_batches(per_doc):
             try:
-                micro_batches = [self._to_device(next(batches)) for _ in range(n_mb)]
+                micro_batches = [self.step_batch(next(batches)) for _ in range(n_mb)]
             except StopIteration:
                 ok = False
         if not self._agree(ok):
@@ -210,8 +215,15 @@ class ParallelTrainer(Trainer):
         if not micro_batches:
             self._advance_without_reading(n_mb)
         return self.engine.forward_backward(
-            micro_batches, num_microbatches=n_mb, loss_fn=self.custom_loss, per_document=per_doc
+            micro_batches,
+            num_microbatches=n_mb,
+            per_document=per_doc,
+            step=self.train_step_handler,
         )
+
+    def reduce_logged(self) -> dict[str, float]:
+        """The last step's logged values, averaged over micro-batches and data-parallel ranks."""
+        return self.engine.reduce_logged()
 
     @torch.no_grad()
     def evaluate(self) -> float | None:
@@ -230,14 +242,17 @@ class ParallelTrainer(Trainer):
         reading = self.engine.needs_batches(per_doc)
         it = iter(loader) if reading else None
         total = 0.0
+        logged: list[dict[str, float]] = []
         for _ in range(iters):
-            mbs = [self._to_device(next(it)) for _ in range(n_mb)] if it is not None else []
+            mbs = [self.step_batch(next(it)) for _ in range(n_mb)] if it is not None else []
             loss = self.engine.eval_loss(
-                mbs, num_microbatches=n_mb, loss_fn=self.custom_loss, per_document=per_doc
+                mbs, num_microbatches=n_mb, per_document=per_doc, step=self.train_step_handler
             )
+            logged.append(self.engine.reduce_logged())
             total += float(loss.item())
         for part in self.model_parts:
             part.train()
+        self.last_eval_logged = self.train_step_handler.eval_summary(reduce_logged(logged))
         return total / iters
 
     # ------------------------------------------------------------ checkpoints
