@@ -18,6 +18,7 @@ RUNNABLE = (
     "Resumable loading",
     "Indexed files and preprocessing",
     "GPT samples, splits and blending",
+    "Models",
 )
 
 

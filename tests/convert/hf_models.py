@@ -13,7 +13,8 @@ def randomize(module: torch.nn.Module, seed: int, std: float = 0.2) -> torch.nn.
     gen = torch.Generator().manual_seed(seed)
     for name, p in module.named_parameters():
         noise = torch.randn(p.shape, generator=gen) * std
-        if "norm" in name or ".ln_" in name or name.endswith(("ln_f.weight", "ln_f.bias")):
+        lower = name.lower()
+        if "norm" in lower or ".ln_" in name or ".ln." in name or name.startswith("ln."):
             base = 1.0 if name.endswith("weight") else 0.0
             p.copy_(base + 0.1 * noise / std)
         else:
@@ -126,5 +127,81 @@ def llama_like(**kw) -> ModelConfig:
         hidden_dropout=0.0,
         attention_dropout=0.0,
     )
+    base.update(kw)
+    return ModelConfig(**base)
+
+
+# ------------------------------------------------------------------ encoders
+def hf_bert(cls_name: str = "BertForMaskedLM", *, seed: int = 0, vocab: int = 100, **kw):
+    """A tiny random ``Bert*`` / ``MegatronBert*`` model (``cls_name`` from transformers)."""
+    import transformers
+
+    config_cls = (
+        transformers.MegatronBertConfig
+        if cls_name.startswith("MegatronBert")
+        else transformers.BertConfig
+    )
+    cfg = config_cls(
+        vocab_size=vocab,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=48,
+        max_position_embeddings=64,
+        type_vocab_size=2,
+        **kw,
+    )
+    with torch.random.fork_rng():
+        model = getattr(transformers, cls_name)(cfg)
+    return randomize(model, seed).eval()
+
+
+def hf_esm(*, seed: int = 0, token_dropout: bool = True, **kw):
+    """A tiny random ESM-2 ``EsmForMaskedLM`` (33-token alphabet, mask 32, pad 1)."""
+    from transformers import EsmConfig, EsmForMaskedLM
+
+    options = dict(
+        vocab_size=33,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=48,
+        max_position_embeddings=66,
+        position_embedding_type="rotary",
+        token_dropout=token_dropout,
+        mask_token_id=32,
+        pad_token_id=1,
+        emb_layer_norm_before=False,
+    )
+    cfg = EsmConfig(**{**options, **kw})
+    with torch.random.fork_rng():
+        model = EsmForMaskedLM(cfg)
+    return randomize(model, seed).eval()
+
+
+def encoder_like(type: str = "bert", **kw) -> ModelConfig:
+    """A tiny BERT (``type="bert"``) or ESM-2 (``type="esm"``) config of ours."""
+    base = dict(
+        type=type,
+        vocab_size=100,
+        hidden_size=32,
+        num_layers=2,
+        num_attention_heads=4,
+        ffn_hidden_size=48,
+        max_position_embeddings=64,
+        norm_epsilon=1e-12,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+    )
+    if type == "bert":
+        base.update(num_tokentypes=2)
+    else:
+        base.update(
+            vocab_size=33,
+            position_embedding_type="rope",
+            token_dropout=True,
+            mask_token_id=32,
+            pad_token_id=1,
+        )
     base.update(kw)
     return ModelConfig(**base)

@@ -223,9 +223,9 @@ def test_unsupported_configs_are_refused(tmp_path):
     (tmp_path / "e" / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(ConversionError, match="rope_type='dynamic'"):
         load_hf_checkpoint(tmp_path / "e")
-    cfg["model_type"] = "bert"
+    cfg["model_type"] = "mamba"
     (tmp_path / "e" / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(ConversionError, match="model_type='bert'"):
+    with pytest.raises(ConversionError, match="model_type='mamba'"):
         load_hf_checkpoint(tmp_path / "e")
 
 

@@ -1,10 +1,11 @@
-"""Checkpoint conversion: epochal <-> Hugging Face (GPT-2, Llama) <-> Megatron-LM (legacy layout).
+"""Checkpoint conversion: epochal <-> Hugging Face (GPT-2, Llama, BERT, MegatronBERT, ESM-2)
+<-> Megatron-LM (legacy layout, GPT).
 
 Public names: :func:`load_hf_checkpoint`, :func:`save_hf_checkpoint`,
 :func:`load_megatron_checkpoint`, :func:`save_megatron_checkpoint`,
 :func:`safe_torch_load`, :class:`ConversionError`, :class:`UnsafeCheckpointError`.
-Every converter works on ``(ModelConfig, state_dict)`` pairs with
-:class:`epochal.model.GPTModel`'s parameter names (see :mod:`epochal.convert.common`).
+Every converter works on ``(ModelConfig, state_dict)`` pairs with the parameter
+names of ``epochal.model.build_model(config)`` (see :mod:`epochal.convert.common`).
 """
 
 from epochal._lazy import lazy_exports

@@ -1,8 +1,8 @@
 """Helpers shared by the converters: errors, vocabulary padding, key checks.
 
 A converted model is always a pair ``(ModelConfig, state_dict)`` where the state
-dict uses :class:`epochal.model.GPTModel`'s parameter names (see
-:mod:`epochal.model.gpt`) and holds full (unsharded) CPU tensors. With tied
+dict uses the parameter names of ``epochal.model.build_model(config)`` (see
+:mod:`epochal.model.gpt` and :mod:`epochal.model.bert`) and holds full (unsharded) CPU tensors. With tied
 embeddings it holds ``tok_embeddings.weight`` and ``output.weight`` as the same
 tensor, exactly as ``GPTModel.state_dict()`` does, so
 ``model.load_state_dict(state, strict=True)`` works.
@@ -53,11 +53,11 @@ def resize_rows(tensor: torch.Tensor, rows: int) -> torch.Tensor:
 
 
 def expected_keys(config: ModelConfig) -> list[str]:
-    """The state-dict keys of ``GPTModel(config)`` (tied output included), in model order."""
-    with torch.device("meta"):
-        from epochal.model.gpt import GPTModel
+    """The state-dict keys of ``build_model(config)`` (tied output included), in model order."""
+    from epochal.model.build import build_model
 
-        model = GPTModel(config)
+    with torch.device("meta"):
+        model = build_model(config)
     return list(model.state_dict().keys())
 
 
@@ -122,11 +122,11 @@ def attach_output_head(
 
 
 def check_shapes(state: Mapping[str, torch.Tensor], config: ModelConfig, source: str) -> None:
-    """Raise :class:`ConversionError` if a tensor's shape differs from ``GPTModel(config)``'s."""
-    with torch.device("meta"):
-        from epochal.model.gpt import GPTModel
+    """Raise :class:`ConversionError` if a tensor's shape differs from ``build_model(config)``'s."""
+    from epochal.model.build import build_model
 
-        reference = GPTModel(config).state_dict()
+    with torch.device("meta"):
+        reference = build_model(config).state_dict()
     check_keys(state.keys(), reference.keys(), source)
     for name, ref in reference.items():
         if tuple(state[name].shape) != tuple(ref.shape):

@@ -7,14 +7,19 @@ requested dtype), written into a temporary folder that is renamed into place
 when complete. ``transformers`` is not needed for either.
 
 The architecture is chosen by ``config.json``'s ``model_type`` on import
-(``gpt2`` or ``llama``) and on export by the model: learned absolute positions
--> ``GPT2LMHeadModel``, RoPE -> ``LlamaForCausalLM`` (or named explicitly).
+(:data:`IMPORTERS`: ``gpt2``, ``llama``, ``bert``, ``megatron-bert``, ``esm``) and on
+export by the model (:func:`hf_architecture_for`; or named explicitly): a GPT with
+learned absolute positions -> ``GPT2LMHeadModel``, with RoPE ->
+``LlamaForCausalLM``; a BERT -> ``BertForMaskedLM`` / ``BertForPreTraining``
+(post-LN) or ``MegatronBertForMaskedLM`` / ``MegatronBertForPreTraining``
+(pre-LN); an ESM -> ``EsmForMaskedLM``.
 """
 
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -22,14 +27,64 @@ from typing import Any, Literal
 import torch
 
 from epochal._atomic import atomic_directory
-from epochal.convert import hf_gpt2, hf_llama
+from epochal.convert import hf_bert, hf_esm, hf_gpt2, hf_llama
 from epochal.convert.common import ConversionError, check_shapes, complete_tied
 from epochal.convert.safe_load import load_safetensors, safe_torch_load
 from epochal.model.config import ModelConfig
 
-__all__ = ["HFModel", "load_hf_checkpoint", "save_hf_checkpoint", "hf_architecture_for"]
+__all__ = [
+    "EXPORTERS",
+    "IMPORTERS",
+    "HFModel",
+    "hf_architecture_for",
+    "load_hf_checkpoint",
+    "save_hf_checkpoint",
+]
 
-Architecture = Literal["gpt2", "llama"]
+Architecture = Literal["gpt2", "llama", "bert", "megatron-bert", "esm"]
+ConfigReader = Callable[[dict[str, Any], dict[str, torch.Tensor], int], ModelConfig]
+StateReader = Callable[[dict[str, torch.Tensor], ModelConfig, str], dict[str, torch.Tensor]]
+
+
+#: ``model_type`` -> (config reader ``(hf_config, weights, padding multiple)``,
+#: state reader ``(weights, config, source)``).
+IMPORTERS: dict[str, tuple[ConfigReader, StateReader]] = {
+    "gpt2": (
+        lambda hf, w, m: hf_gpt2.ours_config_from_gpt2(hf, make_vocab_size_divisible_by=m),
+        lambda w, c, src: hf_gpt2.ours_state_from_gpt2(w, c, source=src),
+    ),
+    "llama": (
+        lambda hf, w, m: hf_llama.ours_config_from_llama(hf, make_vocab_size_divisible_by=m),
+        lambda w, c, src: hf_llama.ours_state_from_llama(w, c, source=src),
+    ),
+    "bert": (
+        lambda hf, w, m: hf_bert.ours_config_from_bert(
+            hf, pre_ln=False, binary_head=hf_bert.has_binary_head(w), make_vocab_size_divisible_by=m
+        ),
+        lambda w, c, src: hf_bert.ours_state_from_bert(w, c, source=src),
+    ),
+    "megatron-bert": (
+        lambda hf, w, m: hf_bert.ours_config_from_bert(
+            hf, pre_ln=True, binary_head=hf_bert.has_binary_head(w), make_vocab_size_divisible_by=m
+        ),
+        lambda w, c, src: hf_bert.ours_state_from_bert(w, c, source=src),
+    ),
+    "esm": (
+        lambda hf, w, m: hf_esm.ours_config_from_esm(hf, make_vocab_size_divisible_by=m),
+        lambda w, c, src: hf_esm.ours_state_from_esm(w, c, source=src),
+    ),
+}
+
+#: architecture -> (``config.json`` writer, state writer), both from ``(config[, state])``.
+EXPORTERS: dict[
+    str, tuple[Callable[..., dict[str, Any]], Callable[..., dict[str, torch.Tensor]]]
+] = {
+    "gpt2": (hf_gpt2.gpt2_config_from_ours, hf_gpt2.gpt2_state_from_ours),
+    "llama": (hf_llama.llama_config_from_ours, hf_llama.llama_state_from_ours),
+    "bert": (hf_bert.bert_config_from_ours, hf_bert.bert_state_from_ours),
+    "megatron-bert": (hf_bert.bert_config_from_ours, hf_bert.bert_state_from_ours),
+    "esm": (hf_esm.esm_config_from_ours, hf_esm.esm_state_from_ours),
+}
 
 
 @dataclass
@@ -40,7 +95,7 @@ class HFModel:
         config: our model config.
         state: our state dict (full CPU tensors, vocabulary padded).
         hf_config: the ``config.json`` dict as read.
-        architecture: ``"gpt2"`` or ``"llama"``.
+        architecture: the ``model_type`` read (a key of :data:`IMPORTERS`).
     """
 
     config: ModelConfig
@@ -114,50 +169,65 @@ def _read_weights(folder: Path) -> dict[str, torch.Tensor]:
 
 
 def load_hf_checkpoint(
-    folder: str | os.PathLike, *, make_vocab_size_divisible_by: int = 128
+    folder: str | os.PathLike,
+    *,
+    make_vocab_size_divisible_by: int = 128,
+    model_type: str | None = None,
 ) -> HFModel:
-    """Read a Hugging Face GPT-2 or Llama folder into our config and parameter names.
+    """Read a Hugging Face model folder into our config and parameter names.
+
+    The returned config is accepted by :func:`epochal.model.build_model` and the
+    state loads into that model (``load_state_dict(strict=True)``).
 
     Args:
-        folder: the model folder (``config.json`` + weights).
+        folder: the model folder (``config.json`` + weights) of a ``GPT2LMHeadModel``,
+            ``LlamaForCausalLM``, ``BertForMaskedLM`` / ``BertForPreTraining``,
+            ``MegatronBertForMaskedLM`` / ``MegatronBertForPreTraining`` or ``EsmForMaskedLM``.
         make_vocab_size_divisible_by: our vocabulary padding multiple.
+        model_type: if given, our ``ModelConfig.type`` the caller expects
+            (``"gpt"``, ``"bert"``, ``"esm"``); a folder holding another type is refused.
 
     Raises:
         FileNotFoundError: the folder, ``config.json`` or the weights are missing.
-        ConversionError: unsupported ``model_type`` or option, or tensors that do
-            not match the config.
+        ConversionError: unsupported ``model_type`` or option, a model of another
+            type than ``model_type``, or tensors that do not match the config.
         UnsafeCheckpointError: a ``.bin`` file holds non-tensor objects.
     """
     folder = Path(folder)
     if not folder.is_dir():
         raise FileNotFoundError(f"{folder}: not a folder")
     hf_config = _read_json(folder / "config.json")
-    model_type = hf_config.get("model_type")
-    weights = _read_weights(folder)
-    source = str(folder)
-    if model_type == "gpt2":
-        config = hf_gpt2.ours_config_from_gpt2(
-            hf_config, make_vocab_size_divisible_by=make_vocab_size_divisible_by
-        )
-        state = hf_gpt2.ours_state_from_gpt2(weights, config, source=source)
-    elif model_type == "llama":
-        config = hf_llama.ours_config_from_llama(
-            hf_config, make_vocab_size_divisible_by=make_vocab_size_divisible_by
-        )
-        state = hf_llama.ours_state_from_llama(weights, config, source=source)
-    else:
+    hf_type = hf_config.get("model_type")
+    if hf_type not in IMPORTERS:
         raise ConversionError(
-            f"{folder / 'config.json'}: model_type={model_type!r} is not supported (gpt2 or llama)"
+            f"{folder / 'config.json'}: model_type={hf_type!r} is not supported "
+            f"(one of {sorted(IMPORTERS)})"
         )
-    return HFModel(config=config, state=state, hf_config=hf_config, architecture=model_type)
+    weights = _read_weights(folder)
+    read_config, read_state = IMPORTERS[hf_type]
+    config = read_config(hf_config, weights, make_vocab_size_divisible_by)
+    if model_type is not None and config.type != model_type:
+        raise ConversionError(
+            f"{folder}: holds a {config.type!r} model (Hugging Face {hf_type!r}), "
+            f"expected model.type={model_type!r}"
+        )
+    state = read_state(weights, config, str(folder))
+    return HFModel(config=config, state=state, hf_config=hf_config, architecture=hf_type)
 
 
 def hf_architecture_for(config: ModelConfig) -> Architecture:
-    """``"gpt2"`` for learned absolute positions, ``"llama"`` for RoPE.
+    """The default Hugging Face architecture of ``config``.
+
+    GPT: ``"gpt2"`` for learned absolute positions, ``"llama"`` for RoPE. BERT:
+    ``"bert"`` (post-LN) or ``"megatron-bert"`` (pre-LN). ESM: ``"esm"``.
 
     Raises:
-        ConversionError: other position encodings have no Hugging Face target here.
+        ConversionError: a GPT position encoding with no Hugging Face target here.
     """
+    if config.type == "bert":
+        return "megatron-bert" if config.transformer_block_type == "pre_ln" else "bert"
+    if config.type == "esm":
+        return "esm"
     if config.position_embedding_type == "learned_absolute":
         return "gpt2"
     if config.position_embedding_type == "rope":
@@ -179,44 +249,50 @@ def save_hf_checkpoint(
     eos_token_id: int | list[int] | None = None,
     overwrite: bool = False,
 ) -> Path:
-    """Write ``config.json`` and ``model.safetensors`` for ``GPT2LMHeadModel`` or ``LlamaForCausalLM``.
+    """Write ``config.json`` and ``model.safetensors`` for a Hugging Face class.
 
     Args:
         config: our model config.
         state: our state dict (full tensors; e.g. ``GPTModel.state_dict()``).
         folder: the output folder (created; replaced only with ``overwrite``).
-        architecture: ``"gpt2"``/``"llama"``; default from the position encoding.
+        architecture: a key of :data:`EXPORTERS`; default :func:`hf_architecture_for`.
         dtype: cast floating tensors to this dtype (default: keep each tensor's).
         bos_token_id, eos_token_id: written to ``config.json`` (used by HF ``generate``;
-            ``eos_token_id`` may be a list, as in Llama 3).
+            ``eos_token_id`` may be a list, as in Llama 3); encoders write them only
+            when given.
         overwrite: replace an existing folder.
 
     Returns:
         The folder.
 
     Raises:
-        ConversionError: the model has no such Hugging Face architecture.
+        ConversionError: the model has no such Hugging Face architecture (e.g. a
+            model of another type than ``architecture``).
         FileExistsError: the folder exists and ``overwrite`` is false.
     """
     from safetensors.torch import save_file
 
     arch = architecture or hf_architecture_for(config)
-    if arch == "gpt2":
-        hf_config = hf_gpt2.gpt2_config_from_ours(config)
-    elif arch == "llama":
-        hf_config = hf_llama.llama_config_from_ours(config)
-    else:
-        raise ConversionError(f"architecture={arch!r} is not one of 'gpt2', 'llama'")
+    if arch not in EXPORTERS:
+        raise ConversionError(f"architecture={arch!r} is not one of {sorted(EXPORTERS)}")
+    write_config, write_state = EXPORTERS[arch]
+    if config.is_encoder or arch not in ("gpt2", "llama"):
+        expected = hf_architecture_for(config) if config.is_encoder else "gpt2' or 'llama"
+        if arch != expected:
+            raise ConversionError(
+                f"architecture={arch!r} does not fit model.type={config.type!r} "
+                f"(transformer_block_type={config.transformer_block_type!r}); use '{expected}'"
+            )
+    hf_config = write_config(config)
     state = complete_tied(config, state)
     check_shapes(state, config, "model state")
     out_dtype = dtype or state["tok_embeddings.weight"].dtype
     hf_config["dtype"] = str(out_dtype).removeprefix("torch.")
-    if arch == "gpt2":
-        hf_state = hf_gpt2.gpt2_state_from_ours(state, config)
-    else:
-        hf_state = hf_llama.llama_state_from_ours(state, config)
-    hf_config["bos_token_id"] = bos_token_id
-    hf_config["eos_token_id"] = eos_token_id
+    hf_state = write_state(state, config)
+    if not config.is_encoder or bos_token_id is not None:
+        hf_config["bos_token_id"] = bos_token_id
+    if not config.is_encoder or eos_token_id is not None:
+        hf_config["eos_token_id"] = eos_token_id
     tensors: dict[str, torch.Tensor] = {}
     seen: set[tuple[int, int]] = set()
     for name, tensor in hf_state.items():

@@ -271,6 +271,11 @@ def save_megatron_checkpoint(
             ``state`` does not match ``config``.
         FileExistsError: the iteration folder exists and ``overwrite`` is false.
     """
+    if config.type != "gpt":
+        raise ConversionError(
+            f"model.type={config.type!r}: Megatron-LM export handles GPT models only "
+            "(export encoders to Hugging Face with --to hf)"
+        )
     if spec not in ("transformer_engine", "local"):
         raise ConversionError(
             f"--megatron-spec must be 'transformer_engine' or 'local', got {spec!r}"

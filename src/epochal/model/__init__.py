@@ -1,9 +1,12 @@
-"""The GPT model (no parallelism inside; :mod:`epochal.parallel` applies it from outside).
+"""The model family: GPT, BERT and ESM (no parallelism inside; :mod:`epochal.parallel` applies it).
 
-Public names: :class:`ModelConfig`, :class:`ConfigError`, :class:`GPTModel`,
+:func:`build_model` builds any of them from a :class:`ModelConfig` (its ``type``).
+Public names: :class:`ModelConfig`, :class:`ConfigError`, :func:`build_model`,
+:class:`GPTModel`, :class:`BertModel`,
 :class:`TransformerBlock`, :class:`Attention`, :class:`MLP`, :class:`KVCache`,
 :func:`generate`, :class:`GenerationConfig`, :class:`GenerationOutput`. See
-:mod:`epochal.model.gpt` for the parameter names and the pipeline/tying rules.
+:mod:`epochal.model.gpt` and :mod:`epochal.model.bert` for the parameter names and
+the pipeline/tying rules.
 """
 
 from epochal._lazy import lazy_exports
@@ -12,6 +15,8 @@ _EXPORTS = {
     "ModelConfig": "config",
     "ConfigError": "config",
     "GPTModel": "gpt",
+    "BertModel": "bert",
+    "build_model": "build",
     "TransformerBlock": "layers.block",
     "Attention": "layers.attention",
     "MLP": "layers.mlp",

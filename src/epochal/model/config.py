@@ -1,4 +1,4 @@
-"""``ModelConfig``: the hyper-parameters of a GPT decoder, with Megatron-LM's names.
+"""``ModelConfig``: the hyper-parameters of a model (GPT decoder, BERT/ESM encoder), Megatron-LM's names.
 
 Field names follow Megatron-LM's ``TransformerConfig`` / command-line arguments
 where one exists (``num_query_groups``, ``kv_channels``, ``ffn_hidden_size``,
@@ -23,12 +23,29 @@ __all__ = [
     "NORMALIZATIONS",
     "ACTIVATIONS",
     "ROPE_SCALING_TYPES",
+    "MODEL_TYPES",
+    "TRANSFORMER_BLOCK_TYPES",
+    "ENCODER_FIELDS",
 ]
 
 POSITION_EMBEDDING_TYPES = ("learned_absolute", "rope", "alibi", "none")
 NORMALIZATIONS = ("LayerNorm", "RMSNorm")
 ACTIVATIONS = ("gelu", "gelu_tanh", "swiglu")
 ROPE_SCALING_TYPES = ("linear", "llama3")
+MODEL_TYPES = ("gpt", "bert", "esm")
+TRANSFORMER_BLOCK_TYPES = ("pre_ln", "post_ln")
+#: Fields that only encoders use; a GPT config leaves them at their defaults, and
+#: :meth:`ModelConfig.to_dict` omits them (with ``type``) for GPT, so GPT configs
+#: serialize exactly as before the encoder types existed.
+ENCODER_FIELDS = (
+    "type",
+    "num_tokentypes",
+    "bert_binary_head",
+    "transformer_block_type",
+    "token_dropout",
+    "mask_token_id",
+    "pad_token_id",
+)
 
 
 class ConfigError(ValueError):
@@ -56,9 +73,16 @@ def _require(cond: bool, option: str, message: str) -> None:
 
 @dataclass(kw_only=True)
 class ModelConfig:
-    """Hyper-parameters of :class:`epochal.model.GPTModel` (a pre-norm GPT decoder).
+    """Hyper-parameters of a model built by :func:`epochal.model.build_model`.
+
+    ``type`` picks the model: ``"gpt"`` (:class:`epochal.model.GPTModel`, a pre-norm
+    causal decoder; the default, and what a config without ``type`` means),
+    ``"bert"`` (:class:`epochal.model.BertModel`, Megatron's / Hugging Face's BERT
+    encoder) or ``"esm"`` (the same encoder configured as ESM-2: rotary positions,
+    pre-LN, no token types, ``token_dropout``).
 
     Attributes:
+        type: ``"gpt"``, ``"bert"`` or ``"esm"`` (see above).
         vocab_size: number of token ids the tokenizer produces (>= 1).
         make_vocab_size_divisible_by: the embedding and output tables have
             :attr:`padded_vocab_size` rows, ``vocab_size`` rounded up to a
@@ -114,6 +138,25 @@ class ModelConfig:
         attention_dropout: dropout probability on attention weights, in [0, 1).
         init_method_std: standard deviation of the normal initialization (> 0);
             output projections use ``init_method_std / sqrt(2 * num_layers)``.
+        num_tokentypes: encoders: size of the token-type (segment) embedding
+            table, >= 0 (Megatron's name; BERT uses 2, ESM and GPT 0 = no table).
+        bert_binary_head: BERT only: add the pooler (dense + tanh on the first
+            token) and the binary (next-sentence / random-next) head
+            ``Linear(hidden, 2)`` (Megatron's ``--bert-binary-head``).
+        transformer_block_type: encoders: ``"pre_ln"`` (Megatron-LM's BERT,
+            Hugging Face ``MegatronBert``, ESM-2: norm before attention/MLP, a final
+            norm) or ``"post_ln"`` (original BERT, Hugging Face ``BertModel``:
+            norm after each residual sum, a norm on the embeddings, no final
+            norm). NeMo's name for the same choice. GPT is always ``"pre_ln"``.
+        token_dropout: ESM only: Hugging Face ``EsmForMaskedLM``'s embedding
+            rescaling (the embeddings of ``mask_token_id`` are zeroed and the rest
+            scaled by ``(1 - 0.15 * 0.8) / (1 - observed mask fraction)``, in
+            training and evaluation alike). Needs ``mask_token_id``.
+        mask_token_id: ESM: the id of the mask token (ESM-2's alphabet: 32);
+            ``None`` = unknown (then ``token_dropout`` must be off).
+        pad_token_id: encoders: the padding token's id (metadata: the model
+            masks padding by ``padding_mask``, not by id; Hugging Face ESM needs
+            it, ESM-2's alphabet: 1). ``None`` = unknown.
     """
 
     vocab_size: int
@@ -144,6 +187,13 @@ class ModelConfig:
     hidden_dropout: float = 0.1
     attention_dropout: float = 0.1
     init_method_std: float = 0.02
+    type: Literal["gpt", "bert", "esm"] = "gpt"
+    num_tokentypes: int = 0
+    bert_binary_head: bool = False
+    transformer_block_type: Literal["pre_ln", "post_ln"] = "pre_ln"
+    token_dropout: bool = False
+    mask_token_id: int | None = None
+    pad_token_id: int | None = None
 
     def __post_init__(self) -> None:
         self.validate()
@@ -253,6 +303,89 @@ class ModelConfig:
             "add_qkv_bias",
             f"must be true, false or None, got {self.add_qkv_bias!r}",
         )
+        self._validate_model_type()
+
+    def _validate_model_type(self) -> None:
+        _require(
+            self.type in MODEL_TYPES,
+            "type",
+            f"must be one of {MODEL_TYPES}, got {self.type!r}",
+        )
+        _require(
+            isinstance(self.num_tokentypes, int)
+            and not isinstance(self.num_tokentypes, bool)
+            and self.num_tokentypes >= 0,
+            "num_tokentypes",
+            f"must be an integer >= 0, got {self.num_tokentypes!r}",
+        )
+        for name in ("bert_binary_head", "token_dropout"):
+            _require(
+                isinstance(getattr(self, name), bool),
+                name,
+                f"must be true or false, got {getattr(self, name)!r}",
+            )
+        _require(
+            self.transformer_block_type in TRANSFORMER_BLOCK_TYPES,
+            "transformer_block_type",
+            f"must be one of {TRANSFORMER_BLOCK_TYPES}, got {self.transformer_block_type!r}",
+        )
+        m = self.mask_token_id
+        _require(
+            m is None
+            or (isinstance(m, int) and not isinstance(m, bool) and 0 <= m < self.vocab_size),
+            "mask_token_id",
+            f"must be None or an integer in [0, vocab_size={self.vocab_size}), got {m!r}",
+        )
+        if self.type == "gpt":
+            for f in dataclasses.fields(self):
+                if f.name in ENCODER_FIELDS and f.name != "type":
+                    _require(
+                        getattr(self, f.name) == f.default,
+                        f.name,
+                        f"is an encoder option (model.type 'bert' or 'esm'); a GPT config "
+                        f"must leave it at {f.default!r}, got {getattr(self, f.name)!r}",
+                    )
+            return
+        _require(
+            self.position_embedding_type in ("learned_absolute", "rope"),
+            "position_embedding_type",
+            f"must be 'learned_absolute' or 'rope' for model.type={self.type!r}, "
+            f"got {self.position_embedding_type!r}",
+        )
+        _require(
+            self.activation in ("gelu", "gelu_tanh"),
+            "activation",
+            f"must be 'gelu' or 'gelu_tanh' for model.type={self.type!r} (the masked-LM head "
+            f"uses it), got {self.activation!r}",
+        )
+        if self.type == "bert":
+            _require(
+                not self.token_dropout,
+                "token_dropout",
+                "is an ESM option; model.type='bert' must leave it false",
+            )
+            return
+        # esm
+        _require(
+            self.num_tokentypes == 0,
+            "num_tokentypes",
+            f"must be 0 for model.type='esm' (no token types), got {self.num_tokentypes!r}",
+        )
+        _require(
+            not self.bert_binary_head,
+            "bert_binary_head",
+            "must be false for model.type='esm' (no binary head)",
+        )
+        _require(
+            self.transformer_block_type == "pre_ln",
+            "transformer_block_type",
+            f"must be 'pre_ln' for model.type='esm', got {self.transformer_block_type!r}",
+        )
+        _require(
+            not self.token_dropout or self.mask_token_id is not None,
+            "mask_token_id",
+            "must be set when token_dropout is true (the token whose embedding is dropped)",
+        )
 
     def _validate_rope_scaling(self) -> None:
         _require(
@@ -327,9 +460,23 @@ class ModelConfig:
         return not self.untie_embeddings_and_output_weights
 
     # ------------------------------------------------------------------- helpers
+    @property
+    def is_encoder(self) -> bool:
+        """True for the bidirectional encoder types (``"bert"``, ``"esm"``)."""
+        return self.type != "gpt"
+
     def to_dict(self) -> dict[str, Any]:
-        """The fields as a plain dict (TOML/JSON friendly; ``None`` values kept)."""
-        return dataclasses.asdict(self)
+        """The fields as a plain dict (TOML/JSON friendly; ``None`` values kept).
+
+        A GPT config omits ``type`` and the encoder-only fields (:data:`ENCODER_FIELDS`,
+        all at their defaults), exactly as configs were written before encoders
+        existed; :meth:`from_dict` reads such a dict back as ``type="gpt"``.
+        """
+        values = dataclasses.asdict(self)
+        if self.type == "gpt":
+            for name in ENCODER_FIELDS:
+                del values[name]
+        return values
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> ModelConfig:

@@ -57,38 +57,32 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from epochal.model.base import TransformerModel
 from epochal.model.config import ModelConfig
 from epochal.model.generation.kv_cache import KVCache
-from epochal.model.init import initial_value
 from epochal.model.layers.block import TransformerBlock
 from epochal.model.layers.norms import build_norm
-from epochal.model.layers.positions import RopeScaling, rope_cos_sin
 
 __all__ = ["GPTModel"]
 
 
-class GPTModel(nn.Module):
+class GPTModel(TransformerModel):
     """GPT decoder: embeddings -> blocks -> final norm -> output head.
 
     Args:
-        config: the model's hyper-parameters.
-        seed: initialization seed (see :mod:`epochal.model.init`). Modules are
-            created on the ``meta`` device, then materialized on the current
-            default device (``with torch.device(...)`` selects it) and
-            initialized; the global RNG is never used. Under
-            ``with torch.device("meta")`` nothing is materialized: call
-            ``to_empty(device=...)`` then :meth:`init_weights`.
+        config: the model's hyper-parameters (``type="gpt"``).
+        seed: initialization seed (see :class:`~epochal.model.base.TransformerModel`).
+
+    Raises:
+        ValueError: ``config.type`` is not ``"gpt"``.
     """
 
     def __init__(self, config: ModelConfig, *, seed: int = 0) -> None:
-        super().__init__()
-        self.config = config
-        target = torch.empty(0).device  # honours a `with torch.device(...)` context
-        with torch.device("meta"):  # no default init: no global RNG use, no wasted work
-            self._build(config)
-        if target.type != "meta":
-            self.to_empty(device=target)
-            self.init_weights(seed=seed)
+        if config.type != "gpt":
+            raise ValueError(
+                f"GPTModel needs model.type='gpt', got {config.type!r} (use build_model)"
+            )
+        super().__init__(config, seed=seed)
 
     def _build(self, config: ModelConfig) -> None:
         h = config.hidden_size
@@ -102,61 +96,8 @@ class GPTModel(nn.Module):
         )
         self.norm: nn.Module | None = build_norm(config)
         self.output: nn.Linear | None = nn.Linear(h, config.padded_vocab_size, bias=False)
-        if config.position_embedding_type == "rope":
-            cos, sin = self._rope_tables(device=None)
-            self.register_buffer("rope_cos", cos, persistent=False)
-            self.register_buffer("rope_sin", sin, persistent=False)
-        else:
-            self.rope_cos = None
-            self.rope_sin = None
+        self._register_rope()
         self.tie_weights()
-
-    def _rope_tables(self, device: torch.device | None) -> tuple[torch.Tensor, torch.Tensor]:
-        """RoPE ``(cos, sin)``, float32 ``[max_position_embeddings, rotary_dim]``, scaled."""
-        c = self.config
-        scaling = None
-        if c.rope_scaling_type is not None:
-            scaling = RopeScaling(
-                type=c.rope_scaling_type,
-                factor=c.rope_scaling_factor,
-                low_freq_factor=c.rope_low_freq_factor,
-                high_freq_factor=c.rope_high_freq_factor,
-                original_max_positions=c.rope_original_max_position_embeddings,
-            )
-        return rope_cos_sin(
-            c.rotary_dim, c.max_position_embeddings, c.rotary_base, device=device, scaling=scaling
-        )
-
-    # ------------------------------------------------------------ initialization
-    def tie_weights(self) -> None:
-        """Make ``output.weight`` the same parameter as ``tok_embeddings.weight`` (tied configs)."""
-        if (
-            self.config.tie_embeddings
-            and self.output is not None
-            and self.tok_embeddings is not None
-        ):
-            self.output.weight = self.tok_embeddings.weight
-
-    def init_buffers(self) -> None:
-        """Recompute the non-persistent RoPE / ALiBi buffers on the parameters' device."""
-        device = next(self.parameters()).device
-        if self.config.position_embedding_type == "rope":
-            self.rope_cos, self.rope_sin = self._rope_tables(device=device)
-        for layer in self.layers.values():
-            layer.attention.init_buffers()
-
-    @torch.no_grad()
-    def init_weights(self, seed: int = 0) -> None:
-        """Initialize every parameter as Megatron does (see :mod:`epochal.model.init`) and the buffers.
-
-        Works on any device, after ``to_empty``, and on a pipeline stage (a subset
-        of the modules). Same ``seed`` -> same values, whatever the device.
-        """
-        self.tie_weights()
-        for name, param in self.named_parameters():
-            value = initial_value(self.config, name, param.shape, seed=seed)
-            param.copy_(value.to(device=param.device, dtype=param.dtype))
-        self.init_buffers()
 
     # ------------------------------------------------------------------- forward
     def forward(
@@ -227,18 +168,3 @@ class GPTModel(nn.Module):
         if self.output is not None:
             h = self.output(h)
         return h
-
-    # ------------------------------------------------------------------- helpers
-    def num_parameters(self, *, exclude_embeddings: bool = False) -> int:
-        """Number of distinct parameters (tied weights counted once).
-
-        Args:
-            exclude_embeddings: leave out ``tok_embeddings`` and ``pos_embeddings``
-                (an untied ``output`` is still counted).
-        """
-        total = 0
-        for name, p in self.named_parameters():
-            if exclude_embeddings and name.split(".")[0] in ("tok_embeddings", "pos_embeddings"):
-                continue
-            total += p.numel()
-        return total

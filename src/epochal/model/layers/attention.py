@@ -1,4 +1,16 @@
-"""Causal self-attention: multi-head, multi-query and grouped-query, on SDPA.
+"""Attention: multi-head, multi-query and grouped-query, on SDPA, with a mask kind.
+
+Mask kinds (:data:`MASK_KINDS`, fixed per module at construction):
+
+- ``"causal"``: self-attention where query ``i`` sees keys ``j <= i`` (GPT; the
+  default for ``ModelConfig.type == "gpt"``), optionally with a KV cache.
+- ``"bidirectional"``: self-attention where every query sees every key (BERT,
+  ESM; the default for encoder types). Padding is masked with an
+  ``attention_mask`` built by :func:`padding_attention_mask` from a ``[b, s]``
+  padding mask (1 = real token, 0 = padding, Megatron's ``padding_mask``).
+- ``"cross"``: queries from ``x``, keys and values from another sequence
+  (``context``, e.g. an encoder's output for an encoder-decoder model); every
+  query sees every context token not masked out. No positions are applied.
 
 Parameters (names are stable; the tensor-parallel plan and the checkpoint
 converters rely on them):
@@ -32,7 +44,30 @@ from epochal.model.config import ModelConfig
 from epochal.model.generation.kv_cache import LayerKVCache
 from epochal.model.layers.positions import alibi_bias, alibi_slopes, apply_rotary
 
-__all__ = ["Attention", "causal_mask_out"]
+__all__ = ["Attention", "MASK_KINDS", "causal_mask_out", "padding_attention_mask"]
+
+MASK_KINDS = ("causal", "bidirectional", "cross")
+
+
+def padding_attention_mask(padding_mask: torch.Tensor) -> torch.Tensor:
+    """The ``attention_mask`` that hides padded keys.
+
+    Args:
+        padding_mask: ``[b, s_k]``, nonzero/True = real token, 0/False = padding
+            (Megatron's sample key ``padding_mask``).
+
+    Returns:
+        Bool ``[b, 1, 1, s_k]``, True = masked out (the convention of
+        :meth:`Attention.forward`); broadcasts over heads and queries.
+
+    Raises:
+        ValueError: ``padding_mask`` is not two-dimensional.
+    """
+    if padding_mask.dim() != 2:
+        raise ValueError(
+            f"padding_mask must be [batch, seq], got shape {tuple(padding_mask.shape)}"
+        )
+    return ~padding_mask.bool()[:, None, None, :]
 
 
 def causal_mask_out(
@@ -52,15 +87,27 @@ def causal_mask_out(
 
 
 class Attention(nn.Module):
-    """Causal self-attention over ``[b, s, hidden]`` inputs.
+    """Self- or cross-attention over ``[b, s, hidden]`` inputs.
 
     Args:
         config: the model config (heads, groups, head_dim, biases, dropout,
             position type).
+        mask_kind: one of :data:`MASK_KINDS`; ``None`` = ``"causal"`` for GPT
+            configs, ``"bidirectional"`` for encoder types.
+
+    Raises:
+        ValueError: an unknown ``mask_kind``, or ALiBi with a non-causal kind.
     """
 
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, *, mask_kind: str | None = None) -> None:
         super().__init__()
+        if mask_kind is None:
+            mask_kind = "bidirectional" if config.is_encoder else "causal"
+        if mask_kind not in MASK_KINDS:
+            raise ValueError(f"mask_kind must be one of {MASK_KINDS}, got {mask_kind!r}")
+        if mask_kind != "causal" and config.position_embedding_type == "alibi":
+            raise ValueError(f"ALiBi is implemented for causal attention only, not {mask_kind!r}")
+        self.mask_kind = mask_kind
         hd = config.head_dim
         self.head_dim = hd
         self.num_heads = config.num_attention_heads
@@ -93,21 +140,36 @@ class Attention(nn.Module):
         rope: tuple[torch.Tensor, torch.Tensor] | None = None,
         attention_mask: torch.Tensor | None = None,
         kv_cache: LayerKVCache | None = None,
+        context: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Attend causally.
+        """Attend (causally, bidirectionally or to ``context``: see :attr:`mask_kind`).
 
         Args:
             x: ``[b, s, hidden]``.
-            rope: ``(cos, sin)`` each ``[b or 1, s, rotary_dim]`` to rotate q and k, or None.
-            attention_mask: optional bool ``[b or 1, 1, s, s_k]``, True = masked
-                out (Megatron's convention); always combined with the causal
-                mask. Every row must keep at least one key (the diagonal).
-                ``s_k = s`` without a cache, ``offset + s`` with one.
-            kv_cache: this layer's cache slot for incremental decoding, or None.
+            rope: ``(cos, sin)`` each ``[b or 1, s, rotary_dim]`` to rotate q and k, or None
+                (self-attention only).
+            attention_mask: optional bool ``[b or 1, 1, s or 1, s_k]``, True = masked
+                out (Megatron's convention). Causal: always combined with the
+                causal mask; ``s_k = s`` without a cache, ``offset + s`` with one.
+                Bidirectional: ``s_k = s`` (e.g. :func:`padding_attention_mask`).
+                Cross: ``s_k = s_ctx``. Every row must keep at least one key.
+            kv_cache: causal only: this layer's cache slot for incremental decoding, or None.
+            context: cross only: the attended sequence ``[b, s_ctx, hidden]``.
 
         Returns:
             ``[b, s, hidden]``.
+
+        Raises:
+            ValueError: ``context`` given or missing for the mask kind, ``rope``
+                with cross-attention, or a KV cache without causal attention.
         """
+        if (context is not None) != (self.mask_kind == "cross"):
+            raise ValueError(
+                f"{self.mask_kind} attention "
+                + ("needs a context" if context is None else "takes no context")
+            )
+        if self.mask_kind != "causal":
+            return self._forward_unmasked(x, rope, attention_mask, kv_cache, context)
         b, s, _ = x.shape
         hd = self.head_dim
         q = self.wq(x).view(b, s, -1, hd)
@@ -123,11 +185,7 @@ class Attention(nn.Module):
             past = kv_cache.offset
             k, v = kv_cache.update(k, v)  # [b, kv_heads, past + s, hd]
         s_k = past + s
-        n_q, n_kv = q.shape[1], k.shape[1]
-        if n_q != n_kv:
-            rep = n_q // n_kv
-            k = k.repeat_interleave(rep, dim=1)
-            v = v.repeat_interleave(rep, dim=1)
+        k, v = _repeat_kv(q, k, v)
         dropout_p = self.dropout_p if self.training else 0.0
         if self.use_alibi:
             bias = alibi_bias(
@@ -146,3 +204,44 @@ class Attention(nn.Module):
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, dropout_p=dropout_p)
         out = out.transpose(1, 2).reshape(b, s, -1)
         return self.wo(out)
+
+    def _forward_unmasked(
+        self,
+        x: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor] | None,
+        attention_mask: torch.Tensor | None,
+        kv_cache: LayerKVCache | None,
+        context: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """Bidirectional self-attention or cross-attention (no causal mask, no cache)."""
+        if kv_cache is not None:
+            raise ValueError(f"{self.mask_kind} attention takes no KV cache (causal only)")
+        if context is not None and rope is not None:
+            raise ValueError("cross attention takes no rotary positions")
+        b, s, _ = x.shape
+        hd = self.head_dim
+        kv_in = x if context is None else context
+        q = self.wq(x).view(b, s, -1, hd)
+        k = self.wk(kv_in).view(b, kv_in.shape[1], -1, hd)
+        v = self.wv(kv_in).view(b, kv_in.shape[1], -1, hd)
+        if rope is not None:
+            cos, sin = rope
+            q = apply_rotary(q, cos, sin)
+            k = apply_rotary(k, cos, sin)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        k, v = _repeat_kv(q, k, v)
+        keep = None if attention_mask is None else ~attention_mask
+        dropout_p = self.dropout_p if self.training else 0.0
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, dropout_p=dropout_p)
+        return self.wo(out.transpose(1, 2).reshape(b, s, -1))
+
+
+def _repeat_kv(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Repeat ``[b, kv_heads, s_k, hd]`` keys/values to ``q``'s head count (GQA / MQA)."""
+    n_q, n_kv = q.shape[1], k.shape[1]
+    if n_q == n_kv:
+        return k, v
+    rep = n_q // n_kv
+    return k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)

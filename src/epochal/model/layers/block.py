@@ -1,6 +1,12 @@
-"""One pre-norm transformer block.
+"""One transformer block, pre-norm or post-norm.
 
-``x -> x + dropout(attention(attention_norm(x))) -> h + dropout(mlp(ffn_norm(h)))``
+Pre-norm (GPT, Megatron's BERT, ESM-2; ``transformer_block_type="pre_ln"``)::
+
+    h = x + dropout(attention(attention_norm(x)));  out = h + dropout(mlp(ffn_norm(h)))
+
+Post-norm (original BERT, Hugging Face ``BertModel``; ``"post_ln"``)::
+
+    h = attention_norm(x + dropout(attention(x)));  out = ffn_norm(h + dropout(mlp(h)))
 
 Submodules (stable names): ``attention_norm``, ``attention``
 (:class:`~epochal.model.attention.Attention`), ``ffn_norm``, ``mlp``
@@ -23,7 +29,7 @@ __all__ = ["TransformerBlock"]
 
 
 class TransformerBlock(nn.Module):
-    """Pre-norm attention + MLP block over ``[b, s, hidden]``.
+    """Attention + MLP block over ``[b, s, hidden]`` (pre- or post-norm, from the config).
 
     Args:
         config: the model config.
@@ -33,6 +39,7 @@ class TransformerBlock(nn.Module):
     def __init__(self, config: ModelConfig, layer_id: int) -> None:
         super().__init__()
         self.layer_id = layer_id
+        self.post_norm = config.transformer_block_type == "post_ln"
         self.attention_norm = build_norm(config)
         self.attention = Attention(config)
         self.ffn_norm = build_norm(config)
@@ -51,6 +58,10 @@ class TransformerBlock(nn.Module):
         ``kv_cache`` is the model-wide cache; the block uses its slot ``layer_id``.
         """
         slot = None if kv_cache is None else kv_cache.layer(self.layer_id)
+        if self.post_norm:
+            attn = self.attention(x, rope, attention_mask, kv_cache=slot)
+            h = self.attention_norm(x + self.dropout(attn))
+            return self.ffn_norm(h + self.dropout(self.mlp(h)))
         attn = self.attention(self.attention_norm(x), rope, attention_mask, kv_cache=slot)
         h = x + self.dropout(attn)
         return h + self.dropout(self.mlp(self.ffn_norm(h)))

@@ -1,0 +1,236 @@
+"""``BertModel``: a bidirectional encoder with a masked-LM head (BERT, and ESM-2 configured).
+
+One assembly serves ``ModelConfig.type`` ``"bert"`` (Megatron-LM's ``BertModel``
+with ``transformer_block_type="pre_ln"``; the original BERT / Hugging Face
+``BertForMaskedLM`` / ``BertForPreTraining`` with ``"post_ln"``) and ``"esm"``
+(Hugging Face ``EsmForMaskedLM``: rotary positions, pre-LN, no token types,
+``token_dropout``). Layers are the GPT model's (:mod:`epochal.model.layers`) with
+bidirectional attention.
+
+Structure and parameter names (shared parts named as in :mod:`epochal.model.gpt`,
+so the parallel plans and the pipeline-stage convention carry over)::
+
+    tok_embeddings.weight             [padded_vocab, hidden]
+    pos_embeddings.weight             [max_positions, hidden]   (learned_absolute only)
+    tokentype_embeddings.weight       [num_tokentypes, hidden]  (num_tokentypes > 0)
+    embedding_norm.weight / .bias     [hidden]                  (post_ln only; HF embeddings.LayerNorm)
+    layers.{i}.*                      as GPTModel's blocks (attention_norm, attention.wq/wk/wv/wo,
+                                      ffn_norm, mlp.fc1/fc2); post_ln applies the norms after the
+                                      residual sums (:mod:`epochal.model.layers.block`)
+    norm.weight / .bias               [hidden]                  (pre_ln only: the final norm)
+    lm_head.dense.weight / .bias      [hidden, hidden]          masked-LM transform
+    lm_head.norm.weight / .bias       [hidden]
+    lm_head.bias                      [padded_vocab]            the decoder's bias
+    output.weight                     [padded_vocab, hidden]    the decoder; tied to tok_embeddings
+    pooler.dense.weight / .bias       [hidden, hidden]          (bert_binary_head only)
+    binary_head.weight / .bias        [2, hidden]               (bert_binary_head only)
+
+Forward (full model)::
+
+    e = tok_embeddings(tokens) [token_dropout rescaling, ESM] + pos_embeddings(positions)
+        + tokentype_embeddings(token_types);  e = embedding_norm(e) (post_ln);
+        e = e * padding_mask (ESM, as Hugging Face); dropout (not for ESM, as Hugging Face)
+    h = layers(e) with bidirectional attention, padded keys masked;  h = norm(h) (pre_ln)
+    mlm_logits = output(lm_head.norm(act(lm_head.dense(h)))) + lm_head.bias
+    binary_logits = binary_head(tanh(pooler.dense(h[:, 0])))        (bert_binary_head)
+
+``act`` is ``config.activation`` (``gelu`` = erf, as BERT and ESM; ``gelu_tanh``
+= Megatron's ``--openai-gelu``). Tied embeddings and pipeline stages follow
+:mod:`epochal.model.gpt`: on every stage but the first, ``tok_embeddings``,
+``pos_embeddings``, ``tokentype_embeddings`` and ``embedding_norm`` are ``None``;
+on every stage but the last, ``norm``, ``lm_head``, ``output``, ``pooler`` and
+``binary_head`` are ``None``; ``forward`` then takes / returns hidden states
+``[b, s, hidden]``. ``padding_mask`` must be passed to every stage.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from epochal.model.base import TransformerModel
+from epochal.model.config import ModelConfig
+from epochal.model.layers.attention import padding_attention_mask
+from epochal.model.layers.block import TransformerBlock
+from epochal.model.layers.norms import build_norm
+
+__all__ = ["BertModel", "BertLMHead", "BertPooler", "ESM_MASK_RATIO_TRAIN"]
+
+#: The masking ratio ESM was trained with (15% selected x 80% replaced by the mask);
+#: Hugging Face ``EsmEmbeddings`` hard-codes it for ``token_dropout``.
+ESM_MASK_RATIO_TRAIN = 0.15 * 0.8
+
+
+class BertLMHead(nn.Module):
+    """The masked-LM transform ``norm(act(dense(h)))`` and the decoder's ``bias``.
+
+    The decoder matrix itself is the model's ``output`` (tied to the word
+    embeddings like GPT's head), so vocabulary-parallel plans treat it alike.
+    """
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.norm = build_norm(config)
+        self.bias = nn.Parameter(torch.empty(config.padded_vocab_size))
+        self.approximate = "tanh" if config.activation == "gelu_tanh" else "none"
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        """``[..., hidden] -> [..., hidden]`` (the transform; add :attr:`bias` after the decoder)."""
+        return self.norm(F.gelu(self.dense(h), approximate=self.approximate))
+
+
+class BertPooler(nn.Module):
+    """``tanh(dense(h[:, 0]))``: the first ([CLS]) token's pooled representation ``[b, hidden]``."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        """``[b, s, hidden] -> [b, hidden]``."""
+        return torch.tanh(self.dense(h[:, 0]))
+
+
+class BertModel(TransformerModel):
+    """BERT / ESM encoder with the masked-LM head and the optional binary head.
+
+    Args:
+        config: the model's hyper-parameters (``type`` ``"bert"`` or ``"esm"``).
+        seed: initialization seed (see :class:`~epochal.model.base.TransformerModel`).
+
+    Raises:
+        ValueError: ``config.type`` is not an encoder type.
+    """
+
+    EMBEDDING_MODULES = ("tok_embeddings", "pos_embeddings", "tokentype_embeddings")
+
+    def __init__(self, config: ModelConfig, *, seed: int = 0) -> None:
+        if not config.is_encoder:
+            raise ValueError(
+                f"BertModel needs model.type 'bert' or 'esm', got {config.type!r} (use build_model)"
+            )
+        super().__init__(config, seed=seed)
+
+    def _build(self, config: ModelConfig) -> None:
+        h = config.hidden_size
+        post_ln = config.transformer_block_type == "post_ln"
+        self.tok_embeddings: nn.Embedding | None = nn.Embedding(config.padded_vocab_size, h)
+        self.pos_embeddings: nn.Embedding | None = None
+        if config.position_embedding_type == "learned_absolute":
+            self.pos_embeddings = nn.Embedding(config.max_position_embeddings, h)
+        self.tokentype_embeddings: nn.Embedding | None = None
+        if config.num_tokentypes > 0:
+            self.tokentype_embeddings = nn.Embedding(config.num_tokentypes, h)
+        self.embedding_norm: nn.Module | None = build_norm(config) if post_ln else None
+        esm = config.type == "esm"
+        self.embedding_dropout = nn.Dropout(0.0 if esm else config.hidden_dropout)
+        self.layers = nn.ModuleDict(
+            {str(i): TransformerBlock(config, i) for i in range(config.num_layers)}
+        )
+        self.norm: nn.Module | None = None if post_ln else build_norm(config)
+        self.lm_head: BertLMHead | None = BertLMHead(config)
+        self.output: nn.Linear | None = nn.Linear(h, config.padded_vocab_size, bias=False)
+        self.pooler: BertPooler | None = None
+        self.binary_head: nn.Linear | None = None
+        if config.bert_binary_head:
+            self.pooler = BertPooler(config)
+            self.binary_head = nn.Linear(h, 2)
+        self._register_rope()
+        self.tie_weights()
+
+    # ------------------------------------------------------------------- forward
+    def embed(
+        self,
+        tokens: torch.Tensor,
+        position_ids: torch.Tensor,
+        token_types: torch.Tensor | None,
+        padding_mask: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """The embedding stage: token ids ``[b, s]`` -> ``[b, s, hidden]`` (see the module docstring).
+
+        Raises:
+            ValueError: ``token_types`` given to a model without a token-type table.
+        """
+        c = self.config
+        h = self.tok_embeddings(tokens)
+        if c.token_dropout:
+            is_mask = tokens == c.mask_token_id
+            h = h.masked_fill(is_mask.unsqueeze(-1), 0.0)
+            if padding_mask is not None:
+                lengths = padding_mask.sum(-1)
+            else:
+                lengths = torch.full_like(tokens[:, 0], tokens.shape[1])
+            observed = is_mask.sum(-1).float() / lengths
+            h = (h * (1 - ESM_MASK_RATIO_TRAIN) / (1 - observed)[:, None, None]).to(h.dtype)
+        if self.pos_embeddings is not None:
+            h = h + self.pos_embeddings(position_ids)
+        if self.tokentype_embeddings is not None:
+            if token_types is None:
+                token_types = torch.zeros_like(tokens)
+            h = h + self.tokentype_embeddings(token_types)
+        elif token_types is not None:
+            raise ValueError(
+                "token_types given, but the model has no token types (num_tokentypes=0)"
+            )
+        if self.embedding_norm is not None:
+            h = self.embedding_norm(h)
+        if c.type == "esm" and padding_mask is not None:
+            h = (h * padding_mask.unsqueeze(-1)).to(h.dtype)
+        return self.embedding_dropout(h)
+
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        token_types: torch.Tensor | None = None,
+        padding_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Run the (stage of the) encoder.
+
+        Args:
+            tokens: int64 token ids ``[b, s]`` when ``tok_embeddings`` is present,
+                else hidden states ``[b, s, hidden]`` from the previous stage.
+            token_types: int64 ``[b, s]`` segment ids in ``[0, num_tokentypes)``
+                (Megatron's ``types``); default zeros. Only for models with token types.
+            padding_mask: ``[b, s]``, 1/True = real token, 0/False = padding
+                (Megatron's ``padding_mask``); padded keys are masked out of
+                attention. ``None`` = no padding. Every sequence needs a real token.
+            position_ids: int64 ``[b or 1, s]``; default ``0..s-1``.
+
+        Returns:
+            MLM logits ``[b, s, padded_vocab_size]``; with ``bert_binary_head``
+            the pair ``(mlm_logits, binary_logits [b, 2])``. Hidden states
+            ``[b, s, hidden]`` on a stage without ``output``.
+
+        Raises:
+            ValueError: the sequence is longer than ``max_position_embeddings``,
+                or ``token_types`` without a token-type table.
+        """
+        s = tokens.shape[1]
+        if s > self.config.max_position_embeddings:
+            raise ValueError(
+                f"sequence length {s} exceeds max_position_embeddings="
+                f"{self.config.max_position_embeddings}"
+            )
+        if position_ids is None:
+            position_ids = torch.arange(s, device=tokens.device).unsqueeze(0)
+        if self.tok_embeddings is not None:
+            h = self.embed(tokens, position_ids, token_types, padding_mask)
+        else:
+            h = tokens
+        rope = None
+        if self.rope_cos is not None:
+            rope = (self.rope_cos[position_ids], self.rope_sin[position_ids])
+        mask = None if padding_mask is None else padding_attention_mask(padding_mask)
+        for layer in self.layers.values():
+            h = layer(h, rope, mask)
+        if self.norm is not None:
+            h = self.norm(h)
+        if self.output is None:
+            return h
+        logits = self.output(self.lm_head(h)) + self.lm_head.bias
+        if self.binary_head is None:
+            return logits
+        return logits, self.binary_head(self.pooler(h))
