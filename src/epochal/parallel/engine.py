@@ -33,14 +33,15 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.pipelining import PipelineStage
 from torch.distributed.tensor import DTensor
 
+from epochal.model.build import build_model
 from epochal.model.config import ModelConfig
-from epochal.model.gpt import GPTModel
 from epochal.parallel.config import ParallelConfig
 from epochal.parallel.data_parallel import apply_data_parallel, set_gradient_sync
 from epochal.parallel.dims import ParallelDims
 from epochal.parallel.grad_clip import clip_grad_norm_parallel
 from epochal.parallel.logged import reduce_logged, split_loss_output
 from epochal.parallel.loss import masked_mean_loss_parallel
+from epochal.parallel.model_support import check_model_layout
 from epochal.parallel.pipeline import (
     EmbeddingGroup,
     build_schedule,
@@ -147,6 +148,7 @@ class ParallelEngine:
         self.loss_parallel = config.loss_parallel and not custom_loss and dims.tp > 1
         if mesh is None and dims.world_size > 1:
             raise ValueError(f"layout {dims} needs a device mesh")
+        check_model_layout(model_config, dims)
         coords = (
             {"pp": 0, "dp": 0, "tp": 0}
             if mesh is None
@@ -219,7 +221,7 @@ class ParallelEngine:
     def _build_part(self, stage_idx: int) -> nn.Module:
         cfg, pc = self.model_config, self.config
         with torch.device("meta"):
-            whole = GPTModel(cfg, seed=self.seed)
+            whole = build_model(cfg, seed=self.seed)
         last = self.dims.num_stages - 1
         if self.dims.num_stages > 1:
             part = split_stage_module(

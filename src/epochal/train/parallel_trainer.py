@@ -34,13 +34,14 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from epochal.model.build import build_model
 from epochal.model.config import ModelConfig
-from epochal.model.gpt import GPTModel
 from epochal.parallel.checkpoint import TiedOptimizerState, consolidate_checkpoint
 from epochal.parallel.dims import ParallelDims
 from epochal.parallel.engine import ParallelEngine
 from epochal.parallel.launch import DistributedInfo, init_distributed, is_logging_rank, rank0_first
 from epochal.parallel.logged import reduce_logged
+from epochal.parallel.model_support import check_model_layout
 from epochal.parallel.rng import pipeline_stage_seed
 from epochal.train.checkpoint import Checkpointer, SafeFileSystemReader, SafeLoadPlanner
 from epochal.train.config import TrainConfig, model_config_from_section
@@ -160,6 +161,7 @@ class ParallelTrainer(Trainer):
             config=c.parallel,
             check_vocab=check_vocab,
         )
+        check_model_layout(model_config, self.dims)
 
     def parallelize(self, model_parts: list[nn.Module]) -> list[nn.Module]:
         """Nothing left to do: the engine applied everything while building the parts."""
@@ -172,7 +174,7 @@ class ParallelTrainer(Trainer):
     def num_parameters(self) -> int:
         """Parameters of the whole model (all ranks together; tied weights once)."""
         with torch.device("meta"):
-            return GPTModel(self.model_config).num_parameters()
+            return build_model(self.model_config).num_parameters()
 
     def _per_document(self) -> bool:
         d = self.config.data

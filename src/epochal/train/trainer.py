@@ -3,7 +3,7 @@
 Structure (torchtitan-like, so that parallelism is added by overriding a few
 methods rather than rewriting the loop):
 
-- :meth:`Trainer.build_model_parts` -> a list of ``nn.Module`` (one GPTModel here;
+- :meth:`Trainer.build_model_parts` -> a list of ``nn.Module`` (one model of ``model.type`` here;
   pipeline stages later), then :meth:`Trainer.parallelize` (the seam where tensor /
   sequence / data parallelism, recompute and ``torch.compile`` are applied; here
   it only compiles blocks if asked);
@@ -57,8 +57,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from epochal._atomic import atomic_write
+from epochal.model.build import build_model
 from epochal.model.config import ConfigError, ModelConfig
-from epochal.model.gpt import GPTModel
 from epochal.parallel.logged import reduce_logged, split_loss_output
 from epochal.parallel.step_model import StepModel
 from epochal.train.checkpoint import Checkpointer, CheckpointError
@@ -206,12 +206,8 @@ class Trainer:
         t = self.config.training
         spec = getattr(t, "train_step", "")
         kwargs = dict(getattr(t, "train_step_kwargs", {}) or {})
-        cls = load_train_step(spec) if spec else train_step_class(self.model_type())
+        cls = load_train_step(spec) if spec else train_step_class(self.config.model.type)
         return cls(self.config, **kwargs)
-
-    def model_type(self) -> str:
-        """``model.type`` (``"gpt"`` for configurations without one)."""
-        return getattr(self.config.model, "type", "gpt")
 
     @property
     def loss_fn(self) -> LossFn | None:
@@ -239,7 +235,7 @@ class Trainer:
     def build_model_parts(self) -> list[nn.Module]:
         """Build the model as a list of parts (one here), initialized on ``self.device``."""
         with torch.device(self.device):
-            model = GPTModel(self.model_config, seed=self.config.training.seed)
+            model = build_model(self.model_config, seed=self.config.training.seed)
         return [model]
 
     def parallelize(self, model_parts: list[nn.Module]) -> list[nn.Module]:

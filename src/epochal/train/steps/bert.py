@@ -102,6 +102,8 @@ class BertTrainStep(TrainStep):
         top-1 accuracy on the loss-masked tokens.
         """
         tokens, types, order, loss_mask, labels, padding = self.get_batch(data_iterator)
+        if not self.uses_token_types():
+            types = None  # Megatron: token types only with the binary head's two segments
         # Labels < 0 mark tokens that are not predicted (loss_mask 0 there).
         labels = labels.clamp(min=0)
         if model.training:
@@ -116,6 +118,11 @@ class BertTrainStep(TrainStep):
         hits = model.prediction_hits(logits, labels)
         output = (losses, *rest) if rest else losses
         return output, partial(self.loss_func, loss_mask, order, hits=hits)
+
+    def uses_token_types(self) -> bool:
+        """Whether the model has token types (``model.num_tokentypes > 0``; True without a config)."""
+        model = getattr(self.args, "model", None)
+        return getattr(model, "num_tokentypes", 1) > 0
 
     def eval_summary(self, logged: dict[str, float]) -> dict[str, float]:
         """Add ``"mlm ppl"`` = ``exp(lm loss)`` to an evaluation's averaged values."""
