@@ -71,6 +71,43 @@ def datasets(num_samples: int) -> tuple[Any, Any]:
     return train, valid
 
 
+PAIRS = [  # Megatron-style pairs: token types, the binary head, padding; original BERT blocks
+    "--model.bert_binary_head=true",
+    "--model.num_tokentypes=2",
+    "--model.transformer_block_type=post_ln",
+]
+
+
+class WithSegments:
+    """Adds Megatron's pair keys to masked samples, as a pure function of the index.
+
+    ``types``: 0 on the first half, 1 on the second; ``is_random``: ``i % 2``;
+    the last ``tokens[1] % 3`` positions become padding (id 1, ``padding_mask`` 0,
+    not predicted).
+    """
+
+    def __init__(self, base: Any) -> None:
+        self.base = base
+
+    def __len__(self) -> int:
+        return len(self.base)
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        import torch
+
+        item = dict(self.base[i])
+        s = item["tokens"].shape[0]
+        pad = int(item["tokens"][1]) % 3
+        real = torch.arange(s) < s - pad
+        item["tokens"] = item["tokens"].masked_fill(~real, 1)
+        item["labels"] = item["labels"].masked_fill(~real, -100)
+        item["loss_mask"] = item["loss_mask"] & real
+        item["padding_mask"] = real.long()
+        item["types"] = (torch.arange(s) >= s // 2).long()
+        item["is_random"] = torch.tensor(int(i) % 2)
+        return item
+
+
 def config(run_dir: str, extra: list[str]) -> Any:
     from epochal.train.config import build_config
 
@@ -81,6 +118,8 @@ def data(cfg: Any, dp_rank: int = 0, dp_size: int = 1) -> Any:
     from epochal.train.data import make_loaders
 
     train, valid = datasets(cfg.training.train_iters * cfg.training.global_batch_size)
+    if cfg.model.bert_binary_head:
+        train, valid = WithSegments(train), WithSegments(valid)
     return make_loaders(cfg, train, valid, vocab_size=VOCAB, dp_rank=dp_rank, dp_size=dp_size)
 
 

@@ -148,7 +148,7 @@ class ParallelEngine:
         self.loss_parallel = config.loss_parallel and not custom_loss and dims.tp > 1
         if mesh is None and dims.world_size > 1:
             raise ValueError(f"layout {dims} needs a device mesh")
-        check_model_layout(model_config, dims)
+        check_model_layout(model_config, dims, sequence_parallel=config.sequence_parallel)
         coords = (
             {"pp": 0, "dp": 0, "tp": 0}
             if mesh is None
@@ -394,7 +394,12 @@ class ParallelEngine:
         target = None
         if self.has_first_stage:
             args.append(torch.cat([mb["tokens"] for mb in micro_batches]))
-        if per_document and micro_batches:
+        if step is not None and micro_batches:
+            # What every stage's forward takes besides tokens / hidden states.
+            per_mb = [step.stage_kwargs(mb) for mb in micro_batches]
+            for key in per_mb[0]:
+                kwargs[key] = torch.cat([kw[key] for kw in per_mb])
+        elif per_document and micro_batches:
             for key in ("position_ids", "attention_mask"):
                 if key in micro_batches[0]:
                     kwargs[key] = torch.cat([mb[key] for mb in micro_batches])

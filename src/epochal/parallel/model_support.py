@@ -1,11 +1,9 @@
-"""Which parallel dimensions each model type has plans for (tensor / pipeline / data).
+"""Which parallel dimensions each model type has plans for (beyond data parallelism).
 
-GPT has a tensor-parallel plan and a pipeline split; BERT / ESM encoders so far
-train under data parallelism (every sharding), activation recompute and
-``torch.compile``, but their encoder-only modules (token-type embeddings, the
-masked-LM head's dense / norm / bias, the binary head) have no tensor-parallel
-plan and the pipeline split does not yet route their padding mask to every
-stage: such layouts are refused before anything is built.
+GPT and BERT have tensor-parallel plans (with sequence parallelism) and a
+pipeline split. ESM has no sequence parallelism: its ``token_dropout`` rescaling
+and padding multiplication read the whole sequence's tokens inside the
+embedding. Unsupported layouts are refused before anything is built.
 """
 
 from __future__ import annotations
@@ -17,23 +15,31 @@ __all__ = ["SUPPORTED_DIMS", "check_model_layout"]
 
 #: model type -> the parallel dimensions (beyond data parallelism) it supports.
 SUPPORTED_DIMS: dict[str, frozenset[str]] = {
-    "gpt": frozenset({"tensor_parallel", "pipeline_parallel"}),
-    "bert": frozenset(),
-    "esm": frozenset(),
+    "gpt": frozenset({"tensor_parallel", "sequence_parallel", "pipeline_parallel"}),
+    "bert": frozenset({"tensor_parallel", "sequence_parallel", "pipeline_parallel"}),
+    "esm": frozenset({"tensor_parallel", "pipeline_parallel"}),
 }
 
 
-def check_model_layout(model_config: ModelConfig, dims: ParallelDims) -> None:
+def check_model_layout(
+    model_config: ModelConfig, dims: ParallelDims, *, sequence_parallel: bool = False
+) -> None:
     """Refuse a layout the model type has no plan for.
 
     Raises:
-        ConfigError: naming ``parallel.tensor_parallel`` or ``parallel.pipeline_parallel``.
+        ConfigError: naming ``parallel.tensor_parallel``, ``parallel.sequence_parallel``
+            or ``parallel.pipeline_parallel``.
     """
     supported = SUPPORTED_DIMS.get(model_config.type, frozenset())
-    for option, size in (("tensor_parallel", dims.tp), ("pipeline_parallel", dims.pp)):
-        if size > 1 and option not in supported:
+    used = (
+        ("tensor_parallel", dims.tp > 1),
+        ("sequence_parallel", sequence_parallel and dims.tp > 1),
+        ("pipeline_parallel", dims.pp > 1),
+    )
+    for option, on in used:
+        if on and option not in supported:
             raise ConfigError(
                 f"parallel.{option}",
-                f"is {size}, but model.type={model_config.type!r} trains only with "
-                f"data parallelism so far (tensor and pipeline parallelism: GPT)",
+                f"is not supported for model.type={model_config.type!r} "
+                f"(supported: {sorted(supported) or 'data parallelism only'})",
             )

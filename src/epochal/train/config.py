@@ -138,6 +138,10 @@ class DataConfig:
         reset_position_ids / reset_attention_mask / eod_mask_loss: Megatron's GPT
             dataset options (positions and attention restart at each document;
             no loss on end-of-document tokens).
+        masking_probability / short_sequence_probability / masking_max_ngram /
+        masking_do_full_word / masking_do_permutation / masking_use_longer_ngrams /
+        masking_use_geometric_distribution: Megatron's BERT masking options (BERT
+            models on ``data_path``; validated by the data layer, errors name them).
     """
 
     data_path: list[str] = field(default_factory=list)
@@ -160,6 +164,13 @@ class DataConfig:
     reset_position_ids: bool = False
     reset_attention_mask: bool = False
     eod_mask_loss: bool = False
+    masking_probability: float = 0.15
+    short_sequence_probability: float = 0.1
+    masking_max_ngram: int = 3
+    masking_do_full_word: bool = True
+    masking_do_permutation: bool = False
+    masking_use_longer_ngrams: bool = False
+    masking_use_geometric_distribution: bool = False
 
     def __post_init__(self) -> None:
         _require(self.seq_length >= 1, "seq_length", f"must be >= 1, got {self.seq_length}")

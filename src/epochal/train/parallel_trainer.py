@@ -161,7 +161,7 @@ class ParallelTrainer(Trainer):
             config=c.parallel,
             check_vocab=check_vocab,
         )
-        check_model_layout(model_config, self.dims)
+        check_model_layout(model_config, self.dims, sequence_parallel=c.parallel.sequence_parallel)
 
     def parallelize(self, model_parts: list[nn.Module]) -> list[nn.Module]:
         """Nothing left to do: the engine applied everything while building the parts."""
@@ -179,6 +179,9 @@ class ParallelTrainer(Trainer):
     def _per_document(self) -> bool:
         d = self.config.data
         return d.reset_position_ids or d.reset_attention_mask
+
+    def _every_stage_reads(self) -> bool:
+        return self._per_document() or self.train_step_handler.every_stage_reads_batches
 
     def _agree(self, ok: bool) -> bool:
         """True if every rank says ``ok`` (one tiny all-reduce)."""
@@ -207,7 +210,7 @@ class ParallelTrainer(Trainer):
         per_doc = self._per_document()
         micro_batches: list[dict[str, torch.Tensor]] = []
         ok = True
-        if self.engine.needs_batches(per_doc):
+        if self.engine.needs_batches(self._every_stage_reads()):
             try:
                 micro_batches = [self.step_batch(next(batches)) for _ in range(n_mb)]
             except StopIteration:
@@ -241,7 +244,7 @@ class ParallelTrainer(Trainer):
         for part in self.model_parts:
             part.eval()
         per_doc = self._per_document()
-        reading = self.engine.needs_batches(per_doc)
+        reading = self.engine.needs_batches(self._every_stage_reads())
         it = iter(loader) if reading else None
         total = 0.0
         logged: list[dict[str, float]] = []

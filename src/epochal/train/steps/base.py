@@ -34,6 +34,8 @@ import importlib
 from collections.abc import Callable
 from typing import Any
 
+import torch
+
 from epochal.model.config import ConfigError
 
 __all__ = ["TrainStep", "load_train_step", "register_train_step", "train_step_class"]
@@ -85,6 +87,18 @@ class TrainStep:
     def eval_summary(self, logged: dict[str, float]) -> dict[str, float]:
         """Derived values of an evaluation from its averaged logged values (default: unchanged)."""
         return dict(logged)
+
+    #: Under pipeline parallelism every stage (not only the first and last) reads
+    #: the micro-batches, for :meth:`stage_kwargs` (e.g. BERT's padding mask).
+    every_stage_reads_batches: bool = False
+
+    def stage_kwargs(self, micro_batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Keyword inputs of every pipeline stage's forward besides the tokens / hidden states.
+
+        Only used under pipeline parallelism, where the schedule (not
+        :meth:`forward_step`) runs the stages; ``[b, ...]`` tensors of one micro-batch.
+        """
+        return {}
 
 
 def register_train_step(*model_types: str) -> Callable[[type[TrainStep]], type[TrainStep]]:

@@ -119,6 +119,18 @@ class BertTrainStep(TrainStep):
         output = (losses, *rest) if rest else losses
         return output, partial(self.loss_func, loss_mask, order, hits=hits)
 
+    every_stage_reads_batches = True  # the padding mask masks attention on every stage
+
+    def stage_kwargs(self, micro_batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """``token_types`` (first stage; ignored by later ones) and ``padding_mask`` (every stage)."""
+        _, types, _, _, _, padding = self.get_batch(iter([micro_batch]))
+        out = {}
+        if types is not None and self.uses_token_types():
+            out["token_types"] = types
+        if padding is not None:
+            out["padding_mask"] = padding
+        return out
+
     def uses_token_types(self) -> bool:
         """Whether the model has token types (``model.num_tokentypes > 0``; True without a config)."""
         model = getattr(self.args, "model", None)

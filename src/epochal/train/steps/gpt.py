@@ -57,6 +57,11 @@ class GPTTrainStep(TrainStep):
         return output_tensor, partial(self.loss_func, loss_mask)
 
 
+    def stage_kwargs(self, micro_batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Per-document ``position_ids`` / ``attention_mask`` when the batch has them."""
+        return {k: micro_batch[k] for k in ("position_ids", "attention_mask") if k in micro_batch}
+
+
 class LossFnStep(GPTTrainStep):
     """A GPT step whose loss is ``loss_fn(labels, logits, loss_mask) -> scalar``.
 

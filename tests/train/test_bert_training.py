@@ -1,0 +1,116 @@
+"""BERT training on Megatron's data path: sentence-split indexed files, WordPiece, build_bert_datasets."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+from epochal.data.indexed.preprocess import preprocess_documents
+from epochal.data.indexed.tokenizer import build_tokenizer
+from epochal.data.indexed.tokenizer_wordpiece import train_wordpiece
+from epochal.model import ConfigError
+from epochal.train.config import build_config
+from epochal.train.data import build_data
+from epochal.train.metrics import read_metrics
+from epochal.train.trainer import Trainer
+
+WORDS = "the cat dog sat on a mat and ran to house with big small red blue tree under over".split()
+MODEL = [
+    "--model.type=bert",
+    "--model.activation=gelu",
+    "--model.normalization=LayerNorm",
+    "--model.position_embedding_type=learned_absolute",
+    "--model.num_tokentypes=2",
+    "--model.bert_binary_head=true",
+    "--model.hidden_size=32",
+    "--model.num_layers=2",
+    "--model.num_attention_heads=4",
+    "--model.ffn_hidden_size=64",
+]
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    """A sentence-split corpus (documents of 2-6 sentences) and its offline WordPiece vocabulary."""
+    d = tmp_path_factory.mktemp("bert_corpus")
+    rng = random.Random(0)
+    docs = [
+        [
+            " ".join(rng.choice(WORDS) for _ in range(rng.randint(4, 9))).capitalize() + "."
+            for _ in range(rng.randint(2, 6))
+        ]
+        for _ in range(200)
+    ]
+    train_wordpiece([" ".join(doc) for doc in docs], 120, d / "vocab.txt")
+    tok = build_tokenizer("BertWordPieceLowerCase", vocab_file=str(d / "vocab.txt"))
+    preprocess_documents(docs, tok, d / "corpus", append_eod=False)
+    return d
+
+
+def config(corpus, run_dir, *extra):
+    return build_config(
+        preset="tiny",
+        overrides=[
+            f"--run_dir={run_dir}",
+            "--data.corpus=",
+            f"--data.data_path=['{corpus / 'corpus'}']",
+            "--data.split=90,10,0",
+            "--data.tokenizer_type=BertWordPieceLowerCase",
+            f"--data.vocab_file={corpus / 'vocab.txt'}",
+            f"--data.cache_dir={corpus / 'cache'}",
+            "--data.seq_length=32",
+            *MODEL,
+            "--training.micro_batch_size=4",
+            "--training.global_batch_size=8",
+            "--training.train_iters=4",
+            "--training.eval_interval=2",
+            "--training.eval_iters=1",
+            "--scheduler.lr_warmup_iters=1",
+            "--logging.progress=false",
+            "--logging.tensorboard=false",
+            *extra,
+        ],
+    )
+
+
+def test_bert_trains_on_megatron_samples_and_logs_lm_and_sop_losses(corpus, tmp_path):
+    tr = Trainer(config(corpus, tmp_path), log=False)
+    result = tr.train()
+    assert result.final_step == 4
+    recs = read_metrics(tmp_path / "metrics.jsonl")
+    trains = [r for r in recs if r["kind"] == "train"]
+    for r in trains:  # the step loss is the masked-LM loss plus the binary head's
+        assert r["loss"] == pytest.approx(r["lm loss"] + r["sop loss"], rel=1e-5)
+    evals = [r for r in recs if r["kind"] == "eval"]
+    assert [r["step"] for r in evals] == [2, 4]
+    for r in evals:
+        assert 0.0 <= r["mlm accuracy"] <= 1.0
+        assert r["mlm ppl"] == pytest.approx(math.exp(r["lm loss"]), rel=1e-6)
+
+
+def test_runs_are_deterministic_per_seed(corpus, tmp_path):
+    a = Trainer(config(corpus, tmp_path / "a"), log=False).train().losses
+    b = Trainer(config(corpus, tmp_path / "b"), log=False).train().losses
+    c = Trainer(config(corpus, tmp_path / "c", "--training.seed=7"), log=False).train().losses
+    assert a == b and a != c
+
+
+def test_errors(corpus, tmp_path):
+    no_files = build_config(
+        preset="tiny", overrides=[f"--run_dir={tmp_path}", "--data.mock=true", *MODEL]
+    )
+    with pytest.raises(ConfigError, match="data.data_path"):
+        build_data(no_files)
+    esm = build_config(
+        preset="tiny",
+        overrides=[
+            f"--run_dir={tmp_path}",
+            "--model.type=esm",
+            "--model.activation=gelu",
+            "--model.normalization=LayerNorm",
+        ],
+    )
+    with pytest.raises(ConfigError, match="model.type"):
+        build_data(esm)
