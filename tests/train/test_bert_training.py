@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import math
 import random
+import shutil
 
 import pytest
 
@@ -27,6 +29,8 @@ MODEL = [
     "--model.hidden_size=32",
     "--model.num_layers=2",
     "--model.num_attention_heads=4",
+    "--model.num_query_groups=4",
+    "--model.add_bias_linear=true",
     "--model.ffn_hidden_size=64",
 ]
 
@@ -114,3 +118,59 @@ def test_errors(corpus, tmp_path):
     )
     with pytest.raises(ConfigError, match="model.type"):
         build_data(esm)
+
+
+def test_fill_mask_from_the_run_and_from_its_hf_export(corpus, tmp_path, capsys):
+    from epochal.cli import main
+
+    run = tmp_path / "run"
+    Trainer(config(corpus, run, "--training.train_iters=2"), log=False).train()
+    text = "the cat sat on the [MASK] ."
+    out_file = tmp_path / "preds.jsonl"
+    assert (
+        main(
+            [
+                "fill-mask",
+                "--checkpoint",
+                str(run),
+                "--text",
+                text,
+                "--top-k",
+                "3",
+                "--output",
+                str(out_file),
+            ]
+        )
+        == 0
+    )
+    printed = capsys.readouterr().out
+    assert f"=== {text}" in printed and "[MASK] 0:" in printed
+    (record,) = [json.loads(line) for line in out_file.read_text().splitlines()]
+    (preds,) = record["predictions"]
+    assert len(preds) == 3 and preds[0][1] >= preds[1][1] >= preds[2][1] > 0
+    hf = tmp_path / "hf"
+    assert main(["convert", "--from", "epochal", "--to", "hf", str(run), str(hf)]) == 0
+    shutil.copy(corpus / "vocab.txt", hf / "vocab.txt")  # as Hugging Face BERT folders have
+    out_hf = tmp_path / "preds_hf.jsonl"
+    assert (
+        main(
+            [
+                "fill-mask",
+                "--checkpoint",
+                str(hf),
+                "--text",
+                text,
+                "--top-k",
+                "3",
+                "--output",
+                str(out_hf),
+            ]
+        )
+        == 0
+    )
+    (record_hf,) = [json.loads(line) for line in out_hf.read_text().splitlines()]
+    assert [p[0] for p in record_hf["predictions"][0]] == [p[0] for p in preds]
+    for (_, a), (_, b) in zip(record_hf["predictions"][0], preds):
+        assert a == pytest.approx(b, abs=1e-5)
+    with pytest.raises(ValueError, match="no mask token"):
+        main(["fill-mask", "--checkpoint", str(run), "--text", "no mask here"])
