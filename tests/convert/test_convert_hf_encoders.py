@@ -177,7 +177,7 @@ def test_unsupported_encoder_options_are_refused(tmp_path):
 
 
 @pytest.mark.parametrize("make", ["bert", "esm"])
-def test_cli_hf_to_epochal_to_hf(tmp_path, capsys, make):
+def test_cli_hf_to_epochal_to_safetensors_to_hf(tmp_path, capsys, make):
     from epochal.cli import main
     from epochal.convert.epochal_ckpt import load_epochal_checkpoint
 
@@ -186,7 +186,9 @@ def test_cli_hf_to_epochal_to_hf(tmp_path, capsys, make):
     assert main(["convert", str(tmp_path / "hf"), str(tmp_path / "run"), "--to", "epochal"]) == 0
     ck = load_epochal_checkpoint(tmp_path / "run")
     assert ck.config.type == make
-    assert main(["convert", str(tmp_path / "run"), str(tmp_path / "back"), "--to", "hf"]) == 0
+    single = str(tmp_path / "m.safetensors")
+    assert main(["convert", str(tmp_path / "run"), single, "--to", "safetensors"]) == 0
+    assert main(["convert", single, str(tmp_path / "back"), "--to", "hf"]) == 0
     again = type(hf).from_pretrained(tmp_path / "back").eval()
     tokens = TOKENS if make == "bert" else PROTEIN
     types = TYPES if make == "bert" else None

@@ -136,10 +136,16 @@ def test_pipeline_stages_compose_to_the_full_model(make):
     full = build_model(config, seed=5).eval()
     first, last = copy.deepcopy(full), copy.deepcopy(full)
     del first.layers["1"]
-    first.norm = first.lm_head = first.output = first.pooler = first.binary_head = None
+    for name in BertModel.LAST_STAGE_MODULES:
+        setattr(first, name, None)
     del last.layers["0"]
-    last.tok_embeddings = last.pos_embeddings = last.tokentype_embeddings = None
-    last.embedding_norm = None
+    for name in BertModel.FIRST_STAGE_MODULES:
+        setattr(last, name, None)
+    # every parameter belongs to exactly one stage (the tied decoder is the last stage's copy)
+    first_names = {n for n, _ in first.named_parameters()}
+    last_names = {n for n, _ in last.named_parameters()}
+    assert not first_names & last_names
+    assert first_names | last_names == {n for n, _ in full.named_parameters()} | {"output.weight"}
     tokens, types, padding = batch(vocab=32)
     types = types if config.num_tokentypes else None
     with torch.no_grad():
@@ -185,3 +191,17 @@ def test_training_mode_dropout_and_backward():
     assert model.lm_head.bias.grad.abs().sum() > 0
     with pytest.raises(ValueError, match="max_position_embeddings"):
         model(torch.zeros(1, 33, dtype=torch.long))
+
+
+@pytest.mark.parametrize("make", [bert_cfg, esm_cfg])
+def test_flops_count_every_per_token_matmul(make):
+    from epochal.model.flops import matmul_parameters
+
+    model = build_model(make(bert_binary_head=False))
+    per_token = [
+        p.numel()
+        for name, p in model.named_parameters()
+        if p.dim() == 2 and not name.endswith("embeddings.weight")
+    ]
+    # the tied decoder is tok_embeddings.weight: counted once, as the head
+    assert matmul_parameters(model.config) == sum(per_token) + model.output.weight.numel()

@@ -79,10 +79,8 @@ class EncoderLayout:
         embedding_norm: the embeddings' norm (post-LN BERT).
         attention_norm, ffn_norm: per-layer norms, relative to ``encoder.layer.L.``.
         final_norm: the encoder's final norm (pre-LN), relative to ``prefix``.
-        head: the masked-LM head's prefix; ``{head}dense``, ``{head}{head_norm}``,
-            ``{head}bias``/``{bias}``, ``{head}decoder.weight``.
-        head_norm: the head's norm name.
-        head_bias: the decoder bias' full name.
+        head_dense, head_norm: the masked-LM transform's dense layer and norm (full names).
+        head_bias: the head's output bias (full name).
         decoder: the decoder weight's full name (stored only when untied).
         decoder_bias: the decoder ``Linear``'s own bias, if it has one (BERT: tied
             to ``head_bias`` with tied embeddings, the bias used otherwise).

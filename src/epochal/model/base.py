@@ -7,7 +7,9 @@ materializes the modules on the current default device and initializes them
 (:mod:`epochal.model.init`), keeps ``output.weight`` tied to
 ``tok_embeddings.weight`` when the config ties them, and (re)computes the
 non-persistent RoPE / ALiBi buffers. Submodules a pipeline stage does not own
-are set to ``None``; every method here accepts that.
+are set to ``None`` (:attr:`TransformerModel.FIRST_STAGE_MODULES` /
+:attr:`TransformerModel.LAST_STAGE_MODULES` name them per model class, and the
+blocks it does not own are deleted from ``layers``); every method here accepts that.
 """
 
 from __future__ import annotations
@@ -64,6 +66,11 @@ class TransformerModel(nn.Module):
     tok_embeddings: nn.Embedding | None
     output: nn.Linear | None
     layers: nn.ModuleDict
+
+    #: top-level modules only the first pipeline stage keeps (the others set them to None).
+    FIRST_STAGE_MODULES: tuple[str, ...] = ("tok_embeddings", "pos_embeddings")
+    #: top-level modules only the last pipeline stage keeps (the others set them to None).
+    LAST_STAGE_MODULES: tuple[str, ...] = ("norm", "output")
 
     def __init__(self, config: ModelConfig, *, seed: int = 0) -> None:
         super().__init__()

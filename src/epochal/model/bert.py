@@ -37,9 +37,10 @@ Forward (full model)::
 ``act`` is ``config.activation`` (``gelu`` = erf, as BERT and ESM; ``gelu_tanh``
 = Megatron's ``--openai-gelu``). Tied embeddings and pipeline stages follow
 :mod:`epochal.model.gpt`: on every stage but the first, ``tok_embeddings``,
-``pos_embeddings``, ``tokentype_embeddings`` and ``embedding_norm`` are ``None``;
-on every stage but the last, ``norm``, ``lm_head``, ``output``, ``pooler`` and
-``binary_head`` are ``None``; ``forward`` then takes / returns hidden states
+``pos_embeddings``, ``tokentype_embeddings`` and ``embedding_norm`` are ``None``
+(``BertModel.FIRST_STAGE_MODULES``); on every stage but the last, ``norm``,
+``lm_head``, ``output``, ``pooler`` and ``binary_head`` are ``None``
+(``BertModel.LAST_STAGE_MODULES``); ``forward`` then takes / returns hidden states
 ``[b, s, hidden]``. ``padding_mask`` must be passed to every stage.
 """
 
@@ -105,6 +106,13 @@ class BertModel(TransformerModel):
     """
 
     EMBEDDING_MODULES = ("tok_embeddings", "pos_embeddings", "tokentype_embeddings")
+    FIRST_STAGE_MODULES = (
+        "tok_embeddings",
+        "pos_embeddings",
+        "tokentype_embeddings",
+        "embedding_norm",
+    )
+    LAST_STAGE_MODULES = ("norm", "lm_head", "output", "pooler", "binary_head")
 
     def __init__(self, config: ModelConfig, *, seed: int = 0) -> None:
         if not config.is_encoder:

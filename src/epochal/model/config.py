@@ -329,13 +329,14 @@ class ModelConfig:
             "transformer_block_type",
             f"must be one of {TRANSFORMER_BLOCK_TYPES}, got {self.transformer_block_type!r}",
         )
-        m = self.mask_token_id
-        _require(
-            m is None
-            or (isinstance(m, int) and not isinstance(m, bool) and 0 <= m < self.vocab_size),
-            "mask_token_id",
-            f"must be None or an integer in [0, vocab_size={self.vocab_size}), got {m!r}",
-        )
+        for name in ("mask_token_id", "pad_token_id"):
+            m = getattr(self, name)
+            _require(
+                m is None
+                or (isinstance(m, int) and not isinstance(m, bool) and 0 <= m < self.vocab_size),
+                name,
+                f"must be None or an integer in [0, vocab_size={self.vocab_size}), got {m!r}",
+            )
         if self.type == "gpt":
             for f in dataclasses.fields(self):
                 if f.name in ENCODER_FIELDS and f.name != "type":

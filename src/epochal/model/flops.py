@@ -3,7 +3,8 @@
 Uses the PaLM convention (Chowdhery et al. 2022, appendix B): a training step
 costs ``6 * N + 12 * L * (heads * head_dim) * s`` FLOPs per token, where ``N``
 counts the parameters that take part in matrix multiplies (every block linear and
-the output head; not the embedding lookups, norms or biases) and the second term
+the output head, plus an encoder's masked-LM transform ``lm_head.dense``; not the
+embedding lookups, norms, biases or the per-sequence pooler/binary head) and the second term
 is the attention score/value products (not halved for causality).
 """
 
@@ -15,12 +16,13 @@ __all__ = ["matmul_parameters", "training_flops_per_token"]
 
 
 def matmul_parameters(config: ModelConfig) -> int:
-    """Number of weights used in matrix multiplies per token (blocks + output head)."""
+    """Number of weights used in matrix multiplies per token (blocks + head)."""
     h, hd = config.hidden_size, config.head_dim
     attn = h * hd * (2 * config.num_attention_heads + 2 * config.num_kv_heads)
     n_mats = 3 if config.activation == "swiglu" else 2
     mlp = n_mats * h * config.ffn_size
-    return config.num_layers * (attn + mlp) + h * config.padded_vocab_size
+    head = h * config.padded_vocab_size + (h * h if config.is_encoder else 0)
+    return config.num_layers * (attn + mlp) + head
 
 
 def training_flops_per_token(config: ModelConfig, seq_length: int) -> float:

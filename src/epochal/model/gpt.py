@@ -31,7 +31,8 @@ pipeline layer must sum their gradients (Megatron's embedding group).
 
 Pipeline stages (torchtitan's pattern): set ``tok_embeddings`` / ``pos_embeddings``
 to ``None`` on every stage but the first and ``norm`` / ``output`` to ``None`` on
-every stage but the last; ``forward`` then takes / returns hidden states
+every stage but the last (``GPTModel.FIRST_STAGE_MODULES`` /
+``LAST_STAGE_MODULES``); ``forward`` then takes / returns hidden states
 ``[b, s, hidden]`` instead of token ids / logits.
 
 Buffers: ``rope_cos`` / ``rope_sin`` (``[max_position_embeddings, rotary_dim]``,

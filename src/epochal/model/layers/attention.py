@@ -169,7 +169,7 @@ class Attention(nn.Module):
                 + ("needs a context" if context is None else "takes no context")
             )
         if self.mask_kind != "causal":
-            return self._forward_unmasked(x, rope, attention_mask, kv_cache, context)
+            return self._forward_noncausal(x, rope, attention_mask, kv_cache, context)
         b, s, _ = x.shape
         hd = self.head_dim
         q = self.wq(x).view(b, s, -1, hd)
@@ -205,7 +205,7 @@ class Attention(nn.Module):
         out = out.transpose(1, 2).reshape(b, s, -1)
         return self.wo(out)
 
-    def _forward_unmasked(
+    def _forward_noncausal(
         self,
         x: torch.Tensor,
         rope: tuple[torch.Tensor, torch.Tensor] | None,
