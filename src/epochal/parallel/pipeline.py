@@ -142,17 +142,6 @@ def stage_indices(pp_rank: int, pp: int, vpp: int) -> list[int]:
     return [pp_rank + v * pp for v in range(vpp)]
 
 
-#: model type -> (modules only the first stage keeps, modules only the last stage keeps).
-STAGE_MODULES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
-    "gpt": (("tok_embeddings", "pos_embeddings"), ("norm", "output")),
-    "bert": (
-        ("tok_embeddings", "pos_embeddings", "tokentype_embeddings", "embedding_norm"),
-        ("norm", "lm_head", "output", "pooler", "binary_head"),
-    ),
-}
-STAGE_MODULES["esm"] = STAGE_MODULES["bert"]
-
-
 def split_stage_module(
     model: nn.Module, layers: range, *, is_first: bool, is_last: bool
 ) -> nn.Module:
@@ -162,8 +151,8 @@ def split_stage_module(
         model: a :class:`~epochal.model.GPTModel` or :class:`~epochal.model.BertModel`
             (on any device, ``meta`` included).
         layers: the global layer indices the stage keeps.
-        is_first: keep the embeddings (else set them to None; see :data:`STAGE_MODULES`).
-        is_last: keep the final norm and the heads (else None).
+        is_first: keep the embeddings (else set the model's ``FIRST_STAGE_MODULES`` to None).
+        is_last: keep the final norm and the heads (else its ``LAST_STAGE_MODULES``).
 
     Returns:
         The stage module. Its ``forward`` takes token ids (first stage) or
@@ -174,10 +163,11 @@ def split_stage_module(
     for name in list(stage.layers.keys()):
         if name not in keep:
             del stage.layers[name]
-    first_only, last_only = STAGE_MODULES[model.config.type]
-    for name in (() if is_first else first_only) + (() if is_last else last_only):
-        if hasattr(stage, name):
-            setattr(stage, name, None)
+    dropped = (() if is_first else model.FIRST_STAGE_MODULES) + (
+        () if is_last else model.LAST_STAGE_MODULES
+    )
+    for name in dropped:
+        setattr(stage, name, None)
     return stage
 
 

@@ -56,7 +56,6 @@ class GPTTrainStep(TrainStep):
         output_tensor = model(tokens, position_ids, attention_mask, labels=labels)
         return output_tensor, partial(self.loss_func, loss_mask)
 
-
     def stage_kwargs(self, micro_batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Per-document ``position_ids`` / ``attention_mask`` when the batch has them."""
         return {k: micro_batch[k] for k in ("position_ids", "attention_mask") if k in micro_batch}
