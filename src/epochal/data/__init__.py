@@ -38,6 +38,8 @@ _EXPORTS = {
     "BertWordPieceTokenizer": "indexed.tokenizer_wordpiece",
     "train_wordpiece": "indexed.tokenizer_wordpiece",
     "ESM2Tokenizer": "indexed.tokenizer_esm",
+    "SentenceSplitter": "indexed.sentence_split",
+    "split_sentences": "indexed.sentence_split",
     "merge_indexed_datasets": "indexed.indexed_dataset",
     "preprocess_documents": "indexed.preprocess",
     "PreprocessSummary": "indexed.preprocess",

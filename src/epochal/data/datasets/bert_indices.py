@@ -22,6 +22,8 @@ Both generators are reproduced in numpy: ``std::mt19937`` is numpy's legacy-seed
 
 from __future__ import annotations
 
+from bisect import bisect_left
+
 import numpy as np
 
 #: Megatron's ``LONG_SENTENCE_LEN``: a multi-sentence document with a longer sentence is skipped.
@@ -85,35 +87,35 @@ class MT19937_64:
         return out[:count]
 
 
-class _MT19937Stream:
-    """``std::mt19937(seed)`` outputs one at a time (numpy's legacy seeding is the same)."""
+class _TargetLengths:
+    """Megatron's ``get_target_sample_len`` draws of ``std::mt19937(seed)``, in chunks.
 
-    def __init__(self, seed: int, chunk: int = 4096) -> None:
+    ``values[pos]`` is the target length of the ``pos``-th draw (numpy's legacy-seeded
+    ``MT19937`` is ``std::mt19937``); :meth:`reserve` makes sure ``count`` more exist.
+    """
+
+    def __init__(self, seed: int, short_seq_ratio: int, max_length: int) -> None:
         legacy = np.random.RandomState(seed).get_state()
         self._generator = np.random.MT19937()
         self._generator.state = {
             "bit_generator": "MT19937",
             "state": {"key": legacy[1], "pos": legacy[2]},
         }
-        self._chunk = chunk
-        self._values: list[int] = []
-        self._pos = 0
+        self.ratio, self.max_length = short_seq_ratio, max_length
+        self.values: list[int] = []
 
-    def __call__(self) -> int:
-        if self._pos == len(self._values):
-            self._values = self._generator.random_raw(self._chunk).tolist()
-            self._pos = 0
-        self._pos += 1
-        return self._values[self._pos - 1]
+    def reserve(self, pos: int, count: int) -> None:
+        if self.ratio == 0 or pos + count <= len(self.values):
+            return
+        raw = self._generator.random_raw(max(count, 1 << 16)).astype(np.uint64)
+        short = raw % np.uint64(self.ratio) == 0
+        lengths = np.where(short, 2 + raw % np.uint64(self.max_length - 1), self.max_length)
+        self.values = self.values[pos:] + lengths.astype(np.int64).tolist()
 
-
-def _target_length(draw: _MT19937Stream, short_seq_ratio: int, max_length: int) -> int:
-    if short_seq_ratio == 0:
-        return max_length
-    value = draw()
-    if value % short_seq_ratio == 0:
-        return 2 + value % (max_length - 1)
-    return max_length
+    def consumed(self, pos: int) -> int:
+        """Drop the first ``pos`` values (already used); return the new position 0."""
+        del self.values[:pos]
+        return 0
 
 
 def _eligible_documents(
@@ -128,32 +130,46 @@ def _eligible_documents(
 
 
 def _one_epoch(
-    starts: np.ndarray,
-    ends: np.ndarray,
-    cumulative: np.ndarray,
-    max_length: int,
-    short_seq_ratio: int,
+    starts: list[int],
+    ends: list[int],
+    cumulative: list[int],
     min_sentences: int,
-    draw: _MT19937Stream,
-    out: list[tuple[int, int, int]],
+    targets: _TargetLengths,
+    out: list[int],
 ) -> None:
-    """Append one epoch's ``(begin, end, target)`` rows to ``out``, in corpus order."""
-    searchsorted = cumulative.searchsorted
-    for first, last in zip(starts.tolist(), ends.tolist()):
+    """Append one epoch's ``begin, end, target`` triples (flat) to ``out``, in corpus order."""
+    fixed = targets.ratio == 0
+    length = targets.max_length
+    values = targets.values
+    pos = 0
+    append = out.append
+    for first, last in zip(starts, ends):
+        if not fixed:
+            if pos + (last - first) + 1 > len(values):
+                targets.reserve(pos, (last - first) + 1)
+                values, pos = targets.values, 0
+            length = values[pos]
+            pos += 1
         begin = first
-        target = _target_length(draw, short_seq_ratio, max_length)
         while True:
-            # the first sentence e >= begin + min - 1 where the run reaches the target ...
-            end = int(searchsorted(cumulative[begin] + target, side="left"))
-            end = max(end, begin + min_sentences)
+            # the first end >= begin + min where the run reaches the target length ...
+            end = bisect_left(cumulative, cumulative[begin] + length)
+            if end < begin + min_sentences:
+                end = begin + min_sentences
             # ... unless fewer than two sentences would be left: then take the rest
             if end > last - 2:
                 end = last
-            out.append((begin, end, target))
-            target = _target_length(draw, short_seq_ratio, max_length)
+            append(begin)
+            append(end)
+            append(length)
+            if not fixed:
+                length = values[pos]
+                pos += 1
             if end == last:
                 break
             begin = end
+    if not fixed:
+        targets.consumed(pos)
 
 
 def build_bert_sample_index(
@@ -196,24 +212,24 @@ def build_bert_sample_index(
         raise ValueError(f"short_seq_prob must be in [0, 1], got {short_seq_prob}")
     short_seq_ratio = int(round(1.0 / short_seq_prob)) if short_seq_prob > 0 else 0
     eligible = _eligible_documents(bounds, sizes, min_sentences)
-    starts, ends = bounds[:-1][eligible], bounds[1:][eligible]
-    cumulative = np.concatenate(([0], np.cumsum(sizes, dtype=np.int64)))
-    draw = _MT19937Stream(seed)
-    rows: list[tuple[int, int, int]] = []
+    starts, ends = bounds[:-1][eligible].tolist(), bounds[1:][eligible].tolist()
+    cumulative = np.concatenate(([0], np.cumsum(sizes, dtype=np.int64))).tolist()
+    targets = _TargetLengths(seed, short_seq_ratio, max_length)
+    rows: list[int] = []  # flat begin, end, target triples
     epochs = 0
-    while (len(rows) < num_samples) if num_samples is not None else (epochs == 0):
+    while (len(rows) < 3 * num_samples) if num_samples is not None else (epochs == 0):
         before = len(rows)
-        _one_epoch(starts, ends, cumulative, max_length, short_seq_ratio, min_sentences, draw, rows)
+        _one_epoch(starts, ends, cumulative, min_sentences, targets, rows)
         epochs += 1
         if len(rows) == before and num_samples is not None:
             raise ValueError(
                 f"no document has {min_sentences} or more sentences (each of at most "
                 f"{LONG_SENTENCE_LEN} tokens when there are several), so no sample can be built"
             )
-        if short_seq_ratio == 0 and num_samples is not None and len(rows) < num_samples:
+        if short_seq_ratio == 0 and num_samples is not None and len(rows) < 3 * num_samples:
             # no draws: every epoch is the same; add the remaining epochs at once
             per_epoch = len(rows) - before
-            more = -(-(num_samples - len(rows)) // per_epoch)
+            more = -(-(3 * num_samples - len(rows)) // per_epoch)
             rows.extend(rows[before:] * more)
     dtype = np.uint64 if sizes.size > np.iinfo(np.uint32).max else np.uint32
     table = np.array(rows, dtype=dtype).reshape(-1, 3)

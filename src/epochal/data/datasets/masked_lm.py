@@ -14,7 +14,9 @@ before Megatron's ``__getitem__`` gives Megatron's samples.
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
@@ -63,9 +65,10 @@ class WordPieceVocabulary:
         # Megatron draws random replacements from list(inv_vocab.keys()), in that order
         self.token_lookup = np.asarray(list(inv_vocab.keys()), dtype=np.int64)
         top = int(self.token_lookup.max()) + 1 if self.token_lookup.size else 0
-        self.is_continuation = np.zeros(max(top, self.cls + 1, self.sep + 1), dtype=bool)
+        is_continuation = [False] * max(top, self.cls + 1, self.sep + 1)
         for token_id, piece in inv_vocab.items():
-            self.is_continuation[int(token_id)] = str(piece).startswith("##")
+            is_continuation[int(token_id)] = str(piece).startswith("##")
+        self.is_continuation = is_continuation
 
 
 def _candidates(
@@ -83,6 +86,31 @@ def _candidates(
         else:
             candidates.append([i])
     return candidates
+
+
+@lru_cache(maxsize=64)
+def _ngram_cdf(max_ngram: int, use_longer_ngrams: bool) -> list[float]:
+    """The cumulative N-gram probabilities Megatron's ``RandomState.choice`` searches.
+
+    ``state.choice(arange(1, max_ngram + 1), p=p)`` is ``1 + searchsorted(cdf,
+    state.random_sample(), "right")`` with ``cdf = p.cumsum() / p.cumsum()[-1]``: the
+    same draw and the same result, without ``choice``'s per-call checks.
+    """
+    ngram_nvals = np.arange(max_ngram, dtype=np.int64) + 1
+    nprobs = 1.0 / ngram_nvals
+    nprobs = nprobs / nprobs.sum(keepdims=True)
+    if use_longer_ngrams:
+        nprobs = nprobs[::-1]
+    # every candidate has max_ngram N-grams (those near the end are shorter), so Megatron's
+    # per-candidate probabilities are always the full ones
+    p = nprobs / nprobs.sum(keepdims=True)
+    cdf = p.cumsum()
+    cdf /= cdf[-1]
+    return cdf.tolist()
+
+
+def _draw_n(cdf: list[float], state: np.random.RandomState) -> int:
+    return 1 + bisect_right(cdf, state.random_sample())
 
 
 def _token_mask(vocab: WordPieceVocabulary, state: np.random.RandomState) -> int | None:
@@ -139,14 +167,7 @@ def create_masked_lm_predictions(
         options.probability * target_sequence_length,
         max(1, int(round(len(token_ids) * options.probability))),
     )
-    ngram_nvals = np.arange(options.max_ngram, dtype=np.int64) + 1
-    nprobs = 1.0 / ngram_nvals
-    nprobs = nprobs / nprobs.sum(keepdims=True)
-    if options.use_longer_ngrams:
-        nprobs = nprobs[::-1]
-    # every candidate has max_ngram N-grams (those near the end are shorter), so Megatron's
-    # per-candidate probabilities are always the full ones
-    p = nprobs / nprobs.sum(keepdims=True)
+    cdf = _ngram_cdf(options.max_ngram, options.use_longer_ngrams)
     order = np.arange(len(candidates))
     state.shuffle(order)
 
@@ -159,7 +180,7 @@ def create_masked_lm_predictions(
         if options.use_geometric_distribution:
             n = min(state.geometric(0.2), options.max_ngram)
         else:
-            n = state.choice(ngram_nvals, p=p)
+            n = _draw_n(cdf, state)
         indices = _fit_ngram(candidates, start, int(n), n_maskings, len(positions_and_labels))
         if indices is None or any(index in masked_indices for index in indices):
             continue
@@ -178,7 +199,7 @@ def create_masked_lm_predictions(
         for start in order.tolist():
             if len(permuted) >= n_maskings:
                 break
-            n = permutation_state.choice(ngram_nvals, p=p)
+            n = _draw_n(cdf, permutation_state)
             indices = _fit_ngram(candidates, start, int(n), n_maskings, len(permuted))
             if indices is None or any(i in masked_indices or i in permuted for i in indices):
                 continue
