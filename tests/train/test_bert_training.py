@@ -103,10 +103,16 @@ def test_runs_are_deterministic_per_seed(corpus, tmp_path):
 
 def test_errors(corpus, tmp_path):
     no_files = build_config(
-        preset="tiny", overrides=[f"--run_dir={tmp_path}", "--data.mock=true", *MODEL]
+        preset="tiny",
+        overrides=[f"--run_dir={tmp_path}", "--data.corpus=", "--data.mock=true", *MODEL],
     )
     with pytest.raises(ConfigError, match="data.data_path"):
         build_data(no_files)
+    unsplit = build_config(preset="tiny", overrides=[f"--run_dir={tmp_path}", *MODEL])
+    with pytest.raises(ConfigError, match="data.split_sentences"):
+        build_data(unsplit)
+    with pytest.raises(ConfigError, match="data.wordpiece_vocab_size"):
+        build_config(preset="tiny", overrides=["--data.wordpiece_vocab_size=1000"])
     esm = build_config(
         preset="tiny",
         overrides=[
@@ -174,3 +180,55 @@ def test_fill_mask_from_the_run_and_from_its_hf_export(corpus, tmp_path, capsys)
         assert a == pytest.approx(b, abs=1e-5)
     with pytest.raises(ValueError, match="no mask token"):
         main(["fill-mask", "--checkpoint", str(run), "--text", "no mask here"])
+
+
+def test_bert_tiny_preset_from_the_stdlib_resumes_exactly_and_fills_masks(
+    tmp_path, monkeypatch, capsys
+):
+    """``epochal train --preset bert-tiny`` (shrunk): sentence-split stdlib, offline WordPiece."""
+    from epochal.cli import main
+
+    monkeypatch.setenv("EPOCHAL_CACHE", str(tmp_path / "cache"))
+    small = [
+        "--preset=bert-tiny",
+        "--data.corpus_max_bytes=600000",
+        "--data.wordpiece_vocab_size=1000",
+        "--data.seq_length=64",
+        "--model.hidden_size=32",
+        "--model.num_layers=2",
+        "--model.ffn_hidden_size=64",
+        "--training.global_batch_size=8",
+        "--training.eval_interval=2",
+        "--training.eval_iters=1",
+        "--scheduler.lr_warmup_iters=1",
+        "--checkpoint.save_interval=2",
+        "--logging.progress=false",
+        "--logging.tensorboard=false",
+    ]
+    full, parts = tmp_path / "full", tmp_path / "parts"
+    assert main(["train", *small, f"--run_dir={full}", "--training.train_iters=4"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                *small,
+                f"--run_dir={parts}",
+                "--training.train_iters=4",
+                "--scheduler.lr_decay_iters=4",
+                "--training.train_iters=2",
+            ]
+        )
+        == 0
+    )
+    assert main(["train", *small, f"--run_dir={parts}", "--training.train_iters=4"]) == 0
+    vocab = list((tmp_path / "cache").glob("corpus-*/vocab.txt"))
+    assert len(vocab) == 1 and "[MASK]" in vocab[0].read_text().split()
+    loss = {}
+    for run in (full, parts):
+        recs = [r for r in read_metrics(run / "metrics.jsonl") if r["kind"] == "train"]
+        loss[run] = {r["step"]: r["loss"] for r in recs}
+        assert all("sop loss" in r and "lm loss" in r for r in recs)
+    assert loss[parts] == loss[full]  # steps 3-4 after the resume, bit for bit
+    capsys.readouterr()
+    assert main(["fill-mask", "--checkpoint", str(full), "--text", "import [MASK]"]) == 0
+    assert "[MASK] 0:" in capsys.readouterr().out

@@ -1,5 +1,8 @@
 """BERT datasets for the trainer (Megatron's path): ``epochal.data.build_bert_datasets`` from ``config.data``.
 
+``data.corpus`` (with ``data.split_sentences`` and ``data.wordpiece_vocab_size``,
+as the ``bert-tiny`` preset) is prepared first (cached; :mod:`epochal.train.corpus`):
+sentence-split, a WordPiece vocabulary trained offline, tokenized. Otherwise
 ``data.data_path`` / ``data.{train,valid,test}_data_path`` name sentence-split
 indexed files (one sequence per sentence, documents kept; ``epochal preprocess
 --split-sentences``) tokenized with a WordPiece tokenizer
@@ -23,7 +26,7 @@ from typing import Any
 from epochal.data.datasets.bert_builder import BERTDatasetConfig, build_bert_datasets
 from epochal.model.config import ConfigError
 from epochal.train.config import TrainConfig
-from epochal.train.corpus import default_cache_dir, tokenizer_from_config
+from epochal.train.corpus import default_cache_dir, prepare_corpus, tokenizer_from_config
 
 __all__ = ["build_bert_train_datasets"]
 
@@ -45,15 +48,26 @@ def build_bert_train_datasets(
         "valid_data_path": d.valid_data_path or None,
         "test_data_path": d.test_data_path or None,
     }
-    if not any(paths.values()):
+    cache = Path(d.cache_dir) if d.cache_dir else default_cache_dir()
+    if d.corpus:
+        if not d.split_sentences:
+            raise ConfigError(
+                "data.split_sentences",
+                f"must be true for model.type={config.model.type!r} on data.corpus "
+                "(BERT samples are built from sentences)",
+            )
+        prepared = prepare_corpus(d, cache, log=log)
+        tokenizer = prepared.tokenizer
+        paths = {"data_path": [prepared.prefix]}
+    elif not any(paths.values()):
         raise ConfigError(
             "data.data_path",
             f"model.type={config.model.type!r} trains on sentence-split indexed files "
-            "(epochal preprocess --split-sentences) named by data.data_path; "
-            "data.corpus / data.mock produce GPT data",
+            "(epochal preprocess --split-sentences) named by data.data_path, or on "
+            "data.corpus with data.split_sentences; data.mock is GPT data",
         )
-    tokenizer = tokenizer_from_config(d)
-    cache = Path(d.cache_dir) if d.cache_dir else default_cache_dir()
+    else:
+        tokenizer = tokenizer_from_config(d)
     train_samples = t.train_iters * t.global_batch_size
     valid_samples = t.eval_iters * t.global_batch_size
     try:
@@ -84,7 +98,8 @@ def build_bert_train_datasets(
         valid = None
     source = ", ".join(f"{k}={v}" for k, v in paths.items() if v)
     description = (
-        f"BERT samples of {source} ({d.tokenizer_type}); {train_samples:,} train samples"
+        f"BERT samples of {source} ({type(tokenizer).__name__}, {tokenizer.vocab_size} ids); "
+        f"{train_samples:,} train samples (of {len(train):,} per epoch)"
         + (f", {min(valid_samples, len(valid)):,} validation" if valid is not None else "")
         + f", {d.seq_length} tokens each"
     )

@@ -138,6 +138,12 @@ class DataConfig:
         reset_position_ids / reset_attention_mask / eod_mask_loss: Megatron's GPT
             dataset options (positions and attention restart at each document;
             no loss on end-of-document tokens).
+        split_sentences: with ``corpus``: one sequence per sentence, documents kept
+            (Megatron's ``--split-sentences``, :func:`epochal.data.split_sentences`),
+            no end-of-document token: the corpus BERT's data needs.
+        wordpiece_vocab_size: with ``corpus``: if > 0, train a WordPiece vocabulary of
+            this many ids on the corpus (offline, deterministic, cached) and use
+            ``BertWordPieceLowerCase`` with it instead of ``tokenizer_type``.
         masking_probability / short_sequence_probability / masking_max_ngram /
         masking_do_full_word / masking_do_permutation / masking_use_longer_ngrams /
         masking_use_geometric_distribution: Megatron's BERT masking options (BERT
@@ -164,6 +170,8 @@ class DataConfig:
     reset_position_ids: bool = False
     reset_attention_mask: bool = False
     eod_mask_loss: bool = False
+    split_sentences: bool = False
+    wordpiece_vocab_size: int = 0
     masking_probability: float = 0.15
     short_sequence_probability: float = 0.1
     masking_max_ngram: int = 3
@@ -180,6 +188,16 @@ class DataConfig:
             f"must be >= 1, got {self.corpus_max_bytes}",
         )
         _require(self.num_workers >= 0, "num_workers", f"must be >= 0, got {self.num_workers}")
+        _require(
+            self.wordpiece_vocab_size == 0 or 100 <= self.wordpiece_vocab_size <= 1_000_000,
+            "wordpiece_vocab_size",
+            f"must be 0 (off) or in [100, 1000000], got {self.wordpiece_vocab_size}",
+        )
+        _require(
+            not (self.wordpiece_vocab_size and self.bpe_vocab_size),
+            "wordpiece_vocab_size",
+            "and data.bpe_vocab_size cannot both be set (one trained tokenizer)",
+        )
         _require(
             self.bpe_vocab_size == 0 or 260 <= self.bpe_vocab_size <= 1_000_000,
             "bpe_vocab_size",
