@@ -99,7 +99,7 @@ def build_bert_train_datasets(
     source = ", ".join(f"{k}={v}" for k, v in paths.items() if v)
     description = (
         f"BERT samples of {source} ({type(tokenizer).__name__}, {tokenizer.vocab_size} ids); "
-        f"{train_samples:,} train samples (of {len(train):,} per epoch)"
+        f"{train_samples:,} train samples (of {len(train):,} indexed in whole epochs)"
         + (f", {min(valid_samples, len(valid)):,} validation" if valid is not None else "")
         + f", {d.seq_length} tokens each"
     )

@@ -11,8 +11,9 @@ merged over it. ``epochal train --preset NAME --print-config`` shows the result.
 - ``bert-tiny``: a 4-layer, 128-wide Megatron-style BERT (pre-LN, learned
   positions, token types, the binary head) trained on the standard-library
   sources split into sentences, with a 4096-id WordPiece vocabulary trained on
-  them offline, for several epochs of Megatron's BERT samples (fresh masks and
-  order each epoch).
+  them offline, for about 7.5 epochs of Megatron's BERT samples (639 per
+  epoch; every sample's masks are drawn from its index, so a sentence span
+  repeated in a later epoch is masked afresh).
 - ``gpt2-small``: GPT-2 124M (learned positions, LayerNorm, tanh-GELU, tied
   embeddings, dropout 0.1), 1024 tokens, GPT-2's BPE, global batch 512,
   nanoGPT/Megatron-like schedule. Needs ``data.data_path``.
@@ -89,7 +90,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         },
         "data": {
             "corpus": "stdlib",
-            "corpus_max_bytes": 2_000_000,
+            "corpus_max_bytes": 1_000_000,
             "split_sentences": True,
             "wordpiece_vocab_size": 4096,
             "seq_length": 128,
@@ -98,14 +99,14 @@ PRESETS: dict[str, dict[str, Any]] = {
         "training": {
             "micro_batch_size": 8,
             "global_batch_size": 16,
-            "train_iters": 200,
-            "eval_interval": 50,
+            "train_iters": 300,
+            "eval_interval": 100,
             "eval_iters": 2,
             "seed": 1234,
         },
         "optimizer": {"lr": 1e-3, "min_lr": 1e-4, "weight_decay": 0.01, "clip_grad": 1.0},
         "scheduler": {"lr_decay_style": "linear", "lr_warmup_iters": 20},
-        "checkpoint": {"save_interval": 50, "keep_last": 2},
+        "checkpoint": {"save_interval": 100, "keep_last": 2},
         "logging": {"log_interval": 10},
     },
     "gpt2-small": {
