@@ -232,3 +232,13 @@ def test_bert_tiny_preset_from_the_stdlib_resumes_exactly_and_fills_masks(
     capsys.readouterr()
     assert main(["fill-mask", "--checkpoint", str(full), "--text", "import [MASK]"]) == 0
     assert "[MASK] 0:" in capsys.readouterr().out
+
+
+def test_compiled_bert_equals_eager(tmp_path):
+    """``training.compile`` (each block compiled) gives the eager losses (pairs, post-LN, padding)."""
+    from tests.parallel import bert_worker as W
+
+    eager = W.single(str(tmp_path / "eager"), W.PAIRS)
+    compiled = W.single(str(tmp_path / "compiled"), [*W.PAIRS, "--training.compile=true"])
+    assert compiled["losses"] == pytest.approx(eager["losses"], abs=1e-5)
+    assert compiled["eval"] == pytest.approx(eager["eval"], abs=1e-5)
