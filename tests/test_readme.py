@@ -19,6 +19,7 @@ RUNNABLE = (
     "Indexed files and preprocessing",
     "GPT samples, splits and blending",
     "Models",
+    "Train steps and BERT training",
 )
 
 
@@ -54,5 +55,8 @@ def test_readme_example_runs(name, tmp_path, monkeypatch):
             [[5, 6, 7, 8, 9, 10]] * 4, mask_token_id=1, random_tokens=range(5, 12), mask_prob=0.5
         )
         namespace["test_my_dataset"](dataset)
+    if name == "Train steps and BERT training":
+        assert set(namespace["trainer"].last_eval_logged) == {"lm loss", "mlm accuracy", "mlm ppl"}
+        assert namespace["result"].final_step == 6
     if name == "Resumable loading":
         assert namespace["state"] == {"consumed_samples": 96, "mode": "train"}

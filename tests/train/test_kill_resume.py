@@ -19,9 +19,9 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 ITERS = 12
 
 
-def start(run_dir: Path, *args: str) -> subprocess.Popen:
+def start(run_dir: Path, *args: str, mode: tuple[str, ...] = ()) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, WORKER, str(run_dir), str(ITERS), *args],
+        [sys.executable, WORKER, str(run_dir), str(ITERS), *mode, *args],
         env=ENV,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -41,12 +41,16 @@ def losses(run_dir: Path, kind: str = "train") -> dict[int, dict[int, float]]:
     return out
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory) -> dict[str, Path]:
-    """Single-threaded worker processes, two at a time (one per core); bit-exactness holds regardless."""
+@pytest.fixture(scope="module", params=["gpt", "bert"])
+def runs(tmp_path_factory, request) -> dict[str, Path]:
+    """Single-threaded worker processes, two at a time (one per core); bit-exactness holds regardless.
+
+    ``bert``: a BERT on masked data with fresh masks every epoch (BioNeMo's way).
+    """
+    mode = ("--bert",) if request.param == "bert" else ()
     dirs = {name: tmp_path_factory.mktemp(name) for name in ("full", "killed", "older")}
-    full = start(dirs["full"])
-    killed = start(dirs["killed"], "--pause-after", "8")
+    full = start(dirs["full"], mode=mode)
+    killed = start(dirs["killed"], "--pause-after", "8", mode=mode)
     marker = dirs["killed"] / "paused"
     deadline = time.monotonic() + 240
     while not marker.exists():
@@ -66,8 +70,10 @@ def runs(tmp_path_factory) -> dict[str, Path]:
         older, dirs["older"] / "from_step_3"
     )  # before the resumed run prunes nothing (keep_last=10)
     finish(full)
-    resumed = start(dirs["killed"])  # resume="auto" picks up step 6
-    from_older = start(dirs["older"], f"--checkpoint.resume={dirs['older'] / 'from_step_3'}")
+    resumed = start(dirs["killed"], mode=mode)  # resume="auto" picks up step 6
+    from_older = start(
+        dirs["older"], f"--checkpoint.resume={dirs['older'] / 'from_step_3'}", mode=mode
+    )
     finish(resumed)
     finish(from_older)
     return dirs
