@@ -16,11 +16,24 @@ reading, writing):
   Megatron's ``tokenize`` + ``convert_tokens_to_ids``), Megatron-Core's
   ``IndexedDatasetBuilder.add_document``.
 
+With ``--split-sentences`` (Megatron's BERT preprocessing) the tokenizer is BERT
+WordPiece (lower case; a 30,522-token vocabulary trained on the corpus first, not
+timed) and every document is split into sentences, one sequence each, without EOD:
+
+- ours: ``preprocess(..., split_sentences=True)`` with :class:`BertWordPieceTokenizer`;
+- baseline: Megatron's ``Encoder.encode`` with its splitter, per line: ``json.loads``,
+  ``splitter.tokenize(text)``, one tokenizer call per sentence with transformers'
+  ``BertTokenizer`` (its Rust-backed class; Megatron's own ``FullBertTokenizer`` is
+  pure Python and slower), ``add_document`` with the sentence lengths. Both use the
+  same splitter (nltk's Punkt when its data is installed, else epochal's rule-based
+  one), so the outputs can be compared byte for byte.
+
 Both runs must produce byte-identical files; the script checks it. Tokenizers run on
 one thread per worker (``TOKENIZERS_PARALLELISM=false``), so "N workers" means N cores
 for both. Run::
 
-    python benchmarks/bench_preprocess.py             # ~1-2 minutes
+    python benchmarks/bench_preprocess.py                     # ~1-2 minutes
+    python benchmarks/bench_preprocess.py --split-sentences   # BERT, ~2 minutes
 
 Each timed run happens in a fresh interpreter (imports done before the clock starts),
 so no run inherits another's warm caches, pools or memory.
@@ -70,40 +83,67 @@ def write_corpus(path: str, megabytes: float, doc_bytes: int) -> tuple[int, int]
     return documents, written
 
 
-class MegatronStyleEncoder:
-    """``Encoder`` of Megatron-LM's tools/preprocess_data.py (no sentence splitting)."""
+def bert_vocab(tokenizer_dir: str) -> str:
+    return os.path.join(tokenizer_dir, "vocab.txt")
 
-    def __init__(self, tokenizer_dir: str) -> None:
+
+def reference_tokenizer(tokenizer_dir: str, bert: bool):
+    """transformers' GPT2Tokenizer, or BertTokenizer (lower case) for ``--split-sentences``."""
+    from transformers import BertTokenizer, GPT2Tokenizer
+
+    if bert:
+        return BertTokenizer(bert_vocab(tokenizer_dir), do_lower_case=True)
+    return GPT2Tokenizer.from_pretrained(tokenizer_dir)
+
+
+class MegatronStyleEncoder:
+    """``Encoder`` of Megatron-LM's tools/preprocess_data.py (with ``bert``: its
+    ``--split-sentences`` path, no ``--append-eod``)."""
+
+    def __init__(self, tokenizer_dir: str, bert: bool = False) -> None:
         self.tokenizer_dir = tokenizer_dir
+        self.bert = bert
 
     def initializer(self) -> None:
-        from transformers import GPT2Tokenizer
+        from epochal.data import SentenceSplitter
 
-        MegatronStyleEncoder.tokenizer = GPT2Tokenizer.from_pretrained(self.tokenizer_dir)
+        MegatronStyleEncoder.tokenizer = reference_tokenizer(self.tokenizer_dir, self.bert)
+        MegatronStyleEncoder.splitter = SentenceSplitter() if self.bert else None
 
     def encode(self, json_line: str):
         data = json.loads(json_line)
         text = data["text"]
+        tokenizer, splitter = MegatronStyleEncoder.tokenizer, MegatronStyleEncoder.splitter
+        if splitter is not None:
+            max_len = 1000000  # Megatron splits text in pieces of this many characters
+            sentences = [
+                s
+                for i in range(0, len(text), max_len)
+                for s in splitter.tokenize(text[i : i + max_len])
+            ]
+        else:
+            sentences = [text] if isinstance(text, str) else text
         doc_ids, sentence_lens = [], []
-        for sentence in [text] if isinstance(text, str) else text:
-            ids = MegatronStyleEncoder.tokenizer.encode(sentence)
+        for sentence in sentences:
+            ids = tokenizer.encode(sentence, add_special_tokens=False)
             if ids:
                 doc_ids.extend(ids)
                 sentence_lens.append(len(ids))
-        if doc_ids:
-            doc_ids.append(MegatronStyleEncoder.tokenizer.eos_token_id)
+        if doc_ids and not self.bert:  # --append-eod
+            doc_ids.append(tokenizer.eos_token_id)
             sentence_lens[-1] += 1
         return doc_ids, sentence_lens, len(json_line)
 
 
-def run_baseline(input_path: str, output_prefix: str, tokenizer_dir: str, workers: int) -> int:
+def run_baseline(
+    input_path: str, output_prefix: str, tokenizer_dir: str, workers: int, bert: bool
+) -> int:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         from megatron.core.datasets.indexed_dataset import DType, IndexedDatasetBuilder
-    from transformers import GPT2Tokenizer
 
-    tokenizer = GPT2Tokenizer.from_pretrained(tokenizer_dir)
-    encoder = MegatronStyleEncoder(tokenizer_dir)
+    tokenizer = reference_tokenizer(tokenizer_dir, bert)
+    encoder = MegatronStyleEncoder(tokenizer_dir, bert)
     builder = IndexedDatasetBuilder(
         output_prefix + ".bin", dtype=DType.optimal_dtype(len(tokenizer))
     )
@@ -119,9 +159,21 @@ def run_baseline(input_path: str, output_prefix: str, tokenizer_dir: str, worker
     return tokens
 
 
-def run_ours(input_path: str, output_prefix: str, workers: int) -> int:
-    tokenizer = build_tokenizer("GPT2BPETokenizer")
-    summary = preprocess(input_path, output_prefix, tokenizer, append_eod=True, workers=workers)
+def run_ours(
+    input_path: str, output_prefix: str, tokenizer_dir: str, workers: int, bert: bool
+) -> int:
+    if bert:
+        tokenizer = build_tokenizer("BertWordPieceLowerCase", vocab_file=bert_vocab(tokenizer_dir))
+    else:
+        tokenizer = build_tokenizer("GPT2BPETokenizer")
+    summary = preprocess(
+        input_path,
+        output_prefix,
+        tokenizer,
+        append_eod=not bert,
+        split_sentences=bert,
+        workers=workers,
+    )
     return summary.total_tokens
 
 
@@ -133,7 +185,9 @@ def same_files(a: str, b: str) -> bool:
     return True
 
 
-def measure_one(impl: str, corpus: str, prefix: str, tokenizer_dir: str, workers: int) -> None:
+def measure_one(
+    impl: str, corpus: str, prefix: str, tokenizer_dir: str, workers: int, bert: bool
+) -> None:
     """Time one run in this (fresh) process and print ``seconds tokens`` (imports not timed)."""
     # Import time is not preprocessing time: load both reference packages first
     # (Megatron-Core's first import alone takes seconds).
@@ -144,9 +198,9 @@ def measure_one(impl: str, corpus: str, prefix: str, tokenizer_dir: str, workers
         import megatron.core.datasets.indexed_dataset  # noqa: F401
     start = time.perf_counter()
     if impl == "baseline":
-        tokens = run_baseline(corpus, prefix, tokenizer_dir, workers)
+        tokens = run_baseline(corpus, prefix, tokenizer_dir, workers, bert)
     else:
-        tokens = run_ours(corpus, prefix, workers)
+        tokens = run_ours(corpus, prefix, tokenizer_dir, workers, bert)
     print(f"{time.perf_counter() - start} {tokens}")
 
 
@@ -170,12 +224,18 @@ def main() -> None:
         "--doc-bytes", type=int, default=2000, help="approximate document size (default 2000)"
     )
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
-    parser.add_argument("--one", nargs=5, help=argparse.SUPPRESS)  # internal: one timed run
+    parser.add_argument(
+        "--split-sentences",
+        action="store_true",
+        help="BERT WordPiece with sentence splitting (Megatron's BERT preprocessing)",
+    )
+    parser.add_argument("--one", nargs=6, help=argparse.SUPPRESS)  # internal: one timed run
     args = parser.parse_args()
     if args.one:
-        impl, corpus, prefix, tokenizer_dir, workers = args.one
-        measure_one(impl, corpus, prefix, tokenizer_dir, int(workers))
+        impl, corpus, prefix, tokenizer_dir, workers, bert = args.one
+        measure_one(impl, corpus, prefix, tokenizer_dir, int(workers), bert == "1")
         return
+    bert = "1" if args.split_sentences else "0"
 
     with tempfile.TemporaryDirectory() as tmp:
         corpus = os.path.join(tmp, "corpus.jsonl")
@@ -185,9 +245,19 @@ def main() -> None:
         vocab, merges = find_gpt2_bpe_files()
         shutil.copy(vocab, os.path.join(tokenizer_dir, "vocab.json"))
         shutil.copy(merges, os.path.join(tokenizer_dir, "merges.txt"))
+        if args.split_sentences:
+            from epochal.data import SentenceSplitter, train_wordpiece
+
+            with open(corpus, encoding="utf-8") as stream:
+                train_wordpiece(
+                    (json.loads(line)["text"] for line in stream), 30522, bert_vocab(tokenizer_dir)
+                )
+            setting = f"BERT WordPiece (lower case), --split-sentences ({SentenceSplitter()!r})"
+        else:
+            setting = "GPT-2 BPE, --append-eod"
         print(
             f"corpus: {documents:,} documents, {text_bytes / 1e6:.1f} MB of text (standard-library sources); "
-            f"GPT-2 BPE, --append-eod; {os.cpu_count()} CPUs; each run in a fresh process"
+            f"{setting}; {os.cpu_count()} CPUs; each run in a fresh process"
         )
         print(
             f"\n{'workers':>7}  {'implementation':<34} {'seconds':>8} {'docs/s':>9} {'tokens/s':>11} {'speed-up':>9}"
@@ -196,12 +266,13 @@ def main() -> None:
             base_prefix = os.path.join(tmp, f"base{workers}")
             our_prefix = os.path.join(tmp, f"ours{workers}")
             base, base_tokens = timed_in_fresh_process(
-                "baseline", corpus, base_prefix, tokenizer_dir, str(workers)
+                "baseline", corpus, base_prefix, tokenizer_dir, str(workers), bert
             )
             ours, our_tokens = timed_in_fresh_process(
-                "ours", corpus, our_prefix, tokenizer_dir, str(workers)
+                "ours", corpus, our_prefix, tokenizer_dir, str(workers), bert
             )
-            identical = same_files(base_prefix, f"{our_prefix}_text_document")
+            level = "sentence" if args.split_sentences else "document"
+            identical = same_files(base_prefix, f"{our_prefix}_text_{level}")
             assert base_tokens == our_tokens and identical, "outputs differ"
             for name, seconds, speedup in (
                 ("Megatron preprocess_data.py logic", base, ""),

@@ -19,18 +19,22 @@ RUNNABLE = (
     "Indexed files and preprocessing",
     "GPT samples, splits and blending",
     "Models",
+    "Train steps and BERT training",
 )
 
 
 def python_blocks() -> dict[str, str]:
-    """``{section heading: its first python block}`` for the runnable sections."""
+    """``{section heading: its python blocks, in order}`` for the runnable sections.
+
+    The blocks of one section (its ``###`` parts included) run in one namespace.
+    """
     blocks: dict[str, str] = {}
     for section in re.split(r"^## ", README.read_text(), flags=re.M)[1:]:
         heading = section.splitlines()[0]
-        match = re.search(r"```python\n(.*?)```", section, flags=re.S)
+        code = re.findall(r"```python\n(.*?)```", section, flags=re.S)
         for name in RUNNABLE:
-            if heading.startswith(name) and match:
-                blocks[name] = match.group(1)
+            if heading.startswith(name) and code:
+                blocks[name] = "\n".join(code)
     return blocks
 
 
@@ -51,5 +55,8 @@ def test_readme_example_runs(name, tmp_path, monkeypatch):
             [[5, 6, 7, 8, 9, 10]] * 4, mask_token_id=1, random_tokens=range(5, 12), mask_prob=0.5
         )
         namespace["test_my_dataset"](dataset)
+    if name == "Train steps and BERT training":
+        assert set(namespace["trainer"].last_eval_logged) == {"lm loss", "mlm accuracy", "mlm ppl"}
+        assert namespace["result"].final_step == 6
     if name == "Resumable loading":
         assert namespace["state"] == {"consumed_samples": 96, "mode": "train"}

@@ -26,6 +26,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "epochal.train.cli_generate",
         "generate text from a checkpoint (greedy, sampling, beam search)",
     ),
+    "fill-mask": (
+        "epochal.train.cli_fill_mask",
+        "top predictions of a masked-language model (BERT / ESM) for each [MASK]",
+    ),
     "convert": (
         "epochal.convert.cli_convert",
         "convert checkpoints: epochal <-> Hugging Face <-> Megatron-LM",

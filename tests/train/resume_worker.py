@@ -1,6 +1,10 @@
 """Subprocess entry point for the kill-and-resume tests: train a tiny model on synthetic data.
 
-Usage: python resume_worker.py RUN_DIR TRAIN_ITERS [--pause-after N] [override ...]
+Usage: python resume_worker.py RUN_DIR TRAIN_ITERS [--bert] [--pause-after N] [override ...]
+
+``--bert``: a tiny BERT on masked data that gets fresh masks every epoch
+(``tests/parallel/bert_worker.py``: ``MaskedTokenDataset`` under
+``MultiEpochDatasetResampler``), with dropout, instead of the GPT.
 
 With ``--pause-after N`` the process writes ``RUN_DIR/paused`` after step N (and
 after that step's evaluation/checkpoint) and then sleeps, so the test can kill it
@@ -42,22 +46,44 @@ BASE = [
     "--logging.tensorboard=false",
 ]
 
+BASE_BERT = [  # on top of tests/parallel/bert_worker.py's BASE
+    "--model.num_layers=2",
+    "--model.hidden_dropout=0.1",
+    "--model.attention_dropout=0.1",
+    "--training.micro_batch_size=2",
+    "--training.global_batch_size=4",
+    "--training.eval_interval=4",
+    "--training.eval_iters=2",
+    "--scheduler.lr_warmup_iters=2",
+    "--scheduler.lr_decay_iters=12",
+    "--checkpoint.save_interval=3",
+    "--checkpoint.keep_last=10",
+]
+
 
 def main(argv: list[str]) -> int:
     run_dir, iters, rest = argv[0], int(argv[1]), argv[2:]
     pause_after = None
+    bert = rest[:1] == ["--bert"]
+    rest = rest[1:] if bert else rest
     if rest[:1] == ["--pause-after"]:
         pause_after, rest = int(rest[1]), rest[2:]
-    cfg = build_config(
-        preset="tiny",
-        overrides=[*BASE, f"--run_dir={run_dir}", f"--training.train_iters={iters}", *rest],
-    )
-    data = make_loaders(
-        cfg,
-        CountingDataset(100_000, 16, 96),
-        CountingDataset(64, 16, 96, offset=10**6),
-        vocab_size=96,
-    )
+    if bert:
+        from tests.parallel import bert_worker
+
+        cfg = bert_worker.config(run_dir, [*BASE_BERT, f"--training.train_iters={iters}", *rest])
+        data = bert_worker.data(cfg)
+    else:
+        cfg = build_config(
+            preset="tiny",
+            overrides=[*BASE, f"--run_dir={run_dir}", f"--training.train_iters={iters}", *rest],
+        )
+        data = make_loaders(
+            cfg,
+            CountingDataset(100_000, 16, 96),
+            CountingDataset(64, 16, 96, offset=10**6),
+            vocab_size=96,
+        )
     trainer = Trainer(cfg, data=data, log=False)
     if pause_after is not None:
 

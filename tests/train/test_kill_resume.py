@@ -20,8 +20,8 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 ITERS = 12
 
 
-def start(run_dir: Path, *args: str) -> subprocess.Popen:
-    return start_process([sys.executable, WORKER, str(run_dir), str(ITERS), *args], env=ENV)
+def start(run_dir: Path, *args: str, mode: tuple[str, ...] = ()) -> subprocess.Popen:
+    return start_process([sys.executable, WORKER, str(run_dir), str(ITERS), *mode, *args], env=ENV)
 
 
 def finish(proc: subprocess.Popen) -> None:
@@ -37,19 +37,23 @@ def losses(run_dir: Path, kind: str = "train") -> dict[int, dict[int, float]]:
     return out
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory) -> dict[str, Path]:
-    """Single-threaded worker processes, two at a time (one per core); bit-exactness holds regardless."""
+@pytest.fixture(scope="module", params=["gpt", "bert"])
+def runs(tmp_path_factory, request) -> dict[str, Path]:
+    """Single-threaded worker processes, two at a time (one per core); bit-exactness holds regardless.
+
+    ``bert``: a BERT on masked data with fresh masks every epoch (BioNeMo's way).
+    """
+    mode = ("--bert",) if request.param == "bert" else ()
     dirs = {name: tmp_path_factory.mktemp(name) for name in ("full", "killed", "older")}
     procs: list[subprocess.Popen] = []
 
-    def launch(run_dir: Path, *args: str) -> subprocess.Popen:
-        procs.append(start(run_dir, *args))
+    def launch(run_dir: Path, *args: str, mode: tuple[str, ...] = ()) -> subprocess.Popen:
+        procs.append(start(run_dir, *args, mode=mode))
         return procs[-1]
 
     try:
-        full = launch(dirs["full"])
-        killed = launch(dirs["killed"], "--pause-after", "8")
+        full = launch(dirs["full"], mode=mode)
+        killed = launch(dirs["killed"], "--pause-after", "8", mode=mode)
         marker = dirs["killed"] / "paused"
         deadline = time.monotonic() + 240
         while not marker.exists():
@@ -65,11 +69,14 @@ def runs(tmp_path_factory) -> dict[str, Path]:
         assert ckpts == ["step_0000003", "step_0000006"]
         assert (dirs["killed"] / "checkpoints" / "latest").read_text().strip() == "step_0000006"
         older = dirs["killed"] / "checkpoints" / "step_0000003"
-        # before the resumed run prunes nothing (keep_last=10)
-        shutil.copytree(older, dirs["older"] / "from_step_3")
+        shutil.copytree(
+            older, dirs["older"] / "from_step_3"
+        )  # before the resumed run prunes nothing (keep_last=10)
         finish(full)
-        resumed = launch(dirs["killed"])  # resume="auto" picks up step 6
-        from_older = launch(dirs["older"], f"--checkpoint.resume={dirs['older'] / 'from_step_3'}")
+        resumed = launch(dirs["killed"], mode=mode)  # resume="auto" picks up step 6
+        from_older = launch(
+            dirs["older"], f"--checkpoint.resume={dirs['older'] / 'from_step_3'}", mode=mode
+        )
         finish(resumed)
         finish(from_older)
     finally:

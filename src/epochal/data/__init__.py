@@ -35,6 +35,11 @@ _EXPORTS = {
     "TiktokenTokenizer": "indexed.tokenizer",
     "build_tokenizer": "indexed.tokenizer",
     "find_gpt2_bpe_files": "indexed.tokenizer",
+    "BertWordPieceTokenizer": "indexed.tokenizer_wordpiece",
+    "train_wordpiece": "indexed.tokenizer_wordpiece",
+    "ESM2Tokenizer": "indexed.tokenizer_esm",
+    "SentenceSplitter": "indexed.sentence_split",
+    "split_sentences": "indexed.sentence_split",
     "merge_indexed_datasets": "indexed.indexed_dataset",
     "preprocess_documents": "indexed.preprocess",
     "PreprocessSummary": "indexed.preprocess",
@@ -49,6 +54,10 @@ _EXPORTS = {
     "parse_split": "datasets.splits",
     "split_document_ranges": "datasets.splits",
     "CacheRebuildWarning": "datasets.index_cache",
+    # BERT masked-LM samples
+    "BERTDataset": "datasets.bert_dataset",
+    "BERTDatasetConfig": "datasets.bert_builder",
+    "build_bert_datasets": "datasets.bert_builder",
     # samplers and loaders
     "MegatronPretrainingSampler": "loading.samplers",
     "MegatronPretrainingRandomSampler": "loading.samplers",

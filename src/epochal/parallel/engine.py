@@ -33,13 +33,15 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.pipelining import PipelineStage
 from torch.distributed.tensor import DTensor
 
+from epochal.model.build import build_model
 from epochal.model.config import ModelConfig
-from epochal.model.gpt import GPTModel
 from epochal.parallel.config import ParallelConfig
 from epochal.parallel.data_parallel import apply_data_parallel, set_gradient_sync
 from epochal.parallel.dims import ParallelDims
 from epochal.parallel.grad_clip import clip_grad_norm_parallel
+from epochal.parallel.logged import reduce_logged, split_loss_output
 from epochal.parallel.loss import masked_mean_loss_parallel
+from epochal.parallel.model_support import check_model_layout
 from epochal.parallel.pipeline import (
     EmbeddingGroup,
     build_schedule,
@@ -49,6 +51,7 @@ from epochal.parallel.pipeline import (
     stage_layer_ranges,
 )
 from epochal.parallel.recompute import apply_recompute
+from epochal.parallel.step_model import StepModel
 from epochal.parallel.tensor_parallel import apply_tensor_parallel
 
 __all__ = ["LossFn", "ParallelEngine", "finalize_grads"]
@@ -145,6 +148,7 @@ class ParallelEngine:
         self.loss_parallel = config.loss_parallel and not custom_loss and dims.tp > 1
         if mesh is None and dims.world_size > 1:
             raise ValueError(f"layout {dims} needs a device mesh")
+        check_model_layout(model_config, dims, sequence_parallel=config.sequence_parallel)
         coords = (
             {"pp": 0, "dp": 0, "tp": 0}
             if mesh is None
@@ -174,6 +178,11 @@ class ParallelEngine:
         self._schedules: dict[int, Any] = {}
         self._loss_fn: LossFn | None = None
         self._loss_scale = 1.0
+        self._step: Any = None
+        self._pp_micro_batches: Sequence[dict[str, torch.Tensor]] = ()
+        self._pp_training = True
+        self._pp_logged: dict[int, dict[str, Any]] = {}
+        self.logged: list[dict[str, Any]] = []
 
     # ------------------------------------------------------------------ building
     @property
@@ -212,7 +221,7 @@ class ParallelEngine:
     def _build_part(self, stage_idx: int) -> nn.Module:
         cfg, pc = self.model_config, self.config
         with torch.device("meta"):
-            whole = GPTModel(cfg, seed=self.seed)
+            whole = build_model(cfg, seed=self.seed)
         last = self.dims.num_stages - 1
         if self.dims.num_stages > 1:
             part = split_stage_module(
@@ -258,7 +267,29 @@ class ParallelEngine:
             labels, logits, mask, self.tp_group if self.loss_parallel else None
         )
 
+    @property
+    def loss_group(self) -> dist.ProcessGroup | None:
+        """The group the logits are sharded over (vocabulary-parallel loss), else None."""
+        return self.tp_group if self.loss_parallel else None
+
+    def _step_loss(self, step: Any, mb: dict[str, torch.Tensor], model: StepModel) -> torch.Tensor:
+        """One micro-batch through a train step: its loss (its logged values kept)."""
+        output, loss_func = step.forward_step(iter([mb]), model)
+        loss, logged = split_loss_output(loss_func(output))
+        self.logged.append(logged)
+        return loss
+
     def _pipeline_loss(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        if self._step is not None:
+            # target holds the micro-batch's index (one value per sample).
+            index = int(target[0].item())
+            mb = self._pp_micro_batches[index]
+            model = StepModel.replay(output, loss_group=self.loss_group, training=self._pp_training)
+            output, loss_func = self._step.forward_step(iter([mb]), model)
+            loss, logged = split_loss_output(loss_func(output))
+            # By index: the schedule's set-up also calls this once for micro-batch 0.
+            self._pp_logged[index] = logged
+            return loss * self._loss_scale
         labels = target[..., 0].long()
         mask = target[..., 1].float()
         return self._loss(self._loss_fn, labels, output, mask) * self._loss_scale
@@ -293,6 +324,7 @@ class ParallelEngine:
         num_microbatches: int | None = None,
         loss_fn: LossFn | None = None,
         per_document: bool = False,
+        step: Any = None,
     ) -> torch.Tensor:
         """Forward and backward over this rank's micro-batches of one step; gradients are final after it.
 
@@ -305,6 +337,10 @@ class ParallelEngine:
             num_microbatches: the count when ``micro_batches`` is empty.
             loss_fn: a custom ``(labels, logits, loss_mask) -> loss``; None = Megatron's token mean.
             per_document: pass ``position_ids``/``attention_mask`` to the model.
+            step: a train step (``forward_step(data_iterator, model) ->
+                (output, loss_func)``, see ``epochal.train.steps``) run for every
+                micro-batch instead of ``loss_fn``; its logged values of the step
+                are then in :attr:`logged` (see :meth:`reduce_logged`).
 
         Returns:
             The step loss (mean of the micro-batch losses over the global batch),
@@ -313,16 +349,23 @@ class ParallelEngine:
         n = len(micro_batches) if micro_batches else int(num_microbatches or 0)
         if n < 1:
             raise ValueError("forward_backward needs at least one micro-batch")
+        self.logged = []
         if self.dims.pp > 1:
-            total = self._pipeline_step(micro_batches, n, loss_fn, per_document, train=True)
+            total = self._pipeline_step(
+                micro_batches, n, loss_fn, per_document, train=True, step=step
+            )
         else:
             total = torch.zeros((), device=self.device)
             part = self.model_parts[0]
+            model = StepModel(part, loss_group=self.loss_group, module=part)
             for i, mb in enumerate(micro_batches):
                 set_gradient_sync(self.model_parts, i == n - 1)
                 with self._autocast():
-                    logits = part(mb["tokens"], **self._forward_kwargs(mb, per_document))
-                    loss = self._loss(loss_fn, mb["labels"], logits, mb["loss_mask"])
+                    if step is not None:
+                        loss = self._step_loss(step, mb, model)
+                    else:
+                        logits = part(mb["tokens"], **self._forward_kwargs(mb, per_document))
+                        loss = self._loss(loss_fn, mb["labels"], logits, mb["loss_mask"])
                 scaled = loss / n
                 scaled.backward()
                 total += scaled.detach().float()
@@ -337,21 +380,37 @@ class ParallelEngine:
         per_document: bool,
         *,
         train: bool,
+        step: Any = None,
     ) -> torch.Tensor:
         self._loss_fn = loss_fn
         self._loss_scale = 1.0 / n
+        self._step = step
+        self._pp_micro_batches = micro_batches
+        self._pp_training = train
+        self._pp_logged = {}
         schedule = self._schedule(n)
         args: list[torch.Tensor] = []
         kwargs: dict[str, torch.Tensor] = {}
         target = None
         if self.has_first_stage:
             args.append(torch.cat([mb["tokens"] for mb in micro_batches]))
-        if per_document and micro_batches:
+        if step is not None and micro_batches:
+            # What every stage's forward takes besides tokens / hidden states.
+            per_mb = [step.stage_kwargs(mb) for mb in micro_batches]
+            for key in per_mb[0]:
+                kwargs[key] = torch.cat([kw[key] for kw in per_mb])
+        elif per_document and micro_batches:
             for key in ("position_ids", "attention_mask"):
                 if key in micro_batches[0]:
                     kwargs[key] = torch.cat([mb[key] for mb in micro_batches])
         losses: list[torch.Tensor] | None = None
-        if self.has_last_stage:
+        if self.has_last_stage and step is not None:
+            sizes = [int(mb["tokens"].shape[0]) for mb in micro_batches]
+            target = torch.repeat_interleave(
+                torch.arange(n, device=self.device), torch.tensor(sizes, device=self.device)
+            )
+            losses = []
+        elif self.has_last_stage:
             labels = torch.cat([mb["labels"] for mb in micro_batches]).double()
             mask = torch.cat([mb["loss_mask"] for mb in micro_batches]).double()
             target = torch.stack([labels, mask], dim=-1)
@@ -360,12 +419,29 @@ class ParallelEngine:
             schedule.step(*args, target=target, losses=losses, return_outputs=False, **kwargs)
         else:
             schedule.eval(*args, target=target, losses=losses, **kwargs)
+        self.logged = [self._pp_logged[i] for i in sorted(self._pp_logged)]
+        self._step = None
+        self._pp_micro_batches = ()
         total = torch.zeros((), device=self.device)
         if losses:
             total = torch.stack([loss.detach().float() for loss in losses]).sum().to(self.device)
         assert self.mesh is not None
         dist.broadcast(total, group=self.pp_group, group_src=self.dims.pp - 1)
         return total
+
+    def reduce_logged(self) -> dict[str, float]:
+        """The last step's logged values, averaged over micro-batches and data-parallel ranks.
+
+        A collective over the pipeline and data-parallel groups: every rank calls it
+        after :meth:`forward_backward` / :meth:`eval_loss` with a ``step``.
+        """
+        return reduce_logged(
+            self.logged,
+            pp_group=self.pp_group,
+            pp_src=self.dims.pp - 1,
+            dp_group=self.dp_group,
+            device=self.device,
+        )
 
     def _average_over_dp(self, total: torch.Tensor) -> torch.Tensor:
         group = self.dp_group
@@ -396,19 +472,27 @@ class ParallelEngine:
         num_microbatches: int | None = None,
         loss_fn: LossFn | None = None,
         per_document: bool = False,
+        step: Any = None,
     ) -> torch.Tensor:
-        """Mean loss of one global batch without gradients (same on every rank)."""
+        """Mean loss of one global batch without gradients (same on every rank); see :meth:`forward_backward`."""
         n = len(micro_batches) if micro_batches else int(num_microbatches or 0)
+        self.logged = []
         if self.dims.pp > 1:
-            total = self._pipeline_step(micro_batches, n, loss_fn, per_document, train=False)
+            total = self._pipeline_step(
+                micro_batches, n, loss_fn, per_document, train=False, step=step
+            )
         else:
             total = torch.zeros((), device=self.device)
+            part = self.model_parts[0]
+            model = StepModel(part, loss_group=self.loss_group, module=part)
             for mb in micro_batches:
                 with self._autocast():
-                    logits = self.model_parts[0](
-                        mb["tokens"], **self._forward_kwargs(mb, per_document)
-                    )
-                    total += self._loss(loss_fn, mb["labels"], logits, mb["loss_mask"]).float() / n
+                    if step is not None:
+                        loss = self._step_loss(step, mb, model)
+                    else:
+                        logits = part(mb["tokens"], **self._forward_kwargs(mb, per_document))
+                        loss = self._loss(loss_fn, mb["labels"], logits, mb["loss_mask"])
+                    total += loss.float() / n
         return self._average_over_dp(total)
 
     # -------------------------------------------------------------- gradients

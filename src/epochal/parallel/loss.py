@@ -25,7 +25,11 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-__all__ = ["masked_mean_loss_parallel", "vocab_parallel_cross_entropy"]
+__all__ = [
+    "masked_mean_loss_parallel",
+    "vocab_parallel_cross_entropy",
+    "vocab_parallel_prediction_hits",
+]
 
 
 class _VocabParallelCrossEntropy(torch.autograd.Function):
@@ -111,3 +115,34 @@ def masked_mean_loss_parallel(
     losses = vocab_parallel_cross_entropy(local_logits, labels, group).flatten()
     mask = loss_mask.flatten().to(losses.dtype)
     return (losses * mask).sum() / mask.sum().clamp(min=1.0)
+
+
+@torch.no_grad()
+def vocab_parallel_prediction_hits(
+    local_logits: torch.Tensor, labels: torch.Tensor, group: dist.ProcessGroup | None
+) -> torch.Tensor:
+    """Whether the highest logit is the label's, per token, on (possibly) vocabulary-sharded logits.
+
+    Args:
+        local_logits: this rank's slice ``[..., V / tp]`` (see :func:`vocab_parallel_cross_entropy`).
+        labels: int64 ``[...]``; ids outside ``[0, V)`` (e.g. -1 / -100 for
+            "not predicted") are never hits.
+        group: the tensor-parallel group, or None when the logits are whole.
+
+    Returns:
+        bool tensor shaped like ``labels`` (identical on every rank of ``group``).
+        A tie with the maximum counts as a hit.
+    """
+    logits = local_logits.float()
+    local_v = logits.shape[-1]
+    sharded = group is not None and dist.get_world_size(group) > 1
+    start = dist.get_rank(group) * local_v if sharded else 0
+    best = logits.max(dim=-1).values
+    local_labels = labels - start
+    outside = (local_labels < 0) | (local_labels >= local_v)
+    target = logits.gather(-1, local_labels.masked_fill(outside, 0).unsqueeze(-1)).squeeze(-1)
+    target = target.masked_fill(outside, float("-inf"))
+    if sharded:
+        dist.all_reduce(best, op=dist.ReduceOp.MAX, group=group)
+        dist.all_reduce(target, op=dist.ReduceOp.MAX, group=group)
+    return target >= best

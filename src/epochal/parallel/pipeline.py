@@ -148,10 +148,11 @@ def split_stage_module(
     """A deep copy of ``model`` reduced to one pipeline stage.
 
     Args:
-        model: a :class:`~epochal.model.GPTModel` (on any device, ``meta`` included).
+        model: a :class:`~epochal.model.GPTModel` or :class:`~epochal.model.BertModel`
+            (on any device, ``meta`` included).
         layers: the global layer indices the stage keeps.
-        is_first: keep the embeddings (else set them to None).
-        is_last: keep the final norm and the output head (else None).
+        is_first: keep the embeddings (else set the model's ``FIRST_STAGE_MODULES`` to None).
+        is_last: keep the final norm and the heads (else its ``LAST_STAGE_MODULES``).
 
     Returns:
         The stage module. Its ``forward`` takes token ids (first stage) or
@@ -162,12 +163,11 @@ def split_stage_module(
     for name in list(stage.layers.keys()):
         if name not in keep:
             del stage.layers[name]
-    if not is_first:
-        stage.tok_embeddings = None
-        stage.pos_embeddings = None
-    if not is_last:
-        stage.norm = None
-        stage.output = None
+    dropped = (() if is_first else model.FIRST_STAGE_MODULES) + (
+        () if is_last else model.LAST_STAGE_MODULES
+    )
+    for name in dropped:
+        setattr(stage, name, None)
     return stage
 
 

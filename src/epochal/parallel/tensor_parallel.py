@@ -56,6 +56,7 @@ sequence parallelism it divides the sequence length.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -187,8 +188,10 @@ def _block_plan(config: ModelConfig, tp: int, sequence_parallel: bool) -> dict[s
     row_out = seq if sequence_parallel else Replicate()
     plan: dict[str, ParallelStyle] = {}
     if sequence_parallel:
-        plan["attention_norm"] = SequenceParallel()
-        plan["ffn_norm"] = SequenceParallel()
+        # Post-LN blocks feed the norms' outputs into the residual stream, which is local.
+        local = config.transformer_block_type == "post_ln"
+        plan["attention_norm"] = SequenceParallel(use_local_output=local)
+        plan["ffn_norm"] = SequenceParallel(use_local_output=local)
         plan["attention"] = PrepareModuleInput(
             input_layouts=(seq, None, None), desired_input_layouts=(Replicate(), None, None)
         )
@@ -209,6 +212,98 @@ def _block_plan(config: ModelConfig, tp: int, sequence_parallel: bool) -> dict[s
         plan["mlp.fc1"] = ColwiseParallel()
         plan["mlp.fc2"] = RowwiseParallel(output_layouts=row_out)
     return plan
+
+
+def _gpt_top_plan(
+    model: nn.Module, sequence_parallel: bool, loss_parallel: bool
+) -> dict[str, ParallelStyle]:
+    """The modules outside the blocks: embeddings, final norm, output head (GPT's table above)."""
+    seq = Shard(1)
+    top: dict[str, ParallelStyle] = {}
+    if model.tok_embeddings is not None:
+        top["tok_embeddings"] = RowwiseParallel(
+            input_layouts=Replicate(), output_layouts=seq if sequence_parallel else Replicate()
+        )
+    if model.pos_embeddings is not None and sequence_parallel:
+        top["pos_embeddings"] = SequenceShardedPositionEmbedding()
+    if model.norm is not None and sequence_parallel:
+        top["norm"] = SequenceParallel()
+    if model.output is not None:
+        top["output"] = ColwiseParallel(
+            input_layouts=seq if sequence_parallel else Replicate(),
+            output_layouts=Shard(-1) if loss_parallel else Replicate(),
+            use_local_output=True,
+        )
+    return top
+
+
+def _bert_top_plan(
+    model: nn.Module, sequence_parallel: bool, loss_parallel: bool
+) -> dict[str, ParallelStyle]:
+    """GPT's plan plus BERT's own modules (Megatron's layout for them).
+
+    - ``tokentype_embeddings``: replicated; under sequence parallelism looked up
+      for this rank's sequence slice (like learned positions);
+    - ``embedding_norm`` (post-LN), ``lm_head.dense`` / ``lm_head.norm``: replicated;
+      ``SequenceParallel`` under sequence parallelism (per-token, gradients summed);
+    - ``output`` returns a DTensor so that ``lm_head.bias`` (sharded like the
+      vocabulary, :func:`_shard_lm_head_bias`) adds shard to shard; the model's
+      outputs are turned back into local tensors by a forward hook;
+    - ``pooler`` / ``binary_head``: replicated; under sequence parallelism the
+      pooler's input is gathered first (it reads the first token).
+    """
+    seq = Shard(1)
+    top = _gpt_top_plan(model, sequence_parallel, loss_parallel)
+    if model.output is not None:
+        top["output"] = ColwiseParallel(
+            input_layouts=seq if sequence_parallel else Replicate(),
+            output_layouts=Shard(-1) if loss_parallel else Replicate(),
+            use_local_output=False,
+        )
+    if not sequence_parallel:
+        return top
+    if model.tokentype_embeddings is not None:
+        top["tokentype_embeddings"] = SequenceShardedPositionEmbedding()
+    if model.embedding_norm is not None:
+        top["embedding_norm"] = SequenceParallel(use_local_output=True)
+    if model.lm_head is not None:
+        top["lm_head.dense"] = SequenceParallel()
+        top["lm_head.norm"] = SequenceParallel()
+    if model.pooler is not None:
+        top["pooler"] = PrepareModuleInput(
+            input_layouts=(seq,), desired_input_layouts=(Replicate(),), use_local_output=True
+        )
+    return top
+
+
+def _shard_lm_head_bias(model: nn.Module, tp_mesh: DeviceMesh, loss_parallel: bool) -> None:
+    """``lm_head.bias`` ``[V]`` as a DTensor placed like the logits' vocabulary dimension."""
+    if getattr(model, "lm_head", None) is None:
+        return
+    placement = Shard(0) if loss_parallel else Replicate()
+    bias = distribute_tensor(model.lm_head.bias.data, tp_mesh, [placement])
+    model.lm_head.register_parameter("bias", nn.Parameter(bias))
+    model.register_forward_hook(_local_outputs)
+
+
+def _local_outputs(module: nn.Module, args: Any, output: Any) -> Any:
+    """Forward hook: DTensor outputs (or tuple items) -> this rank's local tensors."""
+    if isinstance(output, tuple):
+        return tuple(o.to_local() if isinstance(o, DTensor) else o for o in output)
+    return output.to_local() if isinstance(output, DTensor) else output
+
+
+#: model type -> the plan of its modules outside the transformer blocks.
+TOP_PLANS: dict[str, Callable[[nn.Module, bool, bool], dict[str, ParallelStyle]]] = {
+    "gpt": _gpt_top_plan,
+    "bert": _bert_top_plan,
+    "esm": _bert_top_plan,
+}
+#: model type -> steps run after its top plan (``fn(model, tp_mesh, loss_parallel)``).
+TOP_PLAN_FINISH: dict[str, tuple[Callable[[nn.Module, DeviceMesh, bool], None], ...]] = {
+    "bert": (_shard_lm_head_bias,),
+    "esm": (_shard_lm_head_bias,),
+}
 
 
 def apply_tensor_parallel(
@@ -238,22 +333,7 @@ def apply_tensor_parallel(
     if tp == 1:
         return model
     config: ModelConfig = model.config
-    seq = Shard(1)
-    top: dict[str, ParallelStyle] = {}
-    if model.tok_embeddings is not None:
-        top["tok_embeddings"] = RowwiseParallel(
-            input_layouts=Replicate(), output_layouts=seq if sequence_parallel else Replicate()
-        )
-    if model.pos_embeddings is not None and sequence_parallel:
-        top["pos_embeddings"] = SequenceShardedPositionEmbedding()
-    if model.norm is not None and sequence_parallel:
-        top["norm"] = SequenceParallel()
-    if model.output is not None:
-        top["output"] = ColwiseParallel(
-            input_layouts=seq if sequence_parallel else Replicate(),
-            output_layouts=Shard(-1) if loss_parallel else Replicate(),
-            use_local_output=True,
-        )
+    top = TOP_PLANS[config.type](model, sequence_parallel, loss_parallel)
     tied = (
         config.tie_embeddings
         and model.tok_embeddings is not None
@@ -263,6 +343,8 @@ def apply_tensor_parallel(
     parallelize_module(model, tp_mesh, top)
     if tied:
         model.output.weight = model.tok_embeddings.weight
+    for finish in TOP_PLAN_FINISH.get(config.type, ()):
+        finish(model, tp_mesh, loss_parallel)
     if sequence_parallel and model.tok_embeddings is None:
         model.register_forward_pre_hook(_full_sequence_positions(tp), with_kwargs=True)
     plan = _block_plan(config, tp, sequence_parallel)

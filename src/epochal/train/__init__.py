@@ -2,7 +2,8 @@
 
 Public names: :class:`Trainer`, :class:`TrainConfig`, :func:`build_config`,
 :class:`OptimizerParamScheduler`, :class:`Checkpointer`, :func:`make_loaders`,
-:func:`build_data`, :func:`plot_run`. ``epochal train`` / ``epochal plot`` are in
+:func:`build_data`, :func:`plot_run`; train steps :class:`GPTTrainStep` /
+:class:`BertTrainStep` and :func:`avg_losses_across_data_parallel_group`. ``epochal train`` / ``epochal plot`` are in
 :mod:`epochal.train.cli_train` / :mod:`epochal.train.cli_plot`.
 """
 
@@ -22,6 +23,11 @@ _EXPORTS = {
     "build_data": "data",
     "DataBundle": "data",
     "plot_run": "plot",
+    "TrainStep": "steps",
+    "GPTTrainStep": "steps",
+    "BertTrainStep": "steps",
+    "avg_losses_across_data_parallel_group": "steps",
+    "register_train_step": "steps",
 }
 
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

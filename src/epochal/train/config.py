@@ -144,6 +144,16 @@ class DataConfig:
         reset_position_ids / reset_attention_mask / eod_mask_loss: Megatron's GPT
             dataset options (positions and attention restart at each document;
             no loss on end-of-document tokens).
+        split_sentences: with ``corpus``: one sequence per sentence, documents kept
+            (Megatron's ``--split-sentences``, :func:`epochal.data.split_sentences`),
+            no end-of-document token: the corpus BERT's data needs.
+        wordpiece_vocab_size: with ``corpus``: if > 0, train a WordPiece vocabulary of
+            this many ids on the corpus (offline, deterministic, cached) and use
+            ``BertWordPieceLowerCase`` with it instead of ``tokenizer_type``.
+        masking_probability / short_sequence_probability / masking_max_ngram /
+        masking_do_full_word / masking_do_permutation / masking_use_longer_ngrams /
+        masking_use_geometric_distribution: Megatron's BERT masking options (BERT
+            models on ``data_path``; validated by the data layer, errors name them).
     """
 
     data_path: list[str] = field(default_factory=list)
@@ -166,6 +176,15 @@ class DataConfig:
     reset_position_ids: bool = False
     reset_attention_mask: bool = False
     eod_mask_loss: bool = False
+    split_sentences: bool = False
+    wordpiece_vocab_size: int = 0
+    masking_probability: float = 0.15
+    short_sequence_probability: float = 0.1
+    masking_max_ngram: int = 3
+    masking_do_full_word: bool = True
+    masking_do_permutation: bool = False
+    masking_use_longer_ngrams: bool = False
+    masking_use_geometric_distribution: bool = False
 
     def __post_init__(self) -> None:
         _require(self.seq_length >= 1, "seq_length", f"must be >= 1, got {self.seq_length}")
@@ -175,6 +194,16 @@ class DataConfig:
             f"must be >= 1, got {self.corpus_max_bytes}",
         )
         _require(self.num_workers >= 0, "num_workers", f"must be >= 0, got {self.num_workers}")
+        _require(
+            self.wordpiece_vocab_size == 0 or 100 <= self.wordpiece_vocab_size <= 1_000_000,
+            "wordpiece_vocab_size",
+            f"must be 0 (off) or in [100, 1000000], got {self.wordpiece_vocab_size}",
+        )
+        _require(
+            not (self.wordpiece_vocab_size and self.bpe_vocab_size),
+            "wordpiece_vocab_size",
+            "and data.bpe_vocab_size cannot both be set (one trained tokenizer)",
+        )
         _require(
             self.bpe_vocab_size == 0 or 260 <= self.bpe_vocab_size <= 1_000_000,
             "bpe_vocab_size",
@@ -251,6 +280,11 @@ class TrainingConfig:
             have passed since the trainer was created (> 0; None = no limit).
         exit_interval: stop (saving first) after a step that is a multiple of this
             (>= 1; None = never).
+        train_step: a custom train step class ``"package.module:Class"`` (a
+            subclass of ``epochal.train.GPTTrainStep`` / ``BertTrainStep``;
+            Accelerate's ``custom_train_step_class``); empty = the model type's step.
+        train_step_kwargs: keyword arguments of that class (a TOML table;
+            Accelerate's ``custom_train_step_kwargs``).
     """
 
     micro_batch_size: int = 4
@@ -266,8 +300,20 @@ class TrainingConfig:
     exit_signal_handler: bool = True
     exit_duration_mins: float | None = None
     exit_interval: int | None = None
+    train_step: str = ""
+    train_step_kwargs: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        _require(
+            not self.train_step or self.train_step.count(":") == 1,
+            "train_step",
+            f"must look like 'package.module:Class', got {self.train_step!r}",
+        )
+        _require(
+            not self.train_step_kwargs or bool(self.train_step),
+            "train_step_kwargs",
+            "is set but training.train_step is not",
+        )
         _require(
             self.micro_batch_size >= 1,
             "micro_batch_size",
@@ -612,6 +658,9 @@ def _coerce(value: Any, tp: Any, option: str) -> Any:
         allowed = typing.get_args(tp)
         _require(value in allowed, option, f"must be one of {list(allowed)}, got {value!r}")
         return value
+    if origin is dict:
+        _require(isinstance(value, dict), option, f"expected a table, got {value!r}")
+        return dict(value)
     if origin is list:
         (item_tp,) = typing.get_args(tp)
         _require(isinstance(value, list | tuple), option, f"expected a list, got {value!r}")
@@ -848,6 +897,10 @@ def _toml_value(v: Any) -> str:
         return '"' + v.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
     if isinstance(v, list | tuple):
         return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return (
+            "{" + ", ".join(f"{_toml_value(str(k))} = {_toml_value(x)}" for k, x in v.items()) + "}"
+        )
     raise TypeError(f"cannot write {v!r} to TOML")
 
 

@@ -10,7 +10,11 @@ Two corpora:
   Python version, which is part of the cache key.)
 - a JSONL file: one document per line, the text under ``data.json_keys[0]``.
 
-With ``data.bpe_vocab_size > 0`` a byte-level BPE tokenizer (GPT-2 style
+With ``data.split_sentences`` every document becomes its list of sentences (one
+sequence each, no end-of-document token: Megatron's ``--split-sentences``, which
+BERT's data needs); with ``data.wordpiece_vocab_size > 0`` a WordPiece vocabulary
+is trained on the corpus (offline, deterministic) and saved as ``vocab.txt`` for
+``BertWordPieceLowerCase``. With ``data.bpe_vocab_size > 0`` a byte-level BPE tokenizer (GPT-2 style
 pre-tokenization, ``<|endoftext|>`` as id 0 and end-of-document) is trained on the
 corpus with Hugging Face ``tokenizers`` (deterministic for the same input) and
 saved as ``tokenizer.json``; otherwise ``data.tokenizer_type`` is used.
@@ -35,7 +39,9 @@ from pathlib import Path
 from typing import Any
 
 from epochal.data.indexed.preprocess import preprocess_documents
+from epochal.data.indexed.sentence_split import split_sentences
 from epochal.data.indexed.tokenizer import HuggingFaceTokenizer, Tokenizer, build_tokenizer
+from epochal.data.indexed.tokenizer_wordpiece import train_wordpiece
 from epochal.model.config import ConfigError
 from epochal.train.config import DataConfig
 
@@ -50,6 +56,7 @@ __all__ = [
 _SKIP_PARTS = {"test", "tests", "idlelib", "lib2to3", "site-packages", "__pycache__"}
 _FORMAT = 1
 EOD_TOKEN = "<|endoftext|>"
+WORDPIECE_TOKENIZER = "BertWordPieceLowerCase"
 
 
 @dataclass
@@ -193,6 +200,8 @@ def _cache_key(cfg: DataConfig, docs: list[str]) -> str:
             sort_keys=True,
         ).encode()
     )
+    if cfg.split_sentences or cfg.wordpiece_vocab_size:  # (GPT cache keys unchanged)
+        h.update(json.dumps([cfg.split_sentences, cfg.wordpiece_vocab_size]).encode())
     for d in docs:
         h.update(hashlib.sha256(d.encode("utf-8", errors="replace")).digest())
     return h.hexdigest()[:20]
@@ -223,8 +232,12 @@ def prepare_corpus(
     tokenizer = None if cached else _build(cfg, docs, description, folder, say)
     info = json.loads(done.read_text())
     tok_file = info.get("tokenizer_file")
+    vocab_file = info.get("vocab_file")
     if tok_file:
         tokenizer = HuggingFaceTokenizer(folder / tok_file, eod_token=EOD_TOKEN)
+    elif vocab_file:
+        tok_file = vocab_file
+        tokenizer = build_tokenizer(WORDPIECE_TOKENIZER, vocab_file=str(folder / vocab_file))
     elif tokenizer is None:
         tokenizer = tokenizer_from_config(cfg)
     return PreparedCorpus(
@@ -253,21 +266,38 @@ def _build(
     tmp.mkdir()
     try:
         tok_file = None
-        if cfg.bpe_vocab_size:
+        vocab_file = None
+        if cfg.wordpiece_vocab_size:
+            say(
+                f"training a {cfg.wordpiece_vocab_size}-id WordPiece vocabulary on {description} ..."
+            )
+            train_wordpiece(docs, cfg.wordpiece_vocab_size, tmp / "vocab.txt")
+            vocab_file = "vocab.txt"
+            tokenizer: Tokenizer = build_tokenizer(
+                WORDPIECE_TOKENIZER, vocab_file=str(tmp / vocab_file)
+            )
+        elif cfg.bpe_vocab_size:
             say(f"training a {cfg.bpe_vocab_size}-id BPE tokenizer on {description} ...")
             _train_bpe(docs, cfg.bpe_vocab_size, tmp / "tokenizer.json")
             tok_file = "tokenizer.json"
-            tokenizer: Tokenizer = HuggingFaceTokenizer(tmp / tok_file, eod_token=EOD_TOKEN)
+            tokenizer = HuggingFaceTokenizer(tmp / tok_file, eod_token=EOD_TOKEN)
         else:
             tokenizer = tokenizer_from_config(cfg)
+        inputs: list[Any] = list(docs)
+        if cfg.split_sentences:
+            say(f"splitting {description} into sentences ...")
+            inputs = [split_sentences(doc) for doc in docs]
         say(f"tokenizing {description} ...")
-        summary = preprocess_documents(docs, tokenizer, tmp / "corpus", append_eod=True)
+        summary = preprocess_documents(
+            inputs, tokenizer, tmp / "corpus", append_eod=not cfg.split_sentences
+        )
         info = {
             "format": _FORMAT,
             "description": description,
             "documents": summary.documents,
             "tokens": summary.total_tokens,
             "tokenizer_file": tok_file,
+            "vocab_file": vocab_file,
         }
         (tmp / "corpus.json").write_text(json.dumps(info, indent=1))
         try:
@@ -279,4 +309,4 @@ def _build(
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return None if tok_file else tokenizer
+    return None if tok_file or vocab_file else tokenizer

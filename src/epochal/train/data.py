@@ -117,6 +117,40 @@ def make_loaders(
     return DataBundle(train, valid, sampler, vocab_size, tokenizer, description)
 
 
+def _gpt(config: TrainConfig, **kwargs: Any) -> tuple[Any, Any, int, Any, str]:
+    from epochal.train.gpt_data import build_gpt_datasets
+
+    return build_gpt_datasets(config, **kwargs)
+
+
+def _bert(config: TrainConfig, **kwargs: Any) -> tuple[Any, Any, int, Any, str]:
+    from epochal.train.bert_data import build_bert_train_datasets
+
+    return build_bert_train_datasets(config, **kwargs)
+
+
+#: model type -> ``builder(config, log=, group=) -> (train, valid, vocab_size, tokenizer, description)``.
+DATASET_BUILDERS: dict[str, Any] = {"gpt": _gpt, "bert": _bert}
+
+
+def dataset_builder(model_type: str) -> Any:
+    """The dataset builder of ``model_type`` (:data:`DATASET_BUILDERS`).
+
+    Raises:
+        ConfigError: (naming ``model.type``) the type has no file-based data path
+            (ESM: pass ``MaskedTokenDataset`` data to :func:`make_loaders`).
+    """
+    try:
+        return DATASET_BUILDERS[model_type]
+    except KeyError:
+        raise ConfigError(
+            "model.type",
+            f"{model_type!r} has no data builder from config.data (known: {sorted(DATASET_BUILDERS)}); "
+            "pass datasets (e.g. MaskedTokenDataset under MultiEpochDatasetResampler) to "
+            "epochal.train.data.make_loaders",
+        ) from None
+
+
 def build_data(
     config: TrainConfig, *, dp_rank: int = 0, dp_size: int = 1, log: Any = None, group: Any = None
 ) -> DataBundle:
@@ -128,20 +162,8 @@ def build_data(
         log: ``log(str)`` for progress messages (corpus preparation).
         group: ``torch.distributed`` group whose rank 0 builds the index caches first.
     """
-    try:
-        from epochal.train.gpt_data import build_gpt_datasets
-    except (
-        ImportError
-    ) as exc:  # the data layer's GPT dataset builder is not installed/committed yet
-        raise ConfigError(
-            "data",
-            f"building datasets from data.data_path / data.corpus / data.mock needs the GPT dataset builder "
-            f"of epochal.data ({exc}); pass prebuilt datasets with epochal.train.data.make_loaders",
-        ) from exc
-
-    train_ds, valid_ds, vocab_size, tokenizer, description = build_gpt_datasets(
-        config, log=log, group=group
-    )
+    builder = dataset_builder(config.model.type)
+    train_ds, valid_ds, vocab_size, tokenizer, description = builder(config, log=log, group=group)
     return make_loaders(
         config,
         train_ds,

@@ -171,16 +171,24 @@ class MetricsLogger:
             self._bar.update(self._pending)
             self._pending = 0
 
-    def log_eval(self, step: int, loss: float) -> None:
-        """Record a validation loss after step ``step``; perplexity is ``exp(loss)``."""
+    def log_eval(self, step: int, loss: float, extra: dict[str, float] | None = None) -> None:
+        """Record a validation loss after step ``step``; perplexity is ``exp(loss)``.
+
+        ``extra``: further values by name (the train step's, e.g. ``"mlm accuracy"``).
+        """
         if not self.enabled:
             return
         ppl = perplexity(loss)
-        self._write({"kind": "eval", "step": step, "loss": loss, "ppl": ppl})
+        extra = dict(extra or {})
+        self._write({"kind": "eval", "step": step, "loss": loss, "ppl": ppl, **extra})
         if self._tb is not None:
             self._tb.add_scalar("eval/loss", loss, step)
             self._tb.add_scalar("eval/ppl", ppl, step)
-        self.write_line(f"step {step}: validation loss {loss:.4f}, perplexity {ppl:.2f}")
+            for key, value in extra.items():
+                if math.isfinite(value):
+                    self._tb.add_scalar(f"eval/{key}", value, step)
+        shown = "".join(f", {k} {v:.4g}" for k, v in extra.items() if k != "lm loss")
+        self.write_line(f"step {step}: validation loss {loss:.4f}, perplexity {ppl:.2f}{shown}")
 
     def write_line(self, text: str) -> None:
         """Print a line without breaking the progress bar."""

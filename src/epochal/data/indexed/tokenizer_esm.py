@@ -1,0 +1,116 @@
+"""ESM-2's protein tokenizer: the 33-token alphabet, ids as ``transformers``' ``EsmTokenizer``.
+
+The alphabet, in ``EsmTokenizer``'s (and fair-esm's) order, id = position::
+
+    <cls> <pad> <eos> <unk> L A G V S E R T D I P K Q N F Y M H W C X B U Z O . - <null_1> <mask>
+
+Encoding follows ``EsmTokenizer``: every vocabulary token written in the text (one
+residue letter, ``<mask>``, ``<cls>``, ...) is matched, longest first, left to right;
+what lies between matches is split at whitespace and each piece (e.g. ``mkta``, a
+lower-case run, or ``J``) becomes a single ``<unk>``. No ``<cls>``/``<eos>`` is added
+(``EsmTokenizer.encode(..., add_special_tokens=False)``); ``eod`` is ``<eos>``, so
+``preprocess --append-eod`` ends each protein with it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Sequence
+from typing import Any
+
+from epochal.data.indexed.tokenizer import Tokenizer, TokenizerFileError, _check_file
+
+__all__ = ["ESM2_ALPHABET", "ESM2Tokenizer"]
+
+ESM2_ALPHABET = (
+    "<cls> <pad> <eos> <unk> L A G V S E R T D I P K Q N F Y M H W C X B U Z O . - <null_1> <mask>"
+).split()
+
+_REQUIRED = ("<cls>", "<pad>", "<eos>", "<unk>", "<mask>")
+
+
+class ESM2Tokenizer(Tokenizer):
+    """ESM-2's amino-acid tokenizer (ids equal ``EsmTokenizer``'s for the same vocabulary).
+
+    Args:
+        vocab_file: an ESM ``vocab.txt`` (one token per line); default: ESM-2's
+            33-token alphabet (:data:`ESM2_ALPHABET`), which is what ESM-2 checkpoints ship.
+
+    Attributes:
+        cls (= bos), pad, eos (= eod = sep), unk, mask: the special ids (0, 1, 2, 3, 32
+            for ESM-2's alphabet), also as ``cls_id``, ``pad_id``, ``mask_id``, ...
+        vocab: token -> id; inv_vocab: id -> token.
+        unique_identifiers: the description Megatron-Core's datasets serialize.
+
+    Raises:
+        FileNotFoundError: ``vocab_file`` is missing.
+        TokenizerFileError: the file repeats a token or lacks ``<cls> <pad> <eos> <unk> <mask>``.
+    """
+
+    def __init__(self, vocab_file: str | os.PathLike | None = None) -> None:
+        if vocab_file is None:
+            self.source = "ESM-2 alphabet"
+            tokens = list(ESM2_ALPHABET)
+        else:
+            self.source = _check_file(vocab_file, "ESM vocabulary file (--vocab-file)")
+            with open(self.source, encoding="utf-8") as stream:
+                tokens = [line.strip() for line in stream if line.strip()]
+            if len(set(tokens)) != len(tokens):
+                raise TokenizerFileError(f"{self.source}: a token is listed twice")
+            for token in _REQUIRED:
+                if token not in tokens:
+                    raise TokenizerFileError(f"{self.source}: the ESM vocabulary has no {token}")
+        self._tokens = tokens
+        self._build()
+
+    def _build(self) -> None:
+        self.vocab = {token: i for i, token in enumerate(self._tokens)}
+        self.inv_vocab = dict(enumerate(self._tokens))
+        self.cls = self.cls_id = self.bos = self.vocab["<cls>"]
+        self.pad = self.pad_id = self.vocab["<pad>"]
+        self.eos = self.eod = self.sep = self.sep_id = self.vocab["<eos>"]
+        self.unk = self.vocab["<unk>"]
+        self.mask = self.mask_id = self.vocab["<mask>"]
+        self.unique_identifiers = {"class": "ESM2Tokenizer", "tokenizer_path": [self.source]}
+        by_length = sorted(self._tokens, key=len, reverse=True)
+        self._splitter = re.compile("(" + "|".join(map(re.escape, by_length)) + ")")
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"source": self.source, "tokens": self._tokens}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.source = state["source"]
+        self._tokens = state["tokens"]
+        self._build()
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self._tokens)
+
+    def encode(self, text: str) -> list[int]:
+        vocab, unk = self.vocab, self.unk
+        ids: list[int] = []
+        # re.split with a group alternates: unmatched text, token, unmatched text, ...
+        for position, part in enumerate(self._splitter.split(text)):
+            if position % 2:
+                ids.append(vocab[part])
+            elif part:
+                ids.extend(unk for _ in part.split())
+        return ids
+
+    def tokenize(self, text: str) -> list[int]:
+        """Megatron's name for :meth:`encode`."""
+        return self.encode(text)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """The tokens joined by spaces (``EsmTokenizer.decode``); special tokens spelled out.
+
+        Raises:
+            KeyError: an id outside ``[0, vocab_size)``.
+        """
+        return " ".join(self.inv_vocab[int(i)] for i in ids)
+
+    def detokenize(self, ids: Sequence[int]) -> str:
+        """Megatron's name for :meth:`decode`."""
+        return self.decode(ids)

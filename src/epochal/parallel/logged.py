@@ -1,0 +1,91 @@
+"""The values a train step's loss function logs: checked, averaged over micro-batches and ranks.
+
+A loss function returns ``(loss, {"name": value, ...})`` (Megatron's contract).
+Per step, each name's values are averaged over the micro-batches (in micro-batch
+order), sent from the last pipeline stage to every pipeline rank, and averaged
+over the data-parallel ranks, so every rank logs the same numbers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["reduce_logged", "split_loss_output"]
+
+
+def split_loss_output(result: Any) -> tuple[torch.Tensor, dict[str, torch.Tensor | float]]:
+    """Check a loss function's result and return ``(loss, logged)``.
+
+    Raises:
+        ValueError: the result is not ``(scalar tensor, dict of numbers)``.
+    """
+    if not (isinstance(result, tuple) and len(result) == 2 and isinstance(result[1], Mapping)):
+        raise ValueError(
+            "a train step's loss_func must return (loss, {'name': value}) as in Megatron, "
+            f"got {type(result).__name__}"
+        )
+    loss, logged = result
+    if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+        raise ValueError(f"a train step's loss must be a one-element tensor, got {loss!r}")
+    for name, value in logged.items():
+        if not isinstance(name, str):
+            raise ValueError(f"a train step's logged names must be strings, got {name!r}")
+        if isinstance(value, torch.Tensor) and value.numel() != 1:
+            raise ValueError(
+                f"logged value {name!r} must have one element, got {tuple(value.shape)}"
+            )
+    return loss.reshape(()), dict(logged)
+
+
+def _mean_over_microbatches(per_mb: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+    sums: dict[str, float] = {}
+    counts: dict[str, int] = {}
+    for logged in per_mb:
+        for name, value in logged.items():
+            v = (
+                float(value.detach().float().item())
+                if isinstance(value, torch.Tensor)
+                else float(value)
+            )
+            sums[name] = sums.get(name, 0.0) + v
+            counts[name] = counts.get(name, 0) + 1
+    return {name: sums[name] / counts[name] for name in sums}
+
+
+def reduce_logged(
+    per_mb: Sequence[Mapping[str, Any]],
+    *,
+    pp_group: dist.ProcessGroup | None = None,
+    pp_src: int = 0,
+    dp_group: dist.ProcessGroup | None = None,
+    device: torch.device | None = None,
+) -> dict[str, float]:
+    """One step's logged values: mean over micro-batches, from the last stage, mean over DP ranks.
+
+    Args:
+        per_mb: the logged dicts of this rank's micro-batches (empty on ranks
+            without the last pipeline stage).
+        pp_group: the pipeline group (None without pipeline parallelism).
+        pp_src: the group rank holding the last stage.
+        dp_group: the data-parallel group (None without data parallelism).
+        device: where the reduction's tensor lives (the backend's device).
+
+    Returns:
+        ``{name: float}``, the same on every rank (names sorted).
+    """
+    values = _mean_over_microbatches(per_mb)
+    if pp_group is not None:
+        box: list[Any] = [values]
+        dist.broadcast_object_list(box, group=pp_group, group_src=pp_src)
+        values = box[0]
+    names = sorted(values)
+    if dp_group is not None and names:
+        t = torch.tensor([values[n] for n in names], dtype=torch.float64, device=device)
+        dist.all_reduce(t, group=dp_group)
+        t /= dist.get_world_size(dp_group)
+        values = dict(zip(names, t.tolist()))
+    return {n: values[n] for n in names}

@@ -1,0 +1,34 @@
+"""Train steps: what the trainer runs for each micro-batch (see :mod:`.base` for the contract).
+
+:class:`GPTTrainStep` (``model.type = "gpt"``) and :class:`BertTrainStep`
+(``"bert"``, ``"esm"``) are registered per model type; :func:`train_step_class`
+looks one up. :func:`load_train_step` imports a user's class from
+``package.module:Class`` (``training.train_step``).
+"""
+
+from epochal.train.steps.base import (
+    TrainStep,
+    load_train_step,
+    register_train_step,
+    train_step_class,
+)
+from epochal.train.steps.bert import BertTrainStep
+from epochal.train.steps.gpt import GPTTrainStep, LossFnStep
+from epochal.train.steps.reduce import (
+    avg_losses_across_data_parallel_group,
+    data_parallel_group,
+    set_data_parallel_group,
+)
+
+__all__ = [
+    "BertTrainStep",
+    "GPTTrainStep",
+    "LossFnStep",
+    "TrainStep",
+    "avg_losses_across_data_parallel_group",
+    "data_parallel_group",
+    "load_train_step",
+    "register_train_step",
+    "set_data_parallel_group",
+    "train_step_class",
+]

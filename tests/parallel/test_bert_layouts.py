@@ -1,0 +1,84 @@
+"""BERT under every parallel layout gives the single-process losses (within 1e-5).
+
+The model is a tiny BERT; the data is BioNeMo's way (``MaskedTokenDataset``
+under ``MultiEpochDatasetResampler``: fresh masks per epoch). ``pairs`` adds
+Megatron's pair inputs (token types, the binary head against ``is_random``,
+padding) and the original post-LN blocks. The evaluation's masked-LM loss,
+accuracy and perplexity must agree too. ESM has no sequence parallelism (refused).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from epochal.model import ConfigError
+from tests.dist_utils import run_gloo
+from tests.parallel import bert_worker as W
+
+pytestmark = pytest.mark.distributed
+
+DP2 = ["--parallel.data_parallel=2"]
+INTERLEAVED = [
+    "--parallel.pipeline_parallel=2",
+    "--parallel.virtual_pipeline=2",
+    "--parallel.pipeline_schedule=interleaved_1f1b",
+]
+# name -> (model / data overrides shared with the reference, layout overrides)
+LAYOUTS = {
+    "dp2": ([], DP2),
+    "dp2_full_shard": ([], [*DP2, "--parallel.dp_sharding=full"]),
+    "dp2_recompute": ([], [*DP2, "--parallel.recompute_granularity=full"]),
+    "tp2": ([], ["--parallel.tensor_parallel=2"]),
+    "pairs_tp2_sp": (
+        W.PAIRS,
+        ["--parallel.tensor_parallel=2", "--parallel.sequence_parallel=true"],
+    ),
+    "pairs_pp2": (W.PAIRS, ["--parallel.pipeline_parallel=2"]),
+    "pairs_pp2_interleaved": ([*W.PAIRS, "--training.micro_batch_size=1"], INTERLEAVED),
+}
+
+
+@pytest.fixture(scope="module")
+def references(tmp_path_factory):
+    cache = {}
+
+    def get(shared: list[str]):
+        key = tuple(shared)
+        if key not in cache:
+            cache[key] = W.single(str(tmp_path_factory.mktemp("single")), shared)
+        return cache[key]
+
+    return get
+
+
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_bert_layout_equals_single_process(name, references, tmp_path):
+    shared, layout = LAYOUTS[name]
+    reference = references(shared)
+    ranks = run_gloo(W.rank_main, 2, str(tmp_path), [*shared, *layout])
+    for out in ranks:  # every rank reports the global numbers
+        assert out["losses"] == pytest.approx(reference["losses"], abs=1e-5)
+        assert out["eval"] == pytest.approx(reference["eval"], abs=1e-5)
+        assert set(out["logged"]) == set(reference["logged"])
+        for key, value in reference["logged"].items():
+            assert out["logged"][key] == pytest.approx(value, abs=1e-5), key
+    if W.PAIRS[0] in shared:
+        assert "sop loss" in reference["logged"]
+
+
+def test_unsupported_layouts_are_refused(tmp_path):
+    from epochal.parallel.dims import ParallelDims
+    from epochal.parallel.model_support import check_model_layout
+    from epochal.train.config import model_config_from_section
+
+    cfg = W.config(
+        str(tmp_path),
+        ["--model.type=esm", "--model.position_embedding_type=rope", "--model.num_tokentypes=0"],
+    )
+    model = model_config_from_section(cfg.model, vocab_size=W.VOCAB, seq_length=W.SEQ)
+    dims = ParallelDims.from_config(cfg.parallel, 2)
+    cfg = W.config(str(tmp_path), ["--parallel.tensor_parallel=2"])
+    dims = ParallelDims.from_config(cfg.parallel, 2)
+    check_model_layout(model, dims)  # TP without SP: fine
+    with pytest.raises(ConfigError, match="parallel.sequence_parallel"):
+        check_model_layout(model, dims, sequence_parallel=True)

@@ -1,0 +1,37 @@
+"""Accelerate's custom-loss train step (imports changed only) gives the same losses under TP2, PP2 and DP2.
+
+Issue 14's test: the per-token losses come vocabulary-parallel under tensor
+parallelism, from the pipeline's last stage under pipeline parallelism, and the
+loss function's ``avg_losses_across_data_parallel_group`` averages over the
+data-parallel group.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.dist_utils import run_gloo
+from tests.parallel import custom_step_worker as W
+
+pytestmark = pytest.mark.distributed
+
+LAYOUTS = {
+    "tp2": ["--parallel.tensor_parallel=2", "--parallel.sequence_parallel=true"],
+    "pp2": ["--parallel.pipeline_parallel=2", "--parallel.pipeline_schedule=1f1b"],
+    "dp2": ["--parallel.data_parallel=2"],
+}
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    return W.single(str(tmp_path_factory.mktemp("single")))
+
+
+@pytest.mark.parametrize("name", sorted(LAYOUTS))
+def test_custom_loss_step_layout_equals_single_process(name, reference, tmp_path):
+    ranks = run_gloo(W.rank_main, 2, str(tmp_path), LAYOUTS[name])
+    for out in ranks:  # every rank reports the global numbers
+        assert out["losses"] == pytest.approx(reference["losses"], abs=1e-5)
+        assert out["eval"] == pytest.approx(reference["eval"], abs=1e-5)
+    assert ranks[0]["lm"] == pytest.approx(reference["lm"], abs=1e-5)
+    assert reference["lm"] == pytest.approx(reference["losses"], rel=1e-6)
