@@ -3,7 +3,10 @@
 Segment 0 (the first process) is drawn as a solid line; every resumed segment
 is drawn on top of it with markers in its own colour, so a resume that
 continues exactly shows its markers sitting on the earlier line. Training loss
-is also drawn smoothed (a running mean) when the run is long.
+is also drawn smoothed (a running mean) when the run is long. For multi-epoch
+data (records of kind ``epoch``, :mod:`epochal.train.epochs`) every epoch after
+the first is marked by a dotted vertical line labelled "epoch N" where its first
+sample is consumed.
 """
 
 from __future__ import annotations
@@ -45,11 +48,17 @@ def plot_run(
     records = read_metrics(run / "metrics.jsonl")
     train: dict[int, list[tuple[int, float]]] = defaultdict(list)
     evals: dict[int, list[tuple[int, float]]] = defaultdict(list)
+    epoch_starts: dict[int, dict] = {}
+    consumed: dict[int, int] = {}
     for r in records:
         if r["kind"] == "train":
             train[r["segment"]].append((r["step"], r["loss"]))
+            if "consumed_samples" in r:
+                consumed[r["step"]] = r["consumed_samples"]
         elif r["kind"] == "eval":
             evals[r["segment"]].append((r["step"], r["loss"]))
+        elif r["kind"] == "epoch":
+            epoch_starts[r["epoch"]] = r
     if not train:
         raise ValueError(f"{run / 'metrics.jsonl'}: no training steps recorded")
     n_steps = max(s for pts in train.values() for s, _ in pts)
@@ -87,6 +96,22 @@ def plot_run(
             lw=1.5 if seg == 0 else 0,
             label="validation" if seg == 0 else f"validation (segment {seg})",
         )
+    for k in sorted(epoch_starts):
+        if k == 0:
+            continue
+        x = _epoch_x(epoch_starts[k], consumed)
+        ax.axvline(x, color="gray", ls=":", lw=1)
+        ax.annotate(
+            f"epoch {k + 1}",
+            (x, 1.0),
+            xycoords=("data", "axes fraction"),
+            xytext=(2, -2),
+            textcoords="offset points",
+            rotation=90,
+            va="top",
+            fontsize=7,
+            color="gray",
+        )
     ax.set_xlabel("step")
     ax.set_ylabel("loss (nats/token)")
     ax.set_title(f"{run.resolve().name}: loss")
@@ -101,6 +126,15 @@ def plot_run(
     finally:
         plt.close(fig)
     return out
+
+
+def _epoch_x(start: dict, consumed: dict[int, int]) -> float:
+    """Fractional step at which an epoch's first sample is consumed (its record's step if unknown)."""
+    step = start["step"]
+    after, before = consumed.get(step), consumed.get(step - 1, 0)
+    if after is None or after <= before:
+        return float(step)
+    return step - 1 + (start["first_sample"] - before) / (after - before)
 
 
 def _running_mean(values: list[float], window: int) -> list[float]:
