@@ -319,6 +319,11 @@ def test_epochs_are_recorded_checked_and_resume_exactly(small_corpus, tmp_path, 
     line = f"{12 * 8 / per:.2f} epochs of {per} samples; sample order and masks differed in every epoch (checked at {len(starts) - 1} epoch starts"
     assert line in out_full and line in out_parts
     assert (full / "loss.png").stat().st_size > 10_000
+    from epochal.train.plot import epoch_marks
+
+    marks = epoch_marks(read_metrics(parts / "metrics.jsonl"))
+    assert marks == epoch_marks(read_metrics(full / "metrics.jsonl"))
+    assert marks == [(k * per / 8, f"epoch {k + 1}") for k in sorted(starts)[1:]]
 
 
 class MasksPerSentences:

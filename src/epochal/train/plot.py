@@ -18,7 +18,7 @@ from pathlib import Path
 from epochal._atomic import atomic_path
 from epochal.train.metrics import read_metrics
 
-__all__ = ["plot_run"]
+__all__ = ["epoch_marks", "plot_run"]
 
 
 def plot_run(
@@ -48,17 +48,11 @@ def plot_run(
     records = read_metrics(run / "metrics.jsonl")
     train: dict[int, list[tuple[int, float]]] = defaultdict(list)
     evals: dict[int, list[tuple[int, float]]] = defaultdict(list)
-    epoch_starts: dict[int, dict] = {}
-    consumed: dict[int, int] = {}
     for r in records:
         if r["kind"] == "train":
             train[r["segment"]].append((r["step"], r["loss"]))
-            if "consumed_samples" in r:
-                consumed[r["step"]] = r["consumed_samples"]
         elif r["kind"] == "eval":
             evals[r["segment"]].append((r["step"], r["loss"]))
-        elif r["kind"] == "epoch":
-            epoch_starts[r["epoch"]] = r
     if not train:
         raise ValueError(f"{run / 'metrics.jsonl'}: no training steps recorded")
     n_steps = max(s for pts in train.values() for s, _ in pts)
@@ -96,13 +90,10 @@ def plot_run(
             lw=1.5 if seg == 0 else 0,
             label="validation" if seg == 0 else f"validation (segment {seg})",
         )
-    for k in sorted(epoch_starts):
-        if k == 0:
-            continue
-        x = _epoch_x(epoch_starts[k], consumed)
+    for x, label in epoch_marks(records):
         ax.axvline(x, color="gray", ls=":", lw=1)
         ax.annotate(
-            f"epoch {k + 1}",
+            label,
             (x, 1.0),
             xycoords=("data", "axes fraction"),
             xytext=(2, -2),
@@ -128,13 +119,31 @@ def plot_run(
     return out
 
 
-def _epoch_x(start: dict, consumed: dict[int, int]) -> float:
-    """Fractional step at which an epoch's first sample is consumed (its record's step if unknown)."""
-    step = start["step"]
-    after, before = consumed.get(step), consumed.get(step - 1, 0)
-    if after is None or after <= before:
-        return float(step)
-    return step - 1 + (start["first_sample"] - before) / (after - before)
+def epoch_marks(records: list[dict]) -> list[tuple[float, str]]:
+    """``(x, "epoch N")`` for every epoch start after the first (N counts from 1).
+
+    ``x`` is the fractional step at which the epoch's first sample is consumed,
+    interpolated in the global batch of its step (the step itself when the train
+    records lack ``consumed_samples``). Records repeated by a resume count once.
+    """
+    starts: dict[int, dict] = {}
+    consumed: dict[int, int] = {}
+    for r in records:
+        if r["kind"] == "train" and "consumed_samples" in r:
+            consumed[r["step"]] = r["consumed_samples"]
+        elif r["kind"] == "epoch":
+            starts[r["epoch"]] = r
+    marks = []
+    for k in sorted(starts):
+        if k == 0:
+            continue
+        step = starts[k]["step"]
+        after, before = consumed.get(step), consumed.get(step - 1, 0)
+        x = float(step)
+        if after is not None and after > before:
+            x = step - 1 + (starts[k]["first_sample"] - before) / (after - before)
+        marks.append((x, f"epoch {k + 1}"))
+    return marks
 
 
 def _running_mean(values: list[float], window: int) -> list[float]:
