@@ -1,6 +1,7 @@
 """Shared pytest configuration."""
 
 import os
+import signal
 
 import pytest
 import torch
@@ -15,3 +16,16 @@ def cuda_only():
     """Skip the test cleanly when no CUDA device is present."""
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
+
+
+def _sigterm_as_ctrl_c(signum, frame):
+    raise KeyboardInterrupt(f"pytest got signal {signal.Signals(signum).name}")
+
+
+def pytest_configure(config):
+    """SIGTERM to pytest unwinds like Ctrl-C, so every ``finally`` kills its workers.
+
+    (Python's default for SIGTERM ends the process at once, skipping them; see
+    ``tests/dist_utils.py``.)
+    """
+    signal.signal(signal.SIGTERM, _sigterm_as_ctrl_c)

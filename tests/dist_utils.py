@@ -6,19 +6,117 @@ and returns the per-rank return values (which must be picklable). A failure in
 any rank re-raises here with that rank's traceback.
 
 ``run_torchrun(argv, nproc)`` runs a command under ``torchrun --standalone``.
+
+Cleanup (no test may leave a process behind, on success, failure, timeout,
+Ctrl-C or SIGTERM to pytest): :func:`start_process` starts a command in a session
+of its own with a marker in its environment that every descendant inherits;
+:func:`kill_tree` SIGKILLs the command, its process group and every process
+carrying the marker (``torchrun`` starts each worker in a session of its own, and
+workers orphaned by a dead ``torchrun`` are no longer its children, so neither
+the process group nor the parent link finds them all). Tests call
+``kill_tree`` in a ``finally``; an ``atexit`` hook kills whatever is still alive,
+and ``tests/conftest.py`` turns SIGTERM into ``KeyboardInterrupt`` so both run.
+``run_gloo``'s spawned ranks are killed the same way.
 """
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import os
+import signal
 import socket
 import subprocess
 import sys
 import traceback
+import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch.multiprocessing as mp
+
+_MARK = "EPOCHAL_TEST_TREE"
+_LIVE: dict[int, str] = {}  # pid of a started command -> its marker
+
+
+def start_process(cmd: Sequence[str], *, env: dict[str, str] | None = None, **kwargs: Any):
+    """``subprocess.Popen(cmd)`` in a new session, tracked for :func:`kill_tree` (text output).
+
+    stdout and stderr are captured together unless ``stdout``/``stderr`` are given.
+    """
+    mark = uuid.uuid4().hex
+    kwargs.setdefault("stdout", subprocess.PIPE)
+    kwargs.setdefault("stderr", subprocess.STDOUT)
+    kwargs.setdefault("text", True)
+    proc = subprocess.Popen(
+        list(cmd), env={**(env or os.environ), _MARK: mark}, start_new_session=True, **kwargs
+    )
+    _LIVE[proc.pid] = mark
+    return proc
+
+
+def _marked(mark: str) -> list[int]:
+    """Ids of the processes whose environment carries ``mark`` (Linux ``/proc``; else none)."""
+    needle = f"{_MARK}={mark}".encode()
+    found = []
+    with contextlib.suppress(OSError):
+        for name in os.listdir("/proc"):
+            if name.isdigit() and int(name) != os.getpid():
+                try:
+                    with open(f"/proc/{name}/environ", "rb") as f:
+                        if needle in f.read().split(b"\0"):
+                            found.append(int(name))
+                except OSError:
+                    continue
+    return found
+
+
+def tree_pids(proc: subprocess.Popen) -> list[int]:
+    """The started command's process and every live process descended from it."""
+    mark = _LIVE.get(proc.pid)
+    pids = _marked(mark) if mark else []
+    return sorted(set(pids) | ({proc.pid} if proc.poll() is None else set()))
+
+
+def kill_tree(proc: subprocess.Popen) -> None:
+    """SIGKILL ``proc`` (from :func:`start_process`), its process group and all its descendants."""
+    mark = _LIVE.pop(proc.pid, None)
+    for _ in range(3):  # a dying parent may still be starting a child: look again
+        victims = set(_marked(mark)) if mark else set()
+        if proc.poll() is None:
+            victims.add(proc.pid)
+        if not victims:
+            break
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        for pid in victims:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=10)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.communicate(timeout=10)  # reap and close the pipes
+
+
+def run_process(
+    cmd: Sequence[str], *, env: dict[str, str] | None = None, timeout: float = 300, **kwargs: Any
+) -> subprocess.CompletedProcess:
+    """Like ``subprocess.run(cmd, capture_output=True, text=True)``, killing the whole tree on any exit."""
+    proc = start_process(cmd, env=env, stderr=subprocess.PIPE, **kwargs)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    finally:
+        kill_tree(proc)
+    return subprocess.CompletedProcess(list(cmd), proc.returncode, out, err)
+
+
+@atexit.register
+def _kill_leftovers() -> None:
+    for pid, mark in list(_LIVE.items()):
+        for victim in [pid, *_marked(mark)]:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(victim, signal.SIGKILL)
+    _LIVE.clear()
 
 
 def free_port() -> int:
@@ -69,6 +167,7 @@ def run_gloo(
         p.start()
     results: dict[int, Any] = {}
     errors: list[str] = []
+    finished = False
     try:
         for _ in range(world_size):
             rank, ok, value = queue.get(timeout=timeout)
@@ -77,11 +176,15 @@ def run_gloo(
             else:
                 errors.append(f"rank {rank} failed:\n{value}")
                 break
+        finished = not errors
     finally:
+        # every rank reported: let them exit; otherwise (a failure, a timeout,
+        # Ctrl-C) kill them at once: a rank may wait forever on a dead peer
         for p in procs:
-            p.join(timeout=5 if errors else timeout)
+            p.join(timeout=60 if finished else 5)
             if p.is_alive():
                 p.kill()
+                p.join(timeout=10)
     if errors:
         raise RuntimeError("\n".join(errors))
     return [results[r] for r in range(world_size)]
@@ -108,9 +211,7 @@ def run_torchrun(
         *argv,
     ]
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
-    proc = subprocess.run(
-        cmd, capture_output=True, text=True, timeout=timeout, env=full_env, cwd=cwd
-    )
+    proc = run_process(cmd, timeout=timeout, env=full_env, cwd=cwd)
     assert proc.returncode == 0, (
         f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
     )

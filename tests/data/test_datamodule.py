@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from types import SimpleNamespace
 
@@ -23,6 +22,7 @@ from tests.data.lightning_toy import (  # noqa: E402
     quiet,
 )
 from tests.data.resumable_helpers import ToyGPTDataset  # noqa: E402
+from tests.dist_utils import run_process  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -86,14 +86,7 @@ def test_stop_and_go_matches_uninterrupted_run(uninterrupted, scenario, tmp_path
             "-c",
             f"from tests.data.lightning_toy import crash_main; crash_main({crash_dir!r}, {scenario!r}, 5)",
         ]
-        proc = subprocess.run(
-            cmd,
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-            timeout=240,
-            env={**os.environ, "OMP_NUM_THREADS": "1"},
-        )
+        proc = run_process(cmd, cwd=REPO, timeout=240, env={**os.environ, "OMP_NUM_THREADS": "1"})
         assert proc.returncode == -9, proc.stdout + proc.stderr
         ckpt_dir = crash_dir
     else:

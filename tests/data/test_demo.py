@@ -2,11 +2,11 @@
 
 import json
 import re
-import subprocess
 import sys
 
 from epochal.cli import main
 from epochal.data.epochs.demo import CharTokenizer, build_demo
+from tests.dist_utils import run_process
 
 
 def _run(capsys, *argv):
@@ -79,11 +79,8 @@ def test_char_tokenizer_round_trip():
 
 
 def test_console_entry_point_runs():
-    proc = subprocess.run(
-        [sys.executable, "-m", "epochal.cli", "demo-epochs", "--epochs", "2"],
-        capture_output=True,
-        text=True,
-        timeout=120,
+    proc = run_process(
+        [sys.executable, "-m", "epochal.cli", "demo-epochs", "--epochs", "2"], timeout=120
     )
     assert proc.returncode == 0, proc.stderr
     assert "OK: samples are a pure function" in proc.stdout

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from epochal.train.metrics import read_metrics
+from tests.dist_utils import run_process
 from tests.train.test_checkpoint_integrity import flip
 
 pytestmark = pytest.mark.distributed
@@ -34,7 +35,7 @@ def _run(run_dir: Path) -> subprocess.CompletedProcess:
         str(run_dir),
         "6",
     ]
-    proc = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=400)
+    proc = run_process(cmd, env=ENV, timeout=400)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     return proc
 

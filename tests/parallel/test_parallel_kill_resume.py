@@ -6,10 +6,7 @@ processes, dropout on, a distributed checkpoint written by all ranks).
 
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -17,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from epochal.train.metrics import read_metrics
+from tests.dist_utils import kill_tree, run_process, start_process
 
 pytestmark = pytest.mark.distributed
 
@@ -46,7 +44,7 @@ def _cmd(run_dir: Path, *args: str) -> list[str]:
 
 
 def _run(run_dir: Path) -> None:
-    proc = subprocess.run(_cmd(run_dir), env=ENV, capture_output=True, text=True, timeout=400)
+    proc = run_process(_cmd(run_dir), env=ENV, timeout=400)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
 
 
@@ -68,30 +66,16 @@ def uninterrupted(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def killed_and_resumed(tmp_path_factory) -> Path:
     run_dir = tmp_path_factory.mktemp("tp2dp2_killed")
-    proc = subprocess.Popen(
-        _cmd(run_dir, "--pause-after", "7"),
-        env=ENV,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
+    proc = start_process(_cmd(run_dir, "--pause-after", "7"), env=ENV)
     markers = [run_dir / f"paused_rank{r}" for r in range(4)]
     deadline = time.monotonic() + 300
     try:
         while not all(m.exists() for m in markers):
-            assert proc.poll() is None, proc.stdout.read().decode()[-4000:]
+            assert proc.poll() is None, proc.communicate()[0][-4000:]
             assert time.monotonic() < deadline, "the job never reached step 7"
             time.sleep(0.1)
     finally:
-        # SIGKILL torchrun's session and every worker: torchrun starts each worker in a
-        # session of its own, so the process-group kill alone leaves them running.
-        for marker in markers:
-            if marker.exists():
-                with contextlib.suppress(ProcessLookupError, ValueError):
-                    os.kill(int(marker.read_text()), signal.SIGKILL)
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=60)
-        proc.stdout.close()
+        kill_tree(proc)  # SIGKILL torchrun and every worker (each in a session of its own)
     ckpts = sorted(
         p.name for p in (run_dir / "checkpoints").iterdir() if p.name.startswith("step_")
     )

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 
 import pytest
 
 from epochal.train.metrics import read_metrics
+from tests.dist_utils import run_process
 
 pytestmark = pytest.mark.distributed
 
@@ -78,7 +78,7 @@ def test_epochal_train_relaunches_itself_for_tensor_parallel(tmp_path):
         "--parallel.tensor_parallel=2",
         "--parallel.sequence_parallel=true",
     ]
-    proc = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=400, cwd=tmp_path)
+    proc = run_process(cmd, env=ENV, timeout=400, cwd=tmp_path)
     assert "launching 2 processes" in proc.stdout
     _check_run(run_dir, proc, "TP2 x PP1 x DP1", ["--model.num_layers=2"])
 
@@ -100,6 +100,6 @@ def test_epochal_train_under_an_outer_torchrun_with_a_middle_stage(tmp_path):
         "--parallel.pipeline_parallel=3",
         "--parallel.pipeline_schedule=1f1b",
     ]
-    proc = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=400, cwd=tmp_path)
+    proc = run_process(cmd, env=ENV, timeout=400, cwd=tmp_path)
     assert "launching" not in proc.stdout
     _check_run(run_dir, proc, "TP1 x PP3 x DP1", [])

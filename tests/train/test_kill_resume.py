@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from epochal.train.metrics import read_metrics
+from tests.dist_utils import kill_tree, start_process
 
 WORKER = str(Path(__file__).with_name("resume_worker.py"))
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
@@ -20,17 +21,12 @@ ITERS = 12
 
 
 def start(run_dir: Path, *args: str, mode: tuple[str, ...] = ()) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, WORKER, str(run_dir), str(ITERS), *mode, *args],
-        env=ENV,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-    )
+    return start_process([sys.executable, WORKER, str(run_dir), str(ITERS), *mode, *args], env=ENV)
 
 
 def finish(proc: subprocess.Popen) -> None:
     out, _ = proc.communicate(timeout=300)
-    assert proc.returncode == 0, out.decode()
+    assert proc.returncode == 0, out
 
 
 def losses(run_dir: Path, kind: str = "train") -> dict[int, dict[int, float]]:
@@ -49,33 +45,43 @@ def runs(tmp_path_factory, request) -> dict[str, Path]:
     """
     mode = ("--bert",) if request.param == "bert" else ()
     dirs = {name: tmp_path_factory.mktemp(name) for name in ("full", "killed", "older")}
-    full = start(dirs["full"], mode=mode)
-    killed = start(dirs["killed"], "--pause-after", "8", mode=mode)
-    marker = dirs["killed"] / "paused"
-    deadline = time.monotonic() + 240
-    while not marker.exists():
-        assert killed.poll() is None, killed.communicate()[0].decode()
-        assert time.monotonic() < deadline, "worker never reached step 8"
-        time.sleep(0.05)
-    os.kill(killed.pid, signal.SIGKILL)
-    killed.communicate(timeout=30)
-    assert killed.returncode == -signal.SIGKILL
-    ckpts = sorted(
-        p.name for p in (dirs["killed"] / "checkpoints").iterdir() if p.name.startswith("step_")
-    )
-    assert ckpts == ["step_0000003", "step_0000006"]
-    assert (dirs["killed"] / "checkpoints" / "latest").read_text().strip() == "step_0000006"
-    older = dirs["killed"] / "checkpoints" / "step_0000003"
-    shutil.copytree(
-        older, dirs["older"] / "from_step_3"
-    )  # before the resumed run prunes nothing (keep_last=10)
-    finish(full)
-    resumed = start(dirs["killed"], mode=mode)  # resume="auto" picks up step 6
-    from_older = start(
-        dirs["older"], f"--checkpoint.resume={dirs['older'] / 'from_step_3'}", mode=mode
-    )
-    finish(resumed)
-    finish(from_older)
+    procs: list[subprocess.Popen] = []
+
+    def launch(run_dir: Path, *args: str, mode: tuple[str, ...] = ()) -> subprocess.Popen:
+        procs.append(start(run_dir, *args, mode=mode))
+        return procs[-1]
+
+    try:
+        full = launch(dirs["full"], mode=mode)
+        killed = launch(dirs["killed"], "--pause-after", "8", mode=mode)
+        marker = dirs["killed"] / "paused"
+        deadline = time.monotonic() + 240
+        while not marker.exists():
+            assert killed.poll() is None, killed.communicate()[0]
+            assert time.monotonic() < deadline, "worker never reached step 8"
+            time.sleep(0.05)
+        os.kill(killed.pid, signal.SIGKILL)
+        killed.communicate(timeout=30)
+        assert killed.returncode == -signal.SIGKILL
+        ckpts = sorted(
+            p.name for p in (dirs["killed"] / "checkpoints").iterdir() if p.name.startswith("step_")
+        )
+        assert ckpts == ["step_0000003", "step_0000006"]
+        assert (dirs["killed"] / "checkpoints" / "latest").read_text().strip() == "step_0000006"
+        older = dirs["killed"] / "checkpoints" / "step_0000003"
+        shutil.copytree(
+            older, dirs["older"] / "from_step_3"
+        )  # before the resumed run prunes nothing (keep_last=10)
+        finish(full)
+        resumed = launch(dirs["killed"], mode=mode)  # resume="auto" picks up step 6
+        from_older = launch(
+            dirs["older"], f"--checkpoint.resume={dirs['older'] / 'from_step_3'}", mode=mode
+        )
+        finish(resumed)
+        finish(from_older)
+    finally:
+        for proc in procs:
+            kill_tree(proc)
     return dirs
 
 

@@ -9,6 +9,17 @@
   ``python -m torch.distributed.run --standalone --nproc-per-node N -m epochal.cli
   <the same arguments>`` on this machine and returns its exit status.
 
+Preemption: :func:`relaunch` starts ``torchrun`` in a session of its own (so a
+terminal's Ctrl-C reaches only this process) and forwards the first SIGTERM or
+SIGINT to it; ``torchrun``'s elastic agent (torch 2.13) then sends that signal to
+every worker's process group, waits up to ``TORCH_ELASTIC_SHUTDOWN_TIMEOUT``
+seconds (``--shutdown-timeout``; 30 by default, set to 600 here unless given)
+before SIGKILL, and exits 1 with a ``SignalException`` even when every worker
+stopped cleanly. So each worker that returns normally reports it
+(:func:`report_clean_exit`, a file per rank in a folder named by
+``EPOCHAL_EXIT_REPORT_DIR``), and :func:`relaunch` returns 0 after a signal when
+every rank did.
+
 Logs: only global rank 0 prints (:func:`is_logging_rank`); the other ranks run
 silently unless they fail (their tracebacks reach ``torchrun``'s output).
 """
@@ -16,8 +27,10 @@ silently unless they fail (their tracebacks reach ``torchrun``'s output).
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
@@ -33,11 +46,14 @@ __all__ = [
     "needs_relaunch",
     "rank0_first",
     "relaunch",
+    "report_clean_exit",
     "under_launcher",
 ]
 
 _LAUNCH_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 _GUARD = "EPOCHAL_RELAUNCHED"
+_REPORT_DIR = "EPOCHAL_EXIT_REPORT_DIR"
+_SHUTDOWN_TIMEOUT = "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"
 T = TypeVar("T")
 
 
@@ -60,7 +76,9 @@ def relaunch(config: ParallelConfig, argv: Sequence[str], *, module: str = "epoc
         module: the module to run in every process.
 
     Returns:
-        The exit status of ``torchrun`` (0 if every rank succeeded).
+        The exit status of ``torchrun`` (0 if every rank succeeded); after a SIGTERM
+        or SIGINT forwarded to it, 0 if every rank reported a clean exit (see the
+        module docstring), else ``torchrun``'s status.
     """
     n = config.launch_world_size()
     cmd = [
@@ -76,8 +94,50 @@ def relaunch(config: ParallelConfig, argv: Sequence[str], *, module: str = "epoc
     env = {**os.environ, _GUARD: "1"}
     if "OMP_NUM_THREADS" not in env and not torch.cuda.is_available():
         env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // n))
+    env.setdefault(_SHUTDOWN_TIMEOUT, "600")
     print(f"epochal: launching {n} processes: {' '.join(cmd)}", flush=True)
-    return subprocess.call(cmd, env=env)
+    with tempfile.TemporaryDirectory(prefix="epochal-exit-") as reports:
+        env[_REPORT_DIR] = reports
+        proc = subprocess.Popen(cmd, env=env, start_new_session=True)
+        received: list[signal.Signals] = []
+
+        def forward(signum: int, frame: object) -> None:  # noqa: ARG001
+            if not received:  # torchrun's agent treats a second signal as a second shutdown
+                received.append(signal.Signals(signum))
+                proc.send_signal(signum)
+
+        previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            rc = proc.wait()
+        except BaseException:
+            proc.terminate()  # torchrun shuts its workers down; never leave them behind
+            proc.wait()
+            raise
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+        if received and rc != 0:
+            done = len([p for p in os.listdir(reports) if p.startswith("rank")])
+            if done == n:
+                print(
+                    f"epochal: {received[0].name}: all {n} processes stopped cleanly "
+                    f"(torchrun's exit status {rc} only reports the signal)",
+                    flush=True,
+                )
+                return 0
+            print(
+                f"epochal: {received[0].name}: {done} of {n} processes stopped cleanly", flush=True
+            )
+        return rc
+
+
+def report_clean_exit() -> None:
+    """Record that this rank returned normally, for :func:`relaunch` (no-op outside it)."""
+    folder = os.environ.get(_REPORT_DIR)
+    if folder and os.path.isdir(folder):
+        rank = os.environ.get("RANK", "0")
+        with open(os.path.join(folder, f"rank{rank}"), "w") as f:
+            f.write("0\n")
 
 
 class DistributedInfo:

@@ -110,7 +110,12 @@ def run(args: argparse.Namespace) -> int:
     if relaunching:  # several processes asked for, no torchrun: start it
         return relaunch(config.parallel, ["train", *getattr(args, "_argv", [])])
     try:
-        return _train(config)
+        rc = _train(config)
+        if rc == 0:
+            from epochal.parallel.launch import report_clean_exit
+
+            report_clean_exit()
+        return rc
     except ConfigError as exc:
         print(f"epochal train: error: {exc}", file=sys.stderr)
         return 2
@@ -195,6 +200,12 @@ def _train(config) -> int:
     epochs = _epoch_line(config.run_dir)
     if epochs:
         say(epochs)
+    if result.stopped_by:
+        say(
+            f"stopped early ({result.stopped_by}) after step {result.final_step} of "
+            f"{config.training.train_iters}; checkpoint saved to {ckpt}; "
+            "run the same command again to resume"
+        )
     say(where)
     return 0
 

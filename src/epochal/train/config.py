@@ -273,6 +273,13 @@ class TrainingConfig:
         bf16: run forward/backward under bfloat16 autocast (parameters and
             optimizer state stay float32).
         compile: ``torch.compile`` each transformer block.
+        exit_signal_handler: on SIGTERM or SIGINT, finish the current step, save a
+            checkpoint and exit 0 (every rank after the same step); Megatron's
+            ``--exit-signal-handler``, on by default here.
+        exit_duration_mins: stop (saving first) once this many minutes of wall time
+            have passed since the trainer was created (> 0; None = no limit).
+        exit_interval: stop (saving first) after a step that is a multiple of this
+            (>= 1; None = never).
         train_step: a custom train step class ``"package.module:Class"`` (a
             subclass of ``epochal.train.GPTTrainStep`` / ``BertTrainStep``;
             Accelerate's ``custom_train_step_class``); empty = the model type's step.
@@ -290,6 +297,9 @@ class TrainingConfig:
     device: Literal["auto", "cpu", "cuda"] = "auto"
     bf16: bool = False
     compile: bool = False
+    exit_signal_handler: bool = True
+    exit_duration_mins: float | None = None
+    exit_interval: int | None = None
     train_step: str = ""
     train_step_kwargs: dict[str, Any] = field(default_factory=dict)
 
@@ -337,6 +347,16 @@ class TrainingConfig:
             self.eval_interval >= 0, "eval_interval", f"must be >= 0, got {self.eval_interval}"
         )
         _require(self.eval_iters >= 0, "eval_iters", f"must be >= 0, got {self.eval_iters}")
+        _require(
+            self.exit_duration_mins is None or self.exit_duration_mins > 0,
+            "exit_duration_mins",
+            f"must be > 0 (or unset), got {self.exit_duration_mins}",
+        )
+        _require(
+            self.exit_interval is None or self.exit_interval >= 1,
+            "exit_interval",
+            f"must be >= 1 (or unset), got {self.exit_interval}",
+        )
 
 
 @dataclass(kw_only=True)

@@ -212,6 +212,14 @@ class ParallelTrainer(Trainer):
         dist.all_reduce(flag, op=dist.ReduceOp.MIN)
         return bool(flag.item())
 
+    def max_over_ranks(self, value: int) -> int:
+        """The largest ``value`` over all ranks (one tiny all-reduce; the stop decision)."""
+        if not self.dist.distributed:
+            return value
+        flag = torch.tensor([value], dtype=torch.int32, device=self.dist.device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return int(flag.item())
+
     def _advance_without_reading(self, n_mb: int) -> None:
         loader = self.data.train_loader
         step_samples = n_mb * self.config.training.micro_batch_size * self.dims.dp

@@ -68,6 +68,7 @@ from epochal.train.epochs import epoch_recorder
 from epochal.train.lr_schedule import OptimizerParamScheduler
 from epochal.train.metrics import MetricsLogger
 from epochal.train.optim import OptimizersContainer, build_adamw, clip_grad_norm
+from epochal.train.preemption import Preemption
 from epochal.train.rng import get_rng_state, set_rng_state
 from epochal.train.run_dir import archive_previous_history, check_resume_config
 from epochal.train.state import ModelState
@@ -131,6 +132,8 @@ class TrainResult:
         resumed_from: the checkpoint folder resumed from, if any.
         last_checkpoint: the newest checkpoint folder, if any.
         losses: the loss of every step run by this call, in order.
+        stopped_by: why training stopped before ``training.train_iters`` after saving
+            a checkpoint (``"SIGTERM"``, ``"training.exit_interval=5"``, ...), else None.
     """
 
     run_dir: Path
@@ -143,6 +146,7 @@ class TrainResult:
     resumed_from: str | None = None
     last_checkpoint: Path | None = None
     losses: list[float] = field(default_factory=list)
+    stopped_by: str | None = None
 
 
 class Trainer:
@@ -169,6 +173,13 @@ class Trainer:
     ) -> None:
         self.config = config
         self.log = log
+        t = config.training
+        self.preemption = Preemption(
+            exit_signal_handler=t.exit_signal_handler,
+            exit_duration_mins=t.exit_duration_mins,
+            exit_interval=t.exit_interval,
+            any_rank=self.max_over_ranks,
+        )
         seed_everything(self.global_seed())
         self.run_dir = Path(config.run_dir)
         self.device = resolve_device(config.training.device)
@@ -229,6 +240,10 @@ class Trainer:
     def global_seed(self) -> int:
         """The seed of this rank's global RNGs (dropout): ``training.seed`` here."""
         return self.config.training.seed
+
+    def max_over_ranks(self, value: int) -> int:
+        """The largest ``value`` over all ranks (one process: ``value``)."""
+        return value
 
     def data_parallel_info(self) -> dict[str, int]:
         """``{"dp_rank": ..., "dp_size": ...}`` for building the data (one process: 0 of 1)."""
@@ -559,7 +574,16 @@ class Trainer:
 
     # ------------------------------------------------------------------ loop
     def train(self) -> TrainResult:
-        """Train until ``training.train_iters`` (resuming first per ``checkpoint.resume``)."""
+        """Train until ``training.train_iters`` (resuming first per ``checkpoint.resume``).
+
+        Stops earlier, after saving a checkpoint of the step reached, on SIGTERM/SIGINT
+        or the ``training.exit_*`` options (:mod:`epochal.train.preemption`); then
+        :attr:`TrainResult.stopped_by` says why.
+        """
+        with self.preemption.installed():
+            return self._train()
+
+    def _train(self) -> TrainResult:
         cfg = self.config
         t_start = time.perf_counter()
         folder = self.resume_folder()
@@ -650,10 +674,21 @@ class Trainer:
                         result.eval_loss = loss
                         metrics.log_eval(self.step, loss, self.last_eval_logged)
                 si = cfg.checkpoint.save_interval
-                if (si and self.step % si == 0) or (last and cfg.checkpoint.save_final):
+                saved = (si and self.step % si == 0) or (last and cfg.checkpoint.save_final)
+                if saved:
                     result.last_checkpoint = self.save_checkpoint()
                 for fn in self.callbacks:
                     fn(self, self.step, record)
+                reason = None if last else self.preemption.should_stop(self.step)
+                if reason is not None:
+                    if not saved:
+                        result.last_checkpoint = self.save_checkpoint()
+                    result.stopped_by = self.preemption.describe(reason)
+                    metrics.write_line(
+                        f"stopped after step {self.step} ({result.stopped_by}); "
+                        f"checkpoint saved to {result.last_checkpoint}"
+                    )
+                    break
         finally:
             metrics.close()
         result.final_step = self.step

@@ -1,0 +1,96 @@
+"""No test leaves a process behind: interrupt a pytest run (Ctrl-C, SIGTERM) or time out a launch.
+
+The target tests (``interrupt_target.py``) start workers that ignore SIGINT and
+SIGTERM; after the interruption every one of them must be gone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.cleanup import sleepy_worker
+from tests.dist_utils import kill_tree, run_torchrun, start_process
+
+pytestmark = pytest.mark.distributed
+
+REPO = Path(__file__).resolve().parents[2]
+TARGET = Path(__file__).with_name("interrupt_target.py")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie is dead
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
+def _wait_for_pids(folder: Path, count: int, proc: subprocess.Popen) -> list[int]:
+    deadline = time.monotonic() + 240
+    while len(pids := list(folder.glob("*.pid"))) < count:
+        assert proc.poll() is None, proc.communicate()[0][-4000:]
+        assert time.monotonic() < deadline, "the workers never started"
+        time.sleep(0.1)
+    return [int(p.read_text()) for p in pids]
+
+
+def _survivors(pids: list[int]) -> list[int]:
+    """The workers still alive after waiting up to a minute for them to go."""
+    deadline = time.monotonic() + 60
+    while (alive := [p for p in pids if _alive(p)]) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return alive
+
+
+@pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="needs Linux /proc")
+@pytest.mark.parametrize("target", ["test_torchrun_workers", "test_gloo_ranks"])
+@pytest.mark.parametrize("how", ["ctrl_c", "sigterm"])
+def test_interrupted_pytest_leaves_no_worker_behind(tmp_path, target, how):
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        f"{TARGET}::{target}",
+    ]
+    env = {**os.environ, "EPOCHAL_CLEANUP_DIR": str(tmp_path), "OMP_NUM_THREADS": "1"}
+    proc = start_process(cmd, env=env, cwd=REPO)
+    pids: list[int] = []
+    try:
+        pids = _wait_for_pids(tmp_path, 2, proc)
+        if how == "ctrl_c":  # a terminal sends SIGINT to the whole foreground process group
+            os.killpg(proc.pid, signal.SIGINT)
+        else:  # a scheduler or `kill` signals pytest alone
+            os.kill(proc.pid, signal.SIGTERM)
+        out, _ = proc.communicate(timeout=120)
+        left = _survivors(pids)
+        assert not left, f"workers {left} survived the interrupted pytest run:\n{out[-3000:]}"
+    finally:
+        for pid in pids:  # never leave them to the next test, whatever happened
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        kill_tree(proc)
+
+
+def test_a_timed_out_torchrun_leaves_no_worker_behind(tmp_path):
+    worker = str(Path(sleepy_worker.__file__))
+    with pytest.raises(subprocess.TimeoutExpired):
+        run_torchrun([worker, str(tmp_path)], 2, timeout=30, cwd=str(REPO))
+    pids = [int(p.read_text()) for p in tmp_path.glob("*.pid")]
+    try:
+        assert len(pids) == 2, "the workers did not start within the timeout; raise it"
+        assert not _survivors(pids)
+    finally:
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
