@@ -55,28 +55,31 @@ def corpus(tmp_path_factory):
 
 def config(corpus, run_dir, *extra):
     return build_config(
-        preset="tiny",
-        overrides=[
-            f"--run_dir={run_dir}",
-            "--data.corpus=",
-            f"--data.data_path=['{corpus / 'corpus'}']",
-            "--data.split=90,10,0",
-            "--data.tokenizer_type=BertWordPieceLowerCase",
-            f"--data.vocab_file={corpus / 'vocab.txt'}",
-            f"--data.cache_dir={corpus / 'cache'}",
-            "--data.seq_length=32",
-            *MODEL,
-            "--training.micro_batch_size=4",
-            "--training.global_batch_size=8",
-            "--training.train_iters=4",
-            "--training.eval_interval=2",
-            "--training.eval_iters=1",
-            "--scheduler.lr_warmup_iters=1",
-            "--logging.progress=false",
-            "--logging.tensorboard=false",
-            *extra,
-        ],
+        preset="tiny", overrides=[f"--run_dir={run_dir}", *config_args(corpus, *extra)]
     )
+
+
+def config_args(corpus, *extra):
+    """The overrides of :func:`config` (a tiny BERT on ``corpus``) without ``--run_dir``."""
+    return [
+        "--data.corpus=",
+        f"--data.data_path=['{corpus / 'corpus'}']",
+        "--data.split=90,10,0",
+        "--data.tokenizer_type=BertWordPieceLowerCase",
+        f"--data.vocab_file={corpus / 'vocab.txt'}",
+        f"--data.cache_dir={corpus / 'cache'}",
+        "--data.seq_length=32",
+        *MODEL,
+        "--training.micro_batch_size=4",
+        "--training.global_batch_size=8",
+        "--training.train_iters=4",
+        "--training.eval_interval=2",
+        "--training.eval_iters=1",
+        "--scheduler.lr_warmup_iters=1",
+        "--logging.progress=false",
+        "--logging.tensorboard=false",
+        *extra,
+    ]
 
 
 def test_bert_trains_on_megatron_samples_and_logs_lm_and_sop_losses(corpus, tmp_path):
@@ -242,3 +245,136 @@ def test_compiled_bert_equals_eager(tmp_path):
     compiled = W.single(str(tmp_path / "compiled"), [*W.PAIRS, "--training.compile=true"])
     assert compiled["losses"] == pytest.approx(eager["losses"], abs=1e-5)
     assert compiled["eval"] == pytest.approx(eager["eval"], abs=1e-5)
+
+
+@pytest.fixture(scope="module")
+def small_corpus(tmp_path_factory):
+    """A sentence-split corpus of 16 documents (a few dozen samples per epoch) and its vocabulary."""
+    d = tmp_path_factory.mktemp("bert_small_corpus")
+    rng = random.Random(1)
+    docs = [
+        [
+            " ".join(rng.choice(WORDS) for _ in range(rng.randint(4, 9))).capitalize() + "."
+            for _ in range(rng.randint(2, 6))
+        ]
+        for _ in range(16)
+    ]
+    train_wordpiece([" ".join(doc) for doc in docs], 120, d / "vocab.txt")
+    tok = build_tokenizer("BertWordPieceLowerCase", vocab_file=str(d / "vocab.txt"))
+    preprocess_documents(docs, tok, d / "corpus", append_eod=False)
+    return d
+
+
+def _epoch_records(run_dir):
+    """Epoch records by epoch (a resume's repeat must equal the first), without the segment."""
+    out = {}
+    for r in read_metrics(run_dir / "metrics.jsonl"):
+        if r["kind"] == "epoch":
+            r = {k: v for k, v in r.items() if k != "segment"}
+            assert out.setdefault(r["epoch"], r) == r
+    return out
+
+
+def test_epochs_are_recorded_checked_and_resume_exactly(small_corpus, tmp_path, capsys):
+    """Several epochs: per-step ``epoch``, one record per epoch start, the summary line, the plot."""
+    from epochal.cli import main
+
+    args = [
+        "train",
+        "--preset=tiny",
+        *[a for a in config_args(small_corpus) if not a.startswith("--training.train_iters")],
+        "--data.split=100,0,0",
+        "--training.eval_iters=0",
+        "--training.eval_interval=0",
+        "--checkpoint.save_interval=3",
+        "--checkpoint.keep_last=10",
+    ]
+    full, parts = tmp_path / "full", tmp_path / "parts"
+    assert main([*args, f"--run_dir={full}", "--training.train_iters=12"]) == 0
+    out_full = capsys.readouterr().out
+    assert main([*args, f"--run_dir={parts}", "--training.train_iters=12"]) == 0
+    # as after a kill following step 12: resume from step 6 (the index depends on train_iters,
+    # so the run keeps it); the steps and epoch starts after 6 are recorded twice
+    for late in ("step_0000009", "step_0000012"):
+        shutil.rmtree(parts / "checkpoints" / late)
+    (parts / "checkpoints" / "latest").write_text("step_0000006\n")
+    capsys.readouterr()
+    assert main([*args, f"--run_dir={parts}", "--training.train_iters=12"]) == 0
+    out_parts = capsys.readouterr().out
+
+    starts = _epoch_records(full)
+    assert starts == _epoch_records(parts)
+    per = starts[0]["samples_per_epoch"]
+    assert 8 < per < 12 * 8 / 2  # several epochs in 12 steps of 8 samples
+    assert sorted(starts) == list(range(-(-12 * 8 // per)))
+    for k, r in starts.items():
+        assert r["first_sample"] == k * per and len(r["spans"]) == 4
+        assert (r["step"] - 1) * 8 <= k * per < r["step"] * 8
+    # the evidence is real: orders differ, and earlier samples of the same sentences were compared
+    assert len({r["order"] for r in starts.values()}) == len(starts)
+    assert sum(r["repeats"] for r in starts.values()) > 0
+    assert all(r["same_masks"] == 0 for r in starts.values())
+    trains = [r for r in read_metrics(full / "metrics.jsonl") if r["kind"] == "train"]
+    assert [r["epoch"] for r in trains] == [8 * r["step"] / per for r in trains]
+    line = f"{12 * 8 / per:.2f} epochs of {per} samples; sample order and masks differed in every epoch (checked at {len(starts) - 1} epoch starts"
+    assert line in out_full and line in out_parts
+    assert (full / "loss.png").stat().st_size > 10_000
+    from epochal.train.plot import epoch_marks
+
+    marks = epoch_marks(read_metrics(parts / "metrics.jsonl"))
+    assert marks == epoch_marks(read_metrics(full / "metrics.jsonl"))
+    assert marks == [(k * per / 8, f"epoch {k + 1}") for k in sorted(starts)[1:]]
+
+
+class MasksPerSentences:
+    """A faulty BERT dataset whose masks depend on the sentences only (a run's first draw)."""
+
+    def __init__(self, dataset):
+        self.inner = dataset
+        self.samples_per_epoch = dataset.samples_per_epoch
+
+    def __len__(self):
+        return len(self.inner)
+
+    def __getitem__(self, idx):
+        first = self.inner.earlier_occurrences(idx, idx)
+        return self.inner[int(first[0]) if len(first) else idx]
+
+    def sample_span(self, idx):
+        return self.inner.sample_span(idx)
+
+    def earlier_occurrences(self, idx, before):
+        return self.inner.earlier_occurrences(idx, before)
+
+
+def test_epoch_summary_reports_what_repeats(small_corpus):
+    """Fresh masks per index are seen; masks fixed per sentence run are reported as repeated."""
+    from epochal.data.datasets.bert_builder import BERTDatasetConfig, build_bert_datasets
+    from epochal.train.epochs import epoch_recorder, epoch_summary
+
+    tok = build_tokenizer("BertWordPieceLowerCase", vocab_file=str(small_corpus / "vocab.txt"))
+    cfg = BERTDatasetConfig(
+        seq_length=32,
+        seed=3,
+        tokenizer=tok,
+        split="100,0,0",
+        data_path=[str(small_corpus / "corpus")],
+    )
+    train = build_bert_datasets(cfg, [200, 0, 0])[0]
+
+    def records(dataset):
+        rec = epoch_recorder(dataset, 4)
+        assert rec.starts_between(0, rec.samples_per_epoch + 1) == range(2)
+        out = [rec.record(k, k + 1) for k in range(len(train) // rec.samples_per_epoch)]
+        out.append({"kind": "train", "step": 9, "epoch": 3.5})
+        return out
+
+    fresh, fixed = records(train), records(MasksPerSentences(train))
+    repeats = [sum(r.get("repeats", 0) for r in recs) for recs in (fresh, fixed)]
+    same = [sum(r.get("same_masks", 0) for r in recs) for recs in (fresh, fixed)]
+    assert repeats[0] == repeats[1] > 0  # the same sentence runs compared
+    assert same[1] == repeats[1] and same[0] < repeats[0] / 2  # (short samples: 1-2 masks)
+    summary = epoch_summary(fixed)
+    assert "masks repeated in epoch(s) [2, 3" in summary and "order repeated" not in summary
+    assert "sample order and masks differed" not in summary
+    assert epoch_summary([{"kind": "train", "step": 1, "loss": 1.0}]) is None

@@ -197,6 +197,9 @@ def _train(config) -> int:
         f"trained steps {result.start_step + 1}-{result.final_step}{resumed} in {time.perf_counter() - t0:.0f} s "
         f"({result.tokens_per_s:,.0f} tokens/s): loss {result.losses[0]:.3f} -> {result.last_loss:.3f}{ev}"
     )
+    epochs = _epoch_line(config.run_dir)
+    if epochs:
+        say(epochs)
     if result.stopped_by:
         say(
             f"stopped early ({result.stopped_by}) after step {result.final_step} of "
@@ -205,3 +208,14 @@ def _train(config) -> int:
         )
     say(where)
     return 0
+
+
+def _epoch_line(run_dir) -> str | None:
+    """The run's epoch summary (:func:`epochal.train.epochs.epoch_summary`) from its metrics, if any."""
+    from epochal.train.epochs import epoch_summary
+    from epochal.train.metrics import read_metrics
+
+    try:
+        return epoch_summary(read_metrics(os.path.join(run_dir, "metrics.jsonl")))
+    except FileNotFoundError:
+        return None

@@ -8,7 +8,10 @@
   "consumed_samples": ..., "tokens": ..., "tokens_per_s": ..., "step_time_s": ...}``
   after optimizer step ``n`` (1-based; ``loss`` is the global-batch loss, Megatron's
   definition, as a Python float, exactly reproducible);
-- ``{"kind": "eval", "segment": k, "step": n, "loss": ..., "ppl": ...}``.
+- ``{"kind": "eval", "segment": k, "step": n, "loss": ..., "ppl": ...}``;
+- for multi-epoch data (BERT), train records also hold ``"epoch"`` (epochs consumed,
+  a float) and every epoch start has a ``{"kind": "epoch", ...}`` record written just
+  before its step's (:mod:`epochal.train.epochs`).
 
 The file is only appended to; after a crash and a resume the steps between the
 last checkpoint and the crash appear twice, under two segments, which is what
@@ -170,6 +173,12 @@ class MetricsLogger:
         ):
             self._bar.update(self._pending)
             self._pending = 0
+
+    def log_record(self, record: dict[str, Any]) -> None:
+        """Append another kind of record (``record["kind"]`` names it; JSON values only)."""
+        if not self.enabled:
+            return
+        self._write(dict(record))
 
     def log_eval(self, step: int, loss: float, extra: dict[str, float] | None = None) -> None:
         """Record a validation loss after step ``step``; perplexity is ``exp(loss)``.

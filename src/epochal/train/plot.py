@@ -3,7 +3,10 @@
 Segment 0 (the first process) is drawn as a solid line; every resumed segment
 is drawn on top of it with markers in its own colour, so a resume that
 continues exactly shows its markers sitting on the earlier line. Training loss
-is also drawn smoothed (a running mean) when the run is long.
+is also drawn smoothed (a running mean) when the run is long. For multi-epoch
+data (records of kind ``epoch``, :mod:`epochal.train.epochs`) every epoch after
+the first is marked by a dotted vertical line labelled "epoch N" where its first
+sample is consumed.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from pathlib import Path
 from epochal._atomic import atomic_path
 from epochal.train.metrics import read_metrics
 
-__all__ = ["plot_run"]
+__all__ = ["epoch_marks", "plot_run"]
 
 
 def plot_run(
@@ -87,6 +90,19 @@ def plot_run(
             lw=1.5 if seg == 0 else 0,
             label="validation" if seg == 0 else f"validation (segment {seg})",
         )
+    for x, label in epoch_marks(records):
+        ax.axvline(x, color="gray", ls=":", lw=1)
+        ax.annotate(
+            label,
+            (x, 1.0),
+            xycoords=("data", "axes fraction"),
+            xytext=(2, -2),
+            textcoords="offset points",
+            rotation=90,
+            va="top",
+            fontsize=7,
+            color="gray",
+        )
     ax.set_xlabel("step")
     ax.set_ylabel("loss (nats/token)")
     ax.set_title(f"{run.resolve().name}: loss")
@@ -101,6 +117,33 @@ def plot_run(
     finally:
         plt.close(fig)
     return out
+
+
+def epoch_marks(records: list[dict]) -> list[tuple[float, str]]:
+    """``(x, "epoch N")`` for every epoch start after the first (N counts from 1).
+
+    ``x`` is the fractional step at which the epoch's first sample is consumed,
+    interpolated in the global batch of its step (the step itself when the train
+    records lack ``consumed_samples``). Records repeated by a resume count once.
+    """
+    starts: dict[int, dict] = {}
+    consumed: dict[int, int] = {}
+    for r in records:
+        if r["kind"] == "train" and "consumed_samples" in r:
+            consumed[r["step"]] = r["consumed_samples"]
+        elif r["kind"] == "epoch":
+            starts[r["epoch"]] = r
+    marks = []
+    for k in sorted(starts):
+        if k == 0:
+            continue
+        step = starts[k]["step"]
+        after, before = consumed.get(step), consumed.get(step - 1, 0)
+        x = float(step)
+        if after is not None and after > before:
+            x = step - 1 + (starts[k]["first_sample"] - before) / (after - before)
+        marks.append((x, f"epoch {k + 1}"))
+    return marks
 
 
 def _running_mean(values: list[float], window: int) -> list[float]:

@@ -64,6 +64,7 @@ from epochal.parallel.step_model import StepModel
 from epochal.train.checkpoint import Checkpointer, CheckpointError
 from epochal.train.config import TrainConfig, model_config_from_section, to_toml
 from epochal.train.data import DataBundle, build_data
+from epochal.train.epochs import epoch_recorder
 from epochal.train.lr_schedule import OptimizerParamScheduler
 from epochal.train.metrics import MetricsLogger
 from epochal.train.optim import OptimizersContainer, build_adamw, clip_grad_norm
@@ -625,6 +626,11 @@ class Trainer:
         if folder is not None and self.log:
             metrics.write_line(f"resumed from {folder} at step {self.step}")
         tokens_per_sample = cfg.data.seq_length
+        epochs = (  # per-epoch evidence of multi-epoch data (epochal.train.epochs); the logging rank only
+            epoch_recorder(self.data.train_loader.dataset, cfg.training.micro_batch_size)
+            if metrics.enabled
+            else None
+        )
         batches = self.data.train_loader.stream()
         train_time = 0.0
         trained_tokens = 0
@@ -651,6 +657,11 @@ class Trainer:
                     "tokens_per_s": tokens / dt if dt > 0 else 0.0,
                     "step_time_s": dt,
                 }
+                if epochs is not None:
+                    after = self.data.train_loader.consumed_samples
+                    record["epoch"] = epochs.epochs(after)
+                    for k in epochs.starts_between(samples_before, after):
+                        metrics.log_record(epochs.record(k, self.step))
                 metrics.log_train(self.step, record)
                 result.losses.append(out["loss"])
                 result.last_loss = out["loss"]

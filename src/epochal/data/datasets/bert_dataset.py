@@ -30,6 +30,11 @@ Multi-epoch training: as in Megatron, ``num_samples`` above one epoch indexes fu
 epochs, and since every sample index has its own generator, a sentence run met again in
 a later epoch gets fresh masks (and a fresh segment split). ``dataset[EpochIndex(e, i)]``
 is sample ``i`` for every ``e`` (the epoch is ignored, as by ``GPTDataset``).
+Megatron shuffles the rows of all epochs together, so an epoch of training is a count of
+samples: :attr:`BERTDataset.samples_per_epoch` (the rows one pass over the documents
+gives). :meth:`BERTDataset.sample_span` and :meth:`BERTDataset.earlier_occurrences` say
+which sentences a sample holds and where the same run was drawn before (the trainer's
+per-epoch evidence, :mod:`epochal.train.epochs`).
 """
 
 from __future__ import annotations
@@ -223,7 +228,49 @@ class BERTDataset(Dataset):
             note={"dataset": self.name, "documents": [first, end]},
         )
         self.sample_index = arrays["sample_index"]
+        self._one_epoch_args = (split_bounds, max_length, min_sentences)
+        self._samples_per_epoch: int | None = None
         self._local = threading.local()
+
+    @property
+    def samples_per_epoch(self) -> int:
+        """Samples of one pass over the split's documents (the first epoch of the index).
+
+        Later passes can differ by a few samples (their target lengths are drawn afresh,
+        the generator running on); computed once on first use (one pass, no caching).
+        """
+        if self._samples_per_epoch is None:
+            bounds, max_length, min_sentences = self._one_epoch_args
+            one = build_bert_sample_index(
+                bounds,
+                np.asarray(self.dataset.sequence_lengths),
+                None,
+                max_length,
+                self.short_sequence_probability,
+                self.seed,
+                min_sentences,
+            )
+            self._samples_per_epoch = int(one.shape[0])
+        return self._samples_per_epoch
+
+    def sample_span(self, idx: int) -> tuple[int, int]:
+        """``(first sentence, end sentence)`` (corpus sentence ids, end exclusive) of sample ``idx``.
+
+        Raises:
+            IndexError / TypeError: as ``dataset[idx]``.
+        """
+        begin, end = self.sample_index[self._index(idx), :2]
+        return int(begin), int(end)
+
+    def earlier_occurrences(self, idx: int, before: int) -> np.ndarray:
+        """Indices ``< before`` of the samples built from the same sentences as sample ``idx``.
+
+        Returns:
+            int64 ``[k]``, ascending (``before`` is clipped to ``[0, len(self)]``).
+        """
+        begin, end = self.sample_span(idx)
+        rows = self.sample_index[: max(0, min(int(before), len(self))), :2]
+        return np.flatnonzero((rows[:, 0] == begin) & (rows[:, 1] == end)).astype(np.int64)
 
     def _generators(self) -> tuple[np.random.RandomState, np.random.RandomState]:
         """This thread's two generators, reseeded per sample (creating one costs ~100x more)."""
