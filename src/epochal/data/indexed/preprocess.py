@@ -34,6 +34,7 @@ from typing import Any
 
 from epochal.data.indexed.indexed_dataset import IndexedDatasetBuilder
 from epochal.data.indexed.indexed_format import get_bin_path, normalize_dtype, optimal_dtype
+from epochal.data.indexed.preprocess_arrow import is_arrow_file, read_arrow_chunks
 from epochal.data.indexed.preprocess_encoding import (
     Chunk,
     ChunkEncoder,
@@ -208,7 +209,10 @@ def preprocess(
 
     def chunks() -> Iterator[tuple[Chunk, int]]:
         for index, path in enumerate(files):
-            yield from read_chunks(path, index, chunk_bytes, max_line_bytes, skip_bad_lines)
+            if is_arrow_file(path):
+                yield from read_arrow_chunks(path, index, keys, chunk_bytes)
+            else:
+                yield from read_chunks(path, index, chunk_bytes, max_line_bytes, skip_bad_lines)
 
     summary = _run(
         chunks(),

@@ -1,0 +1,186 @@
+"""Preprocessing input from Hugging Face datasets: ``save_to_disk`` folders, parquet, arrow.
+
+``epochal preprocess --input`` reads, besides JSONL:
+
+- a folder written by ``datasets.Dataset.save_to_disk`` (``state.json`` lists its
+  ``.arrow`` files in row order; a ``DatasetDict`` folder is refused: give one split,
+  e.g. ``folder/train``),
+- ``.parquet`` files (read one record batch at a time),
+- ``.arrow`` files (Arrow IPC stream, as ``datasets`` writes them, or IPC file/Feather v2),
+  memory-mapped and read one record batch at a time,
+- a dataset name (``owner/name``) already in the local Hugging Face hub cache
+  (``$HF_HUB_CACHE``, else ``$HF_HOME/hub``, else ``~/.cache/huggingface/hub``): its newest
+  snapshot is read like a directory. Nothing is ever downloaded; a name not in the
+  cache is an error.
+
+Rows become the same documents as JSON lines with the same values (a string, or a list
+of strings, per ``--json-keys`` column), so the output is byte for byte the JSONL path's.
+Memory holds at most a few chunks of about ``chunk_bytes`` of text. ``pyarrow`` is
+imported only when such an input is given (``pip install epochal[hf]``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from epochal.data.indexed.preprocess_encoding import Chunk, PreprocessError
+
+ARROW_SUFFIXES = (".parquet", ".arrow")
+_ROWS_PER_READ = 1024  # parquet rows per record batch before slicing to chunk_bytes
+
+
+def is_arrow_file(path: str) -> bool:
+    """Whether ``path`` names a parquet or arrow file (by suffix)."""
+    return path.endswith(ARROW_SUFFIXES)
+
+
+def saved_dataset_files(folder: str) -> list[str] | None:
+    """The ``.arrow`` files of a ``save_to_disk`` folder in row order, or ``None`` if it is not one.
+
+    Raises:
+        PreprocessError: a ``DatasetDict`` folder (names its splits), or an unreadable
+            ``state.json``.
+    """
+    dict_file = os.path.join(folder, "dataset_dict.json")
+    if os.path.isfile(dict_file):
+        try:
+            with open(dict_file, encoding="utf-8") as stream:
+                splits = json.load(stream).get("splits", [])
+        except (OSError, ValueError, AttributeError) as exc:
+            raise PreprocessError(f"{dict_file}: cannot read ({exc})") from exc
+        raise PreprocessError(
+            f"input {folder} is a DatasetDict with splits {splits}; give one split folder, "
+            f"e.g. {os.path.join(folder, splits[0] if splits else 'train')}"
+        )
+    state_file = os.path.join(folder, "state.json")
+    if not os.path.isfile(state_file):
+        return None
+    try:
+        with open(state_file, encoding="utf-8") as stream:
+            state = json.load(stream)
+        names = [entry["filename"] for entry in state["_data_files"]]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise PreprocessError(f"{state_file}: not a datasets save_to_disk state ({exc})") from exc
+    files = [os.path.join(folder, name) for name in names]
+    for path in files:
+        if not os.path.isfile(path):
+            raise PreprocessError(f"{state_file} lists {path}, which does not exist")
+    return files
+
+
+def hub_cache_dir() -> str:
+    """The Hugging Face hub cache folder (``HF_HUB_CACHE``, ``HF_HOME/hub`` or the default)."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return os.environ["HF_HUB_CACHE"]
+    home = os.environ.get("HF_HOME") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "huggingface"
+    )
+    return os.path.join(home, "hub")
+
+
+def cached_dataset_folder(name: str) -> str:
+    """The newest cached snapshot folder of hub dataset ``name``; never touches the network.
+
+    Raises:
+        FileNotFoundError: ``name`` is not in the local cache (the message says so and how
+            to provide the data).
+    """
+    cache = hub_cache_dir()
+    snapshots = os.path.join(cache, "datasets--" + name.replace("/", "--"), "snapshots")
+    found = []
+    if os.path.isdir(snapshots):
+        found = [os.path.join(snapshots, entry) for entry in os.listdir(snapshots)]
+        found = [path for path in found if os.path.isdir(path)]
+    if not found:
+        raise FileNotFoundError(
+            f"input {name} is not a file, directory or glob, and no Hugging Face dataset named "
+            f"{name!r} is in the local cache ({cache}); epochal downloads nothing: save it "
+            f"first, e.g. datasets.load_dataset({name!r}, split='train').save_to_disk(DIR), "
+            "and give DIR"
+        )
+    return max(found, key=os.path.getmtime)
+
+
+def read_arrow_chunks(
+    path: str,
+    file_index: int,
+    keys: Sequence[str],
+    chunk_bytes: int,
+) -> Iterator[tuple[Chunk, int]]:
+    """Yield ``(chunk, file bytes consumed)`` of rows of a parquet or arrow file.
+
+    Each chunk's ``data`` holds one tuple per row: the ``keys`` columns' values (``None``
+    for a null, reported as a bad row by the encoder); ``first_line`` is the 1-based row
+    number. Memory: one record batch plus one chunk of about ``chunk_bytes``.
+
+    Raises:
+        PreprocessError: the file cannot be read as parquet/arrow, or lacks a ``keys`` column.
+    """
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise PreprocessError(
+            f"{path}: reading parquet/arrow needs pyarrow (pip install 'epochal[hf]')"
+        ) from exc
+    size = os.path.getsize(path)
+    source = None
+    try:
+        if path.endswith(".parquet"):
+            parquet = pq.ParquetFile(path)
+            _check_columns(path, parquet.schema_arrow.names, keys)
+            total_rows = parquet.metadata.num_rows
+            batches = parquet.iter_batches(batch_size=_ROWS_PER_READ, columns=list(keys))
+        else:
+            source = pa.memory_map(path)
+            try:
+                reader: Any = pa.ipc.open_stream(source)
+                total_rows = None
+            except pa.ArrowInvalid:
+                source.seek(0)
+                file_reader = pa.ipc.open_file(source)
+                reader = (file_reader.get_batch(i) for i in range(file_reader.num_record_batches))
+                total_rows = sum(  # metadata only; batches are memory-mapped
+                    file_reader.get_batch(i).num_rows for i in range(file_reader.num_record_batches)
+                )
+                _check_columns(path, file_reader.schema.names, keys)
+            else:
+                _check_columns(path, reader.schema.names, keys)
+            batches = reader
+        row = 1
+        reported = 0
+        for batch in batches:
+            batch = batch.select(list(keys))
+            step = max(1, int(batch.num_rows * chunk_bytes / max(batch.nbytes, 1)))
+            for offset in range(0, batch.num_rows, step):
+                piece = batch.slice(offset, step)
+                columns = [column.to_pylist() for column in piece.columns]
+                rows = list(zip(*columns))
+                done = row - 1 + len(rows)
+                if total_rows or source is None:
+                    position = size * done // max(total_rows or 0, 1)
+                else:
+                    position = min(source.tell(), size)
+                yield Chunk(file_index, row, rows, columns=True), position - reported
+                reported = position
+                row += len(rows)
+    except (pa.ArrowException, OSError) as exc:
+        raise PreprocessError(f"{path}: cannot read as {_kind(path)} ({exc})") from exc
+    finally:
+        if source is not None:
+            source.close()
+
+
+def _kind(path: str) -> str:
+    return "parquet" if path.endswith(".parquet") else "arrow"
+
+
+def _check_columns(path: str, names: Sequence[str], keys: Sequence[str]) -> None:
+    missing = [key for key in keys if key not in names]
+    if missing:
+        raise PreprocessError(
+            f"{path}: no column {missing[0]!r} (--json-keys); its columns are {list(names)}"
+        )
