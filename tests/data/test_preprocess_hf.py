@@ -139,13 +139,29 @@ def test_dataset_name_not_in_cache_is_a_clear_error(tmp_path, gpt2, monkeypatch)
 
 
 def test_dataset_name_in_cache_is_read(tmp_path, gpt2, saved, monkeypatch):
-    snapshot = tmp_path / "hub" / "datasets--someone--corpus" / "snapshots" / "0123abcd" / "data"
-    snapshot.mkdir(parents=True)
-    os.symlink(saved["parquet"], snapshot / "train-00000-of-00001.parquet")
+    """A hub snapshot in the cache: its split's files (symlinks to blobs, as the hub stores them)."""
+    snapshot = tmp_path / "hub" / "datasets--someone--corpus" / "snapshots" / "0123abcd"
+    (snapshot / "data").mkdir(parents=True)
+    os.symlink(saved["parquet"], snapshot / "data" / "train-00000-of-00001.parquet")
+    (snapshot / "README.md").write_text("card")
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
-    summary = preprocess("someone/corpus", tmp_path / "name", gpt2, append_eod=True)
     reference = preprocess(saved["jsonl"], tmp_path / "ref", gpt2, append_eod=True)
+    summary = preprocess("someone/corpus", tmp_path / "name", gpt2, append_eod=True)
+    assert summary.files == 1 and outputs(summary) == outputs(reference)
+    pq.write_table(
+        pa.table({"text": ["held out"]}), snapshot / "data" / "test-00000-of-00001.parquet"
+    )
+    with pytest.raises(
+        PreprocessError, match=r"splits \['test', 'train'\]; choose one as someone/corpus:test"
+    ):
+        preprocess("someone/corpus", tmp_path / "both", gpt2)
+    summary = preprocess("someone/corpus:train", tmp_path / "train", gpt2, append_eod=True)
     assert outputs(summary) == outputs(reference)
+    assert preprocess("someone/corpus:test", tmp_path / "test", gpt2).documents == 1
+    with pytest.raises(
+        FileNotFoundError, match="no files of split 'validation'.*downloads nothing"
+    ):
+        preprocess("someone/corpus:validation", tmp_path / "none", gpt2)
 
 
 def test_bad_inputs(tmp_path, gpt2, saved):

@@ -2,7 +2,9 @@
 
 Two entry points:
 
-- :func:`preprocess`: JSONL files (``.jsonl``, ``.jsonl.gz``, directories, globs) ->
+- :func:`preprocess`: JSONL files (``.jsonl``, ``.jsonl.gz``, directories, globs), or
+  Hugging Face data (``save_to_disk`` folders, parquet, arrow; see
+  :mod:`epochal.data.indexed.preprocess_arrow`) ->
   one ``{output_prefix}_{key}_document`` pair per JSON key (``_sentence`` with
   ``split_sentences``), like Megatron-LM's ``tools/preprocess_data.py`` (same output
   names, same ids, same document layout).
@@ -152,7 +154,8 @@ def preprocess(
     each, the document boundary kept; see :mod:`epochal.data.indexed.sentence_split`).
 
     Args:
-        inputs: ``.jsonl``/``.jsonl.gz`` files, directories, globs (see :func:`find_input_files`).
+        inputs: ``.jsonl``/``.jsonl.gz``/``.parquet``/``.arrow`` files, ``save_to_disk``
+            folders, directories, globs, cached hub dataset names (see :func:`find_input_files`).
         output_prefix: outputs are ``{output_prefix}_{key}_document.{bin,idx}``.
         tokenizer: any :class:`~epochal.data.tokenizer.Tokenizer`.
         json_keys: keys to tokenize, one output pair each.
@@ -257,8 +260,9 @@ def preprocess_documents(
     """Tokenize documents given as strings into ``output_prefix.{bin,idx}``.
 
     Args:
-        documents: iterable of documents, each a string (one sequence) or a list of
-            strings (one sequence each); consumed lazily in chunks.
+        documents: any iterable of documents, each a string (one sequence) or a list of
+            strings (one sequence each), e.g. a list, a generator or a ``datasets.Dataset``
+            column (``ds["text"]``); consumed lazily in chunks.
         tokenizer: any :class:`~epochal.data.tokenizer.Tokenizer`.
         output_prefix: output path without extension.
         append_eod: append ``tokenizer.eod`` to every non-empty document.

@@ -8,10 +8,10 @@
 - ``.parquet`` files (read one record batch at a time),
 - ``.arrow`` files (Arrow IPC stream, as ``datasets`` writes them, or IPC file/Feather v2),
   memory-mapped and read one record batch at a time,
-- a dataset name (``owner/name``) already in the local Hugging Face hub cache
-  (``$HF_HUB_CACHE``, else ``$HF_HOME/hub``, else ``~/.cache/huggingface/hub``): its newest
-  snapshot is read like a directory. Nothing is ever downloaded; a name not in the
-  cache is an error.
+- a dataset name (``owner/name``, ``owner/name:split``) already in the local Hugging
+  Face hub cache (``$HF_HUB_CACHE``, else ``$HF_HOME/hub``, else
+  ``~/.cache/huggingface/hub``): the data files of its newest snapshot (of that split).
+  Nothing is ever downloaded; a name not in the cache is an error.
 
 Rows become the same documents as JSON lines with the same values (a string, or a list
 of strings, per ``--json-keys`` column), so the output is byte for byte the JSONL path's.
@@ -29,6 +29,8 @@ from typing import Any
 from epochal.data.indexed.preprocess_encoding import Chunk, PreprocessError
 
 ARROW_SUFFIXES = (".parquet", ".arrow")
+DATA_SUFFIXES = (".jsonl", ".jsonl.gz", ".json", ".json.gz") + ARROW_SUFFIXES
+_SPLIT_NAMES = frozenset({"train", "test", "validation", "valid", "dev", "eval"})
 _ROWS_PER_READ = 1024  # parquet rows per record batch before slicing to chunk_bytes
 
 
@@ -81,13 +83,33 @@ def hub_cache_dir() -> str:
     return os.path.join(home, "hub")
 
 
-def cached_dataset_folder(name: str) -> str:
-    """The newest cached snapshot folder of hub dataset ``name``; never touches the network.
+def is_dataset_name(item: str) -> bool:
+    """``name``, ``owner/name``, optionally ``:split``, as on the hub (not a path-looking string)."""
+    name, _, split = item.partition(":")
+    parts = name.split("/")
+    return (
+        len(parts) <= 2
+        and not name.startswith((".", "~"))
+        and not name.endswith(DATA_SUFFIXES)
+        and all(part and all(c.isalnum() or c in "-_." for c in part) for part in parts)
+        and all(c.isalnum() or c in "-_." for c in split)
+    )
+
+
+def cached_dataset_files(item: str) -> list[str]:
+    """The data files of hub dataset ``name[:split]`` in the local cache; never touches the network.
+
+    The newest snapshot of ``datasets--owner--name`` in :func:`hub_cache_dir` is searched
+    for ``.parquet``/``.arrow``/``.jsonl[.gz]``/``.json[.gz]`` files, sorted by path. A
+    ``split`` keeps the files named ``split-*``/``split.*`` or under a ``split`` folder
+    (the hub's layouts); without one, a snapshot holding several splits is refused.
 
     Raises:
-        FileNotFoundError: ``name`` is not in the local cache (the message says so and how
-            to provide the data).
+        FileNotFoundError: the dataset (or the split) is not in the local cache; the
+            message says so and how to provide the data.
+        PreprocessError: several splits cached and none chosen.
     """
+    name, _, split = item.partition(":")
     cache = hub_cache_dir()
     snapshots = os.path.join(cache, "datasets--" + name.replace("/", "--"), "snapshots")
     found = []
@@ -96,12 +118,52 @@ def cached_dataset_folder(name: str) -> str:
         found = [path for path in found if os.path.isdir(path)]
     if not found:
         raise FileNotFoundError(
-            f"input {name} is not a file, directory or glob, and no Hugging Face dataset named "
+            f"input {item} is not a file, directory or glob, and no Hugging Face dataset named "
             f"{name!r} is in the local cache ({cache}); epochal downloads nothing: save it "
             f"first, e.g. datasets.load_dataset({name!r}, split='train').save_to_disk(DIR), "
             "and give DIR"
         )
-    return max(found, key=os.path.getmtime)
+    snapshot = max(found, key=os.path.getmtime)
+    files = sorted(
+        os.path.relpath(os.path.join(root, file), snapshot)
+        for root, _, names in os.walk(snapshot, followlinks=True)
+        for file in names
+        if file.endswith(DATA_SUFFIXES)
+    )
+    by_split: dict[str, list[str]] = {}
+    for path in files:
+        by_split.setdefault(_split_of(path), []).append(path)
+    if split:
+        chosen = by_split.get(split, [])
+        if not chosen:
+            raise FileNotFoundError(
+                f"input {item}: the cached snapshot {snapshot} has no files of split {split!r} "
+                f"(its splits: {sorted(by_split)}); epochal downloads nothing"
+            )
+    else:
+        named = sorted(key for key in by_split if key)
+        if len(named) > 1:
+            raise PreprocessError(
+                f"input {item}: the cached dataset has splits {named}; choose one as "
+                f"{name}:{named[0]}"
+            )
+        chosen = files
+    return [os.path.join(snapshot, path) for path in chosen]
+
+
+def _split_of(relative: str) -> str:
+    """The split a hub data file belongs to (``train-0000-of-0001.parquet``, ``train/x.parquet``,
+    ``train.jsonl``), or ``""``."""
+    parts = relative.split(os.sep)
+    for part in parts[:-1]:
+        if part in _SPLIT_NAMES:
+            return part
+    stem = parts[-1]
+    for separator in ("-", ".", "_"):
+        head = stem.split(separator, 1)[0]
+        if head in _SPLIT_NAMES:
+            return head
+    return ""
 
 
 def read_arrow_chunks(

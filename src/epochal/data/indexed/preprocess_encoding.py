@@ -38,17 +38,19 @@ def find_input_files(inputs: str | os.PathLike | Sequence[str | os.PathLike]) ->
             written by ``datasets``' ``save_to_disk`` (their ``.arrow`` files in row order),
             other directories (every file with those suffixes below them, recursively,
             sorted by path), glob patterns (``**`` allowed), or the name of a Hugging Face
-            dataset already in the local hub cache (its newest snapshot, read as a
-            directory; nothing is downloaded). Inputs keep their given order.
+            dataset already in the local hub cache, ``owner/name[:split]`` (see
+            :func:`~epochal.data.indexed.preprocess_arrow.cached_dataset_files`; nothing is
+            downloaded). Inputs keep their given order.
 
     Raises:
         FileNotFoundError: an input matches no file (a name: not in the local cache).
-        PreprocessError: a ``DatasetDict`` folder (one split must be chosen) or a broken
-            ``save_to_disk`` folder.
+        PreprocessError: a ``DatasetDict`` folder or a cached dataset with several splits
+            (one must be chosen), or a broken ``save_to_disk`` folder.
     """
     from epochal.data.indexed.preprocess_arrow import (
         ARROW_SUFFIXES,
-        cached_dataset_folder,
+        cached_dataset_files,
+        is_dataset_name,
         saved_dataset_files,
     )
 
@@ -57,9 +59,9 @@ def find_input_files(inputs: str | os.PathLike | Sequence[str | os.PathLike]) ->
     files: list[str] = []
     for item in inputs:
         item = os.fspath(item)
-        if not os.path.exists(item) and not _GLOB_CHARS & set(item) and _is_dataset_name(item):
-            item = cached_dataset_folder(item)
-        if os.path.isdir(item):
+        if not os.path.exists(item) and not _GLOB_CHARS & set(item) and is_dataset_name(item):
+            found = cached_dataset_files(item)
+        elif os.path.isdir(item):
             found = saved_dataset_files(item)
             if found is None:
                 found = sorted(
@@ -81,17 +83,6 @@ def find_input_files(inputs: str | os.PathLike | Sequence[str | os.PathLike]) ->
             )
         files.extend(found)
     return list(dict.fromkeys(files))
-
-
-def _is_dataset_name(item: str) -> bool:
-    """``name`` or ``owner/name`` as on the Hugging Face hub (not a path-looking string)."""
-    parts = item.split("/")
-    return (
-        len(parts) <= 2
-        and not item.startswith((".", "~"))
-        and not item.endswith(INPUT_SUFFIXES + (".parquet", ".arrow"))
-        and all(part and all(c.isalnum() or c in "-_." for c in part) for part in parts)
-    )
 
 
 @dataclass
