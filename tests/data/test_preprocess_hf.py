@@ -1,5 +1,6 @@
 """Preprocessing Hugging Face data (save_to_disk folders, parquet, arrow): the JSONL output, byte for byte."""
 
+import glob
 import os
 import socket
 
@@ -125,6 +126,10 @@ def test_reads_in_bounded_chunks(saved):
     assert max(sum(len(text.encode()) for (text,) in chunk.data) for chunk, _ in chunks) < 2 * 400
     assert [chunk.first_line for chunk, _ in chunks][:2] == [1, 1 + len(chunks[0][0].data)]
     assert sum(advance for _, advance in chunks) == os.path.getsize(saved["parquet"])
+    for path in [saved["arrow"], *sorted(glob.glob(os.path.join(saved["saved"], "*.arrow")))]:
+        chunks = list(read_arrow_chunks(path, 0, ["title"], chunk_bytes=100))  # IPC file, stream
+        assert len(chunks) > 5 and all(len(chunk.data) <= 20 for chunk, _ in chunks)
+        assert sum(advance for _, advance in chunks) == os.path.getsize(path)
 
 
 def test_dataset_name_not_in_cache_is_a_clear_error(tmp_path, gpt2, monkeypatch):

@@ -189,51 +189,55 @@ def read_arrow_chunks(
             f"{path}: reading parquet/arrow needs pyarrow (pip install 'epochal[hf]')"
         ) from exc
     size = os.path.getsize(path)
-    source = None
     try:
-        if path.endswith(".parquet"):
-            parquet = pq.ParquetFile(path)
-            _check_columns(path, parquet.schema_arrow.names, keys)
-            total_rows = parquet.metadata.num_rows
-            batches = parquet.iter_batches(batch_size=_ROWS_PER_READ, columns=list(keys))
-        else:
-            source = pa.memory_map(path)
-            try:
-                reader: Any = pa.ipc.open_stream(source)
-                total_rows = None
-            except pa.ArrowInvalid:
-                source.seek(0)
-                file_reader = pa.ipc.open_file(source)
-                reader = (file_reader.get_batch(i) for i in range(file_reader.num_record_batches))
-                total_rows = sum(  # metadata only; batches are memory-mapped
-                    file_reader.get_batch(i).num_rows for i in range(file_reader.num_record_batches)
-                )
-                _check_columns(path, file_reader.schema.names, keys)
-            else:
-                _check_columns(path, reader.schema.names, keys)
-            batches = reader
-        row = 1
-        reported = 0
-        for batch in batches:
-            batch = batch.select(list(keys))
-            step = max(1, int(batch.num_rows * chunk_bytes / max(batch.nbytes, 1)))
-            for offset in range(0, batch.num_rows, step):
-                piece = batch.slice(offset, step)
-                columns = [column.to_pylist() for column in piece.columns]
-                rows = list(zip(*columns))
-                done = row - 1 + len(rows)
-                if total_rows or source is None:
-                    position = size * done // max(total_rows or 0, 1)
-                else:
-                    position = min(source.tell(), size)
-                yield Chunk(file_index, row, rows, columns=True), position - reported
-                reported = position
-                row += len(rows)
+        with pa.OSFile(path, "rb") as source:  # plain reads: a batch is freed once used
+            row = 1
+            reported = 0
+            batch_start = 0
+            for batch, batch_end in _batches(path, source, keys, size, pa, pq):
+                step = max(1, int(batch.num_rows * chunk_bytes / max(batch.nbytes, 1)))
+                for offset in range(0, batch.num_rows, step):
+                    piece = batch.slice(offset, step)
+                    columns = [column.to_pylist() for column in piece.columns]
+                    rows = list(zip(*columns))
+                    done = offset + len(rows)
+                    position = batch_start + (batch_end - batch_start) * done // batch.num_rows
+                    yield Chunk(file_index, row, rows, columns=True), position - reported
+                    reported = position
+                    row += len(rows)
+                batch_start = batch_end
+            if reported < size:  # footer and empty batches: the bar ends at the file size
+                yield Chunk(file_index, row, [], columns=True), size - reported
     except (pa.ArrowException, OSError) as exc:
         raise PreprocessError(f"{path}: cannot read as {_kind(path)} ({exc})") from exc
-    finally:
-        if source is not None:
-            source.close()
+
+
+def _batches(
+    path: str, source: Any, keys: Sequence[str], size: int, pa: Any, pq: Any
+) -> Iterator[tuple[Any, int]]:
+    """Yield ``(record batch of the keys columns, file position after it)``, one at a time."""
+    if path.endswith(".parquet"):
+        parquet = pq.ParquetFile(source)
+        _check_columns(path, parquet.schema_arrow.names, keys)
+        total = max(parquet.metadata.num_rows, 1)
+        done = 0
+        for batch in parquet.iter_batches(batch_size=_ROWS_PER_READ, columns=list(keys)):
+            done += batch.num_rows
+            yield batch, size * done // total
+        return
+    try:
+        stream = pa.ipc.open_stream(source)  # what datasets writes
+    except pa.ArrowInvalid:
+        source.seek(0)
+        reader = pa.ipc.open_file(source)  # IPC file / Feather v2
+        _check_columns(path, reader.schema.names, keys)
+        count = reader.num_record_batches
+        for index in range(count):
+            yield reader.get_batch(index).select(list(keys)), size * (index + 1) // count
+        return
+    _check_columns(path, stream.schema.names, keys)
+    for batch in stream:
+        yield batch.select(list(keys)), min(source.tell(), size)
 
 
 def _kind(path: str) -> str:
