@@ -187,6 +187,16 @@ def test_bad_inputs(tmp_path, gpt2, saved):
         preprocess(tmp_path / "nulls.parquet", tmp_path / "out", gpt2)
     summary = preprocess(tmp_path / "nulls.parquet", tmp_path / "out", gpt2, skip_bad_lines=True)
     assert summary.documents == 2 and summary.bad_lines == 1
+    long = pa.table({"text": ["short", "ü" * 40, "x" * 41, "also short"]})
+    pq.write_table(long, tmp_path / "long.parquet")
+    with pytest.raises(
+        PreprocessError, match=r"long.parquet:2: row longer than --max-line-bytes=79"
+    ):
+        preprocess(tmp_path / "long.parquet", tmp_path / "out", gpt2, max_line_bytes=79)
+    summary = preprocess(
+        tmp_path / "long.parquet", tmp_path / "out", gpt2, max_line_bytes=80, skip_bad_lines=True
+    )
+    assert summary.documents == 4 and summary.bad_lines == 0  # 80 bytes each: kept
     (tmp_path / "broken.parquet").write_bytes(b"not parquet at all")
     with pytest.raises(PreprocessError, match="broken.parquet: cannot read as parquet"):
         preprocess(tmp_path / "broken.parquet", tmp_path / "bad", gpt2)

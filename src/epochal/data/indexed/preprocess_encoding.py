@@ -283,10 +283,14 @@ class ChunkEncoder:
     def _check_rows(
         self, chunk: Chunk, bad: list[tuple[int, str]]
     ) -> list[tuple[int, tuple[Any, ...]]]:
-        """Rows of a parquet/arrow chunk whose values are strings or lists of strings."""
+        """Rows of a parquet/arrow chunk whose values are strings or lists of strings, and
+        whose text is at most ``max_line_bytes`` of UTF-8."""
         documents = []
+        limit = self.max_line_bytes
         for number, values in enumerate(chunk.data, start=chunk.first_line):
             reason = self._bad_value(values)
+            if not reason and limit is not None and _text_bytes(values, limit) > limit:
+                reason = f"row longer than --max-line-bytes={limit:,}"
             if reason:
                 bad.append((number, reason))
             else:
@@ -354,6 +358,15 @@ class ChunkEncoder:
             lengths.astype(np.int32),
             per_document,
         )
+
+
+def _text_bytes(values: Sequence[Any], limit: int) -> int:
+    """UTF-8 bytes of a row's texts, exact up to ``limit`` (encodes only where unsure)."""
+    texts = [t for value in values for t in ([value] if isinstance(value, str) else value)]
+    characters = sum(map(len, texts))
+    if characters > limit or 4 * characters <= limit:  # a character is 1 to 4 bytes
+        return characters
+    return sum(len(t.encode("utf-8", "surrogatepass")) for t in texts)
 
 
 _WORKER_ENCODER: ChunkEncoder | None = None  # set once per worker process by init_worker
