@@ -217,7 +217,7 @@ def _batches(
 ) -> Iterator[tuple[Any, int]]:
     """Yield ``(record batch of the keys columns, file position after it)``, one at a time."""
     if path.endswith(".parquet"):
-        parquet = pq.ParquetFile(source)
+        parquet = pq.ParquetFile(source, buffer_size=1 << 20, pre_buffer=False)  # page by page
         _check_columns(path, parquet.schema_arrow.names, keys)
         total = max(parquet.metadata.num_rows, 1)
         done = 0
