@@ -3,8 +3,8 @@
 Builds the standard-library corpus of :mod:`bench_preprocess` at each ``--megabytes``
 size as JSONL, then writes the same rows as a ``datasets`` ``save_to_disk`` folder and
 as one parquet file, and runs ``preprocess`` (GPT-2 BPE, ``--append-eod``, 1 worker) on
-each in a fresh interpreter, reporting seconds and the process's peak RSS above its
-RSS after imports (``ru_maxrss``). Streaming shows as a peak that does not grow with the
+each in a fresh interpreter, reporting seconds and the process's peak RSS during the
+run above its RSS before it (``VmHWM`` reset through ``/proc/self/clear_refs``; Linux). Streaming shows as a peak that does not grow with the
 corpus. Outputs are checked byte-identical to the JSONL run's. Megatron-LM's
 ``tools/preprocess_data.py`` reads JSON only, so the JSONL path is the reference. Run::
 
@@ -18,7 +18,6 @@ import os
 os.environ["TOKENIZERS_PARALLELISM"] = "false"
 
 import argparse  # noqa: E402
-import resource  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
@@ -32,20 +31,26 @@ FORMATS = ("jsonl", "save_to_disk", "parquet")
 
 def measure_one(source: str, prefix: str) -> None:
     """Preprocess ``source`` in this (fresh) process; print ``seconds extra_peak_MiB tokens``."""
-    import pyarrow  # noqa: F401  # imports are not preprocessing
+    import pyarrow.ipc  # noqa: F401  # imports are not preprocessing
+    import pyarrow.parquet  # noqa: F401
 
     from epochal.data import build_tokenizer
     from epochal.data.indexed.preprocess import preprocess
 
     tokenizer = build_tokenizer("gpt2")
     tokenizer.encode_batch(["warm up"])
-    with open("/proc/self/statm") as stream:
-        before = int(stream.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    with open("/proc/self/clear_refs", "w") as stream:
+        stream.write("5")  # Linux: reset the peak RSS (VmHWM) to the current RSS
+    before = _status_kib("VmRSS")
     start = time.perf_counter()
     summary = preprocess(source, prefix, tokenizer, append_eod=True, workers=1)
     seconds = time.perf_counter() - start
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    print(f"{seconds} {(peak - before) / 2**20} {summary.total_tokens}")
+    print(f"{seconds} {(_status_kib('VmHWM') - before) / 1024} {summary.total_tokens}")
+
+
+def _status_kib(field: str) -> int:
+    with open("/proc/self/status") as stream:
+        return next(int(line.split()[1]) for line in stream if line.startswith(field + ":"))
 
 
 def make_inputs(folder: str, megabytes: float) -> dict[str, str]:

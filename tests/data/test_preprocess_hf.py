@@ -128,8 +128,19 @@ def test_reads_in_bounded_chunks(saved):
     assert sum(advance for _, advance in chunks) == os.path.getsize(saved["parquet"])
     for path in [saved["arrow"], *sorted(glob.glob(os.path.join(saved["saved"], "*.arrow")))]:
         chunks = list(read_arrow_chunks(path, 0, ["title"], chunk_bytes=100))  # IPC file, stream
-        assert len(chunks) > 5 and all(len(chunk.data) <= 20 for chunk, _ in chunks)
+        assert len(chunks) > 5
+        for chunk, _ in chunks:  # about chunk_bytes of text: a chunk ends where it is reached
+            assert sum(len(title.encode()) + 1 for (title,) in chunk.data[:-1]) < 100
         assert sum(advance for _, advance in chunks) == os.path.getsize(path)
+
+
+def test_skewed_rows_cut_by_bytes(tmp_path):
+    """One batch of small rows and a few big ones: chunks follow the bytes, not the row count."""
+    texts = ["small row"] * 500 + ["x" * 50_000] * 3 + ["small row"] * 500
+    pq.write_table(pa.table({"text": texts}), tmp_path / "skewed.parquet")
+    chunks = list(read_arrow_chunks(str(tmp_path / "skewed.parquet"), 0, ["text"], 4096))
+    assert [text for chunk, _ in chunks for (text,) in chunk.data] == texts
+    assert all(sum(len(text) + 1 for (text,) in chunk.data[:-1]) < 4096 for chunk, _ in chunks)
 
 
 def test_dataset_name_not_in_cache_is_a_clear_error(tmp_path, gpt2, monkeypatch):

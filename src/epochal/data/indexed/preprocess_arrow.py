@@ -195,8 +195,7 @@ def read_arrow_chunks(
             reported = 0
             batch_start = 0
             for batch, batch_end in _batches(path, source, keys, size, pa, pq):
-                step = max(1, int(batch.num_rows * chunk_bytes / max(batch.nbytes, 1)))
-                for offset in range(0, batch.num_rows, step):
+                for offset, step in _pieces(batch, chunk_bytes, pa):
                     piece = batch.slice(offset, step)
                     columns = [column.to_pylist() for column in piece.columns]
                     rows = list(zip(*columns))
@@ -210,6 +209,32 @@ def read_arrow_chunks(
                 yield Chunk(file_index, row, [], columns=True), size - reported
     except (pa.ArrowException, OSError) as exc:
         raise PreprocessError(f"{path}: cannot read as {_kind(path)} ({exc})") from exc
+
+
+def _pieces(batch: Any, chunk_bytes: int, pa: Any) -> Iterator[tuple[int, int]]:
+    """``(offset, rows)`` cutting ``batch`` into runs of rows of about ``chunk_bytes`` of text
+    each (a run ends with the row that reaches it, like a JSONL chunk's last line)."""
+    import numpy as np
+    import pyarrow.compute as pc
+
+    sizes = np.ones(batch.num_rows, dtype=np.int64)  # a row costs at least a byte
+    for column in batch.columns:
+        if pa.types.is_list(column.type) or pa.types.is_large_list(column.type):
+            flat = pc.binary_length(column.flatten()).fill_null(0).to_numpy(zero_copy_only=False)
+            ends = np.concatenate([[0], np.cumsum(flat, dtype=np.int64)])
+            offsets = np.asarray(column.offsets, dtype=np.int64)
+            offsets -= offsets[0]
+            sizes += ends[offsets[1:]] - ends[offsets[:-1]]
+        elif pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
+            sizes += pc.binary_length(column).fill_null(0).to_numpy(zero_copy_only=False)
+    cumulative = np.cumsum(sizes)
+    offset = 0
+    while offset < batch.num_rows:
+        before = int(cumulative[offset - 1]) if offset else 0
+        end = int(np.searchsorted(cumulative, before + chunk_bytes, side="left")) + 1
+        end = min(max(end, offset + 1), batch.num_rows)
+        yield offset, end - offset
+        offset = end
 
 
 def _batches(
