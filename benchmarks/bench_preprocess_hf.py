@@ -31,7 +31,8 @@ FORMATS = ("jsonl", "save_to_disk", "parquet")
 
 def measure_one(source: str, prefix: str) -> None:
     """Preprocess ``source`` in this (fresh) process; print ``seconds extra_peak_MiB tokens``."""
-    import pyarrow.ipc  # noqa: F401  # imports are not preprocessing
+    import pyarrow.compute  # noqa: F401  # imports are not preprocessing
+    import pyarrow.ipc  # noqa: F401
     import pyarrow.parquet  # noqa: F401
 
     from epochal.data import build_tokenizer
