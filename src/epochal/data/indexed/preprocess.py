@@ -186,8 +186,8 @@ def preprocess(
         A :class:`PreprocessSummary`; ``str(summary)`` is a one-line report.
 
     Raises:
-        FileNotFoundError: an input matches no file.
-        PreprocessError: a bad line (``file:line: reason``) without ``skip_bad_lines``, an
+        FileNotFoundError: an input matches no file (a dataset name: not in the local cache).
+        PreprocessError: a bad line or row (``file:line: reason``) without ``skip_bad_lines``, an
             unreadable gzip file, or no document at all to write (empty input, or every
             line bad). No output file is left behind on error.
         ValueError: a ``dtype`` that is not an integer dtype or does not hold the ids, a
