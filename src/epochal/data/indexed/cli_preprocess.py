@@ -8,7 +8,9 @@ the same files (``{output_prefix}_{key}_document.{bin,idx}``, or ``_sentence`` w
 ``--log-interval`` and ``--max-documents`` have Megatron's meaning; ``--partitions`` and
 ``--keep-sequential-samples`` only tune Megatron's own scheduling and are accepted as
 no-ops (the output is always in input order, whatever ``--workers``). In addition
-``--input`` takes several files, directories and globs, ``.jsonl.gz`` is read directly,
+``--input`` takes several files, directories and globs, ``.jsonl.gz`` is read directly, so
+are Hugging Face ``save_to_disk`` folders, ``.parquet`` and ``.arrow`` files and cached hub
+dataset names (see :mod:`epochal.data.indexed.preprocess_arrow`),
 ``--skip-bad-lines`` skips lines that are not JSON objects with the keys, and
 ``--max-line-bytes`` (default 32M) refuses longer lines before reading them whole.
 
@@ -112,13 +114,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--input",
         nargs="+",
         required=True,
-        help=".jsonl / .jsonl.gz files, directories (searched recursively) or globs",
+        help=".jsonl / .jsonl.gz / .parquet / .arrow files, datasets' save_to_disk folders, "
+        "directories (searched recursively), globs, or a Hugging Face dataset name "
+        "(owner/name[:split]) already in the local cache (nothing is downloaded)",
     )
     group.add_argument(
         "--json-keys",
         nargs="+",
         default=["text"],
-        help="keys to tokenize, one output each (default text)",
+        help="keys (parquet/arrow: columns) to tokenize, one output each (default text)",
     )
     group.add_argument(
         "--skip-bad-lines",

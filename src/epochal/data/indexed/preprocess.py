@@ -2,7 +2,9 @@
 
 Two entry points:
 
-- :func:`preprocess`: JSONL files (``.jsonl``, ``.jsonl.gz``, directories, globs) ->
+- :func:`preprocess`: JSONL files (``.jsonl``, ``.jsonl.gz``, directories, globs), or
+  Hugging Face data (``save_to_disk`` folders, parquet, arrow; see
+  :mod:`epochal.data.indexed.preprocess_arrow`) ->
   one ``{output_prefix}_{key}_document`` pair per JSON key (``_sentence`` with
   ``split_sentences``), like Megatron-LM's ``tools/preprocess_data.py`` (same output
   names, same ids, same document layout).
@@ -34,6 +36,7 @@ from typing import Any
 
 from epochal.data.indexed.indexed_dataset import IndexedDatasetBuilder
 from epochal.data.indexed.indexed_format import get_bin_path, normalize_dtype, optimal_dtype
+from epochal.data.indexed.preprocess_arrow import is_arrow_file, read_arrow_chunks
 from epochal.data.indexed.preprocess_encoding import (
     Chunk,
     ChunkEncoder,
@@ -151,7 +154,8 @@ def preprocess(
     each, the document boundary kept; see :mod:`epochal.data.indexed.sentence_split`).
 
     Args:
-        inputs: ``.jsonl``/``.jsonl.gz`` files, directories, globs (see :func:`find_input_files`).
+        inputs: ``.jsonl``/``.jsonl.gz``/``.parquet``/``.arrow`` files, ``save_to_disk``
+            folders, directories, globs, cached hub dataset names (see :func:`find_input_files`).
         output_prefix: outputs are ``{output_prefix}_{key}_document.{bin,idx}``.
         tokenizer: any :class:`~epochal.data.tokenizer.Tokenizer`.
         json_keys: keys to tokenize, one output pair each.
@@ -182,8 +186,8 @@ def preprocess(
         A :class:`PreprocessSummary`; ``str(summary)`` is a one-line report.
 
     Raises:
-        FileNotFoundError: an input matches no file.
-        PreprocessError: a bad line (``file:line: reason``) without ``skip_bad_lines``, an
+        FileNotFoundError: an input matches no file (a dataset name: not in the local cache).
+        PreprocessError: a bad line or row (``file:line: reason``) without ``skip_bad_lines``, an
             unreadable gzip file, or no document at all to write (empty input, or every
             line bad). No output file is left behind on error.
         ValueError: a ``dtype`` that is not an integer dtype or does not hold the ids, a
@@ -208,7 +212,10 @@ def preprocess(
 
     def chunks() -> Iterator[tuple[Chunk, int]]:
         for index, path in enumerate(files):
-            yield from read_chunks(path, index, chunk_bytes, max_line_bytes, skip_bad_lines)
+            if is_arrow_file(path):
+                yield from read_arrow_chunks(path, index, keys, chunk_bytes)
+            else:
+                yield from read_chunks(path, index, chunk_bytes, max_line_bytes, skip_bad_lines)
 
     summary = _run(
         chunks(),
@@ -253,8 +260,9 @@ def preprocess_documents(
     """Tokenize documents given as strings into ``output_prefix.{bin,idx}``.
 
     Args:
-        documents: iterable of documents, each a string (one sequence) or a list of
-            strings (one sequence each); consumed lazily in chunks.
+        documents: any iterable of documents, each a string (one sequence) or a list of
+            strings (one sequence each), e.g. a list, a generator or a ``datasets.Dataset``
+            column (``ds["text"]``); consumed lazily in chunks.
         tokenizer: any :class:`~epochal.data.tokenizer.Tokenizer`.
         output_prefix: output path without extension.
         append_eod: append ``tokenizer.eod`` to every non-empty document.

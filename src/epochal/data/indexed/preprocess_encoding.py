@@ -31,28 +31,45 @@ class PreprocessError(ValueError):
 
 
 def find_input_files(inputs: str | os.PathLike | Sequence[str | os.PathLike]) -> list[str]:
-    """Expand inputs into a sorted, de-duplicated list of files.
+    """Expand inputs into a de-duplicated list of files.
 
     Args:
-        inputs: files, directories (every ``*.jsonl``, ``*.jsonl.gz``, ``*.json``,
-            ``*.json.gz`` below them, recursively) or glob patterns (``**`` allowed).
-            Each input's files are sorted by path; inputs keep their given order.
+        inputs: files (``.jsonl[.gz]``, ``.json[.gz]``, ``.parquet``, ``.arrow``), folders
+            written by ``datasets``' ``save_to_disk`` (their ``.arrow`` files in row order),
+            other directories (every file with those suffixes below them, recursively,
+            sorted by path), glob patterns (``**`` allowed), or the name of a Hugging Face
+            dataset already in the local hub cache, ``owner/name[:split]`` (see
+            :func:`~epochal.data.indexed.preprocess_arrow.cached_dataset_files`; nothing is
+            downloaded). Inputs keep their given order.
 
     Raises:
-        FileNotFoundError: an input matches no file.
+        FileNotFoundError: an input matches no file (a name: not in the local cache).
+        PreprocessError: a ``DatasetDict`` folder or a cached dataset with several splits
+            (one must be chosen), or a broken ``save_to_disk`` folder.
     """
+    from epochal.data.indexed.preprocess_arrow import (
+        ARROW_SUFFIXES,
+        cached_dataset_files,
+        is_dataset_name,
+        saved_dataset_files,
+    )
+
     if isinstance(inputs, (str, os.PathLike)):
         inputs = [inputs]
     files: list[str] = []
     for item in inputs:
         item = os.fspath(item)
-        if os.path.isdir(item):
-            found = sorted(
-                os.path.join(root, name)
-                for root, _, names in os.walk(item)
-                for name in names
-                if name.endswith(INPUT_SUFFIXES)
-            )
+        if not os.path.exists(item) and not _GLOB_CHARS & set(item) and is_dataset_name(item):
+            found = cached_dataset_files(item)
+        elif os.path.isdir(item):
+            found = saved_dataset_files(item)
+            if found is None:
+                found = sorted(
+                    os.path.join(root, name)
+                    for root, _, names in os.walk(item)
+                    for name in names
+                    if name.endswith(INPUT_SUFFIXES + ARROW_SUFFIXES)
+                )
         elif os.path.isfile(item):
             found = [item]
         elif _GLOB_CHARS & set(item):
@@ -61,7 +78,8 @@ def find_input_files(inputs: str | os.PathLike | Sequence[str | os.PathLike]) ->
             found = []
         if not found:
             raise FileNotFoundError(
-                f"input {item} matches no file (give .jsonl[.gz] files, a directory or a glob)"
+                f"input {item} matches no file (give .jsonl[.gz], .parquet or .arrow files, a "
+                "directory, a save_to_disk folder or a glob)"
             )
         files.extend(found)
     return list(dict.fromkeys(files))
@@ -74,13 +92,18 @@ class Chunk:
     Attributes:
         file_index: index into the input file list (-1 for in-memory documents).
         first_line: 1-based line number of the first line in ``data``.
-        data: raw bytes of whole lines, or a list of documents (str or list of str).
+        data: raw bytes of whole lines, or a list of documents (str or list of str),
+            or with ``columns`` a list of rows, each a tuple of one value per JSON key.
+        too_long: line numbers over ``max_line_bytes`` (replaced by empty lines).
+        columns: ``data`` holds rows of a parquet/arrow file (values checked like JSON
+            values; ``first_line`` is then the 1-based row number).
     """
 
     file_index: int
     first_line: int
     data: bytes | list[Any]
     too_long: list[int] = field(default_factory=list)
+    columns: bool = False
 
 
 def line_too_long(path: str, line: int, max_line_bytes: int) -> str:
@@ -198,6 +221,8 @@ class ChunkEncoder:
                 for number in chunk.too_long
             )
             documents = self._parse(chunk, result.bad_lines)
+        elif chunk.columns:
+            documents = self._check_rows(chunk, result.bad_lines)
         else:
             documents = [(chunk.first_line + i, (doc,)) for i, doc in enumerate(chunk.data)]
         try:
@@ -243,27 +268,45 @@ class ChunkEncoder:
             if not isinstance(record, dict):
                 bad.append((number, f"expected a JSON object, got {type(record).__name__}"))
                 continue
-            values = []
-            for key in self.json_keys:
-                if key not in record:
-                    bad.append((number, f"missing key {key!r}"))
-                    break
-                value = record[key]
-                if not (
-                    isinstance(value, str)
-                    or (isinstance(value, list) and all(isinstance(v, str) for v in value))
-                ):
-                    bad.append(
-                        (
-                            number,
-                            f"key {key!r} is {type(value).__name__}, expected a string or list of strings",
-                        )
-                    )
-                    break
-                values.append(value)
+            missing = next((key for key in self.json_keys if key not in record), None)
+            if missing is not None:
+                bad.append((number, f"missing key {missing!r}"))
+                continue
+            values = tuple(record[key] for key in self.json_keys)
+            reason = self._bad_value(values)
+            if reason:
+                bad.append((number, reason))
             else:
-                documents.append((number, tuple(values)))
+                documents.append((number, values))
         return documents
+
+    def _check_rows(
+        self, chunk: Chunk, bad: list[tuple[int, str]]
+    ) -> list[tuple[int, tuple[Any, ...]]]:
+        """Rows of a parquet/arrow chunk whose values are strings or lists of strings, and
+        whose text is at most ``max_line_bytes`` of UTF-8."""
+        documents = []
+        limit = self.max_line_bytes
+        for number, values in enumerate(chunk.data, start=chunk.first_line):
+            reason = self._bad_value(values)
+            if not reason and limit is not None and _text_bytes(values, limit) > limit:
+                reason = f"row longer than --max-line-bytes={limit:,}"
+            if reason:
+                bad.append((number, reason))
+            else:
+                documents.append((number, values))
+        return documents
+
+    def _bad_value(self, values: Sequence[Any]) -> str:
+        """Why a record's ``json_keys`` values are not documents, or ``""``."""
+        for key, value in zip(self.json_keys, values):
+            if not (
+                isinstance(value, str)
+                or (isinstance(value, list) and all(isinstance(v, str) for v in value))
+            ):
+                kind = "null" if value is None else type(value).__name__
+                return f"key {key!r} is {kind}, expected a string or list of strings"
+        return ""
 
     def _drop_unencodable(
         self, documents: list[tuple[int, tuple[Any, ...]]], bad: list[tuple[int, str]]
@@ -315,6 +358,15 @@ class ChunkEncoder:
             lengths.astype(np.int32),
             per_document,
         )
+
+
+def _text_bytes(values: Sequence[Any], limit: int) -> int:
+    """UTF-8 bytes of a row's texts, exact up to ``limit`` (encodes only where unsure)."""
+    texts = [t for value in values for t in ([value] if isinstance(value, str) else value)]
+    characters = sum(map(len, texts))
+    if characters > limit or 4 * characters <= limit:  # a character is 1 to 4 bytes
+        return characters
+    return sum(len(t.encode("utf-8", "surrogatepass")) for t in texts)
 
 
 _WORKER_ENCODER: ChunkEncoder | None = None  # set once per worker process by init_worker
