@@ -132,6 +132,13 @@ def _default_data(answers: dict[str, Any]) -> str:
     return "mock"
 
 
+def _default_global_batch(answers: dict[str, Any]) -> str:
+    """The preset's global batch, rounded up to a multiple of ``micro_batch * data_parallel``."""
+    step = answers["micro_batch_size"] * answers["data_parallel"]
+    preset = int(_preset_value(answers, "training", "global_batch_size", 16))
+    return str(-(-preset // step) * step)
+
+
 def questions() -> list[Question]:
     """The wizard's questions, in the order they are asked."""
     from epochal.train.presets import PRESETS
@@ -187,7 +194,7 @@ def questions() -> list[Question]:
         Question(
             "global_batch_size",
             "Global batch size (samples per optimizer step)",
-            lambda a: str(_preset_value(a, "training", "global_batch_size", 16)),
+            _default_global_batch,
             _positive_int,
         ),
         Question(
@@ -255,6 +262,10 @@ def _overrides(answers: dict[str, Any]) -> list[str]:
         values["training.micro_batch_size"] = a["micro_batch_size"]
     if "global_batch_size" in a:
         values["training.global_batch_size"] = a["global_batch_size"]
+    elif "data_parallel" in a:  # not asked yet: check the layout with a batch that fits it
+        micro = a.get("micro_batch_size") or _preset_value(a, "training", "micro_batch_size", 4)
+        values["training.micro_batch_size"] = micro
+        values["training.global_batch_size"] = micro * a["data_parallel"]
     if a.get("selective_recompute"):
         values["parallel.recompute_granularity"] = "selective"
     if a.get("distributed_optimizer"):
