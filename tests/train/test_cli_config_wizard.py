@@ -257,3 +257,18 @@ def test_an_unsplittable_node_count_is_reasked(tmp_path):
     assert "Global batch size (samples per optimizer step) [24]: " in prompts
     assert answers["global_batch_size"] == 24
     assert prompts.count("Data parallel size (model replicas) [1]: ") == 2
+
+
+def test_end_of_input_writes_nothing(tmp_path):
+    out = tmp_path / "job.toml"
+    proc = subprocess.run(
+        [sys.executable, "-m", "epochal.cli", "config", "--output", str(out)],
+        input="tiny\n1\n",  # input ends at the tensor-parallel question
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=_env(),
+    )
+    assert proc.returncode == 1
+    assert f"stopped; {out} not written" in proc.stderr
+    assert list(tmp_path.iterdir()) == []
