@@ -18,6 +18,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "epochal.train.cli_train",
         "train a GPT model (the main job; no arguments = a small demo run)",
     ),
+    "config": (
+        "epochal.train.cli_config",
+        "write a training configuration (TOML) by answering questions, like accelerate config",
+    ),
     "plot": (
         "epochal.train.cli_plot",
         "plot a run's loss curves (train, validation, resumed segments) to PNG",

@@ -1,0 +1,274 @@
+"""`epochal config`: the wizard driven through a pseudo-terminal writes a TOML that `epochal train` runs."""
+
+from __future__ import annotations
+
+import os
+import pty
+import select
+import subprocess
+import sys
+import time
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from epochal.train.config import build_config
+
+# A tiny model and a 2-3 step run on Megatron's mock corpus, on top of the written file.
+TINY_RUN = [
+    "--data.corpus=''",
+    "--data.mock=true",
+    "--model.hidden_size=32",
+    "--model.num_layers=2",
+    "--model.num_attention_heads=2",
+    "--model.num_query_groups=1",
+    "--model.ffn_hidden_size=64",
+    "--data.seq_length=32",
+    "--training.train_iters=2",
+    "--training.eval_interval=0",
+    "--checkpoint.save_interval=2",
+    "--logging.progress=false",
+    "--logging.tensorboard=false",
+]
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+class _Pty:
+    """The ``epochal config`` process on a pseudo-terminal; ``expect`` reads up to a text, ``send`` types a line."""
+
+    def __init__(self, argv: list[str], cwd: Path) -> None:
+        master, slave = pty.openpty()
+        self.master = master
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "epochal.cli", *argv],
+            stdin=slave,
+            stdout=slave,
+            stderr=slave,
+            cwd=cwd,
+            env=_env(),
+            close_fds=True,
+        )
+        os.close(slave)
+        self.seen = ""  # everything read so far
+        self.pos = 0  # where the next expect starts looking
+
+    def _read(self, timeout: float) -> bool:
+        ready, _, _ = select.select([self.master], [], [], timeout)
+        if not ready:
+            return False
+        try:
+            chunk = os.read(self.master, 4096)
+        except OSError:  # EIO: the process closed the terminal
+            return False
+        if not chunk:
+            return False
+        self.seen += chunk.decode(errors="replace").replace("\r\n", "\n")
+        return True
+
+    def expect(self, text: str, timeout: float = 60) -> str:
+        """Read until ``text`` appears after the last match; returns what came before it."""
+        deadline = time.monotonic() + timeout
+        while text not in self.seen[self.pos :]:
+            left = deadline - time.monotonic()
+            if left <= 0 or (not self._read(min(left, 1.0)) and self.proc.poll() is not None):
+                if text in self.seen[self.pos :]:
+                    break
+                raise AssertionError(f"never saw {text!r}; output so far:\n{self.seen}")
+        i = self.seen.index(text, self.pos)
+        before = self.seen[self.pos : i]
+        self.pos = i + len(text)
+        return before
+
+    def send(self, line: str) -> None:
+        os.write(self.master, (line + "\n").encode())
+
+    def finish(self, timeout: float = 60) -> int:
+        deadline = time.monotonic() + timeout
+        while self.proc.poll() is None and time.monotonic() < deadline:
+            self._read(0.2)
+        while self._read(0.1):
+            pass
+        return self.proc.wait(timeout=1)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        os.close(self.master)
+
+
+def _train(config: Path, run_dir: Path, *extra: str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "epochal.cli", "train", "--config", str(config)]
+    cmd += [f"--run_dir={run_dir}", *TINY_RUN, *extra]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=_env())
+
+
+@pytest.mark.distributed
+def test_wizard_through_a_pty_reasks_invalid_answers_and_writes_a_config_that_trains(tmp_path):
+    out = tmp_path / "job.toml"
+    term = _Pty(["config", "--output", str(out)], tmp_path)
+    try:
+        term.expect("Model preset (tiny, bert-tiny, gpt2-small) [tiny]: ")
+        term.send("")  # Enter keeps the default
+        term.expect("How many machines (nodes) [1]: ")
+        term.send("1")
+        term.expect("Tensor parallel size (must divide the attention heads) [1]: ")
+        term.send("3")  # the tiny preset has 4 heads
+        reason = term.expect("Tensor parallel size (must divide the attention heads) [1]: ")
+        assert (
+            "invalid: parallel.tensor_parallel: must divide model.num_attention_heads=4" in reason
+        )
+        term.send("2")
+        term.expect("Sequence parallelism")
+        term.expect("[no]: ")
+        term.send("yes")
+        term.expect("Pipeline parallel size [1]: ")
+        term.send("1")
+        term.expect("Data parallel size (model replicas) [1]: ")
+        term.send("1")
+        term.expect("Micro-batch size (samples per forward/backward) [8]: ")
+        term.send("2")
+        term.expect("Global batch size (samples per optimizer step) [16]: ")
+        term.send("5")
+        reason = term.expect("Global batch size (samples per optimizer step) [16]: ")
+        assert "invalid: training.global_batch_size: must be a multiple of micro_batch_size=2" in (
+            reason
+        )
+        term.send("4")
+        term.expect("Selective activation recompute? [yes/no] [no]: ")
+        term.send("y")
+        # no data parallelism: the distributed-optimizer question is not asked
+        term.expect("Gradient clipping max norm (0 = off) [1.0]: ")
+        term.send("0.5")
+        term.expect("Mixed precision (no, bf16; fp16 is not yet supported) [no]: ")
+        term.send("fp16")
+        reason = term.expect("Mixed precision (no, bf16; fp16 is not yet supported) [no]: ")
+        assert "fp16 is not yet supported" in reason
+        term.send("no")
+        term.expect("or 'mock' [stdlib]: ")
+        term.send("mock")
+        assert term.finish() == 0, term.seen
+    finally:
+        term.close()
+    assert "Distributed optimizer" not in term.seen
+    assert f"wrote {out} (2 processes on 1 node(s))" in term.seen
+    assert f"epochal train --config {out}" in term.seen
+    assert f"torchrun --standalone --nproc-per-node=2 -m epochal.cli train --config {out}" in (
+        term.seen
+    )
+
+    written = tomllib.loads(out.read_text())
+    assert written["parallel"]["tensor_parallel"] == 2
+    assert written["parallel"]["sequence_parallel"] is True
+    assert written["parallel"]["pipeline_parallel"] == 1
+    assert written["parallel"]["data_parallel"] == 1
+    assert written["parallel"]["recompute_granularity"] == "selective"
+    assert written["parallel"]["dp_sharding"] == "none"
+    assert written["training"]["micro_batch_size"] == 2
+    assert written["training"]["global_batch_size"] == 4
+    assert written["training"]["bf16"] is False
+    assert written["optimizer"]["clip_grad"] == 0.5
+    assert written["data"]["mock"] is True
+    # the rest is the tiny preset's
+    assert written["model"]["num_attention_heads"] == 4
+    config = build_config(config_file=out)
+    assert config.parallel.launch_world_size() == 2
+
+    # `epochal train --config FILE` launches the 2 tensor-parallel processes itself and trains.
+    run = tmp_path / "run"
+    proc = _train(out, run)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "launching 2 processes" in proc.stdout
+    assert "trained steps 1-2" in proc.stdout
+    assert (run / "checkpoints" / "latest").read_text().strip() == "step_0000002"
+    saved = tomllib.loads((run / "config.toml").read_text())
+    assert saved["parallel"]["tensor_parallel"] == 2
+    assert saved["parallel"]["recompute_granularity"] == "selective"
+
+
+def test_defaults_writes_without_asking_and_trains(tmp_path):
+    out = tmp_path / "sub" / "defaults.toml"
+    out.parent.mkdir()
+    proc = subprocess.run(
+        [sys.executable, "-m", "epochal.cli", "config", "--defaults", "--output", str(out)],
+        stdin=subprocess.DEVNULL,  # nothing to read: it must not ask
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=_env(),
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "[tiny]" not in proc.stdout  # no question was printed
+    assert f"epochal train --config {out}" in proc.stdout
+    assert "torchrun" not in proc.stdout  # one process needs no launcher
+    assert [p.name for p in out.parent.iterdir()] == ["defaults.toml"]  # no temporary left
+    # the defaults are the tiny preset, fully resolved, with the data-parallel size pinned
+    assert build_config(config_file=out) == build_config(
+        preset="tiny", overrides=["--parallel.data_parallel=1"]
+    )
+
+    run = tmp_path / "run"
+    proc = _train(out, run, "--training.micro_batch_size=2", "--training.global_batch_size=4")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "trained steps 1-2" in proc.stdout
+    assert (run / "checkpoints" / "latest").read_text().strip() == "step_0000002"
+
+
+def test_multi_node_answers_print_a_torchrun_command_per_node(tmp_path):
+    from epochal.train.cli_config import collect, launch_commands
+
+    replies = iter(["", "2", "2", "", "1", "2", "", "", "", "yes", "", "", "mock"])
+    prompts: list[str] = []
+
+    def read(prompt: str) -> str:
+        prompts.append(prompt)
+        return next(replies)
+
+    answers = collect(read)
+    assert answers["nodes"] == 2 and answers["data_parallel"] == 2
+    assert answers["distributed_optimizer"] is True
+    assert len(prompts) == 13, prompts
+    (cmd,) = launch_commands("job.toml", answers)
+    assert cmd == (
+        "torchrun --nnodes=2 --node-rank=$NODE_RANK --nproc-per-node=2 --rdzv-backend=c10d "
+        "--rdzv-endpoint=$MASTER_ADDR:29500 -m epochal.cli train --config job.toml"
+    )
+
+
+def test_an_unsplittable_node_count_is_reasked(tmp_path):
+    from epochal.train.cli_config import collect
+
+    # 3 nodes for tensor 2 x data 1 = 2 processes: re-asked at the data-parallel question.
+    # Data parallel 3 does not divide the preset's batch of 16: the batch questions come
+    # later, so it is accepted, and the global batch default becomes 24 = 8 x 3.
+    replies = iter(["", "3", "2", "", "1", "1", "3", "", "", "", "", "", "", "mock"])
+    prompts: list[str] = []
+
+    def read(prompt: str) -> str:
+        prompts.append(prompt)
+        return next(replies)
+
+    answers = collect(read)
+    assert answers["data_parallel"] == 3
+    assert "Global batch size (samples per optimizer step) [24]: " in prompts
+    assert answers["global_batch_size"] == 24
+    assert prompts.count("Data parallel size (model replicas) [1]: ") == 2
+
+
+def test_end_of_input_writes_nothing(tmp_path):
+    out = tmp_path / "job.toml"
+    proc = subprocess.run(
+        [sys.executable, "-m", "epochal.cli", "config", "--output", str(out)],
+        input="tiny\n1\n",  # input ends at the tensor-parallel question
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=_env(),
+    )
+    assert proc.returncode == 1
+    assert f"stopped; {out} not written" in proc.stderr
+    assert list(tmp_path.iterdir()) == []
