@@ -25,6 +25,7 @@ from epochal.convert.megatron_legacy import (
 from epochal.convert.safe_load import UnsafeCheckpointError, safe_torch_load
 from epochal.model import GPTModel
 from tests.convert.hf_models import gpt2_like, llama_like, ours
+from tests.convert.megatron_names import legacy_language_model
 
 CONFIGS = {
     "gpt2_tied": lambda: gpt2_like(num_layers=4, activation="gelu"),
@@ -152,30 +153,9 @@ def test_swiglu_fc1_is_gate_up_per_rank(tmp_path):
 
 def _legacy_names(state: dict) -> dict:
     """Megatron-Core local names (one rank) -> nested legacy ``language_model`` dicts."""
-    lm = {"embedding": {}, "encoder": {}}
-    renames = [
-        ("input_layernorm.", "input_norm."),
-        ("self_attention.linear_qkv.", "self_attention.query_key_value."),
-        ("self_attention.linear_proj.", "self_attention.dense."),
-        ("pre_mlp_layernorm.", "post_attention_norm."),
-        ("mlp.linear_fc1.", "mlp.dense_h_to_4h."),
-        ("mlp.linear_fc2.", "mlp.dense_4h_to_h."),
-    ]
-    for name, value in state.items():
-        if name.endswith("_extra_state"):
-            continue
-        if name.startswith("embedding."):
-            module, _, param = name[len("embedding.") :].partition(".")
-            lm["embedding"].setdefault(module, {})[param] = value
-        elif name.startswith("decoder.layers."):
-            tail = name[len("decoder.") :]
-            for old, new in renames:
-                tail = tail.replace(old, new)
-            lm["encoder"][tail] = value
-        elif name.startswith("decoder.final_layernorm."):
-            lm["encoder"][name.replace("decoder.final_layernorm.", "final_norm.")] = value
-        elif name == "output_layer.weight":
-            lm["output_layer"] = {"weight": value}
+    lm, rest = legacy_language_model(state, "decoder")
+    if "output_layer.weight" in rest:
+        lm["output_layer"] = {"weight": rest["output_layer.weight"]}
     return {"language_model": lm}
 
 

@@ -23,6 +23,7 @@ from epochal.convert.megatron_legacy import (
 from epochal.convert.safe_load import safe_torch_load
 from epochal.model import build_model
 from tests.convert.hf_models import encoder_like, gpt2_like, ours, randomize
+from tests.convert.megatron_names import legacy_language_model
 
 
 def bert(binary: bool = True, **kw):
@@ -97,30 +98,10 @@ def test_rank_files_hold_megatron_core_bert_names_and_shards(tmp_path):
 
 def _legacy_bert_names(state: dict) -> dict:
     """One rank of Megatron-Core BertModel names -> the legacy (non-core) BertModel's names."""
-    lm: dict = {"embedding": {}, "encoder": {}}
+    lm, rest = legacy_language_model(state, "encoder")
     out: dict = {"language_model": lm}
-    renames = [
-        ("input_layernorm.", "input_norm."),
-        ("self_attention.linear_qkv.", "self_attention.query_key_value."),
-        ("self_attention.linear_proj.", "self_attention.dense."),
-        ("pre_mlp_layernorm.", "post_attention_norm."),
-        ("mlp.linear_fc1.", "mlp.dense_h_to_4h."),
-        ("mlp.linear_fc2.", "mlp.dense_4h_to_h."),
-    ]
-    for name, value in state.items():
-        if name.endswith("_extra_state"):
-            continue
-        if name.startswith("embedding."):
-            module, _, param = name[len("embedding.") :].partition(".")
-            lm["embedding"].setdefault(module, {})[param] = value
-        elif name.startswith("encoder.layers."):
-            tail = name[len("encoder.") :]
-            for old, new in renames:
-                tail = tail.replace(old, new)
-            lm["encoder"][tail] = value
-        elif name.startswith("encoder.final_layernorm."):
-            lm["encoder"][name.replace("encoder.final_layernorm.", "final_norm.")] = value
-        elif name.startswith("pooler."):
+    for name, value in rest.items():
+        if name.startswith("pooler."):
             lm.setdefault("pooler", {})[name[len("pooler.") :]] = value
         elif name == "output_layer.bias":
             out.setdefault("lm_head", {})["bias"] = value
