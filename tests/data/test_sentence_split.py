@@ -60,7 +60,8 @@ def test_text_is_split_in_megatron_sized_pieces():
 
 def test_punkt_engine_with_megatron_keep_newlines():
     """The Punkt path (used when nltk's data is installed), on untrained parameters."""
-    from nltk.tokenize.punkt import PunktParameters
+    punkt = pytest.importorskip("nltk.tokenize.punkt")
+    PunktParameters = punkt.PunktParameters
 
     plain = _punkt_from_params(PunktParameters(), keep_newlines=False)
     kept = _punkt_from_params(PunktParameters(), keep_newlines=True)
