@@ -9,20 +9,7 @@ import torch
 
 from epochal.model import Attention, BertModel, ConfigError, GPTModel, ModelConfig, build_model
 from epochal.model.layers.attention import padding_attention_mask
-
-
-def cfg(**kw) -> ModelConfig:
-    base = dict(
-        vocab_size=50,
-        hidden_size=32,
-        num_layers=2,
-        num_attention_heads=4,
-        max_position_embeddings=16,
-        hidden_dropout=0.0,
-        attention_dropout=0.0,
-    )
-    base.update(kw)
-    return ModelConfig(**base)
+from tests.model.test_gpt_model import tiny as cfg
 
 
 def reference(attn: Attention, x, kv_in, keep) -> torch.Tensor:

@@ -35,22 +35,27 @@ MODEL = [
 ]
 
 
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    """A sentence-split corpus (documents of 2-6 sentences) and its offline WordPiece vocabulary."""
-    d = tmp_path_factory.mktemp("bert_corpus")
-    rng = random.Random(0)
+def _write_corpus(d, *, seed: int, num_docs: int):
+    """``num_docs`` documents of 2-6 sentences, their offline WordPiece vocabulary and corpus in ``d``."""
+    rng = random.Random(seed)
     docs = [
         [
             " ".join(rng.choice(WORDS) for _ in range(rng.randint(4, 9))).capitalize() + "."
             for _ in range(rng.randint(2, 6))
         ]
-        for _ in range(200)
+        for _ in range(num_docs)
     ]
     train_wordpiece([" ".join(doc) for doc in docs], 120, d / "vocab.txt")
     tok = build_tokenizer("BertWordPieceLowerCase", vocab_file=str(d / "vocab.txt"))
     preprocess_documents(docs, tok, d / "corpus", append_eod=False)
     return d
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    """A sentence-split corpus (documents of 2-6 sentences) and its offline WordPiece vocabulary."""
+    d = tmp_path_factory.mktemp("bert_corpus")
+    return _write_corpus(d, seed=0, num_docs=200)
 
 
 def config(corpus, run_dir, *extra):
@@ -251,18 +256,7 @@ def test_compiled_bert_equals_eager(tmp_path):
 def small_corpus(tmp_path_factory):
     """A sentence-split corpus of 16 documents (a few dozen samples per epoch) and its vocabulary."""
     d = tmp_path_factory.mktemp("bert_small_corpus")
-    rng = random.Random(1)
-    docs = [
-        [
-            " ".join(rng.choice(WORDS) for _ in range(rng.randint(4, 9))).capitalize() + "."
-            for _ in range(rng.randint(2, 6))
-        ]
-        for _ in range(16)
-    ]
-    train_wordpiece([" ".join(doc) for doc in docs], 120, d / "vocab.txt")
-    tok = build_tokenizer("BertWordPieceLowerCase", vocab_file=str(d / "vocab.txt"))
-    preprocess_documents(docs, tok, d / "corpus", append_eod=False)
-    return d
+    return _write_corpus(d, seed=1, num_docs=16)
 
 
 def _epoch_records(run_dir):
