@@ -1,8 +1,8 @@
-"""The model family: GPT, BERT and ESM (no parallelism inside; :mod:`epochal.parallel` applies it).
+"""The model family: GPT, BERT, ESM and T5 (no parallelism inside; :mod:`epochal.parallel` applies it).
 
 :func:`build_model` builds any of them from a :class:`ModelConfig` (its ``type``).
 Public names: :class:`ModelConfig`, :class:`ConfigError`, :func:`build_model`,
-:class:`GPTModel`, :class:`BertModel`,
+:class:`GPTModel`, :class:`BertModel`, :class:`T5Model`,
 :class:`TransformerBlock`, :class:`Attention`, :class:`MLP`, :class:`KVCache`,
 :func:`generate`, :class:`GenerationConfig`, :class:`GenerationOutput`. See
 :mod:`epochal.model.gpt` and :mod:`epochal.model.bert` for the parameter names and
@@ -16,6 +16,9 @@ _EXPORTS = {
     "ConfigError": "config",
     "GPTModel": "gpt",
     "BertModel": "bert",
+    "T5Model": "t5",
+    "DecoderBlock": "layers.block",
+    "RelativePositionBias": "layers.relative_bias",
     "build_model": "build",
     "TransformerBlock": "layers.block",
     "Attention": "layers.attention",

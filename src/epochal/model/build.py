@@ -11,6 +11,7 @@ from torch import nn
 from epochal.model.bert import BertModel
 from epochal.model.config import MODEL_TYPES, ConfigError, ModelConfig
 from epochal.model.gpt import GPTModel
+from epochal.model.t5 import T5Model
 
 __all__ = ["MODEL_CLASSES", "build_model", "model_class"]
 
@@ -19,6 +20,7 @@ MODEL_CLASSES: dict[str, type[nn.Module]] = {
     "gpt": GPTModel,
     "bert": BertModel,
     "esm": BertModel,
+    "t5": T5Model,
 }
 assert set(MODEL_CLASSES) == set(MODEL_TYPES)
 
@@ -48,7 +50,8 @@ def build_model(config: ModelConfig, *, seed: int = 0) -> nn.Module:
             and ``init_weights``).
 
     Returns:
-        A :class:`~epochal.model.GPTModel` or :class:`~epochal.model.BertModel`.
+        A :class:`~epochal.model.GPTModel`, :class:`~epochal.model.BertModel` or
+        :class:`~epochal.model.T5Model`.
 
     Raises:
         ConfigError: an unknown ``config.type``.

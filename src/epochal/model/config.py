@@ -1,4 +1,4 @@
-"""``ModelConfig``: the hyper-parameters of a model (GPT decoder, BERT/ESM encoder), Megatron-LM's names.
+"""``ModelConfig``: the hyper-parameters of a model (GPT decoder, BERT/ESM encoder, T5), Megatron-LM's names.
 
 Field names follow Megatron-LM's ``TransformerConfig`` / command-line arguments
 where one exists (``num_query_groups``, ``kv_channels``, ``ffn_hidden_size``,
@@ -26,13 +26,14 @@ __all__ = [
     "MODEL_TYPES",
     "TRANSFORMER_BLOCK_TYPES",
     "ENCODER_FIELDS",
+    "T5_FIELDS",
 ]
 
-POSITION_EMBEDDING_TYPES = ("learned_absolute", "rope", "alibi", "none")
+POSITION_EMBEDDING_TYPES = ("learned_absolute", "rope", "alibi", "none", "relative")
 NORMALIZATIONS = ("LayerNorm", "RMSNorm")
-ACTIVATIONS = ("gelu", "gelu_tanh", "swiglu")
+ACTIVATIONS = ("gelu", "gelu_tanh", "swiglu", "relu", "gated_gelu")
 ROPE_SCALING_TYPES = ("linear", "llama3")
-MODEL_TYPES = ("gpt", "bert", "esm")
+MODEL_TYPES = ("gpt", "bert", "esm", "t5")
 TRANSFORMER_BLOCK_TYPES = ("pre_ln", "post_ln")
 #: Fields that only encoders use; a GPT config leaves them at their defaults, and
 #: :meth:`ModelConfig.to_dict` omits them (with ``type``) for GPT, so GPT configs
@@ -45,6 +46,17 @@ ENCODER_FIELDS = (
     "token_dropout",
     "mask_token_id",
     "pad_token_id",
+)
+#: Fields only T5 uses; other types leave them at their defaults, and
+#: :meth:`ModelConfig.to_dict` omits them for every type but ``"t5"``.
+T5_FIELDS = (
+    "encoder_num_layers",
+    "decoder_num_layers",
+    "relative_attention_num_buckets",
+    "relative_attention_max_distance",
+    "softmax_scale",
+    "output_bias",
+    "scale_decoder_output",
 )
 
 
@@ -78,11 +90,14 @@ class ModelConfig:
     ``type`` picks the model: ``"gpt"`` (:class:`epochal.model.GPTModel`, a pre-norm
     causal decoder; the default, and what a config without ``type`` means),
     ``"bert"`` (:class:`epochal.model.BertModel`, Megatron's / Hugging Face's BERT
-    encoder) or ``"esm"`` (the same encoder configured as ESM-2: rotary positions,
-    pre-LN, no token types, ``token_dropout``).
+    encoder), ``"esm"`` (the same encoder configured as ESM-2: rotary positions,
+    pre-LN, no token types, ``token_dropout``) or ``"t5"``
+    (:class:`epochal.model.T5Model`, an encoder-decoder: Megatron's T5 with learned
+    absolute positions, or Hugging Face's T5 v1.0 / v1.1 / mT5 with the relative
+    attention bias).
 
     Attributes:
-        type: ``"gpt"``, ``"bert"`` or ``"esm"`` (see above).
+        type: ``"gpt"``, ``"bert"``, ``"esm"`` or ``"t5"`` (see above).
         vocab_size: number of token ids the tokenizer produces (>= 1).
         make_vocab_size_divisible_by: the embedding and output tables have
             :attr:`padded_vocab_size` rows, ``vocab_size`` rounded up to a
@@ -103,7 +118,10 @@ class ModelConfig:
         max_position_embeddings: the longest sequence the model accepts, in
             tokens (size of the learned position table and of the RoPE cache).
         position_embedding_type: ``"learned_absolute"`` (GPT-2), ``"rope"``
-            (rotary, Llama), ``"alibi"`` (BLOOM/MPT linear biases) or ``"none"``.
+            (rotary, Llama), ``"alibi"`` (BLOOM/MPT linear biases), ``"none"``,
+            or (T5 only) ``"relative"``: T5's learned relative attention bias
+            (log-spaced distance buckets, bidirectional in the encoder,
+            one-directional in the decoder; Megatron-Core's name).
         rotary_base: RoPE base frequency (``theta``), > 0.
         rotary_percent: fraction of each head's dimensions that is rotated, in
             (0, 1]; the rotated part must have an even size.
@@ -126,8 +144,11 @@ class ModelConfig:
         normalization: ``"LayerNorm"`` or ``"RMSNorm"``.
         norm_epsilon: epsilon of the norms (> 0).
         activation: ``"gelu"`` (exact, erf), ``"gelu_tanh"`` (the tanh
-            approximation GPT-2 uses; Megatron's ``--openai-gelu``) or
-            ``"swiglu"`` (gated SiLU, Llama).
+            approximation GPT-2 uses; Megatron's ``--openai-gelu``),
+            ``"swiglu"`` (gated SiLU, Llama), and for T5 only ``"relu"`` (T5
+            v1.0) or ``"gated_gelu"`` (gated GELU with the tanh approximation:
+            Hugging Face T5 v1.1 / mT5 ``"gated-gelu"``; same ``w1``/``w3``/``w2``
+            layout as SwiGLU).
         add_bias_linear: biases on every linear layer except the output head.
         add_qkv_bias: biases on the q/k/v projections. ``None`` = follow
             ``add_bias_linear`` (Megatron's ``--add-qkv-bias`` sets it alone).
@@ -157,6 +178,22 @@ class ModelConfig:
         pad_token_id: encoders: the padding token's id (metadata: the model
             masks padding by ``padding_mask``, not by id; Hugging Face ESM needs
             it, ESM-2's alphabet: 1). ``None`` = unknown.
+        encoder_num_layers: T5: encoder blocks (>= 1); ``None`` = ``num_layers``
+            (Megatron's ``--encoder-num-layers``).
+        decoder_num_layers: T5: decoder blocks (>= 1); ``None`` = ``num_layers``
+            (Megatron's ``--decoder-num-layers``).
+        relative_attention_num_buckets: T5 with ``"relative"`` positions: number
+            of distance buckets (>= 4, even; T5: 32).
+        relative_attention_max_distance: T5 with ``"relative"`` positions:
+            distances at or beyond this share the last bucket (>= 1; T5: 128).
+        softmax_scale: T5: the attention's query-key scale; ``None`` =
+            ``1 / sqrt(head_dim)`` (Megatron); Hugging Face T5 uses ``1.0``
+            (the scale is folded into its initialization). Megatron-Core's name.
+        output_bias: T5: a bias on the output head ``[padded_vocab]``
+            (Megatron's ``T5LMHead`` has one when the head is tied to the embeddings).
+        scale_decoder_output: T5: multiply the decoder's final hidden states by
+            ``hidden_size ** -0.5`` before the output head (Hugging Face T5 does
+            this when ``tie_word_embeddings`` is true).
     """
 
     vocab_size: int
@@ -168,7 +205,7 @@ class ModelConfig:
     num_query_groups: int | None = None
     kv_channels: int | None = None
     ffn_hidden_size: int | None = None
-    position_embedding_type: Literal["learned_absolute", "rope", "alibi", "none"] = (
+    position_embedding_type: Literal["learned_absolute", "rope", "alibi", "none", "relative"] = (
         "learned_absolute"
     )
     rotary_base: float = 10000.0
@@ -180,20 +217,27 @@ class ModelConfig:
     rope_original_max_position_embeddings: int = 8192
     normalization: Literal["LayerNorm", "RMSNorm"] = "LayerNorm"
     norm_epsilon: float = 1e-5
-    activation: Literal["gelu", "gelu_tanh", "swiglu"] = "gelu"
+    activation: Literal["gelu", "gelu_tanh", "swiglu", "relu", "gated_gelu"] = "gelu"
     add_bias_linear: bool = True
     add_qkv_bias: bool | None = None
     untie_embeddings_and_output_weights: bool = False
     hidden_dropout: float = 0.1
     attention_dropout: float = 0.1
     init_method_std: float = 0.02
-    type: Literal["gpt", "bert", "esm"] = "gpt"
+    type: Literal["gpt", "bert", "esm", "t5"] = "gpt"
     num_tokentypes: int = 0
     bert_binary_head: bool = False
     transformer_block_type: Literal["pre_ln", "post_ln"] = "pre_ln"
     token_dropout: bool = False
     mask_token_id: int | None = None
     pad_token_id: int | None = None
+    encoder_num_layers: int | None = None
+    decoder_num_layers: int | None = None
+    relative_attention_num_buckets: int = 32
+    relative_attention_max_distance: int = 128
+    softmax_scale: float | None = None
+    output_bias: bool = False
+    scale_decoder_output: bool = False
 
     def __post_init__(self) -> None:
         self.validate()
@@ -337,6 +381,29 @@ class ModelConfig:
                 name,
                 f"must be None or an integer in [0, vocab_size={self.vocab_size}), got {m!r}",
             )
+        if self.type == "t5":
+            self._validate_t5()
+            return
+        for f in dataclasses.fields(self):
+            if f.name in T5_FIELDS:
+                _require(
+                    getattr(self, f.name) == f.default,
+                    f.name,
+                    f"is a T5 option (model.type 't5'); model.type={self.type!r} must leave "
+                    f"it at {f.default!r}, got {getattr(self, f.name)!r}",
+                )
+        _require(
+            self.position_embedding_type != "relative",
+            "position_embedding_type",
+            f"'relative' (T5's relative attention bias) needs model.type='t5', "
+            f"got model.type={self.type!r}",
+        )
+        _require(
+            self.activation not in ("relu", "gated_gelu"),
+            "activation",
+            f"{self.activation!r} is a T5 activation (model.type='t5'), "
+            f"got model.type={self.type!r}",
+        )
         if self.type == "gpt":
             for f in dataclasses.fields(self):
                 if f.name in ENCODER_FIELDS and f.name != "type":
@@ -387,6 +454,64 @@ class ModelConfig:
             "mask_token_id",
             "must be set when token_dropout is true (the token whose embedding is dropped)",
         )
+
+    def _validate_t5(self) -> None:
+        _require(
+            self.position_embedding_type in ("learned_absolute", "relative"),
+            "position_embedding_type",
+            f"must be 'learned_absolute' or 'relative' for model.type='t5', "
+            f"got {self.position_embedding_type!r}",
+        )
+        _require(
+            self.activation in ("gelu", "gelu_tanh", "relu", "gated_gelu"),
+            "activation",
+            f"must be 'gelu', 'gelu_tanh', 'relu' or 'gated_gelu' for model.type='t5', "
+            f"got {self.activation!r}",
+        )
+        for name, default in (
+            ("num_tokentypes", 0),
+            ("bert_binary_head", False),
+            ("token_dropout", False),
+            ("transformer_block_type", "pre_ln"),
+        ):
+            _require(
+                getattr(self, name) == default,
+                name,
+                f"must be {default!r} for model.type='t5', got {getattr(self, name)!r}",
+            )
+        for name in ("encoder_num_layers", "decoder_num_layers"):
+            n = getattr(self, name)
+            _require(
+                n is None or (isinstance(n, int) and not isinstance(n, bool) and n >= 1),
+                name,
+                f"must be None (= num_layers) or an integer >= 1, got {n!r}",
+            )
+        buckets = self.relative_attention_num_buckets
+        _require(
+            isinstance(buckets, int)
+            and not isinstance(buckets, bool)
+            and buckets >= 4
+            and buckets % 2 == 0,
+            "relative_attention_num_buckets",
+            f"must be an even integer >= 4, got {buckets!r}",
+        )
+        distance = self.relative_attention_max_distance
+        _require(
+            isinstance(distance, int) and not isinstance(distance, bool) and distance >= 1,
+            "relative_attention_max_distance",
+            f"must be an integer >= 1, got {distance!r}",
+        )
+        _require(
+            self.softmax_scale is None or (_is_real(self.softmax_scale) and self.softmax_scale > 0),
+            "softmax_scale",
+            f"must be None (= 1/sqrt(head_dim)) or > 0, got {self.softmax_scale!r}",
+        )
+        for name in ("output_bias", "scale_decoder_output"):
+            _require(
+                isinstance(getattr(self, name), bool),
+                name,
+                f"must be true or false, got {getattr(self, name)!r}",
+            )
 
     def _validate_rope_scaling(self) -> None:
         _require(
@@ -463,19 +588,39 @@ class ModelConfig:
     # ------------------------------------------------------------------- helpers
     @property
     def is_encoder(self) -> bool:
-        """True for the bidirectional encoder types (``"bert"``, ``"esm"``)."""
-        return self.type != "gpt"
+        """True for the bidirectional encoder-only types (``"bert"``, ``"esm"``)."""
+        return self.type in ("bert", "esm")
+
+    @property
+    def num_encoder_layers(self) -> int:
+        """T5: ``encoder_num_layers`` or ``num_layers``."""
+        return self.num_layers if self.encoder_num_layers is None else self.encoder_num_layers
+
+    @property
+    def num_decoder_layers(self) -> int:
+        """T5: ``decoder_num_layers`` or ``num_layers``."""
+        return self.num_layers if self.decoder_num_layers is None else self.decoder_num_layers
+
+    @property
+    def num_blocks(self) -> int:
+        """Number of transformer blocks: ``num_layers``, or encoder + decoder blocks for T5."""
+        if self.type == "t5":
+            return self.num_encoder_layers + self.num_decoder_layers
+        return self.num_layers
 
     def to_dict(self) -> dict[str, Any]:
         """The fields as a plain dict (TOML/JSON friendly; ``None`` values kept).
 
         A GPT config omits ``type`` and the encoder-only fields (:data:`ENCODER_FIELDS`,
         all at their defaults), exactly as configs were written before encoders
-        existed; :meth:`from_dict` reads such a dict back as ``type="gpt"``.
+        existed; every type but T5 omits the T5 fields (:data:`T5_FIELDS`); :meth:`from_dict` reads such a dict back as ``type="gpt"``.
         """
         values = dataclasses.asdict(self)
         if self.type == "gpt":
             for name in ENCODER_FIELDS:
+                del values[name]
+        if self.type != "t5":
+            for name in T5_FIELDS:
                 del values[name]
         return values
 

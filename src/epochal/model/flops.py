@@ -6,6 +6,9 @@ counts the parameters that take part in matrix multiplies (every block linear an
 the output head, plus an encoder's masked-LM transform ``lm_head.dense``; not the
 embedding lookups, norms, biases or the per-sequence pooler/binary head) and the second term
 is the attention score/value products (not halved for causality).
+
+For T5 a "token" is one encoder token plus one decoder token (equal lengths
+``seq_length``): every encoder and decoder block is counted, cross-attention too.
 """
 
 from __future__ import annotations
@@ -19,13 +22,15 @@ def matmul_parameters(config: ModelConfig) -> int:
     """Number of weights used in matrix multiplies per token (blocks + head)."""
     h, hd = config.hidden_size, config.head_dim
     attn = h * hd * (2 * config.num_attention_heads + 2 * config.num_kv_heads)
-    n_mats = 3 if config.activation == "swiglu" else 2
+    n_mats = 3 if config.activation in ("swiglu", "gated_gelu") else 2
     mlp = n_mats * h * config.ffn_size
     head = h * config.padded_vocab_size + (h * h if config.is_encoder else 0)
+    if config.type == "t5":  # encoder blocks + decoder blocks (with cross-attention)
+        return config.num_blocks * (attn + mlp) + config.num_decoder_layers * attn + head
     return config.num_layers * (attn + mlp) + head
 
 
 def training_flops_per_token(config: ModelConfig, seq_length: int) -> float:
     """Forward + backward FLOPs per token of a training step at sequence length ``seq_length``."""
-    attn = 12 * config.num_layers * config.num_attention_heads * config.head_dim * seq_length
+    attn = 12 * config.num_blocks * config.num_attention_heads * config.head_dim * seq_length
     return 6.0 * matmul_parameters(config) + attn

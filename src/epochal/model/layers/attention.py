@@ -28,6 +28,15 @@ row-sharded ``wo`` work unchanged. Query head ``i`` uses key/value group
 under tensor parallelism set :attr:`Attention.alibi_heads` to this rank's
 slice of heads and call :meth:`Attention.init_buffers`.
 
+Query-key scale: ``config.softmax_scale`` (``None`` = ``1 / sqrt(head_dim)``;
+Hugging Face T5 uses 1.0).
+
+Additive position bias (T5's relative attention bias): ``forward(...,
+position_bias=bias)`` with a float ``[1 or b, heads, s, s_k]`` tensor adds it to
+the scaled scores, after which the mask kind's masks (causal, ``attention_mask``)
+apply as ``-inf``. Under tensor parallelism the bias holds every head and
+:attr:`Attention.bias_heads` selects this module's slice (like ``alibi_heads``).
+
 Incremental decoding: ``forward(..., kv_cache=slot)`` with a
 :class:`~epochal.model.kv_cache.LayerKVCache` appends this call's keys/values
 to the cache and attends over all cached tokens; the causal mask (and ALiBi's
@@ -117,6 +126,10 @@ class Attention(nn.Module):
         self.wk = nn.Linear(config.hidden_size, self.num_kv_heads * hd, bias=config.qkv_bias)
         self.wv = nn.Linear(config.hidden_size, self.num_kv_heads * hd, bias=config.qkv_bias)
         self.wo = nn.Linear(self.num_heads * hd, config.hidden_size, bias=config.add_bias_linear)
+        self.softmax_scale = config.softmax_scale
+        #: slice of the global heads this module computes, for ``position_bias``
+        #: (tensor parallelism); ``None`` = all heads.
+        self.bias_heads: slice | None = None
         self.use_alibi = config.position_embedding_type == "alibi"
         #: slice of the global heads this module computes (ALiBi under tensor parallelism).
         self.alibi_heads: slice | None = None
@@ -141,6 +154,7 @@ class Attention(nn.Module):
         attention_mask: torch.Tensor | None = None,
         kv_cache: LayerKVCache | None = None,
         context: torch.Tensor | None = None,
+        position_bias: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Attend (causally, bidirectionally or to ``context``: see :attr:`mask_kind`).
 
@@ -155,6 +169,8 @@ class Attention(nn.Module):
                 Cross: ``s_k = s_ctx``. Every row must keep at least one key.
             kv_cache: causal only: this layer's cache slot for incremental decoding, or None.
             context: cross only: the attended sequence ``[b, s_ctx, hidden]``.
+            position_bias: optional float ``[1 or b, heads, s, s_k]`` added to the
+                scaled scores (T5's relative bias; all heads, see :attr:`bias_heads`).
 
         Returns:
             ``[b, s, hidden]``.
@@ -169,7 +185,9 @@ class Attention(nn.Module):
                 + ("needs a context" if context is None else "takes no context")
             )
         if self.mask_kind != "causal":
-            return self._forward_noncausal(x, rope, attention_mask, kv_cache, context)
+            return self._forward_noncausal(
+                x, rope, attention_mask, kv_cache, context, position_bias
+            )
         b, s, _ = x.shape
         hd = self.head_dim
         q = self.wq(x).view(b, s, -1, hd)
@@ -187,21 +205,38 @@ class Attention(nn.Module):
         s_k = past + s
         k, v = _repeat_kv(q, k, v)
         dropout_p = self.dropout_p if self.training else 0.0
-        if self.use_alibi:
+        scale = self.softmax_scale
+        if position_bias is not None:
+            masked_out = causal_mask_out(s, device=q.device, key_length=s_k)
+            if attention_mask is not None:
+                masked_out = attention_mask | masked_out
+            bias = self._bias(position_bias, masked_out, q.dtype)
+            out = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=bias, dropout_p=dropout_p, scale=scale
+            )
+        elif self.use_alibi:
             bias = alibi_bias(
                 self.alibi_slopes, s, dtype=q.dtype, mask=attention_mask, key_length=s_k
             )
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout_p)
+            out = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=bias, dropout_p=dropout_p, scale=scale
+            )
         elif attention_mask is not None:
             keep = ~(attention_mask | causal_mask_out(s, device=q.device, key_length=s_k))
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, dropout_p=dropout_p)
+            out = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=keep, dropout_p=dropout_p, scale=scale
+            )
         elif past == 0:
-            out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
+            out = F.scaled_dot_product_attention(
+                q, k, v, dropout_p=dropout_p, is_causal=True, scale=scale
+            )
         elif s == 1:  # one new token sees every cached key
-            out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p)
+            out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, scale=scale)
         else:
             keep = ~causal_mask_out(s, device=q.device, key_length=s_k)
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, dropout_p=dropout_p)
+            out = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=keep, dropout_p=dropout_p, scale=scale
+            )
         out = out.transpose(1, 2).reshape(b, s, -1)
         return self.wo(out)
 
@@ -212,6 +247,7 @@ class Attention(nn.Module):
         attention_mask: torch.Tensor | None,
         kv_cache: LayerKVCache | None,
         context: torch.Tensor | None,
+        position_bias: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Bidirectional self-attention or cross-attention (no causal mask, no cache)."""
         if kv_cache is not None:
@@ -230,10 +266,26 @@ class Attention(nn.Module):
             k = apply_rotary(k, cos, sin)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         k, v = _repeat_kv(q, k, v)
-        keep = None if attention_mask is None else ~attention_mask
+        if position_bias is not None:
+            mask = self._bias(position_bias, attention_mask, q.dtype)
+        else:
+            mask = None if attention_mask is None else ~attention_mask
         dropout_p = self.dropout_p if self.training else 0.0
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, dropout_p=dropout_p)
+        out = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=self.softmax_scale
+        )
         return self.wo(out.transpose(1, 2).reshape(b, s, -1))
+
+    def _bias(
+        self, position_bias: torch.Tensor, masked_out: torch.Tensor | None, dtype: torch.dtype
+    ) -> torch.Tensor:
+        """The float SDPA mask: this module's heads of ``position_bias``, ``-inf`` where masked out."""
+        if self.bias_heads is not None:
+            position_bias = position_bias[:, self.bias_heads]
+        bias = position_bias.to(dtype)
+        if masked_out is not None:
+            bias = bias.masked_fill(masked_out, float("-inf"))
+        return bias
 
 
 def _repeat_kv(

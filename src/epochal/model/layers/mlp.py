@@ -1,11 +1,13 @@
-"""The feed-forward block: GELU MLP or SwiGLU.
+"""The feed-forward block: GELU / ReLU MLP, SwiGLU or gated GELU.
 
 Parameters (stable names):
 
-- GELU (``activation="gelu"`` or ``"gelu_tanh"``): ``fc1`` (hidden -> ffn),
-  ``fc2`` (ffn -> hidden); ``out = fc2(gelu(fc1(x)))``.
-- SwiGLU (``activation="swiglu"``): ``w1`` (gate, hidden -> ffn), ``w3`` (up,
-  hidden -> ffn), ``w2`` (down, ffn -> hidden); ``out = w2(silu(w1(x)) * w3(x))``.
+- GELU / ReLU (``activation="gelu"``, ``"gelu_tanh"`` or ``"relu"``): ``fc1``
+  (hidden -> ffn), ``fc2`` (ffn -> hidden); ``out = fc2(act(fc1(x)))``.
+- SwiGLU / gated GELU (``activation="swiglu"`` or ``"gated_gelu"``): ``w1``
+  (gate, hidden -> ffn), ``w3`` (up, hidden -> ffn), ``w2`` (down, ffn -> hidden);
+  ``out = w2(act(w1(x)) * w3(x))`` with ``act`` = SiLU, or GELU's tanh
+  approximation (Hugging Face T5 v1.1's ``wi_0`` / ``wi_1`` / ``wo``).
   Megatron fuses ``[w1; w3]`` into one ``linear_fc1`` (gate rows first); Hugging
   Face Llama calls them ``gate_proj``, ``up_proj``, ``down_proj``.
 
@@ -23,6 +25,9 @@ from epochal.model.config import ModelConfig
 
 __all__ = ["MLP"]
 
+#: activations with a gate (``w1``, ``w3``, ``w2``).
+_GATED = ("swiglu", "gated_gelu")
+
 
 class MLP(nn.Module):
     """Position-wise feed-forward network over ``[..., hidden]``."""
@@ -31,7 +36,7 @@ class MLP(nn.Module):
         super().__init__()
         h, f, bias = config.hidden_size, config.ffn_size, config.add_bias_linear
         self.activation = config.activation
-        if self.activation == "swiglu":
+        if self.activation in _GATED:
             self.w1 = nn.Linear(h, f, bias=bias)
             self.w3 = nn.Linear(h, f, bias=bias)
             self.w2 = nn.Linear(f, h, bias=bias)
@@ -43,5 +48,9 @@ class MLP(nn.Module):
         """``[..., hidden] -> [..., hidden]``."""
         if self.activation == "swiglu":
             return self.w2(F.silu(self.w1(x)) * self.w3(x))
+        if self.activation == "gated_gelu":
+            return self.w2(F.gelu(self.w1(x), approximate="tanh") * self.w3(x))
+        if self.activation == "relu":
+            return self.fc2(F.relu(self.fc1(x)))
         approximate = "tanh" if self.activation == "gelu_tanh" else "none"
         return self.fc2(F.gelu(self.fc1(x), approximate=approximate))
