@@ -205,3 +205,47 @@ def encoder_like(type: str = "bert", **kw) -> ModelConfig:
         )
     base.update(kw)
     return ModelConfig(**base)
+
+
+def hf_t5(version: str = "1.1", *, seed: int = 0, vocab: int = 96, **kw):
+    """A tiny random Hugging Face T5 in eval mode: ``"1.0"`` (relu, scaled tied head),
+    ``"1.1"`` (gated-gelu, unscaled head) or ``"mt5"`` (MT5 class, gated-gelu)."""
+    import transformers
+
+    v10 = version == "1.0"
+    values = dict(
+        vocab_size=vocab,
+        d_model=64,
+        d_kv=16,
+        d_ff=96,
+        num_layers=2,
+        num_decoder_layers=3,
+        num_heads=4,
+        relative_attention_num_buckets=8,
+        relative_attention_max_distance=20,
+        dropout_rate=0.0,
+        feed_forward_proj="relu" if v10 else "gated-gelu",
+        tie_word_embeddings=v10,
+        layer_norm_epsilon=1e-6,
+        decoder_start_token_id=0,
+    )
+    values.update(kw)
+    if version == "mt5":
+        model = transformers.MT5ForConditionalGeneration(transformers.MT5Config(**values))
+    else:
+        model = transformers.T5ForConditionalGeneration(transformers.T5Config(**values))
+    randomize(model, seed, std=0.1)
+    return model.eval()
+
+
+def t5_inputs(vocab: int = 96, seed: int = 1):
+    """``(encoder ids [3, 11], decoder ids [3, 7], encoder mask, decoder mask)`` with padding."""
+    g = torch.Generator().manual_seed(seed)
+    enc = torch.randint(2, vocab, (3, 11), generator=g)
+    dec = torch.randint(2, vocab, (3, 7), generator=g)
+    enc_mask = torch.ones(3, 11, dtype=torch.long)
+    enc_mask[1, 8:] = 0
+    enc_mask[2, 4:] = 0
+    dec_mask = torch.ones(3, 7, dtype=torch.long)
+    dec_mask[2, 5:] = 0
+    return enc, dec, enc_mask, dec_mask

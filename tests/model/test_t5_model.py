@@ -1,150 +1,45 @@
-"""T5Model: logits equal Hugging Face T5 (v1.0 and v1.1) for the same weights; cache, masks, config."""
+"""T5Model: logits equal Hugging Face T5 (v1.0 and v1.1) for the same weights; cache, masks, config.
+
+The weights go through :mod:`epochal.convert.hf_t5`'s in-memory functions; the
+file round trips are in ``tests/convert/test_convert_hf_t5.py``.
+"""
 
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 import torch
 
+from epochal.convert.hf_t5 import ours_config_from_t5, ours_state_from_t5
 from epochal.model import ModelConfig, T5Model, build_model
 from epochal.model.config import ConfigError
 from epochal.model.generation.kv_cache import KVCache
 from epochal.model.layers.relative_bias import relative_position_bucket
+from tests.convert.hf_models import hf_t5, t5_inputs
 
 transformers = pytest.importorskip("transformers")
 
 VOCAB = 96
 
 
-def hf_t5(version: str):
-    """A tiny random Hugging Face T5 (v1.0: relu, tied; v1.1: gated-gelu, untied), eval mode."""
-    v10 = version == "1.0"
-    cfg = transformers.T5Config(
-        vocab_size=VOCAB,
-        d_model=64,
-        d_kv=16,
-        d_ff=96,
-        num_layers=2,
-        num_decoder_layers=3,
-        num_heads=4,
-        relative_attention_num_buckets=8,
-        relative_attention_max_distance=20,
-        dropout_rate=0.0,
-        feed_forward_proj="relu" if v10 else "gated-gelu",
-        tie_word_embeddings=v10,
-        layer_norm_epsilon=1e-6,
-        decoder_start_token_id=0,
-    )
-    torch.manual_seed(0)
-    model = transformers.T5ForConditionalGeneration(cfg).eval()
-    with torch.no_grad():  # make the norms non-trivial
-        for name, p in model.named_parameters():
-            if "layer_norm" in name:
-                p.uniform_(0.5, 1.5)
-    return model
-
-
-def hf_scales_output(hf_model) -> bool:
-    """Whether HF rescales the decoder output (transformers >= 5 names it separately)."""
-    c = hf_model.config
-    return bool(getattr(c, "scale_decoder_outputs", c.tie_word_embeddings))
-
-
-def hf_tied(hf_model) -> bool:
-    """Whether the HF head IS the shared embedding (transformers >= 5 always ties T5)."""
-    return hf_model.lm_head.weight.data_ptr() == hf_model.shared.weight.data_ptr()
-
-
-def our_config(hf_model) -> ModelConfig:
-    c = hf_model.config
-    return ModelConfig(
-        type="t5",
-        vocab_size=c.vocab_size,
-        make_vocab_size_divisible_by=1,
-        hidden_size=c.d_model,
-        kv_channels=c.d_kv,
-        ffn_hidden_size=c.d_ff,
-        num_layers=c.num_layers,
-        decoder_num_layers=c.num_decoder_layers,
-        num_attention_heads=c.num_heads,
-        max_position_embeddings=512,
-        position_embedding_type="relative",
-        relative_attention_num_buckets=c.relative_attention_num_buckets,
-        relative_attention_max_distance=c.relative_attention_max_distance,
-        normalization="RMSNorm",
-        norm_epsilon=c.layer_norm_epsilon,
-        activation="gated_gelu" if c.is_gated_act else "relu",
-        add_bias_linear=False,
-        softmax_scale=1.0,
-        untie_embeddings_and_output_weights=not hf_tied(hf_model),
-        scale_decoder_output=hf_scales_output(hf_model),
-        hidden_dropout=0.0,
-        attention_dropout=0.0,
-    )
-
-
-def copy_hf_weights(hf_model, model: T5Model) -> None:
-    """Test-local name mapping (the converter in epochal.convert is tested on its own)."""
-    sd = hf_model.state_dict()
-    c = hf_model.config
-    n_enc = c.num_layers
-    ours: dict[str, torch.Tensor] = {"tok_embeddings.weight": sd["shared.weight"]}
-    ours["encoder_relative_bias.weight"] = sd[
-        "encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight"
-    ]
-    ours["decoder_relative_bias.weight"] = sd[
-        "decoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight"
-    ]
-    ours["encoder_norm.weight"] = sd["encoder.final_layer_norm.weight"]
-    ours["decoder_norm.weight"] = sd["decoder.final_layer_norm.weight"]
-    if not hf_tied(hf_model):
-        ours["output.weight"] = sd["lm_head.weight"]
-
-    def mlp(src: str, dst: str) -> None:
-        if c.is_gated_act:
-            ours[f"{dst}.mlp.w1.weight"] = sd[f"{src}.DenseReluDense.wi_0.weight"]
-            ours[f"{dst}.mlp.w3.weight"] = sd[f"{src}.DenseReluDense.wi_1.weight"]
-            ours[f"{dst}.mlp.w2.weight"] = sd[f"{src}.DenseReluDense.wo.weight"]
-        else:
-            ours[f"{dst}.mlp.fc1.weight"] = sd[f"{src}.DenseReluDense.wi.weight"]
-            ours[f"{dst}.mlp.fc2.weight"] = sd[f"{src}.DenseReluDense.wo.weight"]
-        ours[f"{dst}.ffn_norm.weight"] = sd[f"{src}.layer_norm.weight"]
-
-    for i in range(n_enc):
-        src, dst = f"encoder.block.{i}.layer", f"layers.{i}"
-        for x in "qkvo":
-            ours[f"{dst}.attention.w{x}.weight"] = sd[f"{src}.0.SelfAttention.{x}.weight"]
-        ours[f"{dst}.attention_norm.weight"] = sd[f"{src}.0.layer_norm.weight"]
-        mlp(f"{src}.1", dst)
-    for j in range(c.num_decoder_layers):
-        src, dst = f"decoder.block.{j}.layer", f"layers.{n_enc + j}"
-        for x in "qkvo":
-            ours[f"{dst}.attention.w{x}.weight"] = sd[f"{src}.0.SelfAttention.{x}.weight"]
-            ours[f"{dst}.cross_attention.w{x}.weight"] = sd[f"{src}.1.EncDecAttention.{x}.weight"]
-        ours[f"{dst}.attention_norm.weight"] = sd[f"{src}.0.layer_norm.weight"]
-        ours[f"{dst}.cross_attention_norm.weight"] = sd[f"{src}.1.layer_norm.weight"]
-        mlp(f"{src}.2", dst)
-    missing, unexpected = model.load_state_dict(ours, strict=False)
-    assert not unexpected
-    assert set(missing) <= {"output.weight"}  # tied
+def from_hf(hf_model) -> T5Model:
+    """Our model with ``hf_model``'s weights (through the converter's in-memory functions)."""
+    weights = hf_model.state_dict()
+    config = ours_config_from_t5(hf_model.config.to_dict(), weights, make_vocab_size_divisible_by=1)
+    model = build_model(dataclasses.replace(config, hidden_dropout=0.0, attention_dropout=0.0))
+    model.load_state_dict(ours_state_from_t5(weights, config), strict=True)
+    return model.eval()
 
 
 def _inputs():
-    g = torch.Generator().manual_seed(1)
-    enc = torch.randint(2, VOCAB, (3, 11), generator=g)
-    dec = torch.randint(2, VOCAB, (3, 7), generator=g)
-    enc_mask = torch.ones(3, 11, dtype=torch.long)
-    enc_mask[1, 8:] = 0
-    enc_mask[2, 4:] = 0
-    dec_mask = torch.ones(3, 7, dtype=torch.long)
-    dec_mask[2, 5:] = 0
-    return enc, dec, enc_mask, dec_mask
+    return t5_inputs(VOCAB)
 
 
 @pytest.mark.parametrize("version", ["1.0", "1.1"])
 def test_logits_equal_hugging_face_t5(version: str) -> None:
-    hf = hf_t5(version)
-    model = build_model(our_config(hf)).eval()
-    copy_hf_weights(hf, model)
+    hf = hf_t5(version, vocab=VOCAB)
+    model = from_hf(hf)
     enc, dec, enc_mask, dec_mask = _inputs()
     with torch.no_grad():
         ref = hf(
@@ -289,3 +184,28 @@ def test_other_types_serialize_without_t5_fields() -> None:
     assert ModelConfig.from_dict(t5.to_dict()) == t5
     with pytest.raises(ValueError, match="model.type='t5'"):
         T5Model(gpt)
+
+
+def test_a_gpt_checkpoint_is_refused_for_a_t5_config(tmp_path) -> None:
+    """The trainer's checkpoint check names the model type found and the one configured."""
+    from types import SimpleNamespace
+
+    from epochal.train.checkpoint import CheckpointError
+    from epochal.train.trainer import Trainer
+
+    gpt = ModelConfig(
+        vocab_size=100,
+        hidden_size=64,
+        num_layers=2,
+        num_attention_heads=4,
+        max_position_embeddings=32,
+    )
+    t5 = _megatron_style_config()
+    trainer = SimpleNamespace(model_config=t5)
+    with pytest.raises(CheckpointError, match="holds a 'gpt' model.*model.type='t5'"):
+        Trainer.check_model_config(trainer, tmp_path, {"model_config": gpt.to_dict()})
+    with pytest.raises(CheckpointError, match="holds a 't5' model.*model.type='gpt'"):
+        Trainer.check_model_config(
+            SimpleNamespace(model_config=gpt), tmp_path, {"model_config": t5.to_dict()}
+        )
+    Trainer.check_model_config(trainer, tmp_path, {"model_config": t5.to_dict()})  # same: fine

@@ -67,10 +67,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("output options")
     group.add_argument(
         "--hf-architecture",
-        choices=("gpt2", "llama", "bert", "megatron-bert", "esm"),
+        choices=("gpt2", "llama", "bert", "megatron-bert", "esm", "t5", "mt5"),
         default=None,
         help="HF output class (default: GPT -> gpt2 for learned positions, llama for RoPE; "
-        "BERT -> bert (post-LN) or megatron-bert (pre-LN); ESM -> esm)",
+        "BERT -> bert (post-LN) or megatron-bert (pre-LN); ESM -> esm; T5 -> t5 (or mt5))",
     )
     group.add_argument(
         "--tensor-parallel", type=int, default=1, help="Megatron output: tensor-parallel size"

@@ -7,12 +7,14 @@ requested dtype), written into a temporary folder that is renamed into place
 when complete. ``transformers`` is not needed for either.
 
 The architecture is chosen by ``config.json``'s ``model_type`` on import
-(:data:`IMPORTERS`: ``gpt2``, ``llama``, ``bert``, ``megatron-bert``, ``esm``) and on
+(:data:`IMPORTERS`: ``gpt2``, ``llama``, ``bert``, ``megatron-bert``, ``esm``, ``t5``,
+``mt5``) and on
 export by the model (:func:`hf_architecture_for`; or named explicitly): a GPT with
 learned absolute positions -> ``GPT2LMHeadModel``, with RoPE ->
 ``LlamaForCausalLM``; a BERT -> ``BertForMaskedLM`` / ``BertForPreTraining``
 (post-LN) or ``MegatronBertForMaskedLM`` / ``MegatronBertForPreTraining``
-(pre-LN); an ESM -> ``EsmForMaskedLM``.
+(pre-LN); an ESM -> ``EsmForMaskedLM``; a T5 -> ``T5ForConditionalGeneration`` (or
+``MT5ForConditionalGeneration`` when ``mt5`` is named).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from typing import Any, Literal
 import torch
 
 from epochal._atomic import atomic_directory
-from epochal.convert import hf_bert, hf_esm, hf_gpt2, hf_llama
+from epochal.convert import hf_bert, hf_esm, hf_gpt2, hf_llama, hf_t5
 from epochal.convert.common import ConversionError, check_shapes, complete_tied
 from epochal.convert.hf_tokenizer import hf_tokenizer_files
 from epochal.convert.safe_load import load_safetensors, safe_torch_load
@@ -42,7 +44,7 @@ __all__ = [
     "save_hf_checkpoint",
 ]
 
-Architecture = Literal["gpt2", "llama", "bert", "megatron-bert", "esm"]
+Architecture = Literal["gpt2", "llama", "bert", "megatron-bert", "esm", "t5", "mt5"]
 ConfigReader = Callable[[dict[str, Any], dict[str, torch.Tensor], int], ModelConfig]
 StateReader = Callable[[dict[str, torch.Tensor], ModelConfig, str], dict[str, torch.Tensor]]
 
@@ -74,6 +76,14 @@ IMPORTERS: dict[str, tuple[ConfigReader, StateReader]] = {
         lambda hf, w, m: hf_esm.ours_config_from_esm(hf, make_vocab_size_divisible_by=m),
         lambda w, c, src: hf_esm.ours_state_from_esm(w, c, source=src),
     ),
+    "t5": (
+        lambda hf, w, m: hf_t5.ours_config_from_t5(hf, w, make_vocab_size_divisible_by=m),
+        lambda w, c, src: hf_t5.ours_state_from_t5(w, c, source=src),
+    ),
+    "mt5": (
+        lambda hf, w, m: hf_t5.ours_config_from_t5(hf, w, make_vocab_size_divisible_by=m),
+        lambda w, c, src: hf_t5.ours_state_from_t5(w, c, source=src),
+    ),
 }
 
 #: architecture -> (``config.json`` writer, state writer), both from ``(config[, state])``.
@@ -85,6 +95,11 @@ EXPORTERS: dict[
     "bert": (hf_bert.bert_config_from_ours, hf_bert.bert_state_from_ours),
     "megatron-bert": (hf_bert.bert_config_from_ours, hf_bert.bert_state_from_ours),
     "esm": (hf_esm.esm_config_from_ours, hf_esm.esm_state_from_ours),
+    "t5": (hf_t5.t5_config_from_ours, hf_t5.t5_state_from_ours),
+    "mt5": (
+        lambda c: hf_t5.t5_config_from_ours(c, architecture="mt5"),
+        hf_t5.t5_state_from_ours,
+    ),
 }
 
 
@@ -183,10 +198,11 @@ def load_hf_checkpoint(
     Args:
         folder: the model folder (``config.json`` + weights) of a ``GPT2LMHeadModel``,
             ``LlamaForCausalLM``, ``BertForMaskedLM`` / ``BertForPreTraining``,
-            ``MegatronBertForMaskedLM`` / ``MegatronBertForPreTraining`` or ``EsmForMaskedLM``.
+            ``MegatronBertForMaskedLM`` / ``MegatronBertForPreTraining``, ``EsmForMaskedLM``,
+            ``T5ForConditionalGeneration`` or ``MT5ForConditionalGeneration``.
         make_vocab_size_divisible_by: our vocabulary padding multiple.
         model_type: if given, our ``ModelConfig.type`` the caller expects
-            (``"gpt"``, ``"bert"``, ``"esm"``); a folder holding another type is refused.
+            (``"gpt"``, ``"bert"``, ``"esm"``, ``"t5"``); a folder holding another type is refused.
 
     Raises:
         FileNotFoundError: the folder, ``config.json`` or the weights are missing.
@@ -220,7 +236,7 @@ def hf_architecture_for(config: ModelConfig) -> Architecture:
     """The default Hugging Face architecture of ``config``.
 
     GPT: ``"gpt2"`` for learned absolute positions, ``"llama"`` for RoPE. BERT:
-    ``"bert"`` (post-LN) or ``"megatron-bert"`` (pre-LN). ESM: ``"esm"``.
+    ``"bert"`` (post-LN) or ``"megatron-bert"`` (pre-LN). ESM: ``"esm"``. T5: ``"t5"``.
 
     Raises:
         ConversionError: a GPT position encoding with no Hugging Face target here.
@@ -229,6 +245,8 @@ def hf_architecture_for(config: ModelConfig) -> Architecture:
         return "megatron-bert" if config.transformer_block_type == "pre_ln" else "bert"
     if config.type == "esm":
         return "esm"
+    if config.type == "t5":
+        return "t5"
     if config.position_embedding_type == "learned_absolute":
         return "gpt2"
     if config.position_embedding_type == "rope":
@@ -294,9 +312,9 @@ def save_hf_checkpoint(
     if arch not in EXPORTERS:
         raise ConversionError(f"architecture={arch!r} is not one of {sorted(EXPORTERS)}")
     write_config, write_state = EXPORTERS[arch]
-    if config.is_encoder or arch not in ("gpt2", "llama"):
-        expected = hf_architecture_for(config) if config.is_encoder else "gpt2' or 'llama"
-        if arch != expected:
+    if config.type != "gpt" or arch not in ("gpt2", "llama"):
+        expected = hf_architecture_for(config) if config.type != "gpt" else "gpt2' or 'llama"
+        if arch != expected and not (expected == "t5" and arch == "mt5"):
             raise ConversionError(
                 f"architecture={arch!r} does not fit model.type={config.type!r} "
                 f"(transformer_block_type={config.transformer_block_type!r}); use '{expected}'"
@@ -307,9 +325,9 @@ def save_hf_checkpoint(
     out_dtype = dtype or state["tok_embeddings.weight"].dtype
     hf_config["dtype"] = str(out_dtype).removeprefix("torch.")
     hf_state = write_state(state, config)
-    if not config.is_encoder or bos_token_id is not None:
+    if config.type == "gpt" or bos_token_id is not None:
         hf_config["bos_token_id"] = bos_token_id
-    if not config.is_encoder or eos_token_id is not None:
+    if config.type == "gpt" or eos_token_id is not None:
         hf_config["eos_token_id"] = eos_token_id
     if pad_token_id is not None:
         hf_config["pad_token_id"] = pad_token_id

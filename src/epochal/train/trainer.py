@@ -529,6 +529,13 @@ class Trainer:
         recorded = saved.get("model_config")
         if not isinstance(recorded, dict):
             return  # older checkpoints: DCP's shape check still refuses a wrong model
+        found = recorded.get("type", "gpt")  # a GPT config is written without "type"
+        if found != self.model_config.type:
+            raise CheckpointError(
+                f"{folder} holds a {found!r} model, but the config says "
+                f"model.type={self.model_config.type!r}; use a checkpoint of a "
+                f"{self.model_config.type!r} model (or convert it)"
+            )
         ours = self.model_config.to_dict()
         diff = [
             f"model.{k}: checkpoint {recorded.get(k)!r} vs config {v!r}"
