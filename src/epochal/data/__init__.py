@@ -58,6 +58,9 @@ _EXPORTS = {
     "BERTDataset": "datasets.bert_dataset",
     "BERTDatasetConfig": "datasets.bert_builder",
     "build_bert_datasets": "datasets.bert_builder",
+    "T5Dataset": "datasets.t5_dataset",
+    "T5DatasetConfig": "datasets.t5_builder",
+    "build_t5_datasets": "datasets.t5_builder",
     # samplers and loaders
     "MegatronPretrainingSampler": "loading.samplers",
     "MegatronPretrainingRandomSampler": "loading.samplers",

@@ -180,7 +180,6 @@ def build_bert_datasets(
             sentences when ``classification_head`` is on (the message names the file).
         FileNotFoundError / OSError: a missing or unreadable ``.bin``/``.idx`` pair.
     """
-    sizes_list = _sizes(sizes)
 
     def make(low: Any, documents: np.ndarray, num_samples: int | None, split_index: int) -> Any:
         return BERTDataset(
@@ -198,6 +197,26 @@ def build_bert_datasets(
             group=group,
         )
 
+    return build_masked_datasets(config, sizes, make, open_indexed=open_indexed, group=group)
+
+
+def build_masked_datasets(
+    config: BERTDatasetConfig,
+    sizes: Sequence[int | None],
+    make: Callable[[Any, np.ndarray, int | None, int], Any],
+    *,
+    open_indexed: Callable[[str], Any] | None = None,
+    group: Any = None,
+) -> list[Any]:
+    """The blends and splits of Megatron's masked datasets (BERT, T5), by documents.
+
+    Args:
+        config: a :class:`BERTDatasetConfig` (or subclass).
+        sizes: ``(train, valid, test)`` sample counts; ``None`` = one epoch of the split.
+        make: ``(indexed, document ids, num_samples, split index) -> dataset``.
+        open_indexed, group: as :func:`build_bert_datasets`.
+    """
+    sizes_list = _sizes(sizes)
     opener = open_indexed or _open_indexed(config.mmap, config.path_to_cache)
     builder = _Builder(config, sizes_list, opener, group, make=make)
     return build_from_paths(

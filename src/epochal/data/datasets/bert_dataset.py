@@ -126,6 +126,10 @@ class BERTDataset(Dataset):
             for two segments, ``classification_head``).
     """
 
+    #: tokens of a sample that are not corpus tokens ([CLS] and two [SEP]); the sample
+    #: index targets ``seq_length - RESERVED_TOKENS`` corpus tokens.
+    RESERVED_TOKENS = 3
+
     def __init__(
         self,
         indexed_dataset: Any,
@@ -185,7 +189,7 @@ class BERTDataset(Dataset):
                 )
         split_bounds = bounds[first : end + 1]
         min_sentences = 2 if self.classification_head else 1
-        max_length = self.seq_length - 3
+        max_length = self.seq_length - self.RESERVED_TOKENS
 
         def identity() -> dict[str, Any]:
             lo, hi = int(split_bounds[0]), int(split_bounds[-1])
@@ -288,7 +292,9 @@ class BERTDataset(Dataset):
                 "preprocess the corpus with --split-sentences (one sequence per sentence) or "
                 "set classification_head=False"
             )
-        return ValueError(f"{self.name}: the {self.split} split yields no BERT sample{reason}")
+        return ValueError(
+            f"{self.name}: the {self.split} split yields no {type(self).__name__} sample{reason}"
+        )
 
     def __len__(self) -> int:
         """Number of samples (>= ``num_samples`` when that was given)."""

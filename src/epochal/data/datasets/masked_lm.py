@@ -4,6 +4,9 @@
 with ``BERTMaskedWordPieceDataset._get_token_mask`` of Megatron-Core 0.16.1: the same
 candidates (whole words with ``do_full_word``), the same N-gram choice and the same
 calls on the same ``numpy.random.RandomState``, hence the same masks for the same state.
+:func:`create_masked_spans` is the same with ``T5MaskedWordPieceDataset._get_token_mask``
+(every chosen token becomes ``[MASK]``, with no draw) and returns the masked N-grams
+as spans, which T5 replaces by sentinels.
 
 One difference, on purpose: Megatron draws the N of each *permutation* candidate from
 numpy's **global** generator (``numpy.random.choice``), which makes its samples depend
@@ -147,7 +150,7 @@ def create_masked_lm_predictions(
     options: MaskingOptions,
     permutation_state: np.random.RandomState | None = None,
 ) -> tuple[list[int], list[int], list[int]]:
-    """Mask (and with ``do_permutation`` shuffle) N-grams of ``token_ids``.
+    """Mask (and with ``do_permutation`` shuffle) N-grams of ``token_ids`` (BERT: 80/10/10).
 
     Args:
         token_ids: ``[CLS] A [SEP] (B [SEP])`` ids.
@@ -162,6 +165,48 @@ def create_masked_lm_predictions(
     Returns:
         ``(masked ids, masked positions ascending, their original ids)``.
     """
+    masked, positions_and_labels, _ = _mask(
+        token_ids, target_sequence_length, state, vocab, options, permutation_state, False
+    )
+    return (
+        masked,
+        [position for position, _ in positions_and_labels],
+        [label for _, label in positions_and_labels],
+    )
+
+
+def create_masked_spans(
+    token_ids: list[int],
+    target_sequence_length: int,
+    state: np.random.RandomState,
+    vocab: WordPieceVocabulary,
+    options: MaskingOptions,
+    permutation_state: np.random.RandomState | None = None,
+) -> tuple[list[int], list[tuple[list[int], list[int]]]]:
+    """Mask N-grams of ``token_ids`` with ``[MASK]`` only (T5); same draws as Megatron-Core's T5.
+
+    Arguments as :func:`create_masked_lm_predictions`.
+
+    Returns:
+        ``(masked ids, spans)``: ``spans`` are ``(positions, original ids)`` of each
+        masked N-gram, ordered by first position (permuted N-grams are not spans).
+    """
+    masked, _, spans = _mask(
+        token_ids, target_sequence_length, state, vocab, options, permutation_state, True
+    )
+    return masked, spans
+
+
+def _mask(
+    token_ids: list[int],
+    target_sequence_length: int,
+    state: np.random.RandomState,
+    vocab: WordPieceVocabulary,
+    options: MaskingOptions,
+    permutation_state: np.random.RandomState | None,
+    always_mask: bool,
+) -> tuple[list[int], list[tuple[int, int]], list[tuple[list[int], list[int]]]]:
+    """The shared algorithm: ``(masked ids, sorted (position, label) pairs, sorted spans)``."""
     candidates = _candidates(token_ids, vocab, options.do_full_word)
     n_maskings = min(
         options.probability * target_sequence_length,
@@ -173,6 +218,7 @@ def create_masked_lm_predictions(
 
     masked = list(token_ids)
     positions_and_labels: list[tuple[int, int]] = []
+    spans: list[tuple[list[int], list[int]]] = []
     masked_indices: set[int] = set()
     for start in order.tolist():
         if len(positions_and_labels) >= n_maskings:
@@ -186,9 +232,10 @@ def create_masked_lm_predictions(
             continue
         for index in indices:
             masked_indices.add(index)
-            replacement = _token_mask(vocab, state)
+            replacement = vocab.mask if always_mask else _token_mask(vocab, state)
             masked[index] = token_ids[index] if replacement is None else replacement
             positions_and_labels.append((index, token_ids[index]))
+        spans.append((indices, [token_ids[index] for index in indices]))
 
     state.shuffle(order)
 
@@ -213,8 +260,5 @@ def create_masked_lm_predictions(
             positions_and_labels.append((index, before[index]))
 
     positions_and_labels.sort(key=lambda pair: pair[0])
-    return (
-        masked,
-        [position for position, _ in positions_and_labels],
-        [label for _, label in positions_and_labels],
-    )
+    spans.sort(key=lambda span: span[0][0])
+    return masked, positions_and_labels, spans
