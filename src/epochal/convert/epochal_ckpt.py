@@ -129,7 +129,7 @@ def _model_config(
         return config
     if run_config is None:
         raise ConversionError(f"{folder}: no config.toml and no model_config in trainer_state.json")
-    from epochal.train.config import config_from_saved, model_config_from_section
+    from epochal.train.config import config_from_saved, model_config_from_section, position_length
 
     try:
         train_config = config_from_saved(run_config)
@@ -139,7 +139,7 @@ def _model_config(
     if vocab is None:
         vocab = _tokenizer_vocab_size(train_config, folder)
     return model_config_from_section(
-        train_config.model, vocab_size=vocab, seq_length=train_config.data.seq_length
+        train_config.model, vocab_size=vocab, seq_length=position_length(train_config)
     )
 
 

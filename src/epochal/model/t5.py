@@ -122,13 +122,28 @@ class T5Model(TransformerModel):
         self.tie_weights()
 
     # ------------------------------------------------------------------- stacks
-    def encoder_blocks(self) -> list[TransformerBlock]:
-        """The encoder's blocks, in order."""
-        return [b for b in self.layers.values() if not isinstance(b, DecoderBlock)]
+    def encoder_blocks(self) -> list[nn.Module]:
+        """The encoder's blocks (``layers`` ids below ``num_encoder_layers``), in order.
 
-    def decoder_blocks(self) -> list[DecoderBlock]:
-        """The decoder's blocks, in order."""
-        return [b for b in self.layers.values() if isinstance(b, DecoderBlock)]
+        By id, not by class: wrappers (activation recompute, compile) keep the ids.
+        """
+        n = self.config.num_encoder_layers
+        return [b for key, b in self.layers.items() if int(key) < n]
+
+    def decoder_blocks(self) -> list[nn.Module]:
+        """The decoder's blocks (the ids from ``num_encoder_layers`` on), in order."""
+        n = self.config.num_encoder_layers
+        return [b for key, b in self.layers.items() if int(key) >= n]
+
+    def block_segments(self) -> list[list[str]]:
+        """The ``layers`` keys of each stack: ``[encoder keys, decoder keys]``.
+
+        Blocks of one segment take the same inputs; a wrapper that runs several
+        blocks as one (activation recompute groups) must stay within a segment.
+        """
+        n = self.config.num_encoder_layers
+        keys = list(self.layers.keys())
+        return [[k for k in keys if int(k) < n], [k for k in keys if int(k) >= n]]
 
     def _embed(self, tokens: torch.Tensor, offset: int) -> torch.Tensor:
         s = tokens.shape[1]
@@ -169,7 +184,7 @@ class T5Model(TransformerModel):
             s = encoder_tokens.shape[1]
             bias = self.encoder_relative_bias(s, s)
         for block in self.encoder_blocks():
-            h = block(h, None, mask, position_bias=bias)
+            h = block(h, None, mask, None, bias)  # (x, rope, mask, kv_cache, position_bias)
         return self.encoder_norm(h)
 
     def decode(
@@ -215,14 +230,8 @@ class T5Model(TransformerModel):
         if self.decoder_relative_bias is not None:
             bias = self.decoder_relative_bias(s, past + s, offset=past)
         for block in self.decoder_blocks():
-            h = block(
-                h,
-                encoder_output,
-                self_mask,
-                context_mask,
-                kv_cache=kv_cache,
-                position_bias=bias,
-            )
+            # (x, context, mask, context_mask, kv_cache, position_bias)
+            h = block(h, encoder_output, self_mask, context_mask, kv_cache, bias)
         if kv_cache is not None:
             kv_cache.advance(s)
         h = self.decoder_norm(h)

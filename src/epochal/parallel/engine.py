@@ -247,6 +247,7 @@ class ParallelEngine:
             pc.recompute_granularity,
             method=pc.recompute_method,
             num_layers=pc.recompute_num_layers,
+            segments=part.block_segments() if hasattr(part, "block_segments") else None,
         )
         if self.compile:
             compile_part(part, unit_keys, tensor_parallel=self.dims.tp > 1)

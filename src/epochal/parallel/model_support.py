@@ -3,7 +3,8 @@
 GPT and BERT have tensor-parallel plans (with sequence parallelism) and a
 pipeline split. ESM has no sequence parallelism: its ``token_dropout`` rescaling
 and padding multiplication read the whole sequence's tokens inside the
-embedding. Unsupported layouts are refused before anything is built.
+embedding. T5 has tensor parallelism only (:data:`UNSUPPORTED_REASONS` says why
+not the others). Unsupported layouts are refused before anything is built.
 """
 
 from __future__ import annotations
@@ -11,13 +12,30 @@ from __future__ import annotations
 from epochal.model.config import ConfigError, ModelConfig
 from epochal.parallel.dims import ParallelDims
 
-__all__ = ["SUPPORTED_DIMS", "check_model_layout"]
+__all__ = ["SUPPORTED_DIMS", "UNSUPPORTED_REASONS", "check_model_layout"]
 
 #: model type -> the parallel dimensions (beyond data parallelism) it supports.
 SUPPORTED_DIMS: dict[str, frozenset[str]] = {
     "gpt": frozenset({"tensor_parallel", "sequence_parallel", "pipeline_parallel"}),
     "bert": frozenset({"tensor_parallel", "sequence_parallel", "pipeline_parallel"}),
     "esm": frozenset({"tensor_parallel", "pipeline_parallel"}),
+    "t5": frozenset({"tensor_parallel"}),
+}
+
+#: ``(model type, option)`` -> why that dimension is refused (in the error message).
+UNSUPPORTED_REASONS: dict[tuple[str, str], str] = {
+    ("esm", "sequence_parallel"): (
+        "ESM's token_dropout rescaling reads the whole sequence inside the embedding"
+    ),
+    ("t5", "pipeline_parallel"): (
+        "an encoder-decoder pipeline split (Megatron's pipeline_model_parallel_split_rank, "
+        "the encoder output sent to every decoder stage) is not implemented; use "
+        "tensor and data parallelism for T5"
+    ),
+    ("t5", "sequence_parallel"): (
+        "the cross-attention would need the encoder output gathered from sequence shards; "
+        "not implemented for T5 (tensor parallelism without it works)"
+    ),
 }
 
 
@@ -38,8 +56,10 @@ def check_model_layout(
     )
     for option, on in used:
         if on and option not in supported:
+            reason = UNSUPPORTED_REASONS.get((model_config.type, option))
             raise ConfigError(
                 f"parallel.{option}",
-                f"is not supported for model.type={model_config.type!r} "
-                f"(supported: {sorted(supported) or 'data parallelism only'})",
+                f"is not supported for model.type={model_config.type!r}"
+                + (f": {reason}" if reason else "")
+                + f" (supported: {sorted(supported) or 'data parallelism only'})",
             )

@@ -162,6 +162,7 @@ def apply_recompute(
     *,
     method: str = "uniform",
     num_layers: int = 1,
+    segments: list[list[str]] | None = None,
 ) -> list[str]:
     """Wrap the blocks of one model chunk for activation recompute, in place.
 
@@ -170,6 +171,9 @@ def apply_recompute(
         granularity: ``none``, ``full`` or ``selective``.
         method: ``uniform`` or ``block`` (for ``full``).
         num_layers: Megatron's ``recompute_num_layers``.
+        segments: runs of keys that take the same inputs (a T5's encoder blocks,
+            then its decoder blocks: ``T5Model.block_segments()``); the plan applies
+            to each run on its own, so a group never spans two. ``None`` = all keys.
 
     Returns:
         The keys whose modules can be sharded by data parallelism as separate
@@ -179,7 +183,11 @@ def apply_recompute(
         to the enclosing unit).
     """
     keys = list(layers.keys())
-    groups = recompute_plan(len(keys), granularity, method, num_layers)
+    groups: list[list[int]] = []
+    for segment in segments if segments is not None else [keys]:
+        positions = [keys.index(k) for k in segment if k in layers]
+        plan = recompute_plan(len(positions), granularity, method, num_layers)
+        groups += [[positions[i] for i in group] for group in plan]
     in_multi = {i for g in groups if len(g) > 1 for i in g}
     for group in groups:
         head_key = keys[group[0]]

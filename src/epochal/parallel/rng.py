@@ -121,6 +121,9 @@ def apply_dropout_rng_regions(model: nn.Module, tp_rank: int, *, sequence_parall
             regions.append(block)
         elif attention:
             regions.append(block.attention)
+            cross = getattr(block, "cross_attention", None)  # T5 decoder blocks
+            if cross is not None:
+                regions.append(cross)
     if sequence_parallel and hidden and getattr(model, "tok_embeddings", None) is not None:
         regions.append(model.embedding_dropout)
     for module in regions:

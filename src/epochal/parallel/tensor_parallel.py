@@ -1,4 +1,4 @@
-"""Tensor and sequence parallelism for :class:`epochal.model.GPTModel` with DTensor plans.
+"""Tensor and sequence parallelism for the model family (GPT, BERT/ESM, T5) with DTensor plans.
 
 Megatron-LM's layout, expressed with ``torch.distributed.tensor.parallel`` styles
 on the 1-D tensor-parallel mesh (``mesh["tp"]``):
@@ -48,6 +48,11 @@ embedding and the output head shard the same ``[V, h]`` matrix the same way
 Dropout: heads (and, with sequence parallelism, whole blocks and the embedding
 output) draw their masks from a per-rank stream, replicated activations from the
 stream shared by the group (:mod:`epochal.parallel.rng`, Megatron's RNG tracker).
+
+T5 (:func:`_t5_top_plan`): the same block plan for the encoder blocks, plus the
+decoder blocks' ``cross_attention`` sharded by heads like the self-attention
+(queries from the decoder, keys/values from the replicated encoder output); the
+relative bias tables stay replicated and each rank uses its heads' columns.
 
 Requirements (checked by :meth:`epochal.parallel.dims.ParallelDims.validate`):
 ``tp`` divides the heads, the MLP width and the padded vocabulary; with
@@ -183,7 +188,9 @@ def _full_sequence_positions(tp: int) -> Any:
     return hook
 
 
-def _block_plan(config: ModelConfig, tp: int, sequence_parallel: bool) -> dict[str, ParallelStyle]:
+def _block_plan(
+    config: ModelConfig, tp: int, sequence_parallel: bool, *, cross: bool = False
+) -> dict[str, ParallelStyle]:
     seq = Shard(1)
     row_out = seq if sequence_parallel else Replicate()
     plan: dict[str, ParallelStyle] = {}
@@ -204,7 +211,11 @@ def _block_plan(config: ModelConfig, tp: int, sequence_parallel: bool) -> dict[s
         plan["attention.wk"] = ColwiseParallel()
         plan["attention.wv"] = ColwiseParallel()
     plan["attention.wo"] = RowwiseParallel(output_layouts=row_out)
-    if config.activation == "swiglu":
+    if cross:  # a decoder block's cross-attention (T5): sharded by heads like the self-attention
+        for name in ("wq", "wk", "wv"):
+            plan[f"cross_attention.{name}"] = plan[f"attention.{name}"]
+        plan["cross_attention.wo"] = RowwiseParallel(output_layouts=row_out)
+    if config.activation in ("swiglu", "gated_gelu"):
         plan["mlp.w1"] = ColwiseParallel()
         plan["mlp.w3"] = ColwiseParallel()
         plan["mlp.w2"] = RowwiseParallel(output_layouts=row_out)
@@ -293,16 +304,70 @@ def _local_outputs(module: nn.Module, args: Any, output: Any) -> Any:
     return output.to_local() if isinstance(output, DTensor) else output
 
 
+def _t5_top_plan(
+    model: nn.Module, sequence_parallel: bool, loss_parallel: bool
+) -> dict[str, ParallelStyle]:
+    """T5's modules outside the blocks (no sequence parallelism: it is refused for T5).
+
+    - ``tok_embeddings``: vocabulary-parallel (rows), all-reduced; shared by the
+      encoder and the decoder; ``pos_embeddings``, ``encoder_norm``, ``decoder_norm``:
+      replicated;
+    - ``output`` (and its bias): column-parallel over the vocabulary, tied to the
+      embedding rows like GPT's head;
+    - the relative bias tables: see :func:`_t5_relative_bias`.
+    """
+    top: dict[str, ParallelStyle] = {
+        "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate()),
+        "output": ColwiseParallel(
+            input_layouts=Replicate(),
+            output_layouts=Shard(-1) if loss_parallel else Replicate(),
+            use_local_output=True,
+        ),
+    }
+    return top
+
+
+def _t5_relative_bias(model: nn.Module, tp_mesh: DeviceMesh, loss_parallel: bool) -> None:
+    """T5's relative bias tables ``[buckets, heads]``: replicated, each rank uses its heads.
+
+    The tables are small, so every rank keeps them whole (plain tensors) and computes
+    the bias of all heads once per forward; each self-attention takes its slice
+    (``Attention.bias_heads``). A rank's gradient then covers only its own heads'
+    columns, so a gradient hook sums it over the tensor-parallel group (each
+    micro-batch's contribution, before accumulation) — Megatron scatters the bias
+    to the ranks and all-reduces the same way.
+    """
+    tp = tp_mesh.size()
+    per_rank = model.config.num_attention_heads // tp
+    first = tp_mesh.get_local_rank() * per_rank
+    heads = slice(first, first + per_rank)
+    group = tp_mesh.get_group()
+    for block in model.layers.values():
+        block.attention.bias_heads = heads
+    for table in (model.encoder_relative_bias, model.decoder_relative_bias):
+        if table is None:
+            continue
+
+        def sum_over_tp(grad: torch.Tensor) -> torch.Tensor:
+            grad = grad.clone()
+            torch.distributed.all_reduce(grad, group=group)
+            return grad
+
+        table.weight.register_hook(sum_over_tp)
+
+
 #: model type -> the plan of its modules outside the transformer blocks.
 TOP_PLANS: dict[str, Callable[[nn.Module, bool, bool], dict[str, ParallelStyle]]] = {
     "gpt": _gpt_top_plan,
     "bert": _bert_top_plan,
     "esm": _bert_top_plan,
+    "t5": _t5_top_plan,
 }
 #: model type -> steps run after its top plan (``fn(model, tp_mesh, loss_parallel)``).
 TOP_PLAN_FINISH: dict[str, tuple[Callable[[nn.Module, DeviceMesh, bool], None], ...]] = {
     "bert": (_shard_lm_head_bias,),
     "esm": (_shard_lm_head_bias,),
+    "t5": (_t5_relative_bias,),
 }
 
 
@@ -348,10 +413,12 @@ def apply_tensor_parallel(
     if sequence_parallel and model.tok_embeddings is None:
         model.register_forward_pre_hook(_full_sequence_positions(tp), with_kwargs=True)
     plan = _block_plan(config, tp, sequence_parallel)
+    cross_plan = _block_plan(config, tp, sequence_parallel, cross=True)
     heads_per_rank = config.num_attention_heads // tp
     first_head = tp_mesh.get_local_rank() * heads_per_rank
     for block in model.layers.values():
-        parallelize_module(block, tp_mesh, plan)
+        has_cross = getattr(block, "cross_attention", None) is not None
+        parallelize_module(block, tp_mesh, cross_plan if has_cross else plan)
         attention = block.attention
         if attention.use_alibi:
             attention.alibi_heads = slice(first_head, first_head + heads_per_rank)

@@ -28,7 +28,47 @@ from epochal.model.config import ConfigError
 from epochal.train.config import TrainConfig
 from epochal.train.corpus import default_cache_dir, prepare_corpus, tokenizer_from_config
 
-__all__ = ["build_bert_train_datasets"]
+__all__ = ["build_bert_train_datasets", "masked_data_sources"]
+
+
+def masked_data_sources(
+    config: TrainConfig, cache: Path, *, log: Any = None
+) -> tuple[dict[str, list[str] | None], Any]:
+    """The data paths and the WordPiece tokenizer of a masked-data run (BERT, T5).
+
+    ``data.corpus`` (with ``data.split_sentences``) is prepared first (cached);
+    otherwise the ``data.*data_path`` files are used with ``data.tokenizer_type``.
+
+    Returns:
+        ``({"data_path": ..., "train_data_path": ..., ...}, tokenizer)``.
+
+    Raises:
+        ConfigError: no data source, or a corpus without ``data.split_sentences``.
+    """
+    d = config.data
+    paths = {
+        "data_path": d.data_path or None,
+        "train_data_path": d.train_data_path or None,
+        "valid_data_path": d.valid_data_path or None,
+        "test_data_path": d.test_data_path or None,
+    }
+    if d.corpus:
+        if not d.split_sentences:
+            raise ConfigError(
+                "data.split_sentences",
+                f"must be true for model.type={config.model.type!r} on data.corpus "
+                "(masked-LM samples are built from sentences)",
+            )
+        prepared = prepare_corpus(d, cache, log=log)
+        return {"data_path": [prepared.prefix]}, prepared.tokenizer
+    if not any(paths.values()):
+        raise ConfigError(
+            "data.data_path",
+            f"model.type={config.model.type!r} trains on sentence-split indexed files "
+            "(epochal preprocess --split-sentences) named by data.data_path, or on "
+            "data.corpus with data.split_sentences; data.mock is GPT data",
+        )
+    return paths, tokenizer_from_config(d)
 
 
 def build_bert_train_datasets(
@@ -42,32 +82,8 @@ def build_bert_train_datasets(
         FileNotFoundError / OSError: missing or unreadable indexed files (named).
     """
     d, t = config.data, config.training
-    paths = {
-        "data_path": d.data_path or None,
-        "train_data_path": d.train_data_path or None,
-        "valid_data_path": d.valid_data_path or None,
-        "test_data_path": d.test_data_path or None,
-    }
     cache = Path(d.cache_dir) if d.cache_dir else default_cache_dir()
-    if d.corpus:
-        if not d.split_sentences:
-            raise ConfigError(
-                "data.split_sentences",
-                f"must be true for model.type={config.model.type!r} on data.corpus "
-                "(BERT samples are built from sentences)",
-            )
-        prepared = prepare_corpus(d, cache, log=log)
-        tokenizer = prepared.tokenizer
-        paths = {"data_path": [prepared.prefix]}
-    elif not any(paths.values()):
-        raise ConfigError(
-            "data.data_path",
-            f"model.type={config.model.type!r} trains on sentence-split indexed files "
-            "(epochal preprocess --split-sentences) named by data.data_path, or on "
-            "data.corpus with data.split_sentences; data.mock is GPT data",
-        )
-    else:
-        tokenizer = tokenizer_from_config(d)
+    paths, tokenizer = masked_data_sources(config, cache, log=log)
     train_samples = t.train_iters * t.global_batch_size
     valid_samples = t.eval_iters * t.global_batch_size
     try:

@@ -56,6 +56,7 @@ __all__ = [
     "config_from_dict",
     "config_from_saved",
     "parse_overrides",
+    "position_length",
     "to_toml",
 ]
 
@@ -109,6 +110,15 @@ def model_config_from_section(section: Any, *, vocab_size: int, seq_length: int)
         raise exc.with_prefix("model") from None
 
 
+def position_length(config: Any) -> int:
+    """The longest sequence the model sees: ``data.seq_length``, or for T5 the longer of
+    the encoder's and the decoder's (``data.seq_length_decoder``); the default
+    ``model.max_position_embeddings``."""
+    if getattr(config.model, "type", "gpt") == "t5":
+        return max(config.data.seq_length, config.data.seq_length_decoder)
+    return config.data.seq_length
+
+
 # ------------------------------------------------------------------------ data
 @dataclass(kw_only=True)
 class DataConfig:
@@ -154,6 +164,12 @@ class DataConfig:
         masking_do_full_word / masking_do_permutation / masking_use_longer_ngrams /
         masking_use_geometric_distribution: Megatron's BERT masking options (BERT
             models on ``data_path``; validated by the data layer, errors name them).
+            T5 uses them for its spans (Megatron's ``pretrain_t5`` uses N-grams up to
+            10 from the geometric distribution: the ``t5-tiny`` preset sets that).
+        seq_length_decoder: T5: decoder tokens per sample (Megatron's
+            ``--decoder-seq-length``; ``seq_length`` is the encoder's).
+        vocab_extra_ids: WordPiece tokenizers: append this many ``<extra_id_N>``
+            sentinels (Megatron's ``--vocab-extra-ids``; T5 needs them, e.g. 100).
     """
 
     data_path: list[str] = field(default_factory=list)
@@ -185,9 +201,21 @@ class DataConfig:
     masking_do_permutation: bool = False
     masking_use_longer_ngrams: bool = False
     masking_use_geometric_distribution: bool = False
+    seq_length_decoder: int = 128
+    vocab_extra_ids: int = 0
 
     def __post_init__(self) -> None:
         _require(self.seq_length >= 1, "seq_length", f"must be >= 1, got {self.seq_length}")
+        _require(
+            self.seq_length_decoder >= 1,
+            "seq_length_decoder",
+            f"must be >= 1, got {self.seq_length_decoder}",
+        )
+        _require(
+            self.vocab_extra_ids >= 0,
+            "vocab_extra_ids",
+            f"must be >= 0, got {self.vocab_extra_ids}",
+        )
         _require(
             self.corpus_max_bytes >= 1,
             "corpus_max_bytes",
@@ -566,13 +594,20 @@ class TrainConfig:
         _require(bool(self.run_dir), "run_dir", "must be a non-empty path")
         # Model fields, checked with placeholders for what the tokenizer decides.
         model_config_from_section(
-            self.model, vocab_size=self.model.vocab_size or 1, seq_length=self.data.seq_length
+            self.model, vocab_size=self.model.vocab_size or 1, seq_length=position_length(self)
         )
         mpe = self.model.max_position_embeddings
+        longest = position_length(self)
         _require(
-            mpe is None or mpe >= self.data.seq_length,
+            mpe is None or mpe >= longest,
             "model.max_position_embeddings",
-            f"must be >= data.seq_length={self.data.seq_length}, got {mpe}",
+            f"must be >= data.seq_length={self.data.seq_length}"
+            + (
+                f" and data.seq_length_decoder={self.data.seq_length_decoder}"
+                if self.model.type == "t5"
+                else ""
+            )
+            + f", got {mpe}",
         )
         s = self.scheduler
         _require(

@@ -157,6 +157,7 @@ def tokenizer_from_config(cfg: DataConfig) -> Tokenizer:
             vocab_file=cfg.vocab_file or None,
             merge_file=cfg.merge_file or None,
             tokenizer_model=cfg.tokenizer_model or None,
+            vocab_extra_ids=cfg.vocab_extra_ids,
         )
     except (ValueError, OSError) as exc:
         raise ConfigError("data.tokenizer_type", str(exc)) from None
@@ -237,7 +238,12 @@ def prepare_corpus(
         tokenizer = HuggingFaceTokenizer(folder / tok_file, eod_token=EOD_TOKEN)
     elif vocab_file:
         tok_file = vocab_file
-        tokenizer = build_tokenizer(WORDPIECE_TOKENIZER, vocab_file=str(folder / vocab_file))
+        # sentinels (T5) are appended after the trained vocabulary: the corpus ids do not change
+        tokenizer = build_tokenizer(
+            WORDPIECE_TOKENIZER,
+            vocab_file=str(folder / vocab_file),
+            vocab_extra_ids=cfg.vocab_extra_ids,
+        )
     elif tokenizer is None:
         tokenizer = tokenizer_from_config(cfg)
     return PreparedCorpus(

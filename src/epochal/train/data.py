@@ -129,8 +129,14 @@ def _bert(config: TrainConfig, **kwargs: Any) -> tuple[Any, Any, int, Any, str]:
     return build_bert_train_datasets(config, **kwargs)
 
 
+def _t5(config: TrainConfig, **kwargs: Any) -> tuple[Any, Any, int, Any, str]:
+    from epochal.train.t5_data import build_t5_train_datasets
+
+    return build_t5_train_datasets(config, **kwargs)
+
+
 #: model type -> ``builder(config, log=, group=) -> (train, valid, vocab_size, tokenizer, description)``.
-DATASET_BUILDERS: dict[str, Any] = {"gpt": _gpt, "bert": _bert}
+DATASET_BUILDERS: dict[str, Any] = {"gpt": _gpt, "bert": _bert, "t5": _t5}
 
 
 def dataset_builder(model_type: str) -> Any:

@@ -44,7 +44,7 @@ from epochal.parallel.logged import reduce_logged
 from epochal.parallel.model_support import check_model_layout
 from epochal.parallel.rng import pipeline_stage_seed
 from epochal.train.checkpoint import Checkpointer, SafeFileSystemReader, SafeLoadPlanner
-from epochal.train.config import TrainConfig, model_config_from_section
+from epochal.train.config import TrainConfig, model_config_from_section, position_length
 from epochal.train.data import DataBundle, build_data
 from epochal.train.state import ModelState
 from epochal.train.steps import set_data_parallel_group
@@ -79,7 +79,7 @@ def check_layout(config: TrainConfig, world_size: int) -> ParallelDims:
         model_config_from_section(
             config.model,
             vocab_size=config.model.vocab_size or 1,
-            seq_length=config.data.seq_length,
+            seq_length=position_length(config),
         ),
         micro_batch_size=config.training.micro_batch_size,
         global_batch_size=config.training.global_batch_size,

@@ -1,4 +1,4 @@
-"""Named configurations: ``tiny`` (the CPU demo), ``bert-tiny`` and ``gpt2-small``.
+"""Named configurations: ``tiny`` (the CPU demo), ``bert-tiny``, ``t5-tiny`` and ``gpt2-small``.
 
 A preset is a nested dict in the TOML layout of
 :class:`~epochal.train.config.TrainConfig`; a config file and overrides are
@@ -14,6 +14,12 @@ merged over it. ``epochal train --preset NAME --print-config`` shows the result.
   them offline, for about 7.5 epochs of Megatron's BERT samples (639 per
   epoch; every sample's masks are drawn from its index, so a sentence span
   repeated in a later epoch is masked afresh).
+- ``t5-tiny``: a Megatron-style T5 (learned positions, LayerNorm, GELU, the head
+  tied to the embeddings with a bias), 2 encoder + 2 decoder blocks, 128 wide,
+  on the same sentence-split standard-library corpus and WordPiece vocabulary
+  with 100 sentinels; Megatron's ``pretrain_t5`` span corruption (15% of the
+  tokens, N-grams up to 10 from the geometric distribution), 128 encoder and 40
+  decoder tokens (enough for the most a sample can mask: 1 + 2 x 18).
 - Warmup is a fraction of the decay (``scheduler.lr_warmup_fraction``: 30 of 300
   steps, 700 of 20000), so ``--training.train_iters=20`` shortens it with the run.
 - ``gpt2-small``: GPT-2 124M (learned positions, LayerNorm, tanh-GELU, tied
@@ -96,6 +102,47 @@ PRESETS: dict[str, dict[str, Any]] = {
             "split_sentences": True,
             "wordpiece_vocab_size": 4096,
             "seq_length": 128,
+            "split": "90,10,0",
+        },
+        "training": {
+            "micro_batch_size": 8,
+            "global_batch_size": 16,
+            "train_iters": 300,
+            "eval_interval": 100,
+            "eval_iters": 2,
+            "seed": 1234,
+        },
+        "optimizer": {"lr": 1e-3, "min_lr": 1e-4, "weight_decay": 0.01, "clip_grad": 1.0},
+        "scheduler": {"lr_decay_style": "linear", "lr_warmup_fraction": 0.1},
+        "checkpoint": {"save_interval": 100, "keep_last": 2},
+        "logging": {"log_interval": 10},
+    },
+    "t5-tiny": {
+        "run_dir": "runs/t5-tiny",
+        "model": {
+            "type": "t5",
+            "hidden_size": 128,
+            "num_layers": 2,
+            "num_attention_heads": 4,
+            "ffn_hidden_size": 512,
+            "position_embedding_type": "learned_absolute",
+            "normalization": "LayerNorm",
+            "activation": "gelu",
+            "output_bias": True,
+            "hidden_dropout": 0.1,
+            "attention_dropout": 0.1,
+            "make_vocab_size_divisible_by": 128,
+        },
+        "data": {
+            "corpus": "stdlib",
+            "corpus_max_bytes": 1_000_000,
+            "split_sentences": True,
+            "wordpiece_vocab_size": 4096,
+            "vocab_extra_ids": 100,
+            "seq_length": 128,
+            "seq_length_decoder": 40,
+            "masking_max_ngram": 10,
+            "masking_use_geometric_distribution": True,
             "split": "90,10,0",
         },
         "training": {

@@ -62,7 +62,12 @@ from epochal.model.config import ConfigError, ModelConfig
 from epochal.parallel.logged import reduce_logged, split_loss_output
 from epochal.parallel.step_model import StepModel
 from epochal.train.checkpoint import Checkpointer, CheckpointError
-from epochal.train.config import TrainConfig, model_config_from_section, to_toml
+from epochal.train.config import (
+    TrainConfig,
+    model_config_from_section,
+    position_length,
+    to_toml,
+)
 from epochal.train.data import DataBundle, build_data
 from epochal.train.epochs import epoch_recorder
 from epochal.train.lr_schedule import OptimizerParamScheduler
@@ -196,7 +201,7 @@ class Trainer:
                 f"must be >= the tokenizer's vocabulary size {self.data.vocab_size}, got {config.model.vocab_size}",
             )
         self.model_config: ModelConfig = model_config_from_section(
-            config.model, vocab_size=self.data.vocab_size, seq_length=config.data.seq_length
+            config.model, vocab_size=self.data.vocab_size, seq_length=position_length(config)
         )
         self.model_parts = self.parallelize(self.build_model_parts())
         self.optimizers = self.build_optimizers()

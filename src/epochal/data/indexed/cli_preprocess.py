@@ -59,6 +59,12 @@ def add_tokenizer_arguments(parser: argparse.ArgumentParser, required: bool = Tr
     group.add_argument(
         "--eod-token", help="end-of-document token string (HuggingFaceTokenizer, TikTokenizer)"
     )
+    group.add_argument(
+        "--vocab-extra-ids",
+        type=int,
+        default=0,
+        help="BertWordPiece*: add <extra_id_0> ... sentinels for T5 (Megatron's flag; e.g. 100)",
+    )
 
 
 def tokenizer_from_args(args: argparse.Namespace) -> Tokenizer:
@@ -70,6 +76,7 @@ def tokenizer_from_args(args: argparse.Namespace) -> Tokenizer:
         tokenizer_model=args.tokenizer_model,
         tiktoken_pattern=args.tiktoken_pattern,
         eod_token=args.eod_token,
+        vocab_extra_ids=getattr(args, "vocab_extra_ids", 0),
     )
 
 

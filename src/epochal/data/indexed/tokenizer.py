@@ -555,6 +555,7 @@ def build_tokenizer(
     tokenizer_model: str | os.PathLike | None = None,
     tiktoken_pattern: str = "cl100k",
     eod_token: str | None = None,
+    vocab_extra_ids: int = 0,
 ) -> Tokenizer:
     """Build a tokenizer from Megatron-style arguments.
 
@@ -570,9 +571,12 @@ def build_tokenizer(
         tokenizer_model: ``tokenizer.json`` (or its directory) for ``hf``; ``.tiktoken`` file for ``tiktoken``.
         tiktoken_pattern: ``gpt2``, ``cl100k`` or a regex (tiktoken only).
         eod_token: end-of-document token string (``hf``, ``tiktoken``).
+        vocab_extra_ids: BERT types: append ``<extra_id_0>`` ... sentinels (T5;
+            Megatron's ``--vocab-extra-ids``); an error for the other types.
 
     Raises:
-        ValueError: unknown type, or a required file argument is missing.
+        ValueError: unknown type, ``vocab_extra_ids`` for a non-BERT type, or a
+            required file argument is missing.
         FileNotFoundError: a file is missing.
         TokenizerFileError: a file is malformed.
     """
@@ -582,6 +586,11 @@ def build_tokenizer(
             f"--tokenizer-type {tokenizer_type!r} is not one of ByteLevelTokenizer, GPT2BPETokenizer, "
             "HuggingFaceTokenizer, TikTokenizer, BertWordPieceLowerCase, BertWordPieceCase, ESM2Tokenizer"
         )
+    if vocab_extra_ids and not kind.startswith("BertWordPiece"):
+        raise ValueError(
+            f"--vocab-extra-ids (T5 sentinels) is supported for BertWordPieceLowerCase / "
+            f"BertWordPieceCase, not {kind}"
+        )
     if kind == "ByteLevelTokenizer":
         return ByteLevelTokenizer()
     if kind.startswith("BertWordPiece"):
@@ -589,7 +598,11 @@ def build_tokenizer(
 
         if vocab_file is None:
             raise ValueError(f"{kind} needs --vocab-file (a BERT vocab.txt)")
-        return BertWordPieceTokenizer(vocab_file, lower_case=kind == "BertWordPieceLowerCase")
+        return BertWordPieceTokenizer(
+            vocab_file,
+            lower_case=kind == "BertWordPieceLowerCase",
+            vocab_extra_ids=vocab_extra_ids,
+        )
     if kind == "ESM2Tokenizer":
         from epochal.data.indexed.tokenizer_esm import ESM2Tokenizer
 

@@ -1,7 +1,7 @@
 """Train steps: what the trainer runs for each micro-batch (see :mod:`.base` for the contract).
 
-:class:`GPTTrainStep` (``model.type = "gpt"``) and :class:`BertTrainStep`
-(``"bert"``, ``"esm"``) are registered per model type; :func:`train_step_class`
+:class:`GPTTrainStep` (``model.type = "gpt"``), :class:`BertTrainStep`
+(``"bert"``, ``"esm"``) and :class:`T5TrainStep` (``"t5"``) are registered per model type; :func:`train_step_class`
 looks one up. :func:`load_train_step` imports a user's class from
 ``package.module:Class`` (``training.train_step``).
 """
@@ -19,11 +19,13 @@ from epochal.train.steps.reduce import (
     data_parallel_group,
     set_data_parallel_group,
 )
+from epochal.train.steps.t5 import T5TrainStep
 
 __all__ = [
     "BertTrainStep",
     "GPTTrainStep",
     "LossFnStep",
+    "T5TrainStep",
     "TrainStep",
     "avg_losses_across_data_parallel_group",
     "data_parallel_group",

@@ -121,6 +121,7 @@ def train_step_class(model_type: str) -> type[TrainStep]:
     # Importing the concrete steps registers them.
     import epochal.train.steps.bert  # noqa: F401
     import epochal.train.steps.gpt  # noqa: F401
+    import epochal.train.steps.t5  # noqa: F401
 
     try:
         return _REGISTRY[model_type]

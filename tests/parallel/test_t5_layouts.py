@@ -1,0 +1,84 @@
+"""T5 under every supported parallel layout gives the single-process losses (within 1e-5).
+
+The data is the trainer's file path (Megatron's span-corruption samples). Two model
+styles: Megatron's (learned positions, LayerNorm, GELU, tied head with a bias) and
+Hugging Face T5 v1.1's (relative attention bias, RMSNorm, gated GELU, untied head,
+more decoder than encoder blocks), which exercises the per-head relative bias under
+tensor parallelism. Pipeline and sequence parallelism are refused for T5, naming the
+option and saying why.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from epochal.model import ConfigError
+from tests.dist_utils import run_gloo
+from tests.parallel import t5_worker as W
+
+pytestmark = pytest.mark.distributed
+
+DP2 = ["--parallel.data_parallel=2"]
+TP2 = ["--parallel.tensor_parallel=2"]
+# name -> (model overrides shared with the reference, layout overrides)
+LAYOUTS = {
+    "dp2": ([], DP2),
+    "dp2_full_shard": ([], [*DP2, "--parallel.dp_sharding=full"]),
+    "tp2": ([], TP2),
+    "tp2_recompute": ([], [*TP2, "--parallel.recompute_granularity=full"]),
+    "hf_style_tp2": (W.HF_STYLE, TP2),
+    "hf_style_dp2_selective": (W.HF_STYLE, [*DP2, "--parallel.recompute_granularity=selective"]),
+    # groups of two blocks recomputed as one, kept within each stack (2 encoder, 3 decoder)
+    "hf_style_tp2_recompute_groups": (
+        W.HF_STYLE,
+        [*TP2, "--parallel.recompute_granularity=full", "--parallel.recompute_num_layers=2"],
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def references(tmp_path_factory):
+    cache = {}
+
+    def get(shared: list[str]):
+        key = tuple(shared)
+        if key not in cache:
+            cache[key] = W.single(str(tmp_path_factory.mktemp("single") / "run"), shared)
+        return cache[key]
+
+    return get
+
+
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_t5_layout_equals_single_process(name, references, tmp_path):
+    shared, layout = LAYOUTS[name]
+    reference = references(shared)
+    ranks = run_gloo(W.rank_main, 2, str(tmp_path / "run"), [*shared, *layout])
+    for out in ranks:  # every rank reports the global numbers
+        assert out["losses"] == pytest.approx(reference["losses"], abs=1e-5)
+        assert out["eval"] == pytest.approx(reference["eval"], abs=1e-5)
+        assert set(out["logged"]) == {"lm loss", "lm accuracy", "lm ppl"}
+        for key, value in reference["logged"].items():
+            assert out["logged"][key] == pytest.approx(value, rel=1e-5, abs=1e-5), key
+        if reference["relative_bias"] is not None:  # every head's column, on every rank
+            assert out["relative_bias"] == pytest.approx(reference["relative_bias"], abs=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("layout", "option", "why"),
+    [
+        (["--parallel.pipeline_parallel=2"], "parallel.pipeline_parallel", "encoder-decoder"),
+        ([*TP2, "--parallel.sequence_parallel=true"], "parallel.sequence_parallel", "cross"),
+    ],
+)
+def test_pipeline_and_sequence_parallel_are_refused_with_the_reason(tmp_path, layout, option, why):
+    from epochal.parallel.dims import ParallelDims
+    from epochal.parallel.model_support import check_model_layout
+    from epochal.train.config import model_config_from_section
+
+    cfg = W.config(str(tmp_path / "run"), layout)
+    model = model_config_from_section(cfg.model, vocab_size=200, seq_length=W.SEQ)
+    dims = ParallelDims.from_config(cfg.parallel, 2)
+    with pytest.raises(ConfigError, match=why) as err:
+        check_model_layout(model, dims, sequence_parallel=cfg.parallel.sequence_parallel)
+    assert err.value.option == option
