@@ -1,10 +1,13 @@
 """Subprocess entry point for the kill-and-resume tests: train a tiny model on synthetic data.
 
-Usage: python resume_worker.py RUN_DIR TRAIN_ITERS [--bert] [--pause-after N] [override ...]
+Usage: python resume_worker.py RUN_DIR TRAIN_ITERS [--bert | --t5] [--pause-after N] [override ...]
 
 ``--bert``: a tiny BERT on masked data that gets fresh masks every epoch
 (``tests/parallel/bert_worker.py``: ``MaskedTokenDataset`` under
 ``MultiEpochDatasetResampler``), with dropout, instead of the GPT.
+``--t5``: a tiny T5 (relative bias, gated GELU) on Megatron's span-corruption
+samples from files (``tests/parallel/t5_worker.py``; the corpus lives next to
+RUN_DIR), with dropout.
 
 With ``--pause-after N`` the process writes ``RUN_DIR/paused`` after step N (and
 after that step's evaluation/checkpoint) and then sleeps, so the test can kill it
@@ -65,7 +68,8 @@ def main(argv: list[str]) -> int:
     run_dir, iters, rest = argv[0], int(argv[1]), argv[2:]
     pause_after = None
     bert = rest[:1] == ["--bert"]
-    rest = rest[1:] if bert else rest
+    t5 = rest[:1] == ["--t5"]
+    rest = rest[1:] if bert or t5 else rest
     if rest[:1] == ["--pause-after"]:
         pause_after, rest = int(rest[1]), rest[2:]
     if bert:
@@ -73,6 +77,12 @@ def main(argv: list[str]) -> int:
 
         cfg = bert_worker.config(run_dir, [*BASE_BERT, f"--training.train_iters={iters}", *rest])
         data = bert_worker.data(cfg)
+    elif t5:
+        from tests.parallel import t5_worker
+
+        overrides = [*t5_worker.HF_STYLE, *BASE_BERT, f"--training.train_iters={iters}", *rest]
+        cfg = t5_worker.config(run_dir, overrides)
+        data = None  # epochal train's own file path (build_t5_datasets)
     else:
         cfg = build_config(
             preset="tiny",
