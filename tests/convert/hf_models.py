@@ -207,7 +207,7 @@ def encoder_like(type: str = "bert", **kw) -> ModelConfig:
     return ModelConfig(**base)
 
 
-def hf_t5(version: str = "1.1", *, seed: int = 0, vocab: int = 96, **kw):
+def hf_t5(version: str = "1.1", *, seed: int = 0, vocab: int = 96, std: float = 0.1, **kw):
     """A tiny random Hugging Face T5 in eval mode: ``"1.0"`` (relu, scaled tied head),
     ``"1.1"`` (gated-gelu, unscaled head) or ``"mt5"`` (MT5 class, gated-gelu)."""
     import transformers
@@ -234,7 +234,7 @@ def hf_t5(version: str = "1.1", *, seed: int = 0, vocab: int = 96, **kw):
         model = transformers.MT5ForConditionalGeneration(transformers.MT5Config(**values))
     else:
         model = transformers.T5ForConditionalGeneration(transformers.T5Config(**values))
-    randomize(model, seed, std=0.1)
+    randomize(model, seed, std=std)
     return model.eval()
 
 

@@ -79,6 +79,8 @@ class T5Model(TransformerModel):
     """
 
     LAST_STAGE_MODULES = ("encoder_norm", "decoder_norm", "output")
+    #: :func:`epochal.model.generate` treats the prompts as the encoder's input.
+    is_encoder_decoder = True
 
     def __init__(self, config: ModelConfig, *, seed: int = 0) -> None:
         if config.type != "t5":

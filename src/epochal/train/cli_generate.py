@@ -8,8 +8,10 @@ Examples::
     epochal generate --checkpoint runs/tiny --prompt "x = " --tensor-parallel 2   # launches torchrun
 
 The checkpoint may be an epochal run / checkpoint folder (any parallel layout),
-a Hugging Face GPT-2/Llama folder or a Megatron-LM legacy checkpoint (detected
-as in ``epochal convert``). The tokenizer is, in order: the ``--tokenizer-*``
+a Hugging Face GPT-2/Llama/T5 folder or a Megatron-LM legacy checkpoint (detected
+as in ``epochal convert``). For a T5 (encoder-decoder) model the prompt is the
+encoder's input and the output is the decoder's continuation from the decoder
+start token (the model's pad id), as Hugging Face ``generate()`` does. The tokenizer is, in order: the ``--tokenizer-*``
 options, the training run's own tokenizer (rebuilt from its ``config.toml``),
 or a ``tokenizer.json`` inside a Hugging Face folder; without one, prompts must
 be token ids (``--prompt-ids 1,2,3``). Generation stops at a Hugging Face
@@ -233,12 +235,17 @@ def _argv(args: argparse.Namespace) -> list[str]:
 
 
 def _generate(args, parallel, init_distributed, is_logging_rank) -> int:
+    from epochal.model.build import model_class
     from epochal.model.generation.decoding import GenerationConfig, generate
-    from epochal.model.gpt import GPTModel
 
     t0 = time.perf_counter()
     info = init_distributed(parallel, args.device)
     config, state, tokenizer, extras = _load_model(args)
+    if config.is_encoder:
+        raise ValueError(
+            f"{args.checkpoint} holds a {config.type!r} encoder, which does not generate text; "
+            "use epochal fill-mask"
+        )
     ids, shown = _prompts(args, tokenizer)
     stops = list(args.stop_token_id)
     if not args.no_stop_at_eod:
@@ -270,7 +277,7 @@ def _generate(args, parallel, init_distributed, is_logging_rank) -> int:
         args.dtype
     ]
     with torch.device("meta"):
-        model = GPTModel(config)
+        model = model_class(config)(config)  # GPT, or T5 (the prompts are its encoder input)
     model.load_state_dict(state, strict=True, assign=True)
     model.tie_weights()
     model.init_buffers()

@@ -90,6 +90,8 @@ class GenerationConfig:
         seed: seed of the per-row sampling generators.
         vocab_size: number of real token ids; ids ``>= vocab_size`` are never
             produced (default: ``model.config.vocab_size``).
+        decoder_start_token_id: encoder-decoder models: the decoder's first token
+            (default: ``model.config.pad_token_id``, else 0 — T5's pad id).
     """
 
     max_new_tokens: int = 32
@@ -109,6 +111,7 @@ class GenerationConfig:
     bos_token_id: int | None = None
     seed: int = 0
     vocab_size: int | None = None
+    decoder_start_token_id: int | None = None
 
     def __post_init__(self) -> None:
         self.stop_token_ids = tuple(int(t) for t in self.stop_token_ids)
@@ -333,7 +336,11 @@ def _logits(model: nn.Module, tokens, positions, mask, cache, keep_last: bool) -
 
 
 def _prepare(
-    model: nn.Module, prompts: Sequence[Sequence[int]], cfg: GenerationConfig
+    model: nn.Module,
+    prompts: Sequence[Sequence[int]],
+    cfg: GenerationConfig,
+    *,
+    check_positions: bool = True,
 ) -> tuple[list[list[int]], int, int]:
     model_cfg = getattr(model, "config", None)
     vocab = cfg.vocab_size or getattr(model_cfg, "vocab_size", None)
@@ -363,7 +370,11 @@ def _prepare(
             )
         rows.append(ids)
     longest = max(len(r) for r in rows)
-    if max_positions is not None and longest + cfg.max_new_tokens > max_positions:
+    if (
+        check_positions
+        and max_positions is not None
+        and longest + cfg.max_new_tokens > max_positions
+    ):
         raise GenerationConfigError(
             f"max_new_tokens: longest prompt ({longest} tokens) + max_new_tokens ({cfg.max_new_tokens}) "
             f"exceeds the model's max_position_embeddings={max_positions}"
@@ -390,7 +401,10 @@ def generate(
 
     Args:
         model: a :class:`~epochal.model.GPTModel` (or a module with its forward
-            signature and a ``config`` with ``vocab_size`` / ``max_position_embeddings``).
+            signature and a ``config`` with ``vocab_size`` / ``max_position_embeddings``),
+            or an encoder-decoder model (``is_encoder_decoder``, e.g.
+            :class:`~epochal.model.T5Model`): the prompts are then the encoder's
+            input (see :mod:`epochal.model.generation.encoder_decoder`).
         prompts: token ids per prompt (lists of different lengths are fine).
         config: the options (default :class:`GenerationConfig()`).
         **overrides: fields replacing those of ``config`` (``max_new_tokens=8`` ...).
@@ -406,6 +420,10 @@ def generate(
     cfg = config or GenerationConfig()
     if overrides:
         cfg = replace(cfg, **overrides)
+    if getattr(model, "is_encoder_decoder", False):
+        from epochal.model.generation.encoder_decoder import generate_encoder_decoder
+
+        return generate_encoder_decoder(model, prompts, cfg)
     rows, vocab, _ = _prepare(model, prompts, cfg)
     was_training = model.training
     model.eval()
@@ -415,6 +433,12 @@ def generate(
         return _sample_or_greedy(model, rows, cfg, vocab)
     finally:
         model.train(was_training)
+
+
+def _new_cache(model: nn.Module, total: int) -> KVCache:
+    """A cache of ``total`` slots (``model.new_cache`` when the model provides one)."""
+    factory = getattr(model, "new_cache", None)
+    return factory(total) if factory is not None else KVCache(total)
 
 
 def _device(model: nn.Module) -> torch.device:
@@ -441,7 +465,7 @@ def _sample_or_greedy(
         generators = [
             torch.Generator(device=device).manual_seed(_row_seed(cfg.seed, i)) for i in range(b)
         ]
-    cache = KVCache(batch.total)
+    cache = _new_cache(model, batch.total)
     s = batch.prompt_len
     logits = _logits(model, batch.tokens, batch.positions[:, :s], batch.prefill_mask(), cache, True)
     top_p = cfg.top_p
@@ -499,7 +523,7 @@ def _beam_search(
             rows, empty, [False] * len(empty), [0.0] * len(empty), cfg.num_return_sequences
         )
     batch = _Batch(rows, T, pad_id, device)
-    cache = KVCache(batch.total)
+    cache = _new_cache(model, batch.total)
     s = batch.prompt_len
     logits = _logits(model, batch.tokens, batch.positions[:, :s], batch.prefill_mask(), cache, True)
     expand = torch.arange(B, device=device).repeat_interleave(K)

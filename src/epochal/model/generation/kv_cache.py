@@ -1,5 +1,10 @@
 """Key/value cache for incremental decoding (used by :mod:`epochal.model.generation.decoding`).
 
+Encoder-decoder models also keep, per decoder layer, the cross-attention keys and
+values (:meth:`KVCache.cross_layer`, computed from the encoder output at the first
+step) and the encoder's output and mask (:attr:`KVCache.rows`); both follow the
+batch rows when beam search reorders them.
+
 A :class:`KVCache` is passed to ``GPTModel.forward(..., kv_cache=cache)``. Each
 attention layer appends its new keys and values to its own
 :class:`LayerKVCache` slot and attends over everything cached so far; the model
@@ -22,7 +27,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["KVCache", "LayerKVCache"]
+__all__ = ["CrossKVCache", "KVCache", "LayerKVCache"]
 
 
 class KVCache:
@@ -42,12 +47,23 @@ class KVCache:
         #: number of token slots already filled (the offset of the next token).
         self.length = 0
         self._layers: dict[int, LayerKVCache] = {}
+        self._cross: dict[int, CrossKVCache] = {}
+        #: tensors that follow the batch rows (an encoder's output and padding mask):
+        #: :meth:`reorder` selects their rows too.
+        self.rows: dict[str, torch.Tensor] = {}
 
     def layer(self, layer_id: int) -> LayerKVCache:
         """The slot of layer ``layer_id`` (created on first use)."""
         slot = self._layers.get(layer_id)
         if slot is None:
             slot = self._layers[layer_id] = LayerKVCache(self)
+        return slot
+
+    def cross_layer(self, layer_id: int) -> CrossKVCache:
+        """The cross-attention slot of layer ``layer_id`` (encoder-decoder models; created on first use)."""
+        slot = self._cross.get(layer_id)
+        if slot is None:
+            slot = self._cross[layer_id] = CrossKVCache()
         return slot
 
     def advance(self, num_tokens: int) -> None:
@@ -71,6 +87,30 @@ class KVCache:
         """
         for slot in self._layers.values():
             slot.reorder(index)
+        for cross in self._cross.values():
+            cross.reorder(index)
+        for name, tensor in self.rows.items():
+            self.rows[name] = tensor.index_select(0, index.to(tensor.device))
+
+
+class CrossKVCache:
+    """One layer's cross-attention keys and values: computed from the encoder output once.
+
+    ``keys`` / ``values`` are ``[b, kv_heads, s_ctx, head_dim]`` (None until the
+    first decoder step); they do not grow and only follow the rows on a reorder.
+    """
+
+    def __init__(self) -> None:
+        self.keys: torch.Tensor | None = None
+        self.values: torch.Tensor | None = None
+
+    def reorder(self, index: torch.Tensor) -> None:
+        """Select batch rows (see :meth:`KVCache.reorder`)."""
+        if self.keys is None:
+            return
+        index = index.to(self.keys.device)
+        self.keys = self.keys.index_select(0, index)
+        self.values = self.values.index_select(0, index)
 
 
 class LayerKVCache:

@@ -50,7 +50,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from epochal.model.config import ModelConfig
-from epochal.model.generation.kv_cache import LayerKVCache
+from epochal.model.generation.kv_cache import CrossKVCache, LayerKVCache
 from epochal.model.layers.positions import alibi_bias, alibi_slopes, apply_rotary
 
 __all__ = ["Attention", "MASK_KINDS", "causal_mask_out", "padding_attention_mask"]
@@ -152,7 +152,7 @@ class Attention(nn.Module):
         x: torch.Tensor,
         rope: tuple[torch.Tensor, torch.Tensor] | None = None,
         attention_mask: torch.Tensor | None = None,
-        kv_cache: LayerKVCache | None = None,
+        kv_cache: LayerKVCache | CrossKVCache | None = None,
         context: torch.Tensor | None = None,
         position_bias: torch.Tensor | None = None,
     ) -> torch.Tensor:
@@ -167,7 +167,9 @@ class Attention(nn.Module):
                 causal mask; ``s_k = s`` without a cache, ``offset + s`` with one.
                 Bidirectional: ``s_k = s`` (e.g. :func:`padding_attention_mask`).
                 Cross: ``s_k = s_ctx``. Every row must keep at least one key.
-            kv_cache: causal only: this layer's cache slot for incremental decoding, or None.
+            kv_cache: causal: this layer's cache slot for incremental decoding; cross:
+                a :class:`~epochal.model.generation.kv_cache.CrossKVCache` whose keys and
+                values are computed from ``context`` once and reused; or None.
             context: cross only: the attended sequence ``[b, s_ctx, hidden]``.
             position_bias: optional float ``[1 or b, heads, s, s_k]`` added to the
                 scaled scores (T5's relative bias; all heads, see :attr:`bias_heads`).
@@ -245,26 +247,37 @@ class Attention(nn.Module):
         x: torch.Tensor,
         rope: tuple[torch.Tensor, torch.Tensor] | None,
         attention_mask: torch.Tensor | None,
-        kv_cache: LayerKVCache | None,
+        kv_cache: LayerKVCache | CrossKVCache | None,
         context: torch.Tensor | None,
         position_bias: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Bidirectional self-attention or cross-attention (no causal mask, no cache)."""
-        if kv_cache is not None:
-            raise ValueError(f"{self.mask_kind} attention takes no KV cache (causal only)")
+        """Bidirectional self-attention or cross-attention (no causal mask; cross: a fixed cache)."""
+        if kv_cache is not None and not (
+            self.mask_kind == "cross" and isinstance(kv_cache, CrossKVCache)
+        ):
+            raise ValueError(
+                f"{self.mask_kind} attention takes no KV cache (causal: a LayerKVCache; "
+                "cross: a CrossKVCache)"
+            )
         if context is not None and rope is not None:
             raise ValueError("cross attention takes no rotary positions")
         b, s, _ = x.shape
         hd = self.head_dim
         kv_in = x if context is None else context
         q = self.wq(x).view(b, s, -1, hd)
-        k = self.wk(kv_in).view(b, kv_in.shape[1], -1, hd)
-        v = self.wv(kv_in).view(b, kv_in.shape[1], -1, hd)
-        if rope is not None:
-            cos, sin = rope
-            q = apply_rotary(q, cos, sin)
-            k = apply_rotary(k, cos, sin)
-        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        if kv_cache is not None and kv_cache.keys is not None:  # cross: computed at step 0
+            k, v = kv_cache.keys, kv_cache.values
+        else:
+            k = self.wk(kv_in).view(b, kv_in.shape[1], -1, hd)
+            v = self.wv(kv_in).view(b, kv_in.shape[1], -1, hd)
+            if rope is not None:
+                cos, sin = rope
+                q = apply_rotary(q, cos, sin)
+                k = apply_rotary(k, cos, sin)
+            k, v = k.transpose(1, 2), v.transpose(1, 2)
+            if kv_cache is not None:
+                kv_cache.keys, kv_cache.values = k, v
+        q = q.transpose(1, 2)
         k, v = _repeat_kv(q, k, v)
         if position_bias is not None:
             mask = self._bias(position_bias, attention_mask, q.dtype)

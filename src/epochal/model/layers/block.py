@@ -126,7 +126,8 @@ class DecoderBlock(nn.Module):
                 self-attention (True = masked out; combined with the causal mask).
             context_mask: optional bool ``[b or 1, 1, 1, s_ctx]`` hiding padded
                 encoder positions from the cross-attention.
-            kv_cache: the model-wide cache for the self-attention (slot ``layer_id``).
+            kv_cache: the model-wide cache: the self-attention's slot ``layer_id`` and
+                the cross-attention's keys/values (computed from ``context`` once).
             position_bias: optional float ``[1 or b, heads, s, s_k]`` for the
                 self-attention (T5's relative bias).
         """
@@ -139,8 +140,9 @@ class DecoderBlock(nn.Module):
             position_bias=position_bias,
         )
         h = x + self.dropout(attn)
+        cross_slot = None if kv_cache is None else kv_cache.cross_layer(self.layer_id)
         cross = self.cross_attention(
-            self.cross_attention_norm(h), None, context_mask, context=context
+            self.cross_attention_norm(h), None, context_mask, kv_cache=cross_slot, context=context
         )
         h = h + self.dropout(cross)
         return h + self.dropout(self.mlp(self.ffn_norm(h)))
