@@ -20,6 +20,7 @@ RUNNABLE = (
     "GPT samples, splits and blending",
     "Models",
     "Train steps and BERT training",
+    "T5: encoder-decoder models",
 )
 
 
