@@ -23,6 +23,7 @@ _EXPORTS = {
     "PRNGResampleDataset": "epochs.prng_resample",
     "resample_indices": "epochs.prng_resample",
     "MaskedTokenDataset": "epochs.masking",
+    "SpanCorruptionDataset": "epochs.span_corruption",
     # indexed files and tokenizers
     "IndexedDataset": "indexed.indexed_dataset",
     "IndexedDatasetBuilder": "indexed.indexed_dataset",
