@@ -1,6 +1,7 @@
 """Encoder tokenizers: BERT WordPiece (Megatron's BertWordPiece*), offline WordPiece training,
 ESM-2's protein alphabet; peers: transformers' BertTokenizer (and its Python legacy class), EsmTokenizer."""
 
+import os
 import pickle
 import sysconfig
 from pathlib import Path
@@ -177,3 +178,35 @@ def test_esm2_ids_equal_transformers(tmp_path):
         assert with_specials == [ours.cls, *ids, ours.eos]
         assert ours.decode(with_specials) == reference.decode(with_specials)
     assert (reference.mask_token_id, reference.pad_token_id) == (ours.mask, ours.pad)
+
+
+def test_t5_unigram_tokenizer_json_matches_t5_tokenizer_fast(tmp_path):
+    """A SentencePiece-style Unigram tokenizer.json (T5's kind), trained offline, read as
+    HuggingFaceTokenizer: the ids of transformers' T5TokenizerFast, sentinels in order."""
+    import glob
+    import json as json_module
+
+    transformers = pytest.importorskip("transformers")
+    from tokenizers import SentencePieceUnigramTokenizer
+
+    from epochal.data.indexed.tokenizer import HuggingFaceTokenizer
+
+    docs = [
+        open(f).read() for f in sorted(glob.glob(os.path.dirname(json_module.__file__) + "/*.py"))
+    ]
+    unigram = SentencePieceUnigramTokenizer()
+    specials = ["<pad>", "</s>", "<unk>"] + [f"<extra_id_{i}>" for i in range(99, -1, -1)]
+    unigram.train_from_iterator(
+        docs, vocab_size=600, special_tokens=specials, unk_token="<unk>", show_progress=False
+    )
+    path = tmp_path / "tokenizer.json"
+    unigram.save(str(path))
+    ours = HuggingFaceTokenizer(path)
+    reference = transformers.T5TokenizerFast(tokenizer_file=str(path), extra_ids=0)
+    text = "def encode(obj):\n    return json.dumps(obj, indent=2) <extra_id_0> tail"
+    assert ours.encode(text) == reference.encode(text, add_special_tokens=False)
+    assert ours.eod == ours.eos == reference.convert_tokens_to_ids("</s>")
+    assert ours.pad == reference.convert_tokens_to_ids("<pad>")
+    sentinels = ours.additional_special_tokens_ids
+    assert len(sentinels) == 100
+    assert sentinels == reference.convert_tokens_to_ids([f"<extra_id_{i}>" for i in range(100)])

@@ -151,6 +151,12 @@ class HuggingFaceTokenizer(Tokenizer):
             ``<|endoftext|>``, ``<|end_of_text|>``, ``</s>``, ``<eos>``, ... in the vocabulary.
         bos_token / pad_token: likewise (``None`` result if absent).
 
+    Any model the file holds works: BPE, WordPiece, or a SentencePiece-style Unigram
+    model such as Hugging Face ``T5Tokenizer``'s (its ``</s>`` is the end of document,
+    ``<pad>`` the padding, and ``<extra_id_N>`` the T5 sentinels:
+    :attr:`additional_special_tokens_ids`), read offline; ids equal ``transformers``'
+    ``T5TokenizerFast`` for the same file.
+
     Raises:
         FileNotFoundError: the file is missing.
         TokenizerFileError: the file is not a tokenizer, or no end-of-document
@@ -205,6 +211,22 @@ class HuggingFaceTokenizer(Tokenizer):
     @property
     def vocab_size(self) -> int:
         return self._vocab_size
+
+    @property
+    def eos(self) -> int:
+        """The end-of-document id (T5's ``</s>``), Megatron's T5 name for it."""
+        return self.eod
+
+    @property
+    def additional_special_tokens_ids(self) -> list[int]:
+        """Ids of the sentinels ``<extra_id_0>``, ``<extra_id_1>``, ... in the vocabulary, in order.
+
+        As Hugging Face's ``T5Tokenizer`` names them; empty when the vocabulary has none.
+        """
+        ids = []
+        while (token_id := self._backend.token_to_id(f"<extra_id_{len(ids)}>")) is not None:
+            ids.append(int(token_id))
+        return ids
 
     def encode(self, text: str) -> list[int]:
         return self._backend.encode(text, add_special_tokens=False).ids
