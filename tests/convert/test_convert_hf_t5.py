@@ -129,3 +129,24 @@ def test_errors_name_what_was_found(tmp_path) -> None:
     (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
     with pytest.raises(ConversionError, match="feed_forward_proj='gated-silu'"):
         load_hf_checkpoint(tmp_path / "hf")
+
+
+def test_megatron_legacy_t5_is_refused_clearly(tmp_path) -> None:
+    """Megatron legacy T5 files are not supported: both directions say so, naming T5."""
+    from epochal.convert.megatron_legacy import load_megatron_checkpoint, save_megatron_checkpoint
+
+    config = ModelConfig(
+        type="t5", vocab_size=VOCAB, hidden_size=64, num_layers=2, num_attention_heads=4,
+        max_position_embeddings=32, output_bias=True,
+    )  # fmt: skip
+    model = build_model(config)
+    with pytest.raises(ConversionError, match="model.type='t5'.*--to hf"):
+        save_megatron_checkpoint(config, model.state_dict(), tmp_path / "m")
+    rank = tmp_path / "iter_0000001" / "mp_rank_00"
+    rank.mkdir(parents=True)
+    shard = {"decoder.layers.0.cross_attention.linear_q.weight": torch.zeros(4, 4)}
+    torch.save(
+        {"args": None, "checkpoint_version": 3.0, "model": shard}, rank / "model_optim_rng.pt"
+    )
+    with pytest.raises(ConversionError, match="encoder-decoder \\(T5\\)"):
+        load_megatron_checkpoint(tmp_path / "iter_0000001")

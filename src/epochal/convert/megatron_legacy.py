@@ -374,6 +374,11 @@ def save_megatron_checkpoint(
         raise ConversionError(
             f"--megatron-spec must be 'transformer_engine' or 'local', got {spec!r}"
         )
+    if config.type not in ("gpt", "bert"):
+        raise ConversionError(
+            f"model.type={config.type!r}: Megatron legacy checkpoints are written for GPT and "
+            "BERT models only (T5 / ESM: convert to Hugging Face with --to hf)"
+        )
     if tensor_parallel < 1 or pipeline_parallel < 1:
         raise ConversionError("tensor_parallel and pipeline_parallel must be >= 1")
     for name, value in (
@@ -583,6 +588,17 @@ def load_megatron_checkpoint(
                 )
     raw = {pos: _read_rank(path) for pos, path in sorted(grid.items())}
     _, args, version = raw[(0, 0)]
+    t5_names = [
+        n
+        for state, _, _ in raw.values()
+        for n in state
+        if ".cross_attention." in n or ".inter_attention." in n
+    ]
+    if t5_names:
+        raise ConversionError(
+            f"{folder}: holds an encoder-decoder (T5) model ({t5_names[0]!r}); Megatron legacy "
+            "T5 checkpoints are not supported (GPT and BERT are)"
+        )
     found_type = megatron_model_type(n for state, _, _ in raw.values() for n in state)
     if model_type is not None and found_type != model_type:
         raise ConversionError(
