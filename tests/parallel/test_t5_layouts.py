@@ -4,8 +4,8 @@ The data is the trainer's file path (Megatron's span-corruption samples). Two mo
 styles: Megatron's (learned positions, LayerNorm, GELU, tied head with a bias) and
 Hugging Face T5 v1.1's (relative attention bias, RMSNorm, gated GELU, untied head,
 more decoder than encoder blocks), which exercises the per-head relative bias under
-tensor parallelism. Pipeline and sequence parallelism are refused for T5, naming the
-option and saying why.
+tensor parallelism. Pipeline parallelism is refused for T5, naming the option and
+saying why.
 """
 
 from __future__ import annotations
@@ -25,8 +25,10 @@ LAYOUTS = {
     "dp2": ([], DP2),
     "dp2_full_shard": ([], [*DP2, "--parallel.dp_sharding=full"]),
     "tp2": ([], TP2),
+    "tp2_sp": ([], [*TP2, "--parallel.sequence_parallel=true"]),
     "tp2_recompute": ([], [*TP2, "--parallel.recompute_granularity=full"]),
     "hf_style_tp2": (W.HF_STYLE, TP2),
+    "hf_style_tp2_sp": (W.HF_STYLE, [*TP2, "--parallel.sequence_parallel=true"]),
     "hf_style_dp2_selective": (W.HF_STYLE, [*DP2, "--parallel.recompute_granularity=selective"]),
     # groups of two blocks recomputed as one, kept within each stack (2 encoder, 3 decoder)
     "hf_style_tp2_recompute_groups": (
@@ -66,12 +68,9 @@ def test_t5_layout_equals_single_process(name, references, tmp_path):
 
 @pytest.mark.parametrize(
     ("layout", "option", "why"),
-    [
-        (["--parallel.pipeline_parallel=2"], "parallel.pipeline_parallel", "encoder-decoder"),
-        ([*TP2, "--parallel.sequence_parallel=true"], "parallel.sequence_parallel", "cross"),
-    ],
+    [(["--parallel.pipeline_parallel=2"], "parallel.pipeline_parallel", "encoder-decoder")],
 )
-def test_pipeline_and_sequence_parallel_are_refused_with_the_reason(tmp_path, layout, option, why):
+def test_pipeline_parallel_is_refused_with_the_reason(tmp_path, layout, option, why):
     from epochal.parallel.dims import ParallelDims
     from epochal.parallel.model_support import check_model_layout
     from epochal.train.config import model_config_from_section
@@ -82,3 +81,25 @@ def test_pipeline_and_sequence_parallel_are_refused_with_the_reason(tmp_path, la
     with pytest.raises(ConfigError, match=why) as err:
         check_model_layout(model, dims, sequence_parallel=cfg.parallel.sequence_parallel)
     assert err.value.option == option
+
+
+def test_sequence_parallel_needs_both_lengths_divisible(tmp_path):
+    from epochal.parallel.dims import ParallelDims
+    from epochal.train.config import model_config_from_section
+
+    cfg = W.config(
+        str(tmp_path / "run"),
+        [*TP2, "--parallel.sequence_parallel=true", "--data.seq_length_decoder=15"],
+    )
+    model = model_config_from_section(cfg.model, vocab_size=208, seq_length=W.SEQ)
+    dims = ParallelDims.from_config(cfg.parallel, 2)
+    with pytest.raises(ConfigError, match="seq_length_decoder=15") as err:
+        dims.validate(
+            model,
+            micro_batch_size=2,
+            global_batch_size=8,
+            seq_length=W.SEQ,
+            config=cfg.parallel,
+            decoder_seq_length=15,
+        )
+    assert err.value.option == "parallel.sequence_parallel"

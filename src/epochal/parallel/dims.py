@@ -106,9 +106,12 @@ class ParallelDims:
         seq_length: int,
         config: ParallelConfig | None = None,
         check_vocab: bool = True,
+        decoder_seq_length: int | None = None,
     ) -> None:
         """Check the layout against the model and the batch sizes.
 
+        ``decoder_seq_length`` (an encoder-decoder's decoder length) must divide by
+        the tensor-parallel size too under sequence parallelism.
         ``check_vocab=False`` skips the one check that needs the real vocabulary size
         (the tokenizer's, known only once the data is built), so that a trainer can
         check everything else before a long data build.
@@ -144,6 +147,17 @@ class ParallelDims:
             raise _err(
                 "parallel.sequence_parallel",
                 f"needs data.seq_length={seq_length} divisible by tensor_parallel={tp}",
+            )
+        if (
+            config is not None
+            and config.sequence_parallel
+            and decoder_seq_length is not None
+            and decoder_seq_length % tp
+        ):
+            raise _err(
+                "parallel.sequence_parallel",
+                f"needs data.seq_length_decoder={decoder_seq_length} divisible by "
+                f"tensor_parallel={tp}",
             )
         first = config.decoder_first_pipeline_num_layers if config is not None else None
         last = config.decoder_last_pipeline_num_layers if config is not None else None

@@ -3,8 +3,8 @@
 GPT and BERT have tensor-parallel plans (with sequence parallelism) and a
 pipeline split. ESM has no sequence parallelism: its ``token_dropout`` rescaling
 and padding multiplication read the whole sequence's tokens inside the
-embedding. T5 has tensor parallelism only (:data:`UNSUPPORTED_REASONS` says why
-not the others). Unsupported layouts are refused before anything is built.
+embedding. T5 has tensor and sequence parallelism but no pipeline split
+(:data:`UNSUPPORTED_REASONS` says why). Unsupported layouts are refused before anything is built.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ SUPPORTED_DIMS: dict[str, frozenset[str]] = {
     "gpt": frozenset({"tensor_parallel", "sequence_parallel", "pipeline_parallel"}),
     "bert": frozenset({"tensor_parallel", "sequence_parallel", "pipeline_parallel"}),
     "esm": frozenset({"tensor_parallel", "pipeline_parallel"}),
-    "t5": frozenset({"tensor_parallel"}),
+    "t5": frozenset({"tensor_parallel", "sequence_parallel"}),
 }
 
 #: ``(model type, option)`` -> why that dimension is refused (in the error message).
@@ -31,10 +31,6 @@ UNSUPPORTED_REASONS: dict[tuple[str, str], str] = {
         "an encoder-decoder pipeline split (Megatron's pipeline_model_parallel_split_rank, "
         "the encoder output sent to every decoder stage) is not implemented; use "
         "tensor and data parallelism for T5"
-    ),
-    ("t5", "sequence_parallel"): (
-        "the cross-attention would need the encoder output gathered from sequence shards; "
-        "not implemented for T5 (tensor parallelism without it works)"
     ),
 }
 

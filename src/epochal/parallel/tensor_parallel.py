@@ -51,8 +51,9 @@ stream shared by the group (:mod:`epochal.parallel.rng`, Megatron's RNG tracker)
 
 T5 (:func:`_t5_top_plan`): the same block plan for the encoder blocks, plus the
 decoder blocks' ``cross_attention`` sharded by heads like the self-attention
-(queries from the decoder, keys/values from the replicated encoder output); the
-relative bias tables stay replicated and each rank uses its heads' columns.
+(queries from the decoder, keys/values from the encoder output, gathered over the
+sequence first under sequence parallelism); the relative bias tables stay
+replicated and each rank uses its heads' columns.
 
 Requirements (checked by :meth:`epochal.parallel.dims.ParallelDims.validate`):
 ``tp`` divides the heads, the MLP width and the padded vocabulary; with
@@ -212,6 +213,15 @@ def _block_plan(
         plan["attention.wv"] = ColwiseParallel()
     plan["attention.wo"] = RowwiseParallel(output_layouts=row_out)
     if cross:  # a decoder block's cross-attention (T5): sharded by heads like the self-attention
+        if sequence_parallel:
+            plan["cross_attention_norm"] = SequenceParallel()
+            # queries from the decoder's slice, keys/values from the whole encoder output
+            plan["cross_attention"] = PrepareModuleInput(
+                input_layouts=(seq, None, None),
+                desired_input_layouts=(Replicate(), None, None),
+                input_kwarg_layouts={"context": seq},
+                desired_input_kwarg_layouts={"context": Replicate()},
+            )
         for name in ("wq", "wk", "wv"):
             plan[f"cross_attention.{name}"] = plan[f"attention.{name}"]
         plan["cross_attention.wo"] = RowwiseParallel(output_layouts=row_out)
@@ -307,23 +317,34 @@ def _local_outputs(module: nn.Module, args: Any, output: Any) -> Any:
 def _t5_top_plan(
     model: nn.Module, sequence_parallel: bool, loss_parallel: bool
 ) -> dict[str, ParallelStyle]:
-    """T5's modules outside the blocks (no sequence parallelism: it is refused for T5).
+    """T5's modules outside the blocks (GPT's layout, for both stacks).
 
-    - ``tok_embeddings``: vocabulary-parallel (rows), all-reduced; shared by the
-      encoder and the decoder; ``pos_embeddings``, ``encoder_norm``, ``decoder_norm``:
-      replicated;
+    - ``tok_embeddings``: vocabulary-parallel (rows), shared by the encoder and the
+      decoder; all-reduced, or reduce-scattered over the sequence with sequence
+      parallelism (then ``pos_embeddings`` is looked up for the local slice);
+    - ``encoder_norm`` / ``decoder_norm``: replicated, ``SequenceParallel`` under
+      sequence parallelism; the encoder output then stays sequence-sharded and each
+      cross-attention gathers it (its keys and values need every encoder position);
     - ``output`` (and its bias): column-parallel over the vocabulary, tied to the
       embedding rows like GPT's head;
     - the relative bias tables: see :func:`_t5_relative_bias`.
     """
+    seq = Shard(1)
     top: dict[str, ParallelStyle] = {
-        "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate()),
+        "tok_embeddings": RowwiseParallel(
+            input_layouts=Replicate(), output_layouts=seq if sequence_parallel else Replicate()
+        ),
         "output": ColwiseParallel(
-            input_layouts=Replicate(),
+            input_layouts=seq if sequence_parallel else Replicate(),
             output_layouts=Shard(-1) if loss_parallel else Replicate(),
             use_local_output=True,
         ),
     }
+    if sequence_parallel:
+        if model.pos_embeddings is not None:
+            top["pos_embeddings"] = SequenceShardedPositionEmbedding()
+        top["encoder_norm"] = SequenceParallel()
+        top["decoder_norm"] = SequenceParallel()
     return top
 
 

@@ -86,6 +86,7 @@ def check_layout(config: TrainConfig, world_size: int) -> ParallelDims:
         seq_length=config.data.seq_length,
         config=config.parallel,
         check_vocab=config.model.vocab_size is not None,
+        decoder_seq_length=config.data.seq_length_decoder if config.model.type == "t5" else None,
     )
     return dims
 
@@ -181,6 +182,7 @@ class ParallelTrainer(Trainer):
             global_batch_size=c.training.global_batch_size,
             seq_length=c.data.seq_length,
             config=c.parallel,
+            decoder_seq_length=c.data.seq_length_decoder if model_config.type == "t5" else None,
         )
         check_model_layout(model_config, self.dims, sequence_parallel=c.parallel.sequence_parallel)
 
