@@ -124,7 +124,10 @@ def test_every_preset_can_be_shortened(preset, iters):
     )
     assert cfg.lr_decay_iters == iters and 0 <= cfg.lr_warmup_iters < iters
     full = build_config(preset=preset, overrides=["--data.mock=true"])
-    assert full.lr_warmup_iters == {"tiny": 30, "bert-tiny": 30, "gpt2-small": 700}[preset]
+    assert (
+        full.lr_warmup_iters
+        == {"tiny": 30, "bert-tiny": 30, "t5-tiny": 30, "gpt2-small": 700}[preset]
+    )
 
 
 def test_warmup_iters_and_fraction():
