@@ -75,6 +75,8 @@ class MetricsLogger:
         log_interval: refresh the bar / TensorBoard every this many steps.
         enabled: False on ranks that must not write (all methods become no-ops).
         verbose: print messages (evaluation results, ...) to stdout.
+        wandb: an open W&B sink (:func:`epochal.train.wandb_logger.open_wandb`) that
+            gets every train and evaluation record, or None.
     """
 
     def __init__(
@@ -89,8 +91,10 @@ class MetricsLogger:
         log_interval: int = 10,
         enabled: bool = True,
         verbose: bool = True,
+        wandb: Any = None,
     ) -> None:
         self.enabled = enabled
+        self._wandb = wandb if enabled else None
         self.verbose = verbose
         self.log_interval = log_interval
         self.path = Path(run_dir) / "metrics.jsonl"
@@ -155,6 +159,8 @@ class MetricsLogger:
         if not self.enabled:
             return
         self._write({"kind": "train", "step": step, **metrics})
+        if self._wandb is not None:
+            self._wandb.log({f"train/{k}": v for k, v in metrics.items()}, step)
         self._pending += 1
         if step % self.log_interval == 0:
             if self._tb is not None:
@@ -190,6 +196,9 @@ class MetricsLogger:
         ppl = perplexity(loss)
         extra = dict(extra or {})
         self._write({"kind": "eval", "step": step, "loss": loss, "ppl": ppl, **extra})
+        if self._wandb is not None:
+            values = {"loss": loss, "ppl": ppl, **extra}
+            self._wandb.log({f"eval/{k}": v for k, v in values.items()}, step)
         if self._tb is not None:
             self._tb.add_scalar("eval/loss", loss, step)
             self._tb.add_scalar("eval/ppl", ppl, step)
@@ -220,5 +229,8 @@ class MetricsLogger:
         if self._tb is not None:
             self._tb.close()
             self._tb = None
+        if self._wandb is not None:
+            self._wandb.finish()
+            self._wandb = None
         if not self._file.closed:
             self._file.close()

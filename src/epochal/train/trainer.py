@@ -44,6 +44,7 @@ deterministic kernels).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import random
 import time
 from collections.abc import Callable, Iterator
@@ -624,6 +625,19 @@ class Trainer:
                 )
             self.run_dir.mkdir(parents=True, exist_ok=True)
             atomic_write(self.run_dir / "config.toml", to_toml(cfg))
+        wandb = None
+        if cfg.logging.wandb and self.rank == 0:
+            from epochal.train.wandb_logger import open_wandb
+
+            lg = cfg.logging
+            wandb = open_wandb(
+                self.run_dir,
+                project=lg.wandb_project,
+                name=lg.wandb_name,
+                directory=lg.wandb_dir,
+                mode=lg.wandb_mode,
+                config=dataclasses.asdict(cfg),
+            )
         metrics = MetricsLogger(
             self.run_dir,
             total_steps=total,
@@ -634,6 +648,7 @@ class Trainer:
             log_interval=cfg.logging.log_interval,
             enabled=self.rank == 0,
             verbose=self.log,
+            wandb=wandb,
         )
         if folder is not None and self.log:
             metrics.write_line(f"resumed from {folder} at step {self.step}")
