@@ -114,6 +114,7 @@ def detect_format(path: str | Path) -> str:
     Raises:
         FileNotFoundError: ``path`` does not exist.
     """
+    from epochal.convert.megatron_dist import is_torch_dist
     from epochal.convert.megatron_legacy import TRACKER_FILE
 
     path = Path(path)
@@ -121,7 +122,7 @@ def detect_format(path: str | Path) -> str:
         raise FileNotFoundError(f"{path}: no such file or folder")
     if (path / "config.json").is_file():
         return "hf"
-    if (path / TRACKER_FILE).is_file():
+    if (path / TRACKER_FILE).is_file() or is_torch_dist(path):
         return "megatron"
     if path.is_dir():
         children = [p.name for p in path.iterdir()]

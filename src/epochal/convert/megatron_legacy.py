@@ -75,6 +75,7 @@ from epochal.convert.megatron_args import (
     config_from_megatron_args,
     megatron_args_from_config,
 )
+from epochal.convert.megatron_dist import is_torch_dist, read_torch_dist
 from epochal.convert.megatron_layout import (
     interleaved_to_half_rotary,
     megatron_model_type,
@@ -567,7 +568,15 @@ def load_megatron_checkpoint(
     directory = Path(directory)
     if not directory.is_dir():
         raise FileNotFoundError(f"{directory}: not a folder")
-    folder, found_iteration = _resolve_folder(directory, iteration)
+    if is_torch_dist(directory):
+        m = re.match(r"^iter_(\d+)$", directory.name)
+        folder, found_iteration = directory, (int(m.group(1)) if m else None)
+    else:
+        folder, found_iteration = _resolve_folder(directory, iteration)
+    if is_torch_dist(folder):
+        return _load_torch_dist(
+            folder, found_iteration, vocab_size, make_vocab_size_divisible_by, model_type
+        )
     grid: dict[tuple[int, int], Path] = {}
     for child in folder.iterdir():
         m = _RANK_DIR.match(child.name)
@@ -668,4 +677,44 @@ def load_megatron_checkpoint(
         iteration=found_iteration,
         tensor_parallel=tp,
         pipeline_parallel=pp,
+    )
+
+
+def _load_torch_dist(
+    folder: Path,
+    found_iteration: int | None,
+    vocab_size: int | None,
+    make_vocab_size_divisible_by: int | None,
+    model_type: str | None,
+) -> MegatronCheckpoint:
+    """A ``torch_dist`` iteration folder (:mod:`epochal.convert.megatron_dist`) into our names."""
+    flat, args = read_torch_dist(folder)
+    source = str(folder)
+    if args is None:
+        raise ConversionError(
+            f"{folder}/common.pt: no 'args' (Megatron-LM saves them); cannot tell the model's "
+            "configuration"
+        )
+    found_type = megatron_model_type(flat)
+    if model_type is not None and found_type != model_type:
+        raise ConversionError(
+            f"{folder}: holds a {found_type!r} model, expected model.type={model_type!r}"
+        )
+    config, extras = config_from_megatron_args(
+        args,
+        vocab_size=vocab_size,
+        make_vocab_size_divisible_by=make_vocab_size_divisible_by,
+        source=source,
+    )
+    full = to_local_names(flat, source)
+    if found_type == "bert":
+        config = _bert_config(config, args, full, full, source)
+    state = _ours_from_megatron_full(full, config, extras, source)
+    return MegatronCheckpoint(
+        config=config,
+        state=state,
+        args=args,
+        iteration=found_iteration,
+        tensor_parallel=extras.tensor_parallel,
+        pipeline_parallel=extras.pipeline_parallel,
     )

@@ -98,6 +98,13 @@ _ALLOWED_GLOBALS: dict[str, set[str]] = {
         "_MEM_FORMAT_ENCODING",
     },
     "torch.distributed.checkpoint.filesystem": {"_StorageInfo"},
+    # Megatron-Core's torch_dist metadata also records the save plans (plain dataclasses)
+    "torch.distributed.checkpoint.planner": {
+        "SavePlan",
+        "WriteItem",
+        "WriteItemType",
+        "TensorWriteData",
+    },
     "torch.serialization": {"_get_layout"},
     "torch": {"Size"},
     "pathlib": {"Path", "PosixPath", "WindowsPath", "PurePath", "PurePosixPath", "PureWindowsPath"},

@@ -1,0 +1,135 @@
+"""Read Megatron-Core's distributed checkpoints (``--ckpt-format torch_dist``), any layout.
+
+Layout of an iteration folder (``iter_0001000/``, next to
+``latest_checkpointed_iteration.txt`` as for legacy checkpoints)::
+
+    metadata.json        {"sharded_backend": "torch_dist", ...}
+    .metadata            PyTorch DCP metadata: every tensor's global shape and shards
+    __R_I.distcp         the shards, written by every rank
+    common.pt            a torch.save dict with the non-sharded items (``args``, ...)
+
+The tensors are stored with their *global* shapes, whatever the TP x PP (x DP) layout
+that saved them, and the transformer layers stacked along a leading layer dimension
+(``decoder.layers.self_attention.linear_qkv.weight`` is ``[num_layers, q+k+v rows,
+hidden]``; the fused QKV and SwiGLU layouts are Megatron's, as in the legacy files).
+So reading needs no knowledge of the saving layout: PyTorch's own DCP reader loads each
+model tensor whole (metadata read with the restricted unpickler), the stacks are split
+into ``decoder.layers.{i}.*``, and the legacy path's name mapping
+(:mod:`epochal.convert.megatron_legacy`) turns them into ours. Optimizer state and
+RNG states in the folder are not read. The model configuration comes from ``args`` in
+``common.pt`` (read with :func:`~epochal.convert.safe_load.safe_torch_load`).
+
+Errors (:class:`~epochal.convert.common.ConversionError`, naming the folder): a folder
+that is not ``torch_dist``, missing shard files (named), no ``args``, mixture-of-experts
+or other unsupported layers (named).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.distributed.checkpoint import load as dcp_load
+from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+from epochal.convert.common import ConversionError
+from epochal.convert.safe_load import safe_torch_load
+
+__all__ = ["is_torch_dist", "read_torch_dist"]
+
+#: top-level module names of a Megatron-Core model's tensors (the rest is optimizer/RNG state).
+_MODEL_PREFIXES = (
+    "embedding.",
+    "decoder.",
+    "encoder.",
+    "output_layer.",
+    "lm_head.",
+    "pooler.",
+    "binary_head.",
+    "position_embeddings.",
+)
+_UNSUPPORTED = (
+    (re.compile(r"\.mlp\.(experts|router|shared_experts)\."), "mixture-of-experts layers"),
+    (
+        re.compile(r"\.self_attention\.(linear_q_down|linear_kv_down|linear_q_up)"),
+        "multi-latent attention",
+    ),
+    (re.compile(r"\.cross_attention\."), "encoder-decoder (T5) cross-attention"),
+)
+
+
+def is_torch_dist(folder: str | Path) -> bool:
+    """True if ``folder`` is a ``torch_dist`` checkpoint (its ``metadata.json`` says so)."""
+    path = Path(folder) / "metadata.json"
+    if not path.is_file():
+        return False
+    try:
+        return json.loads(path.read_text()).get("sharded_backend") == "torch_dist"
+    except (json.JSONDecodeError, AttributeError):
+        return False
+
+
+def read_torch_dist(folder: str | Path) -> tuple[dict[str, torch.Tensor], Any]:
+    """The model tensors (Megatron-Core names, layers unstacked) and ``args`` of ``folder``.
+
+    Returns:
+        ``({"decoder.layers.0.self_attention.linear_qkv.weight": ..., ...}, args)``:
+        full (global) CPU tensors; ``args`` as saved (None when ``common.pt`` has none).
+
+    Raises:
+        ConversionError: not a ``torch_dist`` folder, a shard file is missing or
+            unreadable, or an unsupported layer type (named).
+        UnsafeCheckpointError: ``common.pt`` holds objects outside the allow-list.
+    """
+    from epochal.train.checkpoint import SafeFileSystemReader, SafeLoadPlanner
+
+    folder = Path(folder)
+    if not is_torch_dist(folder):
+        raise ConversionError(f"{folder}: not a Megatron torch_dist checkpoint (no metadata.json)")
+    reader = SafeFileSystemReader(str(folder))
+    metadata = reader.read_metadata()
+    wanted: dict[str, torch.Tensor] = {}
+    for key, meta in metadata.state_dict_metadata.items():
+        if not key.startswith(_MODEL_PREFIXES) or not isinstance(meta, TensorStorageMetadata):
+            continue
+        for pattern, what in _UNSUPPORTED:
+            if pattern.search(key):
+                raise ConversionError(f"{folder}: {what} ({key!r}) are not supported")
+        wanted[key] = torch.empty(meta.size, dtype=meta.properties.dtype)
+    if not wanted:
+        raise ConversionError(f"{folder}: no model tensors in the DCP metadata")
+    files = {
+        item.relative_path
+        for item in metadata.storage_data.values()
+        if getattr(item, "relative_path", None)
+    }
+    missing = sorted(f for f in files if not (folder / f).is_file())
+    if missing:
+        raise ConversionError(f"{folder}: shard files are missing: {missing[:8]}")
+    try:
+        dcp_load(wanted, storage_reader=reader, planner=SafeLoadPlanner(), no_dist=True)
+    except Exception as exc:  # DCP wraps reader errors in CheckpointException
+        raise ConversionError(f"{folder}: cannot read the shards ({exc})") from exc
+    common = folder / "common.pt"
+    args = None
+    if common.is_file():
+        payload = safe_torch_load(common)
+        if isinstance(payload, dict):
+            args = payload.get("args")
+    return _unstack(wanted), args
+
+
+def _unstack(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``{decoder,encoder}.layers.X`` ``[L, ...]`` -> ``{decoder,encoder}.layers.{i}.X``."""
+    out: dict[str, torch.Tensor] = {}
+    for name, tensor in tensors.items():
+        m = re.match(r"^(decoder|encoder)\.layers\.(?!\d+\.)(.*)$", name)
+        if m is None:
+            out[name] = tensor
+            continue
+        for i in range(tensor.shape[0]):
+            out[f"{m.group(1)}.layers.{i}.{m.group(2)}"] = tensor[i].clone()
+    return out

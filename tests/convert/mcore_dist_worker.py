@@ -1,0 +1,140 @@
+"""Save a real Megatron-Core GPTModel as a ``torch_dist`` checkpoint, TP ranks via spawn.
+
+Usage: python mcore_dist_worker.py OUT_DIR TP VARIANT PORT
+
+``VARIANT``: ``llama`` (RoPE, RMSNorm, SwiGLU, GQA, no biases, untied head) or
+``gpt2`` (learned positions, LayerNorm, GELU, biases, tied head). Writes Megatron-LM's
+layout (``OUT_DIR/iter_0000007/`` with ``args`` in ``common.pt``, and the tracker file)
+and ``OUT_DIR/logits.pt``: Megatron-Core's own logits ``[b, s, vocab]`` (gathered over
+the TP ranks) for ``tokens.pt``'s ids. Run as a subprocess (Megatron's saver needs a
+``__main__`` guard); the test kills the tree on failure.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import warnings
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+
+def our_config(variant: str):
+    from epochal.model import ModelConfig
+
+    common = dict(
+        vocab_size=128,
+        hidden_size=32,
+        num_layers=2,
+        num_attention_heads=4,
+        max_position_embeddings=32,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+    )
+    if variant == "llama":
+        return ModelConfig(
+            **common,
+            num_query_groups=2,
+            ffn_hidden_size=64,
+            position_embedding_type="rope",
+            normalization="RMSNorm",
+            activation="swiglu",
+            add_bias_linear=False,
+            untie_embeddings_and_output_weights=True,
+        )
+    return ModelConfig(**common, ffn_hidden_size=64, activation="gelu")
+
+
+def rank_main(rank: int, world: int, out: str, variant: str, port: str) -> None:
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+
+    warnings.simplefilter("ignore")
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    torch.cuda.synchronize = lambda *a, **k: None
+    torch.cuda.current_device = lambda: "cpu"
+    from megatron.core import dist_checkpointing, parallel_state
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.tensor_parallel import random as mrandom
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    from epochal.convert.megatron_args import megatron_args_from_config
+
+    mrandom.CudaRNGStatesTracker.fork = lambda self, name=None: contextlib.nullcontext()
+    parallel_state.initialize_model_parallel(world, 1)
+    cfg = our_config(variant)
+    llama = variant == "llama"
+    tc = TransformerConfig(
+        num_layers=cfg.num_layers,
+        hidden_size=cfg.hidden_size,
+        num_attention_heads=cfg.num_attention_heads,
+        num_query_groups=cfg.num_kv_heads,
+        ffn_hidden_size=cfg.ffn_size,
+        add_bias_linear=not llama,
+        gated_linear_unit=llama,
+        activation_func=F.silu if llama else F.gelu,
+        normalization=cfg.normalization,
+        layernorm_epsilon=cfg.norm_epsilon,
+        bias_activation_fusion=False,
+        masked_softmax_fusion=False,
+        persist_layer_norm=False,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        use_cpu_initialization=True,
+        bias_dropout_fusion=False,
+        apply_rope_fusion=False,
+        gradient_accumulation_fusion=False,
+        tensor_model_parallel_size=world,
+        init_method_std=0.2,
+    )
+    torch.manual_seed(0)
+    model = GPTModel(
+        config=tc,
+        transformer_layer_spec=get_gpt_layer_local_spec(normalization=cfg.normalization),
+        vocab_size=cfg.padded_vocab_size,
+        max_sequence_length=cfg.max_position_embeddings,
+        position_embedding_type="rope" if llama else "learned_absolute",
+        share_embeddings_and_output_weights=not llama,
+    ).eval()
+    with torch.no_grad():  # non-trivial norms
+        for name, p in model.named_parameters():
+            if "layer_norm" in name or "layernorm" in name:
+                p.uniform_(0.5, 1.5)
+    args = megatron_args_from_config(
+        cfg,
+        tensor_parallel=world,
+        pipeline_parallel=1,
+        iteration=7,
+        dtype=torch.float32,
+        transformer_impl="local",
+    )
+    folder = Path(out) / "iter_0000007"
+    folder.mkdir(parents=True, exist_ok=True)
+    state = model.sharded_state_dict()
+    state["args"] = args
+    state["iteration"] = 7
+    dist_checkpointing.save(state, str(folder))
+    tokens = torch.load(Path(out) / "tokens.pt")
+    s = tokens.shape[1]
+    mask = torch.ones(1, 1, s, s, dtype=torch.bool).triu(1)
+    with torch.no_grad():
+        logits = model(tokens, torch.arange(s)[None].expand_as(tokens), mask)  # [b, s, V/tp]
+    parts = [torch.empty_like(logits) for _ in range(world)]
+    dist.all_gather(parts, logits.contiguous())
+    if rank == 0:
+        torch.save(torch.cat(parts, dim=-1), Path(out) / "logits.pt")
+        (Path(out) / "latest_checkpointed_iteration.txt").write_text("7")
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    import torch.multiprocessing as mp
+
+    out_dir, tp, variant, port = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+    mp.spawn(rank_main, args=(tp, out_dir, variant, port), nprocs=tp)
