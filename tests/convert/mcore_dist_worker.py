@@ -1,12 +1,15 @@
 """Save a real Megatron-Core GPTModel as a ``torch_dist`` checkpoint, TP ranks via spawn.
 
-Usage: python mcore_dist_worker.py OUT_DIR TP VARIANT PORT
+Usage: python mcore_dist_worker.py OUT_DIR TP VARIANT PORT [LOAD_FOLDER]
 
 ``VARIANT``: ``llama`` (RoPE, RMSNorm, SwiGLU, GQA, no biases, untied head) or
 ``gpt2`` (learned positions, LayerNorm, GELU, biases, tied head). Writes Megatron-LM's
 layout (``OUT_DIR/iter_0000007/`` with ``args`` in ``common.pt``, and the tracker file)
 and ``OUT_DIR/logits.pt``: Megatron-Core's own logits ``[b, s, vocab]`` (gathered over
-the TP ranks) for ``tokens.pt``'s ids. Run as a subprocess (Megatron's saver needs a
+the TP ranks) for ``tokens.pt``'s ids. With ``LOAD_FOLDER`` it instead loads that
+``torch_dist`` folder into a fresh model with ``dist_checkpointing.load`` (strictly,
+into ``GPTModel.sharded_state_dict()``) and writes ``OUT_DIR/logits_loaded.pt``.
+Run as a subprocess (Megatron's saver needs a
 ``__main__`` guard); the test kills the tree on failure.
 """
 
@@ -25,7 +28,8 @@ def our_config(variant: str):
     from epochal.model import ModelConfig
 
     common = dict(
-        vocab_size=128,
+        vocab_size=100,
+        make_vocab_size_divisible_by=64,  # 128 rows at TP1 and at TP2 (64 x 2)
         hidden_size=32,
         num_layers=2,
         num_attention_heads=4,
@@ -47,7 +51,7 @@ def our_config(variant: str):
     return ModelConfig(**common, ffn_hidden_size=64, activation="gelu")
 
 
-def rank_main(rank: int, world: int, out: str, variant: str, port: str) -> None:
+def rank_main(rank: int, world: int, out: str, variant: str, port: str, load: str) -> None:
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
@@ -105,6 +109,15 @@ def rank_main(rank: int, world: int, out: str, variant: str, port: str) -> None:
         for name, p in model.named_parameters():
             if "layer_norm" in name or "layernorm" in name:
                 p.uniform_(0.5, 1.5)
+    if load:
+        # Megatron-LM's load_checkpoint: {"model": ...} plus the common items (args, ...)
+        loaded = dist_checkpointing.load({"model": model.sharded_state_dict()}, load)
+        assert loaded["args"].num_layers == cfg.num_layers
+        model.load_state_dict(loaded["model"], strict=True)
+        _write_logits(model, world, rank, Path(out), "logits_loaded.pt")
+        dist.barrier()
+        dist.destroy_process_group()
+        return
     args = megatron_args_from_config(
         cfg,
         tensor_parallel=world,
@@ -115,11 +128,22 @@ def rank_main(rank: int, world: int, out: str, variant: str, port: str) -> None:
     )
     folder = Path(out) / "iter_0000007"
     folder.mkdir(parents=True, exist_ok=True)
-    state = model.sharded_state_dict()
-    state["args"] = args
-    state["iteration"] = 7
+    # Megatron-LM's save_checkpoint layout: the model under "model", args and iteration beside
+    state = {"model": model.sharded_state_dict(), "args": args, "iteration": 7}
     dist_checkpointing.save(state, str(folder))
-    tokens = torch.load(Path(out) / "tokens.pt")
+    _write_logits(model, world, rank, Path(out), "logits.pt")
+    if rank == 0:
+        (Path(out) / "latest_checkpointed_iteration.txt").write_text("7")
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def _write_logits(model, world: int, rank: int, out: Path, name: str) -> None:
+    """Megatron-Core's logits for ``out/tokens.pt``, gathered over the TP ranks, by rank 0."""
+    import torch
+    import torch.distributed as dist
+
+    tokens = torch.load(out / "tokens.pt")
     s = tokens.shape[1]
     mask = torch.ones(1, 1, s, s, dtype=torch.bool).triu(1)
     with torch.no_grad():
@@ -127,14 +151,12 @@ def rank_main(rank: int, world: int, out: str, variant: str, port: str) -> None:
     parts = [torch.empty_like(logits) for _ in range(world)]
     dist.all_gather(parts, logits.contiguous())
     if rank == 0:
-        torch.save(torch.cat(parts, dim=-1), Path(out) / "logits.pt")
-        (Path(out) / "latest_checkpointed_iteration.txt").write_text("7")
-    dist.barrier()
-    dist.destroy_process_group()
+        torch.save(torch.cat(parts, dim=-1), out / name)
 
 
 if __name__ == "__main__":
     import torch.multiprocessing as mp
 
     out_dir, tp, variant, port = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
-    mp.spawn(rank_main, args=(tp, out_dir, variant, port), nprocs=tp)
+    load = sys.argv[5] if len(sys.argv) > 5 else ""
+    mp.spawn(rank_main, args=(tp, out_dir, variant, port, load), nprocs=tp)

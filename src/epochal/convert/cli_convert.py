@@ -79,6 +79,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--pipeline-parallel", type=int, default=1, help="Megatron output: pipeline size"
     )
     group.add_argument(
+        "--ckpt-format",
+        choices=("torch", "torch_dist"),
+        default="torch",
+        help="Megatron output: legacy mp_rank_* files (torch, default) or Megatron-LM's "
+        "default distributed format (torch_dist; --tensor-parallel = the loading job's TP, "
+        "for the vocabulary padding)",
+    )
+    group.add_argument(
         "--megatron-spec",
         choices=("transformer_engine", "local"),
         default="transformer_engine",
@@ -214,6 +222,7 @@ def _save(args: argparse.Namespace, fmt: str, config, state, step: int, extra: d
             pipeline_parallel=args.pipeline_parallel,
             iteration=step if args.megatron_iteration is None else args.megatron_iteration,
             spec=args.megatron_spec,
+            ckpt_format=args.ckpt_format,
             dtype=dtype,
             overwrite=args.overwrite,
         )

@@ -19,6 +19,12 @@ into ``decoder.layers.{i}.*``, and the legacy path's name mapping
 RNG states in the folder are not read. The model configuration comes from ``args`` in
 ``common.pt`` (read with :func:`~epochal.convert.safe_load.safe_torch_load`).
 
+Writing (:func:`write_torch_dist`) is the reverse: the layers stacked, one DCP save from
+one process with the global tensors (Megatron-Core reshards them for the loading
+job's layout), ``args`` and the iteration in ``common.pt``, and ``metadata.json``. The
+files carry no optimizer state (Megatron-LM loads them with ``--finetune`` /
+``--no-load-optim``).
+
 Errors (:class:`~epochal.convert.common.ConversionError`, naming the folder): a folder
 that is not ``torch_dist``, missing shard files (named), no ``args``, mixture-of-experts
 or other unsupported layers (named).
@@ -38,7 +44,7 @@ from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from epochal.convert.common import ConversionError
 from epochal.convert.safe_load import safe_torch_load
 
-__all__ = ["is_torch_dist", "read_torch_dist"]
+__all__ = ["is_torch_dist", "read_torch_dist", "stack_layers", "write_torch_dist"]
 
 #: top-level module names of a Megatron-Core model's tensors (the rest is optimizer/RNG state).
 _MODEL_PREFIXES = (
@@ -133,3 +139,66 @@ def _unstack(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         for i in range(tensor.shape[0]):
             out[f"{m.group(1)}.layers.{i}.{m.group(2)}"] = tensor[i].clone()
     return out
+
+
+def stack_layers(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Inverse of the unstacking: ``decoder.layers.{i}.X`` -> ``decoder.layers.X`` ``[L, ...]``."""
+    out: dict[str, torch.Tensor] = {}
+    stacks: dict[str, dict[int, torch.Tensor]] = {}
+    for name, tensor in tensors.items():
+        m = re.match(r"^(decoder|encoder)\.layers\.(\d+)\.(.*)$", name)
+        if m is None:
+            out[name] = tensor
+        else:
+            stacks.setdefault(f"{m.group(1)}.layers.{m.group(3)}", {})[int(m.group(2))] = tensor
+    for name, layers in stacks.items():
+        out[name] = torch.stack([layers[i] for i in range(len(layers))])
+    return out
+
+
+def write_torch_dist(
+    folder: Path, tensors: dict[str, torch.Tensor], *, args: Any, iteration: int
+) -> None:
+    """Write ``tensors`` (full Megatron-Core names, layers unstacked) as a ``torch_dist`` folder.
+
+    ``folder`` must not exist yet and is written in place (the caller renames a
+    temporary folder into place). Each per-layer module of a block gets the
+    ``_extra_state`` object Megatron-Core's modules save: Megatron-Core stores a
+    sharded object as the pickled list of its data (here ``[None]``: no FP8 metadata).
+    """
+    from torch.distributed.checkpoint import DefaultSavePlanner, FileSystemWriter
+    from torch.distributed.checkpoint import save as dcp_save
+
+    stacked = stack_layers(tensors)
+    state: dict[str, Any] = {k: v.contiguous() for k, v in stacked.items()}
+    layers = sorted(
+        {int(m.group(1)) for k in tensors if (m := re.match(r"^decoder\.layers\.(\d+)\.", k))}
+    )
+    for module in (
+        "self_attention.linear_proj",
+        "self_attention.linear_qkv",
+        "mlp.linear_fc1",
+        "mlp.linear_fc2",
+    ):
+        for i in layers:
+            state[f"decoder.layers.{module}._extra_state/shard_{i}_{len(layers)}"] = [None]
+    folder.mkdir(parents=True)
+    dcp_save(
+        state,
+        storage_writer=FileSystemWriter(str(folder)),
+        planner=DefaultSavePlanner(flatten_state_dict=False),
+        no_dist=True,
+    )
+    torch.save(
+        {"args": args, "iteration": iteration, "checkpoint_version": 3.0}, folder / "common.pt"
+    )
+    (folder / "metadata.json").write_text(
+        json.dumps(
+            {
+                "sharded_backend": "torch_dist",
+                "sharded_backend_version": 1,
+                "common_backend": "torch",
+                "common_backend_version": 1,
+            }
+        )
+    )

@@ -75,7 +75,7 @@ from epochal.convert.megatron_args import (
     config_from_megatron_args,
     megatron_args_from_config,
 )
-from epochal.convert.megatron_dist import is_torch_dist, read_torch_dist
+from epochal.convert.megatron_dist import is_torch_dist, read_torch_dist, write_torch_dist
 from epochal.convert.megatron_layout import (
     interleaved_to_half_rotary,
     megatron_model_type,
@@ -349,8 +349,9 @@ def save_megatron_checkpoint(
     spec: Spec = "transformer_engine",
     dtype: torch.dtype | None = None,
     overwrite: bool = False,
+    ckpt_format: Literal["torch", "torch_dist"] = "torch",
 ) -> Path:
-    """Write our model as a Megatron-LM legacy checkpoint sharded TP x PP.
+    """Write our model as a Megatron-LM checkpoint: legacy files sharded TP x PP, or ``torch_dist``.
 
     Args:
         config: our model config.
@@ -362,6 +363,11 @@ def save_megatron_checkpoint(
         spec: ``"transformer_engine"`` (Megatron-LM's default) or ``"local"`` names.
         dtype: cast floating tensors (default: keep).
         overwrite: replace an existing iteration folder.
+        ckpt_format: ``"torch"`` (legacy ``mp_rank_*`` files; the default) or
+            ``"torch_dist"`` (Megatron-LM's default format: one layout-free folder,
+            :mod:`epochal.convert.megatron_dist`, with Transformer-Engine names as
+            Megatron-Core saves them for either spec; the vocabulary is padded for
+            ``tensor_parallel``, the TP size of the job that loads it; PP = 1).
 
     Returns:
         The iteration folder.
@@ -410,6 +416,22 @@ def save_megatron_checkpoint(
     swiglu = config.activation == "swiglu"
     directory = Path(directory)
     folder = directory / f"iter_{iteration:07d}"
+    if ckpt_format == "torch_dist":
+        if pipeline_parallel != 1:
+            raise ConversionError(
+                "--pipeline-parallel: a torch_dist checkpoint holds no layout (write it with "
+                "--pipeline-parallel 1; Megatron-Core loads it under any pipeline split)"
+            )
+        named = {_to_spec(k, "transformer_engine"): v.detach().cpu() for k, v in full.items()}
+        if config.type == "bert":
+            named = {re.sub(r"^decoder\.", "encoder.", k): v for k, v in named.items()}
+        with atomic_directory(folder, overwrite=overwrite) as tmp:
+            tmp.rmdir()
+            write_torch_dist(tmp, named, args=args, iteration=iteration)
+        atomic_write(directory / TRACKER_FILE, f"{iteration}\n")
+        return folder
+    if ckpt_format != "torch":
+        raise ConversionError(f"--ckpt-format must be 'torch' or 'torch_dist', got {ckpt_format!r}")
     with atomic_directory(folder, overwrite=overwrite) as tmp:
         for p, layers in enumerate(stages):
             stage = _stage_state(
