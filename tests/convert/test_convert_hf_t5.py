@@ -140,7 +140,7 @@ def test_megatron_legacy_t5_is_refused_clearly(tmp_path) -> None:
         max_position_embeddings=32, output_bias=True,
     )  # fmt: skip
     model = build_model(config)
-    with pytest.raises(ConversionError, match="model.type='t5'.*--to hf"):
+    with pytest.raises(ConversionError, match="model.type=.t5.: Megatron legacy T5.*--to hf"):
         save_megatron_checkpoint(config, model.state_dict(), tmp_path / "m")
     rank = tmp_path / "iter_0000001" / "mp_rank_00"
     rank.mkdir(parents=True)

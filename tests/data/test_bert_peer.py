@@ -11,7 +11,6 @@ import warnings
 
 import numpy as np
 import pytest
-import torch.distributed as dist
 
 from epochal.data.datasets.bert_builder import BERTDatasetConfig, build_bert_datasets
 from epochal.data.datasets.bert_dataset import PERMUTATION_SEED_WORD, BERTDataset
@@ -50,24 +49,6 @@ MASKING_FIELDS = (
     "masking_use_geometric_distribution",
     "classification_head",
 )
-
-
-@pytest.fixture(scope="module")
-def world_of_one(tmp_path_factory):
-    created = not dist.is_initialized()
-    if created:
-        store = dist.FileStore(str(tmp_path_factory.mktemp("store") / "filestore"), 1)
-        dist.init_process_group("gloo", store=store, rank=0, world_size=1)
-    yield
-    if created:
-        dist.destroy_process_group()
-
-
-@pytest.fixture(autouse=True)
-def keep_global_numpy_state():
-    state = np.random.get_state()  # noqa: NPY002 - restored after each test
-    yield
-    np.random.set_state(state)  # noqa: NPY002
 
 
 @pytest.fixture(scope="module")

@@ -381,10 +381,10 @@ def save_megatron_checkpoint(
         raise ConversionError(
             f"--megatron-spec must be 'transformer_engine' or 'local', got {spec!r}"
         )
-    if config.type not in ("gpt", "bert"):
+    if config.type == "t5":
         raise ConversionError(
-            f"model.type={config.type!r}: Megatron legacy checkpoints are written for GPT and "
-            "BERT models only (T5 / ESM: convert to Hugging Face with --to hf)"
+            "model.type='t5': Megatron legacy T5 checkpoints are not supported (GPT and BERT "
+            "are); convert T5 to Hugging Face with --to hf"
         )
     if tensor_parallel < 1 or pipeline_parallel < 1:
         raise ConversionError("tensor_parallel and pipeline_parallel must be >= 1")

@@ -28,7 +28,23 @@ from epochal.model.config import ConfigError
 from epochal.train.config import TrainConfig
 from epochal.train.corpus import default_cache_dir, prepare_corpus, tokenizer_from_config
 
-__all__ = ["build_bert_train_datasets", "masked_data_sources"]
+__all__ = ["build_bert_train_datasets", "masked_data_sources", "masking_options"]
+
+#: the ``[data]`` options that are Megatron's masking fields, passed on by name.
+MASKING_OPTIONS = (
+    "masking_probability",
+    "short_sequence_probability",
+    "masking_max_ngram",
+    "masking_do_full_word",
+    "masking_do_permutation",
+    "masking_use_longer_ngrams",
+    "masking_use_geometric_distribution",
+)
+
+
+def masking_options(data: Any) -> dict[str, Any]:
+    """The masking fields of the ``[data]`` section, for a BERT or T5 dataset config."""
+    return {name: getattr(data, name) for name in MASKING_OPTIONS}
 
 
 def masked_data_sources(
@@ -93,13 +109,7 @@ def build_bert_train_datasets(
             tokenizer=tokenizer,
             split=d.split,
             path_to_cache=str(cache / "bert-index"),
-            masking_probability=d.masking_probability,
-            short_sequence_probability=d.short_sequence_probability,
-            masking_max_ngram=d.masking_max_ngram,
-            masking_do_full_word=d.masking_do_full_word,
-            masking_do_permutation=d.masking_do_permutation,
-            masking_use_longer_ngrams=d.masking_use_longer_ngrams,
-            masking_use_geometric_distribution=d.masking_use_geometric_distribution,
+            **masking_options(d),
             classification_head=config.model.bert_binary_head,
             **paths,
         )

@@ -20,7 +20,7 @@ from typing import Any
 
 from epochal.data.datasets.t5_builder import T5DatasetConfig, build_t5_datasets
 from epochal.model.config import ConfigError
-from epochal.train.bert_data import masked_data_sources
+from epochal.train.bert_data import masked_data_sources, masking_options
 from epochal.train.config import TrainConfig
 from epochal.train.corpus import default_cache_dir
 
@@ -57,13 +57,7 @@ def build_t5_train_datasets(
             tokenizer=tokenizer,
             split=d.split,
             path_to_cache=str(cache / "t5-index"),
-            masking_probability=d.masking_probability,
-            short_sequence_probability=d.short_sequence_probability,
-            masking_max_ngram=d.masking_max_ngram,
-            masking_do_full_word=d.masking_do_full_word,
-            masking_do_permutation=d.masking_do_permutation,
-            masking_use_longer_ngrams=d.masking_use_longer_ngrams,
-            masking_use_geometric_distribution=d.masking_use_geometric_distribution,
+            **masking_options(d),
             **paths,
         )
         train, valid, _test = build_t5_datasets(
