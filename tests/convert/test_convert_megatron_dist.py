@@ -21,6 +21,7 @@ from tests.dist_utils import free_port, run_process
 
 pytestmark = [pytest.mark.peer, pytest.mark.distributed]
 pytest.importorskip("megatron.core")
+pytest.importorskip("psutil")  # Megatron-Core's dist_checkpointing needs it
 WORKER = str(Path(__file__).with_name("mcore_dist_worker.py"))
 
 
