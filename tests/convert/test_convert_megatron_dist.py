@@ -44,11 +44,18 @@ def _env() -> dict:
     return dict(os.environ)
 
 
-@pytest.mark.parametrize(("tp", "variant"), [(1, "llama"), (2, "llama"), (2, "gpt2")])
-def test_megatron_torch_dist_imports_with_megatrons_logits(tmp_path, tp, variant):
-    tokens = save_with_megatron(tmp_path / "ckpt", tp, variant)
-    reference = torch.load(tmp_path / "ckpt" / "logits.pt")
-    for path in (tmp_path / "ckpt", tmp_path / "ckpt" / "iter_0000007"):  # root or iteration
+@pytest.fixture(scope="module", params=[(1, "llama"), (2, "gpt2")], ids=["tp1-llama", "tp2-gpt2"])
+def megatron_saved(request, tmp_path_factory) -> tuple[Path, torch.Tensor]:
+    """A checkpoint saved by Megatron-Core (TP1 Llama-style, TP2 GPT-2-style) and its tokens."""
+    out = tmp_path_factory.mktemp("mcore") / "ckpt"
+    tp, variant = request.param
+    return out, save_with_megatron(out, tp, variant)
+
+
+def test_megatron_torch_dist_imports_with_megatrons_logits(tmp_path, megatron_saved):
+    ckpt, tokens = megatron_saved
+    reference = torch.load(ckpt / "logits.pt")
+    for path in (ckpt, ckpt / "iter_0000007"):  # the checkpoints root or one iteration
         ck = load_megatron_checkpoint(path)
         assert ck.iteration == 7 and ck.config.type == "gpt"
         model = build_model(ck.config).eval()
@@ -59,7 +66,7 @@ def test_megatron_torch_dist_imports_with_megatrons_logits(tmp_path, tp, variant
     # and on to Hugging Face through the CLI (format detected)
     from epochal.cli import main
 
-    assert main(["convert", str(tmp_path / "ckpt"), str(tmp_path / "hf"), "--to", "hf"]) == 0
+    assert main(["convert", str(ckpt), str(tmp_path / "hf"), "--to", "hf"]) == 0
     transformers = pytest.importorskip("transformers")
     hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
     with torch.no_grad():
@@ -94,10 +101,16 @@ def test_our_torch_dist_export_loads_into_megatron_core(tmp_path, tp, variant):
         assert torch.equal(back.state[name], tensor), name
 
 
-def test_missing_shards_and_args_are_named(tmp_path):
-    save_with_megatron(tmp_path / "ckpt", 2, "llama")
-    folder = tmp_path / "ckpt" / "iter_0000007"
-    victim = sorted(folder.glob("__1_*.distcp"))[0]
+def test_missing_shards_and_args_are_named(tmp_path, megatron_saved):
+    import shutil
+
+    folder = tmp_path / "iter_0000007"
+    shutil.copytree(megatron_saved[0] / "iter_0000007", folder)
+    common = torch.load(folder / "common.pt", weights_only=False)
+    torch.save({k: v for k, v in common.items() if k != "args"}, folder / "common.pt")
+    with pytest.raises(ConversionError, match="no 'args'"):
+        load_megatron_checkpoint(folder)
+    victim = sorted(folder.glob("__*.distcp"))[-1]
     victim.unlink()
     with pytest.raises(ConversionError, match=f"shard files are missing.*{victim.name}"):
         load_megatron_checkpoint(folder)
