@@ -57,7 +57,11 @@ def test_readme_example_runs(name, tmp_path, monkeypatch):
         )
         namespace["test_my_dataset"](dataset)
     if name == "Train steps and BERT training":
-        assert set(namespace["trainer"].last_eval_logged) == {"lm loss", "mlm accuracy", "mlm ppl"}
+        logged = namespace["trainer"].last_eval_logged
+        assert set(logged) == {"lm loss", "mlm accuracy", "mlm ppl", "masked accuracy"}
         assert namespace["result"].final_step == 6
+        # the callback's accuracy is the step's own mlm accuracy, from the gathered logits
+        assert logged["masked accuracy"] == pytest.approx(logged["mlm accuracy"], abs=1e-6)
+        assert tuple(namespace["whole"].shape[:2]) == (8, 16)
     if name == "Resumable loading":
         assert namespace["state"] == {"consumed_samples": 96, "mode": "train"}

@@ -87,3 +87,51 @@ def _summary(tr: Any, result: Any) -> dict[str, Any]:
         recs = read_metrics(tr.run_dir / "metrics.jsonl")
         out["lm"] = [r["lm loss"] for r in recs if r["kind"] == "train"]
     return out
+
+
+EVAL_CALLBACK = "--training.eval_callback=tests.train.eval_metrics:token_accuracy"
+
+
+def _eval_logits(tr: Any) -> dict[str, Any]:
+    """Evaluation logits gathered over data-parallel ranks (None off the last stage), and metrics."""
+    import torch
+
+    from epochal.train import gather_across_data_parallel_groups
+
+    logits = tr.evaluate_logits()
+    whole = None
+    if logits is not None:
+        # numpy: tensors do not survive the trip through the spawn queue
+        whole = torch.cat([gather_across_data_parallel_groups(x) for x in logits]).numpy()
+    return {"logits": whole, "logged": dict(tr.last_eval_logged)}
+
+
+def single_eval_logits(run_dir: str) -> dict[str, Any]:
+    """Single process: evaluation logits, metrics, and a plain forward of the same batches."""
+    import torch
+
+    from epochal.train.trainer import Trainer
+
+    cfg = config(run_dir, [EVAL_CALLBACK])
+    tr = Trainer(cfg, data=data(cfg), log=False)
+    out = _eval_logits(tr)
+    model = tr.model_parts[0].eval()
+    batches = [mb["tokens"] for mb, _ in zip(tr.data.valid_loader, range(len(out["logits"]) // 2))]
+    with torch.no_grad():
+        out["forward"] = torch.cat([model(tokens) for tokens in batches]).numpy()
+    return out
+
+
+def rank_eval_logits(rank: int, world_size: int, run_dir: str, layout: list[str]) -> dict[str, Any]:
+    """One gloo rank: evaluation logits under ``layout``."""
+    from epochal.parallel.dims import ParallelDims
+    from epochal.parallel.launch import init_distributed
+    from epochal.train.parallel_trainer import ParallelTrainer
+
+    cfg = config(run_dir, [*layout, EVAL_CALLBACK])
+    info = init_distributed(cfg.parallel, "cpu")
+    dims = ParallelDims.from_config(cfg.parallel, info.world_size)
+    tr = ParallelTrainer(
+        cfg, data=data(cfg, dims.coords(rank)["dp"], dims.dp), log=False, dist_info=info
+    )
+    return _eval_logits(tr)

@@ -8,11 +8,13 @@ import random
 import shutil
 
 import pytest
+import torch
 
 from epochal.data.indexed.preprocess import preprocess_documents
 from epochal.data.indexed.tokenizer import build_tokenizer
 from epochal.data.indexed.tokenizer_wordpiece import train_wordpiece
 from epochal.model import ConfigError
+from epochal.parallel.step_model import StepModel
 from epochal.train.config import build_config
 from epochal.train.data import build_data
 from epochal.train.metrics import read_metrics
@@ -85,6 +87,27 @@ def config_args(corpus, *extra):
         "--logging.tensorboard=false",
         *extra,
     ]
+
+
+def test_eval_logits_of_bert_are_the_masked_lm_logits(corpus, tmp_path):
+    """A tuple output (the binary head's second): the logits are the language model's."""
+    tr = Trainer(config(corpus, tmp_path), log=False)
+    logits = tr.evaluate_logits()
+    assert logits is not None and len(logits) == 2  # eval_iters=1: 8 samples, micro-batches of 4
+    batches = [tr.step_batch(mb) for mb, _ in zip(tr.data.valid_loader, logits)]
+    model = tr.model_parts[0].eval()
+    raw = []
+
+    def forward(*args, **kwargs):
+        raw.append(model(*args, **kwargs))
+        return raw[-1]
+
+    for batch, got in zip(batches, logits):
+        with torch.no_grad():
+            tr.train_step_handler.forward_step(iter([batch]), StepModel(forward))
+        assert isinstance(raw[-1], tuple)
+        torch.testing.assert_close(got, raw[-1][0].float())
+        assert got.shape[:2] == batch["labels"].shape
 
 
 def test_bert_trains_on_megatron_samples_and_logs_lm_and_sop_losses(corpus, tmp_path):

@@ -39,7 +39,7 @@ from epochal.parallel.config import ParallelConfig
 from epochal.parallel.data_parallel import apply_data_parallel, set_gradient_sync
 from epochal.parallel.dims import ParallelDims
 from epochal.parallel.grad_clip import clip_grad_norm_parallel
-from epochal.parallel.logged import reduce_logged, split_loss_output
+from epochal.parallel.logged import reduce_logged
 from epochal.parallel.loss import masked_mean_loss_parallel
 from epochal.parallel.model_support import check_model_layout
 from epochal.parallel.pipeline import (
@@ -51,7 +51,12 @@ from epochal.parallel.pipeline import (
     stage_layer_ranges,
 )
 from epochal.parallel.recompute import apply_recompute
-from epochal.parallel.step_model import StepModel
+from epochal.parallel.step_model import (
+    LogitsObserver,
+    StepModel,
+    observe_logits,
+    run_train_step,
+)
 from epochal.parallel.tensor_parallel import apply_tensor_parallel
 
 __all__ = ["LossFn", "ParallelEngine", "finalize_grads"]
@@ -182,6 +187,8 @@ class ParallelEngine:
         self._pp_micro_batches: Sequence[dict[str, torch.Tensor]] = ()
         self._pp_training = True
         self._pp_logged: dict[int, dict[str, Any]] = {}
+        self._pp_on_logits: LogitsObserver | None = None
+        self._pp_logits: dict[int, list[torch.Tensor]] = {}
         self.logged: list[dict[str, Any]] = []
 
     # ------------------------------------------------------------------ building
@@ -273,10 +280,29 @@ class ParallelEngine:
         """The group the logits are sharded over (vocabulary-parallel loss), else None."""
         return self.tp_group if self.loss_parallel else None
 
-    def _step_loss(self, step: Any, mb: dict[str, torch.Tensor], model: StepModel) -> torch.Tensor:
-        """One micro-batch through a train step: its loss (its logged values kept)."""
-        output, loss_func = step.forward_step(iter([mb]), model)
-        loss, logged = split_loss_output(loss_func(output))
+    def _step_loss(
+        self,
+        step: Any,
+        mb: dict[str, torch.Tensor],
+        model: StepModel,
+        on_logits: LogitsObserver | None = None,
+    ) -> torch.Tensor:
+        """One micro-batch through a train step: its loss (its logged values kept).
+
+        With ``on_logits`` the step runs on a model that captures its logits, and
+        what the observer returns is logged with the step's values.
+        """
+        captured: list[torch.Tensor] = []
+        if on_logits is not None:
+            model = StepModel(
+                model._forward,
+                loss_group=model.loss_group,
+                module=model.module,
+                on_logits=captured.append,
+            )
+        loss, logged = run_train_step(step, mb, model)
+        if on_logits is not None:
+            observe_logits(on_logits, mb, captured, logged)
         self.logged.append(logged)
         return loss
 
@@ -285,11 +311,17 @@ class ParallelEngine:
             # target holds the micro-batch's index (one value per sample).
             index = int(target[0].item())
             mb = self._pp_micro_batches[index]
-            model = StepModel.replay(output, loss_group=self.loss_group, training=self._pp_training)
-            output, loss_func = self._step.forward_step(iter([mb]), model)
-            loss, logged = split_loss_output(loss_func(output))
+            captured: list[torch.Tensor] = []
+            model = StepModel.replay(
+                output,
+                loss_group=self.loss_group,
+                training=self._pp_training,
+                on_logits=captured.append if self._pp_on_logits is not None else None,
+            )
+            loss, logged = run_train_step(self._step, mb, model)
             # By index: the schedule's set-up also calls this once for micro-batch 0.
             self._pp_logged[index] = logged
+            self._pp_logits[index] = captured
             return loss * self._loss_scale
         labels = target[..., 0].long()
         mask = target[..., 1].float()
@@ -382,13 +414,16 @@ class ParallelEngine:
         *,
         train: bool,
         step: Any = None,
+        on_logits: LogitsObserver | None = None,
     ) -> torch.Tensor:
         self._loss_fn = loss_fn
+        self._pp_on_logits = on_logits
         self._loss_scale = 1.0 / n
         self._step = step
         self._pp_micro_batches = micro_batches
         self._pp_training = train
         self._pp_logged = {}
+        self._pp_logits = {}
         schedule = self._schedule(n)
         args: list[torch.Tensor] = []
         kwargs: dict[str, torch.Tensor] = {}
@@ -420,8 +455,13 @@ class ParallelEngine:
             schedule.step(*args, target=target, losses=losses, return_outputs=False, **kwargs)
         else:
             schedule.eval(*args, target=target, losses=losses, **kwargs)
+        if on_logits is not None:  # in micro-batch order, once each
+            for i in sorted(self._pp_logged):
+                observe_logits(on_logits, micro_batches[i], self._pp_logits[i], self._pp_logged[i])
         self.logged = [self._pp_logged[i] for i in sorted(self._pp_logged)]
         self._step = None
+        self._pp_on_logits = None
+        self._pp_logits = {}
         self._pp_micro_batches = ()
         total = torch.zeros((), device=self.device)
         if losses:
@@ -474,13 +514,26 @@ class ParallelEngine:
         loss_fn: LossFn | None = None,
         per_document: bool = False,
         step: Any = None,
+        on_logits: LogitsObserver | None = None,
     ) -> torch.Tensor:
-        """Mean loss of one global batch without gradients (same on every rank); see :meth:`forward_backward`."""
+        """Mean loss of one global batch without gradients (same on every rank); see :meth:`forward_backward`.
+
+        Args:
+            on_logits: with a ``step``, called on the ranks holding the last stage
+                with each micro-batch and its whole logits ``[b, s, V]`` (padded
+                vocabulary), in micro-batch order; a dict it returns is logged with
+                the step's values (see :meth:`reduce_logged`).
+
+        Raises:
+            ValueError: ``on_logits`` without a ``step``.
+        """
         n = len(micro_batches) if micro_batches else int(num_microbatches or 0)
+        if on_logits is not None and step is None:
+            raise ValueError("eval_loss: on_logits needs a train step (step=...)")
         self.logged = []
         if self.dims.pp > 1:
             total = self._pipeline_step(
-                micro_batches, n, loss_fn, per_document, train=False, step=step
+                micro_batches, n, loss_fn, per_document, train=False, step=step, on_logits=on_logits
             )
         else:
             total = torch.zeros((), device=self.device)
@@ -489,7 +542,7 @@ class ParallelEngine:
             for mb in micro_batches:
                 with self._autocast():
                     if step is not None:
-                        loss = self._step_loss(step, mb, model)
+                        loss = self._step_loss(step, mb, model, on_logits)
                     else:
                         logits = part(mb["tokens"], **self._forward_kwargs(mb, per_document))
                         loss = self._loss(loss_fn, mb["labels"], logits, mb["loss_mask"])

@@ -26,6 +26,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 __all__ = [
+    "gather_vocab_shards",
     "masked_mean_loss_parallel",
     "vocab_parallel_cross_entropy",
     "vocab_parallel_prediction_hits",
@@ -146,3 +147,21 @@ def vocab_parallel_prediction_hits(
         dist.all_reduce(best, op=dist.ReduceOp.MAX, group=group)
         dist.all_reduce(target, op=dist.ReduceOp.MAX, group=group)
     return target >= best
+
+
+@torch.no_grad()
+def gather_vocab_shards(
+    local_logits: torch.Tensor, group: dist.ProcessGroup | None
+) -> torch.Tensor:
+    """The whole logits ``[..., V]`` from each rank's vocabulary slice ``[..., V / tp]``.
+
+    A collective over ``group`` (every rank gets the same tensor); ``local_logits``
+    itself when ``group`` is None or of one rank. Only for metrics: the loss never
+    gathers (see :func:`vocab_parallel_cross_entropy`).
+    """
+    if group is None or dist.get_world_size(group) == 1:
+        return local_logits
+    local = local_logits.contiguous()
+    parts = [torch.empty_like(local) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(parts, local, group=group)
+    return torch.cat(parts, dim=-1)

@@ -11,21 +11,34 @@ schedule when the step runs: the engine then hands the step a ``StepModel`` that
 *replays* that output (its inputs are ignored; the first stage consumed the
 micro-batch's ``tokens``).
 
+Evaluation metrics: a ``StepModel`` built with ``on_logits`` hands every call's
+logits (the first item of a tuple output), detached and gathered over the vocabulary
+when sharded (``[b, s, V]``, the padded vocabulary), to that function: the trainer's
+way to return logits from the last pipeline stage (Accelerate's ``return_logits``).
+
 Errors: a model output that is neither a tensor nor a tuple whose first item is
 one raises :class:`TypeError` when labels are given.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from epochal.parallel.loss import vocab_parallel_cross_entropy, vocab_parallel_prediction_hits
+from epochal.parallel.logged import split_loss_output
+from epochal.parallel.loss import (
+    gather_vocab_shards,
+    vocab_parallel_cross_entropy,
+    vocab_parallel_prediction_hits,
+)
 
-__all__ = ["StepModel"]
+__all__ = ["LogitsObserver", "StepModel", "observe_logits", "run_train_step"]
+
+#: ``observer(micro_batch, logits) -> {name: number} | None``: an evaluation callback.
+LogitsObserver = Callable[[dict[str, torch.Tensor], torch.Tensor], "Mapping[str, Any] | None"]
 
 
 class StepModel:
@@ -37,6 +50,8 @@ class StepModel:
             vocabulary (vocabulary-parallel cross-entropy), else None.
         module: the underlying module (for ``.training``, ``.config``); None for a replay.
         training: the mode to report when ``module`` is None.
+        on_logits: called with each call's whole logits ``[b, s, V]`` (detached;
+            a collective over ``loss_group`` when the logits are sharded).
     """
 
     def __init__(
@@ -46,18 +61,30 @@ class StepModel:
         loss_group: dist.ProcessGroup | None = None,
         module: torch.nn.Module | None = None,
         training: bool = True,
+        on_logits: Callable[[torch.Tensor], None] | None = None,
     ) -> None:
         self._forward = forward
         self.loss_group = loss_group
         self.module = module
         self._training = training
+        self.on_logits = on_logits
 
     @classmethod
     def replay(
-        cls, output: Any, *, loss_group: dist.ProcessGroup | None, training: bool
+        cls,
+        output: Any,
+        *,
+        loss_group: dist.ProcessGroup | None,
+        training: bool,
+        on_logits: Callable[[torch.Tensor], None] | None = None,
     ) -> StepModel:
         """A model whose every call returns ``output`` (the pipeline's last-stage output)."""
-        return cls(lambda *args, **kwargs: output, loss_group=loss_group, training=training)
+        return cls(
+            lambda *args, **kwargs: output,
+            loss_group=loss_group,
+            training=training,
+            on_logits=on_logits,
+        )
 
     @property
     def training(self) -> bool:
@@ -83,6 +110,10 @@ class StepModel:
             a tuple output (e.g. BERT's binary head), ``(losses, *rest)``.
         """
         output = self._forward(*args, **kwargs)
+        if self.on_logits is not None:
+            first = output[0] if isinstance(output, tuple) and output else output
+            if isinstance(first, torch.Tensor):
+                self.on_logits(gather_vocab_shards(first.detach(), self.loss_group))
         if labels is None:
             return output
         if isinstance(output, tuple):
@@ -92,3 +123,54 @@ class StepModel:
         if not isinstance(output, torch.Tensor):
             raise TypeError(f"the model returned {type(output).__name__}, not logits")
         return self.per_token_loss(output, labels)
+
+
+def run_train_step(
+    step: Any, micro_batch: dict[str, torch.Tensor], model: StepModel
+) -> tuple[torch.Tensor, dict[str, Any]]:
+    """One micro-batch through a train step: ``(loss, logged)`` (Megatron's contract).
+
+    ``output, loss_func = step.forward_step(iter([micro_batch]), model)``, then
+    ``loss_func(output)`` checked by :func:`~epochal.parallel.logged.split_loss_output`.
+
+    Raises:
+        ValueError: the loss function returned no ``(loss, dict)`` pair.
+    """
+    output, loss_func = step.forward_step(iter([micro_batch]), model)
+    return split_loss_output(loss_func(output))
+
+
+def observe_logits(
+    observer: LogitsObserver,
+    micro_batch: dict[str, torch.Tensor],
+    captured: list[torch.Tensor],
+    logged: dict[str, Any],
+) -> None:
+    """Call ``observer(micro_batch, logits)`` and add what it returns to ``logged``.
+
+    ``captured`` holds the logits of the micro-batch's model calls (the last one is
+    used). The returned names are then averaged like the train step's own logged
+    values (over micro-batches and data-parallel ranks).
+
+    Raises:
+        ValueError: the train step never called the model (no logits).
+        TypeError: the observer returned neither None nor a dict of numbers.
+    """
+    if not captured:
+        raise ValueError(
+            "the train step's forward_step did not call the model: no logits to observe"
+        )
+    result = observer(micro_batch, captured[-1])
+    if result is None:
+        return
+    if not isinstance(result, Mapping):
+        raise TypeError(
+            f"an evaluation callback must return None or a dict of numbers, got {type(result).__name__}"
+        )
+    for name, value in result.items():
+        if not isinstance(name, str) or not isinstance(value, (int, float, torch.Tensor)):
+            raise TypeError(
+                f"an evaluation callback returned {name!r}: {value!r}; "
+                "it must map names (str) to numbers"
+            )
+        logged[name] = value

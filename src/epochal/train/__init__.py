@@ -3,7 +3,8 @@
 Public names: :class:`Trainer`, :class:`TrainConfig`, :func:`build_config`,
 :class:`OptimizerParamScheduler`, :class:`Checkpointer`, :func:`make_loaders`,
 :func:`build_data`, :func:`plot_run`; train steps :class:`GPTTrainStep` /
-:class:`BertTrainStep`, :class:`T5TrainStep` and :func:`avg_losses_across_data_parallel_group`. ``epochal train`` / ``epochal plot`` are in
+:class:`BertTrainStep`, :class:`T5TrainStep`, :func:`avg_losses_across_data_parallel_group` and
+:func:`gather_across_data_parallel_groups`. ``epochal train`` / ``epochal plot`` are in
 :mod:`epochal.train.cli_train` / :mod:`epochal.train.cli_plot`.
 """
 
@@ -28,6 +29,7 @@ _EXPORTS = {
     "BertTrainStep": "steps",
     "T5TrainStep": "steps",
     "avg_losses_across_data_parallel_group": "steps",
+    "gather_across_data_parallel_groups": "steps",
     "register_train_step": "steps",
 }
 

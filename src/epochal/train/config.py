@@ -313,6 +313,10 @@ class TrainingConfig:
             Accelerate's ``custom_train_step_class``); empty = the model type's step.
         train_step_kwargs: keyword arguments of that class (a TOML table;
             Accelerate's ``custom_train_step_kwargs``).
+        eval_callback: an evaluation callback ``"package.module:function"``,
+            called as ``fn(batch, logits) -> {name: number} | None`` for every
+            validation micro-batch (see ``Trainer.add_eval_callback``); its values
+            are logged with the evaluation under ``<name>``. Empty = none.
     """
 
     micro_batch_size: int = 4
@@ -330,8 +334,14 @@ class TrainingConfig:
     exit_interval: int | None = None
     train_step: str = ""
     train_step_kwargs: dict[str, Any] = field(default_factory=dict)
+    eval_callback: str = ""
 
     def __post_init__(self) -> None:
+        _require(
+            not self.eval_callback or self.eval_callback.count(":") == 1,
+            "eval_callback",
+            f"must look like 'package.module:function', got {self.eval_callback!r}",
+        )
         _require(
             not self.train_step or self.train_step.count(":") == 1,
             "train_step",

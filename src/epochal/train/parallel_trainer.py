@@ -43,6 +43,7 @@ from epochal.parallel.launch import DistributedInfo, init_distributed, is_loggin
 from epochal.parallel.logged import reduce_logged
 from epochal.parallel.model_support import check_model_layout
 from epochal.parallel.rng import pipeline_stage_seed
+from epochal.parallel.step_model import LogitsObserver
 from epochal.train.checkpoint import Checkpointer, SafeFileSystemReader, SafeLoadPlanner
 from epochal.train.config import TrainConfig, model_config_from_section, position_length
 from epochal.train.data import DataBundle, build_data
@@ -261,9 +262,17 @@ class ParallelTrainer(Trainer):
         """The last step's logged values, averaged over micro-batches and data-parallel ranks."""
         return self.engine.reduce_logged()
 
+    def holds_last_stage(self) -> bool:
+        """Whether this rank holds the last pipeline stage (computes the logits)."""
+        return self.engine.has_last_stage
+
     @torch.no_grad()
-    def evaluate(self) -> float | None:
-        """Validation loss over ``eval_iters`` global batches (from the start of the validation data)."""
+    def evaluate(self, on_logits: LogitsObserver | None = None) -> float | None:
+        """Validation loss over ``eval_iters`` global batches (from the start of the validation data).
+
+        Evaluation callbacks and ``on_logits`` run on the last stage's ranks (see
+        :meth:`Trainer.evaluate`).
+        """
         loader = self.data.valid_loader
         iters = self.config.training.eval_iters
         if loader is None or iters == 0:
@@ -277,12 +286,17 @@ class ParallelTrainer(Trainer):
         per_doc = self._per_document()
         reading = self.engine.needs_batches(self._every_stage_reads())
         it = iter(loader) if reading else None
+        observer = self.eval_observer(on_logits)
         total = 0.0
         logged: list[dict[str, float]] = []
         for _ in range(iters):
             mbs = [self.step_batch(next(it)) for _ in range(n_mb)] if it is not None else []
             loss = self.engine.eval_loss(
-                mbs, num_microbatches=n_mb, per_document=per_doc, step=self.train_step_handler
+                mbs,
+                num_microbatches=n_mb,
+                per_document=per_doc,
+                step=self.train_step_handler,
+                on_logits=observer,
             )
             logged.append(self.engine.reduce_logged())
             total += float(loss.item())

@@ -60,8 +60,8 @@ from torch import nn
 from epochal._atomic import atomic_write
 from epochal.model.build import build_model
 from epochal.model.config import ConfigError, ModelConfig
-from epochal.parallel.logged import reduce_logged, split_loss_output
-from epochal.parallel.step_model import StepModel
+from epochal.parallel.logged import reduce_logged
+from epochal.parallel.step_model import LogitsObserver, StepModel, observe_logits, run_train_step
 from epochal.train.checkpoint import Checkpointer, CheckpointError
 from epochal.train.config import (
     TrainConfig,
@@ -78,7 +78,13 @@ from epochal.train.preemption import Preemption
 from epochal.train.rng import get_rng_state, set_rng_state
 from epochal.train.run_dir import archive_previous_history, check_resume_config
 from epochal.train.state import ModelState
-from epochal.train.steps import LossFnStep, TrainStep, load_train_step, train_step_class
+from epochal.train.steps import (
+    LossFnStep,
+    TrainStep,
+    load_eval_callback,
+    load_train_step,
+    train_step_class,
+)
 
 __all__ = ["LossFn", "TrainResult", "Trainer", "masked_token_mean_loss", "resolve_device"]
 
@@ -195,6 +201,9 @@ class Trainer:
         self.logged: list[dict[str, Any]] = []
         self.last_eval_logged: dict[str, float] = {}
         self.callbacks: list[StepCallback] = []
+        self.eval_callbacks: list[LogitsObserver] = (
+            [load_eval_callback(t.eval_callback)] if t.eval_callback else []
+        )
         self.data = data if data is not None else build_data(config, **self.data_parallel_info())
         if config.model.vocab_size is not None and config.model.vocab_size < self.data.vocab_size:
             raise ConfigError(
@@ -344,12 +353,21 @@ class Trainer:
             out["loss_mask"] = torch.ones_like(out["labels"], dtype=torch.float32)
         return out
 
-    def run_step(self, micro_batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        """One micro-batch (on the device) through the train step: its loss; logged values kept."""
-        output, loss_func = self.train_step_handler.forward_step(
-            iter([micro_batch]), self.step_model()
-        )
-        loss, logged = split_loss_output(loss_func(output))
+    def run_step(
+        self, micro_batch: dict[str, torch.Tensor], on_logits: LogitsObserver | None = None
+    ) -> torch.Tensor:
+        """One micro-batch (on the device) through the train step: its loss; logged values kept.
+
+        ``on_logits(micro_batch, logits)`` (evaluation callbacks) sees the logits
+        of the step's model call; what it returns is logged with the step's values.
+        """
+        model = self.step_model()
+        captured: list[torch.Tensor] = []
+        if on_logits is not None:
+            model.on_logits = captured.append
+        loss, logged = run_train_step(self.train_step_handler, micro_batch, model)
+        if on_logits is not None:
+            observe_logits(on_logits, micro_batch, captured, logged)
         self.logged.append(logged)
         return loss
 
@@ -420,14 +438,64 @@ class Trainer:
             "skipped": 0 if finite else 1,
         }
 
+    def add_eval_callback(self, fn: LogitsObserver) -> None:
+        """Call ``fn(batch, logits)`` for every validation micro-batch (after ``training.eval_callback``).
+
+        ``batch`` is the micro-batch on the device (``tokens``, ``labels``,
+        ``loss_mask``, ...), ``logits`` its whole output logits ``[b, s, V]`` (padded
+        vocabulary; T5: the decoder's), on the ranks holding the last pipeline
+        stage. A ``{name: number}`` it returns is averaged over the micro-batches and
+        data-parallel ranks and logged with the evaluation (``<name>`` in the ``"eval"`` records of
+        ``metrics.jsonl``); None logs nothing.
+        """
+        self.eval_callbacks.append(fn)
+
+    def eval_observer(self, extra: LogitsObserver | None = None) -> LogitsObserver | None:
+        """The evaluation callbacks (and ``extra``) as one observer; None when there are none."""
+        fns = [*self.eval_callbacks, *([extra] if extra is not None else [])]
+        if not fns:
+            return None
+
+        def observe(batch: dict[str, torch.Tensor], logits: torch.Tensor) -> dict[str, Any]:
+            merged: dict[str, Any] = {}
+            for fn in fns:
+                logged: dict[str, Any] = {}
+                observe_logits(fn, batch, [logits], logged)
+                merged.update(logged)
+            return merged
+
+        return observe
+
     @torch.no_grad()
-    def evaluate(self) -> float | None:
+    def evaluate_logits(self) -> list[torch.Tensor] | None:
+        """Run an evaluation and return its logits (Accelerate's ``return_logits``).
+
+        Returns:
+            this rank's validation micro-batches' logits, one float32 CPU tensor
+            ``[micro_batch_size, s, V]`` per micro-batch in order, on ranks holding
+            the last pipeline stage (None on the others). Under data parallelism
+            each rank has its own samples: ``torch.cat([gather_across_data_parallel_groups(x)
+            for x in logits])`` puts them in the order of a single-process run.
+            The evaluation's loss and logged values are kept as by :meth:`evaluate`.
+        """
+        kept: list[torch.Tensor] = []
+        self.evaluate(on_logits=lambda batch, logits: kept.append(logits.float().cpu()))
+        return kept if self.holds_last_stage() else None
+
+    def holds_last_stage(self) -> bool:
+        """Whether this rank computes the model's output (always, in one process)."""
+        return True
+
+    @torch.no_grad()
+    def evaluate(self, on_logits: LogitsObserver | None = None) -> float | None:
         """Validation loss: mean of the micro-batch losses over ``eval_iters`` global batches.
 
         Every evaluation reads the validation data from its start (the same
         samples every time). The train step's logged values, averaged the same
         way (plus its :meth:`~epochal.train.steps.TrainStep.eval_summary`), are
-        left in :attr:`last_eval_logged`. Returns None if there is no validation data.
+        left in :attr:`last_eval_logged`, with what the evaluation callbacks
+        (:meth:`add_eval_callback`) and ``on_logits`` return. Returns None if there
+        is no validation data.
         """
         loader = self.data.valid_loader
         iters = self.config.training.eval_iters
@@ -438,12 +506,13 @@ class Trainer:
         n_mb = self.num_microbatches()
         total, count = 0.0, 0
         self.logged = []
+        observer = self.eval_observer(on_logits)
         for i, mb in enumerate(loader):
             if i >= iters * n_mb:
                 break
             batch = self.step_batch(mb)
             with self.autocast():
-                total += float(self.run_step(batch).item())
+                total += float(self.run_step(batch, observer).item())
             count += 1
         for part in self.model_parts:
             part.train()

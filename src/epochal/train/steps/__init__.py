@@ -3,11 +3,13 @@
 :class:`GPTTrainStep` (``model.type = "gpt"``), :class:`BertTrainStep`
 (``"bert"``, ``"esm"``) and :class:`T5TrainStep` (``"t5"``) are registered per model type; :func:`train_step_class`
 looks one up. :func:`load_train_step` imports a user's class from
-``package.module:Class`` (``training.train_step``).
+``package.module:Class`` (``training.train_step``), :func:`load_eval_callback` an
+evaluation callback (``training.eval_callback``).
 """
 
 from epochal.train.steps.base import (
     TrainStep,
+    load_eval_callback,
     load_train_step,
     register_train_step,
     train_step_class,
@@ -17,6 +19,7 @@ from epochal.train.steps.gpt import GPTTrainStep, LossFnStep
 from epochal.train.steps.reduce import (
     avg_losses_across_data_parallel_group,
     data_parallel_group,
+    gather_across_data_parallel_groups,
     set_data_parallel_group,
 )
 from epochal.train.steps.t5 import T5TrainStep
@@ -29,6 +32,8 @@ __all__ = [
     "TrainStep",
     "avg_losses_across_data_parallel_group",
     "data_parallel_group",
+    "gather_across_data_parallel_groups",
+    "load_eval_callback",
     "load_train_step",
     "register_train_step",
     "set_data_parallel_group",

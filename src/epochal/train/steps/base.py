@@ -38,7 +38,13 @@ import torch
 
 from epochal.model.config import ConfigError
 
-__all__ = ["TrainStep", "load_train_step", "register_train_step", "train_step_class"]
+__all__ = [
+    "TrainStep",
+    "load_eval_callback",
+    "load_train_step",
+    "register_train_step",
+    "train_step_class",
+]
 
 _REGISTRY: dict[str, type[TrainStep]] = {}
 
@@ -131,17 +137,16 @@ def train_step_class(model_type: str) -> type[TrainStep]:
         ) from None
 
 
-def load_train_step(spec: str) -> type[TrainStep]:
-    """Import the train step class ``package.module:Class`` (``training.train_step``).
+def _import_spec(spec: str, option: str, what: str) -> Any:
+    """The object named by ``"package.module:attr"`` (``attr`` may be dotted).
 
     Raises:
-        ConfigError: (naming ``training.train_step``) a malformed spec, a module or
-            attribute that cannot be imported, or not a :class:`TrainStep` subclass.
+        ConfigError: (naming ``option``) a malformed spec, or a module or attribute
+            that cannot be imported.
     """
-    option = "training.train_step"
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
-        raise ConfigError(option, f"must look like 'package.module:Class', got {spec!r}")
+        raise ConfigError(option, f"must look like 'package.module:{what}', got {spec!r}")
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
@@ -151,8 +156,40 @@ def load_train_step(spec: str) -> type[TrainStep]:
         if not hasattr(obj, part):
             raise ConfigError(option, f"module {module_name!r} has no {attr!r}")
         obj = getattr(obj, part)
+    return obj
+
+
+def load_train_step(spec: str) -> type[TrainStep]:
+    """Import the train step class ``package.module:Class`` (``training.train_step``).
+
+    Raises:
+        ConfigError: (naming ``training.train_step``) a malformed spec, a module or
+            attribute that cannot be imported, or not a :class:`TrainStep` subclass.
+    """
+    obj = _import_spec(spec, "training.train_step", "Class")
     if not (isinstance(obj, type) and issubclass(obj, TrainStep)):
         raise ConfigError(
-            option, f"{spec!r} is not a train step class (subclass GPTTrainStep or BertTrainStep)"
+            "training.train_step",
+            f"{spec!r} is not a train step class (subclass GPTTrainStep or BertTrainStep)",
+        )
+    return obj
+
+
+def load_eval_callback(spec: str) -> Callable[..., Any]:
+    """Import the evaluation callback ``package.module:function`` (``training.eval_callback``).
+
+    The callback is called as ``fn(batch, logits) -> {name: number} | None`` for
+    every validation micro-batch (see ``Trainer.add_eval_callback``).
+
+    Raises:
+        ConfigError: (naming ``training.eval_callback``) a malformed spec, a module
+            or attribute that cannot be imported, or an object that is not callable
+            (a class is refused: pass a function).
+    """
+    obj = _import_spec(spec, "training.eval_callback", "function")
+    if isinstance(obj, type) or not callable(obj):
+        raise ConfigError(
+            "training.eval_callback",
+            f"{spec!r} is not a function fn(batch, logits) -> dict | None",
         )
     return obj
