@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from epochal.train.config import build_config
+from epochal.train.metrics import read_metrics
 
 # A tiny model and a 2-3 step run on Megatron's mock corpus, on top of the written file.
 TINY_RUN = [
@@ -144,11 +145,11 @@ def test_wizard_through_a_pty_reasks_invalid_answers_and_writes_a_config_that_tr
         # no data parallelism: the distributed-optimizer question is not asked
         term.expect("Gradient clipping max norm (0 = off) [1.0]: ")
         term.send("0.5")
-        term.expect("Mixed precision (no, bf16; fp16 is not yet supported) [no]: ")
+        term.expect("Mixed precision (no, fp16, bf16) [no]: ")
+        term.send("fp8")
+        reason = term.expect("Mixed precision (no, fp16, bf16) [no]: ")
+        assert "choose one of no, fp16, bf16; got 'fp8'" in reason
         term.send("fp16")
-        reason = term.expect("Mixed precision (no, bf16; fp16 is not yet supported) [no]: ")
-        assert "fp16 is not yet supported" in reason
-        term.send("no")
         term.expect("or 'mock' [stdlib]: ")
         term.send("mock")
         assert term.finish() == 0, term.seen
@@ -171,6 +172,7 @@ def test_wizard_through_a_pty_reasks_invalid_answers_and_writes_a_config_that_tr
     assert written["training"]["micro_batch_size"] == 2
     assert written["training"]["global_batch_size"] == 4
     assert written["training"]["bf16"] is False
+    assert written["training"]["fp16"] is True
     assert written["optimizer"]["clip_grad"] == 0.5
     assert written["data"]["mock"] is True
     # the rest is the tiny preset's
@@ -188,6 +190,9 @@ def test_wizard_through_a_pty_reasks_invalid_answers_and_writes_a_config_that_tr
     saved = tomllib.loads((run / "config.toml").read_text())
     assert saved["parallel"]["tensor_parallel"] == 2
     assert saved["parallel"]["recompute_granularity"] == "selective"
+    assert saved["training"]["fp16"] is True  # trained with fp16 loss scaling
+    scales = [r["loss_scale"] for r in read_metrics(run / "metrics.jsonl") if r["kind"] == "train"]
+    assert len(scales) == 2 and all(s <= 2.0**32 for s in scales)
 
 
 def test_defaults_writes_without_asking_and_trains(tmp_path):

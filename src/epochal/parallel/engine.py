@@ -127,6 +127,7 @@ class ParallelEngine:
             gathered over the vocabulary (no vocabulary-parallel loss).
         bf16: run forwards under bfloat16 autocast (pipeline stages wrap their
             forward; otherwise :meth:`forward_backward` does).
+        fp16: the same with float16 (the trainer scales the loss: :attr:`grad_scale`).
     """
 
     def __init__(
@@ -141,6 +142,7 @@ class ParallelEngine:
         compile: bool = False,
         custom_loss: bool = False,
         bf16: bool = False,
+        fp16: bool = False,
     ) -> None:
         self.config = config
         self.model_config = model_config
@@ -149,7 +151,11 @@ class ParallelEngine:
         self.device = device
         self.seed = seed
         self.compile = compile
-        self.bf16 = bf16
+        if bf16 and fp16:
+            raise ValueError("bf16 and fp16 are exclusive")
+        self.autocast_dtype = torch.bfloat16 if bf16 else torch.float16 if fp16 else None
+        #: the training backward's loss multiplier (fp16 loss scaling); the returned loss is not scaled.
+        self.grad_scale = 1.0
         self.loss_parallel = config.loss_parallel and not custom_loss and dims.tp > 1
         if mesh is None and dims.world_size > 1:
             raise ValueError(f"layout {dims} needs a device mesh")
@@ -258,8 +264,8 @@ class ParallelEngine:
         )
         if self.compile:
             compile_part(part, unit_keys, tensor_parallel=self.dims.tp > 1)
-        if self.bf16 and self.dims.pp > 1:
-            _autocast_forward(part, torch.bfloat16, self.device.type)
+        if self.autocast_dtype is not None and self.dims.pp > 1:
+            _autocast_forward(part, self.autocast_dtype, self.device.type)
         if self.dims.dp > 1:
             assert self.mesh is not None
             part = apply_data_parallel(part, self.mesh["dp"], pc.dp_sharding, unit_keys=unit_keys)
@@ -335,9 +341,9 @@ class ParallelEngine:
         return self._schedules[n_microbatches]
 
     def _autocast(self) -> contextlib.AbstractContextManager:
-        """bfloat16 autocast for the unpipelined forward (pipeline stages wrap their own)."""
-        if self.bf16:
-            return torch.autocast(self.device.type, dtype=torch.bfloat16)
+        """bf16 / fp16 autocast for the unpipelined forward (pipeline stages wrap their own)."""
+        if self.autocast_dtype is not None:
+            return torch.autocast(self.device.type, dtype=self.autocast_dtype)
         return contextlib.nullcontext()
 
     @staticmethod
@@ -400,7 +406,7 @@ class ParallelEngine:
                         logits = part(mb["tokens"], **self._forward_kwargs(mb, per_document))
                         loss = self._loss(loss_fn, mb["labels"], logits, mb["loss_mask"])
                 scaled = loss / n
-                scaled.backward()
+                (scaled * self.grad_scale).backward()
                 total += scaled.detach().float()
         self.finish_grads()
         return self._average_over_dp(total)
@@ -418,7 +424,8 @@ class ParallelEngine:
     ) -> torch.Tensor:
         self._loss_fn = loss_fn
         self._pp_on_logits = on_logits
-        self._loss_scale = 1.0 / n
+        grad_scale = self.grad_scale if train else 1.0
+        self._loss_scale = grad_scale / n
         self._step = step
         self._pp_micro_batches = micro_batches
         self._pp_training = train
@@ -464,8 +471,9 @@ class ParallelEngine:
         self._pp_logits = {}
         self._pp_micro_batches = ()
         total = torch.zeros((), device=self.device)
-        if losses:
+        if losses:  # the schedule's losses carry the fp16 loss scale (a power of two): exact
             total = torch.stack([loss.detach().float() for loss in losses]).sum().to(self.device)
+            total = total / grad_scale
         assert self.mesh is not None
         dist.broadcast(total, group=self.pp_group, group_src=self.dims.pp - 1)
         return total

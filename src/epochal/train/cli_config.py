@@ -16,8 +16,8 @@ resolved configuration (:func:`~epochal.train.config.to_toml`), written
 atomically, so ``epochal train --config FILE`` runs it as is; the command to
 launch it (one node or several) is printed at the end.
 
-Precision: ``no`` or ``bf16``; the trainer has no fp16 loss scaling yet, so
-``fp16`` is refused with that reason.
+Precision: ``no``, ``fp16`` (Megatron's dynamic loss scaling, ``training.fp16``) or
+``bf16``.
 """
 
 from __future__ import annotations
@@ -87,11 +87,9 @@ def _yes_no(text: str) -> bool:
     raise _Invalid(f"answer yes or no, got {text!r}")
 
 
-def _choice(*choices: str, refused: dict[str, str] | None = None) -> Callable[[str], str]:
+def _choice(*choices: str) -> Callable[[str], str]:
     def parse(text: str) -> str:
         t = text.strip().lower()
-        if refused and t in refused:
-            raise _Invalid(refused[t])
         if t not in choices:
             raise _Invalid(f"choose one of {', '.join(choices)}; got {text!r}")
         return t
@@ -218,16 +216,9 @@ def questions() -> list[Question]:
         ),
         Question(
             "precision",
-            "Mixed precision (no, bf16; fp16 is not yet supported)",
+            "Mixed precision (no, fp16, bf16)",
             lambda a: "bf16" if _preset_value(a, "training", "bf16", False) else "no",
-            _choice(
-                "no",
-                "bf16",
-                refused={
-                    "fp16": "fp16 is not yet supported by the trainer (no loss scaling); "
-                    "use bf16 or no"
-                },
-            ),
+            _choice("no", "fp16", "bf16"),
         ),
         Question(
             "data",
@@ -274,6 +265,7 @@ def _overrides(answers: dict[str, Any]) -> list[str]:
         values["optimizer.clip_grad"] = a["clip_grad"]
     if "precision" in a:
         values["training.bf16"] = a["precision"] == "bf16"
+        values["training.fp16"] = a["precision"] == "fp16"
     if "data" in a:
         d = a["data"]
         if d == "mock":

@@ -300,6 +300,18 @@ class TrainingConfig:
         device: ``"auto"`` (CUDA if available), ``"cpu"`` or ``"cuda"``.
         bf16: run forward/backward under bfloat16 autocast (parameters and
             optimizer state stay float32).
+        fp16: run forward/backward under float16 autocast with Megatron's loss
+            scaling (:mod:`epochal.train.loss_scaler`; parameters and optimizer
+            state stay float32); a step whose gradients overflow is skipped (no
+            optimizer or learning-rate step) and the scale lowered. Not with ``bf16``;
+            refused on a device without float16 autocast.
+        loss_scale: a constant loss scale (Megatron's ``--loss-scale``); None =
+            dynamic scaling with the four options below.
+        initial_loss_scale: the first dynamic scale (``--initial-loss-scale``).
+        min_loss_scale: the dynamic scale's floor (``--min-loss-scale``).
+        loss_scale_window: overflow-free steps before the scale doubles
+            (``--loss-scale-window``).
+        hysteresis: overflowing steps before the scale halves (``--hysteresis``).
         compile: ``torch.compile`` each transformer block.
         exit_signal_handler: on SIGTERM or SIGINT, finish the current step, save a
             checkpoint and exit 0 (every rank after the same step); Megatron's
@@ -328,6 +340,12 @@ class TrainingConfig:
     eval_iters: int = 10
     device: Literal["auto", "cpu", "cuda"] = "auto"
     bf16: bool = False
+    fp16: bool = False
+    loss_scale: float | None = None
+    initial_loss_scale: float = 2.0**32
+    min_loss_scale: float = 1.0
+    loss_scale_window: int = 1000
+    hysteresis: int = 2
     compile: bool = False
     exit_signal_handler: bool = True
     exit_duration_mins: float | None = None
@@ -337,6 +355,30 @@ class TrainingConfig:
     eval_callback: str = ""
 
     def __post_init__(self) -> None:
+        _require(
+            not (self.fp16 and self.bf16),
+            "fp16",
+            "and training.bf16 are both true; pick one precision",
+        )
+        _require(
+            self.loss_scale is None or self.loss_scale > 0,
+            "loss_scale",
+            f"must be > 0 (or unset for dynamic scaling), got {self.loss_scale}",
+        )
+        _require(
+            self.min_loss_scale > 0, "min_loss_scale", f"must be > 0, got {self.min_loss_scale}"
+        )
+        _require(
+            self.initial_loss_scale >= self.min_loss_scale,
+            "initial_loss_scale",
+            f"must be >= training.min_loss_scale={self.min_loss_scale}, got {self.initial_loss_scale}",
+        )
+        _require(
+            self.loss_scale_window >= 1,
+            "loss_scale_window",
+            f"must be >= 1, got {self.loss_scale_window}",
+        )
+        _require(self.hysteresis >= 1, "hysteresis", f"must be >= 1, got {self.hysteresis}")
         _require(
             not self.eval_callback or self.eval_callback.count(":") == 1,
             "eval_callback",

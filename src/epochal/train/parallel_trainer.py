@@ -173,6 +173,7 @@ class ParallelTrainer(Trainer):
             compile=c.training.compile,
             custom_loss=self.custom_loss is not None,
             bf16=c.training.bf16,
+            fp16=c.training.fp16,
         )
         return self.engine.model_parts
 
@@ -190,6 +191,10 @@ class ParallelTrainer(Trainer):
     def parallelize(self, model_parts: list[nn.Module]) -> list[nn.Module]:
         """Nothing left to do: the engine applied everything while building the parts."""
         return model_parts
+
+    def gradient_parameters(self) -> list[torch.Tensor]:
+        """This rank's parameters (all model parts, each once)."""
+        return self.engine.parameters()
 
     def clip_gradients(self) -> torch.Tensor:
         """Global-norm clipping over all ranks (DTensor-aware, tied copies counted once)."""
@@ -251,6 +256,7 @@ class ParallelTrainer(Trainer):
             raise StopIteration
         if not micro_batches:
             self._advance_without_reading(n_mb)
+        self.engine.grad_scale = self.grad_scale()
         return self.engine.forward_backward(
             micro_batches,
             num_microbatches=n_mb,

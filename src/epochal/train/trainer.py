@@ -71,6 +71,7 @@ from epochal.train.config import (
 )
 from epochal.train.data import DataBundle, build_data
 from epochal.train.epochs import epoch_recorder
+from epochal.train.loss_scaler import build_loss_scaler, unscale_gradients
 from epochal.train.lr_schedule import OptimizerParamScheduler
 from epochal.train.metrics import MetricsLogger
 from epochal.train.optim import OptimizersContainer, build_adamw, clip_grad_norm
@@ -215,6 +216,7 @@ class Trainer:
         )
         self.model_parts = self.parallelize(self.build_model_parts())
         self.optimizers = self.build_optimizers()
+        self.loss_scaler = build_loss_scaler(t, self.device)
         self.scheduler = self.build_scheduler()
         self.checkpointer = Checkpointer(
             self.run_dir / "checkpoints", keep_last=config.checkpoint.keep_last, rank=self.rank
@@ -316,10 +318,20 @@ class Trainer:
         return clip_grad_norm(self.optimizers.parameters(), self.config.optimizer.clip_grad)
 
     def autocast(self) -> contextlib.AbstractContextManager:
-        """bfloat16 autocast if ``training.bf16``, else a no-op."""
+        """bfloat16 / float16 autocast if ``training.bf16`` / ``training.fp16``, else a no-op."""
         if self.config.training.bf16:
             return torch.autocast(self.device.type, dtype=torch.bfloat16)
+        if self.config.training.fp16:
+            return torch.autocast(self.device.type, dtype=torch.float16)
         return contextlib.nullcontext()
+
+    def grad_scale(self) -> float:
+        """What the loss is multiplied by before the backward (fp16 loss scaling; else 1)."""
+        return self.loss_scaler.scale if self.loss_scaler is not None else 1.0
+
+    def gradient_parameters(self) -> list[torch.Tensor]:
+        """This rank's parameters whose gradients the optimizer uses."""
+        return list(self.optimizers.parameters())
 
     def add_callback(self, fn: StepCallback) -> None:
         """Call ``fn(trainer, step, metrics)`` after every optimizer step (after eval/save)."""
@@ -379,7 +391,7 @@ class Trainer:
         with self.autocast():
             loss = self.run_step(mb)
         scaled = loss / num_microbatches
-        scaled.backward()
+        (scaled * self.grad_scale()).backward()
         return scaled.detach()
 
     def reduce_logged(self) -> dict[str, float]:
@@ -420,23 +432,34 @@ class Trainer:
         return total
 
     def optimizer_step(self, loss: torch.Tensor) -> dict[str, Any]:
-        """Clip, step the optimizers (skipped on a non-finite gradient norm) and the schedule.
+        """Unscale (fp16), clip, and step the optimizers and the schedule.
+
+        A non-finite gradient norm (an fp16 overflow, or a NaN) skips the step as in
+        Megatron: neither the optimizers nor the learning-rate schedule step, and
+        the fp16 loss scaler lowers its scale (after ``training.hysteresis`` such steps).
 
         Returns:
-            ``{"loss", "grad_norm", "lr", "skipped"}`` (Python numbers).
+            ``{"loss", "grad_norm", "lr", "skipped"}`` (Python numbers), and
+            ``"loss_scale"`` (the scale after this step's update) under fp16.
         """
+        if self.loss_scaler is not None:
+            unscale_gradients(self.gradient_parameters(), self.loss_scaler.scale)
         grad_norm = self.clip_gradients()
         lr = self.optimizers.param_groups[0]["lr"]
         finite = bool(torch.isfinite(grad_norm))
         if finite:
             self.optimizers.step()
-        self.scheduler.step(1)
-        return {
+            self.scheduler.step(1)
+        out = {
             "loss": float(loss.item()),
             "grad_norm": float(grad_norm.item()),
             "lr": float(lr),
             "skipped": 0 if finite else 1,
         }
+        if self.loss_scaler is not None:
+            self.loss_scaler.update(not finite)
+            out["loss_scale"] = self.loss_scaler.scale
+        return out
 
     def add_eval_callback(self, fn: LogitsObserver) -> None:
         """Call ``fn(batch, logits)`` for every validation micro-batch (after ``training.eval_callback``).
@@ -539,6 +562,11 @@ class Trainer:
             # The resolved model (vocab size included), so converters and
             # `epochal generate` rebuild it without re-deriving the data.
             "model_config": self.model_config.to_dict(),
+            **(
+                {"loss_scaler": self.loss_scaler.state_dict()}
+                if self.loss_scaler is not None
+                else {}
+            ),
         }
 
     def save_checkpoint(self) -> Path:
@@ -650,6 +678,8 @@ class Trainer:
             self.data.train_loader.load_state_dict(state["data"])
             self.tokens_seen = int(state.get("tokens_seen", 0))
             self.eval_history = [(int(s), float(v)) for s, v in state.get("eval_history", [])]
+            if self.loss_scaler is not None and "loss_scaler" in state:
+                self.loss_scaler.load_state_dict(state["loss_scaler"])
         except (KeyError, TypeError, ValueError) as exc:
             raise CheckpointError(f"{folder}/trainer_state.json: malformed ({exc})") from exc
         set_rng_state(rng)
