@@ -2,8 +2,11 @@
 
 Usage: python mcore_dist_worker.py OUT_DIR TP VARIANT PORT [LOAD_FOLDER]
 
-``VARIANT``: ``llama`` (RoPE, RMSNorm, SwiGLU, GQA, no biases, untied head) or
-``gpt2`` (learned positions, LayerNorm, GELU, biases, tied head). Writes Megatron-LM's
+``VARIANT``: ``llama`` (RoPE, RMSNorm, SwiGLU, GQA, no biases, untied head),
+``gpt2`` (learned positions, LayerNorm, GELU, biases, tied head) or ``bert``
+(Megatron-Core's ``BertModel``: token types, LM head, pooler and binary head; its
+logits are the masked-LM logits, ``binary.pt``/``binary_loaded.pt`` the binary head's,
+for :func:`bert_inputs`). Writes Megatron-LM's
 layout (``OUT_DIR/iter_0000007/`` with ``args`` in ``common.pt``, and the tracker file)
 and ``OUT_DIR/logits.pt``: Megatron-Core's own logits ``[b, s, vocab]`` (gathered over
 the TP ranks) for ``tokens.pt``'s ids. With ``LOAD_FOLDER`` it instead loads that
@@ -24,8 +27,25 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 
+def bert_inputs(tokens):
+    """BERT's other inputs for ``tokens`` ``[b, s]``: token types (second half 1) and a
+    padding mask (the last 3 positions of row 1 padded), both int64 ``[b, s]``."""
+    import torch
+
+    b, s = tokens.shape
+    types = (torch.arange(s) >= s // 2).long().expand(b, s).clone()
+    padding = torch.ones(b, s, dtype=torch.long)
+    padding[1, s - 3 :] = 0
+    return types, padding
+
+
 def our_config(variant: str):
     from epochal.model import ModelConfig
+
+    if variant == "bert":
+        from tests.convert.hf_models import encoder_like
+
+        return encoder_like(bert_binary_head=True, make_vocab_size_divisible_by=64)
 
     common = dict(
         vocab_size=100,
@@ -97,14 +117,17 @@ def rank_main(rank: int, world: int, out: str, variant: str, port: str, load: st
         init_method_std=0.2,
     )
     torch.manual_seed(0)
-    model = GPTModel(
-        config=tc,
-        transformer_layer_spec=get_gpt_layer_local_spec(normalization=cfg.normalization),
-        vocab_size=cfg.padded_vocab_size,
-        max_sequence_length=cfg.max_position_embeddings,
-        position_embedding_type="rope" if llama else "learned_absolute",
-        share_embeddings_and_output_weights=not llama,
-    ).eval()
+    if variant == "bert":
+        model = _bert(cfg, tc)
+    else:
+        model = GPTModel(
+            config=tc,
+            transformer_layer_spec=get_gpt_layer_local_spec(normalization=cfg.normalization),
+            vocab_size=cfg.padded_vocab_size,
+            max_sequence_length=cfg.max_position_embeddings,
+            position_embedding_type="rope" if llama else "learned_absolute",
+            share_embeddings_and_output_weights=not llama,
+        ).eval()
     with torch.no_grad():  # non-trivial norms
         for name, p in model.named_parameters():
             if "layer_norm" in name or "layernorm" in name:
@@ -138,12 +161,37 @@ def rank_main(rank: int, world: int, out: str, variant: str, port: str, load: st
     dist.destroy_process_group()
 
 
+def _bert(cfg, tc):
+    """Megatron-Core's BertModel (local spec) for our BERT ``cfg`` under ``tc``'s TP size."""
+    from megatron.core.models.bert.bert_layer_specs import bert_layer_local_spec
+    from megatron.core.models.bert.bert_model import BertModel
+
+    return BertModel(
+        config=tc,
+        num_tokentypes=cfg.num_tokentypes,
+        transformer_layer_spec=bert_layer_local_spec,
+        vocab_size=cfg.padded_vocab_size,
+        max_sequence_length=cfg.max_position_embeddings,
+        parallel_output=False,
+        share_embeddings_and_output_weights=True,
+        add_binary_head=cfg.bert_binary_head,
+    ).eval()
+
+
 def _write_logits(model, world: int, rank: int, out: Path, name: str) -> None:
     """Megatron-Core's logits for ``out/tokens.pt``, gathered over the TP ranks, by rank 0."""
     import torch
     import torch.distributed as dist
 
     tokens = torch.load(out / "tokens.pt")
+    if type(model).__name__ == "BertModel":
+        types, padding = bert_inputs(tokens)
+        with torch.no_grad():
+            logits, binary = model(tokens, padding, tokentype_ids=types)  # whole vocabulary
+        if rank == 0:
+            torch.save(logits, out / name)
+            torch.save(binary, out / name.replace("logits", "binary"))
+        return
     s = tokens.shape[1]
     mask = torch.ones(1, 1, s, s, dtype=torch.bool).triu(1)
     with torch.no_grad():

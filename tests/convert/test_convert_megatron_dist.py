@@ -114,3 +114,46 @@ def test_missing_shards_and_args_are_named(tmp_path, megatron_saved):
     victim.unlink()
     with pytest.raises(ConversionError, match=f"shard files are missing.*{victim.name}"):
         load_megatron_checkpoint(folder)
+
+
+def _our_bert_logits(model, tokens):
+    from tests.convert.mcore_dist_worker import bert_inputs
+
+    types, padding = bert_inputs(tokens)
+    with torch.no_grad():
+        mlm, binary = model(tokens, token_types=types, padding_mask=padding)
+    return mlm, binary, padding.bool()
+
+
+def test_megatron_core_bert_torch_dist_tp2_imports_with_its_logits(tmp_path):
+    """A real BertModel (encoder.* layers stacked, LM head, pooler, binary head) saved at TP2."""
+    ckpt = tmp_path / "bert"
+    tokens = save_with_megatron(ckpt, 2, "bert")
+    ck = load_megatron_checkpoint(ckpt)
+    assert ck.config.type == "bert" and ck.config.bert_binary_head and ck.iteration == 7
+    model = build_model(ck.config).eval()
+    model.load_state_dict(ck.state, strict=True)
+    mlm, binary, real = _our_bert_logits(model, tokens)
+    theirs = torch.load(ckpt / "logits.pt")
+    assert mlm[..., :100].abs().max() > 1.0
+    torch.testing.assert_close(mlm[real][:, :100], theirs[real][:, :100], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(binary, torch.load(ckpt / "binary.pt"), atol=1e-5, rtol=1e-5)
+    with pytest.raises(ConversionError, match="holds a 'bert' model"):
+        load_megatron_checkpoint(ckpt, model_type="gpt")
+
+
+def test_our_bert_torch_dist_export_loads_into_megatron_core(tmp_path):
+    from epochal.convert.megatron_legacy import save_megatron_checkpoint
+    from tests.convert.hf_models import randomize
+    from tests.convert.mcore_dist_worker import our_config
+
+    config = our_config("bert")
+    model = randomize(build_model(config), seed=6).eval()
+    out = save_megatron_checkpoint(
+        config, model.state_dict(), tmp_path / "mg", ckpt_format="torch_dist"
+    )
+    tokens = save_with_megatron(tmp_path / "run", 1, "bert", load=out)
+    mlm, binary, real = _our_bert_logits(model, tokens)
+    theirs = torch.load(tmp_path / "run" / "logits_loaded.pt")
+    torch.testing.assert_close(theirs[real][:, :100], mlm[real][:, :100], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(torch.load(tmp_path / "run" / "binary_loaded.pt"), binary)

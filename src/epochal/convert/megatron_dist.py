@@ -171,17 +171,22 @@ def write_torch_dist(
 
     stacked = stack_layers(tensors)
     state: dict[str, Any] = {k: v.contiguous() for k, v in stacked.items()}
-    layers = sorted(
-        {int(m.group(1)) for k in tensors if (m := re.match(r"^decoder\.layers\.(\d+)\.", k))}
-    )
-    for module in (
-        "self_attention.linear_proj",
-        "self_attention.linear_qkv",
-        "mlp.linear_fc1",
-        "mlp.linear_fc2",
-    ):
-        for i in layers:
-            state[f"decoder.layers.{module}._extra_state/shard_{i}_{len(layers)}"] = [None]
+    blocks: dict[str, set[int]] = {}  # "decoder" (GPT) or "encoder" (BERT) -> layer indices
+    for k in tensors:
+        if m := re.match(r"^(decoder|encoder)\.layers\.(\d+)\.", k):
+            blocks.setdefault(m.group(1), set()).add(int(m.group(2)))
+    for block, layers in blocks.items():
+        for module in (
+            "self_attention.linear_proj",
+            "self_attention.linear_qkv",
+            "mlp.linear_fc1",
+            "mlp.linear_fc2",
+        ):
+            for i in sorted(layers):
+                state[f"{block}.layers.{module}._extra_state/shard_{i}_{len(layers)}"] = [None]
+    if "encoder" in blocks and "output_layer.bias" in tensors:
+        # BertModel's output layer is a ColumnParallelLinear of its own (GPT's is not saved so)
+        state["output_layer._extra_state/shard_0_1"] = [None]
     folder.mkdir(parents=True)
     dcp_save(
         state,
