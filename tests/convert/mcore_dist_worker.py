@@ -3,10 +3,13 @@
 Usage: python mcore_dist_worker.py OUT_DIR TP VARIANT PORT [LOAD_FOLDER]
 
 ``VARIANT``: ``llama`` (RoPE, RMSNorm, SwiGLU, GQA, no biases, untied head),
-``gpt2`` (learned positions, LayerNorm, GELU, biases, tied head) or ``bert``
+``gpt2`` (learned positions, LayerNorm, GELU, biases, tied head), ``esm`` (ESM-2 as
+BioNeMo builds it: a rotary ``BertModel`` without token types or binary head; 33 ids) or ``bert``
 (Megatron-Core's ``BertModel``: token types, LM head, pooler and binary head; its
 logits are the masked-LM logits, ``binary.pt``/``binary_loaded.pt`` the binary head's,
-for :func:`bert_inputs`). Writes Megatron-LM's
+for :func:`bert_inputs`). A ``-nemo`` suffix (``llama-nemo``) saves the model as NeMo 2
+does instead: ``OUT_DIR/weights/`` with the tensors under ``module.`` (the test writes
+``context/``). Writes Megatron-LM's
 layout (``OUT_DIR/iter_0000007/`` with ``args`` in ``common.pt``, and the tracker file)
 and ``OUT_DIR/logits.pt``: Megatron-Core's own logits ``[b, s, vocab]`` (gathered over
 the TP ranks) for ``tokens.pt``'s ids. With ``LOAD_FOLDER`` it instead loads that
@@ -42,9 +45,13 @@ def bert_inputs(tokens):
 def our_config(variant: str):
     from epochal.model import ModelConfig
 
-    if variant == "bert":
+    if variant in ("bert", "esm"):
         from tests.convert.hf_models import encoder_like
 
+        if (
+            variant == "esm"
+        ):  # BioNeMo's ESM-2 layout; token dropout off (Megatron's BertModel has none)
+            return encoder_like("esm", token_dropout=False, make_vocab_size_divisible_by=64)
         return encoder_like(bert_binary_head=True, make_vocab_size_divisible_by=64)
 
     common = dict(
@@ -89,6 +96,8 @@ def rank_main(rank: int, world: int, out: str, variant: str, port: str, load: st
 
     from epochal.convert.megatron_args import megatron_args_from_config
 
+    nemo = variant.endswith("-nemo")  # e.g. "llama-nemo": save as NeMo 2 does
+    variant = variant.removesuffix("-nemo")
     mrandom.CudaRNGStatesTracker.fork = lambda self, name=None: contextlib.nullcontext()
     parallel_state.initialize_model_parallel(world, 1)
     cfg = our_config(variant)
@@ -117,7 +126,7 @@ def rank_main(rank: int, world: int, out: str, variant: str, port: str, load: st
         init_method_std=0.2,
     )
     torch.manual_seed(0)
-    if variant == "bert":
+    if variant in ("bert", "esm"):
         model = _bert(cfg, tc)
     else:
         model = GPTModel(
@@ -138,6 +147,14 @@ def rank_main(rank: int, world: int, out: str, variant: str, port: str, load: st
         assert loaded["args"].num_layers == cfg.num_layers
         model.load_state_dict(loaded["model"], strict=True)
         _write_logits(model, world, rank, Path(out), "logits_loaded.pt")
+        dist.barrier()
+        dist.destroy_process_group()
+        return
+    if nemo:  # NeMo 2's layout: the model's tensors under "module." in weights/
+        folder = Path(out) / "weights"
+        folder.mkdir(parents=True, exist_ok=True)
+        dist_checkpointing.save(model.sharded_state_dict(prefix="module."), str(folder))
+        _write_logits(model, world, rank, Path(out), "logits.pt")
         dist.barrier()
         dist.destroy_process_group()
         return
@@ -172,6 +189,7 @@ def _bert(cfg, tc):
         transformer_layer_spec=bert_layer_local_spec,
         vocab_size=cfg.padded_vocab_size,
         max_sequence_length=cfg.max_position_embeddings,
+        position_embedding_type=cfg.position_embedding_type,
         parallel_output=False,
         share_embeddings_and_output_weights=True,
         add_binary_head=cfg.bert_binary_head,
@@ -186,6 +204,8 @@ def _write_logits(model, world: int, rank: int, out: Path, name: str) -> None:
     tokens = torch.load(out / "tokens.pt")
     if type(model).__name__ == "BertModel":
         types, padding = bert_inputs(tokens)
+        if model.embedding.tokentype_embeddings is None:
+            types = None
         with torch.no_grad():
             logits, binary = model(tokens, padding, tokentype_ids=types)  # whole vocabulary
         if rank == 0:

@@ -28,7 +28,8 @@ WORKER = str(Path(__file__).with_name("mcore_dist_worker.py"))
 def save_with_megatron(out: Path, tp: int, variant: str, load: Path | None = None) -> torch.Tensor:
     """Run the Megatron-Core worker: save a model (or load ``load`` into a fresh one)."""
     out.mkdir(parents=True, exist_ok=True)
-    tokens = torch.randint(0, 100, (2, 12), generator=torch.Generator().manual_seed(3))
+    vocab = 33 if variant.startswith("esm") else 100
+    tokens = torch.randint(0, vocab, (2, 12), generator=torch.Generator().manual_seed(3))
     torch.save(tokens, out / "tokens.pt")
     cmd = [sys.executable, WORKER, str(out), str(tp), variant, str(free_port())]
     if load is not None:
@@ -121,6 +122,8 @@ def _our_bert_logits(model, tokens):
 
     types, padding = bert_inputs(tokens)
     with torch.no_grad():
+        if model.config.type == "esm":
+            return model(tokens, padding_mask=padding), None, padding.bool()
         mlm, binary = model(tokens, token_types=types, padding_mask=padding)
     return mlm, binary, padding.bool()
 

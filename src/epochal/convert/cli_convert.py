@@ -9,7 +9,9 @@ Examples::
     epochal convert runs/tiny tiny.safetensors --to safetensors   # one file for inference
 
 The input format is detected (``config.json`` -> Hugging Face;
-``latest_checkpointed_iteration.txt`` or ``mp_rank_*`` folders -> Megatron-LM;
+``latest_checkpointed_iteration.txt``, ``mp_rank_*`` folders or a ``torch_dist`` folder
+-> Megatron-LM; ``weights/`` + ``context/`` -> NeMo 2 (read as Megatron, see
+:mod:`epochal.convert.nemo2`, ``--model-config``);
 otherwise an epochal run/checkpoint folder or consolidated ``.safetensors``
 file) unless ``--from`` names it. ``--to safetensors`` writes the consolidated
 single-file export (:func:`epochal.convert.epochal_ckpt.save_consolidated`: the
@@ -63,6 +65,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         help="our vocabulary padding multiple (default: the input's, else 128)",
+    )
+    group.add_argument(
+        "--model-config",
+        default=None,
+        help="NeMo 2 input: a JSON/YAML file of Megatron-Core config fields (num_layers, "
+        "num_attention_heads, rotary_base, ...) completing or replacing context/model.yaml",
     )
     group = parser.add_argument_group("output options")
     group.add_argument(
@@ -124,13 +132,14 @@ def detect_format(path: str | Path) -> str:
     """
     from epochal.convert.megatron_dist import is_torch_dist
     from epochal.convert.megatron_legacy import TRACKER_FILE
+    from epochal.convert.nemo2 import is_nemo2
 
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"{path}: no such file or folder")
     if (path / "config.json").is_file():
         return "hf"
-    if (path / TRACKER_FILE).is_file() or is_torch_dist(path):
+    if (path / TRACKER_FILE).is_file() or is_torch_dist(path) or is_nemo2(path):
         return "megatron"
     if path.is_dir():
         children = [p.name for p in path.iterdir()]
@@ -152,6 +161,22 @@ def _load(args: argparse.Namespace, fmt: str) -> tuple:
         eos = hf.eos_token_ids
         eos = eos[0] if len(eos) == 1 else (list(eos) or None)
         return hf.config, hf.state, 0, {"bos": hf.bos_token_id, "eos": eos}
+    from epochal.convert.nemo2 import is_nemo2, load_nemo2_checkpoint
+
+    nemo = fmt == "megatron" and is_nemo2(args.input)
+    if args.model_config is not None and not nemo:
+        raise ValueError(
+            f"--model-config applies to NeMo 2 checkpoints (weights/ + context/); "
+            f"{args.input} is not one"
+        )
+    if nemo:
+        ck = load_nemo2_checkpoint(
+            args.input,
+            model_config=args.model_config,
+            vocab_size=args.vocab_size,
+            make_vocab_size_divisible_by=args.make_vocab_size_divisible_by,
+        )
+        return ck.config, ck.state, ck.iteration or 0, {}
     if fmt == "megatron":
         from epochal.convert.megatron_legacy import load_megatron_checkpoint
 

@@ -78,8 +78,13 @@ def is_torch_dist(folder: str | Path) -> bool:
         return False
 
 
-def read_torch_dist(folder: str | Path) -> tuple[dict[str, torch.Tensor], Any]:
+def read_torch_dist(
+    folder: str | Path, *, key_prefix: str = ""
+) -> tuple[dict[str, torch.Tensor], Any]:
     """The model tensors (Megatron-Core names, layers unstacked) and ``args`` of ``folder``.
+
+    ``key_prefix`` is stripped from the stored names first (NeMo 2 saves the model
+    under ``module.``); names without it (optimizer state) are not read.
 
     Returns:
         ``({"decoder.layers.0.self_attention.linear_qkv.weight": ..., ...}, args)``:
@@ -99,7 +104,9 @@ def read_torch_dist(folder: str | Path) -> tuple[dict[str, torch.Tensor], Any]:
     metadata = reader.read_metadata()
     wanted: dict[str, torch.Tensor] = {}
     for key, meta in metadata.state_dict_metadata.items():
-        if not key.startswith(_MODEL_PREFIXES) or not isinstance(meta, TensorStorageMetadata):
+        if not key.startswith(key_prefix) or not isinstance(meta, TensorStorageMetadata):
+            continue
+        if not key[len(key_prefix) :].startswith(_MODEL_PREFIXES):
             continue
         for pattern, what in _UNSUPPORTED:
             if pattern.search(key):
@@ -125,7 +132,7 @@ def read_torch_dist(folder: str | Path) -> tuple[dict[str, torch.Tensor], Any]:
         payload = safe_torch_load(common)
         if isinstance(payload, dict):
             args = payload.get("args")
-    return _unstack(wanted), args
+    return _unstack({k[len(key_prefix) :]: v for k, v in wanted.items()}), args
 
 
 def _unstack(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -87,11 +87,13 @@ from epochal.convert.megatron_layout import (
     to_local_names,
     unpack_qkv,
 )
+from epochal.convert.nemo2 import is_nemo2, load_nemo2_checkpoint
 from epochal.convert.safe_load import safe_torch_load
 from epochal.model.config import ModelConfig
 
 __all__ = [
     "MegatronCheckpoint",
+    "checkpoint_from_megatron_tensors",
     "load_megatron_checkpoint",
     "save_megatron_checkpoint",
     "TRACKER_FILE",
@@ -252,7 +254,7 @@ def _ours_from_megatron_full(
                 out[f"{dst}mlp.fc2.{kind}"] = fc2
     for kind in bias_names:
         out[f"norm.{kind}"] = norm(f"decoder.final_layernorm.{kind}")
-    if config.type == "bert":
+    if config.is_encoder:  # BERT, and ESM-2 (BioNeMo: a BertModel)
         for ours, theirs in _BERT_NAMES:
             if theirs == "embedding.tokentype_embeddings.weight" and not config.num_tokentypes:
                 continue
@@ -278,6 +280,8 @@ def _bert_config(
     first: Mapping[str, Any],
     last: Mapping[str, Any],
     source: str,
+    *,
+    esm: Mapping[str, Any] | None = None,
 ) -> ModelConfig:
     """``config`` (read from ``args`` as for GPT) made a BERT from the first and last stages' tensors.
 
@@ -303,6 +307,13 @@ def _bert_config(
             "uses too, where Megatron-Core's BertLMHead applies the exact GELU",
             stacklevel=3,
         )
+    if esm is not None:
+        if types is not None or binary:
+            raise ConversionError(
+                f"{source}: an ESM-2 model has no token types and no binary head, "
+                "but the checkpoint has them"
+            )
+        return dataclasses.replace(config, type="esm", **esm)
     return dataclasses.replace(
         config,
         type="bert",
@@ -569,7 +580,7 @@ def load_megatron_checkpoint(
     make_vocab_size_divisible_by: int | None = None,
     model_type: Literal["gpt", "bert"] | None = None,
 ) -> MegatronCheckpoint:
-    """Read a Megatron-LM legacy checkpoint (any TP x PP) into our config and names.
+    """Read a Megatron-LM checkpoint (legacy files of any TP x PP, ``torch_dist``, or NeMo 2).
 
     Args:
         directory: the save directory (with ``latest_checkpointed_iteration.txt``)
@@ -590,6 +601,13 @@ def load_megatron_checkpoint(
     directory = Path(directory)
     if not directory.is_dir():
         raise FileNotFoundError(f"{directory}: not a folder")
+    if is_nemo2(directory):
+        return load_nemo2_checkpoint(
+            directory,
+            vocab_size=vocab_size,
+            make_vocab_size_divisible_by=make_vocab_size_divisible_by,
+            model_type=model_type,
+        )
     if is_torch_dist(directory):
         m = re.match(r"^iter_(\d+)$", directory.name)
         folder, found_iteration = directory, (int(m.group(1)) if m else None)
@@ -711,16 +729,54 @@ def _load_torch_dist(
 ) -> MegatronCheckpoint:
     """A ``torch_dist`` iteration folder (:mod:`epochal.convert.megatron_dist`) into our names."""
     flat, args = read_torch_dist(folder)
-    source = str(folder)
     if args is None:
         raise ConversionError(
             f"{folder}/common.pt: no 'args' (Megatron-LM saves them); cannot tell the model's "
             "configuration"
         )
+    return checkpoint_from_megatron_tensors(
+        flat,
+        args,
+        iteration=found_iteration,
+        vocab_size=vocab_size,
+        make_vocab_size_divisible_by=make_vocab_size_divisible_by,
+        model_type=model_type,
+        source=str(folder),
+    )
+
+
+def checkpoint_from_megatron_tensors(
+    flat: dict[str, torch.Tensor],
+    args: Namespace,
+    *,
+    iteration: int | None,
+    vocab_size: int | None = None,
+    make_vocab_size_divisible_by: int | None = None,
+    model_type: str | None = None,
+    source: str,
+    esm: Mapping[str, Any] | None = None,
+) -> MegatronCheckpoint:
+    """Whole Megatron-Core tensors (any naming, layers ``decoder/encoder.layers.{i}``) into ours.
+
+    Args:
+        flat: full (unsharded) tensors by Megatron-Core name.
+        args: a Megatron-LM ``args`` namespace describing the model.
+        iteration: recorded in the result.
+        vocab_size, make_vocab_size_divisible_by: as for :func:`load_megatron_checkpoint`.
+        model_type: the expected ``"gpt"`` / ``"bert"`` (None: what the names show).
+        source: named in errors.
+        esm: for a ``BertModel`` that is an ESM-2 (BioNeMo): our ESM fields
+            (``token_dropout``, ``mask_token_id``, ``pad_token_id``); the result has
+            ``type="esm"``.
+
+    Raises:
+        ConversionError: the names show another model than ``model_type``, or the
+            tensors do not match ``args``.
+    """
     found_type = megatron_model_type(flat)
     if model_type is not None and found_type != model_type:
         raise ConversionError(
-            f"{folder}: holds a {found_type!r} model, expected model.type={model_type!r}"
+            f"{source}: holds a {found_type!r} model, expected model.type={model_type!r}"
         )
     config, extras = config_from_megatron_args(
         args,
@@ -730,13 +786,13 @@ def _load_torch_dist(
     )
     full = to_local_names(flat, source)
     if found_type == "bert":
-        config = _bert_config(config, args, full, full, source)
+        config = _bert_config(config, args, full, full, source, esm=esm)
     state = _ours_from_megatron_full(full, config, extras, source)
     return MegatronCheckpoint(
         config=config,
         state=state,
         args=args,
-        iteration=found_iteration,
+        iteration=iteration,
         tensor_parallel=extras.tensor_parallel,
         pipeline_parallel=extras.pipeline_parallel,
     )

@@ -1,0 +1,195 @@
+"""NeMo 2 checkpoints (``weights/`` torch_dist under ``module.``, ``context/model.yaml``) import.
+
+The weights are written by the real Megatron-Core (``dist_checkpointing.save`` of
+``model.sharded_state_dict(prefix="module.")``, as NeMo 2's ``MegatronParallel``
+saves them); the context is written here in NeMo's Hydra-style YAML. A Llama-style
+``GPTModel`` at TP2 and an ESM-2-style ``BertModel`` (BioNeMo) import with
+Megatron-Core's logits within 1e-5; contexts we will not read are refused, naming
+the file, and ``--model-config`` supplies the configuration instead.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import warnings
+
+import pytest
+import torch
+
+from epochal.convert.common import ConversionError
+from epochal.convert.megatron_legacy import load_megatron_checkpoint
+from epochal.convert.nemo2 import is_nemo2, load_nemo2_checkpoint
+from epochal.model import build_model
+from tests.convert.test_convert_megatron_dist import _our_bert_logits, save_with_megatron
+
+pytestmark = [pytest.mark.peer, pytest.mark.distributed]
+pytest.importorskip("megatron.core")
+pytest.importorskip("psutil")
+
+LLAMA_YAML = """\
+_target_: nemo.collections.llm.gpt.model.llama.LlamaModel
+config:
+  _cpu_offloading_context: null
+  _target_: nemo.collections.llm.gpt.model.llama.LlamaConfig
+  activation_func:
+    _call_: false
+    _target_: torch.nn.functional.silu
+  add_bias_linear: false
+  ffn_hidden_size: 64
+  gated_linear_unit: true
+  hidden_size: 32
+  init_method_std: 0.2
+  layernorm_epsilon: 1.0e-05
+  make_vocab_size_divisible_by: 64
+  normalization: RMSNorm
+  num_attention_heads: 4
+  num_layers: 2
+  num_query_groups: 2
+  position_embedding_type: rope
+  rotary_base: 10000
+  seq_length: 32
+  share_embeddings_and_output_weights: false
+  vocab_size: 100
+tokenizer:
+  _target_: nemo.collections.common.tokenizers.huggingface.auto_tokenizer.AutoTokenizer
+  pretrained_model_name: /models/tokenizer
+"""
+
+ESM_YAML = """\
+_target_: bionemo.esm2.model.model.ESM2Model
+config:
+  _target_: bionemo.esm2.model.model.ESM2Config
+  num_layers: 2
+  hidden_size: 32
+  ffn_hidden_size: 48
+  num_attention_heads: 4
+  layernorm_epsilon: 1.0e-12
+  position_embedding_type: rope
+  activation_func:
+    _call_: false
+    _target_: torch.nn.functional.gelu
+  token_dropout: false
+  seq_length: 64
+  vocab_size: 33
+  make_vocab_size_divisible_by: 64
+  share_embeddings_and_output_weights: true
+"""
+
+
+def write_context(ckpt, model_yaml: str | None) -> None:
+    """NeMo 2's context/: model.yaml, and an io.json (a serialized fiddle graph, never read)."""
+    context = ckpt / "context"
+    context.mkdir(exist_ok=True)
+    (context / "io.json").write_text(
+        json.dumps({"root": {"key": "trainer_context"}, "objects": {}})
+    )
+    if model_yaml is not None:
+        (context / "model.yaml").write_text(model_yaml)
+
+
+@pytest.fixture(scope="module")
+def llama_nemo(tmp_path_factory):
+    ckpt = tmp_path_factory.mktemp("nemo") / "llama"
+    tokens = save_with_megatron(ckpt, 2, "llama-nemo")
+    write_context(ckpt, LLAMA_YAML)
+    return ckpt, tokens
+
+
+def test_llama_nemo2_imports_with_megatrons_logits_and_on_to_hf(tmp_path, llama_nemo):
+    ckpt, tokens = llama_nemo
+    assert is_nemo2(ckpt)
+    ck = load_megatron_checkpoint(ckpt)  # detected
+    assert ck.config.type == "gpt" and ck.config.num_kv_heads == 2
+    assert ck.config.activation == "swiglu" and not ck.config.tie_embeddings
+    model = build_model(ck.config).eval()
+    model.load_state_dict(ck.state, strict=True)
+    reference = torch.load(ckpt / "logits.pt")
+    with torch.no_grad():
+        ours = model(tokens)
+    torch.testing.assert_close(ours[..., :100], reference[..., :100], atol=1e-5, rtol=1e-5)
+
+    from epochal.cli import main
+
+    assert main(["convert", str(ckpt), str(tmp_path / "hf"), "--to", "hf"]) == 0
+    transformers = pytest.importorskip("transformers")
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
+    with torch.no_grad():
+        theirs = hf(tokens).logits
+    torch.testing.assert_close(theirs, reference[..., :100], atol=1e-5, rtol=1e-5)
+
+
+def test_esm2_nemo2_imports_with_megatrons_logits(tmp_path):
+    ckpt = tmp_path / "esm"
+    tokens = save_with_megatron(ckpt, 1, "esm-nemo")
+    write_context(ckpt, ESM_YAML)
+    ck = load_nemo2_checkpoint(ckpt)
+    assert ck.config.type == "esm" and ck.config.mask_token_id == 32 and ck.config.pad_token_id == 1
+    model = build_model(ck.config).eval()
+    model.load_state_dict(ck.state, strict=True)
+    mlm, _, real = _our_bert_logits(model, tokens)
+    theirs = torch.load(ckpt / "logits.pt")
+    torch.testing.assert_close(mlm[real][:, :33], theirs[real][:, :33], atol=1e-5, rtol=1e-5)
+
+
+def test_refused_contexts_are_named_and_model_config_replaces_them(tmp_path, llama_nemo):
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(llama_nemo[0], ckpt)
+    from epochal.cli import main
+
+    # io.json only: never executed
+    (ckpt / "context" / "model.yaml").unlink()
+    with pytest.raises(
+        ConversionError, match=r"context: no model.yaml.*never executed.*--model-config"
+    ):
+        load_nemo2_checkpoint(ckpt)
+    # a model.yaml with Python object tags: never constructed
+    (ckpt / "context" / "model.yaml").write_text(
+        "config: !!python/object/apply:os.system ['echo unsafe']\n"
+    )
+    with pytest.raises(ConversionError, match=r"model.yaml: refused .*Python objects"):
+        load_nemo2_checkpoint(ckpt)
+    # the configuration from --model-config instead
+    fields = tmp_path / "llama.yaml"
+    fields.write_text(
+        LLAMA_YAML.split("config:\n", 1)[1].split("tokenizer:")[0].replace("\n  ", "\n").strip()
+        + "\n"
+    )
+    ck = load_nemo2_checkpoint(ckpt, model_config=fields)
+    reference = load_megatron_checkpoint(llama_nemo[0])
+    assert ck.config == reference.config
+    assert all(torch.equal(ck.state[k], v) for k, v in reference.state.items())
+    out = tmp_path / "run"
+    assert (
+        main(["convert", str(ckpt), str(out), "--to", "epochal", "--model-config", str(fields)])
+        == 0
+    )
+    assert main(["convert", str(ckpt), str(tmp_path / "x"), "--to", "epochal"]) == 2
+
+
+def test_missing_heads_are_asked_for_and_defaults_are_warned(tmp_path, llama_nemo):
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(llama_nemo[0], ckpt)
+    # A recipe's config class with its defaults: model.yaml names the class only.
+    (ckpt / "context" / "model.yaml").write_text(
+        "_target_: nemo.collections.llm.gpt.model.llama.LlamaModel\n"
+        "config:\n  _target_: nemo.collections.llm.gpt.model.llama.Llama3Config8B\n"
+    )
+    with pytest.raises(ConversionError, match="does not state num_attention_heads"):
+        load_nemo2_checkpoint(ckpt)
+    fields = tmp_path / "heads.json"
+    fields.write_text(
+        json.dumps({"num_attention_heads": 4, "num_query_groups": 2, "vocab_size": 100})
+    )
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ck = load_nemo2_checkpoint(ckpt, model_config=fields)
+    assert any("layernorm_epsilon, rotary_base, rotary_percent" in str(w.message) for w in caught)
+    # shapes give the rest: 2 layers, hidden 32, SwiGLU 64, RMSNorm, RoPE, untied
+    reference = load_megatron_checkpoint(llama_nemo[0]).config
+    assert (ck.config.num_layers, ck.config.hidden_size, ck.config.ffn_size) == (2, 32, 64)
+    assert ck.config.activation == reference.activation and ck.config.normalization == "RMSNorm"
+    # a configuration the weights contradict is refused
+    fields.write_text(json.dumps({"num_attention_heads": 4, "num_layers": 3}))
+    with pytest.raises(ConversionError, match="num_layers=3.*weights show 2"):
+        load_nemo2_checkpoint(ckpt, model_config=fields)
