@@ -160,3 +160,23 @@ def test_our_bert_torch_dist_export_loads_into_megatron_core(tmp_path):
     theirs = torch.load(tmp_path / "run" / "logits_loaded.pt")
     torch.testing.assert_close(theirs[real][:, :100], mlm[real][:, :100], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(torch.load(tmp_path / "run" / "binary_loaded.pt"), binary)
+
+
+@pytest.mark.parametrize(
+    ("key", "what"),
+    [
+        ("decoder.layers.mlp.experts.linear_fc1.weight", "mixture-of-experts layers"),
+        ("decoder.layers.self_attention.linear_q_down_proj.weight", "multi-latent attention"),
+    ],
+)
+def test_unsupported_layers_are_named(tmp_path, key, what):
+    import json
+
+    from torch.distributed.checkpoint import FileSystemWriter, save
+
+    folder = tmp_path / "iter_0000001"
+    state = {key: torch.zeros(2, 4, 4), "embedding.word_embeddings.weight": torch.zeros(8, 4)}
+    save(state, storage_writer=FileSystemWriter(str(folder)), no_dist=True)
+    (folder / "metadata.json").write_text(json.dumps({"sharded_backend": "torch_dist"}))
+    with pytest.raises(ConversionError, match=f"{what} \\('{key}'\\) are not supported"):
+        load_megatron_checkpoint(folder)

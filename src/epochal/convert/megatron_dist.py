@@ -143,8 +143,8 @@ def _unstack(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         if m is None:
             out[name] = tensor
             continue
-        for i in range(tensor.shape[0]):
-            out[f"{m.group(1)}.layers.{i}.{m.group(2)}"] = tensor[i].clone()
+        for i in range(tensor.shape[0]):  # views: the stack's memory is not copied
+            out[f"{m.group(1)}.layers.{i}.{m.group(2)}"] = tensor[i]
     return out
 
 
