@@ -12,41 +12,30 @@ import pytest
 import torch
 
 from epochal.model import ConfigError
-from epochal.train.config import build_config
 from epochal.train.data import make_loaders
 from epochal.train.loss_scaler import DynamicLossScaler, check_fp16_support
 from epochal.train.metrics import read_metrics
 from epochal.train.trainer import Trainer
 from tests.train.fp16_steps import IndexedCounting
+from tests.train.test_trainer import config as trainer_config
 
 VOCAB = 64
 STEP = "--training.train_step=tests.train.fp16_steps:OverflowAtSteps"
 
 
 def config(run_dir, *extra):
-    return build_config(
-        preset="tiny",
-        overrides=[
-            f"--run_dir={run_dir}",
-            "--data.corpus=",
-            "--data.mock=true",
-            "--data.seq_length=8",
-            "--model.hidden_size=32",
-            "--model.num_layers=2",
-            "--model.ffn_hidden_size=64",
-            "--training.micro_batch_size=2",
-            "--training.global_batch_size=4",
-            "--training.train_iters=8",
-            "--training.eval_interval=0",
-            "--training.eval_iters=0",
-            "--training.device=cpu",
-            "--training.fp16=true",
-            "--scheduler.lr_warmup_iters=2",
-            "--checkpoint.save_interval=0",
-            "--logging.progress=false",
-            "--logging.tensorboard=false",
-            *extra,
-        ],
+    """``tests/train/test_trainer.py``'s tiny GPT, in fp16, without evaluations or saves."""
+    return trainer_config(
+        run_dir,
+        "--training.global_batch_size=4",
+        "--training.train_iters=8",
+        "--training.eval_interval=0",
+        "--training.eval_iters=0",
+        "--training.device=cpu",
+        "--training.fp16=true",
+        "--scheduler.lr_warmup_iters=2",
+        "--checkpoint.save_interval=0",
+        *extra,
     )
 
 
