@@ -121,6 +121,11 @@ def test_esm2_nemo2_imports_with_megatrons_logits(tmp_path):
     mlm, _, real = _our_bert_logits(model, tokens)
     theirs = torch.load(ckpt / "logits.pt")
     torch.testing.assert_close(mlm[real][:, :33], theirs[real][:, :33], atol=1e-5, rtol=1e-5)
+    # BioNeMo's default fused bias-GELU is Megatron-Core's tanh GELU: imported as such
+    fused = tmp_path / "fused.json"
+    fused.write_text(json.dumps({"bias_activation_fusion": True}))
+    with pytest.warns(UserWarning, match="tanh GELU"):
+        assert load_nemo2_checkpoint(ckpt, model_config=fused).config.activation == "gelu_tanh"
 
 
 def test_refused_contexts_are_named_and_model_config_replaces_them(tmp_path, llama_nemo):

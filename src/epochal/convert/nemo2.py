@@ -242,6 +242,8 @@ def _args_from_fields(
         kv_channels=get("kv_channels"),
         swiglu=gated,
         openai_gelu=activation in ("openai_gelu", "gelu_tanh", "fast_gelu"),
+        # Megatron-Core's fused bias-GELU computes the tanh GELU (BioNeMo ESM-2's default)
+        bias_activation_fusion=bool(get("bias_activation_fusion", False)) and not gated,
         add_bias_linear=shown["add_bias_linear"],
         add_qkv_bias=bool(get("add_qkv_bias", False)),
         normalization=shown["normalization"],
