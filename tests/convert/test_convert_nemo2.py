@@ -19,7 +19,7 @@ import torch
 
 from epochal.convert.common import ConversionError
 from epochal.convert.megatron_legacy import load_megatron_checkpoint
-from epochal.convert.nemo2 import is_nemo2, load_nemo2_checkpoint
+from epochal.convert.nemo2 import is_nemo2, load_nemo2_checkpoint, nemo2_model_fields
 from epochal.model import build_model
 from tests.convert.test_convert_megatron_dist import (
     _our_bert_logits,
@@ -82,14 +82,22 @@ config:
 
 
 def write_context(ckpt, model_yaml: str | None) -> None:
-    """NeMo 2's context/: model.yaml, and an io.json (a serialized fiddle graph, never read)."""
+    """NeMo 2's context/: model.yaml (read first), and a placeholder io.json beside it."""
     context = ckpt / "context"
     context.mkdir(exist_ok=True)
-    (context / "io.json").write_text(
-        json.dumps({"root": {"key": "trainer_context"}, "objects": {}})
-    )
+    (context / "io.json").write_text(json.dumps({"root": {"type": "ref", "key": "x"}}))
     if model_yaml is not None:
         (context / "model.yaml").write_text(model_yaml)
+
+
+def llama_fields() -> dict:
+    """LLAMA_YAML's config fields (``activation_func`` as its function name)."""
+    import yaml
+
+    fields = yaml.safe_load(LLAMA_YAML)["config"]
+    fields = {k: v for k, v in fields.items() if not k.startswith("_")}
+    fields["activation_func"] = "silu"
+    return fields
 
 
 @pytest.fixture(scope="module")
@@ -133,11 +141,15 @@ def test_refused_contexts_are_named_and_model_config_replaces_them(tmp_path, lla
     shutil.copytree(llama_nemo[0], ckpt)
     from epochal.cli import main
 
-    # io.json only: never executed
+    # pickled artifacts only: never unpickled
     (ckpt / "context" / "model.yaml").unlink()
-    with pytest.raises(
-        ConversionError, match=r"context: no model.yaml.*never executed.*--model-config"
-    ):
+    (ckpt / "context" / "io.json").unlink()
+    (ckpt / "context" / "io.pkl").write_bytes(b"\x80\x04N.")
+    with pytest.raises(ConversionError, match=r"neither model.yaml nor io.json.*--model-config"):
+        load_nemo2_checkpoint(ckpt)
+    # an io.json that is not Fiddle's graph
+    (ckpt / "context" / "io.json").write_text(json.dumps({"model": "LlamaModel"}))
+    with pytest.raises(ConversionError, match=r"io.json: refused .*not Fiddle's JSON"):
         load_nemo2_checkpoint(ckpt)
     # a model.yaml with Python object tags: never constructed
     (ckpt / "context" / "model.yaml").write_text(
@@ -146,11 +158,8 @@ def test_refused_contexts_are_named_and_model_config_replaces_them(tmp_path, lla
     with pytest.raises(ConversionError, match=r"model.yaml: refused .*Python objects"):
         load_nemo2_checkpoint(ckpt)
     # the configuration from --model-config instead
-    fields = tmp_path / "llama.yaml"
-    fields.write_text(
-        LLAMA_YAML.split("config:\n", 1)[1].split("tokenizer:")[0].replace("\n  ", "\n").strip()
-        + "\n"
-    )
+    fields = tmp_path / "llama.json"
+    fields.write_text(json.dumps(llama_fields()))
     ck = load_nemo2_checkpoint(ckpt, model_config=fields)
     reference = load_megatron_checkpoint(llama_nemo[0])
     assert ck.config == reference.config
@@ -189,3 +198,22 @@ def test_missing_heads_are_asked_for_and_defaults_are_warned(tmp_path, llama_nem
     fields.write_text(json.dumps({"num_attention_heads": 4, "num_layers": 3}))
     with pytest.raises(ConversionError, match="num_layers=3.*weights show 2"):
         load_nemo2_checkpoint(ckpt, model_config=fields)
+
+
+def test_io_json_is_read_as_data_without_model_yaml(tmp_path, llama_nemo):
+    """NeMo 2.0 contexts have io.json only: the real Fiddle serialization, walked as JSON."""
+    pytest.importorskip("fiddle")
+    from tests.convert.nemo_context import io_json
+
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(llama_nemo[0], ckpt)
+    (ckpt / "context" / "model.yaml").unlink()
+    (ckpt / "context" / "io.json").write_text(io_json(llama_fields()))
+    fields, target = nemo2_model_fields(ckpt)
+    assert target.endswith("nemo_context.LlamaModel tests.convert.nemo_context.LlamaConfig")
+    assert fields["activation_func"] == "torch.nn.functional.silu"
+    assert fields["num_query_groups"] == 2 and fields["rotary_base"] == 10000
+    ck = load_nemo2_checkpoint(ckpt)
+    reference = load_megatron_checkpoint(llama_nemo[0])
+    assert ck.config == reference.config
+    assert all(torch.equal(ck.state[k], v) for k, v in reference.state.items())

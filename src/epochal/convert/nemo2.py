@@ -15,10 +15,13 @@ The weights are read with :func:`~epochal.convert.megatron_dist.read_torch_dist`
 (prefix ``module.``) and mapped as Megatron-Core tensors (GPT/Llama as ``GPTModel``,
 BERT and BioNeMo's ESM-2 as ``BertModel``).
 
-The configuration is read from ``context/model.yaml`` with ``yaml.safe_load`` only:
-nothing is imported, executed or unpickled. io.json is never evaluated. A context we
-will not read that way (no model.yaml, or one holding Python object tags) is refused
-with a :class:`~epochal.convert.common.ConversionError` that names the file; the
+The configuration is read from ``context/model.yaml`` with ``yaml.safe_load`` only, or,
+without model.yaml (NeMo 2.0), from ``context/io.json`` walked as JSON data: Fiddle's
+serialization (``root`` / ``objects``; ``Config`` nodes become mappings with their class
+name in ``_target_``, functions their dotted name). Nothing is imported, executed or
+unpickled. A context we will not read that way (neither file, one holding Python object
+tags, a JSON that is not Fiddle's graph) is refused with a
+:class:`~epochal.convert.common.ConversionError` that names the file; the
 configuration then comes from ``--model-config FILE`` (JSON or YAML, the same
 Megatron-Core field names: ``num_layers``, ``hidden_size``, ``num_attention_heads``,
 ``num_query_groups``, ``ffn_hidden_size``, ``normalization``, ``layernorm_epsilon``,
@@ -105,6 +108,84 @@ def _plain(value: Any) -> Any:
     return value
 
 
+_PATH_ELEMENT = re.compile(r"^(?:Attr\(name=|Key\(key=|Index\(index=)'?(.*?)'?\)$")
+
+
+class _FiddleGraph:
+    """Fiddle's JSON serialization (NeMo's ``io.json``) walked as data: nothing is imported.
+
+    ``ref`` nodes are followed into ``objects``; ``leaf`` nodes give their value;
+    ``pyref`` nodes (a class or function) give ``"module.name"``; a ``Config`` /
+    ``Partial`` gives a mapping of its arguments with its class in ``_target_``; lists,
+    tuples and dicts give plain containers.
+    """
+
+    def __init__(self, data: Mapping[str, Any], path: Path) -> None:
+        self.objects = data.get("objects") or {}
+        self.path = path
+        self.depth = 0
+
+    def refuse(self, why: str) -> ConversionError:
+        return ConversionError(
+            f"{self.path}: refused to read the NeMo context: {why}; pass the model "
+            "configuration with --model-config FILE (Megatron-Core field names)"
+        )
+
+    def value(self, node: Any) -> Any:
+        if isinstance(node, list):
+            return [self.value(x) for x in node]
+        if not isinstance(node, Mapping):
+            return node
+        kind = node.get("type")
+        if kind == "leaf":
+            return node.get("value")
+        if kind == "pyref":
+            return f"{node.get('module')}.{node.get('name')}"
+        if kind == "ref":
+            key = node.get("key")
+            if key not in self.objects:
+                raise self.refuse(f"it refers to a missing object {key!r}")
+            self.depth += 1
+            if self.depth > 200:
+                raise self.refuse("its objects nest too deeply")
+            try:
+                return self.value(self.objects[key])
+            finally:
+                self.depth -= 1
+        if not isinstance(kind, Mapping):
+            raise self.refuse(f"it holds a node of unknown type {kind!r}")
+        type_name = str(self.value(kind))
+        items = []
+        for item in node.get("items") or []:
+            m = _PATH_ELEMENT.match(str(item[0])) if isinstance(item, list) and item else None
+            if m is not None:
+                items.append((m.group(1), self.value(item[1])))
+        if type_name in ("builtins.list", "builtins.tuple"):
+            return [v for _, v in items]
+        out = dict(items)
+        if type_name.endswith((".Config", ".Partial")):  # a Buildable: its class is metadata
+            meta = self.value(node.get("metadata"))
+            target = meta.get("fn_or_cls") if isinstance(meta, Mapping) else None
+            out["_target_"] = target if isinstance(target, str) else ""
+        return out
+
+
+def _io_json_model(path: Path) -> dict[str, Any]:
+    """The ``model`` node of NeMo's ``io.json`` (a ``TrainerContext``) as plain data."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ConversionError(f"{path}: cannot read the NeMo context ({exc})") from exc
+    graph = _FiddleGraph(data if isinstance(data, Mapping) else {}, path)
+    if not isinstance(data, Mapping) or "root" not in data:
+        raise graph.refuse("it is not Fiddle's JSON serialization (no 'root')")
+    root = graph.value(data["root"])
+    model = root.get("model") if isinstance(root, Mapping) else None
+    if not isinstance(model, Mapping) or not isinstance(model.get("config"), Mapping):
+        raise graph.refuse("it has no model.config")
+    return dict(model)
+
+
 def nemo2_model_fields(
     folder: str | Path, model_config: str | Path | None = None
 ) -> tuple[dict[str, Any], str]:
@@ -142,12 +223,24 @@ def nemo2_model_fields(
             t for t in (doc.get("_target_"), config.get("_target_")) if isinstance(t, str)
         )
         fields = {k: v for k, v in _plain(config).items() if v is not None}
+    elif (context / "io.json").is_file():
+        try:
+            doc = _io_json_model(context / "io.json")
+        except ConversionError:
+            if model_config is None:
+                raise
+            doc = {"config": {}}
+        config = doc["config"]
+        target = " ".join(
+            t for t in (doc.get("_target_"), config.get("_target_")) if isinstance(t, str)
+        )
+        fields = {k: v for k, v in _plain(config).items() if v is not None}
     elif model_config is None:
         present = sorted(p.name for p in context.iterdir()) if context.is_dir() else []
         raise ConversionError(
-            f"{context}: no model.yaml (found {present}); the NeMo context's io.json is a "
-            "serialized NeMo program that is never executed or unpickled here. Pass the model "
-            "configuration with --model-config FILE (Megatron-Core field names)"
+            f"{context}: neither model.yaml nor io.json (found {present}); the configuration "
+            "could only come from pickled objects, which are never unpickled here. Pass the "
+            "model configuration with --model-config FILE (Megatron-Core field names)"
         )
     if model_config is not None:
         fields.update(_plain(_read_mapping(Path(model_config), "--model-config file")))
@@ -212,7 +305,7 @@ def _args_from_fields(
     groups = get("num_query_groups")
     gated = shown["gated_linear_unit"]
     # unstated: a gated MLP is SwiGLU (NeMo's Llama-family configs), else Megatron's GELU
-    activation = str(get("activation_func", "silu" if gated else "gelu")).lower()
+    activation = str(get("activation_func", "silu" if gated else "gelu")).rsplit(".", 1)[-1].lower()
     if gated and activation not in _SILU:
         raise ConversionError(
             f"{source}: a gated MLP with activation {activation!r} is not supported "
