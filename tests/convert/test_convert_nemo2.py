@@ -217,3 +217,10 @@ def test_io_json_is_read_as_data_without_model_yaml(tmp_path, llama_nemo):
     reference = load_megatron_checkpoint(llama_nemo[0])
     assert ck.config == reference.config
     assert all(torch.equal(ck.state[k], v) for k, v in reference.state.items())
+
+
+def test_post_ln_bert_from_nemo_is_refused(tmp_path, llama_nemo):
+    fields = tmp_path / "post_ln.json"
+    fields.write_text(json.dumps({"bert_type": "huggingface", "num_attention_heads": 4}))
+    with pytest.raises(ConversionError, match="post-LN BERT"):
+        load_nemo2_checkpoint(llama_nemo[0], model_config=fields)

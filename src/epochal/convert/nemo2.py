@@ -393,6 +393,14 @@ def load_nemo2_checkpoint(
     folder = Path(folder)
     weights = folder / "weights"
     fields, target = nemo2_model_fields(folder, model_config)
+    if (
+        fields.get("bert_type") == "huggingface"
+        or fields.get("transformer_block_type") == "post_ln"
+    ):
+        raise ConversionError(
+            f"{folder}: a post-LN BERT (NeMo's bert_type='huggingface') is not supported from "
+            "NeMo; Megatron's pre-LN BERT is (convert the Hugging Face original instead)"
+        )
     flat, _ = read_torch_dist(weights, key_prefix=MODEL_PREFIX)
     source = str(folder)
     args = _args_from_fields(fields, flat, source)
