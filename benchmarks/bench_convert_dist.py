@@ -83,8 +83,6 @@ def make_nemo2(torch_dist: Path, out: Path) -> None:
               position_embedding_type: learned_absolute
               seq_length: 1024
               vocab_size: 50257
-              rotary_base: 10000
-              rotary_percent: 1.0
             """
         )
     )

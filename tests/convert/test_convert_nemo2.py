@@ -161,6 +161,8 @@ def test_refused_contexts_are_named_and_model_config_replaces_them(tmp_path, lla
     fields = tmp_path / "llama.json"
     fields.write_text(json.dumps(llama_fields()))
     ck = load_nemo2_checkpoint(ckpt, model_config=fields)
+    with pytest.raises(ConversionError, match="applies to NeMo 2 checkpoints"):
+        load_megatron_checkpoint(ckpt / "weights", model_config=fields)  # torch_dist, not NeMo
     reference = load_megatron_checkpoint(llama_nemo[0])
     assert ck.config == reference.config
     assert all(torch.equal(ck.state[k], v) for k, v in reference.state.items())

@@ -152,6 +152,8 @@ def detect_format(path: str | Path) -> str:
 
 def _load(args: argparse.Namespace, fmt: str) -> tuple:
     """Returns ``(config, state, step, extra)`` (extra: HF token ids)."""
+    if args.model_config is not None and fmt != "megatron":
+        raise ValueError(f"--model-config applies to NeMo 2 checkpoints; {args.input} is {fmt}")
     if fmt == "hf":
         from epochal.convert.hf_io import load_hf_checkpoint
 
@@ -161,22 +163,6 @@ def _load(args: argparse.Namespace, fmt: str) -> tuple:
         eos = hf.eos_token_ids
         eos = eos[0] if len(eos) == 1 else (list(eos) or None)
         return hf.config, hf.state, 0, {"bos": hf.bos_token_id, "eos": eos}
-    from epochal.convert.nemo2 import is_nemo2, load_nemo2_checkpoint
-
-    nemo = fmt == "megatron" and is_nemo2(args.input)
-    if args.model_config is not None and not nemo:
-        raise ValueError(
-            f"--model-config applies to NeMo 2 checkpoints (weights/ + context/); "
-            f"{args.input} is not one"
-        )
-    if nemo:
-        ck = load_nemo2_checkpoint(
-            args.input,
-            model_config=args.model_config,
-            vocab_size=args.vocab_size,
-            make_vocab_size_divisible_by=args.make_vocab_size_divisible_by,
-        )
-        return ck.config, ck.state, ck.iteration or 0, {}
     if fmt == "megatron":
         from epochal.convert.megatron_legacy import load_megatron_checkpoint
 
@@ -185,6 +171,7 @@ def _load(args: argparse.Namespace, fmt: str) -> tuple:
             iteration=args.iteration,
             vocab_size=args.vocab_size,
             make_vocab_size_divisible_by=args.make_vocab_size_divisible_by,
+            model_config=args.model_config,
         )
         return ck.config, ck.state, ck.iteration or 0, {}
     from epochal.convert.epochal_ckpt import load_epochal_checkpoint

@@ -579,6 +579,7 @@ def load_megatron_checkpoint(
     vocab_size: int | None = None,
     make_vocab_size_divisible_by: int | None = None,
     model_type: Literal["gpt", "bert"] | None = None,
+    model_config: str | os.PathLike | None = None,
 ) -> MegatronCheckpoint:
     """Read a Megatron-LM checkpoint (legacy files of any TP x PP, ``torch_dist``, or NeMo 2).
 
@@ -591,6 +592,9 @@ def load_megatron_checkpoint(
         make_vocab_size_divisible_by: our padding multiple (default: Megatron's).
         model_type: the model the caller expects (``"gpt"`` or ``"bert"``); default:
             whichever the tensor names show (:func:`~epochal.convert.megatron_layout.megatron_model_type`).
+        model_config: NeMo 2 only: a JSON/YAML file of Megatron-Core config fields
+            completing or replacing the checkpoint's context
+            (:func:`~epochal.convert.nemo2.load_nemo2_checkpoint`).
 
     Raises:
         FileNotFoundError: folders or rank files are missing.
@@ -604,9 +608,15 @@ def load_megatron_checkpoint(
     if is_nemo2(directory):
         return load_nemo2_checkpoint(
             directory,
+            model_config=model_config,
             vocab_size=vocab_size,
             make_vocab_size_divisible_by=make_vocab_size_divisible_by,
             model_type=model_type,
+        )
+    if model_config is not None:
+        raise ConversionError(
+            f"--model-config applies to NeMo 2 checkpoints (weights/ + context/); "
+            f"{directory} is not one"
         )
     if is_torch_dist(directory):
         m = re.match(r"^iter_(\d+)$", directory.name)

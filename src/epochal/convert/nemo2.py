@@ -32,8 +32,8 @@ NeMo leaves fields at their *class defaults* out of model.yaml (e.g. a recipe's
 ``Llama3Config8B`` with no arguments). What the tensors show is taken from them
 (layer count, hidden and FFN sizes, gated MLP, biases, LayerNorm vs RMSNorm, learned
 positions, tied head); ``num_attention_heads`` must be stated; other missing fields
-(``rotary_base``, ``layernorm_epsilon``, ...) take Megatron-Core's defaults and are
-named in a warning.
+(``layernorm_epsilon``; with rotary positions ``rotary_base``, ``rotary_percent``) take
+Megatron-Core's defaults and are named in a warning.
 
 ESM-2 (a model or config ``_target_`` naming ``esm``, e.g. BioNeMo's ``ESM2Model``):
 ``model.type="esm"`` with ``token_dropout`` from the config (default true, as in
@@ -99,11 +99,12 @@ def _read_mapping(path: Path, what: str) -> dict[str, Any]:
 
 
 def _plain(value: Any) -> Any:
-    """A YAML value without Hydra keys; ``{_target_: torch.nn.functional.silu, _call_: false}`` -> ``"silu"``."""
+    """A value without Hydra keys; ``{_target_: torch.nn.functional.silu, _call_: false}``
+    -> ``"torch.nn.functional.silu"`` (as io.json's function references read)."""
     if isinstance(value, dict):
         target = value.get("_target_")
         if isinstance(target, str) and value.get("_call_") is False:
-            return target.rsplit(".", 1)[-1]
+            return target
         return {k: _plain(v) for k, v in value.items() if not str(k).startswith("_")}
     return value
 
@@ -198,7 +199,7 @@ def nemo2_model_fields(
 
     Returns:
         ``({field: value}, target)``: Megatron-Core ``TransformerConfig`` names, Hydra
-        keys dropped (activations as their function name), ``target`` the model and
+        keys dropped (functions such as activations as their dotted name), ``target`` the model and
         config ``_target_`` strings joined (``""`` when unknown).
 
     Raises:
@@ -206,42 +207,32 @@ def nemo2_model_fields(
             or a file is not a mapping.
     """
     context = Path(folder) / "context"
-    yaml_path = context / "model.yaml"
-    fields: dict[str, Any] = {}
-    target = ""
-    if yaml_path.is_file():
-        try:
-            doc = _read_mapping(yaml_path, "NeMo model context")
-        except ConversionError:
-            if model_config is None:
-                raise
-            doc = {}
-        config = doc.get("config", doc)
-        if not isinstance(config, dict):
-            raise ConversionError(f"{yaml_path}: 'config' is not a mapping")
-        target = " ".join(
-            t for t in (doc.get("_target_"), config.get("_target_")) if isinstance(t, str)
-        )
-        fields = {k: v for k, v in _plain(config).items() if v is not None}
-    elif (context / "io.json").is_file():
-        try:
-            doc = _io_json_model(context / "io.json")
-        except ConversionError:
-            if model_config is None:
-                raise
-            doc = {"config": {}}
-        config = doc["config"]
-        target = " ".join(
-            t for t in (doc.get("_target_"), config.get("_target_")) if isinstance(t, str)
-        )
-        fields = {k: v for k, v in _plain(config).items() if v is not None}
-    elif model_config is None:
+    yaml_path, json_path = context / "model.yaml", context / "io.json"
+    found = next((p for p in (yaml_path, json_path) if p.is_file()), None)
+    if found is None and model_config is None:
         present = sorted(p.name for p in context.iterdir()) if context.is_dir() else []
         raise ConversionError(
             f"{context}: neither model.yaml nor io.json (found {present}); the configuration "
             "could only come from pickled objects, which are never unpickled here. Pass the "
             "model configuration with --model-config FILE (Megatron-Core field names)"
         )
+    doc: dict[str, Any] = {}
+    if found is not None:
+        try:
+            if found == yaml_path:
+                doc = _read_mapping(yaml_path, "NeMo model context")
+            else:
+                doc = _io_json_model(json_path)
+        except ConversionError:
+            if model_config is None:
+                raise  # otherwise the refused context is replaced by --model-config
+    config = doc.get("config", doc)
+    if not isinstance(config, dict):
+        raise ConversionError(f"{found}: 'config' is not a mapping")
+    target = " ".join(
+        t for t in (doc.get("_target_"), config.get("_target_")) if isinstance(t, str)
+    )
+    fields = {k: v for k, v in _plain(config).items() if v is not None}
     if model_config is not None:
         fields.update(_plain(_read_mapping(Path(model_config), "--model-config file")))
     return fields, target
@@ -292,7 +283,10 @@ def _args_from_fields(
             f"{source}: the configuration does not state num_attention_heads (NeMo leaves a "
             "config class's defaults out of model.yaml); pass it with --model-config FILE"
         )
-    assumed = sorted(k for k in _DEFAULTED if fields.get(k) is None)
+    rotary = shown["position_embedding_type"] == "rope"
+    assumed = sorted(
+        k for k in _DEFAULTED if fields.get(k) is None and (rotary or not k.startswith("rotary"))
+    )
     if assumed:
         warnings.warn(
             f"{source}: the configuration does not state {', '.join(assumed)}; assumed "
@@ -305,7 +299,7 @@ def _args_from_fields(
     groups = get("num_query_groups")
     gated = shown["gated_linear_unit"]
     # unstated: a gated MLP is SwiGLU (NeMo's Llama-family configs), else Megatron's GELU
-    activation = str(get("activation_func", "silu" if gated else "gelu")).rsplit(".", 1)[-1].lower()
+    activation = str(get("activation_func", "silu" if gated else "gelu")).rsplit(".", 1)[-1]
     if gated and activation not in _SILU:
         raise ConversionError(
             f"{source}: a gated MLP with activation {activation!r} is not supported "
@@ -381,8 +375,8 @@ def load_nemo2_checkpoint(
 
     Returns:
         A :class:`~epochal.convert.megatron_legacy.MegatronCheckpoint` (``args`` built
-        from the configuration; ``iteration`` from ``metadata.json``'s ``step`` when NeMo
-        recorded one, else None).
+        from the configuration; ``iteration`` None: NeMo records the step in the
+        folder's name, not in the files).
 
     Raises:
         ConversionError: a refused context without ``model_config``, missing shards,
@@ -391,7 +385,6 @@ def load_nemo2_checkpoint(
     from epochal.convert.megatron_legacy import checkpoint_from_megatron_tensors
 
     folder = Path(folder)
-    weights = folder / "weights"
     fields, target = nemo2_model_fields(folder, model_config)
     if (
         fields.get("bert_type") == "huggingface"
@@ -401,7 +394,7 @@ def load_nemo2_checkpoint(
             f"{folder}: a post-LN BERT (NeMo's bert_type='huggingface') is not supported from "
             "NeMo; Megatron's pre-LN BERT is (convert the Hugging Face original instead)"
         )
-    flat, _ = read_torch_dist(weights, key_prefix=MODEL_PREFIX)
+    flat, _ = read_torch_dist(folder / "weights", key_prefix=MODEL_PREFIX)
     source = str(folder)
     args = _args_from_fields(fields, flat, source)
     esm = None
@@ -411,16 +404,10 @@ def load_nemo2_checkpoint(
             "mask_token_id": int(fields.get("mask_token_id", ESM2_MASK_TOKEN_ID)),
             "pad_token_id": int(fields.get("pad_token_id", ESM2_PAD_TOKEN_ID)),
         }
-    step = None
-    try:
-        meta = json.loads((weights / "metadata.json").read_text())
-        step = int(meta["step"]) if isinstance(meta.get("step"), int) else None
-    except (OSError, ValueError):
-        pass
     return checkpoint_from_megatron_tensors(
         flat,
         args,
-        iteration=step,
+        iteration=None,
         vocab_size=vocab_size,
         make_vocab_size_divisible_by=make_vocab_size_divisible_by,
         model_type=model_type,

@@ -293,22 +293,9 @@ class ParallelEngine:
         model: StepModel,
         on_logits: LogitsObserver | None = None,
     ) -> torch.Tensor:
-        """One micro-batch through a train step: its loss (its logged values kept).
-
-        With ``on_logits`` the step runs on a model that captures its logits, and
-        what the observer returns is logged with the step's values.
-        """
-        captured: list[torch.Tensor] = []
-        if on_logits is not None:
-            model = StepModel(
-                model._forward,
-                loss_group=model.loss_group,
-                module=model.module,
-                on_logits=captured.append,
-            )
-        loss, logged = run_train_step(step, mb, model)
-        if on_logits is not None:
-            observe_logits(on_logits, mb, captured, logged)
+        """One micro-batch through a train step: its loss (its logged values kept; what
+        ``on_logits`` returns among them)."""
+        loss, logged = run_train_step(step, mb, model, on_logits)
         self.logged.append(logged)
         return loss
 

@@ -22,6 +22,7 @@ one raises :class:`TypeError` when labels are given.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -126,18 +127,30 @@ class StepModel:
 
 
 def run_train_step(
-    step: Any, micro_batch: dict[str, torch.Tensor], model: StepModel
+    step: Any,
+    micro_batch: dict[str, torch.Tensor],
+    model: StepModel,
+    on_logits: LogitsObserver | None = None,
 ) -> tuple[torch.Tensor, dict[str, Any]]:
     """One micro-batch through a train step: ``(loss, logged)`` (Megatron's contract).
 
     ``output, loss_func = step.forward_step(iter([micro_batch]), model)``, then
     ``loss_func(output)`` checked by :func:`~epochal.parallel.logged.split_loss_output`.
+    With ``on_logits``, the step's model call hands its logits to it (see
+    :func:`observe_logits`) and what it returns joins ``logged``.
 
     Raises:
         ValueError: the loss function returned no ``(loss, dict)`` pair.
     """
+    captured: list[torch.Tensor] = []
+    if on_logits is not None:
+        model = copy.copy(model)
+        model.on_logits = captured.append
     output, loss_func = step.forward_step(iter([micro_batch]), model)
-    return split_loss_output(loss_func(output))
+    loss, logged = split_loss_output(loss_func(output))
+    if on_logits is not None:
+        observe_logits(on_logits, micro_batch, captured, logged)
+    return loss, logged
 
 
 def observe_logits(

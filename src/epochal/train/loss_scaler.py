@@ -55,7 +55,7 @@ class ConstantLossScaler:
         """Nothing changes."""
 
     def state_dict(self) -> dict[str, Any]:
-        """``{"scale": ...}`` (checked, not restored, on resume)."""
+        """``{"scale": ...}``, for the record (the configuration sets the scale on resume)."""
         return {"scale": self.scale}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

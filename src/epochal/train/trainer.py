@@ -373,13 +373,9 @@ class Trainer:
         ``on_logits(micro_batch, logits)`` (evaluation callbacks) sees the logits
         of the step's model call; what it returns is logged with the step's values.
         """
-        model = self.step_model()
-        captured: list[torch.Tensor] = []
-        if on_logits is not None:
-            model.on_logits = captured.append
-        loss, logged = run_train_step(self.train_step_handler, micro_batch, model)
-        if on_logits is not None:
-            observe_logits(on_logits, micro_batch, captured, logged)
+        loss, logged = run_train_step(
+            self.train_step_handler, micro_batch, self.step_model(), on_logits
+        )
         self.logged.append(logged)
         return loss
 
