@@ -2,7 +2,7 @@
 
 Saves and loads one training checkpoint of a GPT-2-small-sized model (124M
 parameters, fp32, with AdamW's two moments: about 1.5 GB on disk) through
-:class:`epochal.train.checkpoint.Checkpointer`, once with ``checksums=False``
+:class:`epochal.train.state.checkpoint.Checkpointer`, once with ``checksums=False``
 (no ``manifest.json``, no verification: the cost before issue 15) and once with
 checksums (SHA-256 of every file written last, verified on load), alternating,
 median of ``--repeats``. Also times the consolidated ``.safetensors`` export of
@@ -36,9 +36,9 @@ import torch
 
 from epochal._checksum import seal_safetensors, verify_safetensors
 from epochal.model import GPTModel, ModelConfig
-from epochal.train.checkpoint import Checkpointer
-from epochal.train.optim import OptimizersContainer, build_adamw
-from epochal.train.state import ModelState
+from epochal.train.optim.optimizer import OptimizersContainer, build_adamw
+from epochal.train.state.checkpoint import Checkpointer
+from epochal.train.state.model_state import ModelState
 
 CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
 

@@ -47,8 +47,8 @@ def main() -> None:
         save_consolidated,
         save_epochal_checkpoint,
     )
-    from epochal.convert.hf_io import load_hf_checkpoint, save_hf_checkpoint
-    from epochal.convert.megatron_legacy import load_megatron_checkpoint, save_megatron_checkpoint
+    from epochal.convert.hf.io import load_hf_checkpoint, save_hf_checkpoint
+    from epochal.convert.megatron.legacy import load_megatron_checkpoint, save_megatron_checkpoint
     from epochal.model import GPTModel
 
     root = Path(tempfile.mkdtemp(prefix="bench_convert_", dir=args.workdir))

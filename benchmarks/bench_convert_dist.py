@@ -59,7 +59,7 @@ def make_nemo2(torch_dist: Path, out: Path) -> None:
     import torch
     from torch.distributed.checkpoint import FileSystemWriter, save
 
-    from epochal.convert.megatron_dist import read_torch_dist, stack_layers
+    from epochal.convert.megatron.torch_dist import read_torch_dist, stack_layers
 
     tensors, _ = read_torch_dist(torch_dist)
     state = {f"module.{k}": v.contiguous() for k, v in stack_layers(tensors).items()}

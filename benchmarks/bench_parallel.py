@@ -40,7 +40,7 @@ from epochal.model.flops import training_flops_per_token
 from epochal.parallel.config import ParallelConfig
 from epochal.parallel.dims import ParallelDims
 from epochal.parallel.engine import ParallelEngine
-from epochal.train.optim import OptimizersContainer, build_adamw
+from epochal.train.optim.optimizer import OptimizersContainer, build_adamw
 
 PEAK_BF16_TFLOPS = {
     "H100": 989.0,

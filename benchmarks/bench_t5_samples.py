@@ -23,6 +23,7 @@ import time
 import warnings
 
 import numpy as np
+
 from bench_bert_samples import BenchTokenizer, best_times, write_corpus
 
 

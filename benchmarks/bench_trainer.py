@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from epochal.model import GPTModel
 from epochal.model.flops import training_flops_per_token
 from epochal.train.config import build_config, model_config_from_section
-from epochal.train.data import make_loaders
+from epochal.train.inputs.loaders import make_loaders
 from epochal.train.trainer import Trainer
 
 PEAK_BF16_TFLOPS = {

@@ -1,6 +1,6 @@
 """Checksums that catch damaged files: a folder manifest and a self-checking safetensors file.
 
-Used by the trainer's checkpoints (:mod:`epochal.train.checkpoint`) and the
+Used by the trainer's checkpoints (:mod:`epochal.train.state.checkpoint`) and the
 consolidated ``.safetensors`` exports (:mod:`epochal.parallel.checkpoint`,
 :mod:`epochal.convert.epochal_ckpt`), so it lives at the package root next to
 :mod:`epochal._atomic` and imports nothing from epochal.

@@ -15,39 +15,42 @@ import sys
 # subcommand -> (module, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "train": (
-        "epochal.train.cli_train",
+        "epochal.commands.train",
         "train a GPT model (the main job; no arguments = a small demo run)",
     ),
     "config": (
-        "epochal.train.cli_config",
+        "epochal.commands.config",
         "write a training configuration (TOML) by answering questions, like accelerate config",
     ),
     "plot": (
-        "epochal.train.cli_plot",
+        "epochal.commands.plot",
         "plot a run's loss curves (train, validation, resumed segments) to PNG",
     ),
     "generate": (
-        "epochal.train.cli_generate",
+        "epochal.commands.generate",
         "generate text from a checkpoint (greedy, sampling, beam search)",
     ),
     "fill-mask": (
-        "epochal.train.cli_fill_mask",
+        "epochal.commands.fill_mask",
         "top predictions of a masked-language model (BERT / ESM) for each [MASK]",
     ),
     "convert": (
-        "epochal.convert.cli_convert",
+        "epochal.commands.convert",
         "convert checkpoints: epochal <-> Hugging Face <-> Megatron-LM",
     ),
     "preprocess": (
-        "epochal.data.indexed.cli_preprocess",
+        "epochal.commands.preprocess",
         "tokenize JSONL into Megatron .bin/.idx indexed files",
     ),
-    "merge": ("epochal.data.indexed.cli_merge", "merge several indexed-file prefixes into one"),
+    "merge": ("epochal.commands.merge", "merge several indexed-file prefixes into one"),
     "inspect": (
-        "epochal.data.indexed.cli_inspect",
+        "epochal.commands.inspect",
         "show counts, a length histogram and decoded samples of indexed files",
     ),
-    "demo-epochs": ("epochal.data.epochs.demo", "show per-epoch shuffles and masks, reproducibly"),
+    "demo-epochs": (
+        "epochal.commands.demo_epochs",
+        "show per-epoch shuffles and masks, reproducibly",
+    ),
 }
 
 

@@ -94,7 +94,7 @@ def rank_main(rank: int, world: int, out: str, variant: str, port: str, load: st
     from megatron.core.tensor_parallel import random as mrandom
     from megatron.core.transformer.transformer_config import TransformerConfig
 
-    from epochal.convert.megatron_args import megatron_args_from_config
+    from epochal.convert.megatron.args import megatron_args_from_config
 
     nemo = variant.endswith("-nemo")  # e.g. "llama-nemo": save as NeMo 2 does
     variant = variant.removesuffix("-nemo")

@@ -11,13 +11,13 @@ import torch
 from epochal.cli import main
 from epochal.convert.common import normalize_config
 from epochal.convert.epochal_ckpt import load_epochal_checkpoint
-from epochal.convert.hf_io import load_hf_checkpoint
-from epochal.convert.megatron_legacy import load_megatron_checkpoint
+from epochal.convert.hf.io import load_hf_checkpoint
+from epochal.convert.megatron.legacy import load_megatron_checkpoint
 from epochal.model import GPTModel
 from epochal.model.generation.decoding import generate
-from epochal.train.checkpoint import Checkpointer
 from epochal.train.config import config_from_dict, to_toml
-from epochal.train.state import ModelState
+from epochal.train.state.checkpoint import Checkpointer
+from epochal.train.state.model_state import ModelState
 from tests.convert.hf_models import hf_gpt2, ours
 
 RUN_CONFIG = {
@@ -290,7 +290,7 @@ def test_generate_stops_at_the_hf_models_eos(tmp_path):
 def test_generate_relaunch_command_line_parses_back():
     import argparse
 
-    from epochal.train.cli_generate import _argv, add_arguments
+    from epochal.commands.generate import _argv, add_arguments
 
     parser = argparse.ArgumentParser()
     add_arguments(parser)

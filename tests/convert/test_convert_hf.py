@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from epochal.convert.common import ConversionError
-from epochal.convert.hf_io import load_hf_checkpoint, save_hf_checkpoint
-from epochal.convert.hf_llama import llama_config_from_ours, ours_config_from_llama
+from epochal.convert.hf.io import load_hf_checkpoint, save_hf_checkpoint
+from epochal.convert.hf.llama import llama_config_from_ours, ours_config_from_llama
 from epochal.model import GPTModel
 from tests.convert.hf_models import HF_ROPE_SCALING, gpt2_like, hf_gpt2, hf_llama, llama_like, ours
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from epochal.convert.common import ConversionError
-from epochal.convert.hf_io import load_hf_checkpoint, save_hf_checkpoint
+from epochal.convert.hf.io import load_hf_checkpoint, save_hf_checkpoint
 from epochal.model import build_model
 from tests.convert.hf_models import encoder_like, gpt2_like, hf_bert, hf_esm, randomize
 

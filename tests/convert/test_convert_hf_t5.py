@@ -9,7 +9,7 @@ import torch
 
 from epochal.cli import main
 from epochal.convert.common import ConversionError
-from epochal.convert.hf_io import load_hf_checkpoint, save_hf_checkpoint
+from epochal.convert.hf.io import load_hf_checkpoint, save_hf_checkpoint
 from epochal.model import ModelConfig, build_model
 from tests.convert.hf_models import gpt2_like, hf_t5, t5_inputs
 
@@ -133,7 +133,7 @@ def test_errors_name_what_was_found(tmp_path) -> None:
 
 def test_megatron_legacy_t5_is_refused_clearly(tmp_path) -> None:
     """Megatron legacy T5 files are not supported: both directions say so, naming T5."""
-    from epochal.convert.megatron_legacy import load_megatron_checkpoint, save_megatron_checkpoint
+    from epochal.convert.megatron.legacy import load_megatron_checkpoint, save_megatron_checkpoint
 
     config = ModelConfig(
         type="t5", vocab_size=VOCAB, hidden_size=64, num_layers=2, num_attention_heads=4,

@@ -11,13 +11,13 @@ import pytest
 import torch
 
 from epochal.convert.common import ConversionError
-from epochal.convert.megatron_args import (
+from epochal.convert.megatron.args import (
     config_from_megatron_args,
     megatron_args_from_config,
     megatron_padded_vocab_size,
 )
-from epochal.convert.megatron_layout import pack_qkv, qkv_rows_to_v2, unpack_qkv
-from epochal.convert.megatron_legacy import (
+from epochal.convert.megatron.layout import pack_qkv, qkv_rows_to_v2, unpack_qkv
+from epochal.convert.megatron.legacy import (
     TRACKER_FILE,
     load_megatron_checkpoint,
     save_megatron_checkpoint,

@@ -14,8 +14,8 @@ import torch
 from epochal.cli import main
 from epochal.convert.common import ConversionError
 from epochal.convert.epochal_ckpt import load_epochal_checkpoint, save_epochal_checkpoint
-from epochal.convert.megatron_layout import megatron_model_type
-from epochal.convert.megatron_legacy import (
+from epochal.convert.megatron.layout import megatron_model_type
+from epochal.convert.megatron.legacy import (
     TRACKER_FILE,
     load_megatron_checkpoint,
     save_megatron_checkpoint,

@@ -111,8 +111,8 @@ def _check(ours_out, theirs, padding, vocab: int, binary: bool) -> None:
 def _single(rank: int, world: int, tmp: str) -> list[str]:
     from megatron.core import parallel_state
 
-    from epochal.convert.megatron_args import megatron_args_from_config
-    from epochal.convert.megatron_legacy import load_megatron_checkpoint, save_megatron_checkpoint
+    from epochal.convert.megatron.args import megatron_args_from_config
+    from epochal.convert.megatron.legacy import load_megatron_checkpoint, save_megatron_checkpoint
     from epochal.model import build_model
     from tests.convert.hf_models import randomize
 
@@ -175,7 +175,7 @@ def _parallel(rank: int, world: int, tmp: str) -> list[str]:
     import torch.distributed as dist
     from megatron.core import parallel_state
 
-    from epochal.convert.megatron_legacy import save_megatron_checkpoint
+    from epochal.convert.megatron.legacy import save_megatron_checkpoint
 
     _shims()
     tokens, types, padding = _inputs()

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from epochal.convert.common import ConversionError
-from epochal.convert.megatron_legacy import load_megatron_checkpoint
+from epochal.convert.megatron.legacy import load_megatron_checkpoint
 from epochal.model import build_model
 from tests.dist_utils import free_port, run_process
 
@@ -87,7 +87,7 @@ def assert_imports_with_megatrons_logits(ck, tokens, reference, ckpt, tmp_path) 
 def test_our_torch_dist_export_loads_into_megatron_core(tmp_path, tp, variant):
     """`epochal convert --to megatron --ckpt-format torch_dist` -> Megatron-Core's
     dist_checkpointing.load into a real GPTModel (TP1 / TP2): Megatron's logits are ours."""
-    from epochal.convert.megatron_legacy import save_megatron_checkpoint
+    from epochal.convert.megatron.legacy import save_megatron_checkpoint
     from tests.convert.mcore_dist_worker import our_config
 
     config = our_config(variant)
@@ -154,7 +154,7 @@ def test_megatron_core_bert_torch_dist_tp2_imports_with_its_logits(tmp_path):
 
 
 def test_our_bert_torch_dist_export_loads_into_megatron_core(tmp_path):
-    from epochal.convert.megatron_legacy import save_megatron_checkpoint
+    from epochal.convert.megatron.legacy import save_megatron_checkpoint
     from tests.convert.hf_models import randomize
     from tests.convert.mcore_dist_worker import our_config
 

@@ -82,8 +82,8 @@ def _peer(rank: int, world: int, tmp: str) -> list[str]:
     from megatron.core import parallel_state
     from megatron.core.tensor_parallel import random as mrandom
 
-    from epochal.convert.megatron_args import megatron_args_from_config
-    from epochal.convert.megatron_legacy import load_megatron_checkpoint, save_megatron_checkpoint
+    from epochal.convert.megatron.args import megatron_args_from_config
+    from epochal.convert.megatron.legacy import load_megatron_checkpoint, save_megatron_checkpoint
     from epochal.model import GPTModel
     from tests.convert.hf_models import gpt2_like, llama_like, ours, randomize
 

@@ -10,11 +10,11 @@ import torch
 
 from epochal.cli import main
 from epochal.convert.common import ConversionError
-from epochal.convert.hf_tokenizer import hf_tokenizer_files
+from epochal.convert.hf.tokenizer import hf_tokenizer_files
 from epochal.data.indexed.tokenizer import HuggingFaceTokenizer
-from epochal.train.checkpoint import Checkpointer
 from epochal.train.config import config_from_dict, model_config_from_section, to_toml
-from epochal.train.state import ModelState
+from epochal.train.state.checkpoint import Checkpointer
+from epochal.train.state.model_state import ModelState
 from tests.convert.hf_models import ours
 
 SPECIALS = ["<pad>", "<s>", "<|endoftext|>"]

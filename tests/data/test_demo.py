@@ -5,7 +5,7 @@ import re
 import sys
 
 from epochal.cli import main
-from epochal.data.epochs.demo import CharTokenizer, build_demo
+from epochal.commands.demo_epochs import CharTokenizer, build_demo
 from tests.dist_utils import run_process
 
 

@@ -41,8 +41,8 @@ def _run(rank: int, world: int, ckpt_dir: str) -> dict[str, list[list[int]]]:
 
     from epochal.model.generation.decoding import generate
     from epochal.parallel.tensor_parallel import apply_tensor_parallel
-    from epochal.train.checkpoint import Checkpointer
-    from epochal.train.state import ModelState
+    from epochal.train.state.checkpoint import Checkpointer
+    from epochal.train.state.model_state import ModelState
     from tests.convert.hf_models import llama_like, ours
 
     torch.set_num_threads(1)

@@ -115,7 +115,7 @@ def config(run_dir: str, extra: list[str]) -> Any:
 
 
 def data(cfg: Any, dp_rank: int = 0, dp_size: int = 1) -> Any:
-    from epochal.train.data import make_loaders
+    from epochal.train.inputs.loaders import make_loaders
 
     train, valid = datasets(cfg.training.train_iters * cfg.training.global_batch_size)
     if cfg.model.bert_binary_head:

@@ -39,7 +39,7 @@ def config(run_dir: str, layout: list[str]) -> Any:
 
 
 def data(cfg: Any, dp_rank: int = 0, dp_size: int = 1) -> Any:
-    from epochal.train.data import make_loaders
+    from epochal.train.inputs.loaders import make_loaders
     from tests.train.synthetic import CountingDataset
 
     return make_loaders(
@@ -80,7 +80,7 @@ def rank_main(rank: int, world_size: int, run_dir: str, layout: list[str]) -> di
 
 
 def _summary(tr: Any, result: Any) -> dict[str, Any]:
-    from epochal.train.metrics import read_metrics
+    from epochal.train.observe.metrics import read_metrics
 
     out: dict[str, Any] = {"losses": result.losses, "eval": result.eval_loss}
     if tr.rank == 0:

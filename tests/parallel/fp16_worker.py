@@ -27,7 +27,7 @@ def config(run_dir: str, layout: list[str]) -> Any:
 
 
 def data(cfg: Any, dp_rank: int = 0, dp_size: int = 1) -> Any:
-    from epochal.train.data import make_loaders
+    from epochal.train.inputs.loaders import make_loaders
     from tests.train.fp16_steps import IndexedCounting
 
     return make_loaders(
@@ -38,7 +38,7 @@ def data(cfg: Any, dp_rank: int = 0, dp_size: int = 1) -> Any:
 def records(run_dir: str) -> list[list[float]]:
     from pathlib import Path
 
-    from epochal.train.metrics import read_metrics
+    from epochal.train.observe.metrics import read_metrics
 
     recs = read_metrics(Path(run_dir) / "metrics.jsonl")
     return [[r[k] for k in KEYS] for r in recs if r["kind"] == "train"]

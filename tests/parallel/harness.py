@@ -21,10 +21,10 @@ from epochal.parallel.checkpoint import TiedOptimizerState
 from epochal.parallel.config import ParallelConfig
 from epochal.parallel.dims import ParallelDims
 from epochal.parallel.engine import ParallelEngine
-from epochal.train.checkpoint import Checkpointer
-from epochal.train.optim import OptimizersContainer, build_adamw, clip_grad_norm
-from epochal.train.rng import get_rng_state
-from epochal.train.state import ModelState
+from epochal.train.optim.optimizer import OptimizersContainer, build_adamw, clip_grad_norm
+from epochal.train.state.checkpoint import Checkpointer
+from epochal.train.state.model_state import ModelState
+from epochal.train.state.rng import get_rng_state
 
 SEQ = 16
 LR = 5e-3

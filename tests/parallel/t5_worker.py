@@ -2,7 +2,7 @@
 
 The data is the real file path of ``epochal train``: a sentence-split corpus written
 with epochal's builder, a WordPiece vocabulary with 100 sentinels, and
-``epochal.train.data.build_data`` (``build_t5_datasets``). Module-level so that spawned
+``epochal.train.inputs.loaders.build_data`` (``build_t5_datasets``). Module-level so that spawned
 gloo ranks (tests/dist_utils.run_gloo) can import it.
 """
 

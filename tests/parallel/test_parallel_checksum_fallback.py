@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from epochal.train.metrics import read_metrics
+from epochal.train.observe.metrics import read_metrics
 from tests.dist_utils import run_process
 from tests.train.test_checkpoint_integrity import flip
 

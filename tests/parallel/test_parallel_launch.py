@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from epochal.train.metrics import read_metrics
+from epochal.train.observe.metrics import read_metrics
 from tests.dist_utils import run_process
 
 pytestmark = pytest.mark.distributed

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from epochal.train.metrics import read_metrics
+from epochal.train.observe.metrics import read_metrics
 from tests.dist_utils import kill_tree, run_process, start_process, tree_pids
 
 pytestmark = pytest.mark.distributed

@@ -313,7 +313,7 @@ def test_tied_optimizer_state_renames_the_head_copy():
 # ------------------------------------------------------------------ trainer
 def test_parallel_trainer_in_one_process_matches_the_trainer(tmp_path):
     from epochal.train.config import build_config
-    from epochal.train.data import make_loaders
+    from epochal.train.inputs.loaders import make_loaders
     from epochal.train.parallel_trainer import ParallelTrainer
     from epochal.train.trainer import Trainer
     from tests.train.synthetic import CountingDataset

@@ -21,7 +21,7 @@ from epochal._atomic import atomic_write
 from epochal.parallel.dims import ParallelDims  # noqa: E402
 from epochal.parallel.launch import init_distributed  # noqa: E402
 from epochal.train.config import build_config  # noqa: E402
-from epochal.train.data import make_loaders  # noqa: E402
+from epochal.train.inputs.loaders import make_loaders  # noqa: E402
 from epochal.train.parallel_trainer import ParallelTrainer  # noqa: E402
 from tests.train.synthetic import CountingDataset  # noqa: E402
 

@@ -23,7 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from epochal.train.config import build_config  # noqa: E402
-from epochal.train.data import make_loaders  # noqa: E402
+from epochal.train.inputs.loaders import make_loaders  # noqa: E402
 from epochal.train.trainer import Trainer  # noqa: E402
 from tests.train.synthetic import CountingDataset  # noqa: E402
 

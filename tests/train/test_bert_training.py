@@ -16,8 +16,8 @@ from epochal.data.indexed.tokenizer_wordpiece import train_wordpiece
 from epochal.model import ConfigError
 from epochal.parallel.step_model import StepModel
 from epochal.train.config import build_config
-from epochal.train.data import build_data
-from epochal.train.metrics import read_metrics
+from epochal.train.inputs.loaders import build_data
+from epochal.train.observe.metrics import read_metrics
 from epochal.train.trainer import Trainer
 
 WORDS = "the cat dog sat on a mat and ran to house with big small red blue tree under over".split()
@@ -336,7 +336,7 @@ def test_epochs_are_recorded_checked_and_resume_exactly(small_corpus, tmp_path, 
     line = f"{12 * 8 / per:.2f} epochs of {per} samples; sample order and masks differed in every epoch (checked at {len(starts) - 1} epoch starts"
     assert line in out_full and line in out_parts
     assert (full / "loss.png").stat().st_size > 10_000
-    from epochal.train.plot import epoch_marks
+    from epochal.train.observe.plot import epoch_marks
 
     marks = epoch_marks(read_metrics(parts / "metrics.jsonl"))
     assert marks == epoch_marks(read_metrics(full / "metrics.jsonl"))
@@ -367,7 +367,7 @@ class MasksPerSentences:
 def test_epoch_summary_reports_what_repeats(small_corpus):
     """Fresh masks per index are seen; masks fixed per sentence run are reported as repeated."""
     from epochal.data.datasets.bert_builder import BERTDatasetConfig, build_bert_datasets
-    from epochal.train.epochs import epoch_recorder, epoch_summary
+    from epochal.train.inputs.epoch_evidence import epoch_recorder, epoch_summary
 
     tok = build_tokenizer("BertWordPieceLowerCase", vocab_file=str(small_corpus / "vocab.txt"))
     cfg = BERTDatasetConfig(

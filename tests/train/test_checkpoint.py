@@ -11,10 +11,10 @@ import torch
 
 from epochal._checksum import MANIFEST, build_manifest
 from epochal.model import GPTModel, ModelConfig
-from epochal.train.checkpoint import Checkpointer, CheckpointError, load_metadata_safely
-from epochal.train.optim import OptimizersContainer, build_adamw
-from epochal.train.rng import get_rng_state
-from epochal.train.state import ModelState
+from epochal.train.optim.optimizer import OptimizersContainer, build_adamw
+from epochal.train.state.checkpoint import Checkpointer, CheckpointError, load_metadata_safely
+from epochal.train.state.model_state import ModelState
+from epochal.train.state.rng import get_rng_state
 
 CFG = ModelConfig(
     vocab_size=40,

@@ -17,8 +17,8 @@ import torch
 from epochal._checksum import MANIFEST, ChecksumError
 from epochal.cli import main as cli_main
 from epochal.model import GPTModel
-from epochal.train.checkpoint import CheckpointCorruptError, Checkpointer, CheckpointError
-from epochal.train.state import ModelState
+from epochal.train.state.checkpoint import CheckpointCorruptError, Checkpointer, CheckpointError
+from epochal.train.state.model_state import ModelState
 from tests.train.test_checkpoint import CFG, save, trained
 from tests.train.test_trainer import trainer
 

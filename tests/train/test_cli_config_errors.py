@@ -13,7 +13,7 @@ import pytest
 from epochal.cli import main as cli_main
 from epochal.model import ConfigError
 from epochal.train.config import build_config
-from epochal.train.presets import PRESETS
+from epochal.train.config.presets import PRESETS
 
 SMALL = [
     "--model.hidden_size=32",

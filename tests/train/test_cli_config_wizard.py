@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from epochal.train.config import build_config
-from epochal.train.metrics import read_metrics
+from epochal.train.observe.metrics import read_metrics
 
 # A tiny model and a 2-3 step run on Megatron's mock corpus, on top of the written file.
 TINY_RUN = [
@@ -224,7 +224,7 @@ def test_defaults_writes_without_asking_and_trains(tmp_path):
 
 
 def test_multi_node_answers_print_a_torchrun_command_per_node(tmp_path):
-    from epochal.train.cli_config import collect, launch_commands
+    from epochal.commands.config import collect, launch_commands
 
     replies = iter(["", "2", "2", "", "1", "2", "", "", "", "yes", "", "", "mock"])
     prompts: list[str] = []
@@ -245,7 +245,7 @@ def test_multi_node_answers_print_a_torchrun_command_per_node(tmp_path):
 
 
 def test_an_unsplittable_node_count_is_reasked(tmp_path):
-    from epochal.train.cli_config import collect
+    from epochal.commands.config import collect
 
     # 3 nodes for tensor 2 x data 1 = 2 processes: re-asked at the data-parallel question.
     # Data parallel 3 does not divide the preset's batch of 16: the batch questions come

@@ -8,7 +8,7 @@ import pytest
 
 from epochal.cli import main as cli_main
 from epochal.train.config import DataConfig
-from epochal.train.corpus import prepare_corpus, stdlib_files
+from epochal.train.inputs.corpus import prepare_corpus, stdlib_files
 
 SMALL = [
     "--model.hidden_size=32",

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from epochal.model.config import ConfigError
-from epochal.train.metrics import read_metrics
+from epochal.train.observe.metrics import read_metrics
 from epochal.train.trainer import Trainer
 from tests.parallel import custom_step_worker as W
 from tests.train.eval_metrics import token_accuracy

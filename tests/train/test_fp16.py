@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from epochal.model import ConfigError
-from epochal.train.data import make_loaders
-from epochal.train.loss_scaler import DynamicLossScaler, check_fp16_support
-from epochal.train.metrics import read_metrics
+from epochal.train.inputs.loaders import make_loaders
+from epochal.train.observe.metrics import read_metrics
+from epochal.train.optim.loss_scaler import DynamicLossScaler, check_fp16_support
 from epochal.train.trainer import Trainer
 from tests.train.fp16_steps import IndexedCounting
 from tests.train.test_trainer import config as trainer_config

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from epochal.convert.epochal_ckpt import save_epochal_checkpoint
-from epochal.train.checkpoint import CheckpointError
+from epochal.train.state.checkpoint import CheckpointError
 from tests.train.test_trainer import trainer
 
 

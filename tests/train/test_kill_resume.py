@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from epochal.train.metrics import read_metrics
+from epochal.train.observe.metrics import read_metrics
 from tests.dist_utils import kill_tree, start_process
 
 WORKER = str(Path(__file__).with_name("resume_worker.py"))
@@ -116,7 +116,7 @@ def test_resume_from_an_older_checkpoint_into_a_new_run(runs):
 
 
 def test_plot_overlays_the_resumed_segment(runs):
-    from epochal.train.plot import plot_run
+    from epochal.train.observe.plot import plot_run
 
     out = plot_run(runs["killed"])
     assert out.is_file() and out.stat().st_size > 10_000

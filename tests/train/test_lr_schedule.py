@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from epochal.train.lr_schedule import OptimizerParamScheduler
+from epochal.train.optim.lr_schedule import OptimizerParamScheduler
 
 
 class FakeOptimizer:

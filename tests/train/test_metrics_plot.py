@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from epochal.cli import main as cli_main
-from epochal.train.metrics import MetricsLogger, read_metrics
-from epochal.train.plot import plot_run
+from epochal.train.observe.metrics import MetricsLogger, read_metrics
+from epochal.train.observe.plot import plot_run
 
 
 def write_run(run_dir, steps, start=0, tensorboard=False):

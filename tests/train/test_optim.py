@@ -7,7 +7,12 @@ import copy
 import torch
 
 from epochal.model import GPTModel, ModelConfig
-from epochal.train.optim import OptimizersContainer, build_adamw, clip_grad_norm, param_groups
+from epochal.train.optim.optimizer import (
+    OptimizersContainer,
+    build_adamw,
+    clip_grad_norm,
+    param_groups,
+)
 
 
 def model(**kw):

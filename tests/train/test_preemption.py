@@ -13,9 +13,9 @@ import pytest
 
 from epochal.model import ConfigError
 from epochal.train.config import build_config
-from epochal.train.data import make_loaders
-from epochal.train.metrics import read_metrics
-from epochal.train.preemption import Preemption
+from epochal.train.inputs.loaders import make_loaders
+from epochal.train.observe.metrics import read_metrics
+from epochal.train.state.preemption import Preemption
 from epochal.train.trainer import Trainer
 from tests.dist_utils import kill_tree, start_process
 from tests.train.synthetic import CountingDataset

@@ -11,8 +11,8 @@ import pytest
 from epochal.cli import main as cli_main
 from epochal.model import ConfigError
 from epochal.train.config import build_config
-from epochal.train.metrics import read_metrics
-from epochal.train.run_dir import RUN_DEFINING, check_resume_config, config_changes
+from epochal.train.observe.metrics import read_metrics
+from epochal.train.state.run_dir import RUN_DEFINING, check_resume_config, config_changes
 
 TINY = [
     "--data.mock=true",

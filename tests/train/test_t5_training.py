@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from epochal.model import ConfigError
-from epochal.train.metrics import read_metrics
+from epochal.train.observe.metrics import read_metrics
 from tests.parallel import t5_worker as W
 
 
@@ -55,7 +55,7 @@ def test_compiled_t5_equals_eager(tmp_path):
 
 
 def test_t5_errors_name_the_option(tmp_path):
-    from epochal.train.data import build_data
+    from epochal.train.inputs.loaders import build_data
 
     cfg = W.config(str(tmp_path / "run"), ["--data.vocab_extra_ids=0"])
     with pytest.raises(ConfigError) as err:

@@ -15,7 +15,7 @@ from epochal.train.config import (
     parse_overrides,
     to_toml,
 )
-from epochal.train.presets import PRESETS
+from epochal.train.config.presets import PRESETS
 
 
 def test_overrides_parse_toml_literals():

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from epochal.model import ConfigError
 from epochal.train import GPTTrainStep, TrainStep, avg_losses_across_data_parallel_group
-from epochal.train.metrics import read_metrics
+from epochal.train.observe.metrics import read_metrics
 from epochal.train.steps import BertTrainStep, load_train_step, train_step_class
 from tests.train.synthetic import CountingDataset
 from tests.train.test_trainer import VOCAB, trainer

@@ -9,10 +9,10 @@ import torch
 import torch.nn.functional as F
 
 from epochal.model import ConfigError
-from epochal.train.checkpoint import CheckpointError
 from epochal.train.config import build_config
-from epochal.train.data import make_loaders
-from epochal.train.metrics import read_metrics
+from epochal.train.inputs.loaders import make_loaders
+from epochal.train.observe.metrics import read_metrics
+from epochal.train.state.checkpoint import CheckpointError
 from epochal.train.trainer import Trainer, masked_token_mean_loss
 from tests.train.synthetic import CountingDataset
 

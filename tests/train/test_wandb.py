@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from epochal.model import ConfigError
-from epochal.train.metrics import read_metrics
+from epochal.train.observe.metrics import read_metrics
 
 pytest.importorskip("wandb")
 

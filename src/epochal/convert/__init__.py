@@ -14,10 +14,10 @@ _EXPORTS = {
     "ConversionError": "common",
     "UnsafeCheckpointError": "safe_load",
     "safe_torch_load": "safe_load",
-    "load_hf_checkpoint": "hf_io",
-    "save_hf_checkpoint": "hf_io",
-    "load_megatron_checkpoint": "megatron_legacy",
-    "save_megatron_checkpoint": "megatron_legacy",
+    "load_hf_checkpoint": "hf.io",
+    "save_hf_checkpoint": "hf.io",
+    "load_megatron_checkpoint": "megatron.legacy",
+    "save_megatron_checkpoint": "megatron.legacy",
 }
 
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -7,7 +7,7 @@ its ``step_*`` folder (for the config), saved under any parallel
 layout: the model tensors are read with DCP into full (unsharded) CPU tensors,
 so a TP2 x PP2 checkpoint loads in one process (DCP reshards). Only the
 ``model.*`` entries are read; optimizer state is ignored. Loading uses
-:class:`epochal.train.checkpoint.SafeFileSystemReader` (no arbitrary unpickling).
+:class:`epochal.train.state.checkpoint.SafeFileSystemReader` (no arbitrary unpickling).
 
 The model configuration comes from, in order: ``trainer_state.json``'s
 ``model_config`` (written by :func:`save_epochal_checkpoint`), the
@@ -89,7 +89,7 @@ def find_step_folder(path: str | os.PathLike) -> Path:
     Raises:
         FileNotFoundError: nothing that looks like an epochal checkpoint.
     """
-    from epochal.train.checkpoint import Checkpointer
+    from epochal.train.state.checkpoint import Checkpointer
 
     path = Path(path)
     if (path / "trainer_state.json").is_file():
@@ -157,7 +157,7 @@ def tokenizer_for_run(train_config: Any, source: str = "config.toml") -> Any:
     """The tokenizer a training run used, rebuilt from its ``[data]`` section (None for mock data).
 
     A ``data.corpus`` run gets its tokenizer from the trainer's corpus cache
-    (:func:`epochal.train.corpus.prepare_corpus`; the corpus-trained BPE is
+    (:func:`epochal.train.inputs.corpus.prepare_corpus`; the corpus-trained BPE is
     re-created deterministically if the cache is gone), otherwise
     ``data.tokenizer_type`` is built from its files.
 
@@ -167,7 +167,7 @@ def tokenizer_for_run(train_config: Any, source: str = "config.toml") -> Any:
     data = train_config.data
     if data.mock and not data.corpus:
         return None
-    from epochal.train.corpus import prepare_corpus, tokenizer_from_config
+    from epochal.train.inputs.corpus import prepare_corpus, tokenizer_from_config
 
     try:
         if data.corpus:
@@ -216,7 +216,11 @@ def load_epochal_checkpoint(
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-    from epochal.train.checkpoint import SafeFileSystemReader, SafeLoadPlanner, verify_checkpoint
+    from epochal.train.state.checkpoint import (
+        SafeFileSystemReader,
+        SafeLoadPlanner,
+        verify_checkpoint,
+    )
 
     if Path(path).suffix == ".safetensors":
         return _load_consolidated(Path(path), vocab_size)

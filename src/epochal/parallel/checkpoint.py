@@ -53,7 +53,7 @@ class TiedOptimizerState:
 
     Args:
         optimizers: an object with flattened FQN-keyed ``state_dict()`` /
-            ``load_state_dict()`` (e.g. :class:`epochal.train.optim.OptimizersContainer`).
+            ``load_state_dict()`` (e.g. :class:`epochal.train.optim.optimizer.OptimizersContainer`).
         rename: True on a rank that holds the tied ``output.weight`` but not
             ``tok_embeddings.weight`` (the last pipeline stage); otherwise this
             wrapper changes nothing.

@@ -5,7 +5,7 @@ Public names: :class:`Trainer`, :class:`TrainConfig`, :func:`build_config`,
 :func:`build_data`, :func:`plot_run`; train steps :class:`GPTTrainStep` /
 :class:`BertTrainStep`, :class:`T5TrainStep`, :func:`avg_losses_across_data_parallel_group` and
 :func:`gather_across_data_parallel_groups`. ``epochal train`` / ``epochal plot`` are in
-:mod:`epochal.train.cli_train` / :mod:`epochal.train.cli_plot`.
+:mod:`epochal.commands.train` / :mod:`epochal.commands.plot`.
 """
 
 from epochal._lazy import lazy_exports
@@ -17,13 +17,13 @@ _EXPORTS = {
     "TrainConfig": "config",
     "build_config": "config",
     "to_toml": "config",
-    "OptimizerParamScheduler": "lr_schedule",
-    "Checkpointer": "checkpoint",
-    "CheckpointError": "checkpoint",
-    "make_loaders": "data",
-    "build_data": "data",
-    "DataBundle": "data",
-    "plot_run": "plot",
+    "OptimizerParamScheduler": "optim.lr_schedule",
+    "Checkpointer": "state.checkpoint",
+    "CheckpointError": "state.checkpoint",
+    "make_loaders": "inputs.loaders",
+    "build_data": "inputs.loaders",
+    "DataBundle": "inputs.loaders",
+    "plot_run": "observe.plot",
     "TrainStep": "steps",
     "GPTTrainStep": "steps",
     "BertTrainStep": "steps",

@@ -44,10 +44,10 @@ from epochal.parallel.logged import reduce_logged
 from epochal.parallel.model_support import check_model_layout
 from epochal.parallel.rng import pipeline_stage_seed
 from epochal.parallel.step_model import LogitsObserver
-from epochal.train.checkpoint import Checkpointer, SafeFileSystemReader, SafeLoadPlanner
 from epochal.train.config import TrainConfig, model_config_from_section, position_length
-from epochal.train.data import DataBundle, build_data
-from epochal.train.state import ModelState
+from epochal.train.inputs.loaders import DataBundle, build_data
+from epochal.train.state.checkpoint import Checkpointer, SafeFileSystemReader, SafeLoadPlanner
+from epochal.train.state.model_state import ModelState
 from epochal.train.steps import set_data_parallel_group
 from epochal.train.trainer import LossFn, Trainer
 

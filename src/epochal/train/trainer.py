@@ -11,9 +11,9 @@ methods rather than rewriting the loop):
   batch (here: :meth:`Trainer.forward_backward_step` per micro-batch; a pipeline
   schedule under parallelism), then :meth:`Trainer.optimizer_step` clips and steps;
   :meth:`Trainer.train_step` is the two together;
-- :class:`~epochal.train.optim.OptimizersContainer` and
-  :class:`~epochal.train.lr_schedule.OptimizerParamScheduler`;
-- :class:`~epochal.train.checkpoint.Checkpointer` with DCP ``Stateful`` objects;
+- :class:`~epochal.train.optim.optimizer.OptimizersContainer` and
+  :class:`~epochal.train.optim.lr_schedule.OptimizerParamScheduler`;
+- :class:`~epochal.train.state.checkpoint.Checkpointer` with DCP ``Stateful`` objects;
 - a stateful data loader (:class:`epochal.data.WrappedDataLoader`) whose
   ``consumed_samples`` is the data's only resume state.
 
@@ -62,23 +62,23 @@ from epochal.model.build import build_model
 from epochal.model.config import ConfigError, ModelConfig
 from epochal.parallel.logged import reduce_logged
 from epochal.parallel.step_model import LogitsObserver, StepModel, observe_logits, run_train_step
-from epochal.train.checkpoint import Checkpointer, CheckpointError
 from epochal.train.config import (
     TrainConfig,
     model_config_from_section,
     position_length,
     to_toml,
 )
-from epochal.train.data import DataBundle, build_data
-from epochal.train.epochs import epoch_recorder
-from epochal.train.loss_scaler import build_loss_scaler, unscale_gradients
-from epochal.train.lr_schedule import OptimizerParamScheduler
-from epochal.train.metrics import MetricsLogger
-from epochal.train.optim import OptimizersContainer, build_adamw, clip_grad_norm
-from epochal.train.preemption import Preemption
-from epochal.train.rng import get_rng_state, set_rng_state
-from epochal.train.run_dir import archive_previous_history, check_resume_config
-from epochal.train.state import ModelState
+from epochal.train.inputs.epoch_evidence import epoch_recorder
+from epochal.train.inputs.loaders import DataBundle, build_data
+from epochal.train.observe.metrics import MetricsLogger
+from epochal.train.optim.loss_scaler import build_loss_scaler, unscale_gradients
+from epochal.train.optim.lr_schedule import OptimizerParamScheduler
+from epochal.train.optim.optimizer import OptimizersContainer, build_adamw, clip_grad_norm
+from epochal.train.state.checkpoint import Checkpointer, CheckpointError
+from epochal.train.state.model_state import ModelState
+from epochal.train.state.preemption import Preemption
+from epochal.train.state.rng import get_rng_state, set_rng_state
+from epochal.train.state.run_dir import archive_previous_history, check_resume_config
 from epochal.train.steps import (
     LossFnStep,
     TrainStep,
@@ -168,7 +168,7 @@ class Trainer:
     Args:
         config: the resolved configuration.
         loss_fn: optional custom per-micro-batch loss (see the module docstring).
-        data: prebuilt data (tests, notebooks); default :func:`epochal.train.data.build_data`.
+        data: prebuilt data (tests, notebooks); default :func:`epochal.train.inputs.loaders.build_data`.
         log: print progress (tqdm) and messages.
 
     Raises:
@@ -566,7 +566,7 @@ class Trainer:
         }
 
     def save_checkpoint(self) -> Path:
-        """Save the current step (see :class:`~epochal.train.checkpoint.Checkpointer`)."""
+        """Save the current step (see :class:`~epochal.train.state.checkpoint.Checkpointer`)."""
         return self.checkpointer.save(
             self.step,
             self.app_state(),
@@ -685,7 +685,7 @@ class Trainer:
         """Train until ``training.train_iters`` (resuming first per ``checkpoint.resume``).
 
         Stops earlier, after saving a checkpoint of the step reached, on SIGTERM/SIGINT
-        or the ``training.exit_*`` options (:mod:`epochal.train.preemption`); then
+        or the ``training.exit_*`` options (:mod:`epochal.train.state.preemption`); then
         :attr:`TrainResult.stopped_by` says why.
         """
         with self.preemption.installed():
@@ -722,7 +722,7 @@ class Trainer:
             atomic_write(self.run_dir / "config.toml", to_toml(cfg))
         wandb = None
         if cfg.logging.wandb and self.rank == 0:
-            from epochal.train.wandb_logger import open_wandb
+            from epochal.train.observe.wandb_logger import open_wandb
 
             lg = cfg.logging
             wandb = open_wandb(
@@ -748,7 +748,7 @@ class Trainer:
         if folder is not None and self.log:
             metrics.write_line(f"resumed from {folder} at step {self.step}")
         tokens_per_sample = cfg.data.seq_length
-        epochs = (  # per-epoch evidence of multi-epoch data (epochal.train.epochs); the logging rank only
+        epochs = (  # per-epoch evidence of multi-epoch data (epochal.train.inputs.epoch_evidence); the logging rank only
             epoch_recorder(self.data.train_loader.dataset, cfg.training.micro_batch_size)
             if metrics.enabled
             else None

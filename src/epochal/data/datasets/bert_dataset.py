@@ -34,7 +34,7 @@ Megatron shuffles the rows of all epochs together, so an epoch of training is a 
 samples: :attr:`BERTDataset.samples_per_epoch` (the rows one pass over the documents
 gives). :meth:`BERTDataset.sample_span` and :meth:`BERTDataset.earlier_occurrences` say
 which sentences a sample holds and where the same run was drawn before (the trainer's
-per-epoch evidence, :mod:`epochal.train.epochs`).
+per-epoch evidence, :mod:`epochal.train.inputs.epoch_evidence`).
 """
 
 from __future__ import annotations

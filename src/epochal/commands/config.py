@@ -1,0 +1,411 @@
+"""``epochal config``: write a training configuration by answering questions.
+
+In the spirit of ``accelerate config``::
+
+    epochal config                       # asks, writes epochal.toml
+    epochal config --output job.toml     # another file
+    epochal config --defaults            # writes the defaults without asking
+
+Each question shows its default in brackets (Enter keeps it). Every answer is
+checked at once with the trainer's own rules (:func:`~epochal.train.config.build_config`
+and :func:`~epochal.train.parallel_trainer.check_layout`, i.e. ``ParallelDims``):
+an invalid answer (a tensor-parallel size that does not divide the attention
+heads, a global batch that is not a multiple of ``micro_batch * data_parallel``)
+prints the reason and the question is asked again. The file is the fully
+resolved configuration (:func:`~epochal.train.config.to_toml`), written
+atomically, so ``epochal train --config FILE`` runs it as is; the command to
+launch it (one node or several) is printed at the end.
+
+Precision: ``no``, ``fp16`` (Megatron's dynamic loss scaling, ``training.fp16``) or
+``bf16``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["Question", "add_arguments", "launch_commands", "run"]
+
+DEFAULT_OUTPUT = "epochal.toml"
+
+
+class _Invalid(ValueError):
+    """An answer that cannot be used; the message is shown before asking again."""
+
+
+@dataclass
+class Question:
+    """One question of the wizard.
+
+    Attributes:
+        key: the answer's name in the answers dict.
+        prompt: the text shown (the default follows in brackets).
+        default: a function of the answers so far giving the default answer (text).
+        parse: turns the answer text into a value; raises ``_Invalid`` with the reason.
+        ask_if: asked only when this returns True for the answers so far (else the
+            question is skipped and the preset's value stays).
+    """
+
+    key: str
+    prompt: str
+    default: Callable[[dict[str, Any]], str]
+    parse: Callable[[str], Any]
+    ask_if: Callable[[dict[str, Any]], bool] = lambda answers: True
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise _Invalid(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise _Invalid(f"must be >= 1, got {value}")
+    return value
+
+
+def _non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise _Invalid(f"expected a number, got {text!r}") from None
+    if not value >= 0:
+        raise _Invalid(f"must be >= 0, got {text}")
+    return value
+
+
+def _yes_no(text: str) -> bool:
+    t = text.strip().lower()
+    if t in ("y", "yes", "true", "1"):
+        return True
+    if t in ("n", "no", "false", "0"):
+        return False
+    raise _Invalid(f"answer yes or no, got {text!r}")
+
+
+def _choice(*choices: str) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        t = text.strip().lower()
+        if t not in choices:
+            raise _Invalid(f"choose one of {', '.join(choices)}; got {text!r}")
+        return t
+
+    return parse
+
+
+def _preset_choice(text: str) -> str:
+    from epochal.train.config.presets import PRESETS
+
+    return _choice(*PRESETS)(text)
+
+
+def _data_answer(text: str) -> str:
+    if not text.strip():
+        raise _Invalid("give a data source")
+    return text.strip()
+
+
+def _preset_value(answers: dict[str, Any], section: str, key: str, fallback: Any) -> Any:
+    from epochal.train.config.presets import preset_dict
+
+    return preset_dict(answers["preset"]).get(section, {}).get(key, fallback)
+
+
+def _yn(value: bool) -> str:
+    return "yes" if value else "no"
+
+
+def _default_data(answers: dict[str, Any]) -> str:
+    from epochal.train.config.presets import preset_dict
+
+    data = preset_dict(answers["preset"]).get("data", {})
+    if data.get("corpus"):
+        return str(data["corpus"])
+    if data.get("data_path"):
+        return " ".join(str(p) for p in data["data_path"])
+    return "mock"
+
+
+def _default_global_batch(answers: dict[str, Any]) -> str:
+    """The preset's global batch, rounded up to a multiple of ``micro_batch * data_parallel``."""
+    step = answers["micro_batch_size"] * answers["data_parallel"]
+    preset = int(_preset_value(answers, "training", "global_batch_size", 16))
+    return str(-(-preset // step) * step)
+
+
+def questions() -> list[Question]:
+    """The wizard's questions, in the order they are asked."""
+    from epochal.train.config.presets import PRESETS
+
+    return [
+        Question(
+            "preset",
+            f"Model preset ({', '.join(PRESETS)})",
+            lambda a: "tiny",
+            _preset_choice,
+        ),
+        Question("nodes", "How many machines (nodes)", lambda a: "1", _positive_int),
+        Question(
+            "tensor_parallel",
+            "Tensor parallel size (must divide the attention heads)",
+            lambda a: "1",
+            _positive_int,
+        ),
+        Question(
+            "sequence_parallel",
+            "Sequence parallelism (shard norms/dropout over the tensor-parallel ranks)? [yes/no]",
+            lambda a: "no",
+            _yes_no,
+            ask_if=lambda a: a["tensor_parallel"] > 1,
+        ),
+        Question("pipeline_parallel", "Pipeline parallel size", lambda a: "1", _positive_int),
+        Question(
+            "pipeline_schedule",
+            "Pipeline schedule (gpipe, 1f1b, interleaved_1f1b)",
+            lambda a: "1f1b",
+            _choice("gpipe", "1f1b", "interleaved_1f1b"),
+            ask_if=lambda a: a["pipeline_parallel"] > 1,
+        ),
+        Question(
+            "virtual_pipeline",
+            "Model chunks per pipeline rank (virtual pipeline size)",
+            lambda a: "2",
+            _positive_int,
+            ask_if=lambda a: a.get("pipeline_schedule") == "interleaved_1f1b",
+        ),
+        Question(
+            "data_parallel",
+            "Data parallel size (model replicas)",
+            lambda a: "1",
+            _positive_int,
+        ),
+        Question(
+            "micro_batch_size",
+            "Micro-batch size (samples per forward/backward)",
+            lambda a: str(_preset_value(a, "training", "micro_batch_size", 4)),
+            _positive_int,
+        ),
+        Question(
+            "global_batch_size",
+            "Global batch size (samples per optimizer step)",
+            _default_global_batch,
+            _positive_int,
+        ),
+        Question(
+            "selective_recompute",
+            "Selective activation recompute? [yes/no]",
+            lambda a: "no",
+            _yes_no,
+        ),
+        Question(
+            "distributed_optimizer",
+            "Distributed optimizer (shard optimizer state over data-parallel ranks)? [yes/no]",
+            lambda a: "no",
+            _yes_no,
+            ask_if=lambda a: a["data_parallel"] > 1,
+        ),
+        Question(
+            "clip_grad",
+            "Gradient clipping max norm (0 = off)",
+            lambda a: repr(float(_preset_value(a, "optimizer", "clip_grad", 1.0))),
+            _non_negative_float,
+        ),
+        Question(
+            "precision",
+            "Mixed precision (no, fp16, bf16)",
+            lambda a: "bf16" if _preset_value(a, "training", "bf16", False) else "no",
+            _choice("no", "fp16", "bf16"),
+        ),
+        Question(
+            "data",
+            "Data: 'stdlib', a .jsonl file, Megatron prefixes (space-separated) or 'mock'",
+            _default_data,
+            _data_answer,
+        ),
+    ]
+
+
+def _overrides(answers: dict[str, Any]) -> list[str]:
+    """The ``--section.key=value`` overrides on the preset that the answers so far make."""
+    from epochal.train.config.toml_io import _toml_value
+
+    values: dict[str, Any] = {}
+    a = answers
+    if "tensor_parallel" in a:
+        values["parallel.tensor_parallel"] = a["tensor_parallel"]
+    if "sequence_parallel" in a:
+        values["parallel.sequence_parallel"] = a["sequence_parallel"]
+    if "pipeline_parallel" in a:
+        values["parallel.pipeline_parallel"] = a["pipeline_parallel"]
+    if "pipeline_schedule" in a:
+        values["parallel.pipeline_schedule"] = a["pipeline_schedule"]
+    if "virtual_pipeline" in a:
+        values["parallel.virtual_pipeline"] = a["virtual_pipeline"]
+    if "data_parallel" in a:
+        values["parallel.data_parallel"] = a["data_parallel"]
+        world = a["tensor_parallel"] * a["pipeline_parallel"] * a["data_parallel"]
+        values["parallel.nproc_per_node"] = world // a["nodes"] if world > 1 else 0
+    if "micro_batch_size" in a:
+        values["training.micro_batch_size"] = a["micro_batch_size"]
+    if "global_batch_size" in a:
+        values["training.global_batch_size"] = a["global_batch_size"]
+    elif "data_parallel" in a:  # not asked yet: check the layout with a batch that fits it
+        micro = a.get("micro_batch_size") or _preset_value(a, "training", "micro_batch_size", 4)
+        values["training.micro_batch_size"] = micro
+        values["training.global_batch_size"] = micro * a["data_parallel"]
+    if a.get("selective_recompute"):
+        values["parallel.recompute_granularity"] = "selective"
+    if a.get("distributed_optimizer"):
+        values["parallel.dp_sharding"] = "optimizer"
+    if "clip_grad" in a:
+        values["optimizer.clip_grad"] = a["clip_grad"]
+    if "precision" in a:
+        values["training.bf16"] = a["precision"] == "bf16"
+        values["training.fp16"] = a["precision"] == "fp16"
+    if "data" in a:
+        d = a["data"]
+        if d == "mock":
+            values["data.mock"] = True
+        elif d == "stdlib" or d.endswith(".jsonl"):
+            values["data.corpus"] = d
+        else:
+            values["data.data_path"] = d.replace(",", " ").split()
+    return [f"--{k}={_toml_value(v)}" for k, v in values.items()]
+
+
+def _world_size(answers: dict[str, Any]) -> int:
+    return (
+        answers.get("tensor_parallel", 1)
+        * answers.get("pipeline_parallel", 1)
+        * answers.get("data_parallel", 1)
+    )
+
+
+def _check(answers: dict[str, Any]):
+    """Resolve the configuration of the answers so far and check it; returns the ``TrainConfig``.
+
+    Raises:
+        _Invalid: with the trainer's reason (a ``ConfigError`` naming the option).
+    """
+    from epochal.model.config import ConfigError
+    from epochal.train.config import build_config
+    from epochal.train.inputs.gpt import check_data_files
+    from epochal.train.parallel_trainer import check_layout
+
+    world = _world_size(answers)
+    if "data_parallel" in answers and world % answers["nodes"]:
+        raise _Invalid(
+            f"{world} processes (tensor {answers['tensor_parallel']} x pipeline "
+            f"{answers['pipeline_parallel']} x data {answers['data_parallel']}) cannot be split "
+            f"evenly over {answers['nodes']} nodes"
+        )
+    try:
+        config = build_config(
+            preset=answers["preset"], overrides=_overrides(answers), require_data=False
+        )
+        if "data_parallel" in answers:
+            check_layout(config, world)
+        else:  # the data-parallel size is not known yet: check the model-parallel part
+            check_layout(config, config.parallel.model_parallel_size)
+        if "data" in answers:
+            config.check_data()
+            if config.data.has_paths:
+                check_data_files(config.data)
+    except (ConfigError, OSError) as exc:
+        raise _Invalid(str(exc)) from None
+    return config
+
+
+def _ask(q: Question, answers: dict[str, Any], read: Callable[[str], str]) -> Any:
+    """Ask ``q`` until the answer parses and the configuration it makes is valid."""
+    default = q.default(answers)
+    while True:
+        text = read(f"{q.prompt} [{default}]: ").strip() or default
+        try:
+            answers[q.key] = q.parse(text)
+            _check(answers)
+            return answers[q.key]
+        except _Invalid as exc:
+            answers.pop(q.key, None)
+            print(f"  invalid: {exc}; please answer again", flush=True)
+
+
+def collect(read: Callable[[str], str] | None) -> dict[str, Any]:
+    """Ask every question (``read=None``: take every default without asking); returns the answers."""
+    answers: dict[str, Any] = {}
+    for q in questions():
+        if not q.ask_if(answers):
+            continue  # does not apply to the answers so far (e.g. a schedule without pipeline)
+        if read is None:
+            answers[q.key] = q.parse(q.default(answers))
+            _check(answers)  # defaults are valid; fail loudly if not
+        else:
+            _ask(q, answers, read)
+    return answers
+
+
+def launch_commands(path: str, answers: dict[str, Any]) -> list[str]:
+    """The command lines that run the written configuration ``path``."""
+    world = _world_size(answers)
+    nodes = answers["nodes"]
+    quoted = shlex.quote(path)
+    if nodes == 1:
+        cmds = [f"epochal train --config {quoted}"]
+        if world > 1:
+            cmds.append(
+                f"torchrun --standalone --nproc-per-node={world} -m epochal.cli train --config {quoted}"
+            )
+        return cmds
+    per_node = world // nodes
+    return [
+        f"torchrun --nnodes={nodes} --node-rank=$NODE_RANK --nproc-per-node={per_node} "
+        f"--rdzv-backend=c10d --rdzv-endpoint=$MASTER_ADDR:29500 "
+        f"-m epochal.cli train --config {quoted}"
+    ]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Register ``--output`` and ``--defaults``."""
+    parser.add_argument(
+        "--output",
+        "-o",
+        metavar="PATH",
+        default=DEFAULT_OUTPUT,
+        help=f"the TOML file to write (default: {DEFAULT_OUTPUT})",
+    )
+    parser.add_argument(
+        "--defaults", action="store_true", help="write the default configuration without asking"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    """Ask, write ``args.output``, print the launch command; 0 on success, 1 on end of input."""
+    from epochal._atomic import atomic_write
+    from epochal.train.config import to_toml
+
+    if not args.defaults:
+        print("epochal config: press Enter to keep the default in brackets.", flush=True)
+    try:
+        answers = collect(None if args.defaults else input)
+    except (EOFError, KeyboardInterrupt):
+        print(f"\nepochal config: stopped; {args.output} not written", file=sys.stderr)
+        return 1
+    config = _check(answers)
+    atomic_write(args.output, to_toml(config))
+    world = _world_size(answers)
+    print(f"epochal config: wrote {args.output} ({world} processes on {answers['nodes']} node(s))")
+    cmds = launch_commands(args.output, answers)
+    print("Launch with:" if len(cmds) == 1 else "Launch with one of:")
+    for cmd in cmds:
+        print(f"    {cmd}")
+    if answers["nodes"] > 1:
+        print(
+            "on every node, with NODE_RANK = 0..{} and MASTER_ADDR = node 0's address".format(
+                answers["nodes"] - 1
+            )
+        )
+    return 0

@@ -1,0 +1,131 @@
+"""``epochal fill-mask``: the top predictions of a masked-language model for each mask token.
+
+Examples::
+
+    epochal fill-mask --checkpoint runs/bert --text "the cat sat on the [MASK] ."
+    epochal fill-mask --checkpoint hf/bert-base-uncased --text "paris is the [MASK] of france" --top-k 3
+
+The checkpoint is found as by ``epochal generate`` (an epochal run / checkpoint
+folder of a ``bert`` / ``esm`` model, a Hugging Face folder, a Megatron-LM
+checkpoint). The tokenizer is, in order: the ``--tokenizer-*`` options, the
+training run's own, a Hugging Face folder's ``vocab.txt`` (WordPiece,
+lower-cased unless ``--cased``) or its ``tokenizer.json``. The text is wrapped in
+``[CLS] ... [SEP]``; every ``[MASK]`` (the tokenizer's mask token) gets one line.
+
+Errors: a checkpoint of a model without a masked-LM head (GPT), a tokenizer
+without a mask token, or a text without one raise :class:`ValueError` naming it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+__all__ = ["add_arguments", "fill_mask", "run"]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Register the options of ``epochal fill-mask``."""
+    parser.add_argument("--checkpoint", required=True, help="epochal run/checkpoint or HF folder")
+    parser.add_argument("--format", choices=("auto", "epochal", "hf", "megatron"), default="auto")
+    parser.add_argument("--vocab-size", type=int, default=None, help="unpadded vocabulary size")
+    parser.add_argument(
+        "--text", action="append", required=True, help="text with [MASK] (repeatable)"
+    )
+    parser.add_argument("--top-k", type=int, default=5, help="predictions per mask token")
+    tok = parser.add_argument_group("tokenizer (default: the checkpoint's)")
+    tok.add_argument("--tokenizer-type", default=None, help="BertWordPieceLowerCase, ...")
+    tok.add_argument("--tokenizer-model", default=None)
+    tok.add_argument("--vocab-file", default=None)
+    tok.add_argument("--merge-file", default=None)
+    tok.add_argument("--cased", action="store_true", help="a HF folder's vocab.txt is cased")
+    parser.add_argument("--output", default=None, help="also write the predictions as JSONL here")
+
+
+def _tokenizer(args: argparse.Namespace, tokenizer: Any) -> Any:
+    if tokenizer is not None and getattr(tokenizer, "mask", None) is not None:
+        return tokenizer
+    vocab = Path(args.checkpoint) / "vocab.txt"
+    if vocab.is_file():
+        from epochal.data.indexed.tokenizer import build_tokenizer
+
+        kind = "BertWordPieceCase" if args.cased else "BertWordPieceLowerCase"
+        return build_tokenizer(kind, vocab_file=str(vocab))
+    if tokenizer is None:
+        raise ValueError(
+            f"{args.checkpoint}: no tokenizer found; give --tokenizer-type and --vocab-file"
+        )
+    return tokenizer
+
+
+@torch.no_grad()
+def fill_mask(
+    model: Any, tokenizer: Any, text: str, top_k: int = 5
+) -> list[list[tuple[str, float]]]:
+    """Top ``top_k`` ``(token, probability)`` for each mask token of ``text``, in order.
+
+    Args:
+        model: a :class:`~epochal.model.BertModel` (eval mode).
+        tokenizer: a tokenizer with ``cls``, ``sep``, ``mask`` ids and ``tokenize``.
+
+    Raises:
+        ValueError: the text holds no mask token.
+    """
+    ids = [tokenizer.cls, *tokenizer.tokenize(text), tokenizer.sep]
+    tokens = torch.tensor([ids])
+    positions = [i for i, t in enumerate(ids) if t == tokenizer.mask]
+    if not positions:
+        raise ValueError(
+            f"--text {text!r} has no mask token ({tokenizer.convert_ids_to_tokens([tokenizer.mask])[0]})"
+        )
+    types = torch.zeros_like(tokens) if model.tokentype_embeddings is not None else None
+    out = model(tokens, token_types=types)
+    logits = out[0] if isinstance(out, tuple) else out
+    logits = logits[0, :, : tokenizer.vocab_size].float()
+    result = []
+    for pos in positions:
+        probs = logits[pos].softmax(-1)
+        values, indices = probs.topk(min(top_k, probs.numel()))
+        names = tokenizer.convert_ids_to_tokens(indices.tolist())
+        result.append([(n, float(v)) for n, v in zip(names, values)])
+    return result
+
+
+def run(args: argparse.Namespace) -> int:
+    """Load the model and print the predictions of every ``--text``."""
+    from epochal.commands.generate import _load_model
+    from epochal.model.build import build_model
+
+    if args.top_k < 1:
+        raise ValueError(f"--top-k must be >= 1, got {args.top_k}")
+    config, state, tokenizer, _extras = _load_model(args)
+    if config.type not in ("bert", "esm"):
+        raise ValueError(
+            f"{args.checkpoint} holds a {config.type!r} model; fill-mask needs a masked-LM (bert / esm)"
+        )
+    tokenizer = _tokenizer(args, tokenizer)
+    if getattr(tokenizer, "mask", None) is None:
+        raise ValueError(f"{args.checkpoint}: the tokenizer has no mask token")
+    with torch.device("meta"):
+        model = build_model(config)
+    model.load_state_dict(state, strict=True, assign=True)
+    model.tie_weights()
+    model.init_buffers()
+    model.eval()
+    records = []
+    for text in args.text:
+        predictions = fill_mask(model, tokenizer, text, args.top_k)
+        print(f"=== {text}")
+        for i, preds in enumerate(predictions):
+            shown = "  ".join(f"{tok} {p:.3f}" for tok, p in preds)
+            print(f"[MASK] {i}: {shown}")
+        records.append({"text": text, "predictions": [[list(p) for p in m] for m in predictions]})
+    if args.output:
+        from epochal._atomic import atomic_write
+
+        atomic_write(args.output, "".join(json.dumps(r) + "\n" for r in records))
+    return 0

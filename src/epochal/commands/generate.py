@@ -1,0 +1,330 @@
+"""``epochal generate``: sample text from a checkpoint (greedy, top-k/top-p sampling, beam search).
+
+Examples::
+
+    epochal generate --checkpoint runs/tiny --prompt "def main(" --max-new-tokens 40
+    epochal generate --checkpoint hf/gpt2 --prompt "Hello" --do-sample --top-p 0.9 --seed 1
+    epochal generate --checkpoint runs/tiny --prompt-file prompts.txt --num-beams 4 --output out.jsonl
+    epochal generate --checkpoint runs/tiny --prompt "x = " --tensor-parallel 2   # launches torchrun
+
+The checkpoint may be an epochal run / checkpoint folder (any parallel layout),
+a Hugging Face GPT-2/Llama/T5 folder or a Megatron-LM legacy checkpoint (detected
+as in ``epochal convert``). For a T5 (encoder-decoder) model the prompt is the
+encoder's input and the output is the decoder's continuation from the decoder
+start token (the model's pad id), as Hugging Face ``generate()`` does. The tokenizer is, in order: the ``--tokenizer-*``
+options, the training run's own tokenizer (rebuilt from its ``config.toml``),
+or a ``tokenizer.json`` inside a Hugging Face folder; without one, prompts must
+be token ids (``--prompt-ids 1,2,3``). Generation stops at a Hugging Face
+model's ``eos_token_id`` (every one of a list, as ``transformers`` does), else at
+the tokenizer's end-of-document token (Megatron's behaviour), unless
+``--no-stop-at-eod``; ``--stop-token-id`` adds stop tokens. ``--add-bos``
+prepends the model's ``bos_token_id``, else the tokenizer's BOS.
+
+With ``--tensor-parallel N`` the model is sharded over N processes
+(``epochal.parallel``'s tensor-parallel plan, gathered logits); every rank runs
+the same generation and rank 0 prints. Outside ``torchrun`` the command
+re-launches itself under it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+__all__ = ["add_arguments", "run"]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Register the options of ``epochal generate``."""
+    parser.add_argument(
+        "--checkpoint",
+        required=True,
+        help="epochal run/checkpoint, HF folder or Megatron checkpoint",
+    )
+    parser.add_argument("--format", choices=("auto", "epochal", "hf", "megatron"), default="auto")
+    parser.add_argument(
+        "--vocab-size",
+        type=int,
+        default=None,
+        help="unpadded vocabulary if the checkpoint lacks it",
+    )
+    src = parser.add_argument_group("prompts")
+    src.add_argument("--prompt", action="append", default=[], help="a text prompt (repeatable)")
+    src.add_argument(
+        "--prompt-file", default=None, help="text file, one prompt per line (or JSONL with 'text')"
+    )
+    src.add_argument(
+        "--prompt-ids", action="append", default=[], help="comma-separated token ids (repeatable)"
+    )
+    tok = parser.add_argument_group("tokenizer (default: the checkpoint's)")
+    tok.add_argument(
+        "--tokenizer-type",
+        default=None,
+        help="GPT2BPETokenizer, HuggingFaceTokenizer, TikTokenizer, ...",
+    )
+    tok.add_argument("--tokenizer-model", default=None)
+    tok.add_argument("--vocab-file", default=None)
+    tok.add_argument("--merge-file", default=None)
+    dec = parser.add_argument_group("decoding")
+    dec.add_argument("--max-new-tokens", type=int, default=64)
+    dec.add_argument(
+        "--do-sample", action="store_true", help="sample (default: greedy, or beam search)"
+    )
+    dec.add_argument("--temperature", type=float, default=1.0)
+    dec.add_argument("--top-k", type=int, default=0)
+    dec.add_argument("--top-p", type=float, default=0.0)
+    dec.add_argument("--top-p-decay", type=float, default=0.0)
+    dec.add_argument("--top-p-bound", type=float, default=0.0)
+    dec.add_argument("--num-beams", type=int, default=1)
+    dec.add_argument("--length-penalty", type=float, default=1.0)
+    dec.add_argument("--early-stopping", action="store_true")
+    dec.add_argument("--num-return-sequences", type=int, default=1)
+    dec.add_argument("--seed", type=int, default=0)
+    dec.add_argument(
+        "--add-bos", action="store_true", help="prepend the tokenizer's BOS (Megatron's add_BOS)"
+    )
+    dec.add_argument(
+        "--stop-token-id",
+        type=int,
+        action="append",
+        default=[],
+        help="extra stop token (repeatable)",
+    )
+    dec.add_argument(
+        "--no-stop-at-eod",
+        action="store_true",
+        help="do not stop at the model's eos / the tokenizer's end-of-document token",
+    )
+    run_g = parser.add_argument_group("execution")
+    run_g.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    run_g.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32")
+    run_g.add_argument(
+        "--tensor-parallel", type=int, default=1, help="shard the model over this many processes"
+    )
+    run_g.add_argument("--output", default=None, help="also write the results as JSONL here")
+
+
+def _load_model(
+    args: argparse.Namespace,
+) -> tuple[Any, dict[str, torch.Tensor], Any, dict[str, Any]]:
+    """Returns ``(config, state, tokenizer or None, extras)``."""
+    from epochal.commands.convert import detect_format
+
+    fmt = detect_format(args.checkpoint) if args.format == "auto" else args.format
+    tokenizer = None
+    extras: dict[str, Any] = {}
+    if fmt == "hf":
+        from epochal.convert.hf.io import load_hf_checkpoint
+
+        hf = load_hf_checkpoint(args.checkpoint)
+        config, state = hf.config, hf.state
+        extras["eos"] = hf.eos_token_ids
+        extras["bos"] = hf.bos_token_id
+        tok_file = Path(args.checkpoint) / "tokenizer.json"
+        if tok_file.is_file():
+            from epochal.data.indexed.tokenizer import HuggingFaceTokenizer
+
+            tokenizer = HuggingFaceTokenizer(tok_file)
+    elif fmt == "megatron":
+        from epochal.convert.megatron.legacy import load_megatron_checkpoint
+
+        ck = load_megatron_checkpoint(args.checkpoint, vocab_size=args.vocab_size, model_type="gpt")
+        config, state = ck.config, ck.state
+    else:
+        from epochal.convert.epochal_ckpt import load_epochal_checkpoint, run_tokenizer
+
+        ck = load_epochal_checkpoint(args.checkpoint, vocab_size=args.vocab_size)
+        config, state = ck.config, ck.state
+        if args.tokenizer_type is None:
+            tokenizer = run_tokenizer(ck)
+    if args.tokenizer_type is not None:
+        from epochal.data.indexed.tokenizer import build_tokenizer
+
+        tokenizer = build_tokenizer(
+            args.tokenizer_type,
+            vocab_file=args.vocab_file,
+            merge_file=args.merge_file,
+            tokenizer_model=args.tokenizer_model,
+        )
+    return config, state, tokenizer, extras
+
+
+def _prompts(args: argparse.Namespace, tokenizer: Any) -> tuple[list[list[int]], list[str | None]]:
+    texts: list[str] = list(args.prompt)
+    if args.prompt_file:
+        path = Path(args.prompt_file)
+        try:
+            lines = path.read_text().splitlines()
+        except OSError as exc:
+            raise FileNotFoundError(f"--prompt-file {path}: {exc}") from None
+        for n, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            if line.lstrip().startswith("{"):
+                try:
+                    texts.append(str(json.loads(line)["text"]))
+                except (json.JSONDecodeError, KeyError, TypeError):
+                    raise ValueError(
+                        f"--prompt-file {path}:{n}: JSON line without a 'text' string"
+                    ) from None
+            else:
+                texts.append(line)
+    ids: list[list[int]] = []
+    shown: list[str | None] = []
+    if texts:
+        if tokenizer is None:
+            raise ValueError(
+                "no tokenizer for text prompts: pass --tokenizer-type ... or use --prompt-ids"
+            )
+        for text in texts:
+            ids.append(tokenizer.encode(text))
+            shown.append(text)
+    for spec in args.prompt_ids:
+        try:
+            ids.append([int(x) for x in spec.replace(" ", "").split(",") if x])
+        except ValueError:
+            raise ValueError(f"--prompt-ids {spec!r}: expected comma-separated integers") from None
+        shown.append(None)
+    if not ids:
+        raise ValueError("nothing to generate: give --prompt, --prompt-file or --prompt-ids")
+    return ids, shown
+
+
+def run(args: argparse.Namespace) -> int:
+    """Load the checkpoint, generate, print (rank 0) and optionally write JSONL."""
+    from epochal.parallel.config import ParallelConfig
+    from epochal.parallel.launch import init_distributed, is_logging_rank, needs_relaunch, relaunch
+
+    if args.tensor_parallel < 1:
+        print("epochal generate: error: --tensor-parallel must be >= 1", file=sys.stderr)
+        return 2
+    parallel = ParallelConfig(
+        tensor_parallel=args.tensor_parallel, nproc_per_node=args.tensor_parallel
+    )
+    if needs_relaunch(parallel):
+        return relaunch(parallel, _argv(args))
+    try:
+        return _generate(args, parallel, init_distributed, is_logging_rank)
+    except (
+        ValueError,
+        OSError,
+    ) as exc:  # ConversionError/ConfigError/GenerationConfigError are ValueErrors
+        print(f"epochal generate: error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _argv(args: argparse.Namespace) -> list[str]:
+    """Rebuild a ``generate`` command line from parsed options (used when relaunching)."""
+    out = ["generate"]
+    for key, value in vars(args).items():
+        flag = "--" + key.replace("_", "-")
+        if isinstance(value, bool):
+            if value:
+                out.append(flag)
+        elif isinstance(value, list):
+            out += [f"{flag}={item}" for item in value]
+        elif value is not None:
+            out.append(f"{flag}={value}")
+    return out
+
+
+def _generate(args, parallel, init_distributed, is_logging_rank) -> int:
+    from epochal.model.build import model_class
+    from epochal.model.generation.decoding import GenerationConfig, generate
+
+    t0 = time.perf_counter()
+    info = init_distributed(parallel, args.device)
+    config, state, tokenizer, extras = _load_model(args)
+    if config.is_encoder:
+        raise ValueError(
+            f"{args.checkpoint} holds a {config.type!r} encoder, which does not generate text; "
+            "use epochal fill-mask"
+        )
+    ids, shown = _prompts(args, tokenizer)
+    stops = list(args.stop_token_id)
+    if not args.no_stop_at_eod:
+        # a Hugging Face model's own eos ids win (as in transformers), else the tokenizer's EOD
+        eod = getattr(tokenizer, "eod", None)
+        ends = extras.get("eos") or (() if eod is None else (eod,))
+        stops += [int(t) for t in ends if 0 <= t < config.vocab_size]
+    bos = extras.get("bos")
+    if bos is None:
+        bos = getattr(tokenizer, "bos", None)
+    gen_config = GenerationConfig(
+        max_new_tokens=args.max_new_tokens,
+        do_sample=args.do_sample,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        top_p_decay=args.top_p_decay,
+        top_p_bound=args.top_p_bound,
+        num_beams=args.num_beams,
+        length_penalty=args.length_penalty,
+        early_stopping=args.early_stopping,
+        num_return_sequences=args.num_return_sequences,
+        stop_token_ids=tuple(dict.fromkeys(stops)),
+        add_bos=args.add_bos,
+        bos_token_id=bos,
+        seed=args.seed,
+    )
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[
+        args.dtype
+    ]
+    with torch.device("meta"):
+        model = model_class(config)(config)  # GPT, or T5 (the prompts are its encoder input)
+    model.load_state_dict(state, strict=True, assign=True)
+    model.tie_weights()
+    model.init_buffers()
+    model = model.to(device=info.device, dtype=dtype).eval()
+    if args.tensor_parallel > 1:
+        from torch.distributed.device_mesh import init_device_mesh
+
+        from epochal.parallel.tensor_parallel import apply_tensor_parallel
+
+        if info.world_size != args.tensor_parallel:
+            raise ValueError(
+                f"--tensor-parallel {args.tensor_parallel} needs exactly that many processes, got {info.world_size}"
+            )
+        mesh = init_device_mesh(info.device.type, (args.tensor_parallel,), mesh_dim_names=("tp",))
+        apply_tensor_parallel(model, mesh["tp"], sequence_parallel=False, loss_parallel=False)
+    t_load = time.perf_counter() - t0
+    t1 = time.perf_counter()
+    out = generate(model, ids, gen_config)
+    seconds = time.perf_counter() - t1
+    if not is_logging_rank():
+        return 0
+    records = []
+    per_prompt = gen_config.num_return_sequences if gen_config.num_beams > 1 else 1
+    for j, tokens in enumerate(out.tokens):
+        prompt_index = j // per_prompt
+        text = tokenizer.decode(tokens) if tokenizer is not None else None
+        record = {
+            "prompt_index": prompt_index,
+            "prompt": shown[prompt_index],
+            "prompt_ids": ids[prompt_index],
+            "tokens": tokens,
+            "text": text,
+            "finished": out.finished[j],
+        }
+        if out.scores is not None:
+            record["score"] = out.scores[j]
+        records.append(record)
+        head = shown[prompt_index] if shown[prompt_index] is not None else str(ids[prompt_index])
+        body = text if text is not None else str(tokens)
+        print(f"=== [{prompt_index}] {head}\n{body}")
+    if args.output:
+        from epochal._atomic import atomic_write
+
+        atomic_write(args.output, "".join(json.dumps(r) + "\n" for r in records))
+    n = sum(len(t) for t in out.tokens)
+    print(
+        f"generated {n} tokens for {len(ids)} prompt(s) in {seconds:.2f} s ({n / max(seconds, 1e-9):.1f} tokens/s; "
+        f"load {t_load:.2f} s; TP{args.tensor_parallel})"
+    )
+    return 0

@@ -1,0 +1,30 @@
+"""``epochal plot RUN_DIR``: write the run's loss curves (train, validation, resumed segments) to PNG."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+__all__ = ["add_arguments", "run"]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Register ``RUN_DIR``, ``--output`` and ``--smooth``."""
+    parser.add_argument("run_dir", help="a run directory (holds metrics.jsonl)")
+    parser.add_argument("-o", "--output", default=None, help="PNG path (default RUN_DIR/loss.png)")
+    parser.add_argument(
+        "--smooth", type=int, default=0, help="running-mean window for train loss (0 = auto)"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    """Plot and print the PNG's path; exit status 1 with a message if the run has no metrics."""
+    from epochal.train.observe.plot import plot_run
+
+    try:
+        out = plot_run(args.run_dir, args.output, smooth=args.smooth)
+    except (FileNotFoundError, ValueError) as exc:
+        print(f"epochal plot: {exc}", file=sys.stderr)
+        return 1
+    print(out)
+    return 0

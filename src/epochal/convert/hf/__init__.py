@@ -1,0 +1,1 @@
+"""Hugging Face checkpoints: one module per model family, folder I/O and tokenizer export."""

@@ -1,0 +1,355 @@
+"""Read and write Hugging Face model folders (``config.json`` + weights).
+
+Reading accepts ``model.safetensors``, a sharded ``model.safetensors.index.json``,
+or ``pytorch_model.bin`` (loaded with ``weights_only=True``). Writing produces
+``config.json`` and one ``model.safetensors`` (tensors contiguous, in the
+requested dtype), written into a temporary folder that is renamed into place
+when complete. ``transformers`` is not needed for either.
+
+The architecture is chosen by ``config.json``'s ``model_type`` on import
+(:data:`IMPORTERS`: ``gpt2``, ``llama``, ``bert``, ``megatron-bert``, ``esm``, ``t5``,
+``mt5``) and on
+export by the model (:func:`hf_architecture_for`; or named explicitly): a GPT with
+learned absolute positions -> ``GPT2LMHeadModel``, with RoPE ->
+``LlamaForCausalLM``; a BERT -> ``BertForMaskedLM`` / ``BertForPreTraining``
+(post-LN) or ``MegatronBertForMaskedLM`` / ``MegatronBertForPreTraining``
+(pre-LN); an ESM -> ``EsmForMaskedLM``; a T5 -> ``T5ForConditionalGeneration`` (or
+``MT5ForConditionalGeneration`` when ``mt5`` is named).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+
+from epochal._atomic import atomic_directory
+from epochal.convert.common import ConversionError, check_shapes, complete_tied
+from epochal.convert.hf import bert as hf_bert
+from epochal.convert.hf import esm as hf_esm
+from epochal.convert.hf import gpt2 as hf_gpt2
+from epochal.convert.hf import llama as hf_llama
+from epochal.convert.hf import t5 as hf_t5
+from epochal.convert.hf.tokenizer import hf_tokenizer_files
+from epochal.convert.safe_load import load_safetensors, safe_torch_load
+from epochal.model.config import ModelConfig
+
+__all__ = [
+    "EXPORTERS",
+    "IMPORTERS",
+    "HFModel",
+    "hf_architecture_for",
+    "load_hf_checkpoint",
+    "save_hf_checkpoint",
+]
+
+Architecture = Literal["gpt2", "llama", "bert", "megatron-bert", "esm", "t5", "mt5"]
+ConfigReader = Callable[[dict[str, Any], dict[str, torch.Tensor], int], ModelConfig]
+StateReader = Callable[[dict[str, torch.Tensor], ModelConfig, str], dict[str, torch.Tensor]]
+
+
+#: ``model_type`` -> (config reader ``(hf_config, weights, padding multiple)``,
+#: state reader ``(weights, config, source)``).
+IMPORTERS: dict[str, tuple[ConfigReader, StateReader]] = {
+    "gpt2": (
+        lambda hf, w, m: hf_gpt2.ours_config_from_gpt2(hf, make_vocab_size_divisible_by=m),
+        lambda w, c, src: hf_gpt2.ours_state_from_gpt2(w, c, source=src),
+    ),
+    "llama": (
+        lambda hf, w, m: hf_llama.ours_config_from_llama(hf, make_vocab_size_divisible_by=m),
+        lambda w, c, src: hf_llama.ours_state_from_llama(w, c, source=src),
+    ),
+    "bert": (
+        lambda hf, w, m: hf_bert.ours_config_from_bert(
+            hf, pre_ln=False, binary_head=hf_bert.has_binary_head(w), make_vocab_size_divisible_by=m
+        ),
+        lambda w, c, src: hf_bert.ours_state_from_bert(w, c, source=src),
+    ),
+    "megatron-bert": (
+        lambda hf, w, m: hf_bert.ours_config_from_bert(
+            hf, pre_ln=True, binary_head=hf_bert.has_binary_head(w), make_vocab_size_divisible_by=m
+        ),
+        lambda w, c, src: hf_bert.ours_state_from_bert(w, c, source=src),
+    ),
+    "esm": (
+        lambda hf, w, m: hf_esm.ours_config_from_esm(hf, make_vocab_size_divisible_by=m),
+        lambda w, c, src: hf_esm.ours_state_from_esm(w, c, source=src),
+    ),
+    "t5": (
+        lambda hf, w, m: hf_t5.ours_config_from_t5(hf, w, make_vocab_size_divisible_by=m),
+        lambda w, c, src: hf_t5.ours_state_from_t5(w, c, source=src),
+    ),
+    "mt5": (
+        lambda hf, w, m: hf_t5.ours_config_from_t5(hf, w, make_vocab_size_divisible_by=m),
+        lambda w, c, src: hf_t5.ours_state_from_t5(w, c, source=src),
+    ),
+}
+
+#: architecture -> (``config.json`` writer, state writer), both from ``(config[, state])``.
+EXPORTERS: dict[
+    str, tuple[Callable[..., dict[str, Any]], Callable[..., dict[str, torch.Tensor]]]
+] = {
+    "gpt2": (hf_gpt2.gpt2_config_from_ours, hf_gpt2.gpt2_state_from_ours),
+    "llama": (hf_llama.llama_config_from_ours, hf_llama.llama_state_from_ours),
+    "bert": (hf_bert.bert_config_from_ours, hf_bert.bert_state_from_ours),
+    "megatron-bert": (hf_bert.bert_config_from_ours, hf_bert.bert_state_from_ours),
+    "esm": (hf_esm.esm_config_from_ours, hf_esm.esm_state_from_ours),
+    "t5": (hf_t5.t5_config_from_ours, hf_t5.t5_state_from_ours),
+    "mt5": (
+        lambda c: hf_t5.t5_config_from_ours(c, architecture="mt5"),
+        hf_t5.t5_state_from_ours,
+    ),
+}
+
+
+@dataclass
+class HFModel:
+    """A model read from a Hugging Face folder.
+
+    Attributes:
+        config: our model config.
+        state: our state dict (full CPU tensors, vocabulary padded).
+        hf_config: the ``config.json`` dict as read.
+        architecture: the ``model_type`` read (a key of :data:`IMPORTERS`).
+    """
+
+    config: ModelConfig
+    state: dict[str, torch.Tensor]
+    hf_config: dict[str, Any]
+    architecture: Architecture
+
+    @property
+    def eos_token_id(self) -> int | None:
+        """``eos_token_id`` of ``config.json`` (the first one if it is a list)."""
+        eos = self.hf_config.get("eos_token_id")
+        return eos[0] if isinstance(eos, list) and eos else eos
+
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        """Every ``eos_token_id`` of ``config.json`` (an int or a list; empty if unset)."""
+        eos = self.hf_config.get("eos_token_id")
+        eos = eos if isinstance(eos, list) else [] if eos is None else [eos]
+        return tuple(int(t) for t in eos)
+
+    @property
+    def bos_token_id(self) -> int | None:
+        """``bos_token_id`` of ``config.json``."""
+        return self.hf_config.get("bos_token_id")
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{path}: missing (not a Hugging Face model folder?)") from None
+    except json.JSONDecodeError as exc:
+        raise ConversionError(f"{path}: not valid JSON ({exc})") from exc
+    if not isinstance(data, dict):
+        raise ConversionError(f"{path}: expected a JSON object")
+    return data
+
+
+def _read_weights(folder: Path) -> dict[str, torch.Tensor]:
+    single = folder / "model.safetensors"
+    if single.is_file():
+        return load_safetensors(single)
+    for index_name, loader in (
+        ("model.safetensors.index.json", load_safetensors),
+        ("pytorch_model.bin.index.json", safe_torch_load),
+    ):
+        index = folder / index_name
+        if index.is_file():
+            weight_map = _read_json(index).get("weight_map")
+            if not isinstance(weight_map, dict):
+                raise ConversionError(f"{index}: has no 'weight_map' object")
+            state: dict[str, torch.Tensor] = {}
+            for shard in sorted(set(weight_map.values())):
+                part = loader(folder / shard)
+                state.update(part)
+            missing = sorted(set(weight_map) - set(state))
+            if missing:
+                raise ConversionError(
+                    f"{index}: tensors listed but not found in the shards: {missing[:8]}"
+                )
+            return state
+    binary = folder / "pytorch_model.bin"
+    if binary.is_file():
+        state = safe_torch_load(binary)
+        if not isinstance(state, dict):
+            raise ConversionError(f"{binary}: expected a state dict")
+        return state
+    raise FileNotFoundError(
+        f"{folder}: no model.safetensors, model.safetensors.index.json or pytorch_model.bin"
+    )
+
+
+def load_hf_checkpoint(
+    folder: str | os.PathLike,
+    *,
+    make_vocab_size_divisible_by: int = 128,
+    model_type: str | None = None,
+) -> HFModel:
+    """Read a Hugging Face model folder into our config and parameter names.
+
+    The returned config is accepted by :func:`epochal.model.build_model` and the
+    state loads into that model (``load_state_dict(strict=True)``).
+
+    Args:
+        folder: the model folder (``config.json`` + weights) of a ``GPT2LMHeadModel``,
+            ``LlamaForCausalLM``, ``BertForMaskedLM`` / ``BertForPreTraining``,
+            ``MegatronBertForMaskedLM`` / ``MegatronBertForPreTraining``, ``EsmForMaskedLM``,
+            ``T5ForConditionalGeneration`` or ``MT5ForConditionalGeneration``.
+        make_vocab_size_divisible_by: our vocabulary padding multiple.
+        model_type: if given, our ``ModelConfig.type`` the caller expects
+            (``"gpt"``, ``"bert"``, ``"esm"``, ``"t5"``); a folder holding another type is refused.
+
+    Raises:
+        FileNotFoundError: the folder, ``config.json`` or the weights are missing.
+        ConversionError: unsupported ``model_type`` or option, a model of another
+            type than ``model_type``, or tensors that do not match the config.
+        UnsafeCheckpointError: a ``.bin`` file holds non-tensor objects.
+    """
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"{folder}: not a folder")
+    hf_config = _read_json(folder / "config.json")
+    hf_type = hf_config.get("model_type")
+    if hf_type not in IMPORTERS:
+        raise ConversionError(
+            f"{folder / 'config.json'}: model_type={hf_type!r} is not supported "
+            f"(one of {sorted(IMPORTERS)})"
+        )
+    weights = _read_weights(folder)
+    read_config, read_state = IMPORTERS[hf_type]
+    config = read_config(hf_config, weights, make_vocab_size_divisible_by)
+    if model_type is not None and config.type != model_type:
+        raise ConversionError(
+            f"{folder}: holds a {config.type!r} model (Hugging Face {hf_type!r}), "
+            f"expected model.type={model_type!r}"
+        )
+    state = read_state(weights, config, str(folder))
+    return HFModel(config=config, state=state, hf_config=hf_config, architecture=hf_type)
+
+
+def hf_architecture_for(config: ModelConfig) -> Architecture:
+    """The default Hugging Face architecture of ``config``.
+
+    GPT: ``"gpt2"`` for learned absolute positions, ``"llama"`` for RoPE. BERT:
+    ``"bert"`` (post-LN) or ``"megatron-bert"`` (pre-LN). ESM: ``"esm"``. T5: ``"t5"``.
+
+    Raises:
+        ConversionError: a GPT position encoding with no Hugging Face target here.
+    """
+    if config.type == "bert":
+        return "megatron-bert" if config.transformer_block_type == "pre_ln" else "bert"
+    if config.type == "esm":
+        return "esm"
+    if config.type == "t5":
+        return "t5"
+    if config.position_embedding_type == "learned_absolute":
+        return "gpt2"
+    if config.position_embedding_type == "rope":
+        return "llama"
+    raise ConversionError(
+        f"position_embedding_type={config.position_embedding_type!r} has no Hugging Face export "
+        "(GPT-2 needs learned_absolute, Llama needs rope)"
+    )
+
+
+def save_hf_checkpoint(
+    config: ModelConfig,
+    state: dict[str, torch.Tensor],
+    folder: str | os.PathLike,
+    *,
+    architecture: Architecture | None = None,
+    dtype: torch.dtype | None = None,
+    bos_token_id: int | None = None,
+    eos_token_id: int | list[int] | None = None,
+    pad_token_id: int | None = None,
+    tokenizer_file: str | os.PathLike | None = None,
+    overwrite: bool = False,
+) -> Path:
+    """Write ``config.json`` and ``model.safetensors`` for a Hugging Face class.
+
+    Args:
+        config: our model config.
+        state: our state dict (full tensors; e.g. ``GPTModel.state_dict()``).
+        folder: the output folder (created; replaced only with ``overwrite``).
+        architecture: a key of :data:`EXPORTERS`; default :func:`hf_architecture_for`.
+        dtype: cast floating tensors to this dtype (default: keep each tensor's).
+        bos_token_id, eos_token_id, pad_token_id: written to ``config.json`` (used by HF
+            ``generate``; ``eos_token_id`` may be a list, as in Llama 3); encoders write
+            ``bos_token_id``/``eos_token_id`` only when given.
+        tokenizer_file: a ``tokenizer.json`` to ship with the weights, with a
+            ``tokenizer_config.json`` and ``special_tokens_map.json`` naming the
+            tokens of those ids (see :mod:`epochal.convert.hf.tokenizer`), so that
+            ``AutoTokenizer`` agrees with ``config.json``.
+        overwrite: replace an existing folder.
+
+    Returns:
+        The folder.
+
+    Raises:
+        ConversionError: the model has no such Hugging Face architecture (e.g. a
+            model of another type than ``architecture``), or ``tokenizer_file`` is
+            unreadable or lacks one of the ids.
+        FileExistsError: the folder exists and ``overwrite`` is false.
+    """
+    from safetensors.torch import save_file
+
+    tokenizer_files: dict[str, str] = {}
+    if tokenizer_file is not None:
+        tokenizer_files = hf_tokenizer_files(
+            tokenizer_file,
+            bos_token_id=bos_token_id,
+            eos_token_id=eos_token_id,
+            pad_token_id=pad_token_id,
+            model_max_length=config.max_position_embeddings,
+        )
+
+    arch = architecture or hf_architecture_for(config)
+    if arch not in EXPORTERS:
+        raise ConversionError(f"architecture={arch!r} is not one of {sorted(EXPORTERS)}")
+    write_config, write_state = EXPORTERS[arch]
+    if config.type != "gpt" or arch not in ("gpt2", "llama"):
+        expected = hf_architecture_for(config) if config.type != "gpt" else "gpt2' or 'llama"
+        if arch != expected and not (expected == "t5" and arch == "mt5"):
+            raise ConversionError(
+                f"architecture={arch!r} does not fit model.type={config.type!r} "
+                f"(transformer_block_type={config.transformer_block_type!r}); use '{expected}'"
+            )
+    hf_config = write_config(config)
+    state = complete_tied(config, state)
+    check_shapes(state, config, "model state")
+    out_dtype = dtype or state["tok_embeddings.weight"].dtype
+    hf_config["dtype"] = str(out_dtype).removeprefix("torch.")
+    hf_state = write_state(state, config)
+    if config.type == "gpt" or bos_token_id is not None:
+        hf_config["bos_token_id"] = bos_token_id
+    if config.type == "gpt" or eos_token_id is not None:
+        hf_config["eos_token_id"] = eos_token_id
+    if pad_token_id is not None:
+        hf_config["pad_token_id"] = pad_token_id
+    tensors: dict[str, torch.Tensor] = {}
+    seen: set[tuple[int, int]] = set()
+    for name, tensor in hf_state.items():
+        t = tensor.detach().to("cpu")
+        if dtype is not None and t.is_floating_point():
+            t = t.to(dtype)
+        t = t.contiguous()
+        key = (t.data_ptr(), t.nbytes)
+        if key in seen:
+            t = t.clone()  # safetensors refuses two names for the same memory
+        seen.add((t.data_ptr(), t.nbytes))
+        tensors[name] = t
+    with atomic_directory(folder, overwrite=overwrite) as tmp:
+        save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        (tmp / "config.json").write_text(json.dumps(hf_config, indent=2, sort_keys=True) + "\n")
+        for name, text in tokenizer_files.items():
+            (tmp / name).write_text(text, encoding="utf-8")
+    return Path(folder)

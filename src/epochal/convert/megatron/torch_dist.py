@@ -1,0 +1,216 @@
+"""Read Megatron-Core's distributed checkpoints (``--ckpt-format torch_dist``), any layout.
+
+Layout of an iteration folder (``iter_0001000/``, next to
+``latest_checkpointed_iteration.txt`` as for legacy checkpoints)::
+
+    metadata.json        {"sharded_backend": "torch_dist", ...}
+    .metadata            PyTorch DCP metadata: every tensor's global shape and shards
+    __R_I.distcp         the shards, written by every rank
+    common.pt            a torch.save dict with the non-sharded items (``args``, ...)
+
+The tensors are stored with their *global* shapes, whatever the TP x PP (x DP) layout
+that saved them, and the transformer layers stacked along a leading layer dimension
+(``decoder.layers.self_attention.linear_qkv.weight`` is ``[num_layers, q+k+v rows,
+hidden]``; the fused QKV and SwiGLU layouts are Megatron's, as in the legacy files).
+So reading needs no knowledge of the saving layout: PyTorch's own DCP reader loads each
+model tensor whole (metadata read with the restricted unpickler), the stacks are split
+into ``decoder.layers.{i}.*``, and the legacy path's name mapping
+(:mod:`epochal.convert.megatron.legacy`) turns them into ours. Optimizer state and
+RNG states in the folder are not read. The model configuration comes from ``args`` in
+``common.pt`` (read with :func:`~epochal.convert.safe_load.safe_torch_load`).
+
+Writing (:func:`write_torch_dist`) is the reverse: the layers stacked, one DCP save from
+one process with the global tensors (Megatron-Core reshards them for the loading
+job's layout), ``args`` and the iteration in ``common.pt``, and ``metadata.json``. The
+files carry no optimizer state (Megatron-LM loads them with ``--finetune`` /
+``--no-load-optim``).
+
+Errors (:class:`~epochal.convert.common.ConversionError`, naming the folder): a folder
+that is not ``torch_dist``, missing shard files (named), no ``args``, mixture-of-experts
+or other unsupported layers (named).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.distributed.checkpoint import load as dcp_load
+from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+from epochal.convert.common import ConversionError
+from epochal.convert.safe_load import safe_torch_load
+
+__all__ = ["is_torch_dist", "read_torch_dist", "stack_layers", "write_torch_dist"]
+
+#: top-level module names of a Megatron-Core model's tensors (the rest is optimizer/RNG state).
+_MODEL_PREFIXES = (
+    "embedding.",
+    "decoder.",
+    "encoder.",
+    "output_layer.",
+    "lm_head.",
+    "pooler.",
+    "binary_head.",
+    "position_embeddings.",
+)
+_UNSUPPORTED = (
+    (re.compile(r"\.mlp\.(experts|router|shared_experts)\."), "mixture-of-experts layers"),
+    (
+        re.compile(r"\.self_attention\.(linear_q_down|linear_kv_down|linear_q_up)"),
+        "multi-latent attention",
+    ),
+    (re.compile(r"\.cross_attention\."), "encoder-decoder (T5) cross-attention"),
+)
+
+
+def is_torch_dist(folder: str | Path) -> bool:
+    """True if ``folder`` is a ``torch_dist`` checkpoint (its ``metadata.json`` says so)."""
+    path = Path(folder) / "metadata.json"
+    if not path.is_file():
+        return False
+    try:
+        return json.loads(path.read_text()).get("sharded_backend") == "torch_dist"
+    except (json.JSONDecodeError, AttributeError):
+        return False
+
+
+def read_torch_dist(
+    folder: str | Path, *, key_prefix: str = ""
+) -> tuple[dict[str, torch.Tensor], Any]:
+    """The model tensors (Megatron-Core names, layers unstacked) and ``args`` of ``folder``.
+
+    ``key_prefix`` is stripped from the stored names first (NeMo 2 saves the model
+    under ``module.``); names without it (optimizer state) are not read.
+
+    Returns:
+        ``({"decoder.layers.0.self_attention.linear_qkv.weight": ..., ...}, args)``:
+        full (global) CPU tensors; ``args`` as saved (None when ``common.pt`` has none).
+
+    Raises:
+        ConversionError: not a ``torch_dist`` folder, a shard file is missing or
+            unreadable, or an unsupported layer type (named).
+        UnsafeCheckpointError: ``common.pt`` holds objects outside the allow-list.
+    """
+    from epochal.train.state.checkpoint import SafeFileSystemReader, SafeLoadPlanner
+
+    folder = Path(folder)
+    if not is_torch_dist(folder):
+        raise ConversionError(f"{folder}: not a Megatron torch_dist checkpoint (no metadata.json)")
+    reader = SafeFileSystemReader(str(folder))
+    metadata = reader.read_metadata()
+    wanted: dict[str, torch.Tensor] = {}
+    for key, meta in metadata.state_dict_metadata.items():
+        if not key.startswith(key_prefix) or not isinstance(meta, TensorStorageMetadata):
+            continue
+        if not key[len(key_prefix) :].startswith(_MODEL_PREFIXES):
+            continue
+        for pattern, what in _UNSUPPORTED:
+            if pattern.search(key):
+                raise ConversionError(f"{folder}: {what} ({key!r}) are not supported")
+        wanted[key] = torch.empty(meta.size, dtype=meta.properties.dtype)
+    if not wanted:
+        raise ConversionError(f"{folder}: no model tensors in the DCP metadata")
+    files = {
+        item.relative_path
+        for item in metadata.storage_data.values()
+        if getattr(item, "relative_path", None)
+    }
+    missing = sorted(f for f in files if not (folder / f).is_file())
+    if missing:
+        raise ConversionError(f"{folder}: shard files are missing: {missing[:8]}")
+    try:
+        dcp_load(wanted, storage_reader=reader, planner=SafeLoadPlanner(), no_dist=True)
+    except Exception as exc:  # DCP wraps reader errors in CheckpointException
+        raise ConversionError(f"{folder}: cannot read the shards ({exc})") from exc
+    common = folder / "common.pt"
+    args = None
+    if common.is_file():
+        payload = safe_torch_load(common)
+        if isinstance(payload, dict):
+            args = payload.get("args")
+    return _unstack({k[len(key_prefix) :]: v for k, v in wanted.items()}), args
+
+
+def _unstack(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``{decoder,encoder}.layers.X`` ``[L, ...]`` -> ``{decoder,encoder}.layers.{i}.X``."""
+    out: dict[str, torch.Tensor] = {}
+    for name, tensor in tensors.items():
+        m = re.match(r"^(decoder|encoder)\.layers\.(?!\d+\.)(.*)$", name)
+        if m is None:
+            out[name] = tensor
+            continue
+        for i in range(tensor.shape[0]):  # views: the stack's memory is not copied
+            out[f"{m.group(1)}.layers.{i}.{m.group(2)}"] = tensor[i]
+    return out
+
+
+def stack_layers(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Inverse of the unstacking: ``decoder.layers.{i}.X`` -> ``decoder.layers.X`` ``[L, ...]``."""
+    out: dict[str, torch.Tensor] = {}
+    stacks: dict[str, dict[int, torch.Tensor]] = {}
+    for name, tensor in tensors.items():
+        m = re.match(r"^(decoder|encoder)\.layers\.(\d+)\.(.*)$", name)
+        if m is None:
+            out[name] = tensor
+        else:
+            stacks.setdefault(f"{m.group(1)}.layers.{m.group(3)}", {})[int(m.group(2))] = tensor
+    for name, layers in stacks.items():
+        out[name] = torch.stack([layers[i] for i in range(len(layers))])
+    return out
+
+
+def write_torch_dist(
+    folder: Path, tensors: dict[str, torch.Tensor], *, args: Any, iteration: int
+) -> None:
+    """Write ``tensors`` (full Megatron-Core names, layers unstacked) as a ``torch_dist`` folder.
+
+    ``folder`` must not exist yet and is written in place (the caller renames a
+    temporary folder into place). Each per-layer module of a block gets the
+    ``_extra_state`` object Megatron-Core's modules save: Megatron-Core stores a
+    sharded object as the pickled list of its data (here ``[None]``: no FP8 metadata).
+    """
+    from torch.distributed.checkpoint import DefaultSavePlanner, FileSystemWriter
+    from torch.distributed.checkpoint import save as dcp_save
+
+    stacked = stack_layers(tensors)
+    state: dict[str, Any] = {k: v.contiguous() for k, v in stacked.items()}
+    blocks: dict[str, set[int]] = {}  # "decoder" (GPT) or "encoder" (BERT) -> layer indices
+    for k in tensors:
+        if m := re.match(r"^(decoder|encoder)\.layers\.(\d+)\.", k):
+            blocks.setdefault(m.group(1), set()).add(int(m.group(2)))
+    for block, layers in blocks.items():
+        for module in (
+            "self_attention.linear_proj",
+            "self_attention.linear_qkv",
+            "mlp.linear_fc1",
+            "mlp.linear_fc2",
+        ):
+            for i in sorted(layers):
+                state[f"{block}.layers.{module}._extra_state/shard_{i}_{len(layers)}"] = [None]
+    if "encoder" in blocks and "output_layer.bias" in tensors:
+        # BertModel's output layer is a ColumnParallelLinear of its own (GPT's is not saved so)
+        state["output_layer._extra_state/shard_0_1"] = [None]
+    folder.mkdir(parents=True)
+    dcp_save(
+        state,
+        storage_writer=FileSystemWriter(str(folder)),
+        planner=DefaultSavePlanner(flatten_state_dict=False),
+        no_dist=True,
+    )
+    torch.save(
+        {"args": args, "iteration": iteration, "checkpoint_version": 3.0}, folder / "common.pt"
+    )
+    (folder / "metadata.json").write_text(
+        json.dumps(
+            {
+                "sharded_backend": "torch_dist",
+                "sharded_backend_version": 1,
+                "common_backend": "torch",
+                "common_backend_version": 1,
+            }
+        )
+    )

@@ -1,0 +1,174 @@
+"""The ``[data]`` section: paths, splits, sequence lengths, tokenizer, masking."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from epochal.data.datasets.dataset_builder import parse_blend
+from epochal.model.config import ConfigError
+from epochal.train.config.checks import _require
+
+__all__ = [
+    "DataConfig",
+]
+
+
+# ------------------------------------------------------------------------ data
+@dataclass(kw_only=True)
+class DataConfig:
+    """The ``[data]`` section.
+
+    Attributes:
+        data_path: Megatron-style blend: ``["prefix"]`` or
+            ``["w1", "prefix1", "w2", "prefix2", ...]`` (prefixes of ``.bin``/``.idx``).
+        split: Megatron's train/valid/test split of ``data_path``, e.g. ``"969,30,1"``.
+        train_data_path / valid_data_path / test_data_path: a separate blend per split
+            (Megatron's ``--train-data-path`` ...), instead of ``data_path`` + ``split``.
+        seq_length: tokens per sample (>= 1).
+        mock: train on Megatron's mock GPT corpus (no files needed; ids below
+            ``model.vocab_size``, default 8192).
+        corpus: if set, tokenize this corpus first (cached) and train on it:
+            ``"stdlib"`` (Python's standard-library sources, a deterministic
+            subset in sorted path order) or a ``.jsonl`` path.
+
+    Exactly one data source: ``corpus``, ``mock`` or the paths. Setting two is a
+    :class:`ConfigError` naming both; an option given explicitly (config file or
+    override) replaces a preset's other source (see :func:`build_config`).
+        corpus_max_bytes: how much of the ``stdlib`` corpus to use (bytes of source).
+        json_keys: JSON keys holding the text of a JSONL corpus.
+        tokenizer_type: Megatron's names: ``GPT2BPETokenizer`` (local GPT-2 files by
+            default), ``HuggingFaceTokenizer``, ``TikTokenizer``, ``ByteLevelTokenizer``.
+        tokenizer_model / vocab_file / merge_file: tokenizer files (Megatron's names).
+        bpe_vocab_size: with ``corpus``: if > 0, train a byte-level BPE tokenizer of
+            this many ids on the corpus (cached; deterministic) and use it instead of
+            ``tokenizer_type`` — a small vocabulary keeps a CPU demo fast.
+        cache_dir: where prepared corpora, tokenizers and index caches go
+            (default ``$EPOCHAL_CACHE`` or ``~/.cache/epochal``).
+        num_workers: DataLoader worker processes (0 = in the main process).
+        reset_position_ids / reset_attention_mask / eod_mask_loss: Megatron's GPT
+            dataset options (positions and attention restart at each document;
+            no loss on end-of-document tokens).
+        split_sentences: with ``corpus``: one sequence per sentence, documents kept
+            (Megatron's ``--split-sentences``, :func:`epochal.data.split_sentences`),
+            no end-of-document token: the corpus BERT's data needs.
+        wordpiece_vocab_size: with ``corpus``: if > 0, train a WordPiece vocabulary of
+            this many ids on the corpus (offline, deterministic, cached) and use
+            ``BertWordPieceLowerCase`` with it instead of ``tokenizer_type``.
+        masking_probability / short_sequence_probability / masking_max_ngram /
+        masking_do_full_word / masking_do_permutation / masking_use_longer_ngrams /
+        masking_use_geometric_distribution: Megatron's BERT masking options (BERT
+            models on ``data_path``; validated by the data layer, errors name them).
+            T5 uses them for its spans (Megatron's ``pretrain_t5`` uses N-grams up to
+            10 from the geometric distribution: the ``t5-tiny`` preset sets that).
+        seq_length_decoder: T5: decoder tokens per sample (Megatron's
+            ``--decoder-seq-length``; ``seq_length`` is the encoder's).
+        vocab_extra_ids: WordPiece tokenizers: append this many ``<extra_id_N>``
+            sentinels (Megatron's ``--vocab-extra-ids``; T5 needs them, e.g. 100).
+    """
+
+    data_path: list[str] = field(default_factory=list)
+    split: str = "969,30,1"
+    train_data_path: list[str] = field(default_factory=list)
+    valid_data_path: list[str] = field(default_factory=list)
+    test_data_path: list[str] = field(default_factory=list)
+    seq_length: int = 1024
+    mock: bool = False
+    corpus: str = ""
+    corpus_max_bytes: int = 4_000_000
+    json_keys: list[str] = field(default_factory=lambda: ["text"])
+    tokenizer_type: str = "GPT2BPETokenizer"
+    tokenizer_model: str = ""
+    vocab_file: str = ""
+    merge_file: str = ""
+    bpe_vocab_size: int = 0
+    cache_dir: str = ""
+    num_workers: int = 0
+    reset_position_ids: bool = False
+    reset_attention_mask: bool = False
+    eod_mask_loss: bool = False
+    split_sentences: bool = False
+    wordpiece_vocab_size: int = 0
+    masking_probability: float = 0.15
+    short_sequence_probability: float = 0.1
+    masking_max_ngram: int = 3
+    masking_do_full_word: bool = True
+    masking_do_permutation: bool = False
+    masking_use_longer_ngrams: bool = False
+    masking_use_geometric_distribution: bool = False
+    seq_length_decoder: int = 128
+    vocab_extra_ids: int = 0
+
+    def __post_init__(self) -> None:
+        _require(self.seq_length >= 1, "seq_length", f"must be >= 1, got {self.seq_length}")
+        _require(
+            self.seq_length_decoder >= 1,
+            "seq_length_decoder",
+            f"must be >= 1, got {self.seq_length_decoder}",
+        )
+        _require(
+            self.vocab_extra_ids >= 0,
+            "vocab_extra_ids",
+            f"must be >= 0, got {self.vocab_extra_ids}",
+        )
+        _require(
+            self.corpus_max_bytes >= 1,
+            "corpus_max_bytes",
+            f"must be >= 1, got {self.corpus_max_bytes}",
+        )
+        _require(self.num_workers >= 0, "num_workers", f"must be >= 0, got {self.num_workers}")
+        _require(
+            self.wordpiece_vocab_size == 0 or 100 <= self.wordpiece_vocab_size <= 1_000_000,
+            "wordpiece_vocab_size",
+            f"must be 0 (off) or in [100, 1000000], got {self.wordpiece_vocab_size}",
+        )
+        _require(
+            not (self.wordpiece_vocab_size and self.bpe_vocab_size),
+            "wordpiece_vocab_size",
+            "and data.bpe_vocab_size cannot both be set (one trained tokenizer)",
+        )
+        _require(
+            self.bpe_vocab_size == 0 or 260 <= self.bpe_vocab_size <= 1_000_000,
+            "bpe_vocab_size",
+            f"must be 0 (off) or in [260, 1000000], got {self.bpe_vocab_size}",
+        )
+        _require(bool(self.json_keys), "json_keys", "must name at least one key")
+        parts = self.split.replace("/", ",").split(",")
+        try:
+            weights = [float(p) for p in parts]
+        except ValueError:
+            weights = []
+        _require(
+            1 <= len(weights) <= 3
+            and all(w >= 0 and math.isfinite(w) for w in weights)
+            and sum(weights) > 0,
+            "split",
+            f"must be 1-3 comma-separated non-negative weights like '969,30,1', got {self.split!r}",
+        )
+        for name in ("data_path", "train_data_path", "valid_data_path", "test_data_path"):
+            try:
+                parse_blend(getattr(self, name), name)
+            except ValueError as exc:
+                raise ConfigError(name, str(exc).removeprefix(f"{name}: ")) from None
+        per_split = self.train_data_path or self.valid_data_path or self.test_data_path
+        _require(
+            not (self.data_path and per_split),
+            "data_path",
+            "give data_path (+ split) or train/valid/test_data_path, not both",
+        )
+        sources = [name for name in ("corpus", "mock") if getattr(self, name)]
+        if self.has_paths:
+            sources.append("data_path" if self.data_path else "train_data_path")
+        if len(sources) > 1:
+            raise ConfigError(
+                sources[0],
+                f"is {getattr(self, sources[0])!r} and data.{sources[1]} is also set; set one data source "
+                "(data.corpus, data.mock or data.data_path / data.train_data_path ...)",
+            )
+
+    @property
+    def has_paths(self) -> bool:
+        """Whether any data path (blend or per-split) is set."""
+        return bool(
+            self.data_path or self.train_data_path or self.valid_data_path or self.test_data_path
+        )

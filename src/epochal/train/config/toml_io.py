@@ -1,0 +1,318 @@
+"""Reading a configuration (preset, TOML file, ``--section.key=value`` overrides) and
+writing the resolved tree back as TOML."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import tomllib
+import types
+import typing
+from pathlib import Path
+from typing import Any, Literal
+
+from epochal.model.config import ConfigError
+from epochal.train.config.checks import _require
+from epochal.train.config.tree import TrainConfig
+
+__all__ = [
+    "EXCLUSIVE_OPTIONS",
+    "build_config",
+    "config_from_dict",
+    "config_from_saved",
+    "parse_overrides",
+    "to_toml",
+]
+
+
+# ----------------------------------------------------------------- loading
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+def _coerce(value: Any, tp: Any, option: str) -> Any:
+    """Check ``value`` against the annotation ``tp``; return it (ints widened to float)."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _coerce(value, arg, option)
+            except ConfigError as exc:
+                errors.append(exc.detail)
+        raise ConfigError(
+            option, f"expected {' or '.join(_type_name(a) for a in args)}, got {value!r}"
+        )
+    if origin is Literal:
+        allowed = typing.get_args(tp)
+        _require(value in allowed, option, f"must be one of {list(allowed)}, got {value!r}")
+        return value
+    if origin is dict:
+        _require(isinstance(value, dict), option, f"expected a table, got {value!r}")
+        return dict(value)
+    if origin is list:
+        (item_tp,) = typing.get_args(tp)
+        _require(isinstance(value, list | tuple), option, f"expected a list, got {value!r}")
+        return [_coerce(v, item_tp, option) for v in value]
+    if dataclasses.is_dataclass(tp):
+        _require(isinstance(value, dict), option, f"expected a table of options, got {value!r}")
+        return _build_dataclass(tp, value, option)
+    if tp is bool:
+        _require(isinstance(value, bool), option, f"expected true or false, got {value!r}")
+        return value
+    if tp is int:
+        _require(
+            isinstance(value, int) and not isinstance(value, bool),
+            option,
+            f"expected an integer, got {value!r}",
+        )
+        return value
+    if tp is float:
+        _require(
+            isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value),
+            option,
+            f"expected a finite number, got {value!r}",
+        )
+        return float(value)
+    if tp is str:
+        _require(isinstance(value, str), option, f"expected a string, got {value!r}")
+        return value
+    return value
+
+
+def _build_dataclass(cls: type, values: dict[str, Any], prefix: str) -> Any:
+    hints = typing.get_type_hints(cls)
+    known = {f.name for f in dataclasses.fields(cls) if f.init}
+    kwargs = {}
+    for key, value in values.items():
+        option = f"{prefix}.{key}" if prefix else key
+        if key not in known:
+            raise ConfigError(option, f"unknown option; known: {', '.join(sorted(known))}")
+        kwargs[key] = _coerce(value, hints[key], option)
+    missing = [
+        f.name
+        for f in dataclasses.fields(cls)
+        if f.init
+        and f.name not in kwargs
+        and f.default is dataclasses.MISSING
+        and f.default_factory is dataclasses.MISSING
+    ]
+    if missing:
+        option = f"{prefix}.{missing[0]}" if prefix else missing[0]
+        raise ConfigError(option, f"is required (missing: {', '.join(missing)})")
+    try:
+        return cls(**kwargs)
+    except ConfigError as exc:
+        raise (
+            exc.with_prefix(prefix) if prefix and not exc.option.startswith(prefix + ".") else exc
+        ) from None
+
+
+def config_from_dict(values: dict[str, Any]) -> TrainConfig:
+    """Build and validate a :class:`TrainConfig` from nested dicts (TOML tables)."""
+    return _build_dataclass(TrainConfig, values, "")
+
+
+def config_from_saved(values: dict[str, Any]) -> TrainConfig:
+    """Build a :class:`TrainConfig` from a ``config.toml`` a run saved (any version).
+
+    Runs saved before the options of :data:`EXCLUSIVE_OPTIONS` became exclusive may
+    hold two of a group; they were resolved by precedence then, and are read the
+    same way here: ``data.corpus`` over ``data.mock`` over the paths, and
+    ``scheduler.lr_warmup_fraction`` over ``lr_warmup_iters``.
+
+    Raises:
+        ConfigError: as :func:`config_from_dict`.
+    """
+    values = {k: dict(v) if isinstance(v, dict) else v for k, v in values.items()}
+    data, sched = values.get("data"), values.get("scheduler")
+    if isinstance(data, dict) and (data.get("corpus") or data.get("mock")):
+        for key in ("data_path", "train_data_path", "valid_data_path", "test_data_path"):
+            data.pop(key, None)
+        if data.get("corpus"):
+            data.pop("mock", None)
+    if isinstance(sched, dict) and sched.get("lr_warmup_fraction") is not None:
+        sched["lr_warmup_iters"] = 0
+    return config_from_dict(values)
+
+
+def _deep_merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in update.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = _deep_merge(out[k], v)
+        else:
+            out[k] = v
+    return out
+
+
+def parse_overrides(overrides: list[str]) -> dict[str, Any]:
+    """Turn ``["--a.b=1", "c.d=x"]`` into ``{"a": {"b": 1}, "c": {"d": "x"}}``.
+
+    Values are TOML literals; a value that does not parse as TOML is a string.
+    Dashes in keys are read as underscores (``--training.train-iters=5``).
+
+    Raises:
+        ConfigError: an item without ``=``.
+    """
+    out: dict[str, Any] = {}
+    for item in overrides:
+        text = item[2:] if item.startswith("--") else item
+        key, sep, raw = text.partition("=")
+        key = key.strip().replace("-", "_")  # --run-dir, --training.train-iters
+        _require(bool(sep) and bool(key), item, "overrides look like --section.key=value")
+        try:
+            value = tomllib.loads(f"v = {raw}")["v"]
+        except tomllib.TOMLDecodeError:
+            value = raw
+        node = out
+        parts = key.split(".")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+            _require(isinstance(node, dict), key, "conflicts with another override")
+        node[parts[-1]] = value
+    return out
+
+
+# Options of which a configuration sets at most one. An option set explicitly (in the
+# config file or an override) removes the preset's values of the others in its group,
+# so ``--data.data_path=[...]`` replaces the tiny preset's ``data.corpus`` and
+# ``--scheduler.lr_warmup_iters=5`` its ``scheduler.lr_warmup_fraction``.
+EXCLUSIVE_OPTIONS: tuple[tuple[str, ...], ...] = (
+    (
+        "data.corpus",
+        "data.mock",
+        "data.data_path",
+        "data.train_data_path",
+        "data.valid_data_path",
+        "data.test_data_path",
+    ),
+    ("scheduler.lr_warmup_iters", "scheduler.lr_warmup_fraction"),
+)
+
+
+def _has_option(values: dict[str, Any], dotted: str) -> bool:
+    section, _, key = dotted.rpartition(".")
+    table = values.get(section) if section else values
+    return isinstance(table, dict) and key in table
+
+
+def _drop_replaced_preset_options(preset: dict[str, Any], explicit: dict[str, Any]) -> None:
+    for group in EXCLUSIVE_OPTIONS:
+        if not any(_has_option(explicit, o) for o in group):
+            continue
+        for option in group:
+            if _has_option(preset, option) and not _has_option(explicit, option):
+                section, _, key = option.rpartition(".")
+                del preset[section][key]
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"config file {path} does not exist") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(str(path), f"not valid TOML: {exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            str(path),
+            f"not a TOML text file (byte {exc.start} is 0x{exc.object[exc.start]:02x}, "
+            "not UTF-8); --config takes a .toml file",
+        ) from None
+    except OSError as exc:
+        raise ConfigError(
+            str(path), f"cannot read the config file: {exc.strerror or exc}"
+        ) from None
+
+
+def build_config(
+    *,
+    preset: str | None = None,
+    config_file: str | Path | None = None,
+    overrides: list[str] | None = None,
+    require_data: bool = True,
+) -> TrainConfig:
+    """Resolve a configuration: preset, then TOML file, then overrides.
+
+    Options set in the file or the overrides are explicit: one of a group in
+    :data:`EXCLUSIVE_OPTIONS` replaces the preset's others (an explicit
+    ``data.data_path`` wins over the preset's ``data.corpus``); two set
+    explicitly are an error naming both.
+
+    Args:
+        preset: a name from :data:`epochal.train.config.presets.PRESETS` (None = defaults).
+        config_file: a TOML file.
+        overrides: ``--section.key=value`` strings.
+        require_data: require a data source (:meth:`TrainConfig.check_data`); False
+            to resolve a configuration only to show it.
+
+    Raises:
+        ConfigError: unknown key or invalid value (names the option); a config file
+            that is not UTF-8 TOML or cannot be read (names the file).
+        FileNotFoundError: the config file is missing (names it).
+    """
+    from epochal.train.config.presets import preset_dict
+
+    values: dict[str, Any] = preset_dict(preset) if preset else {}
+    explicit: dict[str, Any] = {}
+    if config_file is not None:
+        explicit = _read_toml(Path(config_file))
+    if overrides:
+        explicit = _deep_merge(explicit, parse_overrides(overrides))
+    _drop_replaced_preset_options(values, explicit)
+    config = config_from_dict(_deep_merge(values, explicit))
+    if require_data:
+        config.check_data()
+    return config
+
+
+# ------------------------------------------------------------------ writing
+def _toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, float):
+        return (
+            repr(v)
+            if math.isfinite(v)
+            else ("inf" if v > 0 else "-inf")
+            if not math.isnan(v)
+            else "nan"
+        )
+    if isinstance(v, str):
+        return '"' + v.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+    if isinstance(v, list | tuple):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return (
+            "{" + ", ".join(f"{_toml_value(str(k))} = {_toml_value(x)}" for k, x in v.items()) + "}"
+        )
+    raise TypeError(f"cannot write {v!r} to TOML")
+
+
+def to_toml(config: TrainConfig) -> str:
+    """The resolved configuration as TOML (``None`` values omitted); :func:`build_config` reads it back."""
+    lines: list[str] = []
+    tables: list[tuple[str, Any]] = []
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        if dataclasses.is_dataclass(value):
+            tables.append((f.name, value))
+        elif value is not None:
+            lines.append(f"{f.name} = {_toml_value(value)}")
+    for name, section in tables:
+        lines.append("")
+        lines.append(f"[{name}]")
+        for f in dataclasses.fields(section):
+            value = getattr(section, f.name)
+            if value is not None:
+                lines.append(f"{f.name} = {_toml_value(value)}")
+    return "\n".join(lines) + "\n"

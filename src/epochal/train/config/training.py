@@ -1,0 +1,172 @@
+"""The ``[training]`` section: batch sizes, iterations, seed, evaluation, device, precision."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from epochal.train.config.checks import _require
+
+__all__ = [
+    "TrainingConfig",
+]
+
+
+# -------------------------------------------------------------------- training
+@dataclass(kw_only=True)
+class TrainingConfig:
+    """The ``[training]`` section.
+
+    Attributes:
+        micro_batch_size: samples per forward/backward pass (>= 1).
+        global_batch_size: samples per optimizer step (a multiple of
+            ``micro_batch_size * data_parallel_size``); the number of micro-batches
+            (gradient accumulation steps) is their ratio.
+        rampup_batch_size: Megatron's ``[start, increment, ramp_samples]``: the global
+            batch grows from ``start`` by ``increment`` over ``ramp_samples`` samples
+            (None = constant). The LR schedule still counts optimizer steps (Megatron
+            counts samples), so warmup/decay lengths are in steps.
+        train_iters: optimizer steps to train (>= 1).
+        seed: seed of the weights, dropout and data order.
+        eval_interval: evaluate every this many steps (0 = never; also at the end).
+        eval_iters: validation batches (of ``global_batch_size`` samples) per evaluation.
+        device: ``"auto"`` (CUDA if available), ``"cpu"`` or ``"cuda"``.
+        bf16: run forward/backward under bfloat16 autocast (parameters and
+            optimizer state stay float32).
+        fp16: run forward/backward under float16 autocast with Megatron's loss
+            scaling (:mod:`epochal.train.optim.loss_scaler`; parameters and optimizer
+            state stay float32); a step whose gradients overflow is skipped (no
+            optimizer or learning-rate step) and the scale lowered. Not with ``bf16``;
+            refused on a device without float16 autocast.
+        loss_scale: a constant loss scale (Megatron's ``--loss-scale``); None =
+            dynamic scaling with the four options below.
+        initial_loss_scale: the first dynamic scale (``--initial-loss-scale``).
+        min_loss_scale: the dynamic scale's floor (``--min-loss-scale``).
+        loss_scale_window: overflow-free steps before the scale doubles
+            (``--loss-scale-window``).
+        hysteresis: overflowing steps before the scale halves (``--hysteresis``).
+        compile: ``torch.compile`` each transformer block.
+        exit_signal_handler: on SIGTERM or SIGINT, finish the current step, save a
+            checkpoint and exit 0 (every rank after the same step); Megatron's
+            ``--exit-signal-handler``, on by default here.
+        exit_duration_mins: stop (saving first) once this many minutes of wall time
+            have passed since the trainer was created (> 0; None = no limit).
+        exit_interval: stop (saving first) after a step that is a multiple of this
+            (>= 1; None = never).
+        train_step: a custom train step class ``"package.module:Class"`` (a
+            subclass of ``epochal.train.GPTTrainStep`` / ``BertTrainStep``;
+            Accelerate's ``custom_train_step_class``); empty = the model type's step.
+        train_step_kwargs: keyword arguments of that class (a TOML table;
+            Accelerate's ``custom_train_step_kwargs``).
+        eval_callback: an evaluation callback ``"package.module:function"``,
+            called as ``fn(batch, logits) -> {name: number} | None`` for every
+            validation micro-batch (see ``Trainer.add_eval_callback``); its values
+            are logged with the evaluation under ``<name>``. Empty = none.
+    """
+
+    micro_batch_size: int = 4
+    global_batch_size: int = 16
+    rampup_batch_size: list[int] | None = None
+    train_iters: int = 300
+    seed: int = 1234
+    eval_interval: int = 100
+    eval_iters: int = 10
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    bf16: bool = False
+    fp16: bool = False
+    loss_scale: float | None = None
+    initial_loss_scale: float = 2.0**32
+    min_loss_scale: float = 1.0
+    loss_scale_window: int = 1000
+    hysteresis: int = 2
+    compile: bool = False
+    exit_signal_handler: bool = True
+    exit_duration_mins: float | None = None
+    exit_interval: int | None = None
+    train_step: str = ""
+    train_step_kwargs: dict[str, Any] = field(default_factory=dict)
+    eval_callback: str = ""
+
+    def __post_init__(self) -> None:
+        _require(
+            not (self.fp16 and self.bf16),
+            "fp16",
+            "and training.bf16 are both true; pick one precision",
+        )
+        _require(
+            self.loss_scale is None or self.loss_scale > 0,
+            "loss_scale",
+            f"must be > 0 (or unset for dynamic scaling), got {self.loss_scale}",
+        )
+        _require(
+            self.min_loss_scale > 0, "min_loss_scale", f"must be > 0, got {self.min_loss_scale}"
+        )
+        _require(
+            self.initial_loss_scale >= self.min_loss_scale,
+            "initial_loss_scale",
+            f"must be >= training.min_loss_scale={self.min_loss_scale}, got {self.initial_loss_scale}",
+        )
+        _require(
+            self.loss_scale_window >= 1,
+            "loss_scale_window",
+            f"must be >= 1, got {self.loss_scale_window}",
+        )
+        _require(self.hysteresis >= 1, "hysteresis", f"must be >= 1, got {self.hysteresis}")
+        _require(
+            not self.eval_callback or self.eval_callback.count(":") == 1,
+            "eval_callback",
+            f"must look like 'package.module:function', got {self.eval_callback!r}",
+        )
+        _require(
+            not self.train_step or self.train_step.count(":") == 1,
+            "train_step",
+            f"must look like 'package.module:Class', got {self.train_step!r}",
+        )
+        _require(
+            not self.train_step_kwargs or bool(self.train_step),
+            "train_step_kwargs",
+            "is set but training.train_step is not",
+        )
+        _require(
+            self.micro_batch_size >= 1,
+            "micro_batch_size",
+            f"must be >= 1, got {self.micro_batch_size}",
+        )
+        _require(
+            self.global_batch_size >= 1,
+            "global_batch_size",
+            f"must be >= 1, got {self.global_batch_size}",
+        )
+        _require(
+            self.global_batch_size % self.micro_batch_size == 0,
+            "global_batch_size",
+            f"must be a multiple of micro_batch_size={self.micro_batch_size}, got {self.global_batch_size}",
+        )
+        _require(self.train_iters >= 1, "train_iters", f"must be >= 1, got {self.train_iters}")
+        if self.rampup_batch_size is not None:
+            r = self.rampup_batch_size
+            _require(
+                len(r) == 3
+                and r[0] >= 1
+                and r[1] >= 1
+                and r[2] >= 0
+                and r[0] <= self.global_batch_size,
+                "rampup_batch_size",
+                f"must be [start >= 1, increment >= 1, ramp_samples >= 0] with start <= "
+                f"global_batch_size={self.global_batch_size}, got {r}",
+            )
+        _require(0 <= self.seed < 2**32, "seed", f"must be in [0, 2**32), got {self.seed}")
+        _require(
+            self.eval_interval >= 0, "eval_interval", f"must be >= 0, got {self.eval_interval}"
+        )
+        _require(self.eval_iters >= 0, "eval_iters", f"must be >= 0, got {self.eval_iters}")
+        _require(
+            self.exit_duration_mins is None or self.exit_duration_mins > 0,
+            "exit_duration_mins",
+            f"must be > 0 (or unset), got {self.exit_duration_mins}",
+        )
+        _require(
+            self.exit_interval is None or self.exit_interval >= 1,
+            "exit_interval",
+            f"must be >= 1 (or unset), got {self.exit_interval}",
+        )

@@ -1,0 +1,116 @@
+"""The whole configuration tree, :class:`TrainConfig`, and its cross-section checks."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from epochal.parallel.config import ParallelConfig
+from epochal.train.config.checkpoint import CheckpointConfig
+from epochal.train.config.checks import _require
+from epochal.train.config.data import DataConfig
+from epochal.train.config.log import LoggingConfig
+from epochal.train.config.model import ModelSection, model_config_from_section, position_length
+from epochal.train.config.optimizer import OptimizerConfig
+from epochal.train.config.scheduler import SchedulerConfig
+from epochal.train.config.training import TrainingConfig
+
+__all__ = [
+    "TrainConfig",
+]
+
+
+# ------------------------------------------------------------------------ root
+@dataclass(kw_only=True)
+class TrainConfig:
+    """The whole configuration (see the module docstring for the sections)."""
+
+    run_dir: str = "runs/tiny"
+    model: ModelSection = field(
+        default_factory=lambda: ModelSection(
+            hidden_size=128,
+            num_layers=4,  # type: ignore[misc]
+            num_attention_heads=4,
+        )
+    )
+    data: DataConfig = field(default_factory=DataConfig)
+    training: TrainingConfig = field(default_factory=TrainingConfig)
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+
+    def __post_init__(self) -> None:
+        _require(bool(self.run_dir), "run_dir", "must be a non-empty path")
+        # Model fields, checked with placeholders for what the tokenizer decides.
+        model_config_from_section(
+            self.model, vocab_size=self.model.vocab_size or 1, seq_length=position_length(self)
+        )
+        mpe = self.model.max_position_embeddings
+        longest = position_length(self)
+        _require(
+            mpe is None or mpe >= longest,
+            "model.max_position_embeddings",
+            f"must be >= data.seq_length={self.data.seq_length}"
+            + (
+                f" and data.seq_length_decoder={self.data.seq_length_decoder}"
+                if self.model.type == "t5"
+                else ""
+            )
+            + f", got {mpe}",
+        )
+        s = self.scheduler
+        _require(
+            s.lr_warmup_init <= self.optimizer.lr,
+            "scheduler.lr_warmup_init",
+            f"must be <= optimizer.lr={self.optimizer.lr}, got {s.lr_warmup_init}",
+        )
+        decay = self.lr_decay_iters
+        warm = self.lr_warmup_iters
+        if s.lr_warmup_fraction is None:
+            _require(
+                warm < decay,
+                "scheduler.lr_warmup_iters",
+                f"must be < lr_decay_iters={decay} (training.train_iters unless set), got {warm}; "
+                "set a smaller scheduler.lr_warmup_iters or scheduler.lr_warmup_fraction instead "
+                "(e.g. --scheduler.lr_warmup_iters=0 --scheduler.lr_warmup_fraction=0.1)",
+            )
+        if s.lr_decay_style == "WSD":
+            _require(
+                s.lr_wsd_decay_iters is not None and s.lr_wsd_decay_iters <= decay,
+                "scheduler.lr_wsd_decay_iters",
+                f"must be set and <= lr_decay_iters={decay} for WSD, got {s.lr_wsd_decay_iters}",
+            )
+        o = self.optimizer
+        if s.weight_decay_incr_style == "constant":
+            _require(
+                o.wd_start == o.wd_end,
+                "optimizer.end_weight_decay",
+                "must equal start_weight_decay with scheduler.weight_decay_incr_style='constant'",
+            )
+
+    def check_data(self) -> None:
+        """Require a data source (what training needs; printing a configuration does not).
+
+        Raises:
+            ConfigError: none of ``data.data_path`` (or the per-split paths),
+                ``data.corpus`` or ``data.mock`` is set.
+        """
+        _require(
+            self.data.has_paths or self.data.mock or bool(self.data.corpus),
+            "data.data_path",
+            "no data: set data.data_path (Megatron-style prefixes), data.corpus ('stdlib' or a "
+            ".jsonl) or data.mock=true",
+        )
+
+    @property
+    def lr_decay_iters(self) -> int:
+        """``scheduler.lr_decay_iters`` or ``training.train_iters``."""
+        return self.scheduler.lr_decay_iters or self.training.train_iters
+
+    @property
+    def lr_warmup_iters(self) -> int:
+        """Warmup steps: ``lr_warmup_fraction * lr_decay_iters`` if the fraction is set, else ``lr_warmup_iters``."""
+        if self.scheduler.lr_warmup_fraction is not None:
+            return int(self.scheduler.lr_warmup_fraction * self.lr_decay_iters)
+        return self.scheduler.lr_warmup_iters

@@ -1,0 +1,1 @@
+"""Observation: metrics (JSONL, TensorBoard), loss plots, Weights & Biases."""

@@ -1,0 +1,152 @@
+"""AdamW with Megatron-LM's parameter groups, and gradient clipping.
+
+Megatron's default rule (``_get_param_groups`` with no custom condition): a
+parameter gets no weight decay if its name ends in ``.bias`` or it is
+one-dimensional (norm weights and biases); everything else, embeddings included,
+is decayed. Groups carry ``wd_mult`` (1.0 / 0.0), which
+:class:`~epochal.train.optim.lr_schedule.OptimizerParamScheduler` multiplies into the
+scheduled weight decay, and a ``name`` for logs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_optimizer_state_dict,
+    set_optimizer_state_dict,
+)
+
+__all__ = [
+    "OptimizersContainer",
+    "build_adamw",
+    "clip_grad_norm",
+    "no_weight_decay",
+    "param_groups",
+]
+
+
+def no_weight_decay(name: str, param: torch.Tensor) -> bool:
+    """Megatron's default: biases and 1-D parameters (norms) are not decayed."""
+    return name.endswith(".bias") or param.dim() == 1
+
+
+def param_groups(model_parts: Iterable[nn.Module]) -> list[dict]:
+    """Split the trainable parameters of ``model_parts`` into decay / no-decay groups.
+
+    Tied parameters appear once (``named_parameters`` de-duplicates within a part;
+    the same tensor in two parts is also kept once). Empty groups are kept so
+    that every rank has the same group structure (as Megatron does).
+
+    Returns:
+        ``[{"name": "decay", "params": [...], "wd_mult": 1.0},
+        {"name": "no_decay", "params": [...], "wd_mult": 0.0}]``.
+    """
+    decay: list[torch.Tensor] = []
+    no_decay: list[torch.Tensor] = []
+    seen: set[int] = set()
+    for part in model_parts:
+        for name, p in part.named_parameters():
+            if not p.requires_grad or id(p) in seen:
+                continue
+            seen.add(id(p))
+            (no_decay if no_weight_decay(name, p) else decay).append(p)
+    return [
+        {"name": "decay", "params": decay, "wd_mult": 1.0},
+        {"name": "no_decay", "params": no_decay, "wd_mult": 0.0},
+    ]
+
+
+def build_adamw(
+    model_parts: Iterable[nn.Module],
+    *,
+    lr: float,
+    weight_decay: float,
+    betas: tuple[float, float] = (0.9, 0.999),
+    eps: float = 1e-8,
+) -> torch.optim.AdamW:
+    """``torch.optim.AdamW`` over Megatron's parameter groups.
+
+    The initial ``lr``/``weight_decay`` are overwritten by the scheduler at
+    every step; they matter only if no scheduler is used.
+    """
+    groups = param_groups(model_parts)
+    for g in groups:
+        g["weight_decay"] = weight_decay * g["wd_mult"]
+    return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+
+
+def clip_grad_norm(parameters: Iterable[torch.Tensor], max_norm: float) -> torch.Tensor:
+    """Clip gradients to a global L2 norm of ``max_norm`` (0 = only measure); return the norm.
+
+    Returns:
+        The total gradient norm before clipping (float32 scalar tensor); ``inf``
+        or ``nan`` if a gradient is non-finite (then nothing is scaled).
+    """
+    params = [p for p in parameters if p.grad is not None]
+    if not params:
+        return torch.zeros(())
+    total = torch.nn.utils.get_total_norm([p.grad for p in params])
+    if max_norm > 0 and torch.isfinite(total):
+        # what clip_grad_norm_ does, minus scaling by a non-finite norm (0 or nan)
+        torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
+    return total
+
+
+class OptimizersContainer:
+    """One optimizer per model part, used as one (torchtitan's pattern).
+
+    A pipeline stage may hold several model parts (virtual stages); each gets its
+    own optimizer so that its state dict is keyed by that part's FQNs. The
+    container exposes the union of ``param_groups`` (what the LR scheduler
+    writes), ``step``/``zero_grad`` over all, and a DCP ``Stateful`` interface with
+    *flattened*, FQN-keyed state (``state.<fqn>.exp_avg``,
+    ``param_groups.<fqn>.lr``, ...), so checkpoints reshard across layouts.
+
+    Args:
+        model_parts: the model parts (one here; several under pipeline parallelism).
+        build: ``build(part) -> torch.optim.Optimizer`` for one part.
+    """
+
+    def __init__(
+        self, model_parts: Sequence[nn.Module], build: Callable[[nn.Module], torch.optim.Optimizer]
+    ) -> None:
+        self.model_parts = list(model_parts)
+        self.optimizers = [build(part) for part in self.model_parts]
+
+    @property
+    def param_groups(self) -> list[dict]:
+        """All parameter groups of all optimizers (mutable, as ``Optimizer.param_groups``)."""
+        return [g for opt in self.optimizers for g in opt.param_groups]
+
+    def parameters(self) -> list[torch.Tensor]:
+        """Every parameter the optimizers update (each once)."""
+        return [p for g in self.param_groups for p in g["params"]]
+
+    def step(self) -> None:
+        """Step every optimizer."""
+        for opt in self.optimizers:
+            opt.step()
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Clear the gradients of every optimizer's parameters."""
+        for opt in self.optimizers:
+            opt.zero_grad(set_to_none=set_to_none)
+
+    _OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Flattened FQN-keyed state of every optimizer, merged."""
+        merged: dict[str, Any] = {}
+        for part, opt in zip(self.model_parts, self.optimizers):
+            merged.update(get_optimizer_state_dict(part, opt, options=self._OPTIONS))
+        return merged
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Load a (merged, flattened) state dict into every optimizer."""
+        for part, opt in zip(self.model_parts, self.optimizers):
+            set_optimizer_state_dict(part, opt, optim_state_dict=state_dict, options=self._OPTIONS)

@@ -1,0 +1,162 @@
+"""What a run directory already holds, checked before training starts in it.
+
+- **Resuming** continues a run, so the checkpoint's ``config.toml`` and the
+  current configuration must agree on every option in :data:`RUN_DEFINING`:
+  the data (sources, tokenizer, split, sequence length, document masking) and
+  ``training.seed`` / ``micro_batch_size`` / ``global_batch_size`` /
+  ``rampup_batch_size``. These decide which samples are drawn in which order;
+  changing one would silently make another run under the old name. The model
+  must agree too; the trainer compares the *resolved* model (vocabulary size
+  included) with the checkpoint's (``Trainer.check_model_config``), so a
+  ``[model]`` spelling that resolves to the same model is accepted.
+  Everything else may change on resume: ``training.train_iters``,
+  evaluation, device, ``bf16``, ``compile``, ``optimizer``, ``scheduler``,
+  ``checkpoint``, ``logging``, the ``parallel`` layout (checkpoints reshard),
+  ``data.num_workers`` and ``data.cache_dir``; the changes are reported.
+- **Starting fresh** in a directory that has ``metrics.jsonl`` but nothing to
+  resume (an earlier run that stopped before its first checkpoint, or another
+  run's directory): the earlier ``metrics.jsonl``, ``config.toml`` and
+  ``tensorboard/`` are renamed to ``<name>.<UTC time>`` (nothing is deleted)
+  and the new run's history starts at segment 0, so ``epochal plot`` does not
+  call it "resumed".
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+import tomllib
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from epochal.model.config import ConfigError
+from epochal.train.config import DataConfig, TrainConfig, config_from_saved
+from epochal.train.state.checkpoint import Checkpointer
+
+__all__ = ["RUN_DEFINING", "archive_previous_history", "check_resume_config", "config_changes"]
+
+# section -> the options of that section that define a run (None: all of them); the
+# model is compared resolved, by Trainer.check_model_config
+RUN_DEFINING: dict[str, frozenset[str] | None] = {
+    "data": frozenset(
+        f.name for f in dataclasses.fields(DataConfig) if f.name not in ("num_workers", "cache_dir")
+    ),
+    "training": frozenset({"seed", "micro_batch_size", "global_batch_size", "rampup_batch_size"}),
+}
+
+
+def _flatten(config: TrainConfig) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        if dataclasses.is_dataclass(value):
+            for g in dataclasses.fields(value):
+                out[f"{f.name}.{g.name}"] = getattr(value, g.name)
+        else:
+            out[f.name] = value
+    return out
+
+
+def _defines_run(option: str) -> bool:
+    section, _, key = option.partition(".")
+    if section not in RUN_DEFINING:
+        return False
+    keys = RUN_DEFINING[section]
+    return keys is None or key in keys
+
+
+def config_changes(saved: TrainConfig, current: TrainConfig) -> tuple[list[str], list[str]]:
+    """The options whose values differ, as ``"option: saved -> current"`` lines.
+
+    Returns:
+        ``(run-defining changes, other changes)``; ``run_dir`` is not compared.
+    """
+    a, b = _flatten(saved), _flatten(current)
+    defining, other = [], []
+    for option in a:
+        if option == "run_dir" or a[option] == b.get(option):
+            continue
+        line = f"{option}: {a[option]!r} -> {b.get(option)!r}"
+        (defining if _defines_run(option) else other).append(line)
+    return defining, other
+
+
+def check_resume_config(
+    folder: str | os.PathLike, current: TrainConfig, checkpointer: Checkpointer | None = None
+) -> list[str]:
+    """Refuse to resume ``folder`` with a configuration that defines another run.
+
+    Args:
+        folder: the checkpoint about to be resumed (its ``config.toml`` is compared;
+            a model-only checkpoint, e.g. a converted model, or one without a
+            ``config.toml`` is not checked: it starts a new run).
+        current: the configuration of this process.
+        checkpointer: reads (and verifies) the folder's ``trainer_state.json``; default
+            a :class:`Checkpointer` of the folder's parent.
+
+    Returns:
+        The allowed changes (``"option: saved -> current"``), to report.
+
+    Raises:
+        ConfigError: (``checkpoint.resume``) listing every run-defining option
+            that differs, or naming the checkpoint's unreadable ``config.toml``.
+    """
+    path = Path(folder) / "config.toml"
+    checkpointer = checkpointer or Checkpointer(Path(folder).parent)
+    if not path.is_file() or checkpointer.read_trainer_state(folder).get("model_only"):
+        return []
+    try:
+        saved = config_from_saved(tomllib.loads(path.read_text(encoding="utf-8")))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError, ConfigError) as exc:
+        raise ConfigError(
+            "checkpoint.resume", f"cannot read the configuration of {path} ({exc})"
+        ) from None
+    defining, other = config_changes(saved, current)
+    if defining:
+        raise ConfigError(
+            "checkpoint.resume",
+            f"{folder} belongs to a run with another configuration; these options cannot change "
+            f"on resume ({'; '.join(defining)}). Use another run_dir (and "
+            f"checkpoint.init_from={str(folder)!r} to start from its weights), or set them back",
+        )
+    return other
+
+
+def archive_previous_history(
+    run_dir: str | os.PathLike, log: Callable[[str], None] | None = None
+) -> list[Path]:
+    """Before a fresh start: rename an earlier run's history out of the way.
+
+    If ``run_dir/metrics.jsonl`` exists, it, ``config.toml`` and ``tensorboard/``
+    are renamed to ``metrics.<UTC time>.jsonl``, ``config.<UTC time>.toml`` and
+    ``tensorboard.<UTC time>`` (a counter is added if that name is taken).
+    Nothing is deleted.
+
+    Returns:
+        The new paths (empty if there was no earlier history).
+    """
+    run = Path(run_dir)
+    if not (run / "metrics.jsonl").is_file():
+        return []
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    moved = []
+    for name in ("metrics.jsonl", "config.toml", "tensorboard"):
+        src = run / name
+        if not src.exists():
+            continue
+        stem, dot, ext = name.partition(".")
+        for n in range(1000):
+            tag = stamp if n == 0 else f"{stamp}-{n}"
+            dst = run / f"{stem}.{tag}{dot}{ext}"
+            if not dst.exists():
+                break
+        os.rename(src, dst)
+        moved.append(dst)
+    if log is not None:
+        log(
+            f"{run} has metrics from an earlier run but no checkpoint to resume: starting a new "
+            f"history (the earlier files are now {', '.join(p.name for p in moved)})"
+        )
+    return moved
