@@ -12,8 +12,8 @@ from epochal._lazy import lazy_exports
 
 _EXPORTS = {
     "Trainer": "trainer",
-    "TrainResult": "trainer",
-    "masked_token_mean_loss": "trainer",
+    "TrainResult": "result",
+    "masked_token_mean_loss": "losses",
     "TrainConfig": "config",
     "build_config": "config",
     "to_toml": "config",

@@ -44,17 +44,12 @@ deterministic kernels).
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import random
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from epochal._atomic import atomic_write
@@ -68,16 +63,19 @@ from epochal.train.config import (
     position_length,
     to_toml,
 )
+from epochal.train.device import resolve_device
 from epochal.train.inputs.epoch_evidence import epoch_recorder
 from epochal.train.inputs.loaders import DataBundle, build_data
-from epochal.train.observe.metrics import MetricsLogger
+from epochal.train.losses import masked_token_mean_loss
+from epochal.train.observe.run_metrics import open_run_metrics
 from epochal.train.optim.loss_scaler import build_loss_scaler, unscale_gradients
 from epochal.train.optim.lr_schedule import OptimizerParamScheduler
 from epochal.train.optim.optimizer import OptimizersContainer, build_adamw, clip_grad_norm
-from epochal.train.state.checkpoint import Checkpointer, CheckpointError
-from epochal.train.state.model_state import ModelState
+from epochal.train.result import TrainResult
+from epochal.train.state.checkpoint import Checkpointer
 from epochal.train.state.preemption import Preemption
-from epochal.train.state.rng import get_rng_state, set_rng_state
+from epochal.train.state.resume import CheckpointSeams
+from epochal.train.state.rng import seed_everything
 from epochal.train.state.run_dir import archive_previous_history, check_resume_config
 from epochal.train.steps import (
     LossFnStep,
@@ -93,76 +91,7 @@ LossFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 StepCallback = Callable[["Trainer", int, dict[str, Any]], None]
 
 
-def masked_token_mean_loss(
-    labels: torch.Tensor, logits: torch.Tensor, loss_mask: torch.Tensor
-) -> torch.Tensor:
-    """Megatron's GPT loss of one micro-batch: cross-entropy averaged over unmasked tokens.
-
-    Args:
-        labels: int64 ``[b, s]`` target ids.
-        logits: ``[b, s, V]`` (upcast to float32 here).
-        loss_mask: ``[b, s]``, 1.0 where the token counts.
-
-    Returns:
-        float32 scalar; 0 if no token counts (a fully padded micro-batch).
-    """
-    losses = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), reduction="none")
-    mask = loss_mask.flatten().to(losses.dtype)
-    return (losses * mask).sum() / mask.sum().clamp(min=1.0)
-
-
-def seed_everything(seed: int) -> None:
-    """Seed the global RNGs the training step may use (dropout; user hooks), as Megatron does.
-
-    Only the trainer does this; datasets never touch global RNG state. A resume
-    then overwrites these states with the checkpoint's.
-    """
-    random.seed(seed)
-    np.random.seed(seed % 2**32)  # noqa: NPY002 - the global one, on purpose
-    torch.manual_seed(seed)
-
-
-def resolve_device(name: str) -> torch.device:
-    """``"auto"`` -> CUDA if available else CPU; ``"cuda"`` without CUDA is a :class:`ConfigError`."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("training.device", "is 'cuda' but no CUDA device is available")
-    return torch.device(name)
-
-
-@dataclass
-class TrainResult:
-    """What a call to :meth:`Trainer.train` did.
-
-    Attributes:
-        run_dir: the run directory.
-        start_step / final_step: steps before and after this call.
-        last_loss: loss of the last step run (None if none ran).
-        eval_loss: last validation loss (None if never evaluated).
-        tokens_per_s: mean training throughput of this call (tokens/s, excluding eval/saves).
-        wall_time_s: duration of this call in seconds.
-        resumed_from: the checkpoint folder resumed from, if any.
-        last_checkpoint: the newest checkpoint folder, if any.
-        losses: the loss of every step run by this call, in order.
-        stopped_by: why training stopped before ``training.train_iters`` after saving
-            a checkpoint (``"SIGTERM"``, ``"training.exit_interval=5"``, ...), else None.
-    """
-
-    run_dir: Path
-    start_step: int
-    final_step: int
-    last_loss: float | None = None
-    eval_loss: float | None = None
-    tokens_per_s: float = 0.0
-    wall_time_s: float = 0.0
-    resumed_from: str | None = None
-    last_checkpoint: Path | None = None
-    losses: list[float] = field(default_factory=list)
-    stopped_by: str | None = None
-
-
-class Trainer:
+class Trainer(CheckpointSeams):
     """Single-process GPT trainer (CPU or one GPU); see the module docstring.
 
     Args:
@@ -538,148 +467,6 @@ class Trainer:
         self.last_eval_logged = self.train_step_handler.eval_summary(self.reduce_logged())
         return total / count if count else None
 
-    # ------------------------------------------------------------ checkpoints
-    def app_state(self) -> dict[str, Any]:
-        """The DCP state: model parts and optimizers (``Stateful``)."""
-        return {"model": ModelState(self.model_parts), "optimizer": self.optimizers}
-
-    def trainer_state(self) -> dict[str, Any]:
-        """JSON bookkeeping saved with each checkpoint."""
-        return {
-            "format": 1,
-            "step": self.step,
-            "consumed_train_samples": self.data.train_loader.consumed_samples,
-            "tokens_seen": self.tokens_seen,
-            "scheduler": self.scheduler.state_dict(),
-            "data": self.data.train_loader.state_dict(),
-            "global_batch_size": self.config.training.global_batch_size,
-            "seq_length": self.config.data.seq_length,
-            "eval_history": self.eval_history,
-            # The resolved model (vocab size included), so converters and
-            # `epochal generate` rebuild it without re-deriving the data.
-            "model_config": self.model_config.to_dict(),
-            **(
-                {"loss_scaler": self.loss_scaler.state_dict()}
-                if self.loss_scaler is not None
-                else {}
-            ),
-        }
-
-    def save_checkpoint(self) -> Path:
-        """Save the current step (see :class:`~epochal.train.state.checkpoint.Checkpointer`)."""
-        return self.checkpointer.save(
-            self.step,
-            self.app_state(),
-            trainer_state=self.trainer_state(),
-            rng_state=get_rng_state(),
-            config_toml=to_toml(self.config),
-        )
-
-    def resume_folder(self) -> Path | None:
-        """The checkpoint to resume from per ``checkpoint.resume``, or None to start fresh.
-
-        ``"auto"`` takes the newest checkpoint whose checksums verify, skipping
-        damaged ones with a warning (:meth:`Checkpointer.newest_intact`); an explicit
-        path is verified when it is loaded, and a damaged one is an error.
-
-        Raises:
-            ConfigError: ``resume="never"`` with existing checkpoints, or a path that
-                holds no checkpoint.
-            CheckpointCorruptError: ``"auto"`` and every checkpoint is damaged.
-        """
-        mode = self.config.checkpoint.resume
-        if mode == "never":
-            if self.checkpointer.latest() is not None:
-                raise ConfigError(
-                    "checkpoint.resume",
-                    f"is 'never' but {self.checkpointer.directory} already has checkpoints; "
-                    "use another run_dir or resume='auto'",
-                )
-            return None
-        if mode == "auto":
-            return self.checkpointer.newest_intact()
-        return self.find_checkpoint(mode, "resume")
-
-    @staticmethod
-    def find_checkpoint(path: str | Path, option: str) -> Path:
-        """The checkpoint ``path`` names: a step folder, a checkpoints folder or a run dir.
-
-        Raises:
-            ConfigError: (naming ``checkpoint.<option>``) nothing there is a checkpoint.
-        """
-        path = Path(path)
-        if (path / "trainer_state.json").is_file():
-            return path
-        for candidate in (path, path / "checkpoints"):
-            found = Checkpointer(candidate).latest() if candidate.is_dir() else None
-            if found is not None:
-                return found
-        raise ConfigError(
-            f"checkpoint.{option}",
-            f"{path} is neither a checkpoint, a folder of checkpoints nor a run directory",
-        )
-
-    def check_model_config(self, folder: str | Path, saved: dict[str, Any]) -> None:
-        """Refuse a checkpoint of another model (``trainer_state.json``'s ``model_config``).
-
-        Raises:
-            CheckpointError: naming every option whose value differs.
-        """
-        recorded = saved.get("model_config")
-        if not isinstance(recorded, dict):
-            return  # older checkpoints: DCP's shape check still refuses a wrong model
-        found = recorded.get("type", "gpt")  # a GPT config is written without "type"
-        if found != self.model_config.type:
-            raise CheckpointError(
-                f"{folder} holds a {found!r} model, but the config says "
-                f"model.type={self.model_config.type!r}; use a checkpoint of a "
-                f"{self.model_config.type!r} model (or convert it)"
-            )
-        ours = self.model_config.to_dict()
-        diff = [
-            f"model.{k}: checkpoint {recorded.get(k)!r} vs config {v!r}"
-            for k, v in ours.items()
-            if k in recorded and recorded[k] != v
-        ]
-        if diff:
-            raise CheckpointError(f"{folder} holds another model: " + "; ".join(diff))
-
-    def init_from_checkpoint(self, folder: str | Path) -> None:
-        """Load only the model weights of ``folder``; optimizer, schedule, step and data start fresh.
-
-        Megatron's ``--finetune``: used for ``checkpoint.init_from`` and for the
-        model-only folders ``epochal convert --to epochal`` writes.
-
-        Raises:
-            CheckpointError: the folder is not a checkpoint of this model.
-        """
-        self.check_model_config(folder, self.checkpointer.read_trainer_state(folder))
-        self.checkpointer.load_tensors(folder, {"model": self.app_state()["model"]})
-
-    def load_checkpoint(self, folder: str | Path) -> None:
-        """Restore everything from ``folder`` (model, optimizer, scheduler, data position, RNG).
-
-        A model-only checkpoint (``"model_only": true``, as written by ``epochal
-        convert``) only initializes the weights (see :meth:`init_from_checkpoint`).
-        """
-        saved = self.checkpointer.read_trainer_state(folder)
-        if saved.get("model_only"):
-            self.init_from_checkpoint(folder)
-            return
-        self.check_model_config(folder, saved)
-        state, rng = self.checkpointer.load(folder, self.app_state())
-        try:
-            self.step = int(state["step"])
-            self.scheduler.load_state_dict(state["scheduler"])
-            self.data.train_loader.load_state_dict(state["data"])
-            self.tokens_seen = int(state.get("tokens_seen", 0))
-            self.eval_history = [(int(s), float(v)) for s, v in state.get("eval_history", [])]
-            if self.loss_scaler is not None and "loss_scaler" in state:
-                self.loss_scaler.load_state_dict(state["loss_scaler"])
-        except (KeyError, TypeError, ValueError) as exc:
-            raise CheckpointError(f"{folder}/trainer_state.json: malformed ({exc})") from exc
-        set_rng_state(rng)
-
     # ------------------------------------------------------------------ loop
     def train(self) -> TrainResult:
         """Train until ``training.train_iters`` (resuming first per ``checkpoint.resume``).
@@ -720,30 +507,13 @@ class Trainer:
                 )
             self.run_dir.mkdir(parents=True, exist_ok=True)
             atomic_write(self.run_dir / "config.toml", to_toml(cfg))
-        wandb = None
-        if cfg.logging.wandb and self.rank == 0:
-            from epochal.train.observe.wandb_logger import open_wandb
-
-            lg = cfg.logging
-            wandb = open_wandb(
-                self.run_dir,
-                project=lg.wandb_project,
-                name=lg.wandb_name,
-                directory=lg.wandb_dir,
-                mode=lg.wandb_mode,
-                config=dataclasses.asdict(cfg),
-            )
-        metrics = MetricsLogger(
+        metrics = open_run_metrics(
+            cfg,
             self.run_dir,
-            total_steps=total,
             start_step=start_step,
             resumed_from=result.resumed_from,
-            progress=self.log and cfg.logging.progress,
-            tensorboard=cfg.logging.tensorboard,
-            log_interval=cfg.logging.log_interval,
             enabled=self.rank == 0,
             verbose=self.log,
-            wandb=wandb,
         )
         if folder is not None and self.log:
             metrics.write_line(f"resumed from {folder} at step {self.step}")

@@ -64,3 +64,14 @@ def set_rng_state(state: dict[str, torch.Tensor]) -> None:
     words = state["python_state"].tolist()
     has, gauss = state["python_gauss"].tolist()
     random.setstate((int(words[0]), tuple(int(w) for w in words[1:]), gauss if has else None))
+
+
+def seed_everything(seed: int) -> None:
+    """Seed the global RNGs the training step may use (dropout; user hooks), as Megatron does.
+
+    Only the trainer does this; datasets never touch global RNG state. A resume
+    then overwrites these states with the checkpoint's.
+    """
+    random.seed(seed)
+    np.random.seed(seed % 2**32)  # noqa: NPY002 - the global one, on purpose
+    torch.manual_seed(seed)
