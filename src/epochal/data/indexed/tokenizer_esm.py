@@ -19,7 +19,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from epochal.data.indexed.tokenizer import Tokenizer, TokenizerFileError, _check_file
+from epochal.data.indexed.tokenizer_base import Tokenizer, TokenizerFileError, _check_file
 
 __all__ = ["ESM2_ALPHABET", "ESM2Tokenizer"]
 
