@@ -18,7 +18,6 @@ from typing import Any
 
 import numpy as np
 
-from epochal.data.indexed.indexed_dataset import _as_token_array
 from epochal.data.indexed.preprocess_arrow import (
     ARROW_SUFFIXES,
     cached_dataset_files,
@@ -31,6 +30,7 @@ from epochal.data.indexed.preprocess_chunks import (  # re-exported: they lived 
 )
 from epochal.data.indexed.preprocess_chunks import line_too_long as line_too_long
 from epochal.data.indexed.preprocess_chunks import read_chunks as read_chunks
+from epochal.data.indexed.token_arrays import _as_token_array
 from epochal.data.indexed.tokenizer import Tokenizer
 
 INPUT_SUFFIXES = (".jsonl", ".jsonl.gz", ".json", ".json.gz")
