@@ -16,6 +16,7 @@ from epochal.data import (
 )
 from epochal.data.indexed.tokenizer import TokenizerFileError
 from epochal.data.indexed.tokenizer_esm import ESM2_ALPHABET
+from tests.data.esm_vocab import ESM2_VOCAB_TXT, REAL_PROTEINS
 
 TEXTS = [
     "Hello World!",
@@ -161,20 +162,6 @@ def test_esm2_tokenizer_alphabet_and_specials(tmp_path):
     (tmp_path / "bad.txt").write_text("<cls>\n<pad>\n<eos>\nA\n")
     with pytest.raises(TokenizerFileError, match=r"bad.txt.*no <unk>"):
         build_tokenizer("esm", vocab_file=tmp_path / "bad.txt")
-
-
-#: ESM-2's vocab.txt as fair-esm (esm/constants.py) and every facebook/esm2_* checkpoint ship
-#: it (BioNeMo: bionemo-esm2 esm2/data/tokenizer/vocab.txt): written out here, never taken
-#: from our constant, so that a wrong order in ours fails.
-ESM2_VOCAB_TXT = (
-    "<cls>\n<pad>\n<eos>\n<unk>\nL\nA\nG\nV\nS\nE\nR\nT\nI\nD\nP\nK\nQ\nN\nF\nY\nM\nH\nW\nC\n"
-    "X\nB\nU\nZ\nO\n.\n-\n<null_1>\n<mask>\n"
-)
-#: real proteins: human ubiquitin (P0CG48, first copy) and insulin (P01308).
-REAL_PROTEINS = [
-    "MQIFVKTLTGKTITLEVEPSDTIENVKAKIQDKEGIPPDQQRLIFAGKQLEDGRTLSDYNIQKESTLHLVLRLRGG",
-    "MALWMRLLPLLALLALWGPDPAAAFVNQHLCGSHLVEALYLVCGERGFFYTPKTRREAEDLQVGQVELGGGPGAGSLQPLALEGSLQKRGIVEQCCTSICSLYQLENYCN",
-]
 
 
 def test_esm2_alphabet_is_fair_esm_order():

@@ -46,6 +46,7 @@ def apply_mlm_mask(
     mask_prob: float = 0.15,
     mask_token_prob: float = 0.8,
     random_token_prob: float = 0.1,
+    draw_dtype: torch.dtype = torch.float64,
 ) -> dict[str, torch.Tensor]:
     """Mask a 1-D token tensor for masked-language-model pretraining.
 
@@ -58,12 +59,14 @@ def apply_mlm_mask(
         mask_prob: probability that a (non-special) token is selected, in ``[0, 1]``.
         mask_token_prob: fraction of selected tokens replaced by the mask token.
         random_token_prob: fraction of selected tokens replaced by a random token.
+        draw_dtype: dtype of the per-token uniform draws; ``torch.float32`` (the
+            thresholds then compare in float32) gives BioNeMo's masks bit for bit.
 
     Returns:
         ``{"tokens": int64 (seq_len,), "labels": int64 (seq_len,), "loss_mask": bool (seq_len,)}``;
         ``labels`` is the original token where ``loss_mask`` is true, ``-100`` elsewhere.
     """
-    draws = torch.rand(tokens.shape, generator=generator, dtype=torch.float64)
+    draws = torch.rand(tokens.shape, generator=generator, dtype=draw_dtype)
     selected = draws < mask_prob
     if special_token_ids.numel():
         selected &= ~torch.isin(tokens, special_token_ids)
