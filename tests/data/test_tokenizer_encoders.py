@@ -224,3 +224,20 @@ def test_t5_unigram_tokenizer_json_matches_t5_tokenizer_fast(tmp_path):
     sentinels = ours.additional_special_tokens_ids
     assert len(sentinels) == 100
     assert sentinels == reference.convert_tokens_to_ids([f"<extra_id_{i}>" for i in range(100)])
+
+
+@pytest.mark.peer
+def test_esm2_hf_tokenizer_files_load_as_esm_tokenizer(tmp_path):
+    """The files an ESM export ships: AutoTokenizer reads them as ESM-2's EsmTokenizer."""
+    transformers = pytest.importorskip("transformers")
+    ours = build_tokenizer("esm")
+    for name, text in ours.hf_tokenizer_files().items():
+        (tmp_path / name).write_text(text)
+    assert (tmp_path / "vocab.txt").read_text() == ESM2_VOCAB_TXT
+    loaded = transformers.AutoTokenizer.from_pretrained(str(tmp_path))
+    assert type(loaded).__name__ == "EsmTokenizer"
+    for text in REAL_PROTEINS + ["MK<mask>TA"]:
+        assert loaded.encode(text) == [ours.cls, *ours.encode(text), ours.eos]
+    ids = loaded.encode(REAL_PROTEINS[0])
+    assert ours.convert_ids_to_tokens(ids) == loaded.convert_ids_to_tokens(ids)
+    assert (loaded.mask_token_id, loaded.pad_token_id, loaded.cls_token_id) == (32, 1, 0)

@@ -46,7 +46,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output", default=None, help="also write the predictions as JSONL here")
 
 
-def _tokenizer(args: argparse.Namespace, tokenizer: Any) -> Any:
+def _tokenizer(args: argparse.Namespace, tokenizer: Any, model_type: str = "bert") -> Any:
     if tokenizer is not None and getattr(tokenizer, "mask", None) is not None:
         return tokenizer
     vocab = Path(args.checkpoint) / "vocab.txt"
@@ -54,6 +54,7 @@ def _tokenizer(args: argparse.Namespace, tokenizer: Any) -> Any:
         from epochal.data.indexed.tokenizer import build_tokenizer
 
         kind = "BertWordPieceCase" if args.cased else "BertWordPieceLowerCase"
+        kind = "ESM2Tokenizer" if model_type == "esm" else kind  # an ESM folder's vocab.txt
         return build_tokenizer(kind, vocab_file=str(vocab))
     if tokenizer is None:
         raise ValueError(
@@ -107,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(
             f"{args.checkpoint} holds a {config.type!r} model; fill-mask needs a masked-LM (bert / esm)"
         )
-    tokenizer = _tokenizer(args, tokenizer)
+    tokenizer = _tokenizer(args, tokenizer, config.type)
     if getattr(tokenizer, "mask", None) is None:
         raise ValueError(f"{args.checkpoint}: the tokenizer has no mask token")
     with torch.device("meta"):
