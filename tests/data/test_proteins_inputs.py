@@ -128,9 +128,18 @@ def test_layout_round_trip_with_clusters_and_split(tmp_path):
     held = next(c for c in all_clusters if c[0] == valid[0][0])
     assert sorted(train + [held]) == all_clusters
     # without clusters: one cluster per protein, in file order
-    single = proteins_to_bionemo_layout(_fasta(tmp_path, proteins), tmp_path / "single")
+    fasta = _fasta(tmp_path, proteins)
+    single = proteins_to_bionemo_layout(fasta, tmp_path / "single")
     assert [list(c) for c in read_train_clusters(single.train_clusters)] == [[k] for k in proteins]
     assert single.valid_clusters is None
+    # the same inputs and options again: the conversion is reused, not redone
+    stamp = single.database.stat().st_mtime_ns
+    again = proteins_to_bionemo_layout(fasta, tmp_path / "single")
+    assert again == single and single.database.stat().st_mtime_ns == stamp
+    with pytest.raises(ProteinInputError, match="single: holds a conversion of other inputs"):
+        proteins_to_bionemo_layout(fasta, tmp_path / "single", num_valid=1)
+    split = proteins_to_bionemo_layout(fasta, tmp_path / "single", num_valid=1, overwrite=True)
+    assert (split.num_train_clusters, split.num_valid_clusters) == (9, 1)
 
 
 def test_layout_errors(tmp_path):

@@ -46,6 +46,16 @@ def _database(db_path: str | os.PathLike) -> ProteinSQLiteDataset:
     return ProteinSQLiteDataset(db_path)
 
 
+def _resampled(
+    clusters: Any, db_path: str | os.PathLike, total_samples: int | None, **options: Any
+) -> MultiEpochDatasetResampler:
+    """BioNeMo's wrapping: the clusters' samples, shuffled per epoch with the dataset's seed."""
+    dataset = ESMMaskedResidueDataset(_database(db_path), clusters, **options)
+    return MultiEpochDatasetResampler(
+        dataset, num_samples=total_samples, shuffle=True, seed=options["seed"]
+    )
+
+
 def create_train_dataset(
     cluster_file: str | os.PathLike,
     db_path: str | os.PathLike,
@@ -75,19 +85,9 @@ def create_train_dataset(
             empty cluster (a ``ValueError``, as BioNeMo's).
     """
     clusters = read_train_clusters(cluster_file)
-    protein_dataset = _database(db_path)
-    dataset = ESMMaskedResidueDataset(
-        protein_dataset=protein_dataset,
-        clusters=clusters,
-        seed=seed,
-        max_seq_length=max_seq_length,
-        mask_prob=mask_prob,
-        mask_token_prob=mask_token_prob,
-        mask_random_prob=mask_random_prob,
-        random_mask_strategy=random_mask_strategy,
-        tokenizer=tokenizer,
-    )
-    return MultiEpochDatasetResampler(dataset, num_samples=total_samples, shuffle=True, seed=seed)
+    options = dict(locals())
+    del options["cluster_file"], options["clusters"], options["db_path"], options["total_samples"]
+    return _resampled(clusters, db_path, total_samples, **options)
 
 
 def create_valid_clusters(cluster_file: str | os.PathLike) -> Any:
@@ -131,19 +131,9 @@ def create_valid_dataset(
         clusters = create_valid_clusters(clusters)
     elif not isinstance(clusters, pd.Series):
         raise ValueError(f"Clusters must be a pandas Series. Got {type(clusters)}.")
-    protein_dataset = _database(db_path)
-    dataset = ESMMaskedResidueDataset(
-        protein_dataset=protein_dataset,
-        clusters=clusters,
-        seed=seed,
-        max_seq_length=max_seq_length,
-        mask_prob=mask_prob,
-        mask_token_prob=mask_token_prob,
-        mask_random_prob=mask_random_prob,
-        random_mask_strategy=random_mask_strategy,
-        tokenizer=tokenizer,
-    )
-    return MultiEpochDatasetResampler(dataset, num_samples=total_samples, shuffle=True, seed=seed)
+    options = dict(locals())
+    del options["clusters"], options["db_path"], options["total_samples"], options["pd"]
+    return _resampled(clusters, db_path, total_samples, **options)
 
 
 def build_esm_datasets(

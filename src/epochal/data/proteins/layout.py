@@ -14,6 +14,7 @@ input goes through one code path: without clusters each protein is its own clust
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from epochal._atomic import atomic_write
 from epochal.data.proteins.database import missing_ids, write_protein_database
 from epochal.data.proteins.readers import read_mmseqs_clusters, read_proteins
 from epochal.data.proteins.sequences import ProteinInputError
@@ -159,6 +161,7 @@ def proteins_to_bionemo_layout(
     sequence_column: str = "sequence",
     id_column: str | None = None,
     overwrite: bool = False,
+    reuse: bool = True,
 ) -> ProteinLayout:
     """Convert protein files into BioNeMo's layout: ``proteins.sqlite``, ``train_clusters.parquet``
     and (with a split) ``valid_clusters.parquet`` in ``out_dir``.
@@ -177,6 +180,10 @@ def proteins_to_bionemo_layout(
         seed: picks the held-out clusters (``numpy.random.default_rng(seed)`` permutation).
         sequence_column / id_column: the table columns (see ``read_protein_table``).
         overwrite: replace existing output files.
+        reuse: when ``out_dir`` holds a conversion of the same inputs (same paths,
+            sizes and modification times) with the same options (``manifest.json``,
+            written last), return it without converting again; a trainer can call
+            this on every start.
 
     Returns:
         The :class:`ProteinLayout` written.
@@ -193,6 +200,21 @@ def proteins_to_bionemo_layout(
     out.mkdir(parents=True, exist_ok=True)
     database = out / "proteins.sqlite"
     train_path, valid_path = out / "train_clusters.parquet", out / "valid_clusters.parquet"
+    options = dict(
+        clusters=clusters, valid_fraction=valid_fraction, num_valid=num_valid, seed=seed,
+        sequence_column=sequence_column, id_column=id_column,
+    )  # fmt: skip
+    manifest = _manifest([*paths, *([Path(clusters)] if clusters else [])], options)
+    previous = _read_manifest(out / "manifest.json")
+    if reuse and previous is not None and previous["source"] == manifest:
+        return _layout(out, **previous["layout"])
+    if previous is not None:
+        if not overwrite:
+            raise ProteinInputError(
+                f"{out}: holds a conversion of other inputs or options; pass overwrite=True"
+            )
+        overwrite = True  # the old database goes too
+    (out / "manifest.json").unlink(missing_ok=True)
 
     def records():
         for path in paths:
@@ -230,11 +252,39 @@ def proteins_to_bionemo_layout(
         write_valid_clusters([groups[i][0] for i in sorted(held)], valid_path)
     else:
         valid_path.unlink(missing_ok=True)
-    return ProteinLayout(
-        database=database,
-        train_clusters=train_path,
-        valid_clusters=valid_path if num_valid else None,
+    counts = dict(
         num_proteins=num_proteins,
         num_train_clusters=len(groups) - num_valid,
         num_valid_clusters=num_valid,
     )
+    atomic_write(
+        out / "manifest.json", json.dumps({"source": manifest, "layout": counts}, indent=1)
+    )
+    return _layout(out, **counts)
+
+
+def _layout(out: Path, **counts: int) -> ProteinLayout:
+    valid = out / "valid_clusters.parquet" if counts["num_valid_clusters"] else None
+    return ProteinLayout(out / "proteins.sqlite", out / "train_clusters.parquet", valid, **counts)
+
+
+def _manifest(paths: list[Path], options: dict[str, Any]) -> dict[str, Any]:
+    """What a conversion depends on: each input's resolved path, size and mtime, and the options."""
+    files = []
+    for path in paths:
+        try:
+            stat = path.stat()
+        except OSError as exc:
+            raise ProteinInputError(f"{path}: cannot read ({exc.strerror or exc})") from exc
+        files.append([str(path.resolve()), stat.st_size, stat.st_mtime_ns])
+    return {
+        "files": files,
+        "options": {k: None if v is None else str(v) for k, v in options.items()},
+    }
+
+
+def _read_manifest(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
