@@ -159,6 +159,10 @@ class ESMMaskedResidueDataset(Dataset):
         self._prepare_tokenizer()
 
     def _prepare_tokenizer(self) -> None:
+        # a pandas Series with the default index: its array (positional = label access, fast)
+        index = getattr(self.clusters, "index", None)
+        plain = type(index).__name__ == "RangeIndex" and (index.start, index.step) == (0, 1)
+        self._members = self.clusters.to_numpy() if plain else self.clusters
         tok = self.tokenizer
         specials = sorted({tok.cls, tok.pad, tok.eos, tok.unk, tok.mask})
         self._special = torch.tensor(specials, dtype=torch.int64)
@@ -174,7 +178,7 @@ class ESMMaskedResidueDataset(Dataset):
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        for key in ("_special", "_random", "_lut"):
+        for key in ("_special", "_random", "_lut", "_members"):
             state.pop(key)
         return state
 
@@ -216,7 +220,7 @@ class ESMMaskedResidueDataset(Dataset):
         if not 0 <= key.idx < len(self.clusters) or key.epoch < 0:
             raise IndexError(f"{key} out of range for {len(self.clusters)} clusters")
         rng = np.random.default_rng([self.seed, key.epoch, key.idx])
-        members = self.clusters[key.idx]
+        members = self._members[key.idx]
         if not len(members):
             raise ValueError(f"Cluster {key.idx} is empty.")
         member = members[int(rng.integers(0, len(members)))]  # = rng.choice(members)
