@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from epochal.cli import main
-from epochal.convert.hf_io import save_hf_checkpoint
+from epochal.convert import save_hf_checkpoint
 from epochal.data import ESM2Tokenizer
 from epochal.model.build import build_model
 from tests.convert.hf_models import encoder_like, randomize
@@ -48,7 +48,8 @@ def test_export_ships_esm_vocab_and_fill_mask_equals_transformers(tmp_path):
 
 
 def test_run_tokenizer_info_carries_the_esm_files(monkeypatch):
-    from epochal.convert import cli_convert, epochal_ckpt
+    from epochal.commands import convert as cli_convert
+    from epochal.convert import epochal_ckpt
 
     monkeypatch.setattr(epochal_ckpt, "run_tokenizer", lambda ck: ESM2Tokenizer())
     info = cli_convert._run_tokenizer_info(None)
