@@ -86,8 +86,12 @@ def main() -> None:
             f"best of {args.repeats}"
         )
         print()
-        print("| setup                                          | reads/s epochal | BioNeMo | speedup |")
-        print("|------------------------------------------------|-----------------|---------|---------|")
+        print(
+            "| setup                                          | reads/s epochal | BioNeMo | speedup |"
+        )
+        print(
+            "|------------------------------------------------|-----------------|---------|---------|"
+        )
         setups = [
             (1024, "all_tokens"),
             (512, "amino_acids_only"),
