@@ -27,6 +27,15 @@ __all__ = [
 ]
 
 
+_PARALLEL_ANSWERS = (
+    "tensor_parallel",
+    "sequence_parallel",
+    "pipeline_parallel",
+    "pipeline_schedule",
+    "virtual_pipeline",
+)
+
+
 class AnswerError(ValueError):
     """Answers that cannot make a configuration; the message says why."""
 
@@ -44,16 +53,9 @@ def answers_overrides(answers: dict[str, Any]) -> list[str]:
 
     values: dict[str, Any] = {}
     a = answers
-    if "tensor_parallel" in a:
-        values["parallel.tensor_parallel"] = a["tensor_parallel"]
-    if "sequence_parallel" in a:
-        values["parallel.sequence_parallel"] = a["sequence_parallel"]
-    if "pipeline_parallel" in a:
-        values["parallel.pipeline_parallel"] = a["pipeline_parallel"]
-    if "pipeline_schedule" in a:
-        values["parallel.pipeline_schedule"] = a["pipeline_schedule"]
-    if "virtual_pipeline" in a:
-        values["parallel.virtual_pipeline"] = a["virtual_pipeline"]
+    for key in _PARALLEL_ANSWERS:  # answers that are [parallel] options of the same name
+        if key in a:
+            values[f"parallel.{key}"] = a[key]
     if "data_parallel" in a:
         values["parallel.data_parallel"] = a["data_parallel"]
         world = a["tensor_parallel"] * a["pipeline_parallel"] * a["data_parallel"]
