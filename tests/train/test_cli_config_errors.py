@@ -16,6 +16,7 @@ from epochal.train.config import build_config
 from epochal.train.config.presets import PRESETS
 
 SMALL = [
+    "--training.device=cpu",  # compared with CPU references: the same with or without a GPU
     "--model.hidden_size=32",
     "--model.num_layers=2",
     "--model.num_attention_heads=4",
