@@ -32,9 +32,7 @@ class GPTTrainStepWithCustomLoss(GPTTrainStep):
             loss_per_sample = loss_per_sample / loss_mask_per_sample
 
             # Calculate and scale weighting
-            weights = torch.stack(
-                [(inputs == kt).float() for kt in self.kwargs["keytoken_ids"]]
-            ).sum(axis=[0, 2])
+            weights = torch.stack([(inputs == kt).float() for kt in self.kwargs["keytoken_ids"]]).sum(axis=[0, 2])
             weights = 1.0 + self.kwargs["alpha"] * weights
             # Calculate weighted average
             weighted_loss = (loss_per_sample * weights).mean()
