@@ -6,7 +6,7 @@ methods rather than rewriting the loop):
 - :meth:`Trainer.build_model_parts` -> a list of ``nn.Module`` (one model of ``model.type`` here;
   pipeline stages later), then :meth:`Trainer.parallelize` (the seam where tensor /
   sequence / data parallelism, recompute and ``torch.compile`` are applied; here
-  it only compiles blocks if asked);
+  activation recompute and per-block compile);
 - :meth:`Trainer.forward_backward` runs the forward and backward passes of one global
   batch (here: :meth:`Trainer.forward_backward_step` per micro-batch; a pipeline
   schedule under parallelism), then :meth:`Trainer.optimizer_step` clips and steps;
@@ -55,7 +55,9 @@ from torch import nn
 from epochal._atomic import atomic_write
 from epochal.model.build import build_model
 from epochal.model.config import ConfigError, ModelConfig
+from epochal.parallel.engine import compile_part
 from epochal.parallel.logged import reduce_logged
+from epochal.parallel.recompute import apply_recompute
 from epochal.parallel.step_model import LogitsObserver, StepModel, observe_logits, run_train_step
 from epochal.train.config import (
     TrainConfig,
@@ -202,11 +204,18 @@ class Trainer(CheckpointSeams):
         return [model]
 
     def parallelize(self, model_parts: list[nn.Module]) -> list[nn.Module]:
-        """Apply parallelism / recompute / compile to the parts (here: ``torch.compile`` per block)."""
-        if self.config.training.compile:
-            for part in model_parts:
-                for block in part.layers.values():
-                    block.compile()
+        """Apply recompute (``parallel.recompute_*``), then ``torch.compile`` per block if asked."""
+        pc = self.config.parallel
+        for part in model_parts:
+            unit_keys = apply_recompute(
+                part.layers,
+                pc.recompute_granularity,
+                method=pc.recompute_method,
+                num_layers=pc.recompute_num_layers,
+                segments=part.block_segments() if hasattr(part, "block_segments") else None,
+            )
+            if self.config.training.compile:
+                compile_part(part, unit_keys, tensor_parallel=False)
         return model_parts
 
     def build_optimizers(self) -> OptimizersContainer:
