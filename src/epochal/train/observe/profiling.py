@@ -49,6 +49,7 @@ class StepProfiler:
         self.device = device
         self.log = log
         self._prof: torch.profiler.profile | None = None
+        self._step_range: Any = None
         self.files: list[Path] = []
 
     def _cuda(self) -> bool:
@@ -56,7 +57,10 @@ class StepProfiler:
 
     def before_step(self, step: int) -> None:
         """Call before running step ``step`` (1-based): starts the profiler in range."""
-        if self.range is None or self._prof is not None:
+        if self._prof is not None:
+            self._mark(step)
+            return
+        if self.range is None:
             return
         start, end = self.range
         if not start <= step <= end:
@@ -70,17 +74,29 @@ class StepProfiler:
             activities=activities, record_shapes=True, profile_memory=True, with_stack=False
         )
         self._prof.__enter__()
+        self._mark(step)
+
+    def _mark(self, step: int) -> None:
+        """Open the ``ProfilerStep#<step>`` range that groups one step's events in the trace."""
+        self._step_range = torch.profiler.record_function(f"ProfilerStep#{step}")
+        self._step_range.__enter__()
 
     def after_step(self, step: int) -> None:
-        """Call after step ``step``: marks the step and stops the profiler after ``end``."""
+        """Call after step ``step``: closes its range and stops the profiler after ``end``."""
         if self._prof is None:
             return
-        self._prof.step()
+        self._close_mark()
         if step >= self.range[1]:
             self.close(step)
 
+    def _close_mark(self) -> None:
+        mark, self._step_range = self._step_range, None
+        if mark is not None:
+            mark.__exit__(None, None, None)
+
     def close(self, last_step: int | None = None) -> None:
         """Stop profiling (if running) and write the files; safe to call more than once."""
+        self._close_mark()
         prof, self._prof = self._prof, None
         if prof is None:
             return
