@@ -57,7 +57,7 @@ from epochal.model.build import build_model
 from epochal.model.config import ConfigError, ModelConfig
 from epochal.parallel.engine import compile_part
 from epochal.parallel.logged import reduce_logged
-from epochal.parallel.recompute import apply_recompute
+from epochal.parallel.recompute import recompute_part
 from epochal.parallel.step_model import LogitsObserver, StepModel, merge_observers, run_train_step
 from epochal.parallel.token_loss import token_cross_entropy
 from epochal.train.config import (
@@ -210,13 +210,7 @@ class Trainer(CheckpointSeams):
         """Apply recompute (``parallel.recompute_*``), then ``torch.compile`` per block if asked."""
         pc = self.config.parallel
         for part in model_parts:
-            unit_keys = apply_recompute(
-                part.layers,
-                pc.recompute_granularity,
-                method=pc.recompute_method,
-                num_layers=pc.recompute_num_layers,
-                segments=part.block_segments() if hasattr(part, "block_segments") else None,
-            )
+            unit_keys = recompute_part(part, pc)
             if self.config.training.compile:
                 compile_part(part, unit_keys, tensor_parallel=False)
         return model_parts
