@@ -104,7 +104,7 @@ TINY = [
     "--model.ffn_hidden_size=176",
     "--data.seq_length=64",
     "--training.micro_batch_size=2",
-    "--training.global_batch_size=4",
+    "--training.global_batch_size=8",  # the mbs8 row: 8 x 1
 ]
 
 
