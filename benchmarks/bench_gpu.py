@@ -79,7 +79,7 @@ ROWS: dict[str, tuple[str, str, list[str]]] = {
         ["--training.attention_backend=math"],
     ),
     "mbs8": (
-        "ablation: trainer, micro-batch 8 x 4",
+        "ablation: trainer, micro-batch 8 (full shape: 8 x 4)",
         "trainer",
         ["--training.micro_batch_size=8"],
     ),
