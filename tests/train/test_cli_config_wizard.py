@@ -114,7 +114,7 @@ def test_wizard_through_a_pty_reasks_invalid_answers_and_writes_a_config_that_tr
     out = tmp_path / "job.toml"
     term = _Pty(["config", "--output", str(out)], tmp_path)
     try:
-        term.expect("Model preset (tiny, bert-tiny, t5-tiny, gpt2-small) [tiny]: ")
+        term.expect("Model preset (tiny, bert-tiny, t5-tiny, gpu-1b, gpt2-small) [tiny]: ")
         term.send("")  # Enter keeps the default
         term.expect("How many machines (nodes) [1]: ")
         term.send("1")
