@@ -58,6 +58,9 @@ class TrainingConfig:
             ``auto`` (PyTorch's choice), ``flash``, ``efficient``, ``cudnn`` or ``math``
             (``torch.nn.attention.sdpa_kernel``); a kernel that cannot run the inputs
             is an error from PyTorch.
+            ``compile_loss``, ``loss_chunk_tokens`` and ``attention_backend`` act in the
+            single-process trainer; a parallel layout (``epochal.parallel``'s engine) uses
+            the plain loss and PyTorch's kernel choice. ``fused_adamw`` acts in both.
         exit_signal_handler: on SIGTERM or SIGINT, finish the current step, save a
             checkpoint and exit 0 (every rank after the same step); Megatron's
             ``--exit-signal-handler``, on by default here.
