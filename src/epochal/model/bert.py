@@ -101,9 +101,14 @@ class BertPooler(nn.Module):
         super().__init__()
         self.dense = nn.Linear(config.hidden_size, config.hidden_size)
 
-    def forward(self, h: torch.Tensor) -> torch.Tensor:
-        """``[b, s, hidden] -> [b, hidden]``."""
-        return torch.tanh(self.dense(h[:, 0]))
+    def forward(self, h: torch.Tensor, first_tokens: torch.Tensor | None = None) -> torch.Tensor:
+        """``[b, s, hidden] -> [b, hidden]``.
+
+        ``first_tokens`` (packed sequences, ``b == 1``): int64 ``[n]``, where each
+        sequence starts; the result is then ``[n, hidden]``, one row per sequence.
+        """
+        first = h[:, 0] if first_tokens is None else h[0, first_tokens]
+        return torch.tanh(self.dense(first))
 
 
 class BertModel(TransformerModel):
@@ -285,5 +290,6 @@ class BertModel(TransformerModel):
         logits = self.output(self.lm_head(h)) + self.lm_head.bias
         if self.binary_head is None:
             return logits
-        first = h if packed is None else h[0, packed.starts()].unsqueeze(1)  # [n, 1, hidden]
-        return logits, self.binary_head(self.pooler(first))
+        if packed is None:
+            return logits, self.binary_head(self.pooler(h))
+        return logits, self.binary_head(self.pooler(h, first_tokens=packed.starts()))
