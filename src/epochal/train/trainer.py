@@ -53,6 +53,7 @@ import torch
 from torch import nn
 
 from epochal._atomic import atomic_write
+from epochal.data.loading.packing import pack_padded_batch
 from epochal.model.build import build_model
 from epochal.model.config import ConfigError, ModelConfig
 from epochal.parallel.engine import compile_part
@@ -270,7 +271,14 @@ class Trainer(CheckpointSeams):
 
         ``position_ids`` / ``attention_mask`` are dropped unless the data resets
         them per document (``data.reset_position_ids`` / ``reset_attention_mask``).
+        With ``data.pack_sequences`` the samples are packed into one row first
+        (:func:`~epochal.data.loading.packing.pack_padded_batch`; under sequence
+        parallelism to a multiple of the tensor-parallel size).
         """
+        if self.config.data.pack_sequences:
+            p = self.config.parallel
+            multiple = p.tensor_parallel if p.sequence_parallel else 1
+            micro_batch = pack_padded_batch(micro_batch, pad_to_multiple_of=multiple)
         out = self._to_device(micro_batch)
         if not self.config.data.reset_position_ids:
             out.pop("position_ids", None)

@@ -138,6 +138,7 @@ def _use_varlen_kernel(q: torch.Tensor, dropout_p: float) -> bool:
     )
 
 
+@torch.compiler.disable
 def packed_attention(
     q: torch.Tensor,
     k: torch.Tensor,

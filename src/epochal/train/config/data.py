@@ -65,6 +65,15 @@ class DataConfig:
             ``--decoder-seq-length``; ``seq_length`` is the encoder's).
         vocab_extra_ids: WordPiece tokenizers: append this many ``<extra_id_N>``
             sentinels (Megatron's ``--vocab-extra-ids``; T5 needs them, e.g. 100).
+        pack_sequences: BERT / ESM: train on packed sequences (THD): each
+            micro-batch's samples (the same samples, in the same order) are
+            concatenated without their padding into one row
+            (:func:`epochal.data.loading.packing.pack_padded_batch`), attention is
+            confined to each sample and positions restart per sample, so the loss
+            is the padded batch's (up to float rounding) for less compute. Not with
+            pipeline parallelism (a :class:`ConfigError`); under sequence parallelism
+            the row is padded to a multiple of ``parallel.tensor_parallel`` with a
+            loss-masked tail.
     """
 
     data_path: list[str] = field(default_factory=list)
@@ -98,6 +107,7 @@ class DataConfig:
     masking_use_geometric_distribution: bool = False
     seq_length_decoder: int = 128
     vocab_extra_ids: int = 0
+    pack_sequences: bool = False
 
     def __post_init__(self) -> None:
         _require(self.seq_length >= 1, "seq_length", f"must be >= 1, got {self.seq_length}")

@@ -43,9 +43,23 @@ class TrainConfig:
     def __post_init__(self) -> None:
         _require(bool(self.run_dir), "run_dir", "must be a non-empty path")
         # Model fields, checked with placeholders for what the tokenizer decides.
-        model_config_from_section(
+        model_config = model_config_from_section(
             self.model, vocab_size=self.model.vocab_size or 1, seq_length=position_length(self)
         )
+        if self.data.pack_sequences:
+            _require(
+                model_config.is_encoder,
+                "data.pack_sequences",
+                "packs masked-LM samples of encoders (model.type 'bert' or 'esm'), "
+                f"not model.type={model_config.type!r}",
+            )
+            _require(
+                self.parallel.pipeline_parallel == 1,
+                "data.pack_sequences",
+                "is not supported with pipeline parallelism (packed micro-batches differ "
+                "in length, a pipeline schedule needs one shape); set "
+                f"parallel.pipeline_parallel=1, got {self.parallel.pipeline_parallel}",
+            )
         mpe = self.model.max_position_embeddings
         longest = position_length(self)
         _require(
