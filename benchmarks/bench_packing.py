@@ -192,7 +192,7 @@ def main() -> None:
             for a, b in zip(losses[mode], losses["padded to max_seq_length"], strict=True)
         )
         print(
-            f"| {mode:<25} | {t * 1e3:8.1f} ms | {real_per_step / t:13,.0f} | "
+            f"| {mode:<25} | {t * 1e3:7.1f} ms | {real_per_step / t:13,.0f} | "
             f"{base / t:7.2f}x | {diff:13.2e} |"
         )
 

@@ -79,6 +79,14 @@ PAIRS = [  # Megatron-style pairs: token types, the binary head, padding; origin
 ]
 
 
+def pad_outside(item: dict[str, Any], real: Any) -> None:
+    """Make the tokens outside the bool ``real`` ``[s]`` padding (id 1, not predicted), in place."""
+    item["tokens"] = item["tokens"].masked_fill(~real, 1)
+    item["labels"] = item["labels"].masked_fill(~real, -100)
+    item["loss_mask"] = item["loss_mask"] & real
+    item["padding_mask"] = real.long()
+
+
 class WithSegments:
     """Adds Megatron's pair keys to masked samples, as a pure function of the index.
 
@@ -100,10 +108,7 @@ class WithSegments:
         s = item["tokens"].shape[0]
         pad = int(item["tokens"][1]) % 3
         real = torch.arange(s) < s - pad
-        item["tokens"] = item["tokens"].masked_fill(~real, 1)
-        item["labels"] = item["labels"].masked_fill(~real, -100)
-        item["loss_mask"] = item["loss_mask"] & real
-        item["padding_mask"] = real.long()
+        pad_outside(item, real)
         item["types"] = (torch.arange(s) >= s // 2).long()
         item["is_random"] = torch.tensor(int(i) % 2)
         return item
@@ -142,10 +147,7 @@ class VariableLengths:
         real = torch.arange(s) < s - pad
         if "padding_mask" in item:
             real &= item["padding_mask"].bool()
-        item["tokens"] = item["tokens"].masked_fill(~real, 1)
-        item["labels"] = item["labels"].masked_fill(~real, -100)
-        item["loss_mask"] = item["loss_mask"] & real
-        item["padding_mask"] = real.long()
+        pad_outside(item, real)
         return item
 
 

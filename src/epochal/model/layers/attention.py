@@ -205,15 +205,7 @@ class Attention(nn.Module):
                 x, rope, attention_mask, kv_cache, context, position_bias
             )
         b, s, _ = x.shape
-        hd = self.head_dim
-        q = self.wq(x).view(b, s, -1, hd)
-        k = self.wk(x).view(b, s, -1, hd)
-        v = self.wv(x).view(b, s, -1, hd)
-        if rope is not None:
-            cos, sin = rope
-            q = apply_rotary(q, cos, sin)
-            k = apply_rotary(k, cos, sin)
-        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [b, heads, s, hd]
+        q, k, v = self._self_qkv(x, rope)
         past = 0
         if kv_cache is not None:
             past = kv_cache.offset
@@ -303,6 +295,21 @@ class Attention(nn.Module):
         )
         return self.wo(out.transpose(1, 2).reshape(b, s, -1))
 
+    def _self_qkv(
+        self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Self-attention's queries, keys and values ``[b, heads, s, head_dim]``, rotated by ``rope``."""
+        b, s, _ = x.shape
+        hd = self.head_dim
+        q = self.wq(x).view(b, s, -1, hd)
+        k = self.wk(x).view(b, s, -1, hd)
+        v = self.wv(x).view(b, s, -1, hd)
+        if rope is not None:
+            cos, sin = rope
+            q = apply_rotary(q, cos, sin)
+            k = apply_rotary(k, cos, sin)
+        return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+
     def _forward_packed(
         self,
         x: torch.Tensor,
@@ -321,15 +328,7 @@ class Attention(nn.Module):
                 "(attention is confined to each sequence)"
             )
         b, s, _ = x.shape
-        hd = self.head_dim
-        q = self.wq(x).view(b, s, -1, hd)
-        k = self.wk(x).view(b, s, -1, hd)
-        v = self.wv(x).view(b, s, -1, hd)
-        if rope is not None:
-            cos, sin = rope
-            q = apply_rotary(q, cos, sin)
-            k = apply_rotary(k, cos, sin)
-        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        q, k, v = self._self_qkv(x, rope)
         k, v = _repeat_kv(q, k, v)
         dropout_p = self.dropout_p if self.training else 0.0
         out = packed_attention(q, k, v, packed, dropout_p=dropout_p, scale=self.softmax_scale)
