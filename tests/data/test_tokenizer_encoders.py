@@ -163,21 +163,48 @@ def test_esm2_tokenizer_alphabet_and_specials(tmp_path):
         build_tokenizer("esm", vocab_file=tmp_path / "bad.txt")
 
 
+#: ESM-2's vocab.txt as fair-esm (esm/constants.py) and every facebook/esm2_* checkpoint ship
+#: it (BioNeMo: bionemo-esm2 esm2/data/tokenizer/vocab.txt): written out here, never taken
+#: from our constant, so that a wrong order in ours fails.
+ESM2_VOCAB_TXT = (
+    "<cls>\n<pad>\n<eos>\n<unk>\nL\nA\nG\nV\nS\nE\nR\nT\nI\nD\nP\nK\nQ\nN\nF\nY\nM\nH\nW\nC\n"
+    "X\nB\nU\nZ\nO\n.\n-\n<null_1>\n<mask>\n"
+)
+#: real proteins: human ubiquitin (P0CG48, first copy) and insulin (P01308).
+REAL_PROTEINS = [
+    "MQIFVKTLTGKTITLEVEPSDTIENVKAKIQDKEGIPPDQQRLIFAGKQLEDGRTLSDYNIQKESTLHLVLRLRGG",
+    "MALWMRLLPLLALLALWGPDPAAAFVNQHLCGSHLVEALYLVCGERGFFYTPKTRREAEDLQVGQVELGGGPGAGSLQPLALEGSLQKRGIVEQCCTSICSLYQLENYCN",
+]
+
+
+def test_esm2_alphabet_is_fair_esm_order():
+    """Isoleucine is 12 and aspartate 13 (``... R T I D P K ...``), as in ESM-2's vocab.txt."""
+    tok = build_tokenizer("esm")
+    assert [tok.inv_vocab[i] for i in range(33)] == ESM2_VOCAB_TXT.split()
+    assert (tok.vocab["I"], tok.vocab["D"], tok.vocab["R"], tok.vocab["P"]) == (12, 13, 10, 14)
+    assert tok.encode("MQIFVKTLTGKTITLEVEPSD") == [
+        20, 16, 12, 18, 7, 15, 11, 4, 11, 6, 15, 11, 12, 11, 4, 9, 7, 9, 14, 8, 13
+    ]  # fmt: skip
+
+
 @pytest.mark.peer
 def test_esm2_ids_equal_transformers(tmp_path):
     transformers = pytest.importorskip("transformers")
     vocab = tmp_path / "vocab.txt"
-    vocab.write_text("\n".join(ESM2_ALPHABET) + "\n")
+    vocab.write_text(ESM2_VOCAB_TXT)
     reference = transformers.EsmTokenizer(str(vocab))
-    ours = build_tokenizer("esm", vocab_file=vocab)
-    assert ours.vocab == build_tokenizer("esm").vocab == reference.get_vocab()
-    for text in PROTEINS:
+    ours = build_tokenizer("esm")
+    assert ours.vocab == build_tokenizer("esm", vocab_file=vocab).vocab == reference.get_vocab()
+    for text in PROTEINS + REAL_PROTEINS:
         ids = ours.encode(text)
         assert ids == reference.encode(text, add_special_tokens=False), text
         with_specials = reference.encode(text)
         assert with_specials == [ours.cls, *ids, ours.eos]
         assert ours.decode(with_specials) == reference.decode(with_specials)
     assert (reference.mask_token_id, reference.pad_token_id) == (ours.mask, ours.pad)
+    assert sorted(reference.all_special_ids) == sorted(
+        {ours.cls, ours.pad, ours.eos, ours.unk, ours.mask}
+    )
 
 
 def test_t5_unigram_tokenizer_json_matches_t5_tokenizer_fast(tmp_path):

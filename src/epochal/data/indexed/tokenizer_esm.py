@@ -2,7 +2,7 @@
 
 The alphabet, in ``EsmTokenizer``'s (and fair-esm's) order, id = position::
 
-    <cls> <pad> <eos> <unk> L A G V S E R T D I P K Q N F Y M H W C X B U Z O . - <null_1> <mask>
+    <cls> <pad> <eos> <unk> L A G V S E R T I D P K Q N F Y M H W C X B U Z O . - <null_1> <mask>
 
 Encoding follows ``EsmTokenizer``: every vocabulary token written in the text (one
 residue letter, ``<mask>``, ``<cls>``, ...) is matched, longest first, left to right;
@@ -24,7 +24,7 @@ from epochal.data.indexed.tokenizer import Tokenizer, TokenizerFileError, _check
 __all__ = ["ESM2_ALPHABET", "ESM2Tokenizer"]
 
 ESM2_ALPHABET = (
-    "<cls> <pad> <eos> <unk> L A G V S E R T D I P K Q N F Y M H W C X B U Z O . - <null_1> <mask>"
+    "<cls> <pad> <eos> <unk> L A G V S E R T I D P K Q N F Y M H W C X B U Z O . - <null_1> <mask>"
 ).split()
 
 _REQUIRED = ("<cls>", "<pad>", "<eos>", "<unk>", "<mask>")
