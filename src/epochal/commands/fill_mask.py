@@ -62,6 +62,14 @@ def _tokenizer(args: argparse.Namespace, tokenizer: Any) -> Any:
     return tokenizer
 
 
+def _token_names(tokenizer: Any, ids: list[int]) -> list[str]:
+    """The tokens of ``ids`` (WordPiece's ``convert_ids_to_tokens``, else ``inv_vocab``: ESM-2's)."""
+    convert = getattr(tokenizer, "convert_ids_to_tokens", None)
+    if convert is not None:
+        return convert(ids)
+    return [tokenizer.inv_vocab[i] for i in ids]
+
+
 @torch.no_grad()
 def fill_mask(
     model: Any, tokenizer: Any, text: str, top_k: int = 5
@@ -80,7 +88,7 @@ def fill_mask(
     positions = [i for i, t in enumerate(ids) if t == tokenizer.mask]
     if not positions:
         raise ValueError(
-            f"--text {text!r} has no mask token ({tokenizer.convert_ids_to_tokens([tokenizer.mask])[0]})"
+            f"--text {text!r} has no mask token ({_token_names(tokenizer, [tokenizer.mask])[0]})"
         )
     types = torch.zeros_like(tokens) if model.tokentype_embeddings is not None else None
     out = model(tokens, token_types=types)
@@ -90,7 +98,7 @@ def fill_mask(
     for pos in positions:
         probs = logits[pos].softmax(-1)
         values, indices = probs.topk(min(top_k, probs.numel()))
-        names = tokenizer.convert_ids_to_tokens(indices.tolist())
+        names = _token_names(tokenizer, indices.tolist())
         result.append([(n, float(v)) for n, v in zip(names, values)])
     return result
 

@@ -22,7 +22,7 @@ samples (every evaluation reads the validation data from its start). The global 
 does not depend on the data-parallel size, so a resume on another size continues it.
 
 :class:`PaddedProteinSamples` pads every sample to ``data.seq_length`` for
-:class:`~epochal.train.steps.BertTrainStep` (``text``, ``labels`` (-100 where not
+:class:`~epochal.train.steps.BertTrainStep` (``tokens`` (the masked ids), ``labels`` (-100 where not
 predicted), ``loss_mask``, ``padding_mask`` (1 = residue or special token)) and answers
 the per-epoch evidence questions (:mod:`epochal.train.inputs.epoch_evidence`): which
 cluster a sample is, which earlier samples were the same cluster, which member it drew.
@@ -63,7 +63,8 @@ class PaddedProteinSamples(torch.utils.data.Dataset):
         seq_length: tokens per padded sample (>= the dataset's ``max_seq_length``).
         pad_id: the padding token's id (ESM-2: 1).
 
-    Items: ``text``/``labels`` int64 ``[seq_length]`` (labels -100 where not predicted),
+    Items (BioNeMo's ``MaskedTokenDataset`` keys, which the pipeline-parallel engine reads):
+    ``tokens``/``labels`` int64 ``[seq_length]`` (labels -100 where not predicted),
     ``loss_mask`` float32 ``[seq_length]``, ``padding_mask`` int64 ``[seq_length]``.
     """
 
@@ -88,7 +89,7 @@ class PaddedProteinSamples(torch.utils.data.Dataset):
         padding = torch.zeros(self.seq_length, dtype=torch.int64)
         padding[:n] = 1
         return {
-            "text": torch.nn.functional.pad(sample["text"], (0, pad), value=self.pad_id),
+            "tokens": torch.nn.functional.pad(sample["text"], (0, pad), value=self.pad_id),
             "labels": torch.nn.functional.pad(sample["labels"], (0, pad), value=-100),
             "loss_mask": torch.nn.functional.pad(sample["loss_mask"].float(), (0, pad)),
             "padding_mask": padding,
