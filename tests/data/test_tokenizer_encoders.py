@@ -16,6 +16,7 @@ from epochal.data import (
 )
 from epochal.data.indexed.tokenizer import TokenizerFileError
 from epochal.data.indexed.tokenizer_esm import ESM2_ALPHABET
+from tests.data.esm_vocab import ESM2_VOCAB_TXT, REAL_PROTEINS
 
 TEXTS = [
     "Hello World!",
@@ -163,20 +164,6 @@ def test_esm2_tokenizer_alphabet_and_specials(tmp_path):
         build_tokenizer("esm", vocab_file=tmp_path / "bad.txt")
 
 
-#: ESM-2's vocab.txt as fair-esm (esm/constants.py) and every facebook/esm2_* checkpoint ship
-#: it (BioNeMo: bionemo-esm2 esm2/data/tokenizer/vocab.txt): written out here, never taken
-#: from our constant, so that a wrong order in ours fails.
-ESM2_VOCAB_TXT = (
-    "<cls>\n<pad>\n<eos>\n<unk>\nL\nA\nG\nV\nS\nE\nR\nT\nI\nD\nP\nK\nQ\nN\nF\nY\nM\nH\nW\nC\n"
-    "X\nB\nU\nZ\nO\n.\n-\n<null_1>\n<mask>\n"
-)
-#: real proteins: human ubiquitin (P0CG48, first copy) and insulin (P01308).
-REAL_PROTEINS = [
-    "MQIFVKTLTGKTITLEVEPSDTIENVKAKIQDKEGIPPDQQRLIFAGKQLEDGRTLSDYNIQKESTLHLVLRLRGG",
-    "MALWMRLLPLLALLALWGPDPAAAFVNQHLCGSHLVEALYLVCGERGFFYTPKTRREAEDLQVGQVELGGGPGAGSLQPLALEGSLQKRGIVEQCCTSICSLYQLENYCN",
-]
-
-
 def test_esm2_alphabet_is_fair_esm_order():
     """Isoleucine is 12 and aspartate 13 (``... R T I D P K ...``), as in ESM-2's vocab.txt."""
     tok = build_tokenizer("esm")
@@ -237,3 +224,20 @@ def test_t5_unigram_tokenizer_json_matches_t5_tokenizer_fast(tmp_path):
     sentinels = ours.additional_special_tokens_ids
     assert len(sentinels) == 100
     assert sentinels == reference.convert_tokens_to_ids([f"<extra_id_{i}>" for i in range(100)])
+
+
+@pytest.mark.peer
+def test_esm2_hf_tokenizer_files_load_as_esm_tokenizer(tmp_path):
+    """The files an ESM export ships: AutoTokenizer reads them as ESM-2's EsmTokenizer."""
+    transformers = pytest.importorskip("transformers")
+    ours = build_tokenizer("esm")
+    for name, text in ours.hf_tokenizer_files().items():
+        (tmp_path / name).write_text(text)
+    assert (tmp_path / "vocab.txt").read_text() == ESM2_VOCAB_TXT
+    loaded = transformers.AutoTokenizer.from_pretrained(str(tmp_path))
+    assert type(loaded).__name__ == "EsmTokenizer"
+    for text in REAL_PROTEINS + ["MK<mask>TA"]:
+        assert loaded.encode(text) == [ours.cls, *ours.encode(text), ours.eos]
+    ids = loaded.encode(REAL_PROTEINS[0])
+    assert ours.convert_ids_to_tokens(ids) == loaded.convert_ids_to_tokens(ids)
+    assert (loaded.mask_token_id, loaded.pad_token_id, loaded.cls_token_id) == (32, 1, 0)

@@ -195,6 +195,8 @@ def _run_tokenizer_info(ck) -> dict:
     source = getattr(tokenizer, "source", None)
     if isinstance(source, str) and source.endswith(".json") and Path(source).is_file():
         info["tokenizer_json"] = source
+    if hasattr(tokenizer, "hf_tokenizer_files"):  # ESM-2: vocab.txt for EsmTokenizer
+        info["tokenizer_files"] = tokenizer.hf_tokenizer_files()
     return info
 
 
@@ -221,6 +223,7 @@ def _save(args: argparse.Namespace, fmt: str, config, state, step: int, extra: d
             # the run's tokenizer next to the weights, its special tokens matching config.json
             tokenizer_file=extra.get("tokenizer_json"),
             overwrite=args.overwrite,
+            extra_files=extra.get("tokenizer_files"),
         )
         return out, ""
     if args.target == "megatron":

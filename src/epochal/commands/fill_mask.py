@@ -46,7 +46,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output", default=None, help="also write the predictions as JSONL here")
 
 
-def _tokenizer(args: argparse.Namespace, tokenizer: Any) -> Any:
+def _tokenizer(args: argparse.Namespace, tokenizer: Any, model_type: str = "bert") -> Any:
     if tokenizer is not None and getattr(tokenizer, "mask", None) is not None:
         return tokenizer
     vocab = Path(args.checkpoint) / "vocab.txt"
@@ -54,20 +54,13 @@ def _tokenizer(args: argparse.Namespace, tokenizer: Any) -> Any:
         from epochal.data.indexed.tokenizer import build_tokenizer
 
         kind = "BertWordPieceCase" if args.cased else "BertWordPieceLowerCase"
+        kind = "ESM2Tokenizer" if model_type == "esm" else kind  # an ESM folder's vocab.txt
         return build_tokenizer(kind, vocab_file=str(vocab))
     if tokenizer is None:
         raise ValueError(
             f"{args.checkpoint}: no tokenizer found; give --tokenizer-type and --vocab-file"
         )
     return tokenizer
-
-
-def _token_names(tokenizer: Any, ids: list[int]) -> list[str]:
-    """The tokens of ``ids`` (WordPiece's ``convert_ids_to_tokens``, else ``inv_vocab``: ESM-2's)."""
-    convert = getattr(tokenizer, "convert_ids_to_tokens", None)
-    if convert is not None:
-        return convert(ids)
-    return [tokenizer.inv_vocab[i] for i in ids]
 
 
 @torch.no_grad()
@@ -88,7 +81,7 @@ def fill_mask(
     positions = [i for i, t in enumerate(ids) if t == tokenizer.mask]
     if not positions:
         raise ValueError(
-            f"--text {text!r} has no mask token ({_token_names(tokenizer, [tokenizer.mask])[0]})"
+            f"--text {text!r} has no mask token ({tokenizer.convert_ids_to_tokens([tokenizer.mask])[0]})"
         )
     types = torch.zeros_like(tokens) if model.tokentype_embeddings is not None else None
     out = model(tokens, token_types=types)
@@ -98,7 +91,7 @@ def fill_mask(
     for pos in positions:
         probs = logits[pos].softmax(-1)
         values, indices = probs.topk(min(top_k, probs.numel()))
-        names = _token_names(tokenizer, indices.tolist())
+        names = tokenizer.convert_ids_to_tokens(indices.tolist())
         result.append([(n, float(v)) for n, v in zip(names, values)])
     return result
 
@@ -115,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(
             f"{args.checkpoint} holds a {config.type!r} model; fill-mask needs a masked-LM (bert / esm)"
         )
-    tokenizer = _tokenizer(args, tokenizer)
+    tokenizer = _tokenizer(args, tokenizer, config.type)
     if getattr(tokenizer, "mask", None) is None:
         raise ValueError(f"{args.checkpoint}: the tokenizer has no mask token")
     with torch.device("meta"):
