@@ -255,11 +255,19 @@ def build_esm_train_datasets(
         group: unused (every rank converts into the same cache folder, atomically).
 
     Raises:
-        ConfigError: no protein source, or ``data.tokenizer_type`` is not ESM-2's.
+        ConfigError: no protein source, a text source (``data.corpus``, ``data.data_path``
+            ...), or ``data.tokenizer_type`` is not ESM-2's.
         ProteinInputError: a bad protein, cluster or database file (named).
     """
     del group
     d, t = config.data, config.training
+    for name in ("corpus", "data_path", "train_data_path", "valid_data_path", "test_data_path"):
+        if getattr(d, name):
+            raise ConfigError(
+                f"data.{name}",
+                "is text / token data; model.type='esm' trains on proteins (data.protein_path, "
+                "data.train_cluster_path + data.train_database_path, or data.mock)",
+            )
     tokenizer = tokenizer_from_config(d)
     if not isinstance(tokenizer, ESM2Tokenizer):
         raise ConfigError(
