@@ -172,7 +172,9 @@ def epoch_summary(records: list[dict[str, Any]]) -> str | None:
         f"checked at {len(checked)} epoch start{'s' if len(checked) != 1 else ''}, "
         f"{repeats} repeated {unit}{'s' if repeats != 1 else ''} compared"
     )
-    if "members" in ordered[-1]:  # clusters: which member each repeat drew
+    if "members" in ordered[-1] and not member_repeats:
+        where += "; every repeated cluster has one member"
+    elif "members" in ordered[-1]:  # clusters: which member each repeat drew
         where += (
             f"; {other_members} of {member_repeats} repeats of multi-member clusters "
             "drew another member"
