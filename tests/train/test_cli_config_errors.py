@@ -124,10 +124,8 @@ def test_every_preset_can_be_shortened(preset, iters):
     )
     assert cfg.lr_decay_iters == iters and 0 <= cfg.lr_warmup_iters < iters
     full = build_config(preset=preset, overrides=["--data.mock=true"])
-    assert (
-        full.lr_warmup_iters
-        == {"tiny": 30, "bert-tiny": 30, "t5-tiny": 30, "gpt2-small": 700}[preset]
-    )
+    warmups = {"tiny": 30, "bert-tiny": 30, "t5-tiny": 30, "esm-tiny": 20, "esm2-8m": 2000}
+    assert full.lr_warmup_iters == {**warmups, "gpt2-small": 700}[preset]
 
 
 def test_warmup_iters_and_fraction():
@@ -162,7 +160,8 @@ def test_print_config_works_for_every_preset(preset, capsys):
     printed = tomllib.loads(out)
     assert printed["model"]["hidden_size"] == PRESETS[preset]["model"]["hidden_size"]
     assert "Traceback" not in err
-    if not PRESETS[preset]["data"].get("corpus"):  # says what training will need
+    data = PRESETS[preset]["data"]
+    if not (data.get("corpus") or data.get("mock")):  # says what training will need
         assert "note: to train, data.data_path" in err
 
 

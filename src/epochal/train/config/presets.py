@@ -30,7 +30,8 @@ merged over it. ``epochal train --preset NAME --print-config`` shows the result.
 - ``esm2-8m``: ESM-2 8M's shape (``facebook/esm2_t6_8M_UR50D``: 6 layers, hidden 320,
   20 heads, FFN 1280, LayerNorm eps 1e-5, no dropout, ``token_dropout``), 1024 tokens;
   BioNeMo's recipe: Adam betas 0.9 / 0.98, eps 1e-8, lr 4e-4 (min 4e-5), weight decay
-  0.01, linear warmup (2000 steps) then linear decay, clip 1.0. Needs a protein source.
+  0.01, linear warmup (2000 of 500,000 steps: a fraction of 0.004) then linear decay,
+  clip 1.0. Needs a protein source.
 - Warmup is a fraction of the decay (``scheduler.lr_warmup_fraction``: 30 of 300
   steps, 700 of 20000), so ``--training.train_iters=20`` shortens it with the run.
 - ``gpt2-small``: GPT-2 124M (learned positions, LayerNorm, tanh-GELU, tied
@@ -260,7 +261,7 @@ PRESETS: dict[str, dict[str, Any]] = {
             "adam_eps": 1e-8,
             "clip_grad": 1.0,
         },
-        "scheduler": {"lr_decay_style": "linear", "lr_warmup_iters": 2000},
+        "scheduler": {"lr_decay_style": "linear", "lr_warmup_fraction": 0.004},
         "checkpoint": {"save_interval": 2000, "keep_last": 3},
         "logging": {"log_interval": 10},
     },
