@@ -48,6 +48,32 @@ from epochal.model.config import ConfigError
 
 __all__ = ["PRESETS", "preset_dict"]
 
+#: ESM-2's architecture (``facebook/esm2_*``): rotary, pre-LN, GELU, ``token_dropout``,
+#: the 33-token alphabet (``<mask>`` 32, ``<pad>`` 1), no dropout.
+_ESM_MODEL: dict[str, Any] = {
+    "type": "esm",
+    "vocab_size": 33,
+    "position_embedding_type": "rope",
+    "normalization": "LayerNorm",
+    "norm_epsilon": 1e-5,
+    "activation": "gelu",
+    "num_tokentypes": 0,
+    "token_dropout": True,
+    "mask_token_id": 32,
+    "pad_token_id": 1,
+    "hidden_dropout": 0.0,
+    "attention_dropout": 0.0,
+    "make_vocab_size_divisible_by": 64,
+}
+#: BioNeMo's ESM-2 optimizer recipe (besides the learning rates).
+_BIONEMO_ADAM: dict[str, Any] = {
+    "weight_decay": 0.01,
+    "adam_beta1": 0.9,
+    "adam_beta2": 0.98,
+    "adam_eps": 1e-8,
+    "clip_grad": 1.0,
+}
+
 PRESETS: dict[str, dict[str, Any]] = {
     "tiny": {
         "run_dir": "runs/tiny",
@@ -173,19 +199,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     "esm-tiny": {
         "run_dir": "runs/esm-tiny",
         "model": {
-            "type": "esm",
-            "vocab_size": 33,
-            "position_embedding_type": "rope",
-            "normalization": "LayerNorm",
-            "norm_epsilon": 1e-5,
-            "activation": "gelu",
-            "num_tokentypes": 0,
-            "token_dropout": True,
-            "mask_token_id": 32,
-            "pad_token_id": 1,
-            "hidden_dropout": 0.0,
-            "attention_dropout": 0.0,
-            "make_vocab_size_divisible_by": 64,
+            **_ESM_MODEL,
             "hidden_size": 64,
             "num_layers": 2,
             "num_attention_heads": 4,
@@ -208,11 +222,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "optimizer": {
             "lr": 2e-3,
             "min_lr": 2e-4,
-            "weight_decay": 0.01,
-            "adam_beta1": 0.9,
-            "adam_beta2": 0.98,
-            "adam_eps": 1e-8,
-            "clip_grad": 1.0,
+            **_BIONEMO_ADAM,
         },
         "scheduler": {"lr_decay_style": "linear", "lr_warmup_fraction": 0.1},
         "checkpoint": {"save_interval": 100, "keep_last": 2},
@@ -221,19 +231,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     "esm2-8m": {
         "run_dir": "runs/esm2-8m",
         "model": {
-            "type": "esm",
-            "vocab_size": 33,
-            "position_embedding_type": "rope",
-            "normalization": "LayerNorm",
-            "norm_epsilon": 1e-5,
-            "activation": "gelu",
-            "num_tokentypes": 0,
-            "token_dropout": True,
-            "mask_token_id": 32,
-            "pad_token_id": 1,
-            "hidden_dropout": 0.0,
-            "attention_dropout": 0.0,
-            "make_vocab_size_divisible_by": 64,
+            **_ESM_MODEL,
             "hidden_size": 320,
             "num_layers": 6,
             "num_attention_heads": 20,
@@ -255,11 +253,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "optimizer": {
             "lr": 4e-4,
             "min_lr": 4e-5,
-            "weight_decay": 0.01,
-            "adam_beta1": 0.9,
-            "adam_beta2": 0.98,
-            "adam_eps": 1e-8,
-            "clip_grad": 1.0,
+            **_BIONEMO_ADAM,
         },
         "scheduler": {"lr_decay_style": "linear", "lr_warmup_fraction": 0.004},
         "checkpoint": {"save_interval": 2000, "keep_last": 3},
