@@ -48,11 +48,10 @@ def test_export_ships_esm_vocab_and_fill_mask_equals_transformers(tmp_path):
 
 
 def test_run_tokenizer_info_carries_the_esm_files(monkeypatch):
-    from epochal.commands import convert as cli_convert
-    from epochal.convert import epochal_ckpt
+    from epochal.convert import epochal_ckpt, formats
 
     monkeypatch.setattr(epochal_ckpt, "run_tokenizer", lambda ck: ESM2Tokenizer())
-    info = cli_convert._run_tokenizer_info(None)
+    info = formats._run_tokenizer_info(None)
     assert (info["bos"], info["eos"], info["pad"]) == (0, 2, 1)
     assert info["tokenizer_files"]["vocab.txt"] == ESM2_VOCAB_TXT
     assert "tokenizer_json" not in info

@@ -169,3 +169,22 @@ def test_real_proteins_equal_bionemo(hf_tokenizer):
             for idx in range(0, len(clusters), 3):
                 key = (idx % 4, idx)
                 assert_same_sample(ours[EpochIndex(*key)], theirs[ref.EpochIndex(*key)], key)
+
+
+@pytest.mark.parametrize("lengths", [(None, None), (64, 64), (None, 20), (30, None), (8, 100)])
+def test_collate_equals_bionemo(proteins, lengths):
+    from bionemo.llm.data.collate import bert_padding_collate_fn as theirs
+
+    from epochal.data import bert_padding_collate_fn as ours
+
+    min_length, max_length = lengths
+    clusters = [[name] for name in sorted(proteins)]
+    dataset = ESMMaskedResidueDataset(proteins, clusters, seed=8, max_seq_length=50)
+    for start in range(0, len(clusters), 7):
+        batch = [dataset[EpochIndex(1, i)] for i in range(start, min(start + 7, len(clusters)))]
+        a = ours(batch, padding_value=1, min_length=min_length, max_length=max_length)
+        b = theirs(batch, padding_value=1, min_length=min_length, max_length=max_length)
+        assert_same_sample(a, b, (start, lengths))
+    assert ours([], padding_value=1) == theirs([], padding_value=1) == {}
+    with pytest.raises(ValueError, match="All keys in inputs must match"):
+        ours([{"text": torch.ones(2)}, {"labels": torch.ones(2)}], padding_value=1)

@@ -16,6 +16,7 @@ from epochal.train.config import build_config
 from epochal.train.config.presets import PRESETS
 
 SMALL = [
+    "--training.device=cpu",  # compared with CPU references: the same with or without a GPU
     "--model.hidden_size=32",
     "--model.num_layers=2",
     "--model.num_attention_heads=4",
@@ -125,7 +126,7 @@ def test_every_preset_can_be_shortened(preset, iters):
     assert cfg.lr_decay_iters == iters and 0 <= cfg.lr_warmup_iters < iters
     full = build_config(preset=preset, overrides=["--data.mock=true"])
     warmups = {"tiny": 30, "bert-tiny": 30, "t5-tiny": 30, "esm-tiny": 20, "esm2-8m": 2000}
-    assert full.lr_warmup_iters == {**warmups, "gpt2-small": 700}[preset]
+    assert full.lr_warmup_iters == {**warmups, "gpt2-small": 700, "gpu-1b": 100}[preset]
 
 
 def test_warmup_iters_and_fraction():
@@ -161,7 +162,7 @@ def test_print_config_works_for_every_preset(preset, capsys):
     assert printed["model"]["hidden_size"] == PRESETS[preset]["model"]["hidden_size"]
     assert "Traceback" not in err
     data = PRESETS[preset]["data"]
-    if not (data.get("corpus") or data.get("mock")):  # says what training will need
+    if not data.get("corpus") and not data.get("mock"):  # says what training will need
         assert "note: to train, data.data_path" in err
 
 

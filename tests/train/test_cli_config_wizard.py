@@ -19,6 +19,7 @@ from epochal.train.observe.metrics import read_metrics
 
 # A tiny model and a 2-3 step run on Megatron's mock corpus, on top of the written file.
 TINY_RUN = [
+    "--training.device=cpu",  # compared with CPU references: the same with or without a GPU
     "--data.corpus=''",
     "--data.mock=true",
     "--model.hidden_size=32",

@@ -76,6 +76,7 @@ _EXPORTS = {
     "read_proteins": "proteins.readers",
     "read_mmseqs_clusters": "proteins.readers",
     "read_aaanalysis_proteins": "proteins.aaanalysis_data",
+    "bert_padding_collate_fn": "proteins.collate",
     # samplers and loaders
     "MegatronPretrainingSampler": "loading.samplers",
     "MegatronPretrainingRandomSampler": "loading.samplers",

@@ -6,5 +6,6 @@
 - :mod:`.layout`: cluster parquets and the FASTA/table -> SQLite + parquet converter;
 - :mod:`.esm_dataset`: :class:`ESMMaskedResidueDataset`, BioNeMo's samples exactly;
 - :mod:`.esm_builders`: ``create_train_dataset`` / ``create_valid_dataset`` / ``build_esm_datasets``;
+- :mod:`.collate`: BioNeMo's padding collate for batches of samples;
 - :mod:`.aaanalysis_data`: real sequences from the optional ``aaanalysis`` package.
 """
