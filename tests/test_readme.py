@@ -1,12 +1,16 @@
 """The README's Python examples run as written (paths under /tmp redirected to a temp dir).
 
 Sections whose examples need a trained run or minutes of CPU (Training, Converting)
-are exercised by the CLI tests instead; the list below says which blocks run.
+are exercised by the CLI tests instead; the list below says which blocks run. The
+shell commands of the subsections in :data:`RUNNABLE_COMMANDS` run as written, one
+line at a time, in a temporary folder (with its own cache) holding their inputs.
 """
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -22,6 +26,21 @@ RUNNABLE = (
     "Train steps and BERT training",
     "T5: encoder-decoder models",
 )
+
+
+#: ``(section, subsection)`` whose ``bash`` blocks run line by line.
+RUNNABLE_COMMANDS = (("Proteins", "Pretraining from FASTA"),)
+
+
+def command_lines(section: str, subsection: str) -> list[str]:
+    """The command lines of the ``bash`` blocks of ``## section`` / ``### subsection``."""
+    for part in re.split(r"^## ", README.read_text(), flags=re.M)[1:]:
+        if part.startswith(section):
+            for sub in re.split(r"^### ", part, flags=re.M)[1:]:
+                if sub.startswith(subsection):
+                    code = "\n".join(re.findall(r"```bash\n(.*?)```", sub, flags=re.S))
+                    return [line for line in code.splitlines() if line.strip()]
+    raise AssertionError(f"README.md has no ### {subsection} under ## {section}")
 
 
 def python_blocks() -> dict[str, str]:
@@ -65,3 +84,25 @@ def test_readme_example_runs(name, tmp_path, monkeypatch):
         assert tuple(namespace["whole"].shape[:2]) == (8, 16)
     if name == "Resumable loading":
         assert namespace["state"] == {"consumed_samples": 96, "mode": "train"}
+
+
+def test_protein_pretraining_commands_run(tmp_path):
+    """FASTA -> train (stops at step 100) -> resume on two DP ranks -> HF export -> fill-mask."""
+    from epochal.train.inputs.synthetic_proteins import synthetic_families
+
+    families = synthetic_families(40, seed=3)
+    fasta = "".join(f">{pid}\n{seq}\n" for family in families for pid, seq in family)
+    (tmp_path / "proteins.fasta").write_text(fasta)
+    env = {**os.environ, "EPOCHAL_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
+    outputs = []
+    for line in command_lines(*RUNNABLE_COMMANDS[0]):
+        done = subprocess.run(
+            ["bash", "-c", line], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=400
+        )
+        assert done.returncode == 0, f"{line}\n{done.stdout}\n{done.stderr}"
+        outputs.append(done.stdout)
+    assert "stopped early (training.exit_interval=100) after step 100" in outputs[0]
+    assert "trained steps 101-200 (resumed from step 100)" in outputs[1]
+    assert "sample order and masks differed in every epoch" in outputs[1]
+    assert (tmp_path / "hf/esm-tiny/vocab.txt").is_file()
+    assert "[MASK] 0:" in outputs[3]

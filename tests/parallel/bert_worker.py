@@ -1,8 +1,11 @@
-"""Ranks of the BERT layout tests: a tiny BERT trained on BioNeMo-style masked data.
+"""Ranks of the BERT / ESM layout tests: a tiny BERT trained on BioNeMo-style masked data.
 
 The data is ``MaskedTokenDataset`` (fresh masks per epoch) under
 ``MultiEpochDatasetResampler`` over fixed-length synthetic sequences; module-level
-so that spawned gloo ranks (tests/dist_utils.run_gloo) can import it.
+so that spawned gloo ranks (tests/dist_utils.run_gloo) can import it. With
+:func:`esm` overrides the model is a tiny ESM-2 and the data is ``epochal train``'s
+own protein path (the synthetic FASTA of ``data.mock``, BioNeMo's samples padded to
+``data.seq_length``).
 """
 
 from __future__ import annotations
@@ -114,7 +117,7 @@ class WithSegments:
         return item
 
 
-ESM = [  # ESM-2's architecture: rotary positions, no token types, token dropout
+ESM = [  # ESM-2's architecture on the synthetic samples (with variable=True): rotary, no token types, token dropout
     "--model.type=esm",
     "--model.position_embedding_type=rope",
     "--model.num_tokentypes=0",
@@ -151,6 +154,21 @@ class VariableLengths:
         return item
 
 
+def esm(cache_dir: str) -> list[str]:
+    """Overrides that make the model a tiny ESM-2 trained from protein files cached in ``cache_dir``."""
+    return [
+        "--model.type=esm",
+        "--model.position_embedding_type=rope",
+        "--model.num_tokentypes=0",
+        "--model.token_dropout=true",
+        "--model.mask_token_id=32",
+        "--model.vocab_size=33",
+        "--data.tokenizer_type=ESM2Tokenizer",
+        f"--data.cache_dir={cache_dir}",
+        "--data.protein_valid_fraction=0.05",
+    ]
+
+
 def config(run_dir: str, extra: list[str]) -> Any:
     from epochal.train.config import build_config
 
@@ -158,9 +176,14 @@ def config(run_dir: str, extra: list[str]) -> Any:
 
 
 def data(cfg: Any, dp_rank: int = 0, dp_size: int = 1, variable: bool = False) -> Any:
-    """The loaders; ``variable``: samples of different lengths (:class:`VariableLengths`)."""
-    from epochal.train.inputs.loaders import make_loaders
+    """The loaders; ``variable``: synthetic samples of different lengths (:class:`VariableLengths`).
 
+    Configs made with :func:`esm` (``ESM2Tokenizer``) train on ``epochal train``'s own protein
+    path; the rest (:data:`ESM` included) on the synthetic samples."""
+    from epochal.train.inputs.loaders import build_data, make_loaders
+
+    if cfg.data.tokenizer_type == "ESM2Tokenizer":  # esm(): epochal train's own protein path
+        return build_data(cfg, dp_rank=dp_rank, dp_size=dp_size)
     train, valid = datasets(cfg.training.train_iters * cfg.training.global_batch_size)
     if cfg.model.bert_binary_head:
         train, valid = WithSegments(train), WithSegments(valid)

@@ -1,6 +1,6 @@
 """Subprocess entry point for the kill-and-resume tests: train a tiny model on synthetic data.
 
-Usage: python resume_worker.py RUN_DIR TRAIN_ITERS [--bert | --t5] [--pause-after N] [override ...]
+Usage: python resume_worker.py RUN_DIR TRAIN_ITERS [--bert | --t5 | --esm] [--pause-after N] [override ...]
 
 ``--bert``: a tiny BERT on masked data that gets fresh masks every epoch
 (``tests/parallel/bert_worker.py``: ``MaskedTokenDataset`` under
@@ -8,6 +8,9 @@ Usage: python resume_worker.py RUN_DIR TRAIN_ITERS [--bert | --t5] [--pause-afte
 ``--t5``: a tiny T5 (relative bias, gated GELU) on Megatron's span-corruption
 samples from files (``tests/parallel/t5_worker.py``; the corpus lives next to
 RUN_DIR), with dropout.
+``--esm``: a tiny ESM-2 on ``epochal train``'s protein path (the synthetic FASTA of
+``data.mock`` converted to BioNeMo's layout in ``esm-cache`` next to RUN_DIR; members
+and masks drawn per ``EpochIndex``), with dropout.
 
 With ``--pause-after N`` the process writes ``RUN_DIR/paused`` after step N (and
 after that step's evaluation/checkpoint) and then sleeps, so the test can kill it
@@ -70,7 +73,8 @@ def main(argv: list[str]) -> int:
     pause_after = None
     bert = rest[:1] == ["--bert"]
     t5 = rest[:1] == ["--t5"]
-    rest = rest[1:] if bert or t5 else rest
+    esm = rest[:1] == ["--esm"]
+    rest = rest[1:] if bert or t5 or esm else rest
     if rest[:1] == ["--pause-after"]:
         pause_after, rest = int(rest[1]), rest[2:]
     if bert:
@@ -84,6 +88,13 @@ def main(argv: list[str]) -> int:
         overrides = [*t5_worker.HF_STYLE, *BASE_BERT, f"--training.train_iters={iters}", *rest]
         cfg = t5_worker.config(run_dir, overrides)
         data = None  # epochal train's own file path (build_t5_datasets)
+    elif esm:
+        from tests.parallel import bert_worker
+
+        cache = str(Path(run_dir).parent / "esm-cache")
+        overrides = [*bert_worker.esm(cache), *BASE_BERT, f"--training.train_iters={iters}", *rest]
+        cfg = bert_worker.config(run_dir, overrides)
+        data = None  # epochal train's own protein path (epochal.train.inputs.esm)
     else:
         cfg = build_config(
             preset="tiny",

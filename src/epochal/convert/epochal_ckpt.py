@@ -154,7 +154,7 @@ def _tokenizer_vocab_size(train_config: Any, folder: Path) -> int:
 
 
 def tokenizer_for_run(train_config: Any, source: str = "config.toml") -> Any:
-    """The tokenizer a training run used, rebuilt from its ``[data]`` section (None for mock data).
+    """The tokenizer a training run used, rebuilt from its ``[data]`` section (None for mock GPT data).
 
     A ``data.corpus`` run gets its tokenizer from the trainer's corpus cache
     (:func:`epochal.train.inputs.corpus.prepare_corpus`; the corpus-trained BPE is
@@ -165,8 +165,8 @@ def tokenizer_for_run(train_config: Any, source: str = "config.toml") -> Any:
         ConversionError: the tokenizer cannot be built (names ``source``).
     """
     data = train_config.data
-    if data.mock and not data.corpus:
-        return None
+    if data.mock and not data.corpus and train_config.model.type != "esm":
+        return None  # Megatron's mock GPT data has no tokenizer; ESM's mock proteins have ESM-2's
     from epochal.train.inputs.corpus import prepare_corpus, tokenizer_from_config
 
     try:

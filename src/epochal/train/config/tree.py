@@ -108,13 +108,14 @@ class TrainConfig:
 
         Raises:
             ConfigError: none of ``data.data_path`` (or the per-split paths),
-                ``data.corpus`` or ``data.mock`` is set.
+                ``data.corpus``, ``data.mock`` or a protein source is set.
         """
+        d = self.data
         _require(
-            self.data.has_paths or self.data.mock or bool(self.data.corpus),
+            d.has_paths or d.mock or bool(d.corpus) or d.has_proteins,
             "data.data_path",
             "no data: set data.data_path (Megatron-style prefixes), data.corpus ('stdlib' or a "
-            ".jsonl) or data.mock=true",
+            ".jsonl), data.mock=true, or for ESM data.protein_path / data.train_cluster_path",
         )
 
     @property

@@ -16,6 +16,12 @@ all epochs together, so an epoch is a count of samples). The trainer then
   drawn from the same sentences, with how many of them had the same masked positions
   (``repeats`` / ``same_masks``).
 
+A dataset of clusters (ESM-2's, :class:`~epochal.train.inputs.esm.PaddedProteinSamples`)
+also has ``sample_member(idx) -> (member id, cluster size)``; its span is the cluster
+and its records add ``unit = "cluster"``, a digest of the members drawn (``members``)
+and, over the earlier samples of the same multi-member clusters, how many drew the
+same member (``member_repeats`` / ``same_members``).
+
 Everything is a pure function of the dataset and the epoch number, so a resumed run
 writes the same records; :func:`epoch_summary` reads them back from
 ``metrics.jsonl`` (a record repeated by a resume counts once) and says in one line
@@ -61,6 +67,7 @@ class EpochRecorder:
         if self.samples_per_epoch <= 0:
             raise ValueError(f"samples_per_epoch must be > 0, got {self.samples_per_epoch}")
         self.micro_batch_size = int(micro_batch_size)
+        self.has_members = hasattr(dataset, "sample_member")
 
     def epochs(self, consumed_samples: int) -> float:
         """Epochs of data consumed after ``consumed_samples`` samples (e.g. 2.5)."""
@@ -78,10 +85,23 @@ class EpochRecorder:
         spans = [list(self.dataset.sample_span(i)) for i in ids]
         masks = [_masked_positions(self.dataset[i]) for i in ids]
         repeats = same = 0
-        for i, mine in zip(ids, masks, strict=True):
+        members = [self.dataset.sample_member(i) for i in ids] if self.has_members else []
+        member_repeats = same_members = 0
+        for k, (i, mine) in enumerate(zip(ids, masks, strict=True)):
             for j in self.dataset.earlier_occurrences(i, first).tolist():
                 repeats += 1
                 same += _masked_positions(self.dataset[j]) == mine
+                if members and members[k][1] > 1:  # a cluster with a choice of members
+                    member_repeats += 1
+                    same_members += self.dataset.sample_member(j)[0] == members[k][0]
+        extra: dict[str, Any] = {}
+        if members:
+            extra = {
+                "unit": getattr(self.dataset, "evidence_unit", "sentence run"),
+                "members": _digest([m for m, _ in members]),
+                "member_repeats": member_repeats,
+                "same_members": same_members,
+            }
         return {
             "kind": "epoch",
             "epoch": epoch,
@@ -93,6 +113,7 @@ class EpochRecorder:
             "masks": _digest(masks),
             "repeats": repeats,
             "same_masks": same,
+            **extra,
         }
 
 
@@ -131,7 +152,8 @@ def epoch_summary(records: list[dict[str, Any]]) -> str | None:
     same_order, same_masks = [], []
     seen_orders = {ordered[0]["order"]}
     prev_masks = ordered[0]["masks"]
-    repeats = 0
+    repeats = member_repeats = other_members = 0
+    same_members = []
     for r in checked:
         if r["order"] in seen_orders:
             same_order.append(r["epoch"] + 1)
@@ -140,10 +162,25 @@ def epoch_summary(records: list[dict[str, Any]]) -> str | None:
         seen_orders.add(r["order"])
         prev_masks = r["masks"]
         repeats += r["repeats"]
+        if r.get("member_repeats"):
+            member_repeats += r["member_repeats"]
+            other_members += r["member_repeats"] - r["same_members"]
+            if r["same_members"] == r["member_repeats"]:
+                same_members.append(r["epoch"] + 1)
+    unit = ordered[-1].get("unit", "sentence run")
     where = (
         f"checked at {len(checked)} epoch start{'s' if len(checked) != 1 else ''}, "
-        f"{repeats} repeated sentence run{'s' if repeats != 1 else ''} compared"
+        f"{repeats} repeated {unit}{'s' if repeats != 1 else ''} compared"
     )
+    if "members" in ordered[-1] and not member_repeats:
+        where += "; every repeated cluster has one member"
+    elif "members" in ordered[-1]:  # clusters: which member each repeat drew
+        where += (
+            f"; {other_members} of {member_repeats} repeats of multi-member clusters "
+            "drew another member"
+        )
+        if same_members:
+            where += f", none in epoch(s) {same_members}"
     if not same_order and not same_masks:
         return f"{head}; sample order and masks differed in every epoch ({where})"
     parts = []
