@@ -214,13 +214,16 @@ def load_epochal_checkpoint(
         epochal._checksum.ChecksumError: a ``.safetensors`` file fails its checksum.
     """
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
     from epochal.train.state.checkpoint import (
+        CheckpointError,
         SafeFileSystemReader,
         SafeLoadPlanner,
         verify_checkpoint,
     )
+    from epochal.train.state.dcp_checks import dcp_failure
 
     if Path(path).suffix == ".safetensors":
         return _load_consolidated(Path(path), vocab_size)
@@ -240,12 +243,20 @@ def load_epochal_checkpoint(
         warnings.filterwarnings(
             "ignore", message=".*assuming the intent is to load in a single process.*"
         )
-        dcp.load(
-            {"model": template},
-            storage_reader=SafeFileSystemReader(folder),
-            planner=SafeLoadPlanner(),
-            no_dist=True,  # every process reads the whole model itself, with or without a process group
-        )
+        try:
+            dcp.load(
+                {"model": template},
+                storage_reader=SafeFileSystemReader(folder),
+                planner=SafeLoadPlanner(),
+                no_dist=True,  # every process reads the whole model itself, with or without a process group
+            )
+        except (Exception, CheckpointException) as exc:  # noqa: BLE001 - DCP wraps reader errors
+            cause = dcp_failure(exc)
+            if isinstance(cause, CheckpointError):  # a damaged or truncated file, named
+                raise cause from exc
+            raise ConversionError(
+                f"{folder}: cannot read the model tensors ({type(cause).__name__}: {cause})"
+            ) from exc
     state = _complete(config, template, str(folder))
     return EpochalCheckpoint(
         config=config, state=state, folder=folder, step=step, run_config=run_config
@@ -256,7 +267,10 @@ def _read_step_folder(
     folder: Path, vocab_size: int | None
 ) -> tuple[ModelConfig, int, dict[str, Any] | None]:
     """``(config, step, parsed config.toml or None)`` of a ``step_*`` folder."""
+    from epochal.train.state.trainer_state import check_trainer_state
+
     trainer_state = _read_json(folder / "trainer_state.json")
+    check_trainer_state(trainer_state, str(folder / "trainer_state.json"))
     run_config = None
     if (folder / "config.toml").is_file():
         try:
