@@ -43,6 +43,7 @@ from typing import Any
 
 import torch
 
+from epochal.convert.checked_config import check_positions
 from epochal.convert.common import ConversionError, check_shapes, complete_tied
 from epochal.model.config import ConfigError, ModelConfig
 
@@ -278,6 +279,7 @@ def _read_step_folder(
         except tomllib.TOMLDecodeError as exc:
             raise ConversionError(f"{folder / 'config.toml'}: not valid TOML ({exc})") from exc
     config = _model_config(folder, trainer_state, run_config, vocab_size)
+    check_positions(config.max_position_embeddings, str(folder), "max_position_embeddings")
     return config, int(trainer_state.get("step", 0)), run_config
 
 
@@ -304,6 +306,7 @@ def _load_consolidated(file: Path, vocab_size: int | None) -> EpochalCheckpoint:
     else:  # export_consolidated's file: the config is in its step folder
         folder = find_step_folder(file.parent)
         config, step, run_config = _read_step_folder(folder, vocab_size)
+    check_positions(config.max_position_embeddings, str(file), "max_position_embeddings")
     state = _complete(config, load_safetensors(file, verify=False), str(file))
     return EpochalCheckpoint(
         config=config, state=state, folder=folder, step=step, run_config=run_config
