@@ -25,7 +25,7 @@ from epochal.convert.epochal_ckpt import load_epochal_checkpoint
 from epochal.convert.hf.io import load_hf_checkpoint
 from epochal.convert.megatron.legacy import load_megatron_checkpoint
 from epochal.convert.safe_load import UnsafeCheckpointError
-from epochal.train.state.checkpoint import CheckpointError, Checkpointer
+from epochal.train.state.checkpoint import Checkpointer, CheckpointError
 from tests.convert import hostile
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
@@ -74,7 +74,9 @@ def test_metadata_larger_than_its_chunks_is_refused(copy):
 def test_hf_vocab_size_contradicting_the_embedding_is_refused(copy, vocab):
     folder = copy("hf")
     hostile.edit_json(folder / "config.json", lambda c: c.update(vocab_size=vocab))
-    with pytest.raises(ConversionError, match=rf"config.json: vocab_size={vocab} contradicts .*wte"):
+    with pytest.raises(
+        ConversionError, match=rf"config.json: vocab_size={vocab} contradicts .*wte"
+    ):
         load_hf_checkpoint(folder)
 
 
@@ -134,9 +136,7 @@ def test_fractional_heads_are_refused(copy):
     with pytest.raises(ConversionError, match="num_attention_heads must be a positive integer"):
         load_hf_checkpoint(hf)
     meg = copy("meg")
-    hostile.edit_rank(
-        hostile.rank_file(meg), lambda p: setattr(p["args"], "num_query_groups", 2.5)
-    )
+    hostile.edit_rank(hostile.rank_file(meg), lambda p: setattr(p["args"], "num_query_groups", 2.5))
     with pytest.raises(ConversionError, match=r"args.num_query_groups must be a positive integer"):
         load_megatron_checkpoint(meg)
 
@@ -384,3 +384,86 @@ def test_epochal_checkpoint_declaring_huge_positions_is_refused(copy):
     hostile.edit_json(step / "trainer_state.json", huge)
     with pytest.raises(ConversionError, match=r"max_position_embeddings=1000000000000 is over"):
         load_epochal_checkpoint(run)
+
+
+BOMB_SCRIPT = r"""
+import json, resource, shutil, sys, time, warnings
+from pathlib import Path
+warnings.simplefilter("ignore")
+import torch
+from epochal.convert.hf.io import load_hf_checkpoint
+from epochal.convert.megatron.legacy import load_megatron_checkpoint
+from tests.convert import hostile
+from tests.convert.test_convert_hardening import BILLION_LAUGHS, reference_bomb
+
+built, work = Path(sys.argv[1]), Path(sys.argv[2])
+
+def fresh(name):
+    return Path(shutil.copytree(built / name, work / f"{name}-{time.monotonic_ns()}"))
+
+def deep_json():
+    f = fresh("hf")
+    (f / "config.json").write_text("[" * 100_000 + "]" * 100_000)
+    load_hf_checkpoint(f)
+
+def alias_bomb():
+    f = fresh("nemo")
+    (f / "context" / "model.yaml").write_text(BILLION_LAUGHS + "config: {num_layers: 2}\n")
+    load_megatron_checkpoint(f)
+
+def reference():
+    f = fresh("nemo")
+    (f / "context" / "model.yaml").unlink()
+    (f / "context" / "io.json").write_text(reference_bomb(60))
+    load_megatron_checkpoint(f)
+
+def huge_tensor():
+    f = fresh("dist")
+    def grow(metadata):
+        _, meta = hostile.tensor_meta(metadata, "word_embeddings.weight")
+        meta.size = torch.Size([1 << 44, meta.size[1]])
+        meta.chunks[0].sizes = meta.size
+    hostile.edit_metadata(f / "iter_0000005", grow)
+    load_megatron_checkpoint(f)
+
+for case in (deep_json, alias_bomb, reference, huge_tensor):
+    rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    t0 = time.perf_counter()
+    try:
+        case()
+        error = "accepted"
+    except (ValueError, OSError) as exc:
+        error = str(exc)
+    grown = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss0) / 1024
+    print(json.dumps({"case": case.__name__, "s": time.perf_counter() - t0, "mb": grown,
+                      "error": error}), flush=True)
+"""
+
+
+def test_bombs_are_refused_within_seconds_and_bounded_memory(built, tmp_path):
+    """Each bomb in a fresh process: refused, its peak memory growth and time measured."""
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root / "src"), str(root)])}
+    out = subprocess.run(
+        [sys.executable, "-c", BOMB_SCRIPT, str(built), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    results = {r["case"]: r for r in map(json.loads, out.stdout.splitlines())}
+    expected = {
+        "deep_json": "nests deeper than 100 levels",
+        "alias_bomb": "expands to more than 1000000 values",
+        "reference": "more than 1000000 values",
+        "huge_tensor": "word_embeddings.weight",
+    }
+    for case, message in expected.items():
+        r = results[case]
+        assert message in r["error"], r
+        assert r["s"] < 20 and r["mb"] < 256, r  # generous on a loaded CI machine
