@@ -436,4 +436,5 @@ def load_nemo2_checkpoint(
         model_type=model_type,
         source=source,
         esm=esm,
+        unknown_tp=True,
     )
