@@ -467,3 +467,24 @@ def test_bombs_are_refused_within_seconds_and_bounded_memory(built, tmp_path):
         r = results[case]
         assert message in r["error"], r
         assert r["s"] < 20 and r["mb"] < 256, r  # generous on a loaded CI machine
+
+
+@pytest.mark.parametrize("damage", ["positions", "truncated"])
+def test_generate_reads_through_the_same_checks(copy, capsys, damage):
+    """``epochal generate`` on a hostile folder: exit 2 with the reader's message, no allocation."""
+    from epochal.cli import main
+
+    if damage == "positions":
+        folder = copy("hf")
+        hostile.edit_json(folder / "config.json", lambda c: c.update(n_positions=10**12))
+        expect = "n_positions=1000000000000 is over the limit"
+    else:
+        folder = copy("run")
+        step = next((folder / "checkpoints").glob("step_*"))
+        (step / "manifest.json").unlink(missing_ok=True)
+        shard = next(step.glob("*.distcp"))
+        shard.write_bytes(shard.read_bytes()[:100])
+        expect = f"{shard.name}: truncated"
+    argv = ["generate", "--checkpoint", str(folder), "--prompt-ids", "1,2", "--max-new-tokens", "2"]
+    assert main(argv) == 2
+    assert expect in capsys.readouterr().err
