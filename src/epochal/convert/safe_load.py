@@ -12,7 +12,9 @@
     *not* imported: each becomes an inert :class:`OpaqueObject` that records the
     class name and its constructor/state arguments, so none of their code runs.
 
-  Every other global is refused with :class:`UnsafeCheckpointError` naming the
+  Every member of the zip file is first checked against its CRC-32
+  (:func:`verify_zip_members`; ``torch.load`` never checks it, so one changed byte
+  would load silently). Every other global is refused with :class:`UnsafeCheckpointError` naming the
   file and the globals, before anything is unpickled
   (``torch.serialization.get_unsafe_globals_in_checkpoint`` scans the pickle
   without executing it).
