@@ -72,6 +72,8 @@ _DEFAULTED = {
     "rotary_percent": 1.0,
 }
 _SILU = ("silu", "swish")
+#: node visits allowed while walking io.json (a real NeMo context takes a few thousand).
+FIDDLE_MAX_NODES = 200_000
 
 
 def is_nemo2(path: str | Path) -> bool:
@@ -140,7 +142,7 @@ class _FiddleGraph:
         self.path = path
         self.depth = 0
         #: every node visited counts (a reference followed again counts again)
-        self.budget = Budget(str(path))
+        self.budget = Budget(str(path), max_nodes=FIDDLE_MAX_NODES)
 
     def refuse(self, why: str) -> ConversionError:
         return ConversionError(
