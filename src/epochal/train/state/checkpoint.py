@@ -71,6 +71,9 @@ from epochal._checksum import (
     manifest_bytes,
     verify_manifest,
 )
+from epochal.train.state.dcp_checks import check_dcp_metadata, dcp_failure, read_per_file
+from epochal.train.state.errors import CheckpointCorruptError, CheckpointError
+from epochal.train.state.trainer_state import check_trainer_state
 
 __all__ = [
     "CheckpointCorruptError",
@@ -111,14 +114,6 @@ _ALLOWED_GLOBALS: dict[str, set[str]] = {
     "collections": {"OrderedDict"},
     "builtins": {"set", "frozenset", "slice"},
 }
-
-
-class CheckpointError(ValueError):
-    """A checkpoint is missing, incomplete, malformed or unsafe; the message names the file."""
-
-
-class CheckpointCorruptError(CheckpointError):
-    """A checkpoint file is missing, truncated or changed since it was saved (names the file)."""
 
 
 def verify_checkpoint(folder: str | os.PathLike) -> bool:
@@ -193,7 +188,8 @@ def load_metadata_safely(data: bytes | Any, source: str = "<metadata>") -> Metad
 
 
 class SafeFileSystemReader(FileSystemReader):
-    """``FileSystemReader`` whose ``read_metadata`` uses a restricted unpickler."""
+    """``FileSystemReader`` whose ``read_metadata`` uses a restricted unpickler and checks what
+    the metadata declares against the files (:func:`~epochal.train.state.dcp_checks.check_dcp_metadata`)."""
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
         path = self._get_metadata_path(kwargs.get("rank"))
@@ -202,10 +198,16 @@ class SafeFileSystemReader(FileSystemReader):
                 metadata = load_metadata_safely(f, str(path))
         except FileNotFoundError as exc:
             raise CheckpointError(f"{path}: DCP metadata file is missing") from exc
+        check_dcp_metadata(metadata, Path(self.path), str(path))  # before anything is allocated
         if getattr(metadata, "storage_meta", None) is None:
             metadata.storage_meta = StorageMeta()
         metadata.storage_meta.load_id = self.load_id
         return metadata
+
+    def read_data(self, plan: Any, planner: Any) -> Any:
+        """DCP's ``read_data`` one file at a time; a damaged file's error names it."""
+        read = super().read_data
+        return read_per_file(plan, self.storage_data, Path(self.path), lambda p: read(p, planner))
 
 
 class SafeLoadPlanner(DefaultLoadPlanner):
@@ -521,7 +523,7 @@ class Checkpointer:
             raise CheckpointError(f"{json_path}: not valid JSON ({exc})") from exc
         if not isinstance(trainer_state, dict):
             raise CheckpointError(f"{json_path}: expected a JSON object")
-        return trainer_state
+        return check_trainer_state(trainer_state, str(json_path))
 
     def load_tensors(self, folder: str | os.PathLike, state: dict[str, Any]) -> None:
         """Load the DCP tensors of checkpoint ``folder`` into ``state`` in place, after :meth:`check_intact`.
@@ -555,6 +557,8 @@ class Checkpointer:
         except CheckpointError:
             raise
         except (Exception, CheckpointException) as exc:  # noqa: BLE001 - DCP's error is a BaseException
+            if isinstance(cause := dcp_failure(exc), CheckpointError):
+                raise cause from exc  # a damaged or truncated file, named
             raise CheckpointError(
                 f"{folder}: cannot load into this model/optimizer: {exc}"
             ) from exc
