@@ -5,16 +5,18 @@ Three steps, each its own sub-command, so that the slow ones can be time-boxed:
 
 ``prepare OUT``
     Writes ``OUT/pretrain.fasta`` (every ``SEQ_*`` set except SEQ_SOLUBLE, so the
-    fine-tuning proteins are never seen in pretraining), ``OUT/soluble_{train,test}.tsv``
-    and ``OUT/ldr_{train,test}.tsv`` (AA_LDR's comma-separated per-residue labels
-    rewritten as one character per residue). The held-out split is deterministic:
-    a protein is in the test set when ``sha1(entry) % 10 == 0`` (about 10%).
-``baselines OUT``
-    Logistic regression on amino-acid composition (20 frequencies, standardised,
-    L2 0.01, full-batch L-BFGS in torch) for SEQ_SOLUBLE; for AA_LDR the per-residue
-    majority class and a logistic regression on the composition of a 15-residue window
-    plus the residue's own one-hot. Prints held-out accuracies and the unigram entropy
-    of the pretraining residues.
+    proteins fine-tuned on are never seen in pretraining) and ``OUT/ldr_{train,test}.tsv``:
+    AA_LDR's proteins split deterministically (test when ``sha1(entry) % 10 == 0``),
+    their comma-separated per-residue labels (1 disordered, 0 ordered) rewritten as one
+    character per residue, and cut into pieces of ``--chunk`` residues so that a
+    ``seq_length = chunk + 2`` model sees every residue (pieces keep the split of their
+    protein). SEQ_SOLUBLE is fine-tuned and compared by ``bench_finetune_soluble.py``.
+``baselines OUT [--eval-rows N]``
+    The unigram entropy of the pretraining residues (the loss of a model that knows
+    only amino-acid frequencies) and, for AA_LDR, the per-residue majority class and a
+    logistic regression (standardised features, L2 0.01, full-batch L-BFGS in torch) on
+    the composition of a 15-residue window plus the residue's own one-hot, on the first
+    N test pieces (those an ``eval_iters x global_batch_size`` evaluation reads).
 ``table OUT RUN [RUN ...]``
     Reads each run's ``metrics.jsonl`` and prints first/last train loss, the last
     validation loss and perplexity, tokens and wall time.
@@ -56,7 +58,7 @@ def _is_test(entry: str) -> bool:
     return int(hashlib.sha1(entry.encode()).hexdigest(), 16) % 10 == 0
 
 
-def prepare(out: Path) -> None:
+def prepare(out: Path, chunk: int = 126) -> None:
     """Write the pretraining FASTA and the fine-tuning train/test tables under ``out``."""
     out.mkdir(parents=True, exist_ok=True)
     names = [f.stem for f in aaanalysis_sequence_files() or [] if f.stem != "SEQ_SOLUBLE"]
@@ -67,30 +69,27 @@ def prepare(out: Path) -> None:
             n, residues = n + 1, residues + len(seq)
     print(f"pretrain.fasta: {n} proteins, {residues} residues from {names}")
     root = _benchmarks_dir()
-    sol = pd.read_csv(root / "SEQ_SOLUBLE.tsv", sep="\t", dtype=str, keep_default_na=False)
-    sol = sol[["entry", "sequence", "label"]]
     ldr = pd.read_csv(root / "AA_LDR.tsv", sep="\t", dtype=str, keep_default_na=False)
-    ldr = ldr[["entry", "sequence", "label"]].copy()
-    ldr["label"] = [lab.replace(",", "") for lab in ldr["label"]]
-    bad = [e for e, s, lab in zip(ldr.entry, ldr.sequence, ldr.label) if len(s) != len(lab)]
+    bad = [
+        e for e, s, lab in zip(ldr.entry, ldr.sequence, ldr.label) if len(s) != len(lab.split(","))
+    ]
     if bad:
         raise ValueError(f"AA_LDR: per-residue labels of the wrong length in {bad[:5]}")
-    for name, frame in (("soluble", sol), ("ldr", ldr)):
-        test = frame["entry"].map(_is_test)
-        frame[~test].to_csv(out / f"{name}_train.tsv", sep="\t", index=False)
-        frame[test].to_csv(out / f"{name}_test.tsv", sep="\t", index=False)
-        print(f"{name}: {int((~test).sum())} train, {int(test.sum())} test proteins")
-
-
-def _composition(seqs: list[str]) -> torch.Tensor:
-    """``[n, 20]`` amino-acid frequencies (other letters ignored)."""
-    index = {a: i for i, a in enumerate(AMINO_ACIDS)}
-    x = torch.zeros(len(seqs), 20, dtype=torch.float64)
-    for row, seq in enumerate(seqs):
-        for a, c in Counter(seq).items():
-            if a in index:
-                x[row, index[a]] = c
-    return x / x.sum(1, keepdim=True).clamp(min=1)
+    for part in ("train", "test"):
+        rows = []
+        for entry, seq, lab in zip(ldr.entry, ldr.sequence, ldr.label):
+            if _is_test(entry) != (part == "test"):
+                continue
+            lab = lab.replace(",", "")
+            for k, start in enumerate(range(0, len(seq), chunk)):
+                rows.append(
+                    (f"{entry}/{k}", seq[start : start + chunk], lab[start : start + chunk])
+                )
+        frame = pd.DataFrame(rows, columns=["entry", "sequence", "label"])
+        frame.to_csv(out / f"ldr_{part}.tsv", sep="\t", index=False)
+        print(
+            f"ldr_{part}.tsv: {len(frame)} pieces of <= {chunk} residues, {sum(map(len, frame.sequence))} residues"
+        )
 
 
 def _window_features(seq: str) -> torch.Tensor:
@@ -127,7 +126,7 @@ def logistic_regression(
     return ((xt @ w + b) > 0).to(torch.int64).detach()
 
 
-def baselines(out: Path) -> None:
+def baselines(out: Path, eval_rows: int = 0) -> None:
     """Print the composition baselines on the held-out splits and the unigram entropy."""
     counts: Counter[str] = Counter()
     for line in open(out / "pretrain.fasta"):
@@ -138,19 +137,6 @@ def baselines(out: Path) -> None:
     print(f"pretraining residues: {total}; unigram entropy {entropy:.4f} nats")
     print(f"uniform over 33 tokens: {math.log(33):.4f} nats")
 
-    tr = pd.read_csv(out / "soluble_train.tsv", sep="\t", dtype=str, keep_default_na=False)
-    te = pd.read_csv(out / "soluble_test.tsv", sep="\t", dtype=str, keep_default_na=False)
-    y_tr = torch.tensor(tr.label.astype(int).values, dtype=torch.float64)
-    y_te = torch.tensor(te.label.astype(int).values)
-    pred = logistic_regression(
-        _composition(list(tr.sequence)), y_tr, _composition(list(te.sequence))
-    )
-    majority = int(y_tr.mean() >= 0.5)
-    print(
-        f"SEQ_SOLUBLE ({len(tr)} train / {len(te)} test): composition LR accuracy "
-        f"{(pred == y_te).double().mean():.4f}; majority {(y_te == majority).double().mean():.4f}"
-    )
-
     tr = pd.read_csv(out / "ldr_train.tsv", sep="\t", dtype=str, keep_default_na=False)
     te = pd.read_csv(out / "ldr_test.tsv", sep="\t", dtype=str, keep_default_na=False)
 
@@ -160,11 +146,13 @@ def baselines(out: Path) -> None:
         return x, y
 
     x_tr, y_tr = residues(tr)
+    if eval_rows:
+        te = te.iloc[:eval_rows]
     x_te, y_te = residues(te)
     pred = logistic_regression(x_tr, y_tr, x_te)
     majority = int(y_tr.mean() >= 0.5)
     print(
-        f"AA_LDR ({len(tr)} / {len(te)} proteins, {len(y_tr)} / {len(y_te)} residues): "
+        f"AA_LDR ({len(tr)} / {len(te)} pieces, {len(y_tr)} / {len(y_te)} residues): "
         f"window-{WINDOW} composition LR accuracy {(pred == y_te.long()).double().mean():.4f}; "
         f"majority ({majority}) {(y_te == majority).double().mean():.4f}"
     )
@@ -172,8 +160,11 @@ def baselines(out: Path) -> None:
 
 def table(runs: list[Path]) -> None:
     """Print one row per run from its ``metrics.jsonl``."""
-    print("| run | steps | train loss first -> last | valid loss | valid ppl | tokens | wall s |")
-    print("|---|---|---|---|---|---|---|")
+    print(
+        "| run | steps | train loss step 1 / mean of first 10 -> mean of last 10 | valid loss "
+        "| valid ppl | tokens | step time s (sum) | other eval metrics |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
     for run in runs:
         rows = [json.loads(line) for line in open(run / "metrics.jsonl")]
         train = [r for r in rows if r.get("kind") == "train"]
@@ -182,11 +173,13 @@ def table(runs: list[Path]) -> None:
         vloss = last_valid.get("lm loss", last_valid.get("loss"))
         extra = {k: v for k, v in last_valid.items() if "acc" in k or "mse" in k}
         wall = sum(r.get("step_time_s", 0.0) for r in train)
+        first = sum(r["loss"] for r in train[:10]) / len(train[:10])
+        last = sum(r["loss"] for r in train[-10:]) / len(train[-10:])
         print(
-            f"| {run.name} | {train[-1]['step']} | {train[0]['loss']:.4f} -> "
-            f"{train[-1]['loss']:.4f} | {vloss if vloss is None else round(vloss, 4)} | "
+            f"| {run.name} | {train[-1]['step']} | {train[0]['loss']:.4f} / {first:.4f} -> "
+            f"{last:.4f} | {vloss if vloss is None else round(vloss, 4)} | "
             f"{'' if vloss is None else round(math.exp(vloss), 3)} | {train[-1]['tokens']} | "
-            f"{wall:.0f} | {extra or ''}"
+            f"{wall:.0f} | {extra or ''} |"
         )
 
 
@@ -196,11 +189,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("step", choices=["prepare", "baselines", "table"])
     parser.add_argument("out", type=Path)
     parser.add_argument("runs", type=Path, nargs="*")
+    parser.add_argument("--chunk", type=int, default=126, help="AA_LDR piece length (residues)")
+    parser.add_argument(
+        "--eval-rows", type=int, default=0, help="baselines: the first N test pieces (0: all)"
+    )
     args = parser.parse_args(argv)
     if args.step == "prepare":
-        prepare(args.out)
+        prepare(args.out, args.chunk)
     elif args.step == "baselines":
-        baselines(args.out)
+        baselines(args.out, args.eval_rows)
     else:
         table(args.runs)
 
