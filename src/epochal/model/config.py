@@ -26,6 +26,9 @@ __all__ = [
     "MODEL_TYPES",
     "TRANSFORMER_BLOCK_TYPES",
     "ENCODER_FIELDS",
+    "HEAD_FIELDS",
+    "HEADS",
+    "LORA_TARGETS",
     "T5_FIELDS",
 ]
 
@@ -35,6 +38,23 @@ ACTIVATIONS = ("gelu", "gelu_tanh", "swiglu", "relu", "gated_gelu")
 ROPE_SCALING_TYPES = ("linear", "llama3")
 MODEL_TYPES = ("gpt", "bert", "esm", "t5")
 TRANSFORMER_BLOCK_TYPES = ("pre_ln", "post_ln")
+#: Encoder heads: the masked-LM head (pretraining) or a fine-tuning head (:mod:`epochal.model.heads`).
+HEADS = ("mlm", "sequence_regression", "sequence_classification", "residue_classification")
+#: Projections LoRA adapters may wrap (:mod:`epochal.model.lora`).
+LORA_TARGETS = ("wq", "wk", "wv", "wo", "fc1", "fc2")
+#: Encoder fields of the fine-tuning heads and LoRA (:mod:`epochal.model.heads`).
+HEAD_FIELDS = (
+    "head",
+    "num_labels",
+    "head_hidden_size",
+    "head_dropout",
+    "residue_head",
+    "freeze_encoder",
+    "lora_rank",
+    "lora_alpha",
+    "lora_dropout",
+    "lora_target_modules",
+)
 #: Fields that only encoders use; a GPT config leaves them at their defaults, and
 #: :meth:`ModelConfig.to_dict` omits them (with ``type``) for GPT, so GPT configs
 #: serialize exactly as before the encoder types existed.
@@ -46,6 +66,7 @@ ENCODER_FIELDS = (
     "token_dropout",
     "mask_token_id",
     "pad_token_id",
+    *HEAD_FIELDS,
 )
 #: Fields only T5 uses; other types leave them at their defaults, and
 #: :meth:`ModelConfig.to_dict` omits them for every type but ``"t5"``.
@@ -178,6 +199,23 @@ class ModelConfig:
         pad_token_id: encoders: the padding token's id (metadata: the model
             masks padding by ``padding_mask``, not by id; Hugging Face ESM needs
             it, ESM-2's alphabet: 1). ``None`` = unknown.
+        head: encoders: ``"mlm"`` (the masked-LM head) or a fine-tuning head
+            (:mod:`epochal.model.heads`): ``"sequence_regression"`` /
+            ``"sequence_classification"`` (mean of the last hidden states over the
+            residues, then BioNeMo's MLP ``hidden -> head_hidden_size -> num_labels``)
+            or ``"residue_classification"`` (per token, ``residue_head``).
+        num_labels: fine-tuning heads: regression targets or classes (>= 1; >= 2 to classify).
+        head_hidden_size: the head's hidden width; ``None`` = BioNeMo's (256 for the
+            sequence MLP, 32 channels for the residue convolution).
+        head_dropout: the head's dropout in [0, 1) (BioNeMo: 0.25).
+        residue_head: ``"conv"`` (BioNeMo's ``MegatronConvNetHead``: two 7-wide
+            convolutions along the sequence) or ``"linear"``.
+        freeze_encoder: fine-tuning heads: only the head (and LoRA adapters) train.
+        lora_rank: LoRA adapters of this rank on ``lora_target_modules`` (0 = none;
+            the encoder is then frozen: only adapters and head train).
+        lora_alpha / lora_dropout: the adapters' scale ``alpha / rank`` and input dropout.
+        lora_target_modules: comma-separated projections of every block
+            (``wq``, ``wk``, ``wv``, ``wo``, ``fc1``, ``fc2``).
         encoder_num_layers: T5: encoder blocks (>= 1); ``None`` = ``num_layers``
             (Megatron's ``--encoder-num-layers``).
         decoder_num_layers: T5: decoder blocks (>= 1); ``None`` = ``num_layers``
@@ -231,6 +269,18 @@ class ModelConfig:
     token_dropout: bool = False
     mask_token_id: int | None = None
     pad_token_id: int | None = None
+    head: Literal[
+        "mlm", "sequence_regression", "sequence_classification", "residue_classification"
+    ] = "mlm"
+    num_labels: int = 1
+    head_hidden_size: int | None = None
+    head_dropout: float = 0.25
+    residue_head: Literal["conv", "linear"] = "conv"
+    freeze_encoder: bool = False
+    lora_rank: int = 0
+    lora_alpha: float = 16.0
+    lora_dropout: float = 0.0
+    lora_target_modules: str = "wq,wv"
     encoder_num_layers: int | None = None
     decoder_num_layers: int | None = None
     relative_attention_num_buckets: int = 32
@@ -426,6 +476,7 @@ class ModelConfig:
             f"must be 'gelu' or 'gelu_tanh' for model.type={self.type!r} (the masked-LM head "
             f"uses it), got {self.activation!r}",
         )
+        self._validate_head()
         if self.type == "bert":
             _require(
                 not self.token_dropout,
@@ -454,6 +505,46 @@ class ModelConfig:
             "mask_token_id",
             "must be set when token_dropout is true (the token whose embedding is dropped)",
         )
+
+    def _validate_head(self) -> None:
+        _require(self.head in HEADS, "head", f"must be one of {HEADS}, got {self.head!r}")
+        minimum = 2 if self.head.endswith("classification") else 1
+        _require(
+            isinstance(self.num_labels, int) and self.num_labels >= minimum,
+            "num_labels",
+            f"must be an integer >= {minimum} for head={self.head!r}, got {self.num_labels!r}",
+        )
+        h = self.head_hidden_size
+        _require(h is None or h >= 1, "head_hidden_size", f"must be None or >= 1, got {h!r}")
+        for name in ("head_dropout", "lora_dropout"):
+            v = getattr(self, name)
+            _require(_is_real(v) and 0 <= v < 1, name, f"must be in [0, 1), got {v!r}")
+        _require(
+            self.residue_head in ("conv", "linear"),
+            "residue_head",
+            f"must be 'conv' or 'linear', got {self.residue_head!r}",
+        )
+        _require(self.lora_rank >= 0, "lora_rank", f"must be >= 0, got {self.lora_rank!r}")
+        _require(_is_real(self.lora_alpha) and self.lora_alpha > 0, "lora_alpha", "must be > 0")
+        targets = self.lora_targets
+        bad = [t for t in targets if t not in LORA_TARGETS]
+        _require(
+            not bad and bool(targets),
+            "lora_target_modules",
+            f"must list some of {LORA_TARGETS} (comma-separated), got {self.lora_target_modules!r}",
+        )
+        _require(
+            not (self.bert_binary_head and self.head != "mlm"),
+            "bert_binary_head",
+            f"must be false with a fine-tuning head (head={self.head!r})",
+        )
+        if self.head == "mlm":
+            for name in ("freeze_encoder", "lora_rank"):
+                _require(
+                    not getattr(self, name),
+                    name,
+                    "needs a fine-tuning head (model.head), not the masked-LM head",
+                )
 
     def _validate_t5(self) -> None:
         _require(
@@ -582,8 +673,13 @@ class ModelConfig:
 
     @property
     def tie_embeddings(self) -> bool:
-        """``not untie_embeddings_and_output_weights``."""
-        return not self.untie_embeddings_and_output_weights
+        """``not untie_embeddings_and_output_weights`` (False with a fine-tuning head: no output layer)."""
+        return not self.untie_embeddings_and_output_weights and self.head == "mlm"
+
+    @property
+    def lora_targets(self) -> tuple[str, ...]:
+        """``lora_target_modules`` split at commas (stripped, empty parts dropped)."""
+        return tuple(t.strip() for t in str(self.lora_target_modules).split(",") if t.strip())
 
     # ------------------------------------------------------------------- helpers
     @property

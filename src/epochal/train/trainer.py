@@ -165,7 +165,8 @@ class Trainer(CheckpointSeams):
         t = self.config.training
         spec = getattr(t, "train_step", "")
         kwargs = dict(getattr(t, "train_step_kwargs", {}) or {})
-        cls = load_train_step(spec) if spec else train_step_class(self.config.model.type)
+        m = self.config.model
+        cls = load_train_step(spec) if spec else train_step_class(m.type, m.head)
         return cls(self.config, **kwargs)
 
     @property

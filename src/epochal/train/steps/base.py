@@ -118,17 +118,20 @@ def register_train_step(*model_types: str) -> Callable[[type[TrainStep]], type[T
     return register
 
 
-def train_step_class(model_type: str) -> type[TrainStep]:
-    """The registered step class of ``model_type``.
+def train_step_class(model_type: str, head: str = "mlm") -> type[TrainStep]:
+    """The registered step class of ``model_type``, or of a fine-tuning ``head`` (``model.head``).
 
     Raises:
         ConfigError: (naming ``model.type``) no step is registered for it.
     """
     # Importing the concrete steps registers them.
     import epochal.train.steps.bert  # noqa: F401
+    import epochal.train.steps.finetune  # noqa: F401
     import epochal.train.steps.gpt  # noqa: F401
     import epochal.train.steps.t5  # noqa: F401
 
+    if head != "mlm":
+        model_type = head
     try:
         return _REGISTRY[model_type]
     except KeyError:
