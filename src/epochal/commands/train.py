@@ -78,14 +78,17 @@ def run(args: argparse.Namespace) -> int:
     from epochal.model.config import ConfigError
     from epochal.train.config import build_config, to_toml
     from epochal.train.state.checkpoint import CheckpointError
+    from epochal.train.state.encoder_init import finetune_overrides
 
     try:
         overrides = _split_overrides(args, getattr(args, "_unknown", []))
-        preset = args.preset or (None if args.config else "tiny")
+        # A fine-tuning head with checkpoint.init_from: the encoder's shape comes from the checkpoint.
+        encoder = finetune_overrides(args.config, overrides)
+        preset = args.preset or (None if args.config or encoder else "tiny")
         config = build_config(
             preset=preset,
             config_file=args.config,
-            overrides=overrides,
+            overrides=[*(encoder or []), *overrides],
             require_data=not args.print_config,
         )
     except (ConfigError, ValueError, FileNotFoundError) as exc:

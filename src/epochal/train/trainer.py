@@ -70,7 +70,12 @@ from epochal.train.losses import masked_token_mean_loss
 from epochal.train.observe.run_metrics import open_run_metrics
 from epochal.train.optim.loss_scaler import build_loss_scaler, unscale_gradients
 from epochal.train.optim.lr_schedule import OptimizerParamScheduler
-from epochal.train.optim.optimizer import OptimizersContainer, build_adamw, clip_grad_norm
+from epochal.train.optim.optimizer import (
+    OptimizersContainer,
+    build_adamw,
+    clip_grad_norm,
+    head_lr_mult,
+)
 from epochal.train.result import TrainResult
 from epochal.train.state.checkpoint import Checkpointer
 from epochal.train.state.preemption import Preemption
@@ -221,6 +226,7 @@ class Trainer(CheckpointSeams):
                 weight_decay=o.wd_start,
                 betas=(o.adam_beta1, o.adam_beta2),
                 eps=o.adam_eps,
+                head_lr_mult=head_lr_mult(self.config),
             ),
         )
 

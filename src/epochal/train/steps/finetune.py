@@ -9,8 +9,8 @@ residue: not ``<cls>``/``<eos>``/padding) and ``labels``:
 - ``sequence_classification``: int64 ``[b]``; ``residue_classification``: int64
   ``[b, s]``; negative labels are not scored (-100: not a residue / padding, -2: a
   class training never saw, counted in ``unseen labels``); loss cross-entropy over
-  the scored labels; evaluation logs ``accuracy`` and ``accuracy class k`` (``k`` =
-  the index in the run's ``label_vocab.json``).
+  the scored labels; evaluation logs ``accuracy`` and ``accuracy <class>`` (named
+  by the run's ``label_vocab.json``; ``accuracy class k`` without one).
 
 The metrics are exact under every layout: sums are logged and divided after the
 trainer's averaging (:mod:`.head_metrics`), and Spearman's pairs are gathered over
@@ -19,9 +19,11 @@ the data-parallel ranks and sent from the last pipeline stage to every rank.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable, Iterator
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -132,10 +134,26 @@ class _ClassificationStep(HeadTrainStep):
         return loss, logged
 
     def eval_summary(self, logged: dict[str, float]) -> dict[str, float]:
-        """``accuracy``, ``accuracy class k`` (and ``unseen labels``) of the whole evaluation."""
+        """``accuracy``, ``accuracy <class>`` (and ``unseen labels``) of the whole evaluation.
+
+        Classes are named by the run's ``label_vocab.json`` when there is one, else by index.
+        """
         out = {k: v for k, v in logged.items() if not k.startswith("cls ")}
-        out.update(accuracy_from_counts(logged, self.num_labels()))
+        names = self.class_names()
+        for key, value in accuracy_from_counts(logged, self.num_labels()).items():
+            if key.startswith("accuracy class ") and names is not None:
+                key = f"accuracy {names[int(key.rsplit(' ', 1)[1])]}"
+            out[key] = value
         return out
+
+    def class_names(self) -> list[str] | None:
+        """The class names of the run (``<run_dir>/label_vocab.json``), or None."""
+        run_dir = getattr(self.args, "run_dir", None)
+        path = Path(run_dir) / "label_vocab.json" if run_dir else None
+        if path is None or not path.is_file():
+            return None
+        names = json.loads(path.read_text()).get("labels")
+        return names if isinstance(names, list) and len(names) == self.num_labels() else None
 
 
 @register_train_step("sequence_classification")
