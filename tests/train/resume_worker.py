@@ -1,6 +1,6 @@
 """Subprocess entry point for the kill-and-resume tests: train a tiny model on synthetic data.
 
-Usage: python resume_worker.py RUN_DIR TRAIN_ITERS [--bert | --t5] [--pause-after N] [override ...]
+Usage: python resume_worker.py RUN_DIR TRAIN_ITERS [--bert | --t5 | --finetune] [--pause-after N] [override ...]
 
 ``--bert``: a tiny BERT on masked data that gets fresh masks every epoch
 (``tests/parallel/bert_worker.py``: ``MaskedTokenDataset`` under
@@ -8,6 +8,9 @@ Usage: python resume_worker.py RUN_DIR TRAIN_ITERS [--bert | --t5] [--pause-afte
 ``--t5``: a tiny T5 (relative bias, gated GELU) on Megatron's span-corruption
 samples from files (``tests/parallel/t5_worker.py``; the corpus lives next to
 RUN_DIR), with dropout.
+``--finetune``: a tiny pretrained ESM fine-tuned with a residue head on synthetic
+labelled tables (``tests/parallel/finetune_worker.py``; files next to RUN_DIR), with
+dropout in the encoder and the head, over more than one epoch of the table.
 
 With ``--pause-after N`` the process writes ``RUN_DIR/paused`` after step N (and
 after that step's evaluation/checkpoint) and then sleeps, so the test can kill it
@@ -69,7 +72,8 @@ def main(argv: list[str]) -> int:
     pause_after = None
     bert = rest[:1] == ["--bert"]
     t5 = rest[:1] == ["--t5"]
-    rest = rest[1:] if bert or t5 else rest
+    finetune = rest[:1] == ["--finetune"]
+    rest = rest[1:] if bert or t5 or finetune else rest
     if rest[:1] == ["--pause-after"]:
         pause_after, rest = int(rest[1]), rest[2:]
     if bert:
@@ -77,6 +81,19 @@ def main(argv: list[str]) -> int:
 
         cfg = bert_worker.config(run_dir, [*BASE_BERT, f"--training.train_iters={iters}", *rest])
         data = bert_worker.data(cfg)
+    elif finetune:
+        from tests.parallel import finetune_worker
+
+        head = "residue_classification"
+        files = finetune_worker.prepare(Path(run_dir).parent / "finetune", head)
+        overrides = [
+            *BASE_BERT,
+            "--model.head_dropout=0.25",
+            f"--training.train_iters={iters}",
+            *rest,
+        ]
+        cfg = finetune_worker.config(run_dir, files, head, overrides)
+        data = None
     elif t5:
         from tests.parallel import t5_worker
 
