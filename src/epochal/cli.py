@@ -34,6 +34,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "epochal.commands.fill_mask",
         "top predictions of a masked-language model (BERT / ESM) for each [MASK]",
     ),
+    "embed": (
+        "epochal.commands.embed",
+        "protein / text embeddings and fine-tuned predictions of an encoder, in input order",
+    ),
     "convert": (
         "epochal.commands.convert",
         "convert checkpoints: epochal <-> Hugging Face <-> Megatron-LM",
