@@ -202,6 +202,11 @@ def _save(args: argparse.Namespace, fmt: str, config, state, step: int, extra: d
     """Write ``args.target``; returns ``(output path, layout note for the summary)``."""
     dtype = DTYPES[args.dtype] if args.dtype else None
     source = f"{fmt}:{args.input}"
+    if args.target == "hf" and getattr(config, "head", "mlm") != "mlm":
+        from epochal.convert.hf.encoder import save_hf_encoder
+
+        out = save_hf_encoder(config, state, args.output, dtype=dtype, overwrite=args.overwrite)
+        return out, f", encoder as {config.type}'s bare model + epochal_head.safetensors"
     if args.target == "hf":
         from epochal.convert.hf.io import save_hf_checkpoint
 
@@ -262,6 +267,23 @@ def _save(args: argparse.Namespace, fmt: str, config, state, step: int, extra: d
     ), ""
 
 
+def merge_adapters(config, state) -> tuple:
+    """``(config, state, note)`` with LoRA adapters folded into the weights (a plain model).
+
+    Every export of a LoRA run is the merged model (``W + (alpha / r) B A``,
+    :func:`epochal.model.lora.merge_lora_state`); ``note`` says so in the summary.
+    """
+    if not getattr(config, "lora_rank", 0):
+        return config, state, ""
+    import dataclasses
+
+    from epochal.model.lora import merge_lora_state
+
+    merged = merge_lora_state(state, config)
+    plain = dataclasses.replace(config, lora_rank=0, freeze_encoder=False)
+    return plain, merged, f", LoRA rank {config.lora_rank} adapters merged"
+
+
 def run(args: argparse.Namespace) -> int:
     """Convert ``args.input`` to ``args.target``; print a one-line summary.
 
@@ -273,7 +295,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         fmt = detect_format(args.input) if args.source == "auto" else args.source
         config, state, step, extra = _load(args, fmt)
+        config, state, merged = merge_adapters(config, state)
         out, layout = _save(args, fmt, config, state, step, extra)
+        layout += merged
     except (ValueError, OSError) as exc:
         print(f"epochal convert: error: {exc}", file=sys.stderr)
         return 2
