@@ -9,22 +9,10 @@ from epochal.cli import main as cli_main
 from epochal.model import build_model
 from epochal.model.config import ConfigError, ModelConfig
 from epochal.model.lora import LoRALinear, merge_lora_state
+from tests.model.test_heads import BASE as HEADS_BASE
 from tests.train import finetune_data as D
 
-BASE = dict(
-    type="esm",
-    vocab_size=33,
-    hidden_size=64,
-    num_layers=2,
-    num_attention_heads=4,
-    max_position_embeddings=32,
-    position_embedding_type="rope",
-    hidden_dropout=0.0,
-    attention_dropout=0.0,
-    head_dropout=0.0,
-    head="residue_classification",
-    num_labels=3,
-)
+BASE = {**HEADS_BASE, "head": "residue_classification", "num_labels": 3}
 LORA = dict(lora_rank=4, lora_alpha=8.0, lora_target_modules="wq,wv,fc2")
 
 
@@ -117,24 +105,7 @@ def test_lora_run_trains_adapters_and_exports_merged(tmp_path):
     outs = {}
     for name in ("run", "merged"):
         out = tmp_path / f"{name}.safetensors"
-        assert (
-            cli_main(
-                [
-                    "embed",
-                    "--checkpoint",
-                    str(tmp_path / name),
-                    "--input",
-                    str(table),
-                    "--output",
-                    str(out),
-                    "--predictions",
-                    "--no-progress",
-                    "--device",
-                    "cpu",
-                ]
-            )
-            == 0
-        )
+        assert D.embed(str(tmp_path / name), str(table), str(out), "--predictions") == 0
         outs[name] = load_file(out)
     assert torch.allclose(outs["run"]["predictions"], outs["merged"]["predictions"], atol=1e-5)
     assert torch.allclose(outs["run"]["embeddings"], outs["merged"]["embeddings"], atol=1e-5)

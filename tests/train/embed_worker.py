@@ -5,22 +5,6 @@ from __future__ import annotations
 
 def rank_main(rank: int, world_size: int, checkpoint: str, fasta: str, out: str) -> int:
     """Run ``epochal embed`` on this rank (the process group is already up)."""
-    from epochal.cli import main
+    from tests.train.finetune_data import embed
 
-    return main(
-        [
-            "embed",
-            "--checkpoint",
-            checkpoint,
-            "--input",
-            fasta,
-            "--output",
-            out,
-            "--batch-size",
-            "3",
-            "--per-residue",
-            "--device",
-            "cpu",
-            "--no-progress",
-        ]
-    )
+    return embed(checkpoint, fasta, out, "--batch-size", "3", "--per-residue")

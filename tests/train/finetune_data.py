@@ -108,3 +108,19 @@ def finetune_args(
         "--logging.progress=false",
         "--logging.tensorboard=false",
     ]
+
+
+def embed(checkpoint: Path | str, source: Path | str, output: Path | str, *extra: str) -> int:
+    """``epochal embed`` on the CPU without a progress bar; its return code."""
+    from epochal.cli import main
+
+    argv = [
+        "embed",
+        "--checkpoint",
+        str(checkpoint),
+        "--input",
+        str(source),
+        "--output",
+        str(output),
+    ]
+    return main([*argv, "--no-progress", "--device", "cpu", *extra])

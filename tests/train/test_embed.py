@@ -7,7 +7,6 @@ import json
 import pytest
 import torch
 
-from epochal.cli import main as cli_main
 from tests.train import finetune_data as D
 
 # ESM-2's alphabet as fair-esm's esm/constants.py and every facebook/esm2_* vocab.txt list it.
@@ -52,26 +51,7 @@ def test_embeddings_equal_hf_esm_model_mean_over_residues(hf_esm, tmp_path):
     seqs = D.proteins(7, 3) + ["MKTIIDDAYIV"]
     fasta = _fasta(tmp_path / "p.fasta", seqs)
     out = tmp_path / "e.safetensors"
-    assert (
-        cli_main(
-            [
-                "embed",
-                "--checkpoint",
-                str(folder),
-                "--input",
-                str(fasta),
-                "--output",
-                str(out),
-                "--batch-size",
-                "3",
-                "--per-residue",
-                "--no-progress",
-                "--device",
-                "cpu",
-            ]
-        )
-        == 0
-    )
+    assert D.embed(str(folder), str(fasta), str(out), "--batch-size", "3", "--per-residue") == 0
     from safetensors import safe_open
 
     with safe_open(out, "pt") as f:
@@ -86,22 +66,7 @@ def test_embeddings_equal_hf_esm_model_mean_over_residues(hf_esm, tmp_path):
         assert torch.allclose(got["embeddings"][i], h[1:-1].mean(0), atol=1e-5), i
         a, b = got["offsets"][i], got["offsets"][i + 1]
         assert torch.allclose(got["residue_embeddings"][a:b], h[1:-1], atol=1e-5), i
-    assert (
-        cli_main(
-            [
-                "embed",
-                "--checkpoint",
-                str(folder),
-                "--input",
-                str(fasta),
-                "--output",
-                str(tmp_path / "x.safetensors"),
-                "--logits",
-                "--no-progress",
-            ]
-        )
-        == 1
-    )
+    assert D.embed(str(folder), str(fasta), str(tmp_path / "x.safetensors"), "--logits") == 1
 
 
 @pytest.mark.distributed
@@ -113,26 +78,7 @@ def test_order_is_kept_under_dp2(hf_esm, tmp_path):
     seqs = D.proteins(11, 4)
     fasta = _fasta(tmp_path / "p.fasta", seqs)
     one, two = tmp_path / "one.safetensors", tmp_path / "two.safetensors"
-    assert (
-        cli_main(
-            [
-                "embed",
-                "--checkpoint",
-                str(folder),
-                "--input",
-                str(fasta),
-                "--output",
-                str(one),
-                "--batch-size",
-                "3",
-                "--per-residue",
-                "--device",
-                "cpu",
-                "--no-progress",
-            ]
-        )
-        == 0
-    )
+    assert D.embed(str(folder), str(fasta), str(one), "--batch-size", "3", "--per-residue") == 0
     assert run_gloo(embed_worker.rank_main, 2, str(folder), str(fasta), str(two)) == [0, 0]
     from safetensors.torch import load_file
 
@@ -157,24 +103,7 @@ def test_finetuned_run_predictions_to_parquet(tmp_path):
         build_config(preset=None, overrides=[*finetune_overrides(None, args), *args]), log=False
     ).train()
     out = tmp_path / "p.parquet"
-    assert (
-        cli_main(
-            [
-                "embed",
-                "--checkpoint",
-                str(tmp_path / "run"),
-                "--input",
-                str(table),
-                "--output",
-                str(out),
-                "--predictions",
-                "--no-progress",
-                "--device",
-                "cpu",
-            ]
-        )
-        == 0
-    )
+    assert D.embed(str(tmp_path / "run"), str(table), str(out), "--predictions") == 0
     rows = pq.read_table(out).to_pylist()
     seqs = [line.split(",")[0] for line in table.read_text().splitlines()[1:]]
     assert [r["sequence"] for r in rows] == seqs
@@ -184,19 +113,4 @@ def test_finetuned_run_predictions_to_parquet(tmp_path):
         set(r["predicted_label"]) <= {"C", "H"} and len(r["predicted_label"]) == len(r["sequence"])
         for r in rows
     )
-    assert (
-        cli_main(
-            [
-                "embed",
-                "--checkpoint",
-                str(tmp_path / "run"),
-                "--input",
-                str(table),
-                "--output",
-                str(tmp_path / "x.parquet"),
-                "--logits",
-                "--no-progress",
-            ]
-        )
-        == 1
-    )
+    assert D.embed(str(tmp_path / "run"), str(table), str(tmp_path / "x.parquet"), "--logits") == 1
