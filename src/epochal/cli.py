@@ -1,8 +1,8 @@
-"""The ``epochal`` command.
+"""The ``epochal`` command: deterministic Megatron-style data, and GPT, BERT, ESM-2 and T5 models.
 
-Each subcommand lives in the module of the layer it belongs to; that module
-defines ``add_arguments(parser: argparse.ArgumentParser) -> None`` and
-``run(args: argparse.Namespace) -> int``. Modules are imported only when their
+Each subcommand is a thin module of :mod:`epochal.commands` (parse the arguments,
+call the library, print) that defines ``add_arguments(parser: argparse.ArgumentParser)
+-> None`` and ``run(args: argparse.Namespace) -> int``. Modules are imported only when their
 subcommand runs, so ``epochal --help`` is fast and needs no optional package.
 """
 
@@ -16,11 +16,13 @@ import sys
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "train": (
         "epochal.commands.train",
-        "train a GPT model (the main job; no arguments = a small demo run)",
+        "train a GPT (Llama-style), BERT, ESM-2 or T5 model from a preset or TOML config, on one "
+        "process or many (torchrun); no arguments: a small CPU demo run",
     ),
     "config": (
         "epochal.commands.config",
-        "write a training configuration (TOML) by answering questions, like accelerate config",
+        "write a training configuration (TOML) by answering questions, each checked with the "
+        "trainer's rules, like accelerate config",
     ),
     "plot": (
         "epochal.commands.plot",
@@ -28,11 +30,12 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     ),
     "generate": (
         "epochal.commands.generate",
-        "generate text from a checkpoint (greedy, sampling, beam search)",
+        "generate text from a GPT/Llama or T5 checkpoint (epochal, Hugging Face or Megatron-LM; "
+        "greedy, sampling, beam search; tensor parallel)",
     ),
     "fill-mask": (
         "epochal.commands.fill_mask",
-        "top predictions of a masked-language model (BERT / ESM) for each [MASK]",
+        "top predictions of a masked-language model (BERT / ESM-2) for each mask token",
     ),
     "embed": (
         "epochal.commands.embed",
@@ -40,27 +43,34 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     ),
     "convert": (
         "epochal.commands.convert",
-        "convert checkpoints: epochal <-> Hugging Face <-> Megatron-LM",
+        "convert checkpoints between epochal, Hugging Face (GPT-2, Llama, BERT, ESM-2, T5) and "
+        "Megatron-LM (legacy and torch_dist; NeMo 2 input), or to one .safetensors file",
     ),
     "preprocess": (
         "epochal.commands.preprocess",
-        "tokenize JSONL into Megatron .bin/.idx indexed files",
+        "tokenize JSONL, Parquet/Arrow or cached Hugging Face datasets into Megatron .bin/.idx "
+        "indexed files",
     ),
-    "merge": ("epochal.commands.merge", "merge several indexed-file prefixes into one"),
+    "merge": (
+        "epochal.commands.merge",
+        "merge indexed datasets (prefixes or directories) into one",
+    ),
     "inspect": (
         "epochal.commands.inspect",
         "show counts, a length histogram and decoded samples of indexed files",
     ),
     "demo-epochs": (
         "epochal.commands.demo_epochs",
-        "show per-epoch shuffles and masks, reproducibly",
+        "show a small text's per-epoch shuffles and masks and check that they are reproducible",
     ),
 }
 
 
 def build_parser() -> argparse.ArgumentParser:
     """Return the top-level parser with every subcommand registered."""
-    parser = argparse.ArgumentParser(prog="epochal", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="epochal", description=__doc__.splitlines()[0].replace("``", "")
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, (_module, help_text) in SUBCOMMANDS.items():
         sub.add_parser(name, help=help_text, add_help=False)

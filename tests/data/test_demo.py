@@ -84,3 +84,16 @@ def test_console_entry_point_runs():
     )
     assert proc.returncode == 0, proc.stderr
     assert "OK: samples are a pure function" in proc.stdout
+
+
+def test_check_demo_library_reports_the_checks():
+    from epochal.data.epochs.demo import check_demo
+
+    options = dict(num_sequences=4, seq_len=10, epochs=3, mask_prob=0.5)
+    text = "the quick brown fox jumps over the lazy dog " * 2
+    checks = check_demo(text, seed=7, **options)
+    assert checks.ok and checks.permutations and checks.digest == checks.rebuilt
+    assert checks.other != checks.digest and checks.other_seed == 8
+    assert len(checks.orders) == 3 and all(sorted(o) == [0, 1, 2, 3] for o in checks.orders)
+    assert check_demo(text, seed=7, **options).digest == checks.digest
+    assert check_demo(text, seed=9, **options).digest != checks.digest

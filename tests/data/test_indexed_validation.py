@@ -110,7 +110,7 @@ def count_checks(monkeypatch) -> list[int]:
         calls.append(1)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr("epochal.data.indexed.indexed_dataset.check_index_arrays", counting)
+    monkeypatch.setattr("epochal.data.indexed.indexed_reader.check_index_arrays", counting)
     return calls
 
 

@@ -16,6 +16,7 @@ from epochal.data import (
 )
 from epochal.data.indexed.tokenizer import TokenizerFileError
 from epochal.data.indexed.tokenizer_esm import ESM2_ALPHABET
+from tests.data.esm_vocab import ESM2_VOCAB_TXT, REAL_PROTEINS
 
 TEXTS = [
     "Hello World!",
@@ -163,21 +164,34 @@ def test_esm2_tokenizer_alphabet_and_specials(tmp_path):
         build_tokenizer("esm", vocab_file=tmp_path / "bad.txt")
 
 
+def test_esm2_alphabet_is_fair_esm_order():
+    """Isoleucine is 12 and aspartate 13 (``... R T I D P K ...``), as in ESM-2's vocab.txt."""
+    tok = build_tokenizer("esm")
+    assert [tok.inv_vocab[i] for i in range(33)] == ESM2_VOCAB_TXT.split()
+    assert (tok.vocab["I"], tok.vocab["D"], tok.vocab["R"], tok.vocab["P"]) == (12, 13, 10, 14)
+    assert tok.encode("MQIFVKTLTGKTITLEVEPSD") == [
+        20, 16, 12, 18, 7, 15, 11, 4, 11, 6, 15, 11, 12, 11, 4, 9, 7, 9, 14, 8, 13
+    ]  # fmt: skip
+
+
 @pytest.mark.peer
 def test_esm2_ids_equal_transformers(tmp_path):
     transformers = pytest.importorskip("transformers")
     vocab = tmp_path / "vocab.txt"
-    vocab.write_text("\n".join(ESM2_ALPHABET) + "\n")
+    vocab.write_text(ESM2_VOCAB_TXT)
     reference = transformers.EsmTokenizer(str(vocab))
-    ours = build_tokenizer("esm", vocab_file=vocab)
-    assert ours.vocab == build_tokenizer("esm").vocab == reference.get_vocab()
-    for text in PROTEINS:
+    ours = build_tokenizer("esm")
+    assert ours.vocab == build_tokenizer("esm", vocab_file=vocab).vocab == reference.get_vocab()
+    for text in PROTEINS + REAL_PROTEINS:
         ids = ours.encode(text)
         assert ids == reference.encode(text, add_special_tokens=False), text
         with_specials = reference.encode(text)
         assert with_specials == [ours.cls, *ids, ours.eos]
         assert ours.decode(with_specials) == reference.decode(with_specials)
     assert (reference.mask_token_id, reference.pad_token_id) == (ours.mask, ours.pad)
+    assert sorted(reference.all_special_ids) == sorted(
+        {ours.cls, ours.pad, ours.eos, ours.unk, ours.mask}
+    )
 
 
 def test_t5_unigram_tokenizer_json_matches_t5_tokenizer_fast(tmp_path):
@@ -210,3 +224,20 @@ def test_t5_unigram_tokenizer_json_matches_t5_tokenizer_fast(tmp_path):
     sentinels = ours.additional_special_tokens_ids
     assert len(sentinels) == 100
     assert sentinels == reference.convert_tokens_to_ids([f"<extra_id_{i}>" for i in range(100)])
+
+
+@pytest.mark.peer
+def test_esm2_hf_tokenizer_files_load_as_esm_tokenizer(tmp_path):
+    """The files an ESM export ships: AutoTokenizer reads them as ESM-2's EsmTokenizer."""
+    transformers = pytest.importorskip("transformers")
+    ours = build_tokenizer("esm")
+    for name, text in ours.hf_tokenizer_files().items():
+        (tmp_path / name).write_text(text)
+    assert (tmp_path / "vocab.txt").read_text() == ESM2_VOCAB_TXT
+    loaded = transformers.AutoTokenizer.from_pretrained(str(tmp_path))
+    assert type(loaded).__name__ == "EsmTokenizer"
+    for text in REAL_PROTEINS + ["MK<mask>TA"]:
+        assert loaded.encode(text) == [ours.cls, *ours.encode(text), ours.eos]
+    ids = loaded.encode(REAL_PROTEINS[0])
+    assert ours.convert_ids_to_tokens(ids) == loaded.convert_ids_to_tokens(ids)
+    assert (loaded.mask_token_id, loaded.pad_token_id, loaded.cls_token_id) == (32, 1, 0)

@@ -23,11 +23,12 @@ Precision: ``no``, ``fp16`` (Megatron's dynamic loss scaling, ``training.fp16``)
 from __future__ import annotations
 
 import argparse
-import shlex
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+from epochal.train.config.answers import answers_world_size, launch_commands, preset_value
 
 __all__ = ["Question", "add_arguments", "launch_commands", "run"]
 
@@ -109,12 +110,6 @@ def _data_answer(text: str) -> str:
     return text.strip()
 
 
-def _preset_value(answers: dict[str, Any], section: str, key: str, fallback: Any) -> Any:
-    from epochal.train.config.presets import preset_dict
-
-    return preset_dict(answers["preset"]).get(section, {}).get(key, fallback)
-
-
 def _yn(value: bool) -> str:
     return "yes" if value else "no"
 
@@ -133,7 +128,7 @@ def _default_data(answers: dict[str, Any]) -> str:
 def _default_global_batch(answers: dict[str, Any]) -> str:
     """The preset's global batch, rounded up to a multiple of ``micro_batch * data_parallel``."""
     step = answers["micro_batch_size"] * answers["data_parallel"]
-    preset = int(_preset_value(answers, "training", "global_batch_size", 16))
+    preset = int(preset_value(answers, "training", "global_batch_size", 16))
     return str(-(-preset // step) * step)
 
 
@@ -186,7 +181,7 @@ def questions() -> list[Question]:
         Question(
             "micro_batch_size",
             "Micro-batch size (samples per forward/backward)",
-            lambda a: str(_preset_value(a, "training", "micro_batch_size", 4)),
+            lambda a: str(preset_value(a, "training", "micro_batch_size", 4)),
             _positive_int,
         ),
         Question(
@@ -211,13 +206,13 @@ def questions() -> list[Question]:
         Question(
             "clip_grad",
             "Gradient clipping max norm (0 = off)",
-            lambda a: repr(float(_preset_value(a, "optimizer", "clip_grad", 1.0))),
+            lambda a: repr(float(preset_value(a, "optimizer", "clip_grad", 1.0))),
             _non_negative_float,
         ),
         Question(
             "precision",
             "Mixed precision (no, fp16, bf16)",
-            lambda a: "bf16" if _preset_value(a, "training", "bf16", False) else "no",
+            lambda a: "bf16" if preset_value(a, "training", "bf16", False) else "no",
             _choice("no", "fp16", "bf16"),
         ),
         Question(
@@ -229,95 +224,19 @@ def questions() -> list[Question]:
     ]
 
 
-def _overrides(answers: dict[str, Any]) -> list[str]:
-    """The ``--section.key=value`` overrides on the preset that the answers so far make."""
-    from epochal.train.config.toml_io import _toml_value
-
-    values: dict[str, Any] = {}
-    a = answers
-    if "tensor_parallel" in a:
-        values["parallel.tensor_parallel"] = a["tensor_parallel"]
-    if "sequence_parallel" in a:
-        values["parallel.sequence_parallel"] = a["sequence_parallel"]
-    if "pipeline_parallel" in a:
-        values["parallel.pipeline_parallel"] = a["pipeline_parallel"]
-    if "pipeline_schedule" in a:
-        values["parallel.pipeline_schedule"] = a["pipeline_schedule"]
-    if "virtual_pipeline" in a:
-        values["parallel.virtual_pipeline"] = a["virtual_pipeline"]
-    if "data_parallel" in a:
-        values["parallel.data_parallel"] = a["data_parallel"]
-        world = a["tensor_parallel"] * a["pipeline_parallel"] * a["data_parallel"]
-        values["parallel.nproc_per_node"] = world // a["nodes"] if world > 1 else 0
-    if "micro_batch_size" in a:
-        values["training.micro_batch_size"] = a["micro_batch_size"]
-    if "global_batch_size" in a:
-        values["training.global_batch_size"] = a["global_batch_size"]
-    elif "data_parallel" in a:  # not asked yet: check the layout with a batch that fits it
-        micro = a.get("micro_batch_size") or _preset_value(a, "training", "micro_batch_size", 4)
-        values["training.micro_batch_size"] = micro
-        values["training.global_batch_size"] = micro * a["data_parallel"]
-    if a.get("selective_recompute"):
-        values["parallel.recompute_granularity"] = "selective"
-    if a.get("distributed_optimizer"):
-        values["parallel.dp_sharding"] = "optimizer"
-    if "clip_grad" in a:
-        values["optimizer.clip_grad"] = a["clip_grad"]
-    if "precision" in a:
-        values["training.bf16"] = a["precision"] == "bf16"
-        values["training.fp16"] = a["precision"] == "fp16"
-    if "data" in a:
-        d = a["data"]
-        if d == "mock":
-            values["data.mock"] = True
-        elif d == "stdlib" or d.endswith(".jsonl"):
-            values["data.corpus"] = d
-        else:
-            values["data.data_path"] = d.replace(",", " ").split()
-    return [f"--{k}={_toml_value(v)}" for k, v in values.items()]
-
-
-def _world_size(answers: dict[str, Any]) -> int:
-    return (
-        answers.get("tensor_parallel", 1)
-        * answers.get("pipeline_parallel", 1)
-        * answers.get("data_parallel", 1)
-    )
-
-
 def _check(answers: dict[str, Any]):
-    """Resolve the configuration of the answers so far and check it; returns the ``TrainConfig``.
+    """The configuration of the answers so far (:func:`~epochal.train.config.answers.config_from_answers`).
 
     Raises:
-        _Invalid: with the trainer's reason (a ``ConfigError`` naming the option).
+        _Invalid: with the reason (a ``ConfigError`` names the option).
     """
     from epochal.model.config import ConfigError
-    from epochal.train.config import build_config
-    from epochal.train.inputs.gpt import check_data_files
-    from epochal.train.parallel_trainer import check_layout
+    from epochal.train.config.answers import AnswerError, config_from_answers
 
-    world = _world_size(answers)
-    if "data_parallel" in answers and world % answers["nodes"]:
-        raise _Invalid(
-            f"{world} processes (tensor {answers['tensor_parallel']} x pipeline "
-            f"{answers['pipeline_parallel']} x data {answers['data_parallel']}) cannot be split "
-            f"evenly over {answers['nodes']} nodes"
-        )
     try:
-        config = build_config(
-            preset=answers["preset"], overrides=_overrides(answers), require_data=False
-        )
-        if "data_parallel" in answers:
-            check_layout(config, world)
-        else:  # the data-parallel size is not known yet: check the model-parallel part
-            check_layout(config, config.parallel.model_parallel_size)
-        if "data" in answers:
-            config.check_data()
-            if config.data.has_paths:
-                check_data_files(config.data)
-    except (ConfigError, OSError) as exc:
+        return config_from_answers(answers)
+    except (AnswerError, ConfigError, OSError) as exc:
         raise _Invalid(str(exc)) from None
-    return config
 
 
 def _ask(q: Question, answers: dict[str, Any], read: Callable[[str], str]) -> Any:
@@ -348,26 +267,6 @@ def collect(read: Callable[[str], str] | None) -> dict[str, Any]:
     return answers
 
 
-def launch_commands(path: str, answers: dict[str, Any]) -> list[str]:
-    """The command lines that run the written configuration ``path``."""
-    world = _world_size(answers)
-    nodes = answers["nodes"]
-    quoted = shlex.quote(path)
-    if nodes == 1:
-        cmds = [f"epochal train --config {quoted}"]
-        if world > 1:
-            cmds.append(
-                f"torchrun --standalone --nproc-per-node={world} -m epochal.cli train --config {quoted}"
-            )
-        return cmds
-    per_node = world // nodes
-    return [
-        f"torchrun --nnodes={nodes} --node-rank=$NODE_RANK --nproc-per-node={per_node} "
-        f"--rdzv-backend=c10d --rdzv-endpoint=$MASTER_ADDR:29500 "
-        f"-m epochal.cli train --config {quoted}"
-    ]
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Register ``--output`` and ``--defaults``."""
     parser.add_argument(
@@ -396,7 +295,7 @@ def run(args: argparse.Namespace) -> int:
         return 1
     config = _check(answers)
     atomic_write(args.output, to_toml(config))
-    world = _world_size(answers)
+    world = answers_world_size(answers)
     print(f"epochal config: wrote {args.output} ({world} processes on {answers['nodes']} node(s))")
     cmds = launch_commands(args.output, answers)
     print("Launch with:" if len(cmds) == 1 else "Launch with one of:")

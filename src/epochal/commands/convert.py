@@ -27,14 +27,18 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from pathlib import Path
 
 import torch
 
-__all__ = ["add_arguments", "detect_format", "run"]
+from epochal.convert.formats import (
+    FORMATS,
+    TARGETS,
+    detect_format,
+    load_checkpoint,
+    save_checkpoint,
+)
 
-FORMATS = ("epochal", "hf", "megatron")
-TARGETS = (*FORMATS, "safetensors")
+__all__ = ["add_arguments", "detect_format", "run"]
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -124,166 +128,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--overwrite", action="store_true", help="replace an existing output")
 
 
-def detect_format(path: str | Path) -> str:
-    """``"hf"``, ``"megatron"`` or ``"epochal"`` for a checkpoint folder.
-
-    Raises:
-        FileNotFoundError: ``path`` does not exist.
-    """
-    from epochal.convert.megatron.legacy import TRACKER_FILE
-    from epochal.convert.megatron.nemo2 import is_nemo2
-    from epochal.convert.megatron.torch_dist import is_torch_dist
-
-    path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"{path}: no such file or folder")
-    if (path / "config.json").is_file():
-        return "hf"
-    if (path / TRACKER_FILE).is_file() or is_torch_dist(path) or is_nemo2(path):
-        return "megatron"
-    if path.is_dir():
-        children = [p.name for p in path.iterdir()]
-        if any(n.startswith("mp_rank_") for n in children) or any(
-            n.startswith("iter_") for n in children
-        ):
-            return "megatron"
-    return "epochal"
-
-
-def _load(args: argparse.Namespace, fmt: str) -> tuple:
-    """Returns ``(config, state, step, extra)`` (extra: HF token ids)."""
-    if args.model_config is not None and fmt != "megatron":
-        raise ValueError(f"--model-config applies to NeMo 2 checkpoints; {args.input} is {fmt}")
-    if fmt == "hf":
-        from epochal.convert.hf.io import load_hf_checkpoint
-
-        hf = load_hf_checkpoint(
-            args.input, make_vocab_size_divisible_by=args.make_vocab_size_divisible_by or 128
-        )
-        eos = hf.eos_token_ids
-        eos = eos[0] if len(eos) == 1 else (list(eos) or None)
-        return hf.config, hf.state, 0, {"bos": hf.bos_token_id, "eos": eos}
-    if fmt == "megatron":
-        from epochal.convert.megatron.legacy import load_megatron_checkpoint
-
-        ck = load_megatron_checkpoint(
-            args.input,
-            iteration=args.iteration,
-            vocab_size=args.vocab_size,
-            make_vocab_size_divisible_by=args.make_vocab_size_divisible_by,
-            model_config=args.model_config,
-        )
-        return ck.config, ck.state, ck.iteration or 0, {}
-    from epochal.convert.epochal_ckpt import load_epochal_checkpoint
-
-    ck = load_epochal_checkpoint(args.input, vocab_size=args.vocab_size)
-    return ck.config, ck.state, ck.step, {**_run_tokenizer_info(ck), "run_config": ck.run_config}
-
-
-def _run_tokenizer_info(ck) -> dict:
-    """BOS/EOS/PAD ids and a ``tokenizer.json`` of the run's tokenizer, when it can be rebuilt."""
-    from epochal.convert.epochal_ckpt import run_tokenizer
-
-    tokenizer = run_tokenizer(ck)
-    if tokenizer is None:
-        return {}
-    info = {
-        "bos": getattr(tokenizer, "bos", None),
-        "eos": getattr(tokenizer, "eod", None),
-        "pad": getattr(tokenizer, "pad", None),
-    }
-    source = getattr(tokenizer, "source", None)
-    if isinstance(source, str) and source.endswith(".json") and Path(source).is_file():
-        info["tokenizer_json"] = source
-    return info
-
-
-def _save(args: argparse.Namespace, fmt: str, config, state, step: int, extra: dict) -> tuple:
-    """Write ``args.target``; returns ``(output path, layout note for the summary)``."""
-    dtype = DTYPES[args.dtype] if args.dtype else None
-    source = f"{fmt}:{args.input}"
-    if args.target == "hf" and getattr(config, "head", "mlm") != "mlm":
-        from epochal.convert.hf.encoder import save_hf_encoder
-
-        out = save_hf_encoder(config, state, args.output, dtype=dtype, overwrite=args.overwrite)
-        return out, f", encoder as {config.type}'s bare model + epochal_head.safetensors"
-    if args.target == "hf":
-        from epochal.convert.hf.io import save_hf_checkpoint
-
-        eos = extra.get("eos") if args.eos_token_id is None else args.eos_token_id
-        pad = extra.get("pad") if args.pad_token_id is None else args.pad_token_id
-        if pad is None and extra.get("tokenizer_json"):  # a padding token for AutoTokenizer
-            pad = eos[0] if isinstance(eos, list) and eos else eos
-        out = save_hf_checkpoint(
-            config,
-            state,
-            args.output,
-            architecture=args.hf_architecture,
-            dtype=dtype,
-            bos_token_id=extra.get("bos") if args.bos_token_id is None else args.bos_token_id,
-            eos_token_id=eos,
-            pad_token_id=pad,
-            # the run's tokenizer next to the weights, its special tokens matching config.json
-            tokenizer_file=extra.get("tokenizer_json"),
-            overwrite=args.overwrite,
-        )
-        return out, ""
-    if args.target == "megatron":
-        from epochal.convert.megatron.legacy import save_megatron_checkpoint
-
-        out = save_megatron_checkpoint(
-            config,
-            state,
-            args.output,
-            tensor_parallel=args.tensor_parallel,
-            pipeline_parallel=args.pipeline_parallel,
-            iteration=step if args.megatron_iteration is None else args.megatron_iteration,
-            spec=args.megatron_spec,
-            ckpt_format=args.ckpt_format,
-            dtype=dtype,
-            overwrite=args.overwrite,
-        )
-        return out, f", TP{args.tensor_parallel} x PP{args.pipeline_parallel}"
-    if args.target == "safetensors":
-        from epochal.convert.epochal_ckpt import save_consolidated
-
-        out = save_consolidated(
-            config,
-            state,
-            args.output,
-            step=step,
-            run_config=extra.get("run_config"),
-            source=source,
-            dtype=dtype,
-            overwrite=args.overwrite,
-        )
-        return out, ""
-    from epochal.convert.epochal_ckpt import save_epochal_checkpoint
-
-    if dtype is not None:
-        state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
-    return save_epochal_checkpoint(
-        config, state, args.output, source=source, overwrite=args.overwrite
-    ), ""
-
-
-def merge_adapters(config, state) -> tuple:
-    """``(config, state, note)`` with LoRA adapters folded into the weights (a plain model).
-
-    Every export of a LoRA run is the merged model (``W + (alpha / r) B A``,
-    :func:`epochal.model.lora.merge_lora_state`); ``note`` says so in the summary.
-    """
-    if not getattr(config, "lora_rank", 0):
-        return config, state, ""
-    import dataclasses
-
-    from epochal.model.lora import merge_lora_state
-
-    merged = merge_lora_state(state, config)
-    plain = dataclasses.replace(config, lora_rank=0, freeze_encoder=False)
-    return plain, merged, f", LoRA rank {config.lora_rank} adapters merged"
-
-
 def run(args: argparse.Namespace) -> int:
     """Convert ``args.input`` to ``args.target``; print a one-line summary.
 
@@ -293,21 +137,47 @@ def run(args: argparse.Namespace) -> int:
     """
     t0 = time.perf_counter()
     try:
-        fmt = detect_format(args.input) if args.source == "auto" else args.source
-        config, state, step, extra = _load(args, fmt)
-        config, state, merged = merge_adapters(config, state)
-        out, layout = _save(args, fmt, config, state, step, extra)
-        layout += merged
+        ck = load_checkpoint(
+            args.input,
+            args.source,
+            iteration=args.iteration,
+            vocab_size=args.vocab_size,
+            make_vocab_size_divisible_by=args.make_vocab_size_divisible_by,
+            model_config=args.model_config,
+        )
+        out = save_checkpoint(
+            ck,
+            args.output,
+            args.target,
+            source=f"{ck.format}:{args.input}",
+            dtype=DTYPES[args.dtype] if args.dtype else None,
+            overwrite=args.overwrite,
+            hf_architecture=args.hf_architecture,
+            bos_token_id=args.bos_token_id,
+            eos_token_id=args.eos_token_id,
+            pad_token_id=args.pad_token_id,
+            tensor_parallel=args.tensor_parallel,
+            pipeline_parallel=args.pipeline_parallel,
+            megatron_iteration=args.megatron_iteration,
+            megatron_spec=args.megatron_spec,
+            ckpt_format=args.ckpt_format,
+        )
     except (ValueError, OSError) as exc:
         print(f"epochal convert: error: {exc}", file=sys.stderr)
         return 2
+    config, state = ck.config, ck.state
+    layout = (
+        f", TP{args.tensor_parallel} x PP{args.pipeline_parallel}"
+        if args.target == "megatron"
+        else ""
+    )
     params = sum(
         t.numel()
         for name, t in state.items()
         if not (config.tie_embeddings and name == "output.weight")
     )
     print(
-        f"converted {fmt}:{args.input} -> {args.target}:{out} ({config.num_layers} layers, "
+        f"converted {ck.format}:{args.input} -> {args.target}:{out} ({config.num_layers} layers, "
         f"{params / 1e6:.1f}M parameters{layout}) in {time.perf_counter() - t0:.2f} s"
     )
     return 0

@@ -23,7 +23,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-import torch
+from epochal.model.generation.fill_mask import fill_mask
 
 __all__ = ["add_arguments", "fill_mask", "run"]
 
@@ -46,7 +46,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output", default=None, help="also write the predictions as JSONL here")
 
 
-def _tokenizer(args: argparse.Namespace, tokenizer: Any) -> Any:
+def _tokenizer(args: argparse.Namespace, tokenizer: Any, model_type: str = "bert") -> Any:
     if tokenizer is not None and getattr(tokenizer, "mask", None) is not None:
         return tokenizer
     vocab = Path(args.checkpoint) / "vocab.txt"
@@ -54,6 +54,7 @@ def _tokenizer(args: argparse.Namespace, tokenizer: Any) -> Any:
         from epochal.data.indexed.tokenizer import build_tokenizer
 
         kind = "BertWordPieceCase" if args.cased else "BertWordPieceLowerCase"
+        kind = "ESM2Tokenizer" if model_type == "esm" else kind  # an ESM folder's vocab.txt
         return build_tokenizer(kind, vocab_file=str(vocab))
     if tokenizer is None:
         raise ValueError(
@@ -62,60 +63,23 @@ def _tokenizer(args: argparse.Namespace, tokenizer: Any) -> Any:
     return tokenizer
 
 
-@torch.no_grad()
-def fill_mask(
-    model: Any, tokenizer: Any, text: str, top_k: int = 5
-) -> list[list[tuple[str, float]]]:
-    """Top ``top_k`` ``(token, probability)`` for each mask token of ``text``, in order.
-
-    Args:
-        model: a :class:`~epochal.model.BertModel` (eval mode).
-        tokenizer: a tokenizer with ``cls``, ``sep``, ``mask`` ids and ``tokenize``.
-
-    Raises:
-        ValueError: the text holds no mask token.
-    """
-    ids = [tokenizer.cls, *tokenizer.tokenize(text), tokenizer.sep]
-    tokens = torch.tensor([ids])
-    positions = [i for i, t in enumerate(ids) if t == tokenizer.mask]
-    if not positions:
-        raise ValueError(
-            f"--text {text!r} has no mask token ({tokenizer.convert_ids_to_tokens([tokenizer.mask])[0]})"
-        )
-    types = torch.zeros_like(tokens) if model.tokentype_embeddings is not None else None
-    out = model(tokens, token_types=types)
-    logits = out[0] if isinstance(out, tuple) else out
-    logits = logits[0, :, : tokenizer.vocab_size].float()
-    result = []
-    for pos in positions:
-        probs = logits[pos].softmax(-1)
-        values, indices = probs.topk(min(top_k, probs.numel()))
-        names = tokenizer.convert_ids_to_tokens(indices.tolist())
-        result.append([(n, float(v)) for n, v in zip(names, values)])
-    return result
-
-
 def run(args: argparse.Namespace) -> int:
     """Load the model and print the predictions of every ``--text``."""
     from epochal.commands.generate import _load_model
-    from epochal.model.build import build_model
+    from epochal.model.build import model_from_state
 
     if args.top_k < 1:
         raise ValueError(f"--top-k must be >= 1, got {args.top_k}")
-    config, state, tokenizer, _extras = _load_model(args)
+    ck = _load_model(args)
+    config = ck.config
     if config.type not in ("bert", "esm"):
         raise ValueError(
             f"{args.checkpoint} holds a {config.type!r} model; fill-mask needs a masked-LM (bert / esm)"
         )
-    tokenizer = _tokenizer(args, tokenizer)
+    tokenizer = _tokenizer(args, ck.tokenizer, config.type)
     if getattr(tokenizer, "mask", None) is None:
         raise ValueError(f"{args.checkpoint}: the tokenizer has no mask token")
-    with torch.device("meta"):
-        model = build_model(config)
-    model.load_state_dict(state, strict=True, assign=True)
-    model.tie_weights()
-    model.init_buffers()
-    model.eval()
+    model = model_from_state(config, ck.state).eval()
     records = []
     for text in args.text:
         predictions = fill_mask(model, tokenizer, text, args.top_k)

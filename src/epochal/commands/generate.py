@@ -110,49 +110,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     run_g.add_argument("--output", default=None, help="also write the results as JSONL here")
 
 
-def _load_model(
-    args: argparse.Namespace,
-) -> tuple[Any, dict[str, torch.Tensor], Any, dict[str, Any]]:
-    """Returns ``(config, state, tokenizer or None, extras)``."""
-    from epochal.commands.convert import detect_format
+def _load_model(args: argparse.Namespace) -> Any:
+    """The checkpoint (:class:`~epochal.convert.formats.ModelCheckpoint`), with the
+    ``--tokenizer-*`` tokenizer when given, else the checkpoint's own."""
+    from epochal.convert.formats import load_model_checkpoint
 
-    fmt = detect_format(args.checkpoint) if args.format == "auto" else args.format
-    tokenizer = None
-    extras: dict[str, Any] = {}
-    if fmt == "hf":
-        from epochal.convert.hf.io import load_hf_checkpoint
-
-        hf = load_hf_checkpoint(args.checkpoint)
-        config, state = hf.config, hf.state
-        extras["eos"] = hf.eos_token_ids
-        extras["bos"] = hf.bos_token_id
-        tok_file = Path(args.checkpoint) / "tokenizer.json"
-        if tok_file.is_file():
-            from epochal.data.indexed.tokenizer import HuggingFaceTokenizer
-
-            tokenizer = HuggingFaceTokenizer(tok_file)
-    elif fmt == "megatron":
-        from epochal.convert.megatron.legacy import load_megatron_checkpoint
-
-        ck = load_megatron_checkpoint(args.checkpoint, vocab_size=args.vocab_size, model_type="gpt")
-        config, state = ck.config, ck.state
-    else:
-        from epochal.convert.epochal_ckpt import load_epochal_checkpoint, run_tokenizer
-
-        ck = load_epochal_checkpoint(args.checkpoint, vocab_size=args.vocab_size)
-        config, state = ck.config, ck.state
-        if args.tokenizer_type is None:
-            tokenizer = run_tokenizer(ck)
+    ck = load_model_checkpoint(
+        args.checkpoint,
+        args.format,
+        vocab_size=args.vocab_size,
+        with_tokenizer=args.tokenizer_type is None,
+    )
     if args.tokenizer_type is not None:
         from epochal.data.indexed.tokenizer import build_tokenizer
 
-        tokenizer = build_tokenizer(
+        ck.tokenizer = build_tokenizer(
             args.tokenizer_type,
             vocab_file=args.vocab_file,
             merge_file=args.merge_file,
             tokenizer_model=args.tokenizer_model,
         )
-    return config, state, tokenizer, extras
+    return ck
 
 
 def _prompts(args: argparse.Namespace, tokenizer: Any) -> tuple[list[list[int]], list[str | None]]:
@@ -235,12 +213,13 @@ def _argv(args: argparse.Namespace) -> list[str]:
 
 
 def _generate(args, parallel, init_distributed, is_logging_rank) -> int:
-    from epochal.model.build import model_class
+    from epochal.model.build import model_from_state
     from epochal.model.generation.decoding import GenerationConfig, generate
 
     t0 = time.perf_counter()
     info = init_distributed(parallel, args.device)
-    config, state, tokenizer, extras = _load_model(args)
+    ck = _load_model(args)
+    config, tokenizer = ck.config, ck.tokenizer
     if config.is_encoder:
         raise ValueError(
             f"{args.checkpoint} holds a {config.type!r} encoder, which does not generate text; "
@@ -251,9 +230,9 @@ def _generate(args, parallel, init_distributed, is_logging_rank) -> int:
     if not args.no_stop_at_eod:
         # a Hugging Face model's own eos ids win (as in transformers), else the tokenizer's EOD
         eod = getattr(tokenizer, "eod", None)
-        ends = extras.get("eos") or (() if eod is None else (eod,))
+        ends = ck.eos_token_ids or (() if eod is None else (eod,))
         stops += [int(t) for t in ends if 0 <= t < config.vocab_size]
-    bos = extras.get("bos")
+    bos = ck.bos_token_id
     if bos is None:
         bos = getattr(tokenizer, "bos", None)
     gen_config = GenerationConfig(
@@ -276,11 +255,7 @@ def _generate(args, parallel, init_distributed, is_logging_rank) -> int:
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[
         args.dtype
     ]
-    with torch.device("meta"):
-        model = model_class(config)(config)  # GPT, or T5 (the prompts are its encoder input)
-    model.load_state_dict(state, strict=True, assign=True)
-    model.tie_weights()
-    model.init_buffers()
+    model = model_from_state(config, ck.state)  # GPT, or T5 (the prompts are its encoder input)
     model = model.to(device=info.device, dtype=dtype).eval()
     if args.tensor_parallel > 1:
         from torch.distributed.device_mesh import init_device_mesh

@@ -11,74 +11,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from typing import Any
-
-import numpy as np
 
 from epochal.commands.preprocess import add_tokenizer_arguments, tokenizer_from_args
 from epochal.data.indexed.indexed_dataset import IndexedDataset
 from epochal.data.indexed.indexed_format import IndexedFileError
+from epochal.data.indexed.summary import length_statistics, sample_indices, summarize_indexed
 from epochal.data.indexed.tokenizer import TokenizerFileError
 
-_QUANTILE_SAMPLE = 10_000_000  # above this many sequences, quantiles come from an even sample
-
-
-def length_statistics(lengths: np.ndarray) -> dict[str, Any]:
-    """Return min/mean/median/p99/max and a power-of-two histogram of sequence lengths.
-
-    Args:
-        lengths: int32 sequence lengths, shape ``(N,)``.
-
-    Returns:
-        ``{"min", "mean", "median", "p99", "max"}`` (``None`` when empty) and ``"histogram"``:
-        a list of ``(low, high, count)`` buckets ``[0, 1), [1, 2), [2, 4), [4, 8), ...`` from the
-        first to the last non-empty one.
-    """
-    n = len(lengths)
-    if n == 0:
-        return {
-            "min": None,
-            "mean": None,
-            "median": None,
-            "p99": None,
-            "max": None,
-            "histogram": [],
-        }
-    total, low, high = 0, None, None
-    buckets = np.zeros(33, dtype=np.int64)
-    for start in range(0, n, 1 << 22):
-        chunk = lengths[start : start + (1 << 22)].astype(np.int64)
-        total += int(chunk.sum())
-        low = int(chunk.min()) if low is None else min(low, int(chunk.min()))
-        high = int(chunk.max()) if high is None else max(high, int(chunk.max()))
-        # bucket 0 holds length 0; bucket k >= 1 holds [2**(k-1), 2**k)
-        positive = chunk[chunk > 0]
-        buckets[0] += chunk.size - positive.size
-        buckets += np.bincount(np.floor(np.log2(positive)).astype(np.int64) + 1, minlength=33)[:33]
-    sample = lengths if n <= _QUANTILE_SAMPLE else lengths[:: n // _QUANTILE_SAMPLE]
-    median, p99 = np.percentile(sample, [50, 99])
-    used = np.flatnonzero(buckets)
-    histogram = [
-        (0 if k == 0 else 1 << (k - 1), 1 if k == 0 else 1 << k, int(buckets[k]))
-        for k in range(int(used[0]), int(used[-1]) + 1)
-    ]
-    return {
-        "min": low,
-        "mean": total / n,
-        "median": float(median),
-        "p99": float(p99),
-        "max": high,
-        "histogram": histogram,
-    }
-
-
-def sample_indices(count: int, samples: int) -> list[int]:
-    """Return ``samples`` evenly spaced sequence indices in ``[0, count)`` (first and last included)."""
-    if count == 0 or samples <= 0:
-        return []
-    return sorted({int(i) for i in np.linspace(0, count - 1, num=min(samples, count)).round()})
+__all__ = ["add_arguments", "length_statistics", "run", "sample_indices"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -111,34 +53,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"epochal inspect: error: {exc}", file=sys.stderr)
         return 1
     with dataset:
-        stats = length_statistics(dataset.sequence_lengths)
-        docs = dataset.document_indices
-        empty_documents = int(np.count_nonzero(np.diff(docs) == 0)) if len(docs) > 1 else 0
-        samples = []
-        for i in sample_indices(len(dataset), args.samples):
-            item = dataset[i]
-            tokens = item[0] if args.multimodal else item
-            shown = tokens[: args.max_tokens]
-            samples.append(
-                {
-                    "index": i,
-                    "length": int(tokens.size),
-                    "text": tokenizer.decode(shown.tolist()) if tokenizer is not None else None,
-                    "ids": shown.tolist(),
-                }
-            )
-        info = {
-            "prefix": args.prefix,
-            "dtype": str(dataset.dtype),
-            "sequences": len(dataset),
-            "documents": dataset.document_count,
-            "empty_documents": empty_documents,
-            "tokens": dataset.num_tokens,
-            "bin_bytes": os.path.getsize(dataset.bin_path),
-            "idx_bytes": os.path.getsize(dataset.idx_path),
-            "lengths": stats,
-            "samples": samples,
-        }
+        info = summarize_indexed(
+            dataset, samples=args.samples, max_tokens=args.max_tokens, tokenizer=tokenizer
+        )
     if args.json:
         print(json.dumps(info))
         return 0

@@ -6,6 +6,7 @@ registers itself there (and in ``epochal.model.config.MODEL_TYPES``).
 
 from __future__ import annotations
 
+import torch
 from torch import nn
 
 from epochal.model.bert import BertModel
@@ -13,7 +14,7 @@ from epochal.model.config import MODEL_TYPES, ConfigError, ModelConfig
 from epochal.model.gpt import GPTModel
 from epochal.model.t5 import T5Model
 
-__all__ = ["MODEL_CLASSES", "build_model", "model_class"]
+__all__ = ["MODEL_CLASSES", "build_model", "model_class", "model_from_state"]
 
 #: ``ModelConfig.type`` -> the model class (ESM-2 is the encoder configured as ESM).
 MODEL_CLASSES: dict[str, type[nn.Module]] = {
@@ -57,3 +58,26 @@ def build_model(config: ModelConfig, *, seed: int = 0) -> nn.Module:
         ConfigError: an unknown ``config.type``.
     """
     return model_class(config)(config, seed=seed)
+
+
+def model_from_state(config: ModelConfig, state: dict[str, torch.Tensor]) -> nn.Module:
+    """The model of ``config`` holding the tensors of ``state`` (no initialization is run).
+
+    The modules are built on ``meta`` and take ``state``'s tensors as they are
+    (``load_state_dict(..., assign=True)``: same device and dtype, no copy); tied
+    weights are re-tied and the non-persistent buffers (rotary tables, ...) computed.
+
+    Args:
+        config: the model config.
+        state: every parameter and persistent buffer of ``build_model(config)``.
+
+    Raises:
+        RuntimeError: ``state`` lacks a key or has an unexpected one (strict loading).
+        ConfigError: an unknown ``config.type``.
+    """
+    with torch.device("meta"):
+        model = build_model(config)
+    model.load_state_dict(state, strict=True, assign=True)
+    model.tie_weights()
+    model.init_buffers()
+    return model

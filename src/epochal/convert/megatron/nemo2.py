@@ -54,6 +54,7 @@ from typing import Any
 import torch
 
 from epochal.convert.common import ConversionError
+from epochal.convert.megatron.checkpoint import checkpoint_from_megatron_tensors
 from epochal.convert.megatron.torch_dist import is_torch_dist, read_torch_dist
 
 __all__ = ["is_nemo2", "load_nemo2_checkpoint", "nemo2_model_fields"]
@@ -374,7 +375,7 @@ def load_nemo2_checkpoint(
         model_type: the expected ``"gpt"`` / ``"bert"`` (an ESM-2 reads as ``"bert"`` here).
 
     Returns:
-        A :class:`~epochal.convert.megatron.legacy.MegatronCheckpoint` (``args`` built
+        A :class:`~epochal.convert.megatron.checkpoint.MegatronCheckpoint` (``args`` built
         from the configuration; ``iteration`` None: NeMo records the step in the
         folder's name, not in the files).
 
@@ -382,8 +383,6 @@ def load_nemo2_checkpoint(
         ConversionError: a refused context without ``model_config``, missing shards,
             unsupported layers, or a configuration the weights contradict (all named).
     """
-    from epochal.convert.megatron.legacy import checkpoint_from_megatron_tensors
-
     folder = Path(folder)
     fields, target = nemo2_model_fields(folder, model_config)
     if (

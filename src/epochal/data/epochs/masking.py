@@ -46,6 +46,7 @@ def apply_mlm_mask(
     mask_prob: float = 0.15,
     mask_token_prob: float = 0.8,
     random_token_prob: float = 0.1,
+    draw_dtype: torch.dtype = torch.float64,
 ) -> dict[str, torch.Tensor]:
     """Mask a 1-D token tensor for masked-language-model pretraining.
 
@@ -58,26 +59,33 @@ def apply_mlm_mask(
         mask_prob: probability that a (non-special) token is selected, in ``[0, 1]``.
         mask_token_prob: fraction of selected tokens replaced by the mask token.
         random_token_prob: fraction of selected tokens replaced by a random token.
+        draw_dtype: dtype of the per-token uniform draws; ``torch.float32`` (the
+            thresholds then compare in float32) gives BioNeMo's masks bit for bit.
 
     Returns:
         ``{"tokens": int64 (seq_len,), "labels": int64 (seq_len,), "loss_mask": bool (seq_len,)}``;
         ``labels`` is the original token where ``loss_mask`` is true, ``-100`` elsewhere.
     """
-    draws = torch.rand(tokens.shape, generator=generator, dtype=torch.float64)
+    # The draws come from ``generator``; the rest runs on numpy views (a few times faster
+    # than torch for one sample's few hundred tokens). Python-float thresholds compare in
+    # the draws' dtype in numpy as in torch.
+    draws = torch.rand(tokens.shape, generator=generator, dtype=draw_dtype).numpy()
+    ids = tokens.numpy()
     selected = draws < mask_prob
     if special_token_ids.numel():
-        selected &= ~torch.isin(tokens, special_token_ids)
+        selected &= ~np.isin(ids, special_token_ids.numpy())
     stop_mask = mask_prob * mask_token_prob
     stop_random = mask_prob * (mask_token_prob + random_token_prob)
     to_mask = selected & (draws < stop_mask)
     to_random = selected & (draws >= stop_mask) & (draws < stop_random)
-    masked = tokens.clone()
+    masked = ids.copy()
     masked[to_mask] = mask_token_id
-    num_random = int(to_random.sum())
+    num_random = int(np.count_nonzero(to_random))
     if num_random:
         picks = torch.randint(len(random_tokens), (num_random,), generator=generator)
-        masked[to_random] = random_tokens[picks]
-    labels = torch.where(selected, tokens, torch.full_like(tokens, IGNORE_INDEX))
+        masked[to_random] = random_tokens.numpy()[picks.numpy()]
+    labels = np.where(selected, ids, IGNORE_INDEX).astype(ids.dtype, copy=False)
+    masked, labels, selected = (torch.from_numpy(a) for a in (masked, labels, selected))
     return {"tokens": masked, "labels": labels, "loss_mask": selected}
 
 

@@ -34,18 +34,16 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Any
 
-from epochal.data.indexed.indexed_dataset import IndexedDatasetBuilder
+from epochal.data.indexed.indexed_builder import IndexedDatasetBuilder
 from epochal.data.indexed.indexed_format import get_bin_path, normalize_dtype, optimal_dtype
 from epochal.data.indexed.preprocess_arrow import is_arrow_file, read_arrow_chunks
+from epochal.data.indexed.preprocess_chunks import Chunk, PreprocessError, read_chunks
 from epochal.data.indexed.preprocess_encoding import (
-    Chunk,
     ChunkEncoder,
     EncodedChunk,
-    PreprocessError,
     encode_in_worker,
     find_input_files,
     init_worker,
-    read_chunks,
 )
 from epochal.data.indexed.tokenizer import Tokenizer
 

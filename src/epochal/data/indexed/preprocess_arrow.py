@@ -26,7 +26,7 @@ import os
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from epochal.data.indexed.preprocess_encoding import Chunk, PreprocessError
+from epochal.data.indexed.preprocess_chunks import Chunk, PreprocessError
 
 ARROW_SUFFIXES = (".parquet", ".arrow")
 DATA_SUFFIXES = (".jsonl", ".jsonl.gz", ".json", ".json.gz") + ARROW_SUFFIXES

@@ -2,7 +2,7 @@
 
 The alphabet, in ``EsmTokenizer``'s (and fair-esm's) order, id = position::
 
-    <cls> <pad> <eos> <unk> L A G V S E R T D I P K Q N F Y M H W C X B U Z O . - <null_1> <mask>
+    <cls> <pad> <eos> <unk> L A G V S E R T I D P K Q N F Y M H W C X B U Z O . - <null_1> <mask>
 
 Encoding follows ``EsmTokenizer``: every vocabulary token written in the text (one
 residue letter, ``<mask>``, ``<cls>``, ...) is matched, longest first, left to right;
@@ -19,12 +19,12 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from epochal.data.indexed.tokenizer import Tokenizer, TokenizerFileError, _check_file
+from epochal.data.indexed.tokenizer_base import Tokenizer, TokenizerFileError, _check_file
 
 __all__ = ["ESM2_ALPHABET", "ESM2Tokenizer"]
 
 ESM2_ALPHABET = (
-    "<cls> <pad> <eos> <unk> L A G V S E R T D I P K Q N F Y M H W C X B U Z O . - <null_1> <mask>"
+    "<cls> <pad> <eos> <unk> L A G V S E R T I D P K Q N F Y M H W C X B U Z O . - <null_1> <mask>"
 ).split()
 
 _REQUIRED = ("<cls>", "<pad>", "<eos>", "<unk>", "<mask>")
@@ -114,3 +114,41 @@ class ESM2Tokenizer(Tokenizer):
     def detokenize(self, ids: Sequence[int]) -> str:
         """Megatron's name for :meth:`decode`."""
         return self.decode(ids)
+
+    def convert_ids_to_tokens(self, ids: Sequence[int]) -> list[str]:
+        """The token of each id (``EsmTokenizer.convert_ids_to_tokens``).
+
+        Raises:
+            KeyError: an id outside ``[0, vocab_size)``.
+        """
+        return [self.inv_vocab[int(i)] for i in ids]
+
+    def hf_tokenizer_files(self, model_max_length: int = 1026) -> dict[str, str]:
+        """The files ``transformers.AutoTokenizer`` reads as this tokenizer (an ``EsmTokenizer``).
+
+        Args:
+            model_max_length: the longest input in tokens (ESM-2: 1026).
+
+        Returns:
+            ``{"vocab.txt", "tokenizer_config.json", "special_tokens_map.json": text}``,
+            as ``facebook/esm2_*`` folders ship them.
+        """
+        import json
+
+        special = {
+            "cls_token": "<cls>",
+            "eos_token": "<eos>",
+            "mask_token": "<mask>",
+            "pad_token": "<pad>",
+            "unk_token": "<unk>",
+        }
+        config = {"tokenizer_class": "EsmTokenizer", "model_max_length": model_max_length}
+
+        def dump(obj: dict[str, Any]) -> str:
+            return json.dumps(obj, indent=2, sort_keys=True) + "\n"
+
+        return {
+            "vocab.txt": "\n".join(self._tokens) + "\n",
+            "tokenizer_config.json": dump({**config, **special}),
+            "special_tokens_map.json": dump(special),
+        }

@@ -28,7 +28,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from epochal._atomic import atomic_path
-from epochal.data.indexed.tokenizer import Tokenizer, TokenizerFileError, _check_file
+from epochal.data.indexed.tokenizer_base import Tokenizer, TokenizerFileError, _check_file
 
 __all__ = ["BERT_SPECIAL_TOKENS", "BertWordPieceTokenizer", "train_wordpiece"]
 

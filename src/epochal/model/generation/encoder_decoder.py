@@ -29,16 +29,13 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from epochal.model.generation.decoding import (
+from epochal.model.generation.config import (
     GenerationConfig,
     GenerationConfigError,
     GenerationOutput,
-    _beam_search,
-    _device,
-    _prepare,
-    _sample_or_greedy,
 )
 from epochal.model.generation.kv_cache import KVCache
+from epochal.model.generation.search import _beam_search, _device, _prepare, _sample_or_greedy
 
 __all__ = ["DecoderSteps", "generate_encoder_decoder"]
 

@@ -7,14 +7,13 @@ looks one up. :func:`load_train_step` imports a user's class from
 evaluation callback (``training.eval_callback``).
 """
 
-from epochal.train.steps.base import (
-    TrainStep,
-    load_eval_callback,
-    load_train_step,
-    register_train_step,
-    train_step_class,
-)
+from epochal.train.steps.base import TrainStep, load_eval_callback, load_train_step
 from epochal.train.steps.bert import BertTrainStep
+from epochal.train.steps.finetune import (
+    ResidueClassificationStep,
+    SequenceClassificationStep,
+    SequenceRegressionStep,
+)
 from epochal.train.steps.gpt import GPTTrainStep, LossFnStep
 from epochal.train.steps.reduce import (
     avg_losses_across_data_parallel_group,
@@ -22,10 +21,14 @@ from epochal.train.steps.reduce import (
     gather_across_data_parallel_groups,
     set_data_parallel_group,
 )
+from epochal.train.steps.registry import register_train_step, train_step_class
 from epochal.train.steps.t5 import T5TrainStep
 
 __all__ = [
     "BertTrainStep",
+    "ResidueClassificationStep",
+    "SequenceClassificationStep",
+    "SequenceRegressionStep",
     "GPTTrainStep",
     "LossFnStep",
     "T5TrainStep",

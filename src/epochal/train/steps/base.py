@@ -24,8 +24,8 @@ Subclass and override either the methods (``get_batch``, ``forward_step``,
 ``get_batch_func()``, ``get_forward_step_func()`` and ``get_loss_func()`` that
 return them; ``__init__(args, **kwargs)`` receives the training configuration.
 
-A registry maps model types (``model.type``) to their step class
-(:func:`register_train_step`, :func:`train_step_class`).
+A registry (:mod:`epochal.train.steps.registry`) maps model types (``model.type``) to
+their step class.
 """
 
 from __future__ import annotations
@@ -42,11 +42,7 @@ __all__ = [
     "TrainStep",
     "load_eval_callback",
     "load_train_step",
-    "register_train_step",
-    "train_step_class",
 ]
-
-_REGISTRY: dict[str, type[TrainStep]] = {}
 
 
 class TrainStep:
@@ -105,39 +101,6 @@ class TrainStep:
         :meth:`forward_step`) runs the stages; ``[b, ...]`` tensors of one micro-batch.
         """
         return {}
-
-
-def register_train_step(*model_types: str) -> Callable[[type[TrainStep]], type[TrainStep]]:
-    """Class decorator: the default step of ``model_types`` (``model.type`` values)."""
-
-    def register(cls: type[TrainStep]) -> type[TrainStep]:
-        for name in model_types:
-            _REGISTRY[name] = cls
-        return cls
-
-    return register
-
-
-def train_step_class(model_type: str, head: str = "mlm") -> type[TrainStep]:
-    """The registered step class of ``model_type``, or of a fine-tuning ``head`` (``model.head``).
-
-    Raises:
-        ConfigError: (naming ``model.type``) no step is registered for it.
-    """
-    # Importing the concrete steps registers them.
-    import epochal.train.steps.bert  # noqa: F401
-    import epochal.train.steps.finetune  # noqa: F401
-    import epochal.train.steps.gpt  # noqa: F401
-    import epochal.train.steps.t5  # noqa: F401
-
-    if head != "mlm":
-        model_type = head
-    try:
-        return _REGISTRY[model_type]
-    except KeyError:
-        raise ConfigError(
-            "model.type", f"has no train step: {model_type!r} (known: {sorted(_REGISTRY)})"
-        ) from None
 
 
 def _import_spec(spec: str, option: str, what: str) -> Any:

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from epochal.train.steps.base import TrainStep, register_train_step
+from epochal.train.steps.base import TrainStep
 from epochal.train.steps.head_metrics import (
     accuracy_from_counts,
     classification_counts,
@@ -40,6 +40,7 @@ from epochal.train.steps.head_metrics import (
     spearman,
 )
 from epochal.train.steps.reduce import gather_across_data_parallel_groups
+from epochal.train.steps.registry import register_train_step
 
 __all__ = [
     "HeadTrainStep",

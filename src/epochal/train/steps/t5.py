@@ -21,7 +21,8 @@ from typing import Any
 
 import torch
 
-from epochal.train.steps.base import TrainStep, register_train_step
+from epochal.train.steps.base import TrainStep
+from epochal.train.steps.registry import register_train_step
 
 __all__ = ["T5TrainStep"]
 

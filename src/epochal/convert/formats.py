@@ -1,0 +1,344 @@
+"""One entry point over the checkpoint formats: detect, read any, write any.
+
+Formats: ``"epochal"`` (a run / checkpoint folder of any parallel layout, or a
+consolidated ``.safetensors`` file), ``"hf"`` (a Hugging Face model folder),
+``"megatron"`` (Megatron-LM legacy ``mp_rank_*`` files, ``torch_dist``, or NeMo 2).
+:func:`detect_format` tells them apart; :func:`load_checkpoint` reads any of them into
+our ``(ModelConfig, state_dict)`` with the token ids the source records;
+:func:`save_checkpoint` writes any target; :func:`load_model_checkpoint` reads a
+checkpoint and its tokenizer for inference (``epochal generate`` / ``fill-mask``).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from epochal.model.config import ModelConfig
+
+__all__ = [
+    "FORMATS",
+    "TARGETS",
+    "LoadedCheckpoint",
+    "ModelCheckpoint",
+    "detect_format",
+    "load_checkpoint",
+    "load_model_checkpoint",
+    "merge_adapters",
+    "save_checkpoint",
+]
+
+FORMATS = ("epochal", "hf", "megatron")
+TARGETS = (*FORMATS, "safetensors")
+
+
+def detect_format(path: str | os.PathLike) -> str:
+    """``"hf"``, ``"megatron"`` or ``"epochal"`` for a checkpoint folder.
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist.
+    """
+    from epochal.convert.megatron.legacy_save import TRACKER_FILE
+    from epochal.convert.megatron.nemo2 import is_nemo2
+    from epochal.convert.megatron.torch_dist import is_torch_dist
+
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: no such file or folder")
+    if (path / "config.json").is_file():
+        return "hf"
+    if (path / TRACKER_FILE).is_file() or is_torch_dist(path) or is_nemo2(path):
+        return "megatron"
+    if path.is_dir():
+        children = [p.name for p in path.iterdir()]
+        if any(n.startswith("mp_rank_") for n in children) or any(
+            n.startswith("iter_") for n in children
+        ):
+            return "megatron"
+    return "epochal"
+
+
+@dataclass
+class LoadedCheckpoint:
+    """A checkpoint of any format in our names (:func:`load_checkpoint`).
+
+    Attributes:
+        config, state: our model config and full CPU tensors.
+        format: the format read (``"epochal"``, ``"hf"``, ``"megatron"``).
+        step: the training step / iteration recorded (0 when none).
+        extra: what a writer may carry over: ``bos`` / ``eos`` / ``pad`` token ids,
+            ``tokenizer_json`` (an epochal run's ``tokenizer.json``), ``tokenizer_files``
+            (other tokenizer files by name, e.g. ESM-2's ``vocab.txt``), ``run_config``.
+    """
+
+    config: ModelConfig
+    state: dict[str, torch.Tensor]
+    format: str
+    step: int
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def load_checkpoint(
+    path: str | os.PathLike,
+    fmt: str = "auto",
+    *,
+    iteration: int | None = None,
+    vocab_size: int | None = None,
+    make_vocab_size_divisible_by: int | None = None,
+    model_config: str | os.PathLike | None = None,
+) -> LoadedCheckpoint:
+    """Read a checkpoint of any format (``fmt="auto"``: :func:`detect_format`).
+
+    Args:
+        path: the checkpoint.
+        fmt: ``"auto"`` or one of :data:`FORMATS`.
+        iteration: Megatron: the iteration to read (default: the tracker's).
+        vocab_size: the unpadded vocabulary when the checkpoint lacks it.
+        make_vocab_size_divisible_by: our padding multiple (default: the input's, else 128).
+        model_config: NeMo 2 only: Megatron-Core config fields completing its context.
+
+    Raises:
+        ValueError: ``model_config`` for a non-Megatron input; every reader's
+            :class:`~epochal.convert.common.ConversionError`.
+        OSError: missing files, unsafe pickles.
+    """
+    fmt = detect_format(path) if fmt == "auto" else fmt
+    if model_config is not None and fmt != "megatron":
+        raise ValueError(f"--model-config applies to NeMo 2 checkpoints; {path} is {fmt}")
+    if fmt == "hf":
+        from epochal.convert.hf.io import load_hf_checkpoint
+
+        hf = load_hf_checkpoint(
+            path, make_vocab_size_divisible_by=make_vocab_size_divisible_by or 128
+        )
+        eos = hf.eos_token_ids
+        eos = eos[0] if len(eos) == 1 else (list(eos) or None)
+        return LoadedCheckpoint(hf.config, hf.state, fmt, 0, {"bos": hf.bos_token_id, "eos": eos})
+    if fmt == "megatron":
+        from epochal.convert.megatron.legacy import load_megatron_checkpoint
+
+        ck = load_megatron_checkpoint(
+            path,
+            iteration=iteration,
+            vocab_size=vocab_size,
+            make_vocab_size_divisible_by=make_vocab_size_divisible_by,
+            model_config=model_config,
+        )
+        return LoadedCheckpoint(ck.config, ck.state, fmt, ck.iteration or 0)
+    from epochal.convert.epochal_ckpt import load_epochal_checkpoint
+
+    ck = load_epochal_checkpoint(path, vocab_size=vocab_size)
+    extra = {**_run_tokenizer_info(ck), "run_config": ck.run_config}
+    return LoadedCheckpoint(ck.config, ck.state, fmt, ck.step, extra)
+
+
+def _run_tokenizer_info(ck: Any) -> dict[str, Any]:
+    """BOS/EOS/PAD ids and a ``tokenizer.json`` of the run's tokenizer, when it can be rebuilt."""
+    from epochal.convert.epochal_ckpt import run_tokenizer
+
+    tokenizer = run_tokenizer(ck)
+    if tokenizer is None:
+        return {}
+    info = {
+        "bos": getattr(tokenizer, "bos", None),
+        "eos": getattr(tokenizer, "eod", None),
+        "pad": getattr(tokenizer, "pad", None),
+    }
+    source = getattr(tokenizer, "source", None)
+    if isinstance(source, str) and source.endswith(".json") and Path(source).is_file():
+        info["tokenizer_json"] = source
+    if hasattr(tokenizer, "hf_tokenizer_files"):  # ESM-2: vocab.txt for EsmTokenizer
+        info["tokenizer_files"] = tokenizer.hf_tokenizer_files()
+    return info
+
+
+def merge_adapters(
+    config: ModelConfig, state: dict[str, torch.Tensor]
+) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+    """``(config, state)`` with LoRA adapters folded into the weights (unchanged without adapters).
+
+    ``W + (alpha / r) B A`` (:func:`epochal.model.lora.merge_lora_state`); the config
+    loses ``lora_rank`` and ``freeze_encoder``: a plain model.
+    """
+    if not config.lora_rank:
+        return config, state
+    import dataclasses
+
+    from epochal.model.lora import merge_lora_state
+
+    merged = merge_lora_state(state, config)
+    return dataclasses.replace(config, lora_rank=0, freeze_encoder=False), merged
+
+
+def save_checkpoint(
+    ck: LoadedCheckpoint,
+    output: str | os.PathLike,
+    target: str,
+    *,
+    source: str,
+    dtype: torch.dtype | None = None,
+    overwrite: bool = False,
+    hf_architecture: str | None = None,
+    bos_token_id: int | None = None,
+    eos_token_id: int | list[int] | None = None,
+    pad_token_id: int | None = None,
+    tensor_parallel: int = 1,
+    pipeline_parallel: int = 1,
+    megatron_iteration: int | None = None,
+    megatron_spec: str = "transformer_engine",
+    ckpt_format: str = "torch",
+) -> Path:
+    """Write ``ck`` as ``target`` (one of :data:`TARGETS`); returns the output path.
+
+    A LoRA model is written merged (:func:`merge_adapters`); a fine-tuned model (``head``
+    != ``"mlm"``) goes to Hugging Face as its bare encoder with the head next to it
+    (:func:`epochal.convert.hf.encoder.save_hf_encoder`).
+
+    Args:
+        ck: what :func:`load_checkpoint` read.
+        output: the folder (or ``.safetensors`` file for ``"safetensors"``).
+        target: ``"epochal"``, ``"hf"``, ``"megatron"`` or ``"safetensors"``.
+        source: recorded in the output as where it came from.
+        dtype: cast the floating-point weights (None: keep).
+        overwrite: replace an existing output.
+        hf_architecture: Hugging Face output class (default: from the config).
+        bos_token_id / eos_token_id / pad_token_id: Hugging Face ``config.json``
+            ids (default: those ``ck.extra`` carries; the padding id falls back to
+            EOS when the run's ``tokenizer.json`` is copied).
+        tensor_parallel / pipeline_parallel / megatron_iteration / megatron_spec /
+            ckpt_format: Megatron output layout (iteration default: ``ck.step``).
+
+    Raises:
+        ValueError: a bad option or a model the target cannot hold.
+        OSError: an existing output without ``overwrite``, a write failure.
+    """
+    config, state = merge_adapters(ck.config, ck.state)
+    extra = ck.extra
+    if target == "hf" and config.head != "mlm":
+        from epochal.convert.hf.encoder import save_hf_encoder
+
+        return save_hf_encoder(config, state, output, dtype=dtype, overwrite=overwrite)
+    if target == "hf":
+        from epochal.convert.hf.io import save_hf_checkpoint
+
+        eos = extra.get("eos") if eos_token_id is None else eos_token_id
+        pad = extra.get("pad") if pad_token_id is None else pad_token_id
+        if pad is None and extra.get("tokenizer_json"):  # a padding token for AutoTokenizer
+            pad = eos[0] if isinstance(eos, list) and eos else eos
+        return save_hf_checkpoint(
+            config,
+            state,
+            output,
+            architecture=hf_architecture,
+            dtype=dtype,
+            bos_token_id=extra.get("bos") if bos_token_id is None else bos_token_id,
+            eos_token_id=eos,
+            pad_token_id=pad,
+            # the run's tokenizer next to the weights, its special tokens matching config.json
+            tokenizer_file=extra.get("tokenizer_json"),
+            overwrite=overwrite,
+            extra_files=extra.get("tokenizer_files"),
+        )
+    if target == "megatron":
+        from epochal.convert.megatron.legacy import save_megatron_checkpoint
+
+        return save_megatron_checkpoint(
+            config,
+            state,
+            output,
+            tensor_parallel=tensor_parallel,
+            pipeline_parallel=pipeline_parallel,
+            iteration=ck.step if megatron_iteration is None else megatron_iteration,
+            spec=megatron_spec,
+            ckpt_format=ckpt_format,
+            dtype=dtype,
+            overwrite=overwrite,
+        )
+    if target == "safetensors":
+        from epochal.convert.epochal_ckpt import save_consolidated
+
+        return save_consolidated(
+            config,
+            state,
+            output,
+            step=ck.step,
+            run_config=extra.get("run_config"),
+            source=source,
+            dtype=dtype,
+            overwrite=overwrite,
+        )
+    if target != "epochal":
+        raise ValueError(f"--to {target!r}: not one of {', '.join(TARGETS)}")
+    from epochal.convert.epochal_ckpt import save_epochal_checkpoint
+
+    if dtype is not None:
+        state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
+    return save_epochal_checkpoint(config, state, output, source=source, overwrite=overwrite)
+
+
+@dataclass
+class ModelCheckpoint:
+    """A model to run and the tokenizer that goes with it (:func:`load_model_checkpoint`).
+
+    Attributes:
+        config, state: our model config and full CPU tensors.
+        tokenizer: the checkpoint's tokenizer (a Hugging Face folder's
+            ``tokenizer.json``, an epochal run's own), or None.
+        eos_token_ids: a Hugging Face model's ``eos_token_id`` (all of a list), else ().
+        bos_token_id: a Hugging Face model's ``bos_token_id``, else None.
+    """
+
+    config: ModelConfig
+    state: dict[str, torch.Tensor]
+    tokenizer: Any = None
+    eos_token_ids: tuple[int, ...] = ()
+    bos_token_id: int | None = None
+
+
+def load_model_checkpoint(
+    path: str | os.PathLike,
+    fmt: str = "auto",
+    *,
+    vocab_size: int | None = None,
+    with_tokenizer: bool = True,
+) -> ModelCheckpoint:
+    """Read a checkpoint for inference, with its tokenizer when it has one.
+
+    Megatron checkpoints are read as GPT models (``model_type="gpt"``).
+
+    Args:
+        path: an epochal run / checkpoint, a Hugging Face folder or a Megatron checkpoint.
+        fmt: ``"auto"`` (:func:`detect_format`) or one of :data:`FORMATS`.
+        vocab_size: the unpadded vocabulary when the checkpoint lacks it.
+        with_tokenizer: look for the checkpoint's tokenizer (False: leave it None,
+            e.g. when the caller builds its own).
+
+    Raises:
+        ValueError: every reader's :class:`~epochal.convert.common.ConversionError`.
+        OSError: missing files, unsafe pickles.
+    """
+    fmt = detect_format(path) if fmt == "auto" else fmt
+    if fmt == "hf":
+        from epochal.convert.hf.io import load_hf_checkpoint
+
+        hf = load_hf_checkpoint(path)
+        out = ModelCheckpoint(hf.config, hf.state, None, tuple(hf.eos_token_ids), hf.bos_token_id)
+        tok_file = Path(path) / "tokenizer.json"
+        if with_tokenizer and tok_file.is_file():
+            from epochal.data.indexed.tokenizer import HuggingFaceTokenizer
+
+            out.tokenizer = HuggingFaceTokenizer(tok_file)
+        return out
+    if fmt == "megatron":
+        from epochal.convert.megatron.legacy import load_megatron_checkpoint
+
+        ck = load_megatron_checkpoint(path, vocab_size=vocab_size, model_type="gpt")
+        return ModelCheckpoint(ck.config, ck.state)
+    from epochal.convert.epochal_ckpt import load_epochal_checkpoint, run_tokenizer
+
+    ck = load_epochal_checkpoint(path, vocab_size=vocab_size)
+    return ModelCheckpoint(ck.config, ck.state, run_tokenizer(ck) if with_tokenizer else None)

@@ -1,0 +1,11 @@
+"""Protein inputs and ESM-2 pretraining samples (BioNeMo's layout and semantics).
+
+- :mod:`.sequences`: what a sequence may contain (upper-casing, ``X B U Z O``, a final ``*``);
+- :mod:`.readers`: FASTA (plain/gz), CSV/TSV/parquet tables, MMseqs2 cluster TSVs;
+- :mod:`.database`: BioNeMo's SQLite ``protein(id, sequence)`` store;
+- :mod:`.layout`: cluster parquets and the FASTA/table -> SQLite + parquet converter;
+- :mod:`.esm_dataset`: :class:`ESMMaskedResidueDataset`, BioNeMo's samples exactly;
+- :mod:`.esm_builders`: ``create_train_dataset`` / ``create_valid_dataset`` / ``build_esm_datasets``;
+- :mod:`.collate`: BioNeMo's padding collate for batches of samples;
+- :mod:`.aaanalysis_data`: real sequences from the optional ``aaanalysis`` package.
+"""
