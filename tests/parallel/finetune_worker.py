@@ -11,15 +11,18 @@ from typing import Any
 from tests.train import finetune_data as D
 
 
-def prepare(root: Path, head: str) -> dict[str, str]:
-    """The pretrained encoder and the train / valid tables of ``head`` under ``root``."""
+def prepare(root: Path, head: str, encoder: str = "esm") -> dict[str, str]:
+    """The pretrained encoder (``"esm"`` or ``"bert"``) and the train / valid tables of ``head``."""
     root.mkdir(parents=True, exist_ok=True)
-    init = root / "pretrained"
+    init = root / f"pretrained-{encoder}"
+    files = {"encoder": encoder}
+    if encoder == "bert":
+        files["vocab"] = str(D.bert_vocab(root / "vocab.txt"))
     if not init.exists():
-        D.pretrained_esm(init)
+        (D.pretrained_bert if encoder == "bert" else D.pretrained_esm)(init)
     train = D.write_table(root / f"{head}-train.csv", head, 40, 1)
     valid = D.write_table(root / f"{head}-valid.tsv", head, 16, 2, sep="\t")
-    return {"init": str(init), "train": str(train), "valid": str(valid)}
+    return {**files, "init": str(init), "train": str(train), "valid": str(valid)}
 
 
 def config(run_dir: str, files: dict[str, str], head: str, extra: list[str]) -> Any:
@@ -30,6 +33,12 @@ def config(run_dir: str, files: dict[str, str], head: str, extra: list[str]) -> 
     args = D.finetune_args(
         Path(run_dir), Path(files["init"]), Path(files["train"]), Path(files["valid"]), head, labels
     )
+    if files.get("encoder") == "bert":  # a protein read as one WordPiece word
+        args = [a for a in args if a != "--model.type=esm"] + [
+            "--model.type=bert",
+            "--data.tokenizer_type=BertWordPieceLowerCase",
+            f"--data.vocab_file={files['vocab']}",
+        ]
     overrides = [*args, *extra]
     encoder = finetune_overrides(None, overrides) or []
     return build_config(preset=None, overrides=[*encoder, *overrides])

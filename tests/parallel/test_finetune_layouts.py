@@ -27,14 +27,17 @@ LAYOUTS = {
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
+    """``get(head, encoder)`` -> (files, the single-process reference)."""
     root = tmp_path_factory.mktemp("finetune")
-    cache: dict[str, tuple[dict, dict]] = {}
+    cache: dict[tuple[str, str], tuple[dict, dict]] = {}
 
-    def get(head: str):
-        if head not in cache:
-            files = W.prepare(root / head, head)
-            cache[head] = (files, W.single(str(root / head / "single"), files, head))
-        return cache[head]
+    def get(head: str, encoder: str = "esm"):
+        key = (head, encoder)
+        if key not in cache:
+            folder = root / f"{encoder}-{head}"
+            files = W.prepare(folder, head, encoder)
+            cache[key] = (files, W.single(str(folder / "single"), files, head))
+        return cache[key]
 
     return get
 
@@ -53,3 +56,13 @@ def test_finetune_layout_equals_single_process(head, layout, setup, tmp_path):
         for key, value in reference["logged"].items():
             tol = 1e-3 if key in ("pearson", "spearman") else 1e-5
             assert out["logged"][key] == pytest.approx(value, abs=tol), key
+
+
+def test_bert_sequence_head_under_tp2_with_sequence_parallelism(setup, tmp_path):
+    """BERT (token types, pre-LN) with a sequence head: the head's input is gathered over the sequence."""
+    head = "sequence_classification"
+    files, reference = setup(head, "bert")
+    layout = ["--parallel.tensor_parallel=2", "--parallel.sequence_parallel=true"]
+    for out in run_gloo(W.rank_main, 2, str(tmp_path), files, head, layout):
+        assert out["losses"] == pytest.approx(reference["losses"], abs=1e-5)
+        assert out["logged"] == pytest.approx(reference["logged"], abs=1e-5)

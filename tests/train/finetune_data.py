@@ -124,3 +124,34 @@ def embed(checkpoint: Path | str, source: Path | str, output: Path | str, *extra
         str(output),
     ]
     return main([*argv, "--no-progress", "--device", "cpu", *extra])
+
+
+def bert_vocab(path: Path) -> Path:
+    """A WordPiece vocabulary reading a protein as one word: letters and ``##`` letters."""
+    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    letters = [c.lower() for c in AMINO]
+    path.write_text("\n".join([*specials, *letters, *(f"##{c}" for c in letters)]) + "\n")
+    return path
+
+
+def pretrained_bert(run_dir: Path, seed: int = 5) -> Path:
+    """A model-only epochal checkpoint of a random tiny pre-LN BERT (vocabulary: :func:`bert_vocab`)."""
+    from epochal.convert.epochal_ckpt import save_epochal_checkpoint
+    from epochal.model import build_model
+    from epochal.model.config import ModelConfig
+
+    config = ModelConfig(
+        type="bert",
+        vocab_size=47,
+        hidden_size=64,
+        num_layers=2,
+        num_attention_heads=4,
+        ffn_hidden_size=128,
+        make_vocab_size_divisible_by=8,
+        max_position_embeddings=64,
+        num_tokentypes=2,
+    )
+    save_epochal_checkpoint(
+        config, build_model(config, seed=seed).state_dict(), run_dir, source="test"
+    )
+    return run_dir

@@ -29,6 +29,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from epochal.data.datasets.labelled import end_token
 from epochal.model.build import build_model
 from epochal.model.config import ModelConfig
 from epochal.model.heads import mean_over_residues
@@ -128,8 +129,7 @@ def _run_tokenizer(path: Path, config: ModelConfig) -> tuple[Any, list[str] | No
 
 
 def _batch(ids: list[list[int]], tok: Any, device: torch.device) -> dict[str, torch.Tensor]:
-    eos = getattr(tok, "eos", None)
-    eos = tok.sep if eos is None else eos
+    eos = end_token(tok)
     longest = max(len(x) for x in ids) + 2
     tokens = torch.full((len(ids), longest), tok.pad, dtype=torch.long)
     padding = torch.zeros_like(tokens)

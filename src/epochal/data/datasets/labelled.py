@@ -44,6 +44,7 @@ __all__ = [
     "LabelledSequenceDataset",
     "LabelledTable",
     "TASKS",
+    "end_token",
     "read_labelled_table",
     "read_sequence_table",
 ]
@@ -52,6 +53,12 @@ __all__ = [
 TASKS = ("sequence_regression", "sequence_classification", "residue_classification")
 IGNORE = -100
 UNSEEN = -2
+
+
+def end_token(tokenizer: Any) -> int:
+    """The id closing a sequence: ``sep`` (BERT's ``[SEP]``; ESM-2's ``<eos>``), else ``eos``."""
+    sep = getattr(tokenizer, "sep", None)
+    return tokenizer.eos if sep is None else sep
 
 
 class LabelledDataError(ValueError):
@@ -226,8 +233,8 @@ class LabelledSequenceDataset:
     Args:
         sequences: the sequences, in order.
         labels: their label strings (None: inference, no ``labels`` key).
-        tokenizer: ``encode(str) -> ids`` with ``cls``, ``eos`` and ``pad`` ids (ESM-2's);
-            a tokenizer without ``eos`` uses ``sep`` (BERT's ``[SEP]``).
+        tokenizer: ``encode(str) -> ids`` with ``cls``, ``pad`` and ``sep`` ids (ESM-2's
+            ``<eos>`` is its ``sep``; BERT's ``[SEP]``); ``eos`` without ``sep``.
         task: one of :data:`TASKS`.
         seq_length: tokens per sample (>= 3).
         vocab: the classes (classification tasks).
@@ -257,9 +264,7 @@ class LabelledSequenceDataset:
         self.vocab = vocab
         self.num_labels = num_labels
         self.cls = tokenizer.cls
-        self.eos = getattr(tokenizer, "eos", None)
-        if self.eos is None:
-            self.eos = tokenizer.sep
+        self.eos = end_token(tokenizer)
         self.pad = tokenizer.pad
 
     def __len__(self) -> int:
