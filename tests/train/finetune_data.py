@@ -55,28 +55,40 @@ def write_table(path: Path, task: str, n: int, seed: int, sep: str = ",") -> Pat
     return path
 
 
-def pretrained_esm(run_dir: Path, seed: int = 5) -> Path:
-    """A model-only epochal checkpoint of a random tiny ESM-2 (the 'pretrained' encoder)."""
+#: The tiny encoders' shared shape.
+TINY_SHAPE = dict(
+    hidden_size=64,
+    num_layers=2,
+    num_attention_heads=4,
+    ffn_hidden_size=128,
+    make_vocab_size_divisible_by=8,
+    max_position_embeddings=64,
+)
+
+
+def save_random_encoder(run_dir: Path, seed: int, **fields) -> Path:
+    """A model-only epochal checkpoint of a random tiny encoder of ``fields`` (the 'pretrained' run)."""
     from epochal.convert.epochal_ckpt import save_epochal_checkpoint
     from epochal.model import build_model
     from epochal.model.config import ModelConfig
 
-    config = ModelConfig(
+    config = ModelConfig(**TINY_SHAPE, **fields)
+    model = build_model(config, seed=seed)
+    save_epochal_checkpoint(config, model.state_dict(), run_dir, source="test")
+    return run_dir
+
+
+def pretrained_esm(run_dir: Path, seed: int = 5) -> Path:
+    """A random tiny ESM-2 (ESM-2's alphabet)."""
+    return save_random_encoder(
+        run_dir,
+        seed,
         type="esm",
         vocab_size=33,
-        hidden_size=64,
-        num_layers=2,
-        num_attention_heads=4,
-        ffn_hidden_size=128,
-        make_vocab_size_divisible_by=8,
-        max_position_embeddings=64,
         position_embedding_type="rope",
         mask_token_id=32,
         pad_token_id=1,
     )
-    model = build_model(config, seed=seed)
-    save_epochal_checkpoint(config, model.state_dict(), run_dir, source="test")
-    return run_dir
 
 
 def finetune_args(
@@ -135,23 +147,5 @@ def bert_vocab(path: Path) -> Path:
 
 
 def pretrained_bert(run_dir: Path, seed: int = 5) -> Path:
-    """A model-only epochal checkpoint of a random tiny pre-LN BERT (vocabulary: :func:`bert_vocab`)."""
-    from epochal.convert.epochal_ckpt import save_epochal_checkpoint
-    from epochal.model import build_model
-    from epochal.model.config import ModelConfig
-
-    config = ModelConfig(
-        type="bert",
-        vocab_size=47,
-        hidden_size=64,
-        num_layers=2,
-        num_attention_heads=4,
-        ffn_hidden_size=128,
-        make_vocab_size_divisible_by=8,
-        max_position_embeddings=64,
-        num_tokentypes=2,
-    )
-    save_epochal_checkpoint(
-        config, build_model(config, seed=seed).state_dict(), run_dir, source="test"
-    )
-    return run_dir
+    """A random tiny pre-LN BERT with token types (vocabulary: :func:`bert_vocab`)."""
+    return save_random_encoder(run_dir, seed, type="bert", vocab_size=47, num_tokentypes=2)
