@@ -89,7 +89,7 @@ def finetune_overrides(config_file: str | None, overrides: list[str]) -> list[st
     if config_file:
         try:
             values = tomllib.loads(Path(config_file).read_text())
-        except (OSError, tomllib.TOMLDecodeError):
+        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
             return None  # build_config reports it
     given = parse_overrides(list(overrides))
     for section in ("model", "checkpoint"):
