@@ -32,19 +32,8 @@ from epochal.model import GPTModel
 from epochal.model.flops import training_flops_per_token
 from epochal.train.config import build_config, model_config_from_section
 from epochal.train.inputs.loaders import make_loaders
+from epochal.train.observe.throughput import peak_tflops
 from epochal.train.trainer import Trainer
-
-PEAK_BF16_TFLOPS = {
-    "H100": 989.0,
-    "H200": 989.0,
-    "H800": 989.0,
-    "A100": 312.0,
-    "A10": 125.0,
-    "L4": 121.0,
-    "L40": 181.0,
-    "4090": 165.0,
-    "V100": 125.0,
-}
 
 
 class RandomTokens:
@@ -217,7 +206,7 @@ def main() -> None:
     if torch.cuda.is_available() and not args.no_gpu:
         plain, ours, cfg, vocab = bench(args, gpu=True)
         name = torch.cuda.get_device_name()
-        peak = args.peak_tflops or next((v for k, v in PEAK_BF16_TFLOPS.items() if k in name), 0.0)
+        peak = peak_tflops(torch.device("cuda"), args.peak_tflops or None) or 0.0
         mc = model_config_from_section(cfg.model, vocab_size=vocab, seq_length=cfg.data.seq_length)
         flops = training_flops_per_token(mc, cfg.data.seq_length)
         mfu = (ours * flops / (peak * 1e12)) if peak else None

@@ -29,3 +29,13 @@ def pytest_configure(config):
     ``tests/dist_utils.py``.)
     """
     signal.signal(signal.SIGTERM, _sigterm_as_ctrl_c)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``gpu`` skip cleanly on a machine without CUDA."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs CUDA (marked gpu)")
+    for item in items:
+        if item.get_closest_marker("gpu") is not None:
+            item.add_marker(skip)

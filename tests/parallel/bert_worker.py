@@ -13,6 +13,7 @@ VOCAB = 32
 SEQ = 16
 STEPS = 4
 BASE = [
+    "--training.device=cpu",  # compared with CPU references: the same with or without a GPU
     "--data.corpus=",
     "--data.mock=true",
     f"--data.seq_length={SEQ}",

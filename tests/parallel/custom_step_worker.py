@@ -10,6 +10,7 @@ from typing import Any
 STEPS = 3
 KEYS = [3, 17, 40]
 BASE = [
+    "--training.device=cpu",  # compared with CPU references: the same with or without a GPU
     "--data.corpus=",
     "--data.mock=true",
     "--data.seq_length=16",

@@ -14,6 +14,7 @@ from typing import Any
 SEQ, DEC = 32, 16
 STEPS = 4
 BASE = [
+    "--training.device=cpu",  # compared with CPU references: the same with or without a GPU
     "--data.corpus=",
     f"--data.seq_length={SEQ}",
     f"--data.seq_length_decoder={DEC}",

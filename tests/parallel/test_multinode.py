@@ -24,7 +24,11 @@ WORKER = str(Path(__file__).with_name("train_worker.py"))
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 DP2 = ["--parallel.data_parallel=2"]
 #: no dropout, so that two data-parallel ranks and one process draw nothing different
-NO_DROPOUT = ["--model.hidden_dropout=0", "--model.attention_dropout=0"]
+NO_DROPOUT = [
+    "--model.hidden_dropout=0",
+    "--model.attention_dropout=0",
+    "--training.device=cpu",  # gloo ranks on one machine: the same with or without a GPU
+]
 
 
 def two_nodes(run_dir: Path, iters: int, *extra: str) -> None:

@@ -22,6 +22,7 @@ WORKER = str(Path(__file__).with_name("train_worker.py"))
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 ITERS = 9
 LAYOUT = [
+    "--training.device=cpu",  # compared with CPU references: the same with or without a GPU
     "--parallel.tensor_parallel=2",
     "--parallel.sequence_parallel=true",
     "--parallel.dp_sharding=optimizer",

@@ -20,6 +20,7 @@ ENV = {
 }
 ENV.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
 TINY = [
+    "--training.device=cpu",  # compared with CPU references: the same with or without a GPU
     "--data.corpus=",
     "--data.mock=true",
     "--data.seq_length=32",

@@ -26,6 +26,7 @@ from epochal.train.parallel_trainer import ParallelTrainer  # noqa: E402
 from tests.train.synthetic import CountingDataset  # noqa: E402
 
 BASE = [
+    "--training.device=cpu",  # compared with CPU references: the same with or without a GPU
     "--data.corpus=",
     "--data.mock=true",
     "--data.seq_length=16",

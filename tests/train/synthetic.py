@@ -1,6 +1,10 @@
-"""A tiny deterministic token dataset for trainer tests (no files, no tokenizer)."""
+"""Tiny deterministic data for trainer tests: a token dataset (no files) and a prose corpus."""
 
 from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
 
 import torch
 
@@ -29,3 +33,27 @@ class CountingDataset:
             "loss_mask": torch.ones(self.seq),
             "position_ids": torch.arange(self.seq),
         }
+
+
+PROSE_WORDS = (
+    "the cat dog sat on a mat and ran to house with big small red blue tree under over".split()
+)
+
+
+def write_prose_jsonl(path: Path, *, seed: int = 0, num_docs: int = 300) -> Path:
+    """A fixed JSONL corpus (``{"text": ...}`` per line) of ``num_docs`` documents of 2-6 sentences.
+
+    For tests of the sentence-split presets (``bert-tiny``, ``t5-tiny``): their default
+    corpus, the Python standard library, differs between Python versions, and a
+    small slice of it can leave a split without any usable document.
+    """
+    rng = random.Random(seed)
+    with open(path, "w", encoding="utf-8") as f:
+        for _ in range(num_docs):
+            sentences = [
+                " ".join(rng.choice(PROSE_WORDS) for _ in range(rng.randint(4, 9))).capitalize()
+                + "."
+                for _ in range(rng.randint(2, 6))
+            ]
+            f.write(json.dumps({"text": " ".join(sentences)}) + "\n")
+    return path

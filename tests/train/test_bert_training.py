@@ -19,9 +19,11 @@ from epochal.train.config import build_config
 from epochal.train.inputs.loaders import build_data
 from epochal.train.observe.metrics import read_metrics
 from epochal.train.trainer import Trainer
+from tests.train.synthetic import write_prose_jsonl
 
 WORDS = "the cat dog sat on a mat and ran to house with big small red blue tree under over".split()
 MODEL = [
+    "--training.device=cpu",  # compared with CPU references: the same with or without a GPU
     "--model.type=bert",
     "--model.activation=gelu",
     "--model.normalization=LayerNorm",
@@ -213,16 +215,17 @@ def test_fill_mask_from_the_run_and_from_its_hf_export(corpus, tmp_path, capsys)
         main(["fill-mask", "--checkpoint", str(run), "--text", "no mask here"])
 
 
-def test_bert_tiny_preset_from_the_stdlib_resumes_exactly_and_fills_masks(
+def test_bert_tiny_preset_on_a_fixed_corpus_resumes_exactly_and_fills_masks(
     tmp_path, monkeypatch, capsys
 ):
-    """``epochal train --preset bert-tiny`` (shrunk): sentence-split stdlib, offline WordPiece."""
+    """``epochal train --preset bert-tiny`` (shrunk): a fixed sentence-split corpus, offline WordPiece."""
     from epochal.cli import main
 
     monkeypatch.setenv("EPOCHAL_CACHE", str(tmp_path / "cache"))
     small = [
         "--preset=bert-tiny",
-        "--data.corpus_max_bytes=600000",
+        "--training.device=cpu",  # compared run to run on the CPU: the same with or without a GPU
+        f"--data.corpus={write_prose_jsonl(tmp_path / 'prose.jsonl')}",  # not the stdlib: it differs per Python version
         "--data.wordpiece_vocab_size=1000",
         "--data.seq_length=64",
         "--model.hidden_size=32",

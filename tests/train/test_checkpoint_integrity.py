@@ -80,6 +80,7 @@ def test_auto_resume_with_every_step_damaged_is_an_error(tmp_path):
 
 
 MOCK = [
+    "--training.device=cpu",  # compared with CPU references: the same with or without a GPU
     "--data.corpus=",
     "--data.mock=true",
     "--data.seq_length=8",

@@ -18,6 +18,7 @@ from epochal.train.observe.metrics import read_metrics
 
 # A tiny model and a 2-3 step run on Megatron's mock corpus, on top of the written file.
 TINY_RUN = [
+    "--training.device=cpu",  # compared with CPU references: the same with or without a GPU
     "--data.corpus=''",
     "--data.mock=true",
     "--model.hidden_size=32",
@@ -113,7 +114,7 @@ def test_wizard_through_a_pty_reasks_invalid_answers_and_writes_a_config_that_tr
     out = tmp_path / "job.toml"
     term = _Pty(["config", "--output", str(out)], tmp_path)
     try:
-        term.expect("Model preset (tiny, bert-tiny, t5-tiny, gpt2-small) [tiny]: ")
+        term.expect("Model preset (tiny, bert-tiny, t5-tiny, gpu-1b, gpt2-small) [tiny]: ")
         term.send("")  # Enter keeps the default
         term.expect("How many machines (nodes) [1]: ")
         term.send("1")

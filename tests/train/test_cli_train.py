@@ -11,6 +11,7 @@ from epochal.train.config import DataConfig
 from epochal.train.inputs.corpus import prepare_corpus, stdlib_files
 
 SMALL = [
+    "--training.device=cpu",  # compared with CPU references: the same with or without a GPU
     "--model.hidden_size=32",
     "--model.num_layers=1",
     "--model.num_attention_heads=2",

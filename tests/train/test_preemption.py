@@ -23,6 +23,7 @@ from tests.train.synthetic import CountingDataset
 VOCAB = 64
 ITERS = 8
 BASE = [
+    "--training.device=cpu",  # compared with CPU references: the same with or without a GPU
     "--data.corpus=",
     "--data.mock=true",
     "--data.seq_length=8",

@@ -15,6 +15,7 @@ from epochal.train.observe.metrics import read_metrics
 from epochal.train.state.run_dir import RUN_DEFINING, check_resume_config, config_changes
 
 TINY = [
+    "--training.device=cpu",  # compared with CPU references: the same with or without a GPU
     "--data.mock=true",
     "--data.seq_length=16",
     "--model.hidden_size=32",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import tomllib
 
 import pytest
+import torch
 
 from epochal.model import ConfigError
 from epochal.train.config import (
@@ -157,3 +158,31 @@ def test_derived_schedule_lengths():
     assert cfg.lr_decay_iters == 300 and cfg.lr_warmup_iters == 30
     cfg = build_config(preset="tiny", overrides=["--scheduler.lr_decay_iters=200"])
     assert cfg.lr_decay_iters == 200
+
+
+def test_gpu_preset_is_the_issue_25_shape_and_recipe():
+    """``gpu-1b``: the 1.34B Llama shape, bf16, compiled, mock data unless a data_path is given."""
+    from epochal.model import build_model
+    from epochal.model.flops import training_flops_per_token
+    from epochal.train.config import model_config_from_section
+
+    cfg = build_config(preset="gpu-1b")
+    t, m = cfg.training, cfg.model
+    assert (m.hidden_size, m.num_layers, m.num_attention_heads, m.ffn_hidden_size) == (
+        2048,
+        24,
+        16,
+        5632,
+    )
+    assert cfg.data.seq_length == 2048 and cfg.data.mock
+    assert t.bf16 and t.compile and t.compile_loss and t.fused_adamw and t.device == "cuda"
+    assert (t.micro_batch_size, t.global_batch_size) == (4, 32)
+    mc = model_config_from_section(m, vocab_size=50257, seq_length=cfg.data.seq_length)
+    assert mc.padded_vocab_size == 50304
+    with torch.device("meta"):
+        model = build_model(mc)
+    assert round(model.num_parameters(exclude_embeddings=True) / 1e9, 2) == 1.34
+    # 53,234 tokens/s at this shape is 49.7% of 989 TFLOP/s (issue 25's measurement)
+    assert 53234 * training_flops_per_token(mc, 2048) / 989e12 == pytest.approx(0.497, abs=1e-3)
+    with_data = build_config(preset="gpu-1b", overrides=["--data.data_path=['/data/x']"])
+    assert not with_data.data.mock and with_data.data.data_path == ["/data/x"]

@@ -24,6 +24,7 @@ def config(run_dir, *extra):
         preset="tiny",
         overrides=[
             f"--run_dir={run_dir}",
+            "--training.device=cpu",  # CPU references: the same with or without a GPU
             "--data.corpus=",
             "--data.mock=true",
             "--data.seq_length=8",

@@ -37,6 +37,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--text", action="append", required=True, help="text with [MASK] (repeatable)"
     )
     parser.add_argument("--top-k", type=int, default=5, help="predictions per mask token")
+    parser.add_argument(
+        "--device", choices=("auto", "cpu", "cuda"), default="auto", help="auto: CUDA if available"
+    )
     tok = parser.add_argument_group("tokenizer (default: the checkpoint's)")
     tok.add_argument("--tokenizer-type", default=None, help="BertWordPieceLowerCase, ...")
     tok.add_argument("--tokenizer-model", default=None)
@@ -67,6 +70,7 @@ def run(args: argparse.Namespace) -> int:
     """Load the model and print the predictions of every ``--text``."""
     from epochal.commands.generate import _load_model
     from epochal.model.build import model_from_state
+    from epochal.train.device import resolve_device
 
     if args.top_k < 1:
         raise ValueError(f"--top-k must be >= 1, got {args.top_k}")
@@ -79,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
     tokenizer = _tokenizer(args, ck.tokenizer, config.type)
     if getattr(tokenizer, "mask", None) is None:
         raise ValueError(f"{args.checkpoint}: the tokenizer has no mask token")
-    model = model_from_state(config, ck.state).eval()
+    model = model_from_state(config, ck.state).to(resolve_device(args.device)).eval()
     records = []
     for text in args.text:
         predictions = fill_mask(model, tokenizer, text, args.top_k)

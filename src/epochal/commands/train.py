@@ -200,6 +200,8 @@ def _train(config) -> int:
         f"trained steps {result.start_step + 1}-{result.final_step}{resumed} in {time.perf_counter() - t0:.0f} s "
         f"({result.tokens_per_s:,.0f} tokens/s): loss {result.losses[0]:.3f} -> {result.last_loss:.3f}{ev}"
     )
+    if result.hardware:
+        say(f"on {result.hardware}: {result.utilization}")
     epochs = _epoch_line(config.run_dir)
     if epochs:
         say(epochs)

@@ -69,6 +69,9 @@ def initial_value(
 ) -> torch.Tensor:
     """The full initial value of parameter ``fqn``: float32 CPU tensor of ``shape``.
 
+    Always on the CPU, whatever the default device (``with torch.device(...)``):
+    callers copy it to the parameter's device, so every device gets the same values.
+
     Args:
         config: the model config (``init_method_std``, ``num_layers``, tying).
         fqn: the parameter's name in the model (wrappers allowed).
@@ -79,9 +82,12 @@ def initial_value(
     std = init_std(config, name)
     if std is None:
         fill = 0.0 if name.endswith((".bias", ".lora_b")) else 1.0
-        return torch.full(tuple(shape), fill, dtype=torch.float32)
+        return torch.full(tuple(shape), fill, dtype=torch.float32, device="cpu")
     gen = torch.Generator(device="cpu").manual_seed(param_seed(seed, name))
-    return torch.empty(tuple(shape), dtype=torch.float32).normal_(0.0, std, generator=gen)
+    # device="cpu" explicitly: under `with torch.device("cuda")` (the trainer builds its
+    # model so) a bare torch.empty would land on the GPU and refuse the CPU generator.
+    value = torch.empty(tuple(shape), dtype=torch.float32, device="cpu")
+    return value.normal_(0.0, std, generator=gen)
 
 
 def _is_norm_weight(name: str) -> bool:

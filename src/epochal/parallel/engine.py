@@ -50,7 +50,7 @@ from epochal.parallel.pipeline import (
     stage_layer_counts,
     stage_layer_ranges,
 )
-from epochal.parallel.recompute import apply_recompute
+from epochal.parallel.recompute import recompute_part
 from epochal.parallel.step_model import (
     LogitsObserver,
     StepModel,
@@ -255,13 +255,7 @@ class ParallelEngine:
                 sequence_parallel=pc.sequence_parallel,
                 loss_parallel=self.loss_parallel,
             )
-        unit_keys = apply_recompute(
-            part.layers,
-            pc.recompute_granularity,
-            method=pc.recompute_method,
-            num_layers=pc.recompute_num_layers,
-            segments=part.block_segments() if hasattr(part, "block_segments") else None,
-        )
+        unit_keys = recompute_part(part, pc)
         if self.compile:
             compile_part(part, unit_keys, tensor_parallel=self.dims.tp > 1)
         if self.autocast_dtype is not None and self.dims.pp > 1:

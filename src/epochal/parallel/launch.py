@@ -37,10 +37,12 @@ from typing import TypeVar
 import torch
 import torch.distributed as dist
 
+from epochal.model.config import ConfigError
 from epochal.parallel.config import ParallelConfig
 
 __all__ = [
     "DistributedInfo",
+    "check_gloo_on_cuda",
     "init_distributed",
     "is_logging_rank",
     "needs_relaunch",
@@ -174,7 +176,9 @@ def init_distributed(config: ParallelConfig, device_name: str = "auto") -> Distr
         This process's :class:`DistributedInfo` (rank 0 of 1 without a launcher).
 
     Raises:
-        ValueError: CUDA asked for but absent, or more processes than GPUs on a node.
+        ValueError: CUDA asked for but absent, or more processes than GPUs on a node
+            (except with ``parallel.backend = "gloo"``, where ranks share GPUs).
+        ConfigError: gloo on CUDA with a layout it cannot run (:func:`check_gloo_on_cuda`).
     """
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
@@ -183,13 +187,20 @@ def init_distributed(config: ParallelConfig, device_name: str = "auto") -> Distr
     if use_cuda:
         if not torch.cuda.is_available():
             raise ValueError("training.device is 'cuda' but no CUDA device is available")
-        if local_rank >= torch.cuda.device_count():
+        gpus = torch.cuda.device_count()
+        if config.backend == "gloo" and world > 1:
+            check_gloo_on_cuda(config)
+            index = local_rank % gpus  # ranks share GPUs: a debugging mode (module docstring)
+        elif local_rank >= gpus:
             raise ValueError(
-                f"LOCAL_RANK {local_rank} has no GPU ({torch.cuda.device_count()} visible); "
-                "launch at most one process per GPU"
+                f"LOCAL_RANK {local_rank} has no GPU ({gpus} visible); launch at most one "
+                "process per GPU, or set parallel.backend='gloo' to let data-parallel ranks "
+                "share GPUs for debugging"
             )
-        torch.cuda.set_device(local_rank)
-        device = torch.device("cuda", local_rank)
+        else:
+            index = local_rank
+        torch.cuda.set_device(index)
+        device = torch.device("cuda", index)
     else:
         device = torch.device("cpu")
     if world > 1 and not dist.is_initialized():
@@ -223,3 +234,32 @@ def rank0_first(fn: Callable[[], T]) -> T:
         return result
     dist.barrier()
     return fn()
+
+
+def check_gloo_on_cuda(config: ParallelConfig) -> None:
+    """Refuse the layouts that the gloo backend cannot run on CUDA tensors.
+
+    Gloo implements only broadcast and all-reduce (and barrier) for CUDA tensors
+    (PyTorch's backend table: no all-gather, reduce-scatter or send/recv), so with
+    ``parallel.backend = "gloo"`` and CUDA only plain data parallelism is allowed:
+    replicated parameters (``dp_sharding = "none"``: gradients all-reduced), no tensor
+    or pipeline parallelism, no sharded optimizer. It is a debugging mode (several ranks
+    on one GPU, e.g. to check a data-parallel run on a one-GPU machine), not a fast one.
+    Not run on a GPU when written (issue 25's session had none): should the data-parallel
+    wrapper issue a collective gloo lacks on CUDA, PyTorch's own error names it.
+
+    Raises:
+        ConfigError: names the first option gloo cannot serve on CUDA.
+    """
+    for option, value, allowed in (
+        ("tensor_parallel", config.tensor_parallel, 1),
+        ("pipeline_parallel", config.pipeline_parallel, 1),
+        ("dp_sharding", config.dp_sharding, "none"),
+    ):
+        if value != allowed:
+            raise ConfigError(
+                f"parallel.{option}",
+                f"is {value!r}, but parallel.backend='gloo' on CUDA runs only data parallelism "
+                f"with replicated parameters (tensor_parallel=1, pipeline_parallel=1, "
+                f"dp_sharding='none'); use NCCL (one process per GPU) or training.device='cpu'",
+            )

@@ -23,7 +23,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
+
+from epochal.parallel.token_loss import plain_cross_entropy
 
 __all__ = [
     "gather_vocab_shards",
@@ -86,10 +87,7 @@ def vocab_parallel_cross_entropy(
         float32 losses shaped like ``labels`` (identical on every rank of ``group``).
     """
     if group is None or dist.get_world_size(group) == 1:
-        flat = F.cross_entropy(
-            local_logits.float().flatten(0, -2), labels.flatten(), reduction="none"
-        )
-        return flat.view_as(labels)
+        return plain_cross_entropy(local_logits, labels)
     return _VocabParallelCrossEntropy.apply(local_logits, labels, group)
 
 

@@ -51,7 +51,7 @@ from torch.utils.checkpoint import (
 
 from epochal.model.config import ConfigError
 
-__all__ = ["SAVE_OPS", "apply_recompute", "recompute_plan"]
+__all__ = ["SAVE_OPS", "apply_recompute", "recompute_part", "recompute_plan"]
 
 
 def _ops(*names: str) -> set[Any]:
@@ -203,6 +203,21 @@ def apply_recompute(
             for i in group[1:]:
                 layers[keys[i]] = _GroupMember(layers[keys[i]])
     return [k for i, k in enumerate(keys) if i not in in_multi]
+
+
+def recompute_part(part: nn.Module, config: Any) -> list[str]:
+    """:func:`apply_recompute` on a model part's blocks per a ``ParallelConfig``'s ``recompute_*``.
+
+    A part with ``block_segments()`` (a T5) gets the plan per segment. Returns the
+    keys :func:`apply_recompute` returns.
+    """
+    return apply_recompute(
+        part.layers,
+        config.recompute_granularity,
+        method=config.recompute_method,
+        num_layers=config.recompute_num_layers,
+        segments=part.block_segments() if hasattr(part, "block_segments") else None,
+    )
 
 
 def unwrap_block(module: nn.Module) -> nn.Module:

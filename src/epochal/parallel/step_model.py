@@ -36,7 +36,7 @@ from epochal.parallel.loss import (
     vocab_parallel_prediction_hits,
 )
 
-__all__ = ["LogitsObserver", "StepModel", "observe_logits", "run_train_step"]
+__all__ = ["LogitsObserver", "StepModel", "merge_observers", "observe_logits", "run_train_step"]
 
 #: ``observer(micro_batch, logits) -> {name: number} | None``: an evaluation callback.
 LogitsObserver = Callable[[dict[str, torch.Tensor], torch.Tensor], "Mapping[str, Any] | None"]
@@ -53,6 +53,9 @@ class StepModel:
         training: the mode to report when ``module`` is None.
         on_logits: called with each call's whole logits ``[b, s, V]`` (detached;
             a collective over ``loss_group`` when the logits are sharded).
+        cross_entropy: ``(logits, labels) -> float32 losses`` for unsharded logits
+            (:func:`epochal.parallel.token_loss.token_cross_entropy`); None = the plain
+            upcast cross-entropy. Sharded logits always use the vocabulary-parallel one.
     """
 
     def __init__(
@@ -63,8 +66,10 @@ class StepModel:
         module: torch.nn.Module | None = None,
         training: bool = True,
         on_logits: Callable[[torch.Tensor], None] | None = None,
+        cross_entropy: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
     ) -> None:
         self._forward = forward
+        self.cross_entropy = cross_entropy
         self.loss_group = loss_group
         self.module = module
         self._training = training
@@ -94,6 +99,9 @@ class StepModel:
 
     def per_token_loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """Cross-entropy per token, float32 shaped like ``labels`` (vocabulary-parallel if sharded)."""
+        sharded = self.loss_group is not None and dist.get_world_size(self.loss_group) > 1
+        if self.cross_entropy is not None and not sharded:
+            return self.cross_entropy(logits, labels)
         return vocab_parallel_cross_entropy(logits, labels, self.loss_group)
 
     def prediction_hits(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -187,3 +195,19 @@ def observe_logits(
                 "it must map names (str) to numbers"
             )
         logged[name] = value
+
+
+def merge_observers(fns: list[LogitsObserver]) -> LogitsObserver | None:
+    """One observer calling each of ``fns`` (through :func:`observe_logits`); None for none."""
+    if not fns:
+        return None
+
+    def observe(batch: dict[str, torch.Tensor], logits: torch.Tensor) -> dict[str, Any]:
+        merged: dict[str, Any] = {}
+        for fn in fns:
+            logged: dict[str, Any] = {}
+            observe_logits(fn, batch, [logits], logged)
+            merged.update(logged)
+        return merged
+
+    return observe

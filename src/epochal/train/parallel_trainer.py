@@ -220,6 +220,10 @@ class ParallelTrainer(Trainer):
         dist.all_reduce(flag, op=dist.ReduceOp.MIN)
         return bool(flag.item())
 
+    def num_devices(self) -> int:
+        """Devices sharing the step's tokens: the world size (MFU is per device)."""
+        return self.dist.world_size
+
     def max_over_ranks(self, value: int) -> int:
         """The largest ``value`` over all ranks (one tiny all-reduce; the stop decision)."""
         if not self.dist.distributed:

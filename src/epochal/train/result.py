@@ -24,6 +24,12 @@ class TrainResult:
         losses: the loss of every step run by this call, in order.
         stopped_by: why training stopped before ``training.train_iters`` after saving
             a checkpoint (``"SIGTERM"``, ``"training.exit_interval=5"``, ...), else None.
+        mfu: model FLOPs utilization at ``tokens_per_s`` (a fraction; None without a
+            known peak: :mod:`epochal.train.observe.throughput`).
+        hardware: the device, dtype and attention backend (``"NVIDIA H100 80GB HBM3,
+            bf16, sdpa[auto: ...], peak 989 TFLOP/s"``).
+        utilization: MFU and peak memory in words, for the summary line.
+        profile_files: the profiler trace (and CUDA memory snapshot) written, if any.
     """
 
     run_dir: Path
@@ -37,3 +43,7 @@ class TrainResult:
     last_checkpoint: Path | None = None
     losses: list[float] = field(default_factory=list)
     stopped_by: str | None = None
+    mfu: float | None = None
+    hardware: str = ""
+    utilization: str = ""
+    profile_files: list[Path] = field(default_factory=list)

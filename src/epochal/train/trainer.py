@@ -6,7 +6,7 @@ methods rather than rewriting the loop):
 - :meth:`Trainer.build_model_parts` -> a list of ``nn.Module`` (one model of ``model.type`` here;
   pipeline stages later), then :meth:`Trainer.parallelize` (the seam where tensor /
   sequence / data parallelism, recompute and ``torch.compile`` are applied; here
-  it only compiles blocks if asked);
+  activation recompute and per-block compile);
 - :meth:`Trainer.forward_backward` runs the forward and backward passes of one global
   batch (here: :meth:`Trainer.forward_backward_step` per micro-batch; a pipeline
   schedule under parallelism), then :meth:`Trainer.optimizer_step` clips and steps;
@@ -55,27 +55,27 @@ from torch import nn
 from epochal._atomic import atomic_write
 from epochal.model.build import build_model
 from epochal.model.config import ConfigError, ModelConfig
+from epochal.parallel.engine import compile_part
 from epochal.parallel.logged import reduce_logged
-from epochal.parallel.step_model import LogitsObserver, StepModel, observe_logits, run_train_step
+from epochal.parallel.recompute import recompute_part
+from epochal.parallel.step_model import LogitsObserver, StepModel, merge_observers, run_train_step
+from epochal.parallel.token_loss import token_cross_entropy
 from epochal.train.config import (
     TrainConfig,
     model_config_from_section,
     position_length,
     to_toml,
 )
-from epochal.train.device import resolve_device
+from epochal.train.device import compute_context, resolve_device
 from epochal.train.inputs.epoch_evidence import epoch_recorder
 from epochal.train.inputs.loaders import DataBundle, build_data
 from epochal.train.losses import masked_token_mean_loss
+from epochal.train.observe.profiling import StepProfiler
 from epochal.train.observe.run_metrics import open_run_metrics
+from epochal.train.observe.throughput import ThroughputMeter
 from epochal.train.optim.loss_scaler import build_loss_scaler, unscale_gradients
-from epochal.train.optim.lr_schedule import OptimizerParamScheduler
-from epochal.train.optim.optimizer import (
-    OptimizersContainer,
-    build_adamw,
-    clip_grad_norm,
-    head_lr_mult,
-)
+from epochal.train.optim.lr_schedule import OptimizerParamScheduler, scheduler_from_config
+from epochal.train.optim.optimizer import OptimizersContainer, adamw_from_config, clip_grad_norm
 from epochal.train.result import TrainResult
 from epochal.train.state.checkpoint import Checkpointer
 from epochal.train.state.preemption import Preemption
@@ -208,58 +208,32 @@ class Trainer(CheckpointSeams):
         return [model]
 
     def parallelize(self, model_parts: list[nn.Module]) -> list[nn.Module]:
-        """Apply parallelism / recompute / compile to the parts (here: ``torch.compile`` per block)."""
-        if self.config.training.compile:
-            for part in model_parts:
-                for block in part.layers.values():
-                    block.compile()
+        """Apply recompute (``parallel.recompute_*``), then ``torch.compile`` per block if asked."""
+        pc = self.config.parallel
+        for part in model_parts:
+            unit_keys = recompute_part(part, pc)
+            if self.config.training.compile:
+                compile_part(part, unit_keys, tensor_parallel=False)
         return model_parts
 
     def build_optimizers(self) -> OptimizersContainer:
-        """AdamW per model part with Megatron's parameter groups."""
-        o = self.config.optimizer
-        return OptimizersContainer(
-            self.model_parts,
-            lambda part: build_adamw(
-                [part],
-                lr=o.lr,
-                weight_decay=o.wd_start,
-                betas=(o.adam_beta1, o.adam_beta2),
-                eps=o.adam_eps,
-                head_lr_mult=head_lr_mult(self.config),
-            ),
-        )
+        """AdamW per model part with Megatron's parameter groups (``optimizer.*``)."""
+        return adamw_from_config(self.model_parts, self.config)
 
     def build_scheduler(self) -> OptimizerParamScheduler:
         """Megatron's LR/WD scheduler, counting optimizer steps."""
-        c, o, s = self.config, self.config.optimizer, self.config.scheduler
-        return OptimizerParamScheduler(
-            self.optimizers,  # type: ignore[arg-type]  (has param_groups)
-            init_lr=s.lr_warmup_init,
-            max_lr=o.lr,
-            min_lr=o.min_lr,
-            lr_warmup_steps=c.lr_warmup_iters,
-            lr_decay_steps=c.lr_decay_iters,
-            lr_decay_style=s.lr_decay_style,
-            start_wd=o.wd_start,
-            end_wd=o.wd_end,
-            wd_incr_steps=c.lr_decay_iters,
-            wd_incr_style=s.weight_decay_incr_style,
-            wsd_decay_steps=s.lr_wsd_decay_iters,
-            lr_wsd_decay_style=s.lr_wsd_decay_style,
-        )
+        return scheduler_from_config(self.optimizers, self.config)
 
     def clip_gradients(self) -> torch.Tensor:
         """Clip to ``optimizer.clip_grad`` (global L2 norm); return the norm before clipping."""
         return clip_grad_norm(self.optimizers.parameters(), self.config.optimizer.clip_grad)
 
     def autocast(self) -> contextlib.AbstractContextManager:
-        """bfloat16 / float16 autocast if ``training.bf16`` / ``training.fp16``, else a no-op."""
-        if self.config.training.bf16:
-            return torch.autocast(self.device.type, dtype=torch.bfloat16)
-        if self.config.training.fp16:
-            return torch.autocast(self.device.type, dtype=torch.float16)
-        return contextlib.nullcontext()
+        """bf16 / fp16 autocast (``training.bf16`` / ``fp16``) and ``training.attention_backend``."""
+        t = self.config.training
+        return compute_context(
+            self.device, bf16=t.bf16, fp16=t.fp16, attention_backend=t.attention_backend
+        )
 
     def grad_scale(self) -> float:
         """What the loss is multiplied by before the backward (fp16 loss scaling; else 1)."""
@@ -269,6 +243,16 @@ class Trainer(CheckpointSeams):
         """This rank's parameters whose gradients the optimizer uses."""
         return list(self.optimizers.parameters())
 
+    def throughput_meter(self) -> ThroughputMeter:
+        """Tokens/s, MFU and memory of the train records (:mod:`epochal.train.observe.throughput`)."""
+        return ThroughputMeter.from_config(
+            self.config, self.model_config, self.device, num_devices=self.num_devices()
+        )
+
+    def num_devices(self) -> int:
+        """Devices sharing the step's tokens (MFU is per device): 1 in one process."""
+        return 1
+
     def add_callback(self, fn: StepCallback) -> None:
         """Call ``fn(trainer, step, metrics)`` after every optimizer step (after eval/save)."""
         self.callbacks.append(fn)
@@ -276,8 +260,11 @@ class Trainer(CheckpointSeams):
     # ------------------------------------------------------------ computation
     def step_model(self) -> StepModel:
         """The model as a train step sees it (``labels=`` gives per-token losses)."""
-        part = self.model_parts[0]
-        return StepModel(part, module=part)
+        part, t = self.model_parts[0], self.config.training
+        ce = token_cross_entropy(
+            chunk_tokens=t.loss_chunk_tokens, compiled=t.compile and t.compile_loss
+        )
+        return StepModel(part, module=part, cross_entropy=ce)
 
     def step_batch(self, micro_batch: dict[str, Any]) -> dict[str, torch.Tensor]:
         """A micro-batch on the device as the train step gets it.
@@ -407,19 +394,7 @@ class Trainer(CheckpointSeams):
 
     def eval_observer(self, extra: LogitsObserver | None = None) -> LogitsObserver | None:
         """The evaluation callbacks (and ``extra``) as one observer; None when there are none."""
-        fns = [*self.eval_callbacks, *([extra] if extra is not None else [])]
-        if not fns:
-            return None
-
-        def observe(batch: dict[str, torch.Tensor], logits: torch.Tensor) -> dict[str, Any]:
-            merged: dict[str, Any] = {}
-            for fn in fns:
-                logged: dict[str, Any] = {}
-                observe_logits(fn, batch, [logits], logged)
-                merged.update(logged)
-            return merged
-
-        return observe
+        return merge_observers([*self.eval_callbacks, *([extra] if extra is not None else [])])
 
     @torch.no_grad()
     def evaluate_logits(self) -> list[torch.Tensor] | None:
@@ -533,8 +508,17 @@ class Trainer(CheckpointSeams):
         batches = self.data.train_loader.stream()
         train_time = 0.0
         trained_tokens = 0
+        meter = self.throughput_meter()
+        profiler = StepProfiler(
+            cfg.logging.profile_steps,
+            self.run_dir / "profile",
+            self.device,
+            enabled=metrics.enabled,
+            log=metrics.write_line,
+        )
         try:
             while self.step < total:
+                profiler.before_step(self.step + 1)
                 t0 = time.perf_counter()
                 samples_before = self.data.train_loader.consumed_samples
                 try:
@@ -549,11 +533,12 @@ class Trainer(CheckpointSeams):
                 dt = time.perf_counter() - t0
                 train_time += dt
                 trained_tokens += tokens
+                profiler.after_step(self.step)
                 record = {
                     **out,
                     "consumed_samples": self.data.train_loader.consumed_samples,
                     "tokens": self.tokens_seen,
-                    "tokens_per_s": tokens / dt if dt > 0 else 0.0,
+                    **meter.step_fields(tokens, dt),
                     "step_time_s": dt,
                 }
                 if epochs is not None:
@@ -589,8 +574,12 @@ class Trainer(CheckpointSeams):
                     )
                     break
         finally:
+            profiler.close(self.step)
             metrics.close()
         result.final_step = self.step
         result.tokens_per_s = trained_tokens / train_time if train_time > 0 else 0.0
+        result.mfu = meter.mfu(result.tokens_per_s)
+        result.hardware, result.utilization = meter.describe(), meter.summary(result.tokens_per_s)
+        result.profile_files = profiler.files
         result.wall_time_s = time.perf_counter() - t_start
         return result

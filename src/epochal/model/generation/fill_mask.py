@@ -27,7 +27,7 @@ def fill_mask(
         ValueError: the text holds no mask token.
     """
     ids = [tokenizer.cls, *tokenizer.tokenize(text), tokenizer.sep]
-    tokens = torch.tensor([ids])
+    tokens = torch.tensor([ids], device=next(model.parameters()).device)
     positions = [i for i, t in enumerate(ids) if t == tokenizer.mask]
     if not positions:
         raise ValueError(

@@ -142,10 +142,10 @@ class Attention(nn.Module):
         """(Re)compute the non-persistent ALiBi slopes on the parameters' device."""
         if not self.use_alibi:
             return
-        slopes = alibi_slopes(self.num_heads)
+        slopes = alibi_slopes(self.num_heads, device=self.wq.weight.device)
         if self.alibi_heads is not None:
             slopes = slopes[self.alibi_heads]
-        self.alibi_slopes = slopes.to(device=self.wq.weight.device)
+        self.alibi_slopes = slopes
 
     def forward(
         self,

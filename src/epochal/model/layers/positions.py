@@ -194,8 +194,8 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return torch.cat([x_rot * cos + rotate_half(x_rot) * sin, x_pass], dim=-1)
 
 
-def alibi_slopes(num_heads: int) -> torch.Tensor:
-    """ALiBi slopes for ``num_heads`` heads, float32 ``[num_heads]``."""
+def alibi_slopes(num_heads: int, device: torch.device | str | None = None) -> torch.Tensor:
+    """ALiBi slopes for ``num_heads`` heads, float32 ``[num_heads]`` on ``device`` (None = default)."""
 
     def power_of_two(n: int) -> list[float]:
         start = 2.0 ** (-(2.0 ** -(math.log2(n) - 3)))
@@ -208,7 +208,7 @@ def alibi_slopes(num_heads: int) -> torch.Tensor:
     else:
         closest = 2 ** math.floor(math.log2(num_heads))
         slopes = power_of_two(closest) + power_of_two(2 * closest)[0::2][: num_heads - closest]
-    return torch.tensor(slopes, dtype=torch.float32)
+    return torch.tensor(slopes, dtype=torch.float32, device=device)
 
 
 def alibi_bias(

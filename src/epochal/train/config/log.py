@@ -27,6 +27,14 @@ class LoggingConfig:
         wandb_dir: where W&B writes its files (default: the run directory).
         wandb_mode: ``"online"``, ``"offline"``, ``"disabled"`` or ``""`` (automatic:
             ``$WANDB_MODE``, else online with credentials, offline without).
+        peak_tflops: the device's peak TFLOP/s that MFU is measured against (> 0);
+            None = the detected GPU's dense bf16 peak
+            (:data:`epochal.train.observe.throughput.PEAK_BF16_TFLOPS`), and no MFU
+            on the CPU or an unknown GPU.
+        profile_steps: ``[start, end]`` (1-based optimizer steps, inclusive): write a
+            ``torch.profiler`` Chrome trace of those steps (and a CUDA memory snapshot
+            on a GPU) to ``<run_dir>/profile/``; None = no profiling
+            (:mod:`epochal.train.observe.profiling`).
     """
 
     log_interval: int = 10
@@ -37,8 +45,27 @@ class LoggingConfig:
     wandb_name: str = ""
     wandb_dir: str = ""
     wandb_mode: str = ""
+    peak_tflops: float | None = None
+    profile_steps: list[int] | None = None
 
     def __post_init__(self) -> None:
+        _require(
+            self.peak_tflops is None or self.peak_tflops > 0,
+            "peak_tflops",
+            f"must be > 0 (or unset: the detected GPU's), got {self.peak_tflops}",
+        )
+        p = self.profile_steps
+        _require(
+            p is None
+            or (
+                isinstance(p, list)
+                and len(p) == 2
+                and all(isinstance(x, int) and not isinstance(x, bool) for x in p)
+                and 1 <= p[0] <= p[1]
+            ),
+            "profile_steps",
+            f"must be [start, end] with 1 <= start <= end (or unset), got {p!r}",
+        )
         _require(self.log_interval >= 1, "log_interval", f"must be >= 1, got {self.log_interval}")
         _require(
             self.wandb_mode in ("", "online", "offline", "disabled"),

@@ -1,4 +1,4 @@
-"""Named configurations: ``tiny`` (the CPU demo), ``bert-tiny``, ``t5-tiny`` and ``gpt2-small``.
+"""Named configurations: ``tiny`` (the CPU demo), ``bert-tiny``, ``t5-tiny``, ``gpt2-small``, ``gpu-1b``.
 
 A preset is a nested dict in the TOML layout of
 :class:`~epochal.train.config.TrainConfig`; a config file and overrides are
@@ -25,6 +25,13 @@ merged over it. ``epochal train --preset NAME --print-config`` shows the result.
 - ``gpt2-small``: GPT-2 124M (learned positions, LayerNorm, tanh-GELU, tied
   embeddings, dropout 0.1), 1024 tokens, GPT-2's BPE, global batch 512,
   nanoGPT/Megatron-like schedule. Needs ``data.data_path``.
+- ``gpu-1b``: a first job for one GPU (H100-class, 80 GB): a Llama-style 1.34B model
+  (hidden 2048, 24 layers, 16 heads, SwiGLU 5632, RMSNorm, RoPE, untied head,
+  vocabulary 50304 = GPT-2's padded), 2048 tokens, micro-batch 4 x 8 = 32 sequences
+  per step, bfloat16 autocast, compiled blocks with the loss compiled, fused AdamW;
+  on Megatron's mock corpus unless ``data.data_path`` (GPT-2 BPE ``.bin``/``.idx``,
+  with ``data.vocab_file`` / ``data.merge_file``) is given. Issue 25's recipe; its
+  throughput is ``benchmarks/bench_gpu.py``'s ``epochal train`` row.
 """
 
 from __future__ import annotations
@@ -156,6 +163,49 @@ PRESETS: dict[str, dict[str, Any]] = {
         "optimizer": {"lr": 1e-3, "min_lr": 1e-4, "weight_decay": 0.01, "clip_grad": 1.0},
         "scheduler": {"lr_decay_style": "linear", "lr_warmup_fraction": 0.1},
         "checkpoint": {"save_interval": 100, "keep_last": 2},
+        "logging": {"log_interval": 10},
+    },
+    "gpu-1b": {
+        "run_dir": "runs/gpu-1b",
+        "model": {
+            "vocab_size": 50304,
+            "hidden_size": 2048,
+            "num_layers": 24,
+            "num_attention_heads": 16,
+            "num_query_groups": 16,
+            "ffn_hidden_size": 5632,
+            "position_embedding_type": "rope",
+            "normalization": "RMSNorm",
+            "norm_epsilon": 1e-5,
+            "activation": "swiglu",
+            "add_bias_linear": False,
+            "untie_embeddings_and_output_weights": True,
+            "hidden_dropout": 0.0,
+            "attention_dropout": 0.0,
+            "make_vocab_size_divisible_by": 128,
+        },
+        "data": {"mock": True, "tokenizer_type": "GPT2BPETokenizer", "seq_length": 2048},
+        "training": {
+            "device": "cuda",
+            "micro_batch_size": 4,
+            "global_batch_size": 32,
+            "train_iters": 2000,
+            "eval_interval": 500,
+            "eval_iters": 4,
+            "bf16": True,
+            "compile": True,
+            "compile_loss": True,
+            "fused_adamw": True,
+        },
+        "optimizer": {
+            "lr": 3e-4,
+            "min_lr": 3e-5,
+            "weight_decay": 0.1,
+            "adam_beta2": 0.95,
+            "clip_grad": 1.0,
+        },
+        "scheduler": {"lr_decay_style": "cosine", "lr_warmup_fraction": 0.05},
+        "checkpoint": {"save_interval": 500, "keep_last": 2},
         "logging": {"log_interval": 10},
     },
     "gpt2-small": {

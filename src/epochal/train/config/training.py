@@ -46,6 +46,21 @@ class TrainingConfig:
             (``--loss-scale-window``).
         hysteresis: overflowing steps before the scale halves (``--hysteresis``).
         compile: ``torch.compile`` each transformer block.
+        compile_loss: with ``compile``, also compile the per-token cross-entropy, so the
+            float32 upcast of the ``[b, s, vocab]`` logits is fused into the loss kernel
+            instead of materialized (not under vocabulary-parallel loss).
+        loss_chunk_tokens: > 0: compute the cross-entropy over chunks of this many tokens,
+            each recomputed in the backward, so float32 logits exist for one chunk at a
+            time (equal losses; not under vocabulary-parallel loss); 0 = in one piece.
+        fused_adamw: ``torch.optim.AdamW(fused=True)`` (one kernel per parameter group
+            on CUDA; also on the CPU). Same update up to float rounding.
+        attention_backend: the scaled-dot-product attention kernels allowed:
+            ``auto`` (PyTorch's choice), ``flash``, ``efficient``, ``cudnn`` or ``math``
+            (``torch.nn.attention.sdpa_kernel``); a kernel that cannot run the inputs
+            is an error from PyTorch.
+            ``compile_loss``, ``loss_chunk_tokens`` and ``attention_backend`` act in the
+            single-process trainer; a parallel layout (``epochal.parallel``'s engine) uses
+            the plain loss and PyTorch's kernel choice. ``fused_adamw`` acts in both.
         exit_signal_handler: on SIGTERM or SIGINT, finish the current step, save a
             checkpoint and exit 0 (every rank after the same step); Megatron's
             ``--exit-signal-handler``, on by default here.
@@ -80,6 +95,10 @@ class TrainingConfig:
     loss_scale_window: int = 1000
     hysteresis: int = 2
     compile: bool = False
+    compile_loss: bool = False
+    loss_chunk_tokens: int = 0
+    fused_adamw: bool = False
+    attention_backend: Literal["auto", "flash", "efficient", "cudnn", "math"] = "auto"
     exit_signal_handler: bool = True
     exit_duration_mins: float | None = None
     exit_interval: int | None = None
@@ -110,6 +129,16 @@ class TrainingConfig:
             self.loss_scale_window >= 1,
             "loss_scale_window",
             f"must be >= 1, got {self.loss_scale_window}",
+        )
+        _require(
+            self.loss_chunk_tokens >= 0,
+            "loss_chunk_tokens",
+            f"must be >= 0 (0 = one piece), got {self.loss_chunk_tokens}",
+        )
+        _require(
+            self.attention_backend in ("auto", "flash", "efficient", "cudnn", "math"),
+            "attention_backend",
+            f"must be auto, flash, efficient, cudnn or math, got {self.attention_backend!r}",
         )
         _require(self.hysteresis >= 1, "hysteresis", f"must be >= 1, got {self.hysteresis}")
         _require(

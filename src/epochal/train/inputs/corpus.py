@@ -5,9 +5,11 @@ Two corpora:
 - ``"stdlib"``: Python's standard-library sources, present on every machine with
   Python. Files ``*.py`` under ``sysconfig.get_paths()["stdlib"]``, in sorted
   relative-path order, skipping the ``test``/``tests``/``idlelib``/``lib2to3``
-  packages, ``site-packages`` and ``__pycache__``, taken until ``corpus_max_bytes``
-  bytes are collected; one file = one document. (Its content depends on the
-  Python version, which is part of the cache key.)
+  packages, ``site-packages``, ``__pycache__`` and the build-specific
+  ``_sysconfigdata*`` modules (they differ between machines of one Python version),
+  taken until ``corpus_max_bytes`` bytes are collected; one file = one document.
+  (Its content depends on the Python version, which is part of the cache key: tests
+  that need a fixed corpus pass a JSONL file.)
 - a JSONL file: one document per line, the text under ``data.json_keys[0]``.
 
 With ``data.split_sentences`` every document becomes its list of sentences (one
@@ -99,7 +101,9 @@ def stdlib_files(max_bytes: int) -> list[Path]:
         dirs[:] = sorted(d for d in dirs if d not in _SKIP_PARTS and not d.startswith("."))
         for name in sorted(files):
             path = Path(folder) / name
-            if not name.endswith(".py") or not path.is_file():
+            if not name.endswith(".py") or name.startswith("_sysconfigdata"):
+                continue
+            if not path.is_file():
                 continue
             chosen.append(path)
             total += path.stat().st_size

@@ -29,7 +29,13 @@ from typing import Any
 
 import torch
 
-__all__ = ["LR_DECAY_STYLES", "WSD_DECAY_STYLES", "WD_INCR_STYLES", "OptimizerParamScheduler"]
+__all__ = [
+    "LR_DECAY_STYLES",
+    "WD_INCR_STYLES",
+    "WSD_DECAY_STYLES",
+    "OptimizerParamScheduler",
+    "scheduler_from_config",
+]
 
 LR_DECAY_STYLES = ("constant", "linear", "cosine", "inverse-square-root", "WSD")
 WSD_DECAY_STYLES = ("linear", "cosine", "exponential", "minus_sqrt")
@@ -218,3 +224,28 @@ class OptimizerParamScheduler:
         """
         self.num_steps = 0
         self.step(int(state_dict["num_steps"]))
+
+
+def scheduler_from_config(optimizer: Any, config: Any) -> OptimizerParamScheduler:
+    """The scheduler of a training configuration (``optimizer.*``, ``scheduler.*``, ``lr_*_iters``).
+
+    Args:
+        optimizer: anything with ``param_groups`` (an ``OptimizersContainer``).
+        config: a resolved ``TrainConfig``.
+    """
+    c, o, s = config, config.optimizer, config.scheduler
+    return OptimizerParamScheduler(
+        optimizer,
+        init_lr=s.lr_warmup_init,
+        max_lr=o.lr,
+        min_lr=o.min_lr,
+        lr_warmup_steps=c.lr_warmup_iters,
+        lr_decay_steps=c.lr_decay_iters,
+        lr_decay_style=s.lr_decay_style,
+        start_wd=o.wd_start,
+        end_wd=o.wd_end,
+        wd_incr_steps=c.lr_decay_iters,
+        wd_incr_style=s.weight_decay_incr_style,
+        wsd_decay_steps=s.lr_wsd_decay_iters,
+        lr_wsd_decay_style=s.lr_wsd_decay_style,
+    )

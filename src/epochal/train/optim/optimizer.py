@@ -23,6 +23,7 @@ from torch.distributed.checkpoint.state_dict import (
 
 __all__ = [
     "OptimizersContainer",
+    "adamw_from_config",
     "build_adamw",
     "clip_grad_norm",
     "no_weight_decay",
@@ -98,17 +99,22 @@ def build_adamw(
     weight_decay: float,
     betas: tuple[float, float] = (0.9, 0.999),
     eps: float = 1e-8,
+    fused: bool = False,
     head_lr_mult: float | None = None,
 ) -> torch.optim.AdamW:
     """``torch.optim.AdamW`` over Megatron's parameter groups (see :func:`param_groups`).
 
     The initial ``lr``/``weight_decay`` are overwritten by the scheduler at
-    every step; they matter only if no scheduler is used.
+    every step; they matter only if no scheduler is used. ``fused`` selects
+    PyTorch's fused kernel (``training.fused_adamw``; None-like False = its default).
     """
     groups = param_groups(model_parts, head_lr_mult)
     for g in groups:
         g["weight_decay"] = weight_decay * g["wd_mult"]
-    return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+    extra = {"fused": True} if fused else {}
+    return torch.optim.AdamW(
+        groups, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, **extra
+    )
 
 
 def clip_grad_norm(parameters: Iterable[torch.Tensor], max_norm: float) -> torch.Tensor:
@@ -181,3 +187,25 @@ class OptimizersContainer:
         """Load a (merged, flattened) state dict into every optimizer."""
         for part, opt in zip(self.model_parts, self.optimizers):
             set_optimizer_state_dict(part, opt, optim_state_dict=state_dict, options=self._OPTIONS)
+
+
+def adamw_from_config(model_parts: Sequence[nn.Module], config: Any) -> OptimizersContainer:
+    """One AdamW per model part (:func:`build_adamw`) from a ``TrainConfig``.
+
+    Uses ``optimizer.lr``, ``wd_start``, ``adam_beta1/2``, ``adam_eps``,
+    ``training.fused_adamw`` and, for a fine-tuning head, ``finetune.head_lr``
+    (:func:`head_lr_mult`).
+    """
+    o = config.optimizer
+    return OptimizersContainer(
+        model_parts,
+        lambda part: build_adamw(
+            [part],
+            lr=o.lr,
+            weight_decay=o.wd_start,
+            betas=(o.adam_beta1, o.adam_beta2),
+            eps=o.adam_eps,
+            fused=config.training.fused_adamw,
+            head_lr_mult=head_lr_mult(config),
+        ),
+    )

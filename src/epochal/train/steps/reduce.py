@@ -75,7 +75,9 @@ def gather_across_data_parallel_groups(tensor: torch.Tensor) -> torch.Tensor:
     if group is None or dist.get_world_size(group) == 1:
         return tensor
     world = dist.get_world_size(group)
-    shape = torch.tensor(list(tensor.shape), dtype=torch.int64)
+    shape = torch.tensor(
+        list(tensor.shape), dtype=torch.int64, device=tensor.device
+    )  # NCCL: on the GPU
     shapes = [torch.empty_like(shape) for _ in range(world)]
     dist.all_gather(shapes, shape, group=group)
     if any(s.numel() != shape.numel() or not torch.equal(s[1:], shape[1:]) for s in shapes):
