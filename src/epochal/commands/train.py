@@ -107,6 +107,14 @@ def run(args: argparse.Namespace) -> int:
         if not under_launcher() or os.environ.get("RANK") == "0":  # once, not once per rank
             print(f"epochal train: error: {exc}", file=sys.stderr)
         return 2
+    from epochal.train.state.run_lock import RunDirLocked, check_run_dir_free
+
+    try:  # another job training in this run directory: say so before preparing anything
+        if not under_launcher() or os.environ.get("RANK") == "0":
+            check_run_dir_free(config.run_dir)
+    except RunDirLocked as exc:
+        print(f"epochal train: error: {exc}", file=sys.stderr)
+        return 1
     if relaunching:  # several processes asked for, no torchrun: start it
         return relaunch(config.parallel, ["train", *getattr(args, "_argv", [])])
     try:
