@@ -130,6 +130,15 @@ def run(args: argparse.Namespace) -> int:
     except (CheckpointError, OSError, ValueError) as exc:
         print(f"epochal train: error: {exc}", file=sys.stderr)
         return 1
+    except RuntimeError as exc:
+        from epochal.parallel.watchdog import describe_collective_timeout
+
+        message = describe_collective_timeout(exc, timeout_minutes=config.parallel.timeout_minutes)
+        if message is None:
+            raise
+        print(f"epochal train: error: {message}", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(1)  # a timed-out process group can abort in its destructor: leave now
 
 
 def _preflight(config, relaunching: bool) -> None:
