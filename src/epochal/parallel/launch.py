@@ -45,7 +45,9 @@ from epochal.parallel.watchdog import LAUNCHER_PID_ENV, launcher_preexec, watch_
 __all__ = [
     "DistributedInfo",
     "check_gloo_on_cuda",
+    "check_launchable",
     "init_distributed",
+    "local_process_limit",
     "is_logging_rank",
     "needs_relaunch",
     "rank0_first",
@@ -69,6 +71,39 @@ def under_launcher() -> bool:
 def needs_relaunch(config: ParallelConfig) -> bool:
     """True if the configuration asks for several processes and no launcher started us."""
     return not under_launcher() and not os.environ.get(_GUARD) and config.launch_world_size() > 1
+
+
+def local_process_limit(device_name: str = "auto") -> tuple[int, str]:
+    """How many training processes this machine can run: ``(limit, what it counts)``.
+
+    One per CUDA device with ``training.device`` ``cuda`` (or ``auto`` where CUDA
+    exists), else one per CPU core this process may use.
+    """
+    if device_name == "cuda" or (device_name == "auto" and torch.cuda.is_available()):
+        return torch.cuda.device_count(), "CUDA devices"
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    return max(1, cores), "CPU cores"
+
+
+def check_launchable(processes: int, device_name: str = "auto", *, option: str) -> None:
+    """Refuse more processes on this machine than :func:`local_process_limit` allows.
+
+    Raises:
+        ConfigError: naming ``option``, the number asked for and the machine's limit.
+    """
+    from epochal.model.config import ConfigError
+
+    limit, what = local_process_limit(device_name)
+    if processes > limit:
+        shown = str(processes) if processes < 10**12 else f"about 10^{len(str(processes)) - 1}"
+        raise ConfigError(
+            option,
+            f"asks for {shown} processes on this machine, but it has {limit} {what} "
+            f"(training.device={device_name!r}); use fewer, or several nodes under torchrun",
+        )
 
 
 def relaunch(config: ParallelConfig, argv: Sequence[str], *, module: str = "epochal.cli") -> int:

@@ -97,6 +97,14 @@ def answers_world_size(answers: dict[str, Any]) -> int:
     )
 
 
+def _size_option(answers: dict[str, Any]) -> str:
+    """The parallel size answered last (the one a process count beyond the machine blames)."""
+    for key in ("data_parallel", "pipeline_parallel", "tensor_parallel"):
+        if key in answers:
+            return f"parallel.{key}"
+    return "nodes"
+
+
 def config_from_answers(answers: dict[str, Any]) -> TrainConfig:
     """Resolve the configuration of the answers so far and check it; returns the ``TrainConfig``.
 
@@ -106,9 +114,12 @@ def config_from_answers(answers: dict[str, Any]) -> TrainConfig:
 
     Raises:
         AnswerError: the processes cannot be split evenly over the nodes.
-        ConfigError: an option the trainer refuses (naming it).
+        ConfigError: an option the trainer refuses (naming it), or more processes per
+            node than this machine can run
+            (:func:`~epochal.parallel.launch.check_launchable`: CUDA devices or CPU cores).
         OSError: the data files cannot be read.
     """
+    from epochal.parallel.launch import check_launchable
     from epochal.train.config import build_config
     from epochal.train.inputs.gpt import check_data_files
     from epochal.train.parallel_trainer import check_layout
@@ -127,6 +138,9 @@ def config_from_answers(answers: dict[str, Any]) -> TrainConfig:
         check_layout(config, world)
     else:  # the data-parallel size is not known yet: check the model-parallel part
         check_layout(config, config.parallel.model_parallel_size)
+    per_node = -(-world // answers.get("nodes", 1))
+    if per_node > 1:  # what one machine of the job runs (assumed like this one)
+        check_launchable(per_node, option=_size_option(answers))
     if "data" in answers:
         config.check_data()
         if config.data.has_paths:
