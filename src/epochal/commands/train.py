@@ -144,9 +144,11 @@ def run(args: argparse.Namespace) -> int:
 def _preflight(config, relaunching: bool) -> None:
     """Check the data files and the parallel layout; raise ConfigError naming the option."""
     from epochal.parallel.launch import under_launcher
+    from epochal.train.config.limits import check_sizes
     from epochal.train.inputs.gpt import check_data_files
     from epochal.train.parallel_trainer import check_layout, wants_parallel
 
+    check_sizes(config)
     if not (config.data.corpus or config.data.mock):
         check_data_files(config.data)
     if relaunching:
