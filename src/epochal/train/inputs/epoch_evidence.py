@@ -14,7 +14,9 @@ all epochs together, so an epoch is a count of samples). The trainer then
   data-parallel ranks together), a digest of that order (``order``), a digest of their
   masked positions (``masks``), and for each of those samples every earlier sample
   drawn from the same sentences, with how many of them had the same masked positions
-  (``repeats`` / ``same_masks``).
+  (``repeats`` / ``same_masks``; for T5 the same spans, i.e. the same encoder input) and
+  how many chance predicts (``chance_same_masks``: the sum over those earlier samples
+  of ``1 / C(n, k)``, ``k`` of ``n`` maskable tokens masked).
 
 Everything is a pure function of the dataset and the epoch number, so a resumed run
 writes the same records; :func:`epoch_summary` reads them back from
@@ -26,11 +28,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from typing import Any
 
 import numpy as np
 
-__all__ = ["EpochRecorder", "epoch_recorder", "epoch_summary"]
+__all__ = ["EpochRecorder", "above_chance", "epoch_recorder", "epoch_summary"]
 
 
 def _digest(value: Any) -> str:
@@ -40,7 +43,40 @@ def _digest(value: Any) -> str:
 
 
 def _masked_positions(sample: dict[str, Any]) -> list[int]:
+    """What the masking chose: BERT's masked positions; T5's encoder input (the spans' sentinels)."""
+    if "text_enc" in sample:  # T5: loss_mask covers the decoder, not the masked positions
+        keep = np.asarray(sample["enc_mask"]).astype(bool)
+        return np.asarray(sample["text_enc"])[keep].tolist()
     return np.flatnonzero(np.asarray(sample["loss_mask"])).tolist()
+
+
+def _chance_same(sample: dict[str, Any], sentinels: frozenset[int]) -> float:
+    """Probability that an independent draw masks the same positions: ``1 / C(n, k)``.
+
+    ``n`` is the sample's maskable tokens and ``k`` its masked tokens; the choice is
+    taken as uniform over ``k``-subsets (an approximation: n-gram and span masking
+    make some subsets likelier, so the true chance is somewhat higher).
+    """
+    if "text_enc" in sample:  # T5: decoder = [BOS] + per span (sentinel + its tokens)
+        enc = _masked_positions(sample)
+        spans = sum(1 for t in enc if t in sentinels)
+        k = int(np.asarray(sample["loss_mask"]).sum()) - 1 - spans
+        n = len(enc) - spans + k
+    else:  # BERT: [CLS] a [SEP] (b [SEP])
+        segments = 2 if np.any(np.asarray(sample.get("types", [0])) == 1) else 1
+        n = int(np.asarray(sample["padding_mask"]).sum()) - 1 - segments
+        k = int(np.asarray(sample["loss_mask"]).sum())
+    if n <= 0 or not 0 <= k <= n:
+        return 1.0
+    return 1.0 / math.comb(n, k)
+
+
+def above_chance(matched: int, expected: float) -> bool:
+    """Whether ``matched`` coincidences are clearly more than the ``expected`` by chance.
+
+    A Poisson-style bound: more than ``expected + 3 * sqrt(expected) + 1``.
+    """
+    return matched > expected + 3 * math.sqrt(expected) + 1
 
 
 class EpochRecorder:
@@ -78,10 +114,14 @@ class EpochRecorder:
         spans = [list(self.dataset.sample_span(i)) for i in ids]
         masks = [_masked_positions(self.dataset[i]) for i in ids]
         repeats = same = 0
+        chance = 0.0
+        sentinels = frozenset(int(t) for t in getattr(self.dataset, "sentinels", ()))
         for i, mine in zip(ids, masks, strict=True):
             for j in self.dataset.earlier_occurrences(i, first).tolist():
+                earlier = self.dataset[j]
                 repeats += 1
-                same += _masked_positions(self.dataset[j]) == mine
+                same += _masked_positions(earlier) == mine
+                chance += _chance_same(earlier, sentinels)
         return {
             "kind": "epoch",
             "epoch": epoch,
@@ -93,6 +133,7 @@ class EpochRecorder:
             "masks": _digest(masks),
             "repeats": repeats,
             "same_masks": same,
+            "chance_same_masks": round(chance, 4),
         }
 
 
@@ -109,8 +150,11 @@ def epoch_summary(records: list[dict[str, Any]]) -> str | None:
 
     Epochs trained come from the last train record's ``epoch``. The order differed
     in epoch ``k`` when its first micro-batch's spans differ from those of every
-    earlier epoch start; the masks differed when the masked positions differ from
-    the previous epoch start's and from every earlier sample of the same sentences.
+    earlier epoch start. Masks are reported as repeated when an epoch start's masks
+    equal the previous one's, or when the repeated sentence runs drew the same masks
+    clearly more often than chance predicts (:func:`above_chance`); short samples
+    (a few maskable tokens) match by chance, and the line then says how often
+    against how often chance would.
     """
     starts: dict[int, dict[str, Any]] = {}
     last_train = None
@@ -128,27 +172,46 @@ def epoch_summary(records: list[dict[str, Any]]) -> str | None:
     checked = ordered[1:]
     if not checked:
         return f"{head}; no epoch boundary crossed, nothing to compare"
-    same_order, same_masks = [], []
+    same_order, identical, matched_in = [], [], []
     seen_orders = {ordered[0]["order"]}
     prev_masks = ordered[0]["masks"]
-    repeats = 0
+    repeats = matched = 0
+    expected = 0.0
     for r in checked:
         if r["order"] in seen_orders:
             same_order.append(r["epoch"] + 1)
-        if r["masks"] == prev_masks or r["same_masks"]:
-            same_masks.append(r["epoch"] + 1)
+        if r["masks"] == prev_masks:
+            identical.append(r["epoch"] + 1)
+        if r["same_masks"]:
+            matched_in.append(r["epoch"] + 1)
         seen_orders.add(r["order"])
         prev_masks = r["masks"]
         repeats += r["repeats"]
+        matched += r["same_masks"]
+        expected += r.get("chance_same_masks", 0.0)  # older records: no estimate
     where = (
         f"checked at {len(checked)} epoch start{'s' if len(checked) != 1 else ''}, "
         f"{repeats} repeated sentence run{'s' if repeats != 1 else ''} compared"
     )
-    if not same_order and not same_masks:
-        return f"{head}; sample order and masks differed in every epoch ({where})"
+    estimated = all("chance_same_masks" in r for r in checked)  # older records: none
+    suspicious = above_chance(matched, expected) if estimated else matched > 0
+    flagged = sorted(set(identical) | (set(matched_in) if suspicious else set()))
+    if not same_order and not flagged:
+        if not matched:
+            return f"{head}; sample order and masks differed in every epoch ({where})"
+        return (
+            f"{head}; sample order differed in every epoch; masks matched in {matched} of "
+            f"{repeats} repeated sentence runs, as chance predicts for samples this short "
+            f"(about {expected:.1f} expected) ({where})"
+        )
     parts = []
     if same_order:
         parts.append(f"sample order repeated in epoch(s) {same_order}")
-    if same_masks:
-        parts.append(f"masks repeated in epoch(s) {same_masks}")
+    if flagged:
+        parts.append(
+            f"masks repeated in epoch(s) {flagged}: {matched} of {repeats} repeated sentence "
+            f"runs drew the same masks, "
+            + (f"about {expected:.1f} expected by chance" if estimated else "no chance estimate")
+            + (f"; identical to the previous epoch's in {identical}" if identical else "")
+        )
     return f"{head}; {'; '.join(parts)} ({where})"
