@@ -21,6 +21,7 @@ __all__ = [
     "AnswerError",
     "answers_overrides",
     "answers_world_size",
+    "check_answers_launchable",
     "config_from_answers",
     "launch_commands",
     "preset_value",
@@ -105,6 +106,23 @@ def _size_option(answers: dict[str, Any]) -> str:
     return "nodes"
 
 
+def check_answers_launchable(answers: dict[str, Any], device_name: str = "auto") -> None:
+    """Refuse more processes per node than this machine can run (the wizard's bound).
+
+    Each node of the answered layout runs ``world / nodes`` processes; the nodes are
+    assumed to be like this machine (:func:`~epochal.parallel.launch.check_launchable`:
+    its CUDA devices, else its CPU cores).
+
+    Raises:
+        ConfigError: naming the parallel size answered last and both numbers.
+    """
+    from epochal.parallel.launch import check_launchable
+
+    per_node = -(-answers_world_size(answers) // answers.get("nodes", 1))
+    if per_node > 1:
+        check_launchable(per_node, device_name, option=_size_option(answers))
+
+
 def config_from_answers(answers: dict[str, Any]) -> TrainConfig:
     """Resolve the configuration of the answers so far and check it; returns the ``TrainConfig``.
 
@@ -114,12 +132,9 @@ def config_from_answers(answers: dict[str, Any]) -> TrainConfig:
 
     Raises:
         AnswerError: the processes cannot be split evenly over the nodes.
-        ConfigError: an option the trainer refuses (naming it), or more processes per
-            node than this machine can run
-            (:func:`~epochal.parallel.launch.check_launchable`: CUDA devices or CPU cores).
+        ConfigError: an option the trainer refuses (naming it).
         OSError: the data files cannot be read.
     """
-    from epochal.parallel.launch import check_launchable
     from epochal.train.config import build_config
     from epochal.train.inputs.gpt import check_data_files
     from epochal.train.parallel_trainer import check_layout
@@ -138,9 +153,6 @@ def config_from_answers(answers: dict[str, Any]) -> TrainConfig:
         check_layout(config, world)
     else:  # the data-parallel size is not known yet: check the model-parallel part
         check_layout(config, config.parallel.model_parallel_size)
-    per_node = -(-world // answers.get("nodes", 1))
-    if per_node > 1:  # what one machine of the job runs (assumed like this one)
-        check_launchable(per_node, option=_size_option(answers))
     if "data" in answers:
         config.check_data()
         if config.data.has_paths:
