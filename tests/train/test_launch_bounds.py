@@ -9,34 +9,10 @@ import pytest
 from epochal.cli import main as cli_main
 from epochal.model.config import ConfigError
 from epochal.parallel.launch import check_launchable, local_process_limit
+from tests.train.test_cli_config_errors import no_launch as _no_launch  # noqa: F401 - a fixture
+from tests.train.test_run_dir import TINY
 
 HUGE = 10**100 - 1
-
-
-@pytest.fixture
-def launches(monkeypatch):
-    """Record (instead of run) any torchrun launch; no launcher environment."""
-    import epochal.parallel.launch as launch
-
-    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "EPOCHAL_RELAUNCHED"):
-        monkeypatch.delenv(name, raising=False)
-    calls = []
-    monkeypatch.setattr(launch, "relaunch", lambda config, argv, **kw: calls.append(argv) or 1)
-    return calls
-
-
-TINY = [
-    "--data.corpus=",
-    "--data.mock=true",
-    "--data.seq_length=16",
-    "--model.hidden_size=32",
-    "--model.num_layers=2",
-    "--model.num_attention_heads=4",
-    "--model.vocab_size=128",
-    "--training.micro_batch_size=1",
-    "--training.train_iters=2",
-    "--logging.progress=false",
-]
 
 
 def test_the_limit_is_the_cpu_cores_on_cpu():
@@ -82,11 +58,12 @@ def test_wizard_reasks_a_data_parallel_size_the_machine_cannot_launch():
 def test_epochal_train_refuses_to_launch_absurd_world_sizes(
     tmp_path,
     capsys,
-    launches,
+    request,
     override,
     option,
 ):
+    launched = request.getfixturevalue("_no_launch")
     rc = cli_main(["train", f"--run_dir={tmp_path}", *TINY, "--training.device=cpu", override])
     err = capsys.readouterr().err
-    assert rc == 2 and launches == [], err
+    assert rc == 2 and launched == [], err
     assert option in err and "CPU cores" in err

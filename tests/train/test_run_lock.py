@@ -21,24 +21,7 @@ from epochal.train.state.run_lock import (
     temporary_token,
 )
 from tests.dist_utils import kill_tree, start_process
-
-TINY = [
-    "--data.corpus=",
-    "--data.mock=true",
-    "--data.seq_length=16",
-    "--model.hidden_size=32",
-    "--model.num_layers=2",
-    "--model.num_attention_heads=4",
-    "--model.ffn_hidden_size=64",
-    "--model.vocab_size=128",
-    "--training.micro_batch_size=2",
-    "--training.global_batch_size=4",
-    "--training.train_iters=2",
-    "--training.eval_iters=0",
-    "--scheduler.lr_warmup_iters=0",
-    "--logging.progress=false",
-    "--logging.tensorboard=false",
-]
+from tests.train.test_run_dir import TINY
 
 HOLD = (
     "import sys, time\n"
