@@ -12,34 +12,24 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from tests.dist_utils import kill_tree, start_process, tree_pids
-from tests.parallel.test_parallel_preemption import ENV, TINY, _losses, _rank_pid
+from tests.parallel.test_parallel_preemption import ENV, _losses, _rank_pid, _self_launched
 
 pytestmark = pytest.mark.distributed
 
-LONG = [a for a in TINY if not a.startswith("--training.train_iters")] + [
-    "--training.train_iters=100000"
-]
-
 
 def _launch(run_dir: Path, *extra: str, env: dict[str, str] | None = None):
+    """``epochal train`` relaunching itself on 2 data-parallel ranks, for far more steps than run."""
     cmd = [
-        sys.executable,
-        "-m",
-        "epochal.cli",
-        "train",
-        f"--run_dir={run_dir}",
-        *LONG,
-        "--parallel.data_parallel=2",
-        *extra,
+        "--training.train_iters=100000" if a.startswith("--training.train_iters") else a
+        for a in _self_launched(run_dir)
     ]
-    return start_process(cmd, env={**ENV, **(env or {})})
+    return start_process([*cmd, *extra], env={**ENV, **(env or {})})
 
 
 def _wait_for_step(proc, run_dir: Path, step: int = 2) -> None:

@@ -46,6 +46,7 @@ __all__ = [
     "describe_collective_timeout",
     "exit_with_parent",
     "launcher_preexec",
+    "pid_alive",
     "watch_parent",
 ]
 
@@ -86,7 +87,8 @@ def launcher_preexec() -> object:
     return preexec
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (on this host; one owned by another user counts)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -124,7 +126,7 @@ def watch_parent(
     def gone() -> str | None:
         if os.getppid() != parent:
             return f"its parent process {parent} exited"
-        if launcher is not None and not _alive(launcher):
+        if launcher is not None and not pid_alive(launcher):
             return f"its launcher (epochal train, pid {launcher}) exited"
         return None
 

@@ -32,6 +32,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from epochal.parallel.watchdog import pid_alive
+
 __all__ = [
     "LOCK_NAME",
     "RunDirLocked",
@@ -52,16 +54,6 @@ except ImportError:  # pragma: no cover - Windows
 
 class RunDirLocked(OSError):
     """Another live process trains in this run directory."""
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # exists, owned by someone else
-    return True
 
 
 def _describe(holder: dict[str, Any]) -> str:
@@ -94,7 +86,7 @@ def stale_temporary(name: str) -> bool:
     m = re.search(r"\.([A-Za-z0-9_-]+)\.(\d+)\.[0-9a-f]{8}$", name)
     if m is None:
         return True
-    return m.group(1) == _host() and not _pid_alive(int(m.group(2)))
+    return m.group(1) == _host() and not pid_alive(int(m.group(2)))
 
 
 class RunLock:
@@ -203,7 +195,7 @@ class RunLock:
         pid, host = holder.get("pid"), holder.get("host")
         if not isinstance(pid, int) or pid == os.getpid():
             return
-        if host == socket.gethostname() and not _pid_alive(pid):
+        if host == socket.gethostname() and not pid_alive(pid):
             return  # stale: taken over by the caller
         os.close(fd)
         extra = (
