@@ -68,10 +68,18 @@ def test_chance_of_the_same_masks():
     assert _chance_same(bert, frozenset()) == pytest.approx(1 / 6)
     bert["types"] = np.array([0] * 4 + [1] * 4 + [0] * 4)  # two segments: one more [SEP]
     assert _chance_same(bert, frozenset()) == pytest.approx(1 / 5)
-    t5 = {  # encoder: 5 <s0> 7 8 ; decoder: [BOS] <s0> a b -> 2 of 5 tokens masked
+    t5 = {  # encoder: 5 <s0> 7 8 ; decoder: [BOS] <s0> a b -> one span of 2 of 5 tokens
         "text_enc": np.array([5, 100, 7, 8, 0, 0]),
         "enc_mask": np.array([1, 1, 1, 1, 0, 0]),
         "loss_mask": np.array([1, 1, 1, 1, 0]),
     }
-    assert _chance_same(t5, frozenset({100})) == pytest.approx(1 / math.comb(5, 2))
+    assert _chance_same(t5, frozenset({100})) == pytest.approx(1 / 4)  # 4 places for the span
+    t5 = {  # encoder: <s0> 7 <s1> 9 ; decoder: [BOS] <s0> a <s1> b c -> spans of 1 and 2 of 5
+        "text_enc": np.array([100, 7, 101, 9]),
+        "enc_mask": np.array([1, 1, 1, 1]),
+        "loss_mask": np.array([1] * 6),
+    }
+    # 2 separated spans of 3 tokens in 5: C(3, 2) placements x C(2, 1) splits = 6
+    assert _chance_same(t5, frozenset({100, 101})) == pytest.approx(1 / 6)
+    assert math.comb(3, 2) * math.comb(2, 1) == 6
     assert not above_chance(1, 1.5) and above_chance(7, 0.03) and not above_chance(0, 0.0)

@@ -16,7 +16,8 @@ all epochs together, so an epoch is a count of samples). The trainer then
   drawn from the same sentences, with how many of them had the same masked positions
   (``repeats`` / ``same_masks``; for T5 the same spans, i.e. the same encoder input) and
   how many chance predicts (``chance_same_masks``: the sum over those earlier samples
-  of ``1 / C(n, k)``, ``k`` of ``n`` maskable tokens masked).
+  of the probability that a draw of the same size coincides, e.g. ``1 / C(n, k)`` for
+  ``k`` of ``n`` maskable tokens; see ``_chance_same``).
 
 Everything is a pure function of the dataset and the epoch number, so a resumed run
 writes the same records; :func:`epoch_summary` reads them back from
@@ -51,21 +52,26 @@ def _masked_positions(sample: dict[str, Any]) -> list[int]:
 
 
 def _chance_same(sample: dict[str, Any], sentinels: frozenset[int]) -> float:
-    """Probability that an independent draw masks the same positions: ``1 / C(n, k)``.
+    """Probability that an independent draw of the same size masks the same tokens.
 
-    ``n`` is the sample's maskable tokens and ``k`` its masked tokens; the choice is
-    taken as uniform over ``k``-subsets (an approximation: n-gram and span masking
-    make some subsets likelier, so the true chance is somewhat higher).
+    BERT: ``1 / C(n, k)``, ``k`` of ``n`` maskable tokens masked, uniform over
+    ``k``-subsets. T5: uniform over the placements of ``s`` separated spans holding
+    ``k`` of ``n`` tokens, ``1 / (C(n - k + 1, s) * C(k - 1, s - 1))``. Both are
+    approximations (n-gram lengths are not uniform), right in order of magnitude.
     """
     if "text_enc" in sample:  # T5: decoder = [BOS] + per span (sentinel + its tokens)
         enc = _masked_positions(sample)
         spans = sum(1 for t in enc if t in sentinels)
         k = int(np.asarray(sample["loss_mask"]).sum()) - 1 - spans
         n = len(enc) - spans + k
-    else:  # BERT: [CLS] a [SEP] (b [SEP])
-        segments = 2 if np.any(np.asarray(sample.get("types", [0])) == 1) else 1
-        n = int(np.asarray(sample["padding_mask"]).sum()) - 1 - segments
-        k = int(np.asarray(sample["loss_mask"]).sum())
+        if spans < 1 or not spans <= k <= n:
+            return 1.0
+        return 1.0 / (math.comb(n - k + 1, spans) * math.comb(k - 1, spans - 1))
+    segments = (
+        2 if np.any(np.asarray(sample.get("types", [0])) == 1) else 1
+    )  # [CLS] a [SEP] (b [SEP])
+    n = int(np.asarray(sample["padding_mask"]).sum()) - 1 - segments
+    k = int(np.asarray(sample["loss_mask"]).sum())
     if n <= 0 or not 0 <= k <= n:
         return 1.0
     return 1.0 / math.comb(n, k)
