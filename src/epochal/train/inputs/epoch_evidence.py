@@ -51,29 +51,61 @@ def _masked_positions(sample: dict[str, Any]) -> list[int]:
     return np.flatnonzero(np.asarray(sample["loss_mask"])).tolist()
 
 
-def _chance_same(sample: dict[str, Any], sentinels: frozenset[int]) -> float:
+def _original_and_masked(
+    sample: dict[str, Any], sentinels: frozenset[int]
+) -> tuple[list[int], set[int]]:
+    """The sample's tokens before masking, and the positions that were masked."""
+    if "text_enc" in sample:  # T5: each sentinel in the encoder stands for its decoder span
+        enc = _masked_positions(sample)
+        dec = np.asarray(sample["text_dec"])[np.asarray(sample["dec_mask"]).astype(bool)]
+        spans: list[list[int]] = []
+        for t in dec.tolist()[1:]:  # after [BOS]: <s0> a .. <s1> b ..
+            if t in sentinels:
+                spans.append([])
+            elif spans:
+                spans[-1].append(t)
+        original, masked, queue = [], set(), iter(spans)
+        for t in enc:
+            if t in sentinels:
+                for u in next(queue, []):
+                    masked.add(len(original))
+                    original.append(u)
+            else:
+                original.append(t)
+        return original, masked
+    length = int(np.asarray(sample["padding_mask"]).sum())  # BERT: [CLS] a [SEP] (b [SEP])
+    loss = np.asarray(sample["loss_mask"])[:length].astype(bool)
+    original = np.where(loss, np.asarray(sample["labels"])[:length], sample["text"][:length])
+    return original.tolist(), set(np.flatnonzero(loss).tolist())
+
+
+def _chance_same(sample: dict[str, Any], dataset: Any) -> float:
     """Probability that an independent draw of the same size masks the same tokens.
 
-    BERT: ``1 / C(n, k)``, ``k`` of ``n`` maskable tokens masked, uniform over
-    ``k``-subsets. T5: uniform over the placements of ``s`` separated spans holding
-    ``k`` of ``n`` tokens, ``1 / (C(n - k + 1, s) * C(k - 1, s - 1))``. Both are
-    approximations (n-gram lengths are not uniform), right in order of magnitude.
+    Counted in the dataset's masking units (whole words with ``do_full_word``, as
+    :func:`~epochal.data.datasets.masked_lm._candidates` groups them; single tokens
+    without a WordPiece vocabulary): ``k`` of ``n`` units masked, in ``s`` runs.
+    BERT: uniform over ``k``-subsets, ``1 / C(n, k)``; T5 (spans): uniform over the
+    placements of ``s`` separated runs, ``1 / (C(n - k + 1, s) * C(k - 1, s - 1))``.
+    Approximations (n-gram lengths are not uniform), right in order of magnitude.
     """
-    if "text_enc" in sample:  # T5: decoder = [BOS] + per span (sentinel + its tokens)
-        enc = _masked_positions(sample)
-        spans = sum(1 for t in enc if t in sentinels)
-        k = int(np.asarray(sample["loss_mask"]).sum()) - 1 - spans
-        n = len(enc) - spans + k
-        if spans < 1 or not spans <= k <= n:
-            return 1.0
-        return 1.0 / (math.comb(n - k + 1, spans) * math.comb(k - 1, spans - 1))
-    segments = (
-        2 if np.any(np.asarray(sample.get("types", [0])) == 1) else 1
-    )  # [CLS] a [SEP] (b [SEP])
-    n = int(np.asarray(sample["padding_mask"]).sum()) - 1 - segments
-    k = int(np.asarray(sample["loss_mask"]).sum())
-    if n <= 0 or not 0 <= k <= n:
+    from epochal.data.datasets.masked_lm import _candidates
+
+    sentinels = frozenset(int(t) for t in getattr(dataset, "sentinels", ()))
+    original, masked = _original_and_masked(sample, sentinels)
+    vocab = getattr(dataset, "vocab", None)
+    if hasattr(vocab, "is_continuation") and hasattr(vocab, "cls"):
+        full_word = bool(getattr(getattr(dataset, "masking", None), "do_full_word", True))
+        units = _candidates(original, vocab, full_word)
+    else:
+        units = [[i] for i in range(len(original))]
+    flags = [any(p in masked for p in unit) for unit in units]
+    n, k = len(flags), sum(flags)
+    runs = sum(1 for i, f in enumerate(flags) if f and (i == 0 or not flags[i - 1]))
+    if n == 0 or k == 0:
         return 1.0
+    if "text_enc" in sample:
+        return 1.0 / (math.comb(n - k + 1, runs) * math.comb(k - 1, runs - 1))
     return 1.0 / math.comb(n, k)
 
 
@@ -121,13 +153,12 @@ class EpochRecorder:
         masks = [_masked_positions(self.dataset[i]) for i in ids]
         repeats = same = 0
         chance = 0.0
-        sentinels = frozenset(int(t) for t in getattr(self.dataset, "sentinels", ()))
         for i, mine in zip(ids, masks, strict=True):
             for j in self.dataset.earlier_occurrences(i, first).tolist():
                 earlier = self.dataset[j]
                 repeats += 1
                 same += _masked_positions(earlier) == mine
-                chance += _chance_same(earlier, sentinels)
+                chance += _chance_same(earlier, self.dataset)
         return {
             "kind": "epoch",
             "epoch": epoch,
