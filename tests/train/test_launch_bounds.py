@@ -51,8 +51,16 @@ def test_wizard_reasks_a_data_parallel_size_the_machine_cannot_launch():
 @pytest.mark.parametrize(
     ("override", "option"),
     [
-        (f"--parallel.data_parallel={HUGE}", "parallel.data_parallel"),
-        ("--parallel.nproc_per_node=100000", "parallel.nproc_per_node"),
+        (  # a layout that is consistent (the global batch fits), only too large to launch
+            f"--parallel.data_parallel={HUGE} --training.micro_batch_size=1 "
+            f"--training.global_batch_size={HUGE}",
+            "parallel.data_parallel",
+        ),
+        (
+            "--parallel.nproc_per_node=100000 --training.micro_batch_size=1 "
+            "--training.global_batch_size=100000",
+            "parallel.nproc_per_node",
+        ),
     ],
 )
 def test_epochal_train_refuses_to_launch_absurd_world_sizes(
@@ -63,7 +71,9 @@ def test_epochal_train_refuses_to_launch_absurd_world_sizes(
     option,
 ):
     launched = request.getfixturevalue("_no_launch")
-    rc = cli_main(["train", f"--run_dir={tmp_path}", *TINY, "--training.device=cpu", override])
+    rc = cli_main(
+        ["train", f"--run_dir={tmp_path}", *TINY, "--training.device=cpu", *override.split()]
+    )
     err = capsys.readouterr().err
     assert rc == 2 and launched == [], err
     assert option in err and "CPU cores" in err

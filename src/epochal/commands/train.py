@@ -155,12 +155,12 @@ def _preflight(config, relaunching: bool) -> None:
         from epochal.parallel.launch import check_launchable
 
         p = config.parallel
+        check_layout(config, p.launch_world_size())  # what the options mean, then the machine
         check_launchable(
             p.launch_world_size(),
             config.training.device,
             option="parallel.nproc_per_node" if p.nproc_per_node else "parallel.data_parallel",
         )
-        check_layout(config, p.launch_world_size())
     elif under_launcher() or wants_parallel(config):
         check_layout(config, int(os.environ.get("WORLD_SIZE", "1")))
 
