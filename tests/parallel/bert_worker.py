@@ -1,8 +1,11 @@
-"""Ranks of the BERT layout tests: a tiny BERT trained on BioNeMo-style masked data.
+"""Ranks of the BERT / ESM layout tests: a tiny BERT trained on BioNeMo-style masked data.
 
 The data is ``MaskedTokenDataset`` (fresh masks per epoch) under
 ``MultiEpochDatasetResampler`` over fixed-length synthetic sequences; module-level
-so that spawned gloo ranks (tests/dist_utils.run_gloo) can import it.
+so that spawned gloo ranks (tests/dist_utils.run_gloo) can import it. With
+:func:`esm` overrides the model is a tiny ESM-2 and the data is ``epochal train``'s
+own protein path (the synthetic FASTA of ``data.mock``, BioNeMo's samples padded to
+``data.seq_length``).
 """
 
 from __future__ import annotations
@@ -79,6 +82,14 @@ PAIRS = [  # Megatron-style pairs: token types, the binary head, padding; origin
 ]
 
 
+def pad_outside(item: dict[str, Any], real: Any) -> None:
+    """Make the tokens outside the bool ``real`` ``[s]`` padding (id 1, not predicted), in place."""
+    item["tokens"] = item["tokens"].masked_fill(~real, 1)
+    item["labels"] = item["labels"].masked_fill(~real, -100)
+    item["loss_mask"] = item["loss_mask"] & real
+    item["padding_mask"] = real.long()
+
+
 class WithSegments:
     """Adds Megatron's pair keys to masked samples, as a pure function of the index.
 
@@ -100,13 +111,62 @@ class WithSegments:
         s = item["tokens"].shape[0]
         pad = int(item["tokens"][1]) % 3
         real = torch.arange(s) < s - pad
-        item["tokens"] = item["tokens"].masked_fill(~real, 1)
-        item["labels"] = item["labels"].masked_fill(~real, -100)
-        item["loss_mask"] = item["loss_mask"] & real
-        item["padding_mask"] = real.long()
+        pad_outside(item, real)
         item["types"] = (torch.arange(s) >= s // 2).long()
         item["is_random"] = torch.tensor(int(i) % 2)
         return item
+
+
+ESM = [  # ESM-2's architecture on the synthetic samples (with variable=True): rotary, no token types, token dropout
+    "--model.type=esm",
+    "--model.position_embedding_type=rope",
+    "--model.num_tokentypes=0",
+    "--model.token_dropout=true",
+    "--model.mask_token_id=3",
+    f"--model.vocab_size={VOCAB}",
+]
+
+
+class VariableLengths:
+    """Right-pads samples to different lengths, as a pure function of the index.
+
+    Sample ``i`` keeps its first ``SEQ - pad`` tokens (``pad = (tokens[2] + i) % (SEQ // 2)``,
+    on top of any padding it has); the rest become padding (id 1, ``padding_mask`` 0,
+    not predicted): what packing (``data.pack_sequences``) cuts out.
+    """
+
+    def __init__(self, base: Any) -> None:
+        self.base = base
+
+    def __len__(self) -> int:
+        return len(self.base)
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        import torch
+
+        item = dict(self.base[i])
+        s = item["tokens"].shape[0]
+        pad = (int(item["tokens"][2]) + int(i)) % (s // 2)
+        real = torch.arange(s) < s - pad
+        if "padding_mask" in item:
+            real &= item["padding_mask"].bool()
+        pad_outside(item, real)
+        return item
+
+
+def esm(cache_dir: str) -> list[str]:
+    """Overrides that make the model a tiny ESM-2 trained from protein files cached in ``cache_dir``."""
+    return [
+        "--model.type=esm",
+        "--model.position_embedding_type=rope",
+        "--model.num_tokentypes=0",
+        "--model.token_dropout=true",
+        "--model.mask_token_id=32",
+        "--model.vocab_size=33",
+        "--data.tokenizer_type=ESM2Tokenizer",
+        f"--data.cache_dir={cache_dir}",
+        "--data.protein_valid_fraction=0.05",
+    ]
 
 
 def config(run_dir: str, extra: list[str]) -> Any:
@@ -115,26 +175,36 @@ def config(run_dir: str, extra: list[str]) -> Any:
     return build_config(preset="tiny", overrides=[f"--run_dir={run_dir}", *BASE, *extra])
 
 
-def data(cfg: Any, dp_rank: int = 0, dp_size: int = 1) -> Any:
-    from epochal.train.inputs.loaders import make_loaders
+def data(cfg: Any, dp_rank: int = 0, dp_size: int = 1, variable: bool = False) -> Any:
+    """The loaders; ``variable``: synthetic samples of different lengths (:class:`VariableLengths`).
 
+    Configs made with :func:`esm` (``ESM2Tokenizer``) train on ``epochal train``'s own protein
+    path; the rest (:data:`ESM` included) on the synthetic samples."""
+    from epochal.train.inputs.loaders import build_data, make_loaders
+
+    if cfg.data.tokenizer_type == "ESM2Tokenizer":  # esm(): epochal train's own protein path
+        return build_data(cfg, dp_rank=dp_rank, dp_size=dp_size)
     train, valid = datasets(cfg.training.train_iters * cfg.training.global_batch_size)
     if cfg.model.bert_binary_head:
         train, valid = WithSegments(train), WithSegments(valid)
+    if variable:
+        train, valid = VariableLengths(train), VariableLengths(valid)
     return make_loaders(cfg, train, valid, vocab_size=VOCAB, dp_rank=dp_rank, dp_size=dp_size)
 
 
-def single(run_dir: str, extra: list[str] = ()) -> dict[str, Any]:
+def single(run_dir: str, extra: list[str] = (), variable: bool = False) -> dict[str, Any]:
     """The single-process Trainer's losses and evaluation values."""
     from epochal.train.trainer import Trainer
 
     cfg = config(run_dir, list(extra))
-    tr = Trainer(cfg, data=data(cfg), log=False)
+    tr = Trainer(cfg, data=data(cfg, variable=variable), log=False)
     result = tr.train()
     return {"losses": result.losses, "eval": result.eval_loss, "logged": tr.last_eval_logged}
 
 
-def rank_main(rank: int, world_size: int, run_dir: str, extra: list[str]) -> dict[str, Any]:
+def rank_main(
+    rank: int, world_size: int, run_dir: str, extra: list[str], variable: bool = False
+) -> dict[str, Any]:
     """One gloo rank of a ParallelTrainer run with the overrides ``extra`` (the layout)."""
     from epochal.parallel.dims import ParallelDims
     from epochal.parallel.launch import init_distributed
@@ -144,7 +214,10 @@ def rank_main(rank: int, world_size: int, run_dir: str, extra: list[str]) -> dic
     info = init_distributed(cfg.parallel, "cpu")
     dims = ParallelDims.from_config(cfg.parallel, info.world_size)
     tr = ParallelTrainer(
-        cfg, data=data(cfg, dims.coords(rank)["dp"], dims.dp), log=False, dist_info=info
+        cfg,
+        data=data(cfg, dims.coords(rank)["dp"], dims.dp, variable=variable),
+        log=False,
+        dist_info=info,
     )
     result = tr.train()
     return {"losses": result.losses, "eval": result.eval_loss, "logged": tr.last_eval_logged}

@@ -1,10 +1,13 @@
-"""BERT under every parallel layout gives the single-process losses (within 1e-5).
+"""BERT and ESM under every parallel layout give the single-process losses (within 1e-5).
 
 The model is a tiny BERT; the data is BioNeMo's way (``MaskedTokenDataset``
 under ``MultiEpochDatasetResampler``: fresh masks per epoch). ``pairs`` adds
 Megatron's pair inputs (token types, the binary head against ``is_random``,
 padding) and the original post-LN blocks. The evaluation's masked-LM loss,
-accuracy and perplexity must agree too. ESM has no sequence parallelism (refused).
+accuracy and perplexity must agree too. ESM trains on ``epochal train``'s own protein
+path (synthetic FASTA -> BioNeMo's layout -> BioNeMo's samples, padded) under DP, DP with
+recompute, TP and PP, and a checkpoint of one process resumes on two data-parallel
+ranks with the same global order. ESM has no sequence parallelism (refused).
 """
 
 from __future__ import annotations
@@ -37,6 +40,19 @@ LAYOUTS = {
     "pairs_pp2_interleaved": ([*W.PAIRS, "--training.micro_batch_size=1"], INTERLEAVED),
 }
 
+ESM_LAYOUTS = {
+    "esm_dp2": DP2,
+    "esm_dp2_recompute": [*DP2, "--parallel.recompute_granularity=full"],
+    "esm_tp2": ["--parallel.tensor_parallel=2"],
+    "esm_pp2": ["--parallel.pipeline_parallel=2"],
+}
+
+
+@pytest.fixture(scope="module")
+def esm_overrides(tmp_path_factory) -> list[str]:
+    """ESM overrides with one protein cache for the module (written by the first run)."""
+    return W.esm(str(tmp_path_factory.mktemp("esm-cache")))
+
 
 @pytest.fixture(scope="module")
 def references(tmp_path_factory):
@@ -56,14 +72,43 @@ def test_bert_layout_equals_single_process(name, references, tmp_path):
     shared, layout = LAYOUTS[name]
     reference = references(shared)
     ranks = run_gloo(W.rank_main, 2, str(tmp_path), [*shared, *layout])
+    assert_same_numbers(ranks, reference)
+    if W.PAIRS[0] in shared:
+        assert "sop loss" in reference["logged"]
+
+
+def assert_same_numbers(ranks: list[dict], reference: dict) -> None:
     for out in ranks:  # every rank reports the global numbers
         assert out["losses"] == pytest.approx(reference["losses"], abs=1e-5)
         assert out["eval"] == pytest.approx(reference["eval"], abs=1e-5)
         assert set(out["logged"]) == set(reference["logged"])
         for key, value in reference["logged"].items():
             assert out["logged"][key] == pytest.approx(value, abs=1e-5), key
-    if W.PAIRS[0] in shared:
-        assert "sop loss" in reference["logged"]
+
+
+@pytest.mark.parametrize("name", list(ESM_LAYOUTS))
+def test_esm_layout_equals_single_process(name, esm_overrides, references, tmp_path):
+    reference = references(esm_overrides)
+    assert {"lm loss", "mlm accuracy", "mlm ppl"} <= set(reference["logged"])
+    ranks = run_gloo(W.rank_main, 2, str(tmp_path), [*esm_overrides, *ESM_LAYOUTS[name]])
+    assert_same_numbers(ranks, reference)
+
+
+def test_esm_resume_on_two_data_parallel_ranks_continues_the_global_order(
+    esm_overrides, references, tmp_path
+):
+    """One process saves at step 2; two data-parallel ranks resume it: steps 3-4 as uninterrupted."""
+    reference = references(esm_overrides)
+    saving = [*esm_overrides, "--checkpoint.save_interval=2"]
+    first = W.single(str(tmp_path / "one"), saving)
+    assert first["losses"] == reference["losses"]  # saving changes nothing
+    step2 = tmp_path / "one" / "checkpoints" / "step_0000002"
+    assert step2.is_dir()
+    resumed = [*esm_overrides, *DP2, f"--checkpoint.resume={step2}"]
+    ranks = run_gloo(W.rank_main, 2, str(tmp_path / "two"), resumed)
+    for out in ranks:
+        assert out["losses"] == pytest.approx(reference["losses"][2:], abs=1e-5)
+        assert out["eval"] == pytest.approx(reference["eval"], abs=1e-5)
 
 
 def test_unsupported_layouts_are_refused(tmp_path):

@@ -1,6 +1,6 @@
 """Subprocess entry point for the kill-and-resume tests: train a tiny model on synthetic data.
 
-Usage: python resume_worker.py RUN_DIR TRAIN_ITERS [--bert | --t5 | --finetune] [--pause-after N] [override ...]
+Usage: python resume_worker.py RUN_DIR TRAIN_ITERS [--bert | --t5 | --esm | --finetune] [--pause-after N] [override ...]
 
 ``--bert``: a tiny BERT on masked data that gets fresh masks every epoch
 (``tests/parallel/bert_worker.py``: ``MaskedTokenDataset`` under
@@ -8,9 +8,9 @@ Usage: python resume_worker.py RUN_DIR TRAIN_ITERS [--bert | --t5 | --finetune] 
 ``--t5``: a tiny T5 (relative bias, gated GELU) on Megatron's span-corruption
 samples from files (``tests/parallel/t5_worker.py``; the corpus lives next to
 RUN_DIR), with dropout.
-``--finetune``: a tiny pretrained ESM fine-tuned with a residue head on synthetic
-labelled tables (``tests/parallel/finetune_worker.py``; files next to RUN_DIR), with
-dropout in the encoder and the head, over more than one epoch of the table.
+``--esm``: a tiny ESM-2 on ``epochal train``'s protein path (the synthetic FASTA of
+``data.mock`` converted to BioNeMo's layout in ``esm-cache`` next to RUN_DIR; members
+and masks drawn per ``EpochIndex``), with dropout.
 
 With ``--pause-after N`` the process writes ``RUN_DIR/paused`` after step N (and
 after that step's evaluation/checkpoint) and then sleeps, so the test can kill it
@@ -73,8 +73,9 @@ def main(argv: list[str]) -> int:
     pause_after = None
     bert = rest[:1] == ["--bert"]
     t5 = rest[:1] == ["--t5"]
+    esm = rest[:1] == ["--esm"]
     finetune = rest[:1] == ["--finetune"]
-    rest = rest[1:] if bert or t5 or finetune else rest
+    rest = rest[1:] if bert or t5 or esm or finetune else rest
     if rest[:1] == ["--pause-after"]:
         pause_after, rest = int(rest[1]), rest[2:]
     if bert:
@@ -82,7 +83,13 @@ def main(argv: list[str]) -> int:
 
         cfg = bert_worker.config(run_dir, [*BASE_BERT, f"--training.train_iters={iters}", *rest])
         data = bert_worker.data(cfg)
-    elif finetune:
+    elif t5:
+        from tests.parallel import t5_worker
+
+        overrides = [*t5_worker.HF_STYLE, *BASE_BERT, f"--training.train_iters={iters}", *rest]
+        cfg = t5_worker.config(run_dir, overrides)
+        data = None  # epochal train's own file path (build_t5_datasets)
+    elif finetune:  # a pretrained tiny ESM fine-tuned with a residue head (dropout everywhere)
         from tests.parallel import finetune_worker
 
         head = "residue_classification"
@@ -95,12 +102,13 @@ def main(argv: list[str]) -> int:
         ]
         cfg = finetune_worker.config(run_dir, files, head, overrides)
         data = None
-    elif t5:
-        from tests.parallel import t5_worker
+    elif esm:
+        from tests.parallel import bert_worker
 
-        overrides = [*t5_worker.HF_STYLE, *BASE_BERT, f"--training.train_iters={iters}", *rest]
-        cfg = t5_worker.config(run_dir, overrides)
-        data = None  # epochal train's own file path (build_t5_datasets)
+        cache = str(Path(run_dir).parent / "esm-cache")
+        overrides = [*bert_worker.esm(cache), *BASE_BERT, f"--training.train_iters={iters}", *rest]
+        cfg = bert_worker.config(run_dir, overrides)
+        data = None  # epochal train's own protein path (epochal.train.inputs.esm)
     else:
         cfg = build_config(
             preset="tiny",

@@ -155,8 +155,8 @@ def test_errors(corpus, tmp_path):
             "--model.normalization=LayerNorm",
         ],
     )
-    with pytest.raises(ConfigError, match="model.type"):
-        build_data(esm)
+    with pytest.raises(ConfigError, match="data.corpus.*proteins"):
+        build_data(esm)  # ESM trains on proteins (tests/train/test_esm_training.py)
 
 
 def test_fill_mask_from_the_run_and_from_its_hf_export(corpus, tmp_path, capsys):

@@ -125,10 +125,8 @@ def test_every_preset_can_be_shortened(preset, iters):
     )
     assert cfg.lr_decay_iters == iters and 0 <= cfg.lr_warmup_iters < iters
     full = build_config(preset=preset, overrides=["--data.mock=true"])
-    assert (
-        full.lr_warmup_iters
-        == {"tiny": 30, "bert-tiny": 30, "t5-tiny": 30, "gpt2-small": 700, "gpu-1b": 100}[preset]
-    )
+    warmups = {"tiny": 30, "bert-tiny": 30, "t5-tiny": 30, "esm-tiny": 20, "esm2-8m": 2000}
+    assert full.lr_warmup_iters == {**warmups, "gpt2-small": 700, "gpu-1b": 100}[preset]
 
 
 def test_warmup_iters_and_fraction():

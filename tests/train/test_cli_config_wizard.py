@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from epochal.train.config import build_config
+from epochal.train.config.presets import PRESETS
 from epochal.train.observe.metrics import read_metrics
 
 # A tiny model and a 2-3 step run on Megatron's mock corpus, on top of the written file.
@@ -114,7 +115,7 @@ def test_wizard_through_a_pty_reasks_invalid_answers_and_writes_a_config_that_tr
     out = tmp_path / "job.toml"
     term = _Pty(["config", "--output", str(out)], tmp_path)
     try:
-        term.expect("Model preset (tiny, bert-tiny, t5-tiny, gpu-1b, gpt2-small) [tiny]: ")
+        term.expect(f"Model preset ({', '.join(PRESETS)}) [tiny]: ")
         term.send("")  # Enter keeps the default
         term.expect("How many machines (nodes) [1]: ")
         term.send("1")

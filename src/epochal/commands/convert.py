@@ -18,7 +18,8 @@ single-file export (:func:`epochal.convert.epochal_ckpt.save_consolidated`: the
 format of ``export_consolidated``, plus the config, step and run configuration
 in its metadata, so ``epochal generate`` and ``convert`` read it on its own).
 Outputs are written to a temporary name and renamed when complete; an existing
-output is only replaced with ``--overwrite``. Exit status 0 on success, 2 on a
+output is only replaced with ``--overwrite``, and an output that is the input, contains
+it or lies inside it is refused (replacing it would delete the input). Exit status 0 on success, 2 on a
 bad input or option (the message names the file or option).
 """
 
@@ -136,7 +137,11 @@ def run(args: argparse.Namespace) -> int:
     ``CheckpointError``, ``ConfigError``, missing files, an existing output).
     """
     t0 = time.perf_counter()
+    from epochal._paths import check_output_apart
+
     try:
+        # before anything is read or written: replacing the output must never delete the input
+        check_output_apart(args.input, args.output)
         ck = load_checkpoint(
             args.input,
             args.source,

@@ -43,6 +43,7 @@ from typing import Any
 
 import torch
 
+from epochal.convert.checked_config import check_positions
 from epochal.convert.common import ConversionError, check_shapes, complete_tied
 from epochal.model.config import ConfigError, ModelConfig
 
@@ -154,7 +155,7 @@ def _tokenizer_vocab_size(train_config: Any, folder: Path) -> int:
 
 
 def tokenizer_for_run(train_config: Any, source: str = "config.toml") -> Any:
-    """The tokenizer a training run used, rebuilt from its ``[data]`` section (None for mock data).
+    """The tokenizer a training run used, rebuilt from its ``[data]`` section (None for mock GPT data).
 
     A ``data.corpus`` run gets its tokenizer from the trainer's corpus cache
     (:func:`epochal.train.inputs.corpus.prepare_corpus`; the corpus-trained BPE is
@@ -165,8 +166,8 @@ def tokenizer_for_run(train_config: Any, source: str = "config.toml") -> Any:
         ConversionError: the tokenizer cannot be built (names ``source``).
     """
     data = train_config.data
-    if data.mock and not data.corpus:
-        return None
+    if data.mock and not data.corpus and train_config.model.type != "esm":
+        return None  # Megatron's mock GPT data has no tokenizer; ESM's mock proteins have ESM-2's
     from epochal.train.inputs.corpus import prepare_corpus, tokenizer_from_config
 
     try:
@@ -214,13 +215,16 @@ def load_epochal_checkpoint(
         epochal._checksum.ChecksumError: a ``.safetensors`` file fails its checksum.
     """
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
     from epochal.train.state.checkpoint import (
+        CheckpointError,
         SafeFileSystemReader,
         SafeLoadPlanner,
         verify_checkpoint,
     )
+    from epochal.train.state.dcp_checks import dcp_failure
 
     if Path(path).suffix == ".safetensors":
         return _load_consolidated(Path(path), vocab_size)
@@ -240,12 +244,20 @@ def load_epochal_checkpoint(
         warnings.filterwarnings(
             "ignore", message=".*assuming the intent is to load in a single process.*"
         )
-        dcp.load(
-            {"model": template},
-            storage_reader=SafeFileSystemReader(folder),
-            planner=SafeLoadPlanner(),
-            no_dist=True,  # every process reads the whole model itself, with or without a process group
-        )
+        try:
+            dcp.load(
+                {"model": template},
+                storage_reader=SafeFileSystemReader(folder),
+                planner=SafeLoadPlanner(),
+                no_dist=True,  # every process reads the whole model itself, with or without a process group
+            )
+        except (Exception, CheckpointException) as exc:  # noqa: BLE001 - DCP wraps reader errors
+            cause = dcp_failure(exc)
+            if isinstance(cause, CheckpointError):  # a damaged or truncated file, named
+                raise cause from exc
+            raise ConversionError(
+                f"{folder}: cannot read the model tensors ({type(cause).__name__}: {cause})"
+            ) from exc
     state = _complete(config, template, str(folder))
     return EpochalCheckpoint(
         config=config, state=state, folder=folder, step=step, run_config=run_config
@@ -256,7 +268,10 @@ def _read_step_folder(
     folder: Path, vocab_size: int | None
 ) -> tuple[ModelConfig, int, dict[str, Any] | None]:
     """``(config, step, parsed config.toml or None)`` of a ``step_*`` folder."""
+    from epochal.train.state.trainer_state import check_trainer_state
+
     trainer_state = _read_json(folder / "trainer_state.json")
+    check_trainer_state(trainer_state, str(folder / "trainer_state.json"))
     run_config = None
     if (folder / "config.toml").is_file():
         try:
@@ -264,6 +279,7 @@ def _read_step_folder(
         except tomllib.TOMLDecodeError as exc:
             raise ConversionError(f"{folder / 'config.toml'}: not valid TOML ({exc})") from exc
     config = _model_config(folder, trainer_state, run_config, vocab_size)
+    check_positions(config.max_position_embeddings, str(folder), "max_position_embeddings")
     return config, int(trainer_state.get("step", 0)), run_config
 
 
@@ -290,6 +306,7 @@ def _load_consolidated(file: Path, vocab_size: int | None) -> EpochalCheckpoint:
     else:  # export_consolidated's file: the config is in its step folder
         folder = find_step_folder(file.parent)
         config, step, run_config = _read_step_folder(folder, vocab_size)
+    check_positions(config.max_position_embeddings, str(file), "max_position_embeddings")
     state = _complete(config, load_safetensors(file, verify=False), str(file))
     return EpochalCheckpoint(
         config=config, state=state, folder=folder, step=step, run_config=run_config

@@ -12,7 +12,9 @@
     *not* imported: each becomes an inert :class:`OpaqueObject` that records the
     class name and its constructor/state arguments, so none of their code runs.
 
-  Every other global is refused with :class:`UnsafeCheckpointError` naming the
+  Every member of the zip file is first checked against its CRC-32
+  (:func:`verify_zip_members`; ``torch.load`` never checks it, so one changed byte
+  would load silently). Every other global is refused with :class:`UnsafeCheckpointError` naming the
   file and the globals, before anything is unpickled
   (``torch.serialization.get_unsafe_globals_in_checkpoint`` scans the pickle
   without executing it).
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +38,7 @@ __all__ = [
     "load_safetensors",
     "safe_torch_load",
     "safetensors_metadata",
+    "verify_zip_members",
 ]
 
 _OPAQUE_PREFIXES = ("megatron.", "transformer_engine.", "apex.")
@@ -119,12 +123,13 @@ def safe_torch_load(path: str | os.PathLike, *, map_location: str | torch.device
 
     Raises:
         FileNotFoundError: the file does not exist.
-        UnsafeCheckpointError: the file holds a global outside the allow-list, or
-            is not a readable torch checkpoint.
+        UnsafeCheckpointError: the file holds a global outside the allow-list, is
+            not a readable torch checkpoint, or a member fails its CRC (a changed byte).
     """
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such checkpoint file")
+    verify_zip_members(path)
     try:
         names = torch.serialization.get_unsafe_globals_in_checkpoint(str(path))
     except Exception as exc:  # noqa: BLE001 - any failure here means a bad file
@@ -153,6 +158,31 @@ def safe_torch_load(path: str | os.PathLike, *, map_location: str | torch.device
             return torch.load(path, map_location=map_location, weights_only=True)
     except (pickle.UnpicklingError, RuntimeError, EOFError) as exc:
         raise UnsafeCheckpointError(f"{path}: unsafe or corrupt checkpoint ({exc})") from exc
+
+
+def verify_zip_members(path: Path) -> None:
+    """Check every member of a ``torch.save`` zip file against its recorded CRC-32.
+
+    ``torch.save`` stores its members uncompressed with their CRC, which ``torch.load``
+    never checks: one changed byte in a weight would load silently. Files in the
+    pre-zip format (torch < 1.6) carry no checksum and are not checked.
+
+    Raises:
+        UnsafeCheckpointError: a member whose bytes do not match its CRC, or a damaged
+            zip directory, naming the file and the member.
+    """
+    if not zipfile.is_zipfile(path):
+        return
+    try:
+        with zipfile.ZipFile(path) as archive:
+            bad = archive.testzip()
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError) as exc:
+        raise UnsafeCheckpointError(f"{path}: damaged checkpoint file ({exc})") from exc
+    if bad is not None:
+        raise UnsafeCheckpointError(
+            f"{path}: damaged checkpoint file: member {bad!r} fails its CRC-32 check "
+            "(the file changed after it was written)"
+        )
 
 
 def load_safetensors(path: str | os.PathLike, *, verify: bool = True) -> dict[str, torch.Tensor]:

@@ -46,6 +46,17 @@ Forward (full model)::
 ``lm_head``, ``output``, ``pooler`` and ``binary_head`` are ``None``
 (``BertModel.LAST_STAGE_MODULES``); ``forward`` then takes / returns hidden states
 ``[b, s, hidden]``. ``padding_mask`` must be passed to every stage.
+
+Packed sequences (``forward(..., cu_seqlens=...)``, see
+:mod:`epochal.model.layers.packing`): ``tokens`` is one row ``[1, T]`` of
+sequences back to back; attention stays within each sequence, positions
+(rotary or learned) restart at 0 for each, ESM's token-dropout ratio is taken per
+sequence, the binary head pools each sequence's first token, and
+``max_position_embeddings`` bounds the longest sequence rather than ``T``. Each
+sequence then gets the logits it would get alone in a padded batch (up to float
+rounding). ``padding_mask`` (if given) only zeroes ESM's padded embeddings: a
+padded tail must be a sequence of its own in ``cu_seqlens``. ``cu_seqlens``
+must be passed to every pipeline stage.
 """
 
 from __future__ import annotations
@@ -60,6 +71,7 @@ from epochal.model.heads import build_head
 from epochal.model.layers.attention import padding_attention_mask
 from epochal.model.layers.block import TransformerBlock
 from epochal.model.layers.norms import build_norm
+from epochal.model.layers.packing import PackedSequences
 from epochal.model.lora import apply_lora, trainable
 
 __all__ = ["BertModel", "BertLMHead", "BertPooler", "ESM_MASK_RATIO_TRAIN"]
@@ -95,9 +107,14 @@ class BertPooler(nn.Module):
         super().__init__()
         self.dense = nn.Linear(config.hidden_size, config.hidden_size)
 
-    def forward(self, h: torch.Tensor) -> torch.Tensor:
-        """``[b, s, hidden] -> [b, hidden]``."""
-        return torch.tanh(self.dense(h[:, 0]))
+    def forward(self, h: torch.Tensor, first_tokens: torch.Tensor | None = None) -> torch.Tensor:
+        """``[b, s, hidden] -> [b, hidden]``.
+
+        ``first_tokens`` (packed sequences, ``b == 1``): int64 ``[n]``, where each
+        sequence starts; the result is then ``[n, hidden]``, one row per sequence.
+        """
+        first = h[:, 0] if first_tokens is None else h[0, first_tokens]
+        return torch.tanh(self.dense(first))
 
 
 class BertModel(TransformerModel):
@@ -178,8 +195,12 @@ class BertModel(TransformerModel):
         position_ids: torch.Tensor,
         token_types: torch.Tensor | None,
         padding_mask: torch.Tensor | None,
+        packed: PackedSequences | None = None,
     ) -> torch.Tensor:
         """The embedding stage: token ids ``[b, s]`` -> ``[b, s, hidden]`` (see the module docstring).
+
+        ``packed``: ``tokens`` is a packed row ``[1, T]``; ESM's token dropout then
+        counts masks per sequence.
 
         Raises:
             ValueError: ``token_types`` given to a model without a token-type table.
@@ -189,12 +210,17 @@ class BertModel(TransformerModel):
         if c.token_dropout:
             is_mask = tokens == c.mask_token_id
             h = h.masked_fill(is_mask.unsqueeze(-1), 0.0)
-            if padding_mask is not None:
-                lengths = padding_mask.sum(-1)
+            if packed is not None:  # per sequence: [n] ratios, then one per token [1, T]
+                lengths = torch.tensor(packed.lengths, device=tokens.device)
+                observed = packed.segment_sum(is_mask[0].long()).float() / lengths
+                observed = observed[packed.document_ids()].unsqueeze(0)
             else:
-                lengths = torch.full_like(tokens[:, 0], tokens.shape[1])
-            observed = is_mask.sum(-1).float() / lengths
-            h = (h * (1 - ESM_MASK_RATIO_TRAIN) / (1 - observed)[:, None, None]).to(h.dtype)
+                if padding_mask is not None:
+                    lengths = padding_mask.sum(-1)
+                else:
+                    lengths = torch.full_like(tokens[:, 0], tokens.shape[1])
+                observed = (is_mask.sum(-1).float() / lengths)[:, None]
+            h = (h * (1 - ESM_MASK_RATIO_TRAIN) / (1 - observed)[:, :, None]).to(h.dtype)
         if self.pos_embeddings is not None:
             h = h + self.pos_embeddings(position_ids)
         if self.tokentype_embeddings is not None:
@@ -217,6 +243,7 @@ class BertModel(TransformerModel):
         token_types: torch.Tensor | None = None,
         padding_mask: torch.Tensor | None = None,
         position_ids: torch.Tensor | None = None,
+        cu_seqlens: torch.Tensor | None = None,
         residue_mask: torch.Tensor | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Run the (stage of the) encoder.
@@ -229,23 +256,35 @@ class BertModel(TransformerModel):
             padding_mask: ``[b, s]``, 1/True = real token, 0/False = padding
                 (Megatron's ``padding_mask``); padded keys are masked out of
                 attention. ``None`` = no padding. Every sequence needs a real token.
-            position_ids: int64 ``[b or 1, s]``; default ``0..s-1``.
+            position_ids: int64 ``[b or 1, s]``; default ``0..s-1`` (packed: each
+                token's position within its sequence).
+            cu_seqlens: packed sequences: integer ``[n + 1]``, the cumulative
+                sequence lengths of the row ``tokens`` ``[1, T]`` (``0, l_0, l_0 + l_1,
+                ..., T``); see the module docstring. ``None`` = a padded batch.
             residue_mask: ``[b, s]``, 1 = a residue (not ``<cls>``/``<eos>``/padding):
                 the positions a sequence head averages over (default: ``padding_mask``,
                 or every position). Only the last stage's head uses it.
 
         Returns:
             MLM logits ``[b, s, padded_vocab_size]``; with ``bert_binary_head``
-            the pair ``(mlm_logits, binary_logits [b, 2])``; with a fine-tuning head
-            its predictions (``[b, num_labels]`` or ``[b, s, num_labels]``). Hidden states
-            ``[b, s, hidden]`` on a stage without ``output`` or ``head``.
+            the pair ``(mlm_logits, binary_logits [b, 2])`` (packed: ``[n, 2]``, one
+            row per sequence); with a fine-tuning head its predictions (``[b, num_labels]``
+            or ``[b, s, num_labels]``). Hidden states ``[b, s, hidden]`` on a stage
+            without ``output`` or ``head``.
 
         Raises:
-            ValueError: the sequence is longer than ``max_position_embeddings``,
-                or ``token_types`` without a token-type table.
+            ValueError: a sequence longer than ``max_position_embeddings``,
+                ``token_types`` without a token-type table, or packed sequences
+                with a batch dimension other than 1 or a ``cu_seqlens`` that does not
+                cover the row (:meth:`PackedSequences.from_cu_seqlens`), or packed
+                sequences with a fine-tuning head.
         """
-        h = self.encode(tokens, token_types, padding_mask, position_ids)
+        h = self.encode(tokens, token_types, padding_mask, position_ids, cu_seqlens)
         if self.head is not None:
+            if cu_seqlens is not None:
+                raise ValueError(
+                    "packed sequences (cu_seqlens) are not supported with a fine-tuning head"
+                )
             if residue_mask is None:
                 residue_mask = (
                     padding_mask if padding_mask is not None else torch.ones_like(h[..., 0])
@@ -256,7 +295,10 @@ class BertModel(TransformerModel):
         logits = self.output(self.lm_head(h)) + self.lm_head.bias
         if self.binary_head is None:
             return logits
-        return logits, self.binary_head(self.pooler(h))
+        if cu_seqlens is None:
+            return logits, self.binary_head(self.pooler(h))
+        starts = PackedSequences.from_cu_seqlens(cu_seqlens.to(h.device), total=h.shape[1]).starts()
+        return logits, self.binary_head(self.pooler(h, first_tokens=starts))
 
     def encode(
         self,
@@ -264,6 +306,7 @@ class BertModel(TransformerModel):
         token_types: torch.Tensor | None = None,
         padding_mask: torch.Tensor | None = None,
         position_ids: torch.Tensor | None = None,
+        cu_seqlens: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """The (stage's) last hidden states ``[b, s, hidden]``, after the final norm (pre-LN).
 
@@ -271,23 +314,38 @@ class BertModel(TransformerModel):
         embeddings are read from (Hugging Face's ``last_hidden_state``).
         """
         s = tokens.shape[1]
+        packed = None
+        if cu_seqlens is not None:
+            if tokens.shape[0] != 1:
+                raise ValueError(
+                    f"packed sequences (cu_seqlens) need one row [1, T], got batch {tokens.shape[0]}"
+                )
+            packed = PackedSequences.from_cu_seqlens(cu_seqlens.to(tokens.device), total=s)
+            s = packed.max_seqlen
         if s > self.config.max_position_embeddings:
             raise ValueError(
                 f"sequence length {s} exceeds max_position_embeddings="
                 f"{self.config.max_position_embeddings}"
             )
         if position_ids is None:
-            position_ids = torch.arange(s, device=tokens.device).unsqueeze(0)
+            if packed is not None:
+                position_ids = packed.position_ids()
+            else:
+                position_ids = torch.arange(s, device=tokens.device).unsqueeze(0)
         if self.tok_embeddings is not None:
-            h = self.embed(tokens, position_ids, token_types, padding_mask)
+            h = self.embed(tokens, position_ids, token_types, padding_mask, packed)
         else:
             h = tokens
         rope = None
         if self.rope_cos is not None:
             rope = (self.rope_cos[position_ids], self.rope_sin[position_ids])
-        mask = None if padding_mask is None else padding_attention_mask(padding_mask)
-        for layer in self.layers.values():
-            h = layer(h, rope, mask)
+        if packed is not None:
+            for layer in self.layers.values():
+                h = layer(h, rope, None, packed=packed)
+        else:
+            mask = None if padding_mask is None else padding_attention_mask(padding_mask)
+            for layer in self.layers.values():
+                h = layer(h, rope, mask)
         if self.norm is not None:
             h = self.norm(h)
         return h

@@ -53,6 +53,7 @@ import torch
 from torch import nn
 
 from epochal._atomic import atomic_write
+from epochal.data.loading.packing import pack_padded_batch
 from epochal.model.build import build_model
 from epochal.model.config import ConfigError, ModelConfig
 from epochal.parallel.engine import compile_part
@@ -82,6 +83,7 @@ from epochal.train.state.preemption import Preemption
 from epochal.train.state.resume import CheckpointSeams
 from epochal.train.state.rng import seed_everything
 from epochal.train.state.run_dir import archive_previous_history, check_resume_config
+from epochal.train.state.run_lock import hold_run_dir
 from epochal.train.steps import (
     LossFnStep,
     TrainStep,
@@ -271,7 +273,14 @@ class Trainer(CheckpointSeams):
 
         ``position_ids`` / ``attention_mask`` are dropped unless the data resets
         them per document (``data.reset_position_ids`` / ``reset_attention_mask``).
+        With ``data.pack_sequences`` the samples are packed into one row first
+        (:func:`~epochal.data.loading.packing.pack_padded_batch`; under sequence
+        parallelism to a multiple of the tensor-parallel size).
         """
+        if self.config.data.pack_sequences:
+            p = self.config.parallel
+            multiple = p.tensor_parallel if p.sequence_parallel else 1
+            micro_batch = pack_padded_batch(micro_batch, pad_to_multiple_of=multiple)
         out = self._to_device(micro_batch)
         if not self.config.data.reset_position_ids:
             out.pop("position_ids", None)
@@ -456,8 +465,15 @@ class Trainer(CheckpointSeams):
         Stops earlier, after saving a checkpoint of the step reached, on SIGTERM/SIGINT
         or the ``training.exit_*`` options (:mod:`epochal.train.state.preemption`); then
         :attr:`TrainResult.stopped_by` says why.
+
+        Raises:
+            RunDirLocked: another live process trains in ``run_dir``
+                (:mod:`epochal.train.state.run_lock`).
         """
-        with self.preemption.installed():
+        lock = hold_run_dir(
+            self.run_dir, rank=self.rank, any_rank=self.max_over_ranks, log=self.log
+        )
+        with lock, self.preemption.installed():
             return self._train()
 
     def _train(self) -> TrainResult:

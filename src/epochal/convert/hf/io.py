@@ -29,6 +29,15 @@ from typing import Any, Literal
 import torch
 
 from epochal._atomic import atomic_directory
+from epochal._paths import confined_path
+from epochal.convert.bounded_parse import load_json_file
+from epochal.convert.checked_config import (
+    HF_ROPE_SCHEMA,
+    HF_SCHEMAS,
+    check_fields,
+    check_positions,
+    check_vocab_rows,
+)
 from epochal.convert.common import ConversionError, check_shapes, complete_tied
 from epochal.convert.hf import bert as hf_bert
 from epochal.convert.hf import esm as hf_esm
@@ -37,7 +46,7 @@ from epochal.convert.hf import llama as hf_llama
 from epochal.convert.hf import t5 as hf_t5
 from epochal.convert.hf.tokenizer import hf_tokenizer_files
 from epochal.convert.safe_load import load_safetensors, safe_torch_load
-from epochal.model.config import ModelConfig
+from epochal.model.config import ConfigError, ModelConfig
 
 __all__ = [
     "EXPORTERS",
@@ -143,21 +152,16 @@ class HFModel:
 
 
 def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise FileNotFoundError(f"{path}: missing (not a Hugging Face model folder?)") from None
-    except json.JSONDecodeError as exc:
-        raise ConversionError(f"{path}: not valid JSON ({exc})") from exc
-    if not isinstance(data, dict):
-        raise ConversionError(f"{path}: expected a JSON object")
-    return data
+    """A JSON object file read within :mod:`epochal.convert.bounded_parse`'s limits."""
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: missing (not a Hugging Face model folder?)")
+    return load_json_file(path, path.name)
 
 
 def _read_weights(folder: Path) -> dict[str, torch.Tensor]:
     single = folder / "model.safetensors"
     if single.is_file():
-        return load_safetensors(single)
+        return _tensors_only(load_safetensors(single), single)
     for index_name, loader in (
         ("model.safetensors.index.json", load_safetensors),
         ("pytorch_model.bin.index.json", safe_torch_load),
@@ -167,10 +171,14 @@ def _read_weights(folder: Path) -> dict[str, torch.Tensor]:
             weight_map = _read_json(index).get("weight_map")
             if not isinstance(weight_map, dict):
                 raise ConversionError(f"{index}: has no 'weight_map' object")
+            # every shard name confined to the folder before any shard is opened
+            shards = {confined_path(folder, name, str(index)) for name in weight_map.values()}
             state: dict[str, torch.Tensor] = {}
-            for shard in sorted(set(weight_map.values())):
-                part = loader(folder / shard)
-                state.update(part)
+            for shard in sorted(shards):
+                part = loader(shard)
+                if not isinstance(part, dict):
+                    raise ConversionError(f"{shard}: expected a state dict")
+                state.update(_tensors_only(part, shard))
             missing = sorted(set(weight_map) - set(state))
             if missing:
                 raise ConversionError(
@@ -182,10 +190,52 @@ def _read_weights(folder: Path) -> dict[str, torch.Tensor]:
         state = safe_torch_load(binary)
         if not isinstance(state, dict):
             raise ConversionError(f"{binary}: expected a state dict")
-        return state
+        return _tensors_only(state, binary)
     raise FileNotFoundError(
         f"{folder}: no model.safetensors, model.safetensors.index.json or pytorch_model.bin"
     )
+
+
+def _tensors_only(state: dict[Any, Any], source: Path) -> dict[str, torch.Tensor]:
+    bad = [k for k, v in state.items() if not isinstance(k, str) or not isinstance(v, torch.Tensor)]
+    if bad:
+        raise ConversionError(
+            f"{source}: entries that are not named tensors: {[str(k) for k in bad[:8]]}"
+        )
+    return state
+
+
+#: suffixes of the input embedding's name in each family's weights.
+_EMBEDDING_SUFFIXES = (
+    "wte.weight",
+    "embed_tokens.weight",
+    "embeddings.word_embeddings.weight",
+    "shared.weight",
+)
+
+
+def check_hf_config(
+    hf_config: dict[str, Any], weights: dict[str, torch.Tensor], path: Path
+) -> None:
+    """Validate ``config.json`` field by field and against the weights' embedding rows.
+
+    Raises:
+        ConversionError: a field of the wrong type or range, a missing required field,
+            too many positions, or ``vocab_size`` contradicting the embedding (named).
+    """
+    hf_type = hf_config["model_type"]
+    source = str(path)
+    check_fields(hf_config, HF_SCHEMAS[hf_type], source)
+    for key in ("rope_scaling", "rope_parameters"):
+        if isinstance(hf_config.get(key), dict):
+            check_fields(hf_config[key], HF_ROPE_SCHEMA, source, prefix=f"{key}.")
+    for key in ("n_positions", "max_position_embeddings"):
+        check_positions(hf_config.get(key), source, key)
+    name = next((n for n in sorted(weights) if n.endswith(_EMBEDDING_SUFFIXES)), None)
+    if name is not None and weights[name].dim() == 2:
+        check_vocab_rows(
+            source, "vocab_size", hf_config["vocab_size"], int(weights[name].shape[0]), name
+        )
 
 
 def load_hf_checkpoint(
@@ -219,20 +269,29 @@ def load_hf_checkpoint(
         raise FileNotFoundError(f"{folder}: not a folder")
     hf_config = _read_json(folder / "config.json")
     hf_type = hf_config.get("model_type")
-    if hf_type not in IMPORTERS:
+    if not isinstance(hf_type, str) or hf_type not in IMPORTERS:
         raise ConversionError(
             f"{folder / 'config.json'}: model_type={hf_type!r} is not supported "
             f"(one of {sorted(IMPORTERS)})"
         )
     weights = _read_weights(folder)
+    check_hf_config(hf_config, weights, folder / "config.json")
     read_config, read_state = IMPORTERS[hf_type]
-    config = read_config(hf_config, weights, make_vocab_size_divisible_by)
+    try:
+        config = read_config(hf_config, weights, make_vocab_size_divisible_by)
+    except ConfigError as exc:  # a combination of valid fields the model refuses
+        raise ConversionError(f"{folder / 'config.json'}: {exc}") from exc
     if model_type is not None and config.type != model_type:
         raise ConversionError(
             f"{folder}: holds a {config.type!r} model (Hugging Face {hf_type!r}), "
             f"expected model.type={model_type!r}"
         )
-    state = read_state(weights, config, str(folder))
+    try:
+        state = read_state(weights, config, str(folder))
+    except (RuntimeError, IndexError) as exc:  # a reshape the tensors' shapes do not allow
+        raise ConversionError(
+            f"{folder}: the weights do not fit config.json ({type(exc).__name__}: {exc})"
+        ) from exc
     return HFModel(config=config, state=state, hf_config=hf_config, architecture=hf_type)
 
 

@@ -52,8 +52,15 @@ from typing import Any
 
 import torch
 
+from epochal.convert.checked_config import (
+    MEGATRON_SCHEMA,
+    ConfigFieldError,
+    check_fields,
+    check_positions,
+    check_vocab_rows,
+)
 from epochal.convert.common import ConversionError, normalize_config
-from epochal.model.config import ModelConfig
+from epochal.model.config import ConfigError, ModelConfig
 
 __all__ = [
     "MegatronExtras",
@@ -272,6 +279,8 @@ def config_from_megatron_args(
     vocab_size: int | None = None,
     make_vocab_size_divisible_by: int | None = None,
     source: str = "Megatron checkpoint",
+    embedding_rows: int | None = None,
+    unknown_tp: bool = False,
 ) -> tuple[ModelConfig, MegatronExtras]:
     """Our config (and layout facts) from a Megatron ``args`` namespace.
 
@@ -281,9 +290,15 @@ def config_from_megatron_args(
             ``args.padded_vocab_size`` (then every padded row counts as a token).
         make_vocab_size_divisible_by: our padding multiple; default Megatron's.
         source: named in error messages.
+        embedding_rows: the checkpoint's (full) embedding rows: the vocabulary fields
+            are checked against them (:func:`_check_vocab`) before any row is cut or padded.
+        unknown_tp: the tensor-parallel size of the save is not recorded (NeMo 2): its
+            padding is assumed to be for TP <= :data:`UNKNOWN_TP_BOUND`.
 
     Raises:
         ConversionError: a required argument is missing or a feature is unsupported.
+        ConfigFieldError: an argument of the wrong type or range, or a vocabulary that
+            contradicts ``embedding_rows`` (names the argument).
     """
     if not isinstance(args, Namespace):
         raise ConversionError(
@@ -292,6 +307,9 @@ def config_from_megatron_args(
     for name in ("num_layers", "hidden_size", "num_attention_heads"):
         if getattr(args, name, None) is None:
             raise ConversionError(f"{source}: args has no {name!r}")
+    check_fields(vars(args), MEGATRON_SCHEMA, source, prefix="args.")
+    for name in ("max_position_embeddings", "seq_length"):
+        check_positions(getattr(args, name, None), source, f"args.{name}")
     if _get(args, "num_experts"):
         raise ConversionError(
             f"{source}: mixture-of-experts checkpoints (num_experts) are not supported"
@@ -331,43 +349,80 @@ def config_from_megatron_args(
             f"{source}: args has neither vocab_size nor padded_vocab_size; pass vocab_size"
         )
     divisible = make_vocab_size_divisible_by or int(_get(args, "make_vocab_size_divisible_by", 128))
+    if embedding_rows is not None:
+        _check_vocab(args, vocab_size, embedding_rows, source, unknown_tp=unknown_tp)
     epsilon = _get(args, "norm_epsilon", _get(args, "layernorm_epsilon", 1e-5))
-    config = ModelConfig(
-        vocab_size=int(vocab),
-        make_vocab_size_divisible_by=divisible,
-        hidden_size=hidden,
-        num_layers=int(args.num_layers),
-        num_attention_heads=heads,
-        num_query_groups=None if groups == heads else groups,
-        kv_channels=None if head_dim * heads == hidden else head_dim,
-        ffn_hidden_size=int(_get(args, "ffn_hidden_size", 4 * hidden)),
-        max_position_embeddings=int(
-            _get(args, "max_position_embeddings", _get(args, "seq_length", 2048))
-        ),
-        position_embedding_type=pos,
-        rotary_base=float(_get(args, "rotary_base", 10000)),
-        rotary_percent=float(_get(args, "rotary_percent", 1.0)),
-        **(_rope_scaling_fields(args, source) if pos == "rope" else {}),
-        normalization=_get(args, "normalization", "LayerNorm"),
-        norm_epsilon=float(epsilon),
-        activation=activation,
-        add_bias_linear=add_bias,
-        add_qkv_bias=None if add_bias or not _get(args, "add_qkv_bias", False) else True,
-        untie_embeddings_and_output_weights=bool(
-            _get(args, "untie_embeddings_and_output_weights", False)
-        ),
-        hidden_dropout=float(_get(args, "hidden_dropout", 0.1)),
-        attention_dropout=float(_get(args, "attention_dropout", 0.1)),
-        init_method_std=float(_get(args, "init_method_std", 0.02)),
-    )
+    try:
+        config = ModelConfig(
+            vocab_size=int(vocab),
+            make_vocab_size_divisible_by=divisible,
+            hidden_size=hidden,
+            num_layers=int(args.num_layers),
+            num_attention_heads=heads,
+            num_query_groups=None if groups == heads else groups,
+            kv_channels=None if head_dim * heads == hidden else head_dim,
+            ffn_hidden_size=int(_get(args, "ffn_hidden_size", 4 * hidden)),
+            max_position_embeddings=int(
+                _get(args, "max_position_embeddings", _get(args, "seq_length", 2048))
+            ),
+            position_embedding_type=pos,
+            rotary_base=float(_get(args, "rotary_base", 10000)),
+            rotary_percent=float(_get(args, "rotary_percent", 1.0)),
+            **(_rope_scaling_fields(args, source) if pos == "rope" else {}),
+            normalization=_get(args, "normalization", "LayerNorm"),
+            norm_epsilon=float(epsilon),
+            activation=activation,
+            add_bias_linear=add_bias,
+            add_qkv_bias=None if add_bias or not _get(args, "add_qkv_bias", False) else True,
+            untie_embeddings_and_output_weights=bool(
+                _get(args, "untie_embeddings_and_output_weights", False)
+            ),
+            hidden_dropout=float(_get(args, "hidden_dropout", 0.1)),
+            attention_dropout=float(_get(args, "attention_dropout", 0.1)),
+            init_method_std=float(_get(args, "init_method_std", 0.02)),
+        )
+    except ConfigError as exc:  # valid fields in a combination the model refuses
+        raise ConfigFieldError(f"{source}: {exc}") from exc
     config = normalize_config(config)
     extras = MegatronExtras(
         swiglu=swiglu,
         rotary_interleaved=pos == "rope" and bool(_get(args, "rotary_interleaved", False)),
         apply_layernorm_1p=bool(_get(args, "apply_layernorm_1p", False)),
-        tensor_parallel=int(
-            _get(args, "tensor_model_parallel_size", _get(args, "model_parallel_size", 1))
-        ),
+        tensor_parallel=_tensor_parallel(args),
         pipeline_parallel=int(_get(args, "pipeline_model_parallel_size", 1)),
     )
     return config, extras
+
+
+def _tensor_parallel(args: Namespace) -> int:
+    return int(_get(args, "tensor_model_parallel_size", _get(args, "model_parallel_size", 1)))
+
+
+#: NeMo records no tensor-parallel size; Megatron's padding is then assumed to be for TP <= 8.
+UNKNOWN_TP_BOUND = 8
+
+
+def _check_vocab(
+    args: Namespace, vocab_size: int | None, rows: int, source: str, *, unknown_tp: bool
+) -> None:
+    """``args.padded_vocab_size`` / ``args.vocab_size`` (or ``vocab_size``) against the rows.
+
+    ``padded_vocab_size`` must equal the rows; the unpadded vocabulary may be followed by
+    at most Megatron's padding (``make_vocab_size_divisible_by`` x TP rows).
+
+    Raises:
+        ConfigFieldError: naming the field and the embedding.
+    """
+    tensor = "embedding.word_embeddings.weight"
+    padded = _get(args, "padded_vocab_size")
+    if padded is not None and not unknown_tp:
+        check_vocab_rows(source, "args.padded_vocab_size", padded, rows, tensor)
+    if vocab_size is not None:  # the caller's own: only never beyond the rows
+        check_vocab_rows(source, "vocab_size", vocab_size, rows, tensor, max_padding=rows)
+        return
+    vocab = _get(args, "vocab_size")
+    if vocab is None:
+        return
+    tp = UNKNOWN_TP_BOUND if unknown_tp else _tensor_parallel(args)
+    multiple = int(_get(args, "make_vocab_size_divisible_by", 128)) * tp
+    check_vocab_rows(source, "args.vocab_size", vocab, rows, tensor, max_padding=multiple)

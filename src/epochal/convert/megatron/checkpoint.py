@@ -242,6 +242,7 @@ def checkpoint_from_megatron_tensors(
     model_type: str | None = None,
     source: str,
     esm: Mapping[str, Any] | None = None,
+    unknown_tp: bool = False,
 ) -> MegatronCheckpoint:
     """Whole Megatron-Core tensors (any naming, layers ``decoder/encoder.layers.{i}``) into ours.
 
@@ -255,6 +256,8 @@ def checkpoint_from_megatron_tensors(
         esm: for a ``BertModel`` that is an ESM-2 (BioNeMo): our ESM fields
             (``token_dropout``, ``mask_token_id``, ``pad_token_id``); the result has
             ``type="esm"``.
+        unknown_tp: the saving job's tensor-parallel size is not recorded (NeMo 2), so
+            the vocabulary padding is bounded by :data:`~epochal.convert.megatron.args.UNKNOWN_TP_BOUND`.
 
     Raises:
         ConversionError: the names show another model than ``model_type``, or the
@@ -265,11 +268,16 @@ def checkpoint_from_megatron_tensors(
         raise ConversionError(
             f"{source}: holds a {found_type!r} model, expected model.type={model_type!r}"
         )
+    embedding = flat.get("embedding.word_embeddings.weight")
     config, extras = config_from_megatron_args(
         args,
         vocab_size=vocab_size,
         make_vocab_size_divisible_by=make_vocab_size_divisible_by,
         source=source,
+        embedding_rows=int(embedding.shape[0])
+        if isinstance(embedding, torch.Tensor) and embedding.dim() == 2
+        else None,
+        unknown_tp=unknown_tp,
     )
     full = to_local_names(flat, source)
     if found_type == "bert":

@@ -103,6 +103,11 @@ def qkv_rows_to_v2(
     rest = fused.shape[1:]
     if version >= 2.0:
         return fused
+    if fused.dim() < 1 or fused.shape[0] != 3 * num_heads * head_dim:
+        raise ConversionError(
+            f"checkpoint_version {version}: a fused QKV of {tuple(fused.shape)} does not hold "
+            f"3 x {num_heads} heads x {head_dim} rows"
+        )
     if version == 0:
         t = fused.reshape(3, num_heads, head_dim, *rest).transpose(0, 1)
     elif version == 1.0:
@@ -181,10 +186,18 @@ def merge_tp(shards: Sequence[torch.Tensor], kind: str, name: str = "") -> torch
     """Inverse of :func:`split_tp`.
 
     Raises:
-        ConversionError: replicated shards differ between ranks.
+        ConversionError: shards of different shapes, or replicated shards that differ
+            between ranks.
     """
     if len(shards) == 1:
         return shards[0]
+    for r, t in enumerate(shards[1:], start=1):  # Megatron's shards of a tensor are equal
+        if not isinstance(t, torch.Tensor) or t.shape != shards[0].shape:
+            raise ConversionError(
+                f"{name}: tensor-parallel shards disagree: rank 0 has shape "
+                f"{tuple(shards[0].shape)}, rank {r} has "
+                f"{tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__}"
+            )
     if kind == "replicated":
         for r, t in enumerate(shards[1:], start=1):
             if t.shape != shards[0].shape or not torch.equal(t, shards[0]):

@@ -141,9 +141,20 @@ def _read_rank(path: Path) -> tuple[dict[str, Any], Namespace, float]:
             )
         raise ConversionError(f"{path}: has no 'model' entry")
     args = payload.get("args")
-    version = float(payload.get("checkpoint_version", 0) or 0)
+    version = payload.get("checkpoint_version", 0) or 0
+    if not isinstance(version, int | float) or isinstance(version, bool) or version < 0:
+        raise ConversionError(f"{path}: checkpoint_version must be a number >= 0, got {version!r}")
+    if not isinstance(payload["model"], Mapping):
+        raise ConversionError(
+            f"{path}: 'model' is a {type(payload['model']).__name__}, expected a mapping of tensors"
+        )
     state = _flatten(payload["model"])
-    return state, args, version
+    for name, value in state.items():
+        if not isinstance(value, torch.Tensor) and not name.endswith("_extra_state"):
+            raise ConversionError(
+                f"{path}: model entry {name!r} is a {type(value).__name__}, not a tensor"
+            )
+    return state, args, float(version)
 
 
 def load_megatron_checkpoint(
@@ -239,18 +250,23 @@ def load_megatron_checkpoint(
             f"{'BertModel' if found_type == 'bert' else 'GPTModel'} tensor names), "
             f"expected model.type={model_type!r}"
         )
+    local = {pos: to_local_names(state, str(grid[pos])) for pos, (state, _, _) in raw.items()}
+    embedding = [local[(t, 0)].get("embedding.word_embeddings.weight") for t in range(tp)]
     config, extras = config_from_megatron_args(
         args,
         vocab_size=vocab_size,
         make_vocab_size_divisible_by=make_vocab_size_divisible_by,
         source=str(grid[(0, 0)]),
+        # the vocabulary checked against the (TP-sharded) embedding before any merge or cut
+        embedding_rows=sum(int(e.shape[0]) for e in embedding)
+        if all(isinstance(e, torch.Tensor) and e.dim() == 2 for e in embedding)
+        else None,
     )
     if (extras.tensor_parallel, extras.pipeline_parallel) != (tp, pp):
         raise ConversionError(
             f"{folder}: args say TP={extras.tensor_parallel} x PP={extras.pipeline_parallel}, "
             f"but the folder holds TP={tp} x PP={pp} rank files"
         )
-    local = {pos: to_local_names(state, str(grid[pos])) for pos, (state, _, _) in raw.items()}
     if found_type == "bert":
         config = _bert_config(config, args, local[(0, 0)], local[(0, pp - 1)], str(folder))
     full: dict[str, torch.Tensor] = {}

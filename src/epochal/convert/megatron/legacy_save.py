@@ -105,7 +105,8 @@ def save_megatron_checkpoint(
     Raises:
         ConversionError: the model or layout cannot be expressed in Megatron, or
             ``state`` does not match ``config``.
-        FileExistsError: the iteration folder exists and ``overwrite`` is false.
+        FileExistsError: the iteration folder exists, or the directory's tracker names a
+            newer iteration, and ``overwrite`` is false.
     """
     if spec not in ("transformer_engine", "local"):
         raise ConversionError(
@@ -146,6 +147,8 @@ def save_megatron_checkpoint(
     swiglu = config.activation == "swiglu"
     directory = Path(directory)
     folder = directory / f"iter_{iteration:07d}"
+    if not overwrite:
+        _check_tracker(directory, iteration)
     if ckpt_format == "torch_dist":
         if pipeline_parallel != 1:
             raise ConversionError(
@@ -192,6 +195,26 @@ def save_megatron_checkpoint(
                 torch.save(payload, rank_dir / FILE_NAME)
     atomic_write(directory / TRACKER_FILE, f"{iteration}\n")
     return folder
+
+
+def _check_tracker(directory: Path, iteration: int) -> None:
+    """Refuse to move an existing save directory's tracker back to an older iteration.
+
+    Raises:
+        FileExistsError: the tracker names a newer iteration (or ``release``); the
+            message says that ``--overwrite`` makes ``iteration`` the latest anyway.
+    """
+    tracker = directory / TRACKER_FILE
+    if not tracker.is_file():
+        return
+    text = tracker.read_text(errors="replace").strip()
+    newer = text == "release" or (text.isdigit() and int(text) > iteration)
+    if newer:
+        raise FileExistsError(
+            f"{tracker}: names iteration {text!r}, newer than {iteration}; writing iteration "
+            f"{iteration} would make it the latest (pass overwrite / --overwrite to do so, or "
+            "--megatron-iteration to write a newer one)"
+        )
 
 
 def _stage_state(

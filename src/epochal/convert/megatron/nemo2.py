@@ -43,7 +43,6 @@ the configuration states them.
 
 from __future__ import annotations
 
-import json
 import re
 import warnings
 from argparse import Namespace
@@ -53,6 +52,8 @@ from typing import Any
 
 import torch
 
+from epochal.convert.bounded_parse import Budget, ConfigFileError, load_json_file, load_yaml_file
+from epochal.convert.checked_config import MEGATRON_SCHEMA, check_fields
 from epochal.convert.common import ConversionError
 from epochal.convert.megatron.checkpoint import checkpoint_from_megatron_tensors
 from epochal.convert.megatron.torch_dist import is_torch_dist, read_torch_dist
@@ -71,6 +72,8 @@ _DEFAULTED = {
     "rotary_percent": 1.0,
 }
 _SILU = ("silu", "swish")
+#: node visits allowed while walking io.json (a real NeMo context takes a few thousand).
+FIDDLE_MAX_NODES = 200_000
 
 
 def is_nemo2(path: str | Path) -> bool:
@@ -80,11 +83,12 @@ def is_nemo2(path: str | Path) -> bool:
 
 
 def _read_mapping(path: Path, what: str) -> dict[str, Any]:
-    """A YAML/JSON file as a plain mapping, read with ``yaml.safe_load`` (never constructs objects)."""
+    """A YAML/JSON file as a plain mapping, read with ``yaml.safe_load`` (never constructs
+    objects) within :mod:`~epochal.convert.bounded_parse`'s size, depth and alias limits."""
     import yaml
 
     try:
-        doc = yaml.safe_load(path.read_text())
+        doc = load_yaml_file(path, what)
     except yaml.YAMLError as exc:
         reason = str(exc).splitlines()[0]
         raise ConversionError(
@@ -92,11 +96,22 @@ def _read_mapping(path: Path, what: str) -> dict[str, Any]:
             "files holding Python objects are never constructed or unpickled here. Pass the "
             "model configuration with --model-config FILE (Megatron-Core field names)"
         ) from exc
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConversionError(f"{path}: cannot read the {what} ({exc})") from exc
+    except ConfigFileError as exc:
+        raise ConversionError(str(exc)) from exc
     if not isinstance(doc, dict):
         raise ConversionError(f"{path}: the {what} is not a mapping")
     return doc
+
+
+_NUMBER = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$")
+
+
+def _yaml_numbers(fields: dict[str, Any]) -> dict[str, Any]:
+    """``fields`` with numbers YAML 1.1 reads as strings (``1e-5``: no dot) as floats."""
+    return {
+        k: float(v) if isinstance(v, str) and _NUMBER.match(v.strip()) else v
+        for k, v in fields.items()
+    }
 
 
 def _plain(value: Any) -> Any:
@@ -126,6 +141,8 @@ class _FiddleGraph:
         self.objects = data.get("objects") or {}
         self.path = path
         self.depth = 0
+        #: every node visited counts (a reference followed again counts again)
+        self.budget = Budget(str(path), max_nodes=FIDDLE_MAX_NODES)
 
     def refuse(self, why: str) -> ConversionError:
         return ConversionError(
@@ -134,6 +151,10 @@ class _FiddleGraph:
         )
 
     def value(self, node: Any) -> Any:
+        try:
+            self.budget.visit(self.depth)
+        except ConfigFileError as exc:
+            raise self.refuse(str(exc).split(": ", 1)[1]) from None
         if isinstance(node, list):
             return [self.value(x) for x in node]
         if not isinstance(node, Mapping):
@@ -148,8 +169,6 @@ class _FiddleGraph:
             if key not in self.objects:
                 raise self.refuse(f"it refers to a missing object {key!r}")
             self.depth += 1
-            if self.depth > 200:
-                raise self.refuse("its objects nest too deeply")
             try:
                 return self.value(self.objects[key])
             finally:
@@ -175,13 +194,16 @@ class _FiddleGraph:
 def _io_json_model(path: Path) -> dict[str, Any]:
     """The ``model`` node of NeMo's ``io.json`` (a ``TrainerContext``) as plain data."""
     try:
-        data = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ConversionError(f"{path}: cannot read the NeMo context ({exc})") from exc
+        data = load_json_file(path, "NeMo context", mapping=False)
+    except ConfigFileError as exc:
+        raise ConversionError(str(exc)) from exc
     graph = _FiddleGraph(data if isinstance(data, Mapping) else {}, path)
     if not isinstance(data, Mapping) or "root" not in data:
         raise graph.refuse("it is not Fiddle's JSON serialization (no 'root')")
-    root = graph.value(data["root"])
+    try:
+        root = graph.value(data["root"])
+    except (TypeError, AttributeError, KeyError, IndexError) as exc:  # not Fiddle's node shapes
+        raise graph.refuse(f"malformed Fiddle graph ({type(exc).__name__}: {exc})") from exc
     model = root.get("model") if isinstance(root, Mapping) else None
     if not isinstance(model, Mapping) or not isinstance(model.get("config"), Mapping):
         raise graph.refuse("it has no model.config")
@@ -234,9 +256,13 @@ def nemo2_model_fields(
         t for t in (doc.get("_target_"), config.get("_target_")) if isinstance(t, str)
     )
     fields = {k: v for k, v in _plain(config).items() if v is not None}
+    if found is not None:
+        check_fields(_yaml_numbers(fields), MEGATRON_SCHEMA, str(found))
     if model_config is not None:
-        fields.update(_plain(_read_mapping(Path(model_config), "--model-config file")))
-    return fields, target
+        extra = _yaml_numbers(_plain(_read_mapping(Path(model_config), "--model-config file")))
+        check_fields(extra, MEGATRON_SCHEMA, str(model_config))
+        fields.update(extra)
+    return _yaml_numbers(fields), target
 
 
 def _args_from_fields(
@@ -412,4 +438,5 @@ def load_nemo2_checkpoint(
         model_type=model_type,
         source=source,
         esm=esm,
+        unknown_tp=True,
     )

@@ -39,6 +39,7 @@ from typing import Any
 
 import torch
 from torch.distributed.checkpoint import load as dcp_load
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from epochal.convert.common import ConversionError
@@ -95,13 +96,21 @@ def read_torch_dist(
             unreadable, or an unsupported layer type (named).
         UnsafeCheckpointError: ``common.pt`` holds objects outside the allow-list.
     """
-    from epochal.train.state.checkpoint import SafeFileSystemReader, SafeLoadPlanner
+    from epochal.train.state.checkpoint import (
+        CheckpointError,
+        SafeFileSystemReader,
+        SafeLoadPlanner,
+    )
+    from epochal.train.state.dcp_checks import dcp_failure
 
     folder = Path(folder)
     if not is_torch_dist(folder):
         raise ConversionError(f"{folder}: not a Megatron torch_dist checkpoint (no metadata.json)")
     reader = SafeFileSystemReader(str(folder))
-    metadata = reader.read_metadata()
+    try:  # the metadata is checked against the files here (paths, chunks, sizes)
+        metadata = reader.read_metadata()
+    except CheckpointError as exc:
+        raise ConversionError(str(exc)) from exc
     wanted: dict[str, torch.Tensor] = {}
     for key, meta in metadata.state_dict_metadata.items():
         if not key.startswith(key_prefix) or not isinstance(meta, TensorStorageMetadata):
@@ -114,18 +123,15 @@ def read_torch_dist(
         wanted[key] = torch.empty(meta.size, dtype=meta.properties.dtype)
     if not wanted:
         raise ConversionError(f"{folder}: no model tensors in the DCP metadata")
-    files = {
-        item.relative_path
-        for item in metadata.storage_data.values()
-        if getattr(item, "relative_path", None)
-    }
-    missing = sorted(f for f in files if not (folder / f).is_file())
-    if missing:
-        raise ConversionError(f"{folder}: shard files are missing: {missing[:8]}")
     try:
         dcp_load(wanted, storage_reader=reader, planner=SafeLoadPlanner(), no_dist=True)
-    except Exception as exc:  # DCP wraps reader errors in CheckpointException
-        raise ConversionError(f"{folder}: cannot read the shards ({exc})") from exc
+    except (Exception, CheckpointException) as exc:  # noqa: BLE001 - DCP wraps reader errors
+        cause = dcp_failure(exc)
+        if isinstance(cause, CheckpointError):  # a damaged shard, named
+            raise ConversionError(str(cause)) from exc
+        raise ConversionError(
+            f"{folder}: cannot read the shards ({type(cause).__name__}: {cause})"
+        ) from exc
     common = folder / "common.pt"
     args = None
     if common.is_file():

@@ -37,6 +37,12 @@ the scaled scores, after which the mask kind's masks (causal, ``attention_mask``
 apply as ``-inf``. Under tensor parallelism the bias holds every head and
 :attr:`Attention.bias_heads` selects this module's slice (like ``alibi_heads``).
 
+Packed sequences (bidirectional only): ``forward(..., packed=p)`` with a
+:class:`~epochal.model.layers.packing.PackedSequences` takes ``x`` as one row
+``[1, T, hidden]`` of sequences packed back to back and confines attention to
+each sequence (:func:`~epochal.model.layers.packing.packed_attention`); ``rope``
+then holds each token's position within its own sequence.
+
 Incremental decoding: ``forward(..., kv_cache=slot)`` with a
 :class:`~epochal.model.kv_cache.LayerKVCache` appends this call's keys/values
 to the cache and attends over all cached tokens; the causal mask (and ALiBi's
@@ -51,6 +57,7 @@ from torch import nn
 
 from epochal.model.config import ModelConfig
 from epochal.model.generation.kv_cache import CrossKVCache, LayerKVCache
+from epochal.model.layers.packing import PackedSequences, packed_attention
 from epochal.model.layers.positions import alibi_bias, alibi_slopes, apply_rotary
 
 __all__ = ["Attention", "MASK_KINDS", "causal_mask_out", "padding_attention_mask"]
@@ -155,6 +162,7 @@ class Attention(nn.Module):
         kv_cache: LayerKVCache | CrossKVCache | None = None,
         context: torch.Tensor | None = None,
         position_bias: torch.Tensor | None = None,
+        packed: PackedSequences | None = None,
     ) -> torch.Tensor:
         """Attend (causally, bidirectionally or to ``context``: see :attr:`mask_kind`).
 
@@ -173,33 +181,31 @@ class Attention(nn.Module):
             context: cross only: the attended sequence ``[b, s_ctx, hidden]``.
             position_bias: optional float ``[1 or b, heads, s, s_k]`` added to the
                 scaled scores (T5's relative bias; all heads, see :attr:`bias_heads`).
+            packed: bidirectional only: ``x`` is ``[1, T, hidden]`` holding these
+                packed sequences; attention stays within each (no ``attention_mask``,
+                ``position_bias`` or cache then).
 
         Returns:
             ``[b, s, hidden]``.
 
         Raises:
             ValueError: ``context`` given or missing for the mask kind, ``rope``
-                with cross-attention, or a KV cache without causal attention.
+                with cross-attention, a KV cache without causal attention, or
+                ``packed`` with another mask kind or with a mask, bias or cache.
         """
         if (context is not None) != (self.mask_kind == "cross"):
             raise ValueError(
                 f"{self.mask_kind} attention "
                 + ("needs a context" if context is None else "takes no context")
             )
+        if packed is not None:
+            return self._forward_packed(x, rope, attention_mask, kv_cache, position_bias, packed)
         if self.mask_kind != "causal":
             return self._forward_noncausal(
                 x, rope, attention_mask, kv_cache, context, position_bias
             )
         b, s, _ = x.shape
-        hd = self.head_dim
-        q = self.wq(x).view(b, s, -1, hd)
-        k = self.wk(x).view(b, s, -1, hd)
-        v = self.wv(x).view(b, s, -1, hd)
-        if rope is not None:
-            cos, sin = rope
-            q = apply_rotary(q, cos, sin)
-            k = apply_rotary(k, cos, sin)
-        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [b, heads, s, hd]
+        q, k, v = self._self_qkv(x, rope)
         past = 0
         if kv_cache is not None:
             past = kv_cache.offset
@@ -287,6 +293,45 @@ class Attention(nn.Module):
         out = F.scaled_dot_product_attention(
             q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=self.softmax_scale
         )
+        return self.wo(out.transpose(1, 2).reshape(b, s, -1))
+
+    def _self_qkv(
+        self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Self-attention's queries, keys and values ``[b, heads, s, head_dim]``, rotated by ``rope``."""
+        b, s, _ = x.shape
+        hd = self.head_dim
+        q = self.wq(x).view(b, s, -1, hd)
+        k = self.wk(x).view(b, s, -1, hd)
+        v = self.wv(x).view(b, s, -1, hd)
+        if rope is not None:
+            cos, sin = rope
+            q = apply_rotary(q, cos, sin)
+            k = apply_rotary(k, cos, sin)
+        return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+
+    def _forward_packed(
+        self,
+        x: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor] | None,
+        attention_mask: torch.Tensor | None,
+        kv_cache: LayerKVCache | CrossKVCache | None,
+        position_bias: torch.Tensor | None,
+        packed: PackedSequences,
+    ) -> torch.Tensor:
+        """Bidirectional self-attention over packed sequences ``[1, T, hidden]``."""
+        if self.mask_kind != "bidirectional":
+            raise ValueError(f"packed sequences need bidirectional attention, not {self.mask_kind}")
+        if attention_mask is not None or position_bias is not None or kv_cache is not None:
+            raise ValueError(
+                "packed sequences take no attention_mask, position_bias or kv_cache "
+                "(attention is confined to each sequence)"
+            )
+        b, s, _ = x.shape
+        q, k, v = self._self_qkv(x, rope)
+        k, v = _repeat_kv(q, k, v)
+        dropout_p = self.dropout_p if self.training else 0.0
+        out = packed_attention(q, k, v, packed, dropout_p=dropout_p, scale=self.softmax_scale)
         return self.wo(out.transpose(1, 2).reshape(b, s, -1))
 
     def _bias(

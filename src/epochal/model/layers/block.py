@@ -34,6 +34,7 @@ from epochal.model.generation.kv_cache import KVCache
 from epochal.model.layers.attention import Attention
 from epochal.model.layers.mlp import MLP
 from epochal.model.layers.norms import build_norm
+from epochal.model.layers.packing import PackedSequences
 
 __all__ = ["DecoderBlock", "TransformerBlock"]
 
@@ -65,6 +66,7 @@ class TransformerBlock(nn.Module):
         attention_mask: torch.Tensor | None = None,
         kv_cache: KVCache | None = None,
         position_bias: torch.Tensor | None = None,
+        packed: PackedSequences | None = None,
     ) -> torch.Tensor:
         """``[b, s, hidden] -> [b, s, hidden]``; see :meth:`Attention.forward` for the arguments.
 
@@ -73,7 +75,7 @@ class TransformerBlock(nn.Module):
         slot = None if kv_cache is None else kv_cache.layer(self.layer_id)
         if self.post_norm:
             attn = self.attention(
-                x, rope, attention_mask, kv_cache=slot, position_bias=position_bias
+                x, rope, attention_mask, kv_cache=slot, position_bias=position_bias, packed=packed
             )
             h = self.attention_norm(x + self.dropout(attn))
             return self.ffn_norm(h + self.dropout(self.mlp(h)))
@@ -83,6 +85,7 @@ class TransformerBlock(nn.Module):
             attention_mask,
             kv_cache=slot,
             position_bias=position_bias,
+            packed=packed,
         )
         h = x + self.dropout(attn)
         return h + self.dropout(self.mlp(self.ffn_norm(h)))

@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass, field
 
 from epochal.data.datasets.dataset_builder import parse_blend
+from epochal.data.indexed.tokenizer_wordpiece import MAX_VOCAB_EXTRA_IDS
 from epochal.model.config import ConfigError
 from epochal.train.config.checks import _require
 
@@ -65,6 +66,42 @@ class DataConfig:
             ``--decoder-seq-length``; ``seq_length`` is the encoder's).
         vocab_extra_ids: WordPiece tokenizers: append this many ``<extra_id_N>``
             sentinels (Megatron's ``--vocab-extra-ids``; T5 needs them, e.g. 100).
+        pack_sequences: BERT / ESM: train on packed sequences (THD): each
+            micro-batch's samples (the same samples, in the same order) are
+            concatenated without their padding into one row
+            (:func:`epochal.data.loading.packing.pack_padded_batch`), attention is
+            confined to each sample and positions restart per sample, so the loss
+            is the padded batch's (up to float rounding) for less compute. Not with
+            pipeline parallelism (a :class:`ConfigError`); under sequence parallelism
+            the row is padded to a multiple of ``parallel.tensor_parallel`` with a
+            loss-masked tail.
+
+    ESM-2 pretraining (``model.type = "esm"``, :mod:`epochal.train.inputs.esm`; BioNeMo's
+    ``train_esm2`` flags in brackets), one protein source:
+
+        train_cluster_path / train_database_path: BioNeMo's layout: a parquet of
+            training clusters (``ur90_id``: member ids per row) and the SQLite database
+            ``protein(id, sequence)`` [``--train-cluster-path``, ``--train-database-path``].
+        valid_cluster_path / valid_database_path: the validation clusters (``ur50_id``,
+            one id per row) and their database (default: the training one)
+            [``--valid-cluster-path``, ``--valid-database-path``]; none: no validation.
+        protein_path: instead, one FASTA (plain/gz), CSV, TSV or parquet file, converted
+            once into that layout under ``cache_dir`` and split into train/valid clusters.
+        protein_clusters: with ``protein_path``: an MMseqs2 TSV (``representative<TAB>member``);
+            without it every protein is its own cluster.
+        protein_valid_fraction: with ``protein_path``: the fraction of clusters held out
+            for validation (in [0, 1); at least one cluster when positive), picked by a
+            permutation seeded by ``training.seed``.
+        protein_sequence_column / protein_id_column: table inputs' columns (no id
+            column: ``<file stem>_<row>``).
+        ``mock = true``: deterministic synthetic protein families (FASTA + clusters
+            written to ``cache_dir``), the ``esm-tiny`` preset's default.
+        ``masking_probability`` is ESM's ``mask_prob`` [``--mask-prob``];
+        mask_token_prob: fraction of selected residues that become ``<mask>`` [``--mask-token-prob``];
+        mask_random_prob: fraction that become a random token [``--mask-random-prob``];
+        random_mask_strategy: ``"all_tokens"`` (BioNeMo's default) or
+            ``"amino_acids_only"`` [``--random-mask-strategy``];
+        ``seq_length`` is the ``max_seq_length`` crop, ``<cls>``/``<eos>`` included.
     """
 
     data_path: list[str] = field(default_factory=list)
@@ -98,6 +135,19 @@ class DataConfig:
     masking_use_geometric_distribution: bool = False
     seq_length_decoder: int = 128
     vocab_extra_ids: int = 0
+    pack_sequences: bool = False
+    train_cluster_path: str = ""
+    train_database_path: str = ""
+    valid_cluster_path: str = ""
+    valid_database_path: str = ""
+    protein_path: str = ""
+    protein_clusters: str = ""
+    protein_valid_fraction: float = 0.02
+    protein_sequence_column: str = "sequence"
+    protein_id_column: str = ""
+    mask_token_prob: float = 0.8
+    mask_random_prob: float = 0.1
+    random_mask_strategy: str = "all_tokens"
 
     def __post_init__(self) -> None:
         _require(self.seq_length >= 1, "seq_length", f"must be >= 1, got {self.seq_length}")
@@ -107,9 +157,9 @@ class DataConfig:
             f"must be >= 1, got {self.seq_length_decoder}",
         )
         _require(
-            self.vocab_extra_ids >= 0,
+            0 <= self.vocab_extra_ids <= MAX_VOCAB_EXTRA_IDS,
             "vocab_extra_ids",
-            f"must be >= 0, got {self.vocab_extra_ids}",
+            f"must be between 0 and {MAX_VOCAB_EXTRA_IDS:,} (T5 uses 100), got {self.vocab_extra_ids:,}",
         )
         _require(
             self.corpus_max_bytes >= 1,
@@ -156,15 +206,72 @@ class DataConfig:
             "data_path",
             "give data_path (+ split) or train/valid/test_data_path, not both",
         )
-        sources = [name for name in ("corpus", "mock") if getattr(self, name)]
+        self._check_proteins()
+        sources = [name for name in ("corpus", "mock", "protein_path") if getattr(self, name)]
+        if self.train_cluster_path:
+            sources.append("train_cluster_path")
         if self.has_paths:
             sources.append("data_path" if self.data_path else "train_data_path")
         if len(sources) > 1:
             raise ConfigError(
                 sources[0],
                 f"is {getattr(self, sources[0])!r} and data.{sources[1]} is also set; set one data source "
-                "(data.corpus, data.mock or data.data_path / data.train_data_path ...)",
+                "(data.corpus, data.mock, data.data_path / data.train_data_path ..., "
+                "data.protein_path or data.train_cluster_path)",
             )
+
+    def _check_proteins(self) -> None:
+        """The ESM options: probabilities, the strategy, paths that need each other."""
+        for name in ("masking_probability", "mask_token_prob", "mask_random_prob"):
+            value = getattr(self, name)
+            _require(0.0 <= value <= 1.0, name, f"must be in [0, 1], got {value}")
+        _require(
+            self.mask_token_prob + self.mask_random_prob <= 1.0,
+            "mask_token_prob",
+            f"+ data.mask_random_prob must be <= 1, got {self.mask_token_prob} + "
+            f"{self.mask_random_prob}",
+        )
+        _require(
+            self.random_mask_strategy in ("all_tokens", "amino_acids_only"),
+            "random_mask_strategy",
+            f"must be 'all_tokens' or 'amino_acids_only', got {self.random_mask_strategy!r}",
+        )
+        _require(
+            0.0 <= self.protein_valid_fraction < 1.0,
+            "protein_valid_fraction",
+            f"must be in [0, 1), got {self.protein_valid_fraction}",
+        )
+        _require(
+            bool(self.protein_sequence_column),
+            "protein_sequence_column",
+            "must name the sequence column",
+        )
+        _require(
+            not self.protein_clusters or bool(self.protein_path),
+            "protein_clusters",
+            "needs data.protein_path (the proteins the clusters group)",
+        )
+        _require(
+            bool(self.train_cluster_path) == bool(self.train_database_path),
+            "train_database_path" if self.train_cluster_path else "train_cluster_path",
+            "data.train_cluster_path and data.train_database_path go together (BioNeMo's layout)",
+        )
+        for name in ("valid_cluster_path", "valid_database_path"):
+            _require(
+                not getattr(self, name) or bool(self.train_cluster_path),
+                name,
+                "needs data.train_cluster_path and data.train_database_path",
+            )
+        _require(
+            not self.valid_database_path or bool(self.valid_cluster_path),
+            "valid_database_path",
+            "needs data.valid_cluster_path (the validation clusters it holds)",
+        )
+
+    @property
+    def has_proteins(self) -> bool:
+        """Whether a protein source (``protein_path`` or BioNeMo's cluster files) is set."""
+        return bool(self.protein_path or self.train_cluster_path)
 
     @property
     def has_paths(self) -> bool:

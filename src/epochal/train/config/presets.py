@@ -1,4 +1,5 @@
-"""Named configurations: ``tiny`` (the CPU demo), ``bert-tiny``, ``t5-tiny``, ``gpt2-small``, ``gpu-1b``.
+"""Named configurations: ``tiny`` (the CPU demo), ``bert-tiny``, ``t5-tiny``, ``esm-tiny``,
+``esm2-8m``, ``gpt2-small``, ``gpu-1b``.
 
 A preset is a nested dict in the TOML layout of
 :class:`~epochal.train.config.TrainConfig`; a config file and overrides are
@@ -20,6 +21,17 @@ merged over it. ``epochal train --preset NAME --print-config`` shows the result.
   with 100 sentinels; Megatron's ``pretrain_t5`` span corruption (15% of the
   tokens, N-grams up to 10 from the geometric distribution), 128 encoder and 40
   decoder tokens (enough for the most a sample can mask: 1 + 2 x 18).
+- ``esm-tiny``: a 2-layer, 64-wide ESM-2 (rotary, pre-LN, GELU, ``token_dropout``)
+  with ESM-2's 33-token alphabet, on synthetic protein families (``data.mock``,
+  :mod:`epochal.train.inputs.synthetic_proteins`) or ``--data.protein_path=FILE``;
+  BioNeMo's samples (a member per cluster, cropped to 128 tokens, 15% / 80-10-10
+  masks drawn per ``EpochIndex``) for 200 steps, about 5 epochs of the synthetic
+  clusters; BioNeMo's optimizer recipe (below). Seconds on a CPU.
+- ``esm2-8m``: ESM-2 8M's shape (``facebook/esm2_t6_8M_UR50D``: 6 layers, hidden 320,
+  20 heads, FFN 1280, LayerNorm eps 1e-5, no dropout, ``token_dropout``), 1024 tokens;
+  BioNeMo's recipe: Adam betas 0.9 / 0.98, eps 1e-8, lr 4e-4 (min 4e-5), weight decay
+  0.01, linear warmup (2000 of 500,000 steps: a fraction of 0.004) then linear decay,
+  clip 1.0. Needs a protein source.
 - Warmup is a fraction of the decay (``scheduler.lr_warmup_fraction``: 30 of 300
   steps, 700 of 20000), so ``--training.train_iters=20`` shortens it with the run.
 - ``gpt2-small``: GPT-2 124M (learned positions, LayerNorm, tanh-GELU, tied
@@ -42,6 +54,32 @@ from typing import Any
 from epochal.model.config import ConfigError
 
 __all__ = ["PRESETS", "preset_dict"]
+
+#: ESM-2's architecture (``facebook/esm2_*``): rotary, pre-LN, GELU, ``token_dropout``,
+#: the 33-token alphabet (``<mask>`` 32, ``<pad>`` 1), no dropout.
+_ESM_MODEL: dict[str, Any] = {
+    "type": "esm",
+    "vocab_size": 33,
+    "position_embedding_type": "rope",
+    "normalization": "LayerNorm",
+    "norm_epsilon": 1e-5,
+    "activation": "gelu",
+    "num_tokentypes": 0,
+    "token_dropout": True,
+    "mask_token_id": 32,
+    "pad_token_id": 1,
+    "hidden_dropout": 0.0,
+    "attention_dropout": 0.0,
+    "make_vocab_size_divisible_by": 64,
+}
+#: BioNeMo's ESM-2 optimizer recipe (besides the learning rates).
+_BIONEMO_ADAM: dict[str, Any] = {
+    "weight_decay": 0.01,
+    "adam_beta1": 0.9,
+    "adam_beta2": 0.98,
+    "adam_eps": 1e-8,
+    "clip_grad": 1.0,
+}
 
 PRESETS: dict[str, dict[str, Any]] = {
     "tiny": {
@@ -163,6 +201,69 @@ PRESETS: dict[str, dict[str, Any]] = {
         "optimizer": {"lr": 1e-3, "min_lr": 1e-4, "weight_decay": 0.01, "clip_grad": 1.0},
         "scheduler": {"lr_decay_style": "linear", "lr_warmup_fraction": 0.1},
         "checkpoint": {"save_interval": 100, "keep_last": 2},
+        "logging": {"log_interval": 10},
+    },
+    "esm-tiny": {
+        "run_dir": "runs/esm-tiny",
+        "model": {
+            **_ESM_MODEL,
+            "hidden_size": 64,
+            "num_layers": 2,
+            "num_attention_heads": 4,
+            "ffn_hidden_size": 256,
+        },
+        "data": {
+            "mock": True,
+            "tokenizer_type": "ESM2Tokenizer",
+            "seq_length": 128,
+            "protein_valid_fraction": 0.05,
+        },
+        "training": {
+            "micro_batch_size": 8,
+            "global_batch_size": 16,
+            "train_iters": 200,
+            "eval_interval": 100,
+            "eval_iters": 2,
+            "seed": 1234,
+        },
+        "optimizer": {
+            "lr": 2e-3,
+            "min_lr": 2e-4,
+            **_BIONEMO_ADAM,
+        },
+        "scheduler": {"lr_decay_style": "linear", "lr_warmup_fraction": 0.1},
+        "checkpoint": {"save_interval": 100, "keep_last": 2},
+        "logging": {"log_interval": 20},
+    },
+    "esm2-8m": {
+        "run_dir": "runs/esm2-8m",
+        "model": {
+            **_ESM_MODEL,
+            "hidden_size": 320,
+            "num_layers": 6,
+            "num_attention_heads": 20,
+            "ffn_hidden_size": 1280,
+        },
+        "data": {
+            "tokenizer_type": "ESM2Tokenizer",
+            "seq_length": 1024,
+            "protein_valid_fraction": 0.01,
+        },
+        "training": {
+            "micro_batch_size": 8,
+            "global_batch_size": 256,
+            "train_iters": 500000,
+            "eval_interval": 2000,
+            "eval_iters": 10,
+            "bf16": True,
+        },
+        "optimizer": {
+            "lr": 4e-4,
+            "min_lr": 4e-5,
+            **_BIONEMO_ADAM,
+        },
+        "scheduler": {"lr_decay_style": "linear", "lr_warmup_fraction": 0.004},
+        "checkpoint": {"save_interval": 2000, "keep_last": 3},
         "logging": {"log_interval": 10},
     },
     "gpu-1b": {

@@ -191,6 +191,11 @@ EXCLUSIVE_OPTIONS: tuple[tuple[str, ...], ...] = (
         "data.train_data_path",
         "data.valid_data_path",
         "data.test_data_path",
+        "data.protein_path",
+        "data.train_cluster_path",
+        "data.train_database_path",
+        "data.valid_cluster_path",
+        "data.valid_database_path",
     ),
     ("scheduler.lr_warmup_iters", "scheduler.lr_warmup_fraction"),
 )

@@ -45,9 +45,23 @@ class TrainConfig:
     def __post_init__(self) -> None:
         _require(bool(self.run_dir), "run_dir", "must be a non-empty path")
         # Model fields, checked with placeholders for what the tokenizer decides.
-        model_config_from_section(
+        model_config = model_config_from_section(
             self.model, vocab_size=self.model.vocab_size or 1, seq_length=position_length(self)
         )
+        if self.data.pack_sequences:
+            _require(
+                model_config.is_encoder,
+                "data.pack_sequences",
+                "packs masked-LM samples of encoders (model.type 'bert' or 'esm'), "
+                f"not model.type={model_config.type!r}",
+            )
+            _require(
+                self.parallel.pipeline_parallel == 1,
+                "data.pack_sequences",
+                "is not supported with pipeline parallelism (packed micro-batches differ "
+                "in length, a pipeline schedule needs one shape); set "
+                f"parallel.pipeline_parallel=1, got {self.parallel.pipeline_parallel}",
+            )
         mpe = self.model.max_position_embeddings
         longest = position_length(self)
         _require(
@@ -96,7 +110,7 @@ class TrainConfig:
 
         Raises:
             ConfigError: none of ``data.data_path`` (or the per-split paths),
-                ``data.corpus`` or ``data.mock`` is set.
+                ``data.corpus``, ``data.mock`` or a protein source is set.
         """
         if self.model.head != "mlm":
             _require(
@@ -105,11 +119,12 @@ class TrainConfig:
                 f"model.head={self.model.head!r} fine-tunes on a labelled table: set finetune.train_file",
             )
             return
+        d = self.data
         _require(
-            self.data.has_paths or self.data.mock or bool(self.data.corpus),
+            d.has_paths or d.mock or bool(d.corpus) or d.has_proteins,
             "data.data_path",
             "no data: set data.data_path (Megatron-style prefixes), data.corpus ('stdlib' or a "
-            ".jsonl) or data.mock=true",
+            ".jsonl), data.mock=true, or for ESM data.protein_path / data.train_cluster_path",
         )
 
     @property

@@ -4,7 +4,8 @@
 
 1. tokenizer and data: ``data.corpus`` is tokenized first (cached, see
    :mod:`epochal.train.inputs.corpus`); otherwise ``data.data_path`` (Megatron-style
-   prefixes / blend) with ``data.tokenizer_type``; or ``data.mock``;
+   prefixes / blend) with ``data.tokenizer_type``; or ``data.mock``; ESM runs read
+   proteins (:mod:`epochal.train.inputs.esm`);
 2. train / validation datasets from the data layer's GPT dataset builder, sized as
    Megatron does (train: ``train_iters * global_batch_size`` samples; validation:
    ``eval_iters * global_batch_size``, since every evaluation reads the validation
@@ -141,8 +142,14 @@ def _finetune(config: TrainConfig, **kwargs: Any) -> tuple[Any, Any, int, Any, s
     return build_finetune_datasets(config, **kwargs)
 
 
+def _esm(config: TrainConfig, **kwargs: Any) -> tuple[Any, Any, int, Any, str]:
+    from epochal.train.inputs.esm import build_esm_train_datasets
+
+    return build_esm_train_datasets(config, **kwargs)
+
+
 #: model type -> ``builder(config, log=, group=) -> (train, valid, vocab_size, tokenizer, description)``.
-DATASET_BUILDERS: dict[str, Any] = {"gpt": _gpt, "bert": _bert, "t5": _t5}
+DATASET_BUILDERS: dict[str, Any] = {"gpt": _gpt, "bert": _bert, "esm": _esm, "t5": _t5}
 #: Any encoder with a fine-tuning head (``model.head``) trains on labelled tables.
 FINETUNE_BUILDER = _finetune
 
@@ -151,8 +158,7 @@ def dataset_builder(model_type: str) -> Any:
     """The dataset builder of ``model_type`` (:data:`DATASET_BUILDERS`).
 
     Raises:
-        ConfigError: (naming ``model.type``) the type has no file-based data path
-            (ESM: pass ``MaskedTokenDataset`` data to :func:`make_loaders`).
+        ConfigError: (naming ``model.type``) the type has no file-based data path.
     """
     try:
         return DATASET_BUILDERS[model_type]

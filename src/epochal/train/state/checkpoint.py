@@ -10,9 +10,11 @@ Layout of ``<dir>`` (``<run_dir>/checkpoints``)::
         config.toml          the resolved configuration of the run
         manifest.json        size and SHA-256 of every file above (written last)
     latest                   text file naming the newest complete folder
-    .tmp-step_0000300/       a save in progress (removed on the next save)
+    .tmp-step_0000300.<host>.<pid>.<random>/   a save in progress
 
-Saving writes everything into ``.tmp-step_N``, renames it to ``step_N`` and then
+Saving writes everything into ``.tmp-step_N.<host>.<pid>.<random>`` (named by
+rank 0 of the saving job, so two jobs never share one; the next save removes
+those of dead processes on this host and unnamed ones), renames it to ``step_N`` and then
 replaces ``latest`` (write-then-rename), so a crash at any moment leaves the
 previous checkpoint loadable. Older ``step_*`` folders beyond ``keep_last`` are
 deleted afterwards.
@@ -71,6 +73,10 @@ from epochal._checksum import (
     manifest_bytes,
     verify_manifest,
 )
+from epochal.train.state.dcp_checks import check_dcp_metadata, dcp_failure, read_per_file
+from epochal.train.state.errors import CheckpointCorruptError, CheckpointError
+from epochal.train.state.run_lock import stale_temporary, temporary_token
+from epochal.train.state.trainer_state import check_trainer_state
 
 __all__ = [
     "CheckpointCorruptError",
@@ -111,14 +117,6 @@ _ALLOWED_GLOBALS: dict[str, set[str]] = {
     "collections": {"OrderedDict"},
     "builtins": {"set", "frozenset", "slice"},
 }
-
-
-class CheckpointError(ValueError):
-    """A checkpoint is missing, incomplete, malformed or unsafe; the message names the file."""
-
-
-class CheckpointCorruptError(CheckpointError):
-    """A checkpoint file is missing, truncated or changed since it was saved (names the file)."""
 
 
 def verify_checkpoint(folder: str | os.PathLike) -> bool:
@@ -193,7 +191,8 @@ def load_metadata_safely(data: bytes | Any, source: str = "<metadata>") -> Metad
 
 
 class SafeFileSystemReader(FileSystemReader):
-    """``FileSystemReader`` whose ``read_metadata`` uses a restricted unpickler."""
+    """``FileSystemReader`` whose ``read_metadata`` uses a restricted unpickler and checks what
+    the metadata declares against the files (:func:`~epochal.train.state.dcp_checks.check_dcp_metadata`)."""
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
         path = self._get_metadata_path(kwargs.get("rank"))
@@ -202,10 +201,16 @@ class SafeFileSystemReader(FileSystemReader):
                 metadata = load_metadata_safely(f, str(path))
         except FileNotFoundError as exc:
             raise CheckpointError(f"{path}: DCP metadata file is missing") from exc
+        check_dcp_metadata(metadata, Path(self.path), str(path))  # before anything is allocated
         if getattr(metadata, "storage_meta", None) is None:
             metadata.storage_meta = StorageMeta()
         metadata.storage_meta.load_id = self.load_id
         return metadata
+
+    def read_data(self, plan: Any, planner: Any) -> Any:
+        """DCP's ``read_data`` one file at a time; a damaged file's error names it."""
+        read = super().read_data
+        return read_per_file(plan, self.storage_data, Path(self.path), lambda p: read(p, planner))
 
 
 class SafeLoadPlanner(DefaultLoadPlanner):
@@ -269,6 +274,7 @@ class Checkpointer:
         self._all_gather = all_gather
         self.checksums = checksums
         self._verified: set[Path] = set()
+        self._token: str | None = None
         #: step folders found damaged by :meth:`newest_intact` (kept; see :meth:`save`)
         self.damaged: set[Path] = set()
 
@@ -412,11 +418,12 @@ class Checkpointer:
             The final folder.
         """
         final = self.directory / step_folder_name(step)
-        tmp = self.directory / f".tmp-{final.name}"
+        tmp = self.directory / f".tmp-{final.name}.{self._job_token()}"
         if self.rank == 0:
             self.directory.mkdir(parents=True, exist_ok=True)
             for stale in self.directory.glob(".tmp-step_*"):
-                shutil.rmtree(stale, ignore_errors=True)
+                if stale_temporary(stale.name):
+                    shutil.rmtree(stale, ignore_errors=True)
             tmp.mkdir()
         self._barrier()
         with warnings.catch_warnings():
@@ -446,6 +453,14 @@ class Checkpointer:
             self._prune(keep=final)
         self._barrier()
         return final
+
+    def _job_token(self) -> str:
+        """``<host>.<pid>.<random>`` of rank 0, the same on every rank of this job (a collective once)."""
+        if self._token is None:
+            self._token = temporary_token()
+            if self._all_gather is not None:
+                self._token = self._all_gather(self._token)[0]
+        return self._token
 
     def _hash_files(self, tmp: Path) -> dict[str, dict[str, Any]]:
         """The manifest entries of every file in ``tmp`` (on rank 0; each rank hashes a slice).
@@ -521,7 +536,7 @@ class Checkpointer:
             raise CheckpointError(f"{json_path}: not valid JSON ({exc})") from exc
         if not isinstance(trainer_state, dict):
             raise CheckpointError(f"{json_path}: expected a JSON object")
-        return trainer_state
+        return check_trainer_state(trainer_state, str(json_path))
 
     def load_tensors(self, folder: str | os.PathLike, state: dict[str, Any]) -> None:
         """Load the DCP tensors of checkpoint ``folder`` into ``state`` in place, after :meth:`check_intact`.
@@ -555,6 +570,8 @@ class Checkpointer:
         except CheckpointError:
             raise
         except (Exception, CheckpointException) as exc:  # noqa: BLE001 - DCP's error is a BaseException
+            if isinstance(cause := dcp_failure(exc), CheckpointError):
+                raise cause from exc  # a damaged or truncated file, named
             raise CheckpointError(
                 f"{folder}: cannot load into this model/optimizer: {exc}"
             ) from exc

@@ -7,6 +7,13 @@ Batches come in either key set:
 - BioNeMo's (``MaskedTokenDataset``): ``tokens``, ``labels`` (-100 where not
   predicted), ``loss_mask`` and optionally ``padding_mask`` / ``types``.
 
+Packed micro-batches (``data.pack_sequences``,
+:func:`epochal.data.loading.packing.pack_padded_batch`) carry ``cu_seqlens``
+besides ``[1, T]`` tensors: :meth:`BertTrainStep.get_batch` then returns it as a
+seventh item and the model gets it as ``cu_seqlens=`` (attention within each
+sample, positions restarting). The loss is computed the same way: the token mean
+over ``loss_mask`` and, with the binary head, one ``is_random`` target per sample.
+
 Loss of a micro-batch: the masked-LM cross-entropy averaged over ``loss_mask``
 (``"lm loss"``), plus, when the model has the binary (next-sentence / sentence
 order) head, the cross-entropy of its logits against ``is_random``
@@ -25,6 +32,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from epochal.data.loading.packing import PACKED_KEY
 from epochal.train.steps.base import TrainStep
 from epochal.train.steps.registry import register_train_step
 
@@ -41,14 +49,16 @@ class BertTrainStep(TrainStep):
         ``tokens``/``lm_labels`` int64 ``[b, s]`` (labels < 0 where not predicted),
         ``loss_mask`` float ``[b, s]``; ``types`` int64 ``[b, s]``,
         ``sentence_order`` int64 ``[b]`` and ``padding_mask`` int64 ``[b, s]``
-        (1 = real token) or None when the data has none.
+        (1 = real token) or None when the data has none. A packed batch adds a
+        seventh item, ``cu_seqlens`` (int32 ``[n + 1]``; the tensors are then
+        ``[1, T]`` and ``sentence_order`` ``[n]``).
         """
         batch = next(data_iterator)
         tokens = batch["text"] if "text" in batch else batch["tokens"]
         types = batch.get("types")
         order = batch.get("is_random")
         padding = batch.get("padding_mask")
-        return (
+        out = (
             tokens.long(),
             None if types is None else types.long(),
             None if order is None else order.long().reshape(-1),
@@ -56,6 +66,9 @@ class BertTrainStep(TrainStep):
             batch["labels"].long(),
             None if padding is None else padding.long(),
         )
+        if PACKED_KEY in batch:
+            return (*out, batch[PACKED_KEY])
+        return out
 
     def loss_func(
         self,
@@ -102,15 +115,16 @@ class BertTrainStep(TrainStep):
         In evaluation (``model.training`` is False) the logits are also scored for
         top-1 accuracy on the loss-masked tokens.
         """
-        tokens, types, order, loss_mask, labels, padding = self.get_batch(data_iterator)
+        tokens, types, order, loss_mask, labels, padding, *packed = self.get_batch(data_iterator)
         if not self.uses_token_types():
             types = None  # Megatron: token types only with the binary head's two segments
         # Labels < 0 mark tokens that are not predicted (loss_mask 0 there).
         labels = labels.clamp(min=0)
+        kwargs = {"cu_seqlens": packed[0]} if packed else {}
         if model.training:
-            output = model(tokens, types, padding, labels=labels)
+            output = model(tokens, types, padding, labels=labels, **kwargs)
             return output, partial(self.loss_func, loss_mask, order)
-        logits = model(tokens, types, padding)
+        logits = model(tokens, types, padding, **kwargs)
         rest: tuple[Any, ...] = ()
         if isinstance(logits, tuple):
             logits, *extra = logits
@@ -124,7 +138,7 @@ class BertTrainStep(TrainStep):
 
     def stage_kwargs(self, micro_batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """``token_types`` (first stage; ignored by later ones) and ``padding_mask`` (every stage)."""
-        _, types, _, _, _, padding = self.get_batch(iter([micro_batch]))
+        _, types, _, _, _, padding, *_ = self.get_batch(iter([micro_batch]))
         out = {}
         if types is not None and self.uses_token_types():
             out["token_types"] = types
