@@ -127,9 +127,14 @@ def test_protein_finetuning_and_embedding_commands_run(tmp_path):
     )
     exec(compile(setup.replace("/tmp/", f"{tmp_path}/"), "README.md: fine-tuning", "exec"), {})  # noqa: S102
     lines = command_lines("Proteins", "Fine-tuning ESM") + command_lines("Proteins", "Embeddings")
-    commands = " ".join(lines).replace("\\ ", " ").replace("/tmp/", f"{tmp_path}/")
-    for command in re.split(r"\s(?=epochal )", commands):
-        argv = shlex.split(command)[1:]
+    commands: list[str] = []
+    for line in lines:  # a line ending in a backslash continues on the next
+        if commands and commands[-1].endswith("\\"):
+            commands[-1] = commands[-1][:-1] + " " + line
+        else:
+            commands.append(line)
+    for command in commands:
+        argv = shlex.split(command.replace("/tmp/", f"{tmp_path}/"))[1:]
         assert cli_main(argv) == 0, argv
     with safe_open(str(tmp_path / "proteins/query.safetensors"), "pt") as f:
         assert f.get_tensor("embeddings").shape == (5, 64)
