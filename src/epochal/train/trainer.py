@@ -166,13 +166,12 @@ class Trainer(CheckpointSeams):
         """The train step: ``training.train_step`` if set, else the one registered for ``model.type``.
 
         Raises:
-            ConfigError: an unknown model type, or a ``training.train_step`` that
-                cannot be imported or is not a train step class.
+            ConfigError: an unknown model type, or a bad ``training.train_step`` (import, class).
         """
         t = self.config.training
         spec = getattr(t, "train_step", "")
         kwargs = dict(getattr(t, "train_step_kwargs", {}) or {})
-        m = self.config.model
+        m = self.config.model  # a fine-tuning head (model.head) has its own step
         cls = load_train_step(spec) if spec else train_step_class(m.type, m.head)
         return cls(self.config, **kwargs)
 
