@@ -44,7 +44,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output", required=True, help="out.safetensors or out.parquet")
     parser.add_argument("--sequence-column", default="sequence")
     parser.add_argument(
-        "--id-column", default=None, help="table column of the ids (default: row numbers)"
+        "--id-column", default=None, help="table column of the ids (default: <file stem>_<row>)"
     )
     parser.add_argument(
         "--per-residue", action="store_true", help="also the per-residue hidden states"
@@ -126,7 +126,7 @@ def run(args: argparse.Namespace) -> int:
     """Embed ``--input`` with ``--checkpoint`` into ``--output``; 0 on success, 1 on bad input."""
     import torch.distributed as dist
 
-    from epochal.data.datasets.protein_files import read_sequences
+    from epochal.data.proteins.readers import read_proteins
     from epochal.train.embed import embed_sequences, load_encoder
 
     out = Path(args.output)
@@ -146,7 +146,9 @@ def run(args: argparse.Namespace) -> int:
     if device.startswith("cuda") and dist.is_initialized() and ":" not in device:
         device = f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
     try:
-        ids, sequences = read_sequences(args.input, args.sequence_column, args.id_column)
+        records = list(read_proteins(args.input, args.sequence_column, args.id_column or None))
+        ids = [r[0] for r in records]
+        sequences = [r[1] for r in records]
         enc = load_encoder(args.checkpoint, device)
         result = embed_sequences(
             enc,
