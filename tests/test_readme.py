@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import subprocess
 from pathlib import Path
 
@@ -106,3 +107,38 @@ def test_protein_pretraining_commands_run(tmp_path):
     assert "sample order and masks differed in every epoch" in outputs[1]
     assert (tmp_path / "hf/esm-tiny/vocab.txt").is_file()
     assert "[MASK] 0:" in outputs[3]
+
+
+def test_protein_finetuning_and_embedding_commands_run(tmp_path):
+    """Fine-tuning (a sequence head with its own LR; a residue head with LoRA, merged) and embed."""
+    import json
+
+    import pyarrow.parquet as pq
+    from safetensors import safe_open
+
+    from epochal.cli import main as cli_main
+
+    setup = "\n".join(
+        re.findall(
+            r"```python\n(.*?)```",
+            README.read_text().split("### Fine-tuning ESM", 1)[1].split("## Parallel training")[0],
+            flags=re.S,
+        )
+    )
+    exec(compile(setup.replace("/tmp/", f"{tmp_path}/"), "README.md: fine-tuning", "exec"), {})  # noqa: S102
+    lines = command_lines("Proteins", "Fine-tuning ESM") + command_lines("Proteins", "Embeddings")
+    commands: list[str] = []
+    for line in lines:  # a line ending in a backslash continues on the next
+        if commands and commands[-1].endswith("\\"):
+            commands[-1] = commands[-1][:-1] + " " + line
+        else:
+            commands.append(line)
+    for command in commands:
+        argv = shlex.split(command.replace("/tmp/", f"{tmp_path}/"))[1:]
+        assert cli_main(argv) == 0, argv
+    with safe_open(str(tmp_path / "proteins/query.safetensors"), "pt") as f:
+        assert f.get_tensor("embeddings").shape == (5, 64)
+        assert json.loads(f.metadata()["ids"]) == [f"q{i}" for i in range(5)]
+    rows = pq.read_table(tmp_path / "proteins/valid.parquet").to_pylist()
+    assert len(rows) == 16 and {r["predicted_label"] for r in rows} <= {"insoluble", "soluble"}
+    assert (tmp_path / "proteins/structure-merged").is_dir()

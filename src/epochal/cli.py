@@ -37,6 +37,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "epochal.commands.fill_mask",
         "top predictions of a masked-language model (BERT / ESM-2) for each mask token",
     ),
+    "embed": (
+        "epochal.commands.embed",
+        "protein / text embeddings and fine-tuned predictions of an encoder, in input order",
+    ),
     "convert": (
         "epochal.commands.convert",
         "convert checkpoints between epochal, Hugging Face (GPT-2, Llama, BERT, ESM-2, T5) and "

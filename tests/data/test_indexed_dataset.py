@@ -280,7 +280,7 @@ def test_builder_lists_read_spilled_index(tmp_path, monkeypatch):
         ("1 2 3", "must be integers, got a str"),
         (b"\x01\x02", "must be integers, got a bytes"),
         ([1, None], "must be integers, got NoneType"),
-        ([1, "2"], "must be integers, got values of dtype <U21"),
+        ([1, "two"], "token 1 is 'two', not a decimal integer"),  # "2" is an id (issue 26)
         ([[1, 2], [3]], "flat or rectangular integer sequence"),
         ([1.5, 2], "non-integer token values"),
         (np.array([1 + 1j]), "must be integers, got values of dtype complex128"),

@@ -1,6 +1,6 @@
 """Subprocess entry point for the kill-and-resume tests: train a tiny model on synthetic data.
 
-Usage: python resume_worker.py RUN_DIR TRAIN_ITERS [--bert | --t5 | --esm] [--pause-after N] [override ...]
+Usage: python resume_worker.py RUN_DIR TRAIN_ITERS [--bert | --t5 | --esm | --finetune] [--pause-after N] [override ...]
 
 ``--bert``: a tiny BERT on masked data that gets fresh masks every epoch
 (``tests/parallel/bert_worker.py``: ``MaskedTokenDataset`` under
@@ -74,7 +74,8 @@ def main(argv: list[str]) -> int:
     bert = rest[:1] == ["--bert"]
     t5 = rest[:1] == ["--t5"]
     esm = rest[:1] == ["--esm"]
-    rest = rest[1:] if bert or t5 or esm else rest
+    finetune = rest[:1] == ["--finetune"]
+    rest = rest[1:] if bert or t5 or esm or finetune else rest
     if rest[:1] == ["--pause-after"]:
         pause_after, rest = int(rest[1]), rest[2:]
     if bert:
@@ -88,6 +89,19 @@ def main(argv: list[str]) -> int:
         overrides = [*t5_worker.HF_STYLE, *BASE_BERT, f"--training.train_iters={iters}", *rest]
         cfg = t5_worker.config(run_dir, overrides)
         data = None  # epochal train's own file path (build_t5_datasets)
+    elif finetune:  # a pretrained tiny ESM fine-tuned with a residue head (dropout everywhere)
+        from tests.parallel import finetune_worker
+
+        head = "residue_classification"
+        files = finetune_worker.prepare(Path(run_dir).parent / "finetune", head)
+        overrides = [
+            *BASE_BERT,
+            "--model.head_dropout=0.25",
+            f"--training.train_iters={iters}",
+            *rest,
+        ]
+        cfg = finetune_worker.config(run_dir, files, head, overrides)
+        data = None
     elif esm:
         from tests.parallel import bert_worker
 

@@ -37,7 +37,7 @@ def losses(run_dir: Path, kind: str = "train") -> dict[int, dict[int, float]]:
     return out
 
 
-@pytest.fixture(scope="module", params=["gpt", "bert", "t5", "esm"])
+@pytest.fixture(scope="module", params=["gpt", "bert", "t5", "esm", "finetune"])
 def runs(tmp_path_factory, request) -> dict[str, Path]:
     """Single-threaded worker processes, two at a time (one per core); bit-exactness holds regardless.
 
@@ -45,8 +45,18 @@ def runs(tmp_path_factory, request) -> dict[str, Path]:
     ``t5``: a T5 on Megatron's span-corruption samples from files, with dropout.
     ``esm``: an ESM-2 on BioNeMo's samples from a FASTA file, with dropout.
     """
-    mode = {"gpt": (), "bert": ("--bert",), "t5": ("--t5",), "esm": ("--esm",)}[request.param]
+    mode = {
+        "gpt": (),
+        "bert": ("--bert",),
+        "t5": ("--t5",),
+        "esm": ("--esm",),
+        "finetune": ("--finetune",),
+    }[request.param]
     dirs = {name: tmp_path_factory.mktemp(name) for name in ("full", "killed", "older")}
+    if request.param == "finetune":  # the encoder and tables, written before the runs start
+        from tests.parallel.finetune_worker import prepare
+
+        prepare(dirs["full"].parent / "finetune", "residue_classification")
     if request.param == "t5":  # one corpus next to the run directories, written before they start
         from tests.parallel.t5_worker import write_corpus
 

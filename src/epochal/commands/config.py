@@ -231,10 +231,16 @@ def _check(answers: dict[str, Any]):
         _Invalid: with the reason (a ``ConfigError`` names the option).
     """
     from epochal.model.config import ConfigError
-    from epochal.train.config.answers import AnswerError, config_from_answers
+    from epochal.train.config.answers import (
+        AnswerError,
+        check_answers_launchable,
+        config_from_answers,
+    )
 
     try:
-        return config_from_answers(answers)
+        config = config_from_answers(answers)
+        check_answers_launchable(answers, config.training.device)  # what this machine can run
+        return config
     except (AnswerError, ConfigError, OSError) as exc:
         raise _Invalid(str(exc)) from None
 

@@ -215,6 +215,8 @@ def _argv(args: argparse.Namespace) -> list[str]:
 def _generate(args, parallel, init_distributed, is_logging_rank) -> int:
     from epochal.model.build import model_from_state
     from epochal.model.generation.decoding import GenerationConfig, generate
+    from epochal.model.generation.limits import check_generation_sizes
+    from epochal.train.config.limits import device_memory_bytes
 
     t0 = time.perf_counter()
     info = init_distributed(parallel, args.device)
@@ -255,6 +257,14 @@ def _generate(args, parallel, init_distributed, is_logging_rank) -> int:
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[
         args.dtype
     ]
+    check_generation_sizes(
+        config,
+        gen_config,
+        ids,
+        dtype,
+        memory=device_memory_bytes(args.device),
+        source=str(args.checkpoint),
+    )
     model = model_from_state(config, ck.state)  # GPT, or T5 (the prompts are its encoder input)
     model = model.to(device=info.device, dtype=dtype).eval()
     if args.tensor_parallel > 1:

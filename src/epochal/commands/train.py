@@ -78,14 +78,17 @@ def run(args: argparse.Namespace) -> int:
     from epochal.model.config import ConfigError
     from epochal.train.config import build_config, to_toml
     from epochal.train.state.checkpoint import CheckpointError
+    from epochal.train.state.encoder_init import finetune_overrides
 
     try:
         overrides = _split_overrides(args, getattr(args, "_unknown", []))
-        preset = args.preset or (None if args.config else "tiny")
+        # A fine-tuning head with checkpoint.init_from: the encoder's shape comes from the checkpoint.
+        encoder = finetune_overrides(args.config, overrides)
+        preset = args.preset or (None if args.config or encoder else "tiny")
         config = build_config(
             preset=preset,
             config_file=args.config,
-            overrides=overrides,
+            overrides=[*(encoder or []), *overrides],
             require_data=not args.print_config,
         )
     except (ConfigError, ValueError, FileNotFoundError) as exc:
@@ -107,6 +110,14 @@ def run(args: argparse.Namespace) -> int:
         if not under_launcher() or os.environ.get("RANK") == "0":  # once, not once per rank
             print(f"epochal train: error: {exc}", file=sys.stderr)
         return 2
+    from epochal.train.state.run_lock import RunDirLocked, check_run_dir_free
+
+    try:  # another job training in this run directory: say so before preparing anything
+        if not under_launcher() or os.environ.get("RANK") == "0":
+            check_run_dir_free(config.run_dir)
+    except RunDirLocked as exc:
+        print(f"epochal train: error: {exc}", file=sys.stderr)
+        return 1
     if relaunching:  # several processes asked for, no torchrun: start it
         return relaunch(config.parallel, ["train", *getattr(args, "_argv", [])])
     try:
@@ -122,18 +133,37 @@ def run(args: argparse.Namespace) -> int:
     except (CheckpointError, OSError, ValueError) as exc:
         print(f"epochal train: error: {exc}", file=sys.stderr)
         return 1
+    except RuntimeError as exc:
+        from epochal.parallel.watchdog import describe_collective_timeout
+
+        message = describe_collective_timeout(exc, timeout_minutes=config.parallel.timeout_minutes)
+        if message is None:
+            raise
+        print(f"epochal train: error: {message}", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(1)  # a timed-out process group can abort in its destructor: leave now
 
 
 def _preflight(config, relaunching: bool) -> None:
     """Check the data files and the parallel layout; raise ConfigError naming the option."""
     from epochal.parallel.launch import under_launcher
+    from epochal.train.config.limits import check_sizes
     from epochal.train.inputs.gpt import check_data_files
     from epochal.train.parallel_trainer import check_layout, wants_parallel
 
+    check_sizes(config)
     if not (config.data.corpus or config.data.mock):
         check_data_files(config.data)
     if relaunching:
-        check_layout(config, config.parallel.launch_world_size())
+        from epochal.parallel.launch import check_launchable
+
+        p = config.parallel
+        check_layout(config, p.launch_world_size())  # what the options mean, then the machine
+        check_launchable(
+            p.launch_world_size(),
+            config.training.device,
+            option="parallel.nproc_per_node" if p.nproc_per_node else "parallel.data_parallel",
+        )
     elif under_launcher() or wants_parallel(config):
         check_layout(config, int(os.environ.get("WORLD_SIZE", "1")))
 

@@ -28,6 +28,7 @@ __all__ = [
     "detect_format",
     "load_checkpoint",
     "load_model_checkpoint",
+    "merge_adapters",
     "save_checkpoint",
 ]
 
@@ -155,6 +156,24 @@ def _run_tokenizer_info(ck: Any) -> dict[str, Any]:
     return info
 
 
+def merge_adapters(
+    config: ModelConfig, state: dict[str, torch.Tensor]
+) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+    """``(config, state)`` with LoRA adapters folded into the weights (unchanged without adapters).
+
+    ``W + (alpha / r) B A`` (:func:`epochal.model.lora.merge_lora_state`); the config
+    loses ``lora_rank`` and ``freeze_encoder``: a plain model.
+    """
+    if not config.lora_rank:
+        return config, state
+    import dataclasses
+
+    from epochal.model.lora import merge_lora_state
+
+    merged = merge_lora_state(state, config)
+    return dataclasses.replace(config, lora_rank=0, freeze_encoder=False), merged
+
+
 def save_checkpoint(
     ck: LoadedCheckpoint,
     output: str | os.PathLike,
@@ -175,6 +194,10 @@ def save_checkpoint(
 ) -> Path:
     """Write ``ck`` as ``target`` (one of :data:`TARGETS`); returns the output path.
 
+    A LoRA model is written merged (:func:`merge_adapters`); a fine-tuned model (``head``
+    != ``"mlm"``) goes to Hugging Face as its bare encoder with the head next to it
+    (:func:`epochal.convert.hf.encoder.save_hf_encoder`).
+
     Args:
         ck: what :func:`load_checkpoint` read.
         output: the folder (or ``.safetensors`` file for ``"safetensors"``).
@@ -193,7 +216,12 @@ def save_checkpoint(
         ValueError: a bad option or a model the target cannot hold.
         OSError: an existing output without ``overwrite``, a write failure.
     """
-    config, state, extra = ck.config, ck.state, ck.extra
+    config, state = merge_adapters(ck.config, ck.state)
+    extra = ck.extra
+    if target == "hf" and config.head != "mlm":
+        from epochal.convert.hf.encoder import save_hf_encoder
+
+        return save_hf_encoder(config, state, output, dtype=dtype, overwrite=overwrite)
     if target == "hf":
         from epochal.convert.hf.io import save_hf_checkpoint
 

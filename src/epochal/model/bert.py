@@ -24,6 +24,9 @@ so the parallel plans and the pipeline-stage convention carry over)::
     output.weight                     [padded_vocab, hidden]    the decoder; tied to tok_embeddings
     pooler.dense.weight / .bias       [hidden, hidden]          (bert_binary_head only)
     binary_head.weight / .bias        [2, hidden]               (bert_binary_head only)
+    head.*                            a fine-tuning head (config.head != "mlm",
+                                      :mod:`epochal.model.heads`), instead of lm_head/output
+    layers.{i}.*.lora_a / .lora_b     LoRA adapters (config.lora_rank > 0, :mod:`epochal.model.lora`)
 
 Forward (full model)::
 
@@ -33,6 +36,7 @@ Forward (full model)::
     h = layers(e) with bidirectional attention, padded keys masked;  h = norm(h) (pre_ln)
     mlm_logits = output(lm_head.norm(act(lm_head.dense(h)))) + lm_head.bias
     binary_logits = binary_head(tanh(pooler.dense(h[:, 0])))        (bert_binary_head)
+    predictions = head(h, residue_mask)                             (a fine-tuning head)
 
 ``act`` is ``config.activation`` (``gelu`` = erf, as BERT and ESM; ``gelu_tanh``
 = Megatron's ``--openai-gelu``). Tied embeddings and pipeline stages follow
@@ -63,10 +67,12 @@ from torch import nn
 
 from epochal.model.base import TransformerModel
 from epochal.model.config import ModelConfig
+from epochal.model.heads import build_head
 from epochal.model.layers.attention import padding_attention_mask
 from epochal.model.layers.block import TransformerBlock
 from epochal.model.layers.norms import build_norm
 from epochal.model.layers.packing import PackedSequences
+from epochal.model.lora import apply_lora, trainable
 
 __all__ = ["BertModel", "BertLMHead", "BertPooler", "ESM_MASK_RATIO_TRAIN"]
 
@@ -129,7 +135,7 @@ class BertModel(TransformerModel):
         "tokentype_embeddings",
         "embedding_norm",
     )
-    LAST_STAGE_MODULES = ("norm", "lm_head", "output", "pooler", "binary_head")
+    LAST_STAGE_MODULES = ("norm", "lm_head", "output", "pooler", "binary_head", "head")
 
     def __init__(self, config: ModelConfig, *, seed: int = 0) -> None:
         if not config.is_encoder:
@@ -155,15 +161,32 @@ class BertModel(TransformerModel):
             {str(i): TransformerBlock(config, i) for i in range(config.num_layers)}
         )
         self.norm: nn.Module | None = None if post_ln else build_norm(config)
-        self.lm_head: BertLMHead | None = BertLMHead(config)
-        self.output: nn.Linear | None = nn.Linear(h, config.padded_vocab_size, bias=False)
+        self.head: nn.Module | None = build_head(config)
+        mlm = self.head is None
+        self.lm_head: BertLMHead | None = BertLMHead(config) if mlm else None
+        self.output: nn.Linear | None = (
+            nn.Linear(h, config.padded_vocab_size, bias=False) if mlm else None
+        )
         self.pooler: BertPooler | None = None
         self.binary_head: nn.Linear | None = None
         if config.bert_binary_head:
             self.pooler = BertPooler(config)
             self.binary_head = nn.Linear(h, 2)
+        if config.lora_rank > 0:
+            apply_lora(self.layers, config)
+        self.apply_trainable()
         self._register_rope()
         self.tie_weights()
+
+    def apply_trainable(self) -> None:
+        """Set ``requires_grad`` per :func:`epochal.model.lora.trainable` (frozen encoder, LoRA).
+
+        Called after building and again by plans that re-create parameters (tensor parallelism).
+        """
+        if self.config.head == "mlm":
+            return
+        for name, param in self.named_parameters():
+            param.requires_grad_(trainable(name, self.config))
 
     # ------------------------------------------------------------------- forward
     def embed(
@@ -221,6 +244,7 @@ class BertModel(TransformerModel):
         padding_mask: torch.Tensor | None = None,
         position_ids: torch.Tensor | None = None,
         cu_seqlens: torch.Tensor | None = None,
+        residue_mask: torch.Tensor | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Run the (stage of the) encoder.
 
@@ -237,18 +261,57 @@ class BertModel(TransformerModel):
             cu_seqlens: packed sequences: integer ``[n + 1]``, the cumulative
                 sequence lengths of the row ``tokens`` ``[1, T]`` (``0, l_0, l_0 + l_1,
                 ..., T``); see the module docstring. ``None`` = a padded batch.
+            residue_mask: ``[b, s]``, 1 = a residue (not ``<cls>``/``<eos>``/padding):
+                the positions a sequence head averages over (default: ``padding_mask``,
+                or every position). Only the last stage's head uses it.
 
         Returns:
             MLM logits ``[b, s, padded_vocab_size]``; with ``bert_binary_head``
             the pair ``(mlm_logits, binary_logits [b, 2])`` (packed: ``[n, 2]``, one
-            row per sequence). Hidden states ``[b, s, hidden]`` on a stage without
-            ``output``.
+            row per sequence); with a fine-tuning head its predictions (``[b, num_labels]``
+            or ``[b, s, num_labels]``). Hidden states ``[b, s, hidden]`` on a stage
+            without ``output`` or ``head``.
 
         Raises:
             ValueError: a sequence longer than ``max_position_embeddings``,
                 ``token_types`` without a token-type table, or packed sequences
                 with a batch dimension other than 1 or a ``cu_seqlens`` that does not
-                cover the row (:meth:`PackedSequences.from_cu_seqlens`).
+                cover the row (:meth:`PackedSequences.from_cu_seqlens`), or packed
+                sequences with a fine-tuning head.
+        """
+        h = self.encode(tokens, token_types, padding_mask, position_ids, cu_seqlens)
+        if self.head is not None:
+            if cu_seqlens is not None:
+                raise ValueError(
+                    "packed sequences (cu_seqlens) are not supported with a fine-tuning head"
+                )
+            if residue_mask is None:
+                residue_mask = (
+                    padding_mask if padding_mask is not None else torch.ones_like(h[..., 0])
+                )
+            return self.head(h, residue_mask)
+        if self.output is None:
+            return h
+        logits = self.output(self.lm_head(h)) + self.lm_head.bias
+        if self.binary_head is None:
+            return logits
+        if cu_seqlens is None:
+            return logits, self.binary_head(self.pooler(h))
+        starts = PackedSequences.from_cu_seqlens(cu_seqlens.to(h.device), total=h.shape[1]).starts()
+        return logits, self.binary_head(self.pooler(h, first_tokens=starts))
+
+    def encode(
+        self,
+        tokens: torch.Tensor,
+        token_types: torch.Tensor | None = None,
+        padding_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        cu_seqlens: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """The (stage's) last hidden states ``[b, s, hidden]``, after the final norm (pre-LN).
+
+        Arguments as :meth:`forward`; on the whole model these are the hidden states
+        embeddings are read from (Hugging Face's ``last_hidden_state``).
         """
         s = tokens.shape[1]
         packed = None
@@ -285,11 +348,4 @@ class BertModel(TransformerModel):
                 h = layer(h, rope, mask)
         if self.norm is not None:
             h = self.norm(h)
-        if self.output is None:
-            return h
-        logits = self.output(self.lm_head(h)) + self.lm_head.bias
-        if self.binary_head is None:
-            return logits
-        if packed is None:
-            return logits, self.binary_head(self.pooler(h))
-        return logits, self.binary_head(self.pooler(h, first_tokens=packed.starts()))
+        return h

@@ -29,6 +29,7 @@ from epochal.model.config_validation import (
     ModelConfigChecks,
     _require,
 )
+from epochal.model.head_options import HEAD_FIELDS, HEADS, LORA_TARGETS
 
 __all__ = [
     "ConfigError",
@@ -40,6 +41,9 @@ __all__ = [
     "MODEL_TYPES",
     "TRANSFORMER_BLOCK_TYPES",
     "ENCODER_FIELDS",
+    "HEAD_FIELDS",
+    "HEADS",
+    "LORA_TARGETS",
     "T5_FIELDS",
 ]
 
@@ -139,6 +143,23 @@ class ModelConfig(ModelConfigChecks):
         pad_token_id: encoders: the padding token's id (metadata: the model
             masks padding by ``padding_mask``, not by id; Hugging Face ESM needs
             it, ESM-2's alphabet: 1). ``None`` = unknown.
+        head: encoders: ``"mlm"`` (the masked-LM head) or a fine-tuning head
+            (:mod:`epochal.model.heads`): ``"sequence_regression"`` /
+            ``"sequence_classification"`` (mean of the last hidden states over the
+            residues, then BioNeMo's MLP ``hidden -> head_hidden_size -> num_labels``)
+            or ``"residue_classification"`` (per token, ``residue_head``).
+        num_labels: fine-tuning heads: regression targets or classes (>= 1; >= 2 to classify).
+        head_hidden_size: the head's hidden width; ``None`` = BioNeMo's (256 for the
+            sequence MLP, 32 channels for the residue convolution).
+        head_dropout: the head's dropout in [0, 1) (BioNeMo: 0.25).
+        residue_head: ``"conv"`` (BioNeMo's ``MegatronConvNetHead``: two 7-wide
+            convolutions along the sequence) or ``"linear"``.
+        freeze_encoder: fine-tuning heads: only the head (and LoRA adapters) train.
+        lora_rank: LoRA adapters of this rank on ``lora_target_modules`` (0 = none;
+            the encoder is then frozen: only adapters and head train).
+        lora_alpha / lora_dropout: the adapters' scale ``alpha / rank`` and input dropout.
+        lora_target_modules: comma-separated projections of every block
+            (``wq``, ``wk``, ``wv``, ``wo``, ``fc1``, ``fc2``).
         encoder_num_layers: T5: encoder blocks (>= 1); ``None`` = ``num_layers``
             (Megatron's ``--encoder-num-layers``).
         decoder_num_layers: T5: decoder blocks (>= 1); ``None`` = ``num_layers``
@@ -192,6 +213,18 @@ class ModelConfig(ModelConfigChecks):
     token_dropout: bool = False
     mask_token_id: int | None = None
     pad_token_id: int | None = None
+    head: Literal[
+        "mlm", "sequence_regression", "sequence_classification", "residue_classification"
+    ] = "mlm"
+    num_labels: int = 1
+    head_hidden_size: int | None = None
+    head_dropout: float = 0.25
+    residue_head: Literal["conv", "linear"] = "conv"
+    freeze_encoder: bool = False
+    lora_rank: int = 0
+    lora_alpha: float = 16.0
+    lora_dropout: float = 0.0
+    lora_target_modules: str = "wq,wv"
     encoder_num_layers: int | None = None
     decoder_num_layers: int | None = None
     relative_attention_num_buckets: int = 32
@@ -244,8 +277,13 @@ class ModelConfig(ModelConfigChecks):
 
     @property
     def tie_embeddings(self) -> bool:
-        """``not untie_embeddings_and_output_weights``."""
-        return not self.untie_embeddings_and_output_weights
+        """``not untie_embeddings_and_output_weights`` (False with a fine-tuning head: no output layer)."""
+        return not self.untie_embeddings_and_output_weights and self.head == "mlm"
+
+    @property
+    def lora_targets(self) -> tuple[str, ...]:
+        """``lora_target_modules`` split at commas (stripped, empty parts dropped)."""
+        return tuple(t.strip() for t in str(self.lora_target_modules).split(",") if t.strip())
 
     # ------------------------------------------------------------------- helpers
     @property

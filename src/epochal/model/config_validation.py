@@ -12,6 +12,8 @@ import dataclasses
 import math
 from typing import Any
 
+from epochal.model.head_options import HEAD_FIELDS, validate_head
+
 POSITION_EMBEDDING_TYPES = ("learned_absolute", "rope", "alibi", "none", "relative")
 NORMALIZATIONS = ("LayerNorm", "RMSNorm")
 ACTIVATIONS = ("gelu", "gelu_tanh", "swiglu", "relu", "gated_gelu")
@@ -29,6 +31,7 @@ ENCODER_FIELDS = (
     "token_dropout",
     "mask_token_id",
     "pad_token_id",
+    *HEAD_FIELDS,
 )
 #: Fields only T5 uses; other types leave them at their defaults, and
 #: :meth:`ModelConfig.to_dict` omits them for every type but ``"t5"``.
@@ -252,6 +255,7 @@ class ModelConfigChecks:
             f"must be 'gelu' or 'gelu_tanh' for model.type={self.type!r} (the masked-LM head "
             f"uses it), got {self.activation!r}",
         )
+        validate_head(self, _require)
         if self.type == "bert":
             _require(
                 not self.token_dropout,

@@ -5,7 +5,7 @@ Rules (Megatron-LM's ``init_method_normal`` / ``scaled_init_method_normal``):
 - every weight matrix and embedding: ``normal(0, init_method_std)``;
 - output projections of each block (``attention.wo``, ``mlp.fc2``, ``mlp.w2``):
   ``normal(0, init_method_std / sqrt(2 * num_layers))``;
-- every bias: 0; norm weights: 1.
+- every bias: 0; norm weights: 1; LoRA's ``lora_b``: 0 (an adapter starts as no change).
 
 Each parameter's values are drawn on the CPU from its own generator, seeded by
 ``(seed, canonical name)``, then copied to the parameter's device. So the same
@@ -49,7 +49,7 @@ def init_std(config: ModelConfig, fqn: str) -> float | None:
         The std of its normal init; ``None`` for biases (0) and norm weights (1).
     """
     name = canonical_name(fqn, config)
-    if name.endswith(".bias"):
+    if name.endswith(".bias") or name.endswith(".lora_b"):
         return None
     if _is_norm_weight(name):
         return None
@@ -81,7 +81,7 @@ def initial_value(
     name = canonical_name(fqn, config)
     std = init_std(config, name)
     if std is None:
-        fill = 0.0 if name.endswith(".bias") else 1.0
+        fill = 0.0 if name.endswith((".bias", ".lora_b")) else 1.0
         return torch.full(tuple(shape), fill, dtype=torch.float32, device="cpu")
     gen = torch.Generator(device="cpu").manual_seed(param_seed(seed, name))
     # device="cpu" explicitly: under `with torch.device("cuda")` (the trainer builds its

@@ -99,6 +99,11 @@ class ParallelConfig:
             (data_parallel or 1)``). Ignored under an outer launcher.
         backend: process-group backend: ``auto`` (NCCL on CUDA, gloo on CPU),
             ``gloo`` or ``nccl``.
+        timeout_minutes: the process group's timeout in minutes (a float:
+            ``0.05`` is 3 s): a collective that makes no progress for that long
+            (a rank stopped, hung or dead) raises on the ranks waiting in it and
+            ``epochal train`` exits with an error naming the rank. None: torch's
+            default (30 minutes for gloo, 10 for NCCL).
     """
 
     tensor_parallel: int = 1
@@ -116,6 +121,7 @@ class ParallelConfig:
     recompute_num_layers: int = 1
     nproc_per_node: int = 0
     backend: Literal["auto", "gloo", "nccl"] = "auto"
+    timeout_minutes: float | None = None
 
     def __post_init__(self) -> None:
         self.validate()
@@ -170,6 +176,13 @@ class ParallelConfig:
             self.backend in ("auto", "gloo", "nccl"),
             "backend",
             f"must be auto, gloo or nccl, got {self.backend!r}",
+        )
+        t = self.timeout_minutes
+        _require(
+            t is None
+            or (isinstance(t, (int, float)) and not isinstance(t, bool) and 0 < t <= 60 * 24 * 365),
+            "timeout_minutes",
+            f"must be None (torch's default) or minutes > 0 and <= one year, got {t!r}",
         )
         for name in ("decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers"):
             value = getattr(self, name)

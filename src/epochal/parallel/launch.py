@@ -26,6 +26,7 @@ silently unless they fail (their tracebacks reach ``torchrun``'s output).
 
 from __future__ import annotations
 
+import datetime
 import os
 import signal
 import subprocess
@@ -39,11 +40,14 @@ import torch.distributed as dist
 
 from epochal.model.config import ConfigError
 from epochal.parallel.config import ParallelConfig
+from epochal.parallel.watchdog import LAUNCHER_PID_ENV, launcher_preexec, watch_parent
 
 __all__ = [
     "DistributedInfo",
     "check_gloo_on_cuda",
+    "check_launchable",
     "init_distributed",
+    "local_process_limit",
     "is_logging_rank",
     "needs_relaunch",
     "rank0_first",
@@ -67,6 +71,39 @@ def under_launcher() -> bool:
 def needs_relaunch(config: ParallelConfig) -> bool:
     """True if the configuration asks for several processes and no launcher started us."""
     return not under_launcher() and not os.environ.get(_GUARD) and config.launch_world_size() > 1
+
+
+def local_process_limit(device_name: str = "auto") -> tuple[int, str]:
+    """How many training processes this machine can run: ``(limit, what it counts)``.
+
+    One per CUDA device with ``training.device`` ``cuda`` (or ``auto`` where CUDA
+    exists), else one per CPU core this process may use.
+    """
+    if device_name == "cuda" or (device_name == "auto" and torch.cuda.is_available()):
+        return torch.cuda.device_count(), "CUDA devices"
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    return max(1, cores), "CPU cores"
+
+
+def check_launchable(processes: int, device_name: str = "auto", *, option: str) -> None:
+    """Refuse more processes on this machine than :func:`local_process_limit` allows.
+
+    Raises:
+        ConfigError: naming ``option``, the number asked for and the machine's limit.
+    """
+    from epochal.model.config import ConfigError
+
+    limit, what = local_process_limit(device_name)
+    if processes > limit:
+        shown = str(processes) if processes < 10**12 else f"about 10^{len(str(processes)) - 1}"
+        raise ConfigError(
+            option,
+            f"asks for {shown} processes on this machine, but it has {limit} {what} "
+            f"(training.device={device_name!r}); use fewer, or several nodes under torchrun",
+        )
 
 
 def relaunch(config: ParallelConfig, argv: Sequence[str], *, module: str = "epochal.cli") -> int:
@@ -93,14 +130,14 @@ def relaunch(config: ParallelConfig, argv: Sequence[str], *, module: str = "epoc
         module,
         *argv,
     ]
-    env = {**os.environ, _GUARD: "1"}
+    env = {**os.environ, _GUARD: "1", LAUNCHER_PID_ENV: str(os.getpid())}
     if "OMP_NUM_THREADS" not in env and not torch.cuda.is_available():
         env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // n))
     env.setdefault(_SHUTDOWN_TIMEOUT, "600")
     print(f"epochal: launching {n} processes: {' '.join(cmd)}", flush=True)
     with tempfile.TemporaryDirectory(prefix="epochal-exit-") as reports:
         env[_REPORT_DIR] = reports
-        proc = subprocess.Popen(cmd, env=env, start_new_session=True)
+        proc = subprocess.Popen(cmd, env=env, start_new_session=True, preexec_fn=launcher_preexec())
         received: list[signal.Signals] = []
 
         def forward(signum: int, frame: object) -> None:  # noqa: ARG001
@@ -118,8 +155,8 @@ def relaunch(config: ParallelConfig, argv: Sequence[str], *, module: str = "epoc
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+        done = len([p for p in os.listdir(reports) if p.startswith("rank")])
         if received and rc != 0:
-            done = len([p for p in os.listdir(reports) if p.startswith("rank")])
             if done == n:
                 print(
                     f"epochal: {received[0].name}: all {n} processes stopped cleanly "
@@ -130,7 +167,29 @@ def relaunch(config: ParallelConfig, argv: Sequence[str], *, module: str = "epoc
             print(
                 f"epochal: {received[0].name}: {done} of {n} processes stopped cleanly", flush=True
             )
-        return rc
+        return _report_status(rc, n, done)
+
+
+def _report_status(rc: int, n: int, done: int) -> int:
+    """Say how ``torchrun`` ended unless it succeeded; the launcher's exit status (128 + signal if killed)."""
+    if rc == 0:
+        return 0
+    if rc < 0:
+        name = signal.Signals(-rc).name if -rc in signal.Signals._value2member_map_ else -rc
+        print(
+            f"epochal: torchrun was killed by signal {name} (exit status {128 - rc}); "
+            f"{done} of {n} processes had finished; its workers stop when it dies",
+            file=sys.stderr,
+            flush=True,
+        )
+        return 128 - rc
+    print(
+        f"epochal: torchrun exited with status {rc}: {n - done} of {n} processes failed or "
+        "were stopped (the failing rank's error and torchrun's summary are above)",
+        file=sys.stderr,
+        flush=True,
+    )
+    return rc
 
 
 def report_clean_exit() -> None:
@@ -203,11 +262,20 @@ def init_distributed(config: ParallelConfig, device_name: str = "auto") -> Distr
         device = torch.device("cuda", index)
     else:
         device = torch.device("cpu")
+    if under_launcher():  # stop when torchrun's agent or epochal's launcher dies
+        watch_parent(label=f"rank {rank}")
     if world > 1 and not dist.is_initialized():
         backend = config.backend
         if backend == "auto":
             backend = "nccl" if use_cuda else "gloo"
-        dist.init_process_group(backend, device_id=device if backend == "nccl" else None)
+        timeout = (
+            None
+            if config.timeout_minutes is None
+            else datetime.timedelta(minutes=config.timeout_minutes)
+        )
+        dist.init_process_group(
+            backend, device_id=device if backend == "nccl" else None, timeout=timeout
+        )
     if dist.is_initialized():
         rank, world = dist.get_rank(), dist.get_world_size()
     return DistributedInfo(rank, world, local_rank, device)

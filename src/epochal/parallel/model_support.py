@@ -44,6 +44,12 @@ def check_model_layout(
         ConfigError: naming ``parallel.tensor_parallel``, ``parallel.sequence_parallel``
             or ``parallel.pipeline_parallel``.
     """
+    if getattr(model_config, "lora_rank", 0) > 0 and dims.tp > 1:
+        raise ConfigError(
+            "parallel.tensor_parallel",
+            "is not supported with LoRA adapters (model.lora_rank > 0): the adapters of a "
+            "column- or row-parallel projection are not sharded; use data and pipeline parallelism",
+        )
     supported = SUPPORTED_DIMS.get(model_config.type, frozenset())
     used = (
         ("tensor_parallel", dims.tp > 1),

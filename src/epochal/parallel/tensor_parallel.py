@@ -271,7 +271,10 @@ def _bert_top_plan(
       vocabulary, :func:`_shard_lm_head_bias`) adds shard to shard; the model's
       outputs are turned back into local tensors by a forward hook;
     - ``pooler`` / ``binary_head``: replicated; under sequence parallelism the
-      pooler's input is gathered first (it reads the first token).
+      pooler's input is gathered first (it reads the first token);
+    - a fine-tuning ``head`` (:mod:`epochal.model.heads`): replicated (every rank
+      computes the same predictions); under sequence parallelism its input is
+      gathered first (it averages or convolves over the whole sequence).
     """
     seq = Shard(1)
     top = _gpt_top_plan(model, sequence_parallel, loss_parallel)
@@ -294,7 +297,18 @@ def _bert_top_plan(
         top["pooler"] = PrepareModuleInput(
             input_layouts=(seq,), desired_input_layouts=(Replicate(),), use_local_output=True
         )
+    if getattr(model, "head", None) is not None:
+        top["head"] = PrepareModuleInput(
+            input_layouts=(seq, None),
+            desired_input_layouts=(Replicate(), None),
+            use_local_output=True,
+        )
     return top
+
+
+def _restore_trainable(model: nn.Module, tp_mesh: DeviceMesh, loss_parallel: bool) -> None:
+    """Re-freeze what the model freezes (the plan's new parameters default to trainable)."""
+    model.apply_trainable()
 
 
 def _shard_lm_head_bias(model: nn.Module, tp_mesh: DeviceMesh, loss_parallel: bool) -> None:
@@ -386,8 +400,8 @@ TOP_PLANS: dict[str, Callable[[nn.Module, bool, bool], dict[str, ParallelStyle]]
 }
 #: model type -> steps run after its top plan (``fn(model, tp_mesh, loss_parallel)``).
 TOP_PLAN_FINISH: dict[str, tuple[Callable[[nn.Module, DeviceMesh, bool], None], ...]] = {
-    "bert": (_shard_lm_head_bias,),
-    "esm": (_shard_lm_head_bias,),
+    "bert": (_shard_lm_head_bias, _restore_trainable),
+    "esm": (_shard_lm_head_bias, _restore_trainable),
     "t5": (_t5_relative_bias,),
 }
 

@@ -83,6 +83,7 @@ from epochal.train.state.preemption import Preemption
 from epochal.train.state.resume import CheckpointSeams
 from epochal.train.state.rng import seed_everything
 from epochal.train.state.run_dir import archive_previous_history, check_resume_config
+from epochal.train.state.run_lock import hold_run_dir
 from epochal.train.steps import (
     LossFnStep,
     TrainStep,
@@ -165,13 +166,13 @@ class Trainer(CheckpointSeams):
         """The train step: ``training.train_step`` if set, else the one registered for ``model.type``.
 
         Raises:
-            ConfigError: an unknown model type, or a ``training.train_step`` that
-                cannot be imported or is not a train step class.
+            ConfigError: an unknown model type, or a bad ``training.train_step`` (import, class).
         """
         t = self.config.training
         spec = getattr(t, "train_step", "")
         kwargs = dict(getattr(t, "train_step_kwargs", {}) or {})
-        cls = load_train_step(spec) if spec else train_step_class(self.config.model.type)
+        m = self.config.model  # a fine-tuning head (model.head) has its own step
+        cls = load_train_step(spec) if spec else train_step_class(m.type, m.head)
         return cls(self.config, **kwargs)
 
     @property
@@ -463,8 +464,15 @@ class Trainer(CheckpointSeams):
         Stops earlier, after saving a checkpoint of the step reached, on SIGTERM/SIGINT
         or the ``training.exit_*`` options (:mod:`epochal.train.state.preemption`); then
         :attr:`TrainResult.stopped_by` says why.
+
+        Raises:
+            RunDirLocked: another live process trains in ``run_dir``
+                (:mod:`epochal.train.state.run_lock`).
         """
-        with self.preemption.installed():
+        lock = hold_run_dir(
+            self.run_dir, rank=self.rank, any_rank=self.max_over_ranks, log=self.log
+        )
+        with lock, self.preemption.installed():
             return self._train()
 
     def _train(self) -> TrainResult:

@@ -21,6 +21,14 @@ def _torch_to_numpy(values: Any, what: str) -> np.ndarray:
         ) from None
 
 
+def _decimal(value: str | bytes, position: int, what: str) -> int:
+    """A token id given as a decimal string, read as Megatron-Core's builder reads it (``int()``)."""
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"{what}: token {position} is {value!r}, not a decimal integer") from None
+
+
 def _as_token_array(values: Any, dtype: np.dtype, what: str) -> np.ndarray:
     """Convert token ids to a 1-D array of ``dtype``, refusing values that do not fit.
 
@@ -29,6 +37,12 @@ def _as_token_array(values: Any, dtype: np.dtype, what: str) -> np.ndarray:
             integer dtype, any device), a numpy array (any integer dtype), a list, tuple or
             ``range`` of ints (numpy or torch scalars included), or a scalar (one token).
             Integral floats are accepted; nested equal-length sequences are flattened.
+            Token ids given as decimal strings (a list of ``str``/``bytes`` or a numpy
+            string array) are read with Python's ``int()``, as Megatron-Core's builder
+            (numpy's string-to-integer cast) does: ``" 3"``, ``"+5"``, ``"1_000"`` are
+            ids; ``"1.5"``, ``"0x10"``, ``""`` are refused. A bare string is still
+            refused (a text passed by mistake), where Megatron-Core would store an
+            all-digit one as a single token.
         dtype: the builder's token dtype.
         what: the file, for messages.
 
@@ -48,9 +62,12 @@ def _as_token_array(values: Any, dtype: np.dtype, what: str) -> np.ndarray:
         raise ValueError(
             f"{what}: token ids must be a flat or rectangular integer sequence ({err})"
         ) from None
-    if array.dtype.kind == "O":  # Python ints beyond int64, tensors of other dtypes, junk
+    if array.dtype.kind in "OUS":  # big Python ints, decimal strings, tensors of other dtypes, junk
         items = array.reshape(-1).tolist()
         items = [v.item() if hasattr(v, "item") and not isinstance(v, int) else v for v in items]
+        items = [
+            _decimal(v, i, what) if isinstance(v, str | bytes) else v for i, v in enumerate(items)
+        ]
         for value in items:
             if isinstance(value, bool) or not isinstance(value, int):
                 raise ValueError(

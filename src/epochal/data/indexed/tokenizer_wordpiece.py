@@ -23,6 +23,7 @@ encode as their id, as ``BertTokenizer`` does.
 from __future__ import annotations
 
 import os
+import re
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
@@ -34,6 +35,9 @@ __all__ = ["BERT_SPECIAL_TOKENS", "BertWordPieceTokenizer", "train_wordpiece"]
 
 # The tokens a BERT vocabulary must hold, in the order BERT's own vocabularies list them.
 BERT_SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+#: the most ``<extra_id_N>`` sentinels a tokenizer takes (T5 uses 100, ByT5 125)
+MAX_VOCAB_EXTRA_IDS = 100_000
+_NOT_ORDINARY = re.compile(r"^(\[(PAD|UNK|CLS|SEP|MASK|BOS|EOS|unused\d+)\]|<extra_id_\d+>)$")
 
 
 def read_vocab_file(path: str) -> dict[str, int]:
@@ -81,7 +85,9 @@ class BertWordPieceTokenizer(Tokenizer):
 
     Raises:
         FileNotFoundError: the vocabulary file is missing.
-        TokenizerFileError: the file is malformed or lacks a special token (both named).
+        TokenizerFileError: the file is malformed, lacks a special token or holds
+            nothing but special tokens (the file named).
+        ValueError: ``vocab_extra_ids`` outside ``0..MAX_VOCAB_EXTRA_IDS``.
     """
 
     def __init__(
@@ -95,8 +101,17 @@ class BertWordPieceTokenizer(Tokenizer):
                     f"{path}: the BERT vocabulary has no {token} token "
                     f"(a BERT vocab.txt holds {' '.join(BERT_SPECIAL_TOKENS)})"
                 )
-        if vocab_extra_ids < 0:
-            raise ValueError(f"vocab_extra_ids must be >= 0, got {vocab_extra_ids}")
+        if not any(_NOT_ORDINARY.match(token) is None for token in file_vocab):
+            raise TokenizerFileError(
+                f"{path}: the BERT vocabulary holds only special tokens ({len(file_vocab)} of "
+                "them, e.g. [PAD] [CLS] [unused0]): there is no ordinary token to encode text "
+                "with or to mask"
+            )
+        if not 0 <= vocab_extra_ids <= MAX_VOCAB_EXTRA_IDS:
+            raise ValueError(
+                f"vocab_extra_ids (--vocab-extra-ids) must be between 0 and "
+                f"{MAX_VOCAB_EXTRA_IDS:,}, got {vocab_extra_ids:,} (T5 uses 100)"
+            )
         self.source = path
         self._state = {
             "vocab": file_vocab,

@@ -10,6 +10,7 @@
       checkpoint CheckpointConfig  save interval, keep-last-k, resume
       logging    LoggingConfig     progress bar, TensorBoard, log interval
       parallel   ParallelConfig    tensor/sequence/pipeline/data parallelism, recompute (epochal.parallel)
+      finetune   FinetuneConfig    labelled tables of a fine-tuning run (model.head), head LR
 
 Sources, later ones winning: a preset (``tiny``, ``gpt2-small``), a TOML file
 (tables named like the sections), then ``--section.key=value`` overrides whose
@@ -28,6 +29,7 @@ dataclass section.
 
 from epochal.train.config.checkpoint import CheckpointConfig
 from epochal.train.config.data import DataConfig
+from epochal.train.config.finetune import FinetuneConfig
 from epochal.train.config.log import LoggingConfig
 from epochal.train.config.model import ModelSection, model_config_from_section, position_length
 from epochal.train.config.optimizer import OptimizerConfig
@@ -47,6 +49,7 @@ __all__ = [
     "CheckpointConfig",
     "DataConfig",
     "EXCLUSIVE_OPTIONS",
+    "FinetuneConfig",
     "LoggingConfig",
     "ModelSection",
     "OptimizerConfig",

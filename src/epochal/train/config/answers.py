@@ -21,6 +21,7 @@ __all__ = [
     "AnswerError",
     "answers_overrides",
     "answers_world_size",
+    "check_answers_launchable",
     "config_from_answers",
     "launch_commands",
     "preset_value",
@@ -95,6 +96,31 @@ def answers_world_size(answers: dict[str, Any]) -> int:
         * answers.get("pipeline_parallel", 1)
         * answers.get("data_parallel", 1)
     )
+
+
+def _size_option(answers: dict[str, Any]) -> str:
+    """The parallel size answered last (the one a process count beyond the machine blames)."""
+    for key in ("data_parallel", "pipeline_parallel", "tensor_parallel"):
+        if key in answers:
+            return f"parallel.{key}"
+    return "nodes"
+
+
+def check_answers_launchable(answers: dict[str, Any], device_name: str = "auto") -> None:
+    """Refuse more processes per node than this machine can run (the wizard's bound).
+
+    Each node of the answered layout runs ``world / nodes`` processes; the nodes are
+    assumed to be like this machine (:func:`~epochal.parallel.launch.check_launchable`:
+    its CUDA devices, else its CPU cores).
+
+    Raises:
+        ConfigError: naming the parallel size answered last and both numbers.
+    """
+    from epochal.parallel.launch import check_launchable
+
+    per_node = -(-answers_world_size(answers) // answers.get("nodes", 1))
+    if per_node > 1:
+        check_launchable(per_node, device_name, option=_size_option(answers))
 
 
 def config_from_answers(answers: dict[str, Any]) -> TrainConfig:

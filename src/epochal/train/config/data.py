@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass, field
 
 from epochal.data.datasets.dataset_builder import parse_blend
+from epochal.data.indexed.tokenizer_wordpiece import MAX_VOCAB_EXTRA_IDS
 from epochal.model.config import ConfigError
 from epochal.train.config.checks import _require
 
@@ -156,9 +157,9 @@ class DataConfig:
             f"must be >= 1, got {self.seq_length_decoder}",
         )
         _require(
-            self.vocab_extra_ids >= 0,
+            0 <= self.vocab_extra_ids <= MAX_VOCAB_EXTRA_IDS,
             "vocab_extra_ids",
-            f"must be >= 0, got {self.vocab_extra_ids}",
+            f"must be between 0 and {MAX_VOCAB_EXTRA_IDS:,} (T5 uses 100), got {self.vocab_extra_ids:,}",
         )
         _require(
             self.corpus_max_bytes >= 1,

@@ -8,6 +8,7 @@ from epochal.parallel.config import ParallelConfig
 from epochal.train.config.checkpoint import CheckpointConfig
 from epochal.train.config.checks import _require
 from epochal.train.config.data import DataConfig
+from epochal.train.config.finetune import FinetuneConfig
 from epochal.train.config.log import LoggingConfig
 from epochal.train.config.model import ModelSection, model_config_from_section, position_length
 from epochal.train.config.optimizer import OptimizerConfig
@@ -39,6 +40,7 @@ class TrainConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    finetune: FinetuneConfig = field(default_factory=FinetuneConfig)
 
     def __post_init__(self) -> None:
         _require(bool(self.run_dir), "run_dir", "must be a non-empty path")
@@ -110,6 +112,13 @@ class TrainConfig:
             ConfigError: none of ``data.data_path`` (or the per-split paths),
                 ``data.corpus``, ``data.mock`` or a protein source is set.
         """
+        if self.model.head != "mlm":
+            _require(
+                bool(self.finetune.train_file),
+                "finetune.train_file",
+                f"model.head={self.model.head!r} fine-tunes on a labelled table: set finetune.train_file",
+            )
+            return
         d = self.data
         _require(
             d.has_paths or d.mock or bool(d.corpus) or d.has_proteins,

@@ -14,7 +14,10 @@ all epochs together, so an epoch is a count of samples). The trainer then
   data-parallel ranks together), a digest of that order (``order``), a digest of their
   masked positions (``masks``), and for each of those samples every earlier sample
   drawn from the same sentences, with how many of them had the same masked positions
-  (``repeats`` / ``same_masks``).
+  (``repeats`` / ``same_masks``; for T5 the same spans, i.e. the same encoder input) and
+  how many chance predicts (``chance_same_masks``: the sum over those earlier samples
+  of the probability that a draw of the same size coincides, e.g. ``1 / C(n, k)`` for
+  ``k`` of ``n`` maskable tokens; see ``_chance_same``).
 
 A dataset of clusters (ESM-2's, :class:`~epochal.train.inputs.esm.PaddedProteinSamples`)
 also has ``sample_member(idx) -> (member id, cluster size)``; its span is the cluster
@@ -32,11 +35,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from typing import Any
 
 import numpy as np
 
-__all__ = ["EpochRecorder", "epoch_recorder", "epoch_summary"]
+__all__ = ["EpochRecorder", "above_chance", "epoch_recorder", "epoch_summary"]
 
 
 def _digest(value: Any) -> str:
@@ -46,7 +50,78 @@ def _digest(value: Any) -> str:
 
 
 def _masked_positions(sample: dict[str, Any]) -> list[int]:
+    """What the masking chose: BERT's masked positions; T5's encoder input (the spans' sentinels)."""
+    if "text_enc" in sample:  # T5: loss_mask covers the decoder, not the masked positions
+        keep = np.asarray(sample["enc_mask"]).astype(bool)
+        return np.asarray(sample["text_enc"])[keep].tolist()
     return np.flatnonzero(np.asarray(sample["loss_mask"])).tolist()
+
+
+def _original_and_masked(
+    sample: dict[str, Any], sentinels: frozenset[int]
+) -> tuple[list[int], set[int]]:
+    """The sample's tokens before masking, and the positions that were masked."""
+    if "text_enc" in sample:  # T5: each sentinel in the encoder stands for its decoder span
+        enc = _masked_positions(sample)
+        dec = np.asarray(sample["text_dec"])[np.asarray(sample["dec_mask"]).astype(bool)]
+        spans: list[list[int]] = []
+        for t in dec.tolist()[1:]:  # after [BOS]: <s0> a .. <s1> b ..
+            if t in sentinels:
+                spans.append([])
+            elif spans:
+                spans[-1].append(t)
+        original, masked, queue = [], set(), iter(spans)
+        for t in enc:
+            if t in sentinels:
+                for u in next(queue, []):
+                    masked.add(len(original))
+                    original.append(u)
+            else:
+                original.append(t)
+        return original, masked
+    length = int(np.asarray(sample["padding_mask"]).sum())  # BERT: [CLS] a [SEP] (b [SEP])
+    loss = np.asarray(sample["loss_mask"])[:length].astype(bool)
+    tokens = sample["text"] if "text" in sample else sample["tokens"]  # Megatron's / ESM's key
+    original = np.where(loss, np.asarray(sample["labels"])[:length], np.asarray(tokens)[:length])
+    return original.tolist(), set(np.flatnonzero(loss).tolist())
+
+
+def _chance_same(sample: dict[str, Any], dataset: Any) -> float:
+    """Probability that an independent draw of the same size masks the same tokens.
+
+    Counted in the dataset's masking units (whole words with ``do_full_word``, as
+    :func:`~epochal.data.datasets.masked_lm._candidates` groups them; single tokens
+    without a WordPiece vocabulary): ``k`` of ``n`` units masked, in ``s`` runs.
+    BERT: uniform over ``k``-subsets, ``1 / C(n, k)``; T5 (spans): uniform over the
+    placements of ``s`` separated runs, ``1 / (C(n - k + 1, s) * C(k - 1, s - 1))``.
+    Approximations (n-gram lengths are not uniform), right in order of magnitude.
+    """
+    from epochal.data.datasets.masked_lm import _candidates
+
+    sentinels = frozenset(int(t) for t in getattr(dataset, "sentinels", ()))
+    original, masked = _original_and_masked(sample, sentinels)
+    vocab = getattr(dataset, "vocab", None)
+    if hasattr(vocab, "is_continuation") and hasattr(vocab, "cls"):
+        full_word = bool(getattr(getattr(dataset, "masking", None), "do_full_word", True))
+        units = _candidates(original, vocab, full_word)
+    else:
+        units = [[i] for i in range(len(original))]
+    flags = [any(p in masked for p in unit) for unit in units]
+    n, k = len(flags), sum(flags)
+    runs = sum(1 for i, f in enumerate(flags) if f and (i == 0 or not flags[i - 1]))
+    if n == 0 or k == 0:
+        return 1.0
+    if "text_enc" in sample:
+        return 1.0 / (math.comb(n - k + 1, runs) * math.comb(k - 1, runs - 1))
+    return 1.0 / math.comb(n, k)
+
+
+def above_chance(matched: int, expected: float) -> bool:
+    """Whether ``matched`` coincidences are clearly more than the ``expected`` by chance.
+
+    A Poisson-style bound: more than ``expected + 3 * sqrt(expected) + 1``.
+    """
+    return matched > expected + 3 * math.sqrt(expected) + 1
 
 
 class EpochRecorder:
@@ -85,12 +160,15 @@ class EpochRecorder:
         spans = [list(self.dataset.sample_span(i)) for i in ids]
         masks = [_masked_positions(self.dataset[i]) for i in ids]
         repeats = same = 0
+        chance = 0.0
         members = [self.dataset.sample_member(i) for i in ids] if self.has_members else []
         member_repeats = same_members = 0
         for k, (i, mine) in enumerate(zip(ids, masks, strict=True)):
             for j in self.dataset.earlier_occurrences(i, first).tolist():
+                earlier = self.dataset[j]
                 repeats += 1
-                same += _masked_positions(self.dataset[j]) == mine
+                same += _masked_positions(earlier) == mine
+                chance += _chance_same(earlier, self.dataset)
                 if members and members[k][1] > 1:  # a cluster with a choice of members
                     member_repeats += 1
                     same_members += self.dataset.sample_member(j)[0] == members[k][0]
@@ -113,6 +191,7 @@ class EpochRecorder:
             "masks": _digest(masks),
             "repeats": repeats,
             "same_masks": same,
+            "chance_same_masks": round(chance, 4),
             **extra,
         }
 
@@ -130,8 +209,11 @@ def epoch_summary(records: list[dict[str, Any]]) -> str | None:
 
     Epochs trained come from the last train record's ``epoch``. The order differed
     in epoch ``k`` when its first micro-batch's spans differ from those of every
-    earlier epoch start; the masks differed when the masked positions differ from
-    the previous epoch start's and from every earlier sample of the same sentences.
+    earlier epoch start. Masks are reported as repeated when an epoch start's masks
+    equal the previous one's, or when the repeated sentence runs drew the same masks
+    clearly more often than chance predicts (:func:`above_chance`); short samples
+    (a few maskable tokens) match by chance, and the line then says how often
+    against how often chance would.
     """
     starts: dict[int, dict[str, Any]] = {}
     last_train = None
@@ -149,19 +231,24 @@ def epoch_summary(records: list[dict[str, Any]]) -> str | None:
     checked = ordered[1:]
     if not checked:
         return f"{head}; no epoch boundary crossed, nothing to compare"
-    same_order, same_masks = [], []
+    same_order, identical, matched_in = [], [], []
     seen_orders = {ordered[0]["order"]}
     prev_masks = ordered[0]["masks"]
-    repeats = member_repeats = other_members = 0
+    repeats = matched = member_repeats = other_members = 0
+    expected = 0.0
     same_members = []
     for r in checked:
         if r["order"] in seen_orders:
             same_order.append(r["epoch"] + 1)
-        if r["masks"] == prev_masks or r["same_masks"]:
-            same_masks.append(r["epoch"] + 1)
+        if r["masks"] == prev_masks:
+            identical.append(r["epoch"] + 1)
+        if r["same_masks"]:
+            matched_in.append(r["epoch"] + 1)
         seen_orders.add(r["order"])
         prev_masks = r["masks"]
         repeats += r["repeats"]
+        matched += r["same_masks"]
+        expected += r.get("chance_same_masks", 0.0)  # older records: no estimate
         if r.get("member_repeats"):
             member_repeats += r["member_repeats"]
             other_members += r["member_repeats"] - r["same_members"]
@@ -181,11 +268,25 @@ def epoch_summary(records: list[dict[str, Any]]) -> str | None:
         )
         if same_members:
             where += f", none in epoch(s) {same_members}"
-    if not same_order and not same_masks:
-        return f"{head}; sample order and masks differed in every epoch ({where})"
+    estimated = all("chance_same_masks" in r for r in checked)  # older records: none
+    suspicious = above_chance(matched, expected) if estimated else matched > 0
+    flagged = sorted(set(identical) | (set(matched_in) if suspicious else set()))
+    if not same_order and not flagged:
+        if not matched:
+            return f"{head}; sample order and masks differed in every epoch ({where})"
+        return (
+            f"{head}; sample order differed in every epoch; masks matched in {matched} of "
+            f"{repeats} repeated {unit}s, as chance predicts for samples this short "
+            f"(about {expected:.1f} expected) ({where})"
+        )
     parts = []
     if same_order:
         parts.append(f"sample order repeated in epoch(s) {same_order}")
-    if same_masks:
-        parts.append(f"masks repeated in epoch(s) {same_masks}")
+    if flagged:
+        parts.append(
+            f"masks repeated in epoch(s) {flagged}: {matched} of {repeats} repeated {unit}s "
+            "drew the same masks, "
+            + (f"about {expected:.1f} expected by chance" if estimated else "no chance estimate")
+            + (f"; identical to the previous epoch's in {identical}" if identical else "")
+        )
     return f"{head}; {'; '.join(parts)} ({where})"

@@ -136,6 +136,12 @@ def _t5(config: TrainConfig, **kwargs: Any) -> tuple[Any, Any, int, Any, str]:
     return build_t5_train_datasets(config, **kwargs)
 
 
+def _finetune(config: TrainConfig, **kwargs: Any) -> tuple[Any, Any, int, Any, str]:
+    from epochal.train.inputs.finetune import build_finetune_datasets
+
+    return build_finetune_datasets(config, **kwargs)
+
+
 def _esm(config: TrainConfig, **kwargs: Any) -> tuple[Any, Any, int, Any, str]:
     from epochal.train.inputs.esm import build_esm_train_datasets
 
@@ -144,6 +150,8 @@ def _esm(config: TrainConfig, **kwargs: Any) -> tuple[Any, Any, int, Any, str]:
 
 #: model type -> ``builder(config, log=, group=) -> (train, valid, vocab_size, tokenizer, description)``.
 DATASET_BUILDERS: dict[str, Any] = {"gpt": _gpt, "bert": _bert, "esm": _esm, "t5": _t5}
+#: Any encoder with a fine-tuning head (``model.head``) trains on labelled tables.
+FINETUNE_BUILDER = _finetune
 
 
 def dataset_builder(model_type: str) -> Any:
@@ -174,7 +182,8 @@ def build_data(
         log: ``log(str)`` for progress messages (corpus preparation).
         group: ``torch.distributed`` group whose rank 0 builds the index caches first.
     """
-    builder = dataset_builder(config.model.type)
+    head = getattr(config.model, "head", "mlm")
+    builder = FINETUNE_BUILDER if head != "mlm" else dataset_builder(config.model.type)
     train_ds, valid_ds, vocab_size, tokenizer, description = builder(config, log=log, group=group)
     return make_loaders(
         config,

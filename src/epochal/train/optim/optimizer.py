@@ -27,6 +27,7 @@ __all__ = [
     "build_adamw",
     "clip_grad_norm",
     "no_weight_decay",
+    "head_lr_mult",
     "param_groups",
 ]
 
@@ -36,8 +37,20 @@ def no_weight_decay(name: str, param: torch.Tensor) -> bool:
     return name.endswith(".bias") or param.dim() == 1
 
 
-def param_groups(model_parts: Iterable[nn.Module]) -> list[dict]:
+def head_lr_mult(config: Any) -> float | None:
+    """``finetune.head_lr / optimizer.lr`` for a run with a fine-tuning head and a head LR, else None."""
+    finetune = getattr(config, "finetune", None)
+    if getattr(config.model, "head", "mlm") == "mlm" or finetune is None or not finetune.head_lr:
+        return None
+    return finetune.head_lr / config.optimizer.lr
+
+
+def param_groups(model_parts: Iterable[nn.Module], head_lr_mult: float | None = None) -> list[dict]:
     """Split the trainable parameters of ``model_parts`` into decay / no-decay groups.
+
+    With ``head_lr_mult`` the fine-tuning head's parameters (``head.*``) form two more
+    groups, ``head_decay`` / ``head_no_decay``, whose ``lr_mult`` is that factor (the
+    scheduler multiplies it into their learning rate).
 
     Tied parameters appear once (``named_parameters`` de-duplicates within a part;
     the same tensor in two parts is also kept once). Empty groups are kept so
@@ -49,17 +62,34 @@ def param_groups(model_parts: Iterable[nn.Module]) -> list[dict]:
     """
     decay: list[torch.Tensor] = []
     no_decay: list[torch.Tensor] = []
+    head_decay: list[torch.Tensor] = []
+    head_no_decay: list[torch.Tensor] = []
     seen: set[int] = set()
     for part in model_parts:
         for name, p in part.named_parameters():
             if not p.requires_grad or id(p) in seen:
                 continue
             seen.add(id(p))
-            (no_decay if no_weight_decay(name, p) else decay).append(p)
-    return [
+            head = head_lr_mult is not None and name.startswith("head.")
+            if no_weight_decay(name, p):
+                (head_no_decay if head else no_decay).append(p)
+            else:
+                (head_decay if head else decay).append(p)
+    groups = [
         {"name": "decay", "params": decay, "wd_mult": 1.0},
         {"name": "no_decay", "params": no_decay, "wd_mult": 0.0},
     ]
+    if head_lr_mult is not None:
+        groups += [
+            {"name": "head_decay", "params": head_decay, "wd_mult": 1.0, "lr_mult": head_lr_mult},
+            {
+                "name": "head_no_decay",
+                "params": head_no_decay,
+                "wd_mult": 0.0,
+                "lr_mult": head_lr_mult,
+            },
+        ]
+    return groups
 
 
 def build_adamw(
@@ -70,14 +100,15 @@ def build_adamw(
     betas: tuple[float, float] = (0.9, 0.999),
     eps: float = 1e-8,
     fused: bool = False,
+    head_lr_mult: float | None = None,
 ) -> torch.optim.AdamW:
-    """``torch.optim.AdamW`` over Megatron's parameter groups.
+    """``torch.optim.AdamW`` over Megatron's parameter groups (see :func:`param_groups`).
 
     The initial ``lr``/``weight_decay`` are overwritten by the scheduler at
     every step; they matter only if no scheduler is used. ``fused`` selects
     PyTorch's fused kernel (``training.fused_adamw``; None-like False = its default).
     """
-    groups = param_groups(model_parts)
+    groups = param_groups(model_parts, head_lr_mult)
     for g in groups:
         g["weight_decay"] = weight_decay * g["wd_mult"]
     extra = {"fused": True} if fused else {}
@@ -161,8 +192,9 @@ class OptimizersContainer:
 def adamw_from_config(model_parts: Sequence[nn.Module], config: Any) -> OptimizersContainer:
     """One AdamW per model part (:func:`build_adamw`) from a ``TrainConfig``.
 
-    Uses ``optimizer.lr``, ``wd_start``, ``adam_beta1/2``, ``adam_eps`` and
-    ``training.fused_adamw``.
+    Uses ``optimizer.lr``, ``wd_start``, ``adam_beta1/2``, ``adam_eps``,
+    ``training.fused_adamw`` and, for a fine-tuning head, ``finetune.head_lr``
+    (:func:`head_lr_mult`).
     """
     o = config.optimizer
     return OptimizersContainer(
@@ -174,5 +206,6 @@ def adamw_from_config(model_parts: Sequence[nn.Module], config: Any) -> Optimize
             betas=(o.adam_beta1, o.adam_beta2),
             eps=o.adam_eps,
             fused=config.training.fused_adamw,
+            head_lr_mult=head_lr_mult(config),
         ),
     )

@@ -10,9 +10,11 @@ Layout of ``<dir>`` (``<run_dir>/checkpoints``)::
         config.toml          the resolved configuration of the run
         manifest.json        size and SHA-256 of every file above (written last)
     latest                   text file naming the newest complete folder
-    .tmp-step_0000300/       a save in progress (removed on the next save)
+    .tmp-step_0000300.<host>.<pid>.<random>/   a save in progress
 
-Saving writes everything into ``.tmp-step_N``, renames it to ``step_N`` and then
+Saving writes everything into ``.tmp-step_N.<host>.<pid>.<random>`` (named by
+rank 0 of the saving job, so two jobs never share one; the next save removes
+those of dead processes on this host and unnamed ones), renames it to ``step_N`` and then
 replaces ``latest`` (write-then-rename), so a crash at any moment leaves the
 previous checkpoint loadable. Older ``step_*`` folders beyond ``keep_last`` are
 deleted afterwards.
@@ -73,6 +75,7 @@ from epochal._checksum import (
 )
 from epochal.train.state.dcp_checks import check_dcp_metadata, dcp_failure, read_per_file
 from epochal.train.state.errors import CheckpointCorruptError, CheckpointError
+from epochal.train.state.run_lock import stale_temporary, temporary_token
 from epochal.train.state.trainer_state import check_trainer_state
 
 __all__ = [
@@ -271,6 +274,7 @@ class Checkpointer:
         self._all_gather = all_gather
         self.checksums = checksums
         self._verified: set[Path] = set()
+        self._token: str | None = None
         #: step folders found damaged by :meth:`newest_intact` (kept; see :meth:`save`)
         self.damaged: set[Path] = set()
 
@@ -414,11 +418,12 @@ class Checkpointer:
             The final folder.
         """
         final = self.directory / step_folder_name(step)
-        tmp = self.directory / f".tmp-{final.name}"
+        tmp = self.directory / f".tmp-{final.name}.{self._job_token()}"
         if self.rank == 0:
             self.directory.mkdir(parents=True, exist_ok=True)
             for stale in self.directory.glob(".tmp-step_*"):
-                shutil.rmtree(stale, ignore_errors=True)
+                if stale_temporary(stale.name):
+                    shutil.rmtree(stale, ignore_errors=True)
             tmp.mkdir()
         self._barrier()
         with warnings.catch_warnings():
@@ -448,6 +453,14 @@ class Checkpointer:
             self._prune(keep=final)
         self._barrier()
         return final
+
+    def _job_token(self) -> str:
+        """``<host>.<pid>.<random>`` of rank 0, the same on every rank of this job (a collective once)."""
+        if self._token is None:
+            self._token = temporary_token()
+            if self._all_gather is not None:
+                self._token = self._all_gather(self._token)[0]
+        return self._token
 
     def _hash_files(self, tmp: Path) -> dict[str, dict[str, Any]]:
         """The manifest entries of every file in ``tmp`` (on rank 0; each rank hashes a slice).

@@ -13,6 +13,7 @@ from typing import Any
 from epochal.model.config import ConfigError
 from epochal.train.config import to_toml
 from epochal.train.state.checkpoint import Checkpointer, CheckpointError
+from epochal.train.state.encoder_init import is_hf_folder, load_encoder_weights
 from epochal.train.state.model_state import ModelState
 from epochal.train.state.rng import get_rng_state, set_rng_state
 
@@ -93,6 +94,8 @@ class CheckpointSeams:
         path = Path(path)
         if (path / "trainer_state.json").is_file():
             return path
+        if option == "init_from" and is_hf_folder(path):
+            return path  # a Hugging Face encoder folder (load_encoder_weights)
         for candidate in (path, path / "checkpoints"):
             found = Checkpointer(candidate).latest() if candidate.is_dir() else None
             if found is not None:
@@ -133,9 +136,17 @@ class CheckpointSeams:
         Megatron's ``--finetune``: used for ``checkpoint.init_from`` and for the
         model-only folders ``epochal convert --to epochal`` writes.
 
+        A model with a fine-tuning head (``model.head``) loads the encoder of a
+        pretrained run or Hugging Face folder instead, its head starting fresh
+        (:func:`~epochal.train.state.encoder_init.load_encoder_weights`).
+
         Raises:
             CheckpointError: the folder is not a checkpoint of this model.
         """
+        if self.model_config.head != "mlm" or is_hf_folder(folder):
+            say = (lambda m: print(m, flush=True)) if self.log and self.rank == 0 else None
+            load_encoder_weights(self.model_parts, self.model_config, folder, log=say)
+            return
         self.check_model_config(folder, self.checkpointer.read_trainer_state(folder))
         self.checkpointer.load_tensors(folder, {"model": self.app_state()["model"]})
 

@@ -9,6 +9,11 @@ evaluation callback (``training.eval_callback``).
 
 from epochal.train.steps.base import TrainStep, load_eval_callback, load_train_step
 from epochal.train.steps.bert import BertTrainStep
+from epochal.train.steps.finetune import (
+    ResidueClassificationStep,
+    SequenceClassificationStep,
+    SequenceRegressionStep,
+)
 from epochal.train.steps.gpt import GPTTrainStep, LossFnStep
 from epochal.train.steps.reduce import (
     avg_losses_across_data_parallel_group,
@@ -21,6 +26,9 @@ from epochal.train.steps.t5 import T5TrainStep
 
 __all__ = [
     "BertTrainStep",
+    "ResidueClassificationStep",
+    "SequenceClassificationStep",
+    "SequenceRegressionStep",
     "GPTTrainStep",
     "LossFnStep",
     "T5TrainStep",

@@ -2,7 +2,7 @@
 
 Each model type's step registers itself with :func:`register_train_step` when its
 module is imported (:mod:`epochal.train.steps` imports the built-in ones: GPT, BERT /
-ESM-2, T5); :func:`train_step_class` looks one up. A user's step registers the same way.
+ESM-2, T5, the fine-tuning heads); :func:`train_step_class` looks one up. A user's step registers the same way.
 """
 
 from __future__ import annotations
@@ -29,8 +29,9 @@ def register_train_step(*model_types: str) -> Callable[[type[TrainStep]], type[T
     return register
 
 
-def train_step_class(model_type: str) -> type[TrainStep]:
-    """The registered step class of ``model_type``.
+def train_step_class(model_type: str, head: str = "mlm") -> type[TrainStep]:
+    """The registered step class of ``model_type``, or of a fine-tuning ``head`` (``model.head``:
+    one step per head kind, whatever the encoder).
 
     Raises:
         ConfigError: (naming ``model.type``) no step is registered for it.
@@ -38,6 +39,8 @@ def train_step_class(model_type: str) -> type[TrainStep]:
     # Importing the package registers the built-in steps (it imports them); the
     # registry itself names none of them.
     importlib.import_module("epochal.train.steps")
+    if head != "mlm":
+        model_type = head
     try:
         return _REGISTRY[model_type]
     except KeyError:

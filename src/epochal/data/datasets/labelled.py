@@ -1,0 +1,319 @@
+"""Labelled protein (or text) tables for fine-tuning: CSV / TSV / parquet -> model samples.
+
+Reading (:func:`read_labelled_table`): a table with a sequence column and a label
+column (names configurable; BioNeMo's fine-tuning CSVs and aaanalysis' ``SEQ_*.tsv``
+use ``sequence`` and ``label``). ``.csv`` is comma-separated, ``.tsv``/``.tab``
+tab-separated (both read with the standard library), ``.parquet`` needs ``pyarrow``.
+Errors name the file and the row (1-based data rows, the header not counted):
+a missing column, an empty sequence, a regression label that is not a number, a
+per-residue label string whose length differs from its sequence.
+
+Labels (:class:`LabelVocab`): classification classes are the distinct training
+labels in sorted order (deterministic; saved with the run as ``label_vocab.json``).
+A label the vocabulary lacks (a class training never saw, met in validation) becomes
+``-2``: the step leaves it out of the loss and accuracy and reports its share as
+``unseen labels`` instead of failing.
+
+Samples (:class:`LabelledSequenceDataset`, a plain map-style dataset: wrap it in
+``IdentityMultiEpochDatasetWrapper`` under ``MultiEpochDatasetResampler`` for
+multi-epoch, resumable training; it draws no randomness at all):
+``<cls> residues <eos>`` padded with ``<pad>`` to ``seq_length``; proteins longer than
+``seq_length - 2`` residues are cut to their first residues (and per-residue labels
+with them). Keys: ``tokens`` int64 ``[s]``, ``padding_mask`` int64 ``[s]`` (1 = real
+token), ``residue_mask`` int64 ``[s]`` (1 = a residue), ``labels`` (float32
+``[num_labels]`` for regression, int64 ``[]`` per sequence or ``[s]`` per residue,
+-100 where nothing is predicted), ``loss_mask`` float ``[s]`` (residue positions).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+__all__ = [
+    "LabelVocab",
+    "LabelledDataError",
+    "LabelledSequenceDataset",
+    "LabelledTable",
+    "TASKS",
+    "end_token",
+    "read_labelled_table",
+    "read_sequence_table",
+]
+
+#: What a label means: a value, a class per sequence, a class per residue.
+TASKS = ("sequence_regression", "sequence_classification", "residue_classification")
+IGNORE = -100
+UNSEEN = -2
+
+
+def end_token(tokenizer: Any) -> int:
+    """The id closing a sequence: ``sep`` (BERT's ``[SEP]``; ESM-2's ``<eos>``), else ``eos``."""
+    sep = getattr(tokenizer, "sep", None)
+    return tokenizer.eos if sep is None else sep
+
+
+class LabelledDataError(ValueError):
+    """A labelled table that cannot be used (the message names the file and row)."""
+
+
+@dataclass
+class LabelledTable:
+    """The rows of a labelled table, in file order.
+
+    Attributes:
+        path: the file read.
+        sequences: one string per row.
+        labels: one label string per row (None when the table was read without labels).
+        ids: the row's id column value, or its 1-based row number.
+    """
+
+    path: Path
+    sequences: list[str]
+    labels: list[str] | None
+    ids: list[str]
+
+
+def _rows(path: Path) -> tuple[list[str], list[list[Any]]]:
+    suffix = path.suffix.lower()
+    if suffix == ".parquet":
+        try:
+            import pyarrow.parquet as pq
+        except ImportError as exc:  # pragma: no cover - the hf extra
+            raise LabelledDataError(
+                f"{path}: reading parquet needs pyarrow (pip install pyarrow)"
+            ) from exc
+        table = pq.read_table(path)
+        names = list(table.column_names)
+        columns = [table.column(n).to_pylist() for n in names]
+        return names, [list(r) for r in zip(*columns)]
+    if suffix not in (".csv", ".tsv", ".tab", ".txt"):
+        raise LabelledDataError(f"{path}: unknown table format {suffix!r} (.csv, .tsv or .parquet)")
+    delimiter = "," if suffix == ".csv" else "\t"
+    with open(path, newline="", encoding="utf-8") as stream:
+        reader = csv.reader(stream, delimiter=delimiter)
+        try:
+            header = next(reader)
+        except StopIteration:
+            raise LabelledDataError(f"{path}: empty file (no header row)") from None
+        return [h.strip() for h in header], [row for row in reader if row]
+
+
+def read_sequence_table(
+    path: str | os.PathLike,
+    sequence_column: str = "sequence",
+    label_column: str | None = None,
+    id_column: str | None = None,
+) -> LabelledTable:
+    """Read sequences (and labels) of a CSV / TSV / parquet table, in file order.
+
+    Raises:
+        FileNotFoundError: no such file.
+        LabelledDataError: an unknown format, a missing column (the columns found are
+            listed), or an empty sequence / label (the row is named).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such table")
+    names, rows = _rows(path)
+    wanted = [c for c in (sequence_column, label_column, id_column) if c]
+    for column in wanted:
+        if column not in names:
+            raise LabelledDataError(f"{path}: no column {column!r} (columns: {names})")
+    si = names.index(sequence_column)
+    li = names.index(label_column) if label_column else None
+    ii = names.index(id_column) if id_column else None
+    sequences, labels, ids = [], [] if li is not None else None, []
+    for n, row in enumerate(rows, start=1):
+        if len(row) < len(names):
+            raise LabelledDataError(
+                f"{path}: row {n} has {len(row)} fields, the header {len(names)}"
+            )
+        seq = "" if row[si] is None else str(row[si]).strip()
+        if not seq:
+            raise LabelledDataError(f"{path}: row {n}: empty sequence")
+        sequences.append(seq)
+        ids.append(str(row[ii]) if ii is not None else str(n))
+        if li is not None:
+            label = row[li]
+            if label is None or str(label).strip() == "":
+                raise LabelledDataError(f"{path}: row {n}: empty label in column {label_column!r}")
+            labels.append(str(label).strip())
+    if not sequences:
+        raise LabelledDataError(f"{path}: no rows")
+    return LabelledTable(path, sequences, labels, ids)
+
+
+def read_labelled_table(
+    path: str | os.PathLike,
+    task: str,
+    sequence_column: str = "sequence",
+    label_column: str = "label",
+) -> LabelledTable:
+    """:func:`read_sequence_table` with labels checked for ``task`` (one of :data:`TASKS`).
+
+    Raises:
+        LabelledDataError: besides the reading errors, a regression label that is not
+            a number (or space-separated numbers), or a per-residue label string whose
+            length differs from its sequence's (row, both lengths named).
+    """
+    if task not in TASKS:
+        raise ValueError(f"task must be one of {TASKS}, got {task!r}")
+    table = read_sequence_table(path, sequence_column, label_column)
+    assert table.labels is not None
+    for n, (seq, label) in enumerate(zip(table.sequences, table.labels), start=1):
+        if task == "sequence_regression":
+            try:
+                values = [float(v) for v in label.replace(",", " ").split()]
+            except ValueError:
+                values = []
+            if not values or not all(math.isfinite(v) for v in values):
+                raise LabelledDataError(
+                    f"{table.path}: row {n}: regression label {label!r} is not a finite number"
+                )
+        elif task == "residue_classification" and len(label) != len(seq):
+            raise LabelledDataError(
+                f"{table.path}: row {n}: {len(label)} per-residue labels for a sequence of "
+                f"{len(seq)} residues (column {label_column!r} must have one character per residue)"
+            )
+    return table
+
+
+class LabelVocab:
+    """Class names <-> ids: the sorted distinct labels of the training data.
+
+    Args:
+        labels: the class names (sorted and de-duplicated here).
+    """
+
+    def __init__(self, labels: Sequence[str]) -> None:
+        self.labels = sorted(set(labels))
+        self.ids = {label: i for i, label in enumerate(self.labels)}
+
+    @classmethod
+    def from_table(cls, table: LabelledTable, task: str) -> LabelVocab:
+        """The classes of a training table (per residue: every character of every label)."""
+        assert table.labels is not None
+        if task == "residue_classification":
+            return cls([c for label in table.labels for c in label])
+        return cls(table.labels)
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def id(self, label: str) -> int:
+        """The class id of ``label``, or ``-2`` (:data:`UNSEEN`) for a class the vocabulary lacks."""
+        return self.ids.get(label, UNSEEN)
+
+    def to_json(self) -> str:
+        """``{"labels": [...]}`` (index = class id) as JSON text."""
+        return json.dumps({"labels": self.labels}, indent=1) + "\n"
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write :meth:`to_json` to ``path``."""
+        Path(path).write_text(self.to_json())
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> LabelVocab:
+        """Read a file :meth:`save` wrote."""
+        return cls(json.loads(Path(path).read_text())["labels"])
+
+
+class LabelledSequenceDataset:
+    """Tokenized, padded samples of labelled sequences (see the module docstring).
+
+    Args:
+        sequences: the sequences, in order.
+        labels: their label strings (None: inference, no ``labels`` key).
+        tokenizer: ``encode(str) -> ids`` with ``cls``, ``pad`` and ``sep`` ids (ESM-2's
+            ``<eos>`` is its ``sep``; BERT's ``[SEP]``); ``eos`` without ``sep``.
+        task: one of :data:`TASKS`.
+        seq_length: tokens per sample (>= 3).
+        vocab: the classes (classification tasks).
+        num_labels: regression targets per sequence.
+    """
+
+    def __init__(
+        self,
+        sequences: Sequence[str],
+        labels: Sequence[str] | None,
+        tokenizer: Any,
+        *,
+        task: str,
+        seq_length: int,
+        vocab: LabelVocab | None = None,
+        num_labels: int = 1,
+    ) -> None:
+        if seq_length < 3:
+            raise ValueError(f"seq_length must be >= 3 (<cls>, a residue, <eos>), got {seq_length}")
+        if task != "sequence_regression" and labels is not None and vocab is None:
+            raise ValueError(f"task {task!r} needs a label vocabulary")
+        self.sequences = list(sequences)
+        self.labels = None if labels is None else list(labels)
+        self.tokenizer = tokenizer
+        self.task = task
+        self.seq_length = seq_length
+        self.vocab = vocab
+        self.num_labels = num_labels
+        self.cls = tokenizer.cls
+        self.eos = end_token(tokenizer)
+        self.pad = tokenizer.pad
+
+    def __len__(self) -> int:
+        return len(self.sequences)
+
+    def residues(self, idx: int) -> list[int]:
+        """The token ids of sequence ``idx`` without special tokens (not cut).
+
+        Raises:
+            LabelledDataError: per-residue labels and a sequence that does not tokenize
+                to one token per character (e.g. a lower-case run, read as one ``<unk>``).
+        """
+        ids = self.tokenizer.encode(self.sequences[idx])
+        if self.task == "residue_classification" and self.labels is not None:
+            if len(ids) != len(self.labels[idx]):
+                raise LabelledDataError(
+                    f"sequence {idx + 1}: {len(ids)} tokens for {len(self.labels[idx])} per-residue "
+                    "labels (write one upper-case residue letter per label)"
+                )
+        return ids
+
+    def __getitem__(self, idx: int) -> dict[str, torch.Tensor]:
+        idx = int(idx)
+        body = self.residues(idx)[: self.seq_length - 2]
+        n, s = len(body), self.seq_length
+        tokens = torch.full((s,), self.pad, dtype=torch.long)
+        tokens[: n + 2] = torch.tensor([self.cls, *body, self.eos], dtype=torch.long)
+        padding = torch.zeros(s, dtype=torch.long)
+        padding[: n + 2] = 1
+        residue = torch.zeros(s, dtype=torch.long)
+        residue[1 : n + 1] = 1
+        out = {"tokens": tokens, "padding_mask": padding, "residue_mask": residue}
+        out["loss_mask"] = residue.float()
+        if self.labels is not None:
+            out["labels"] = self._label(idx, n)
+        return out
+
+    def _label(self, idx: int, n: int) -> torch.Tensor:
+        label = self.labels[idx]
+        if self.task == "sequence_regression":
+            values = [float(v) for v in label.replace(",", " ").split()]
+            if len(values) != self.num_labels:
+                raise LabelledDataError(
+                    f"sequence {idx + 1}: {len(values)} regression values, model.num_labels={self.num_labels}"
+                )
+            return torch.tensor(values, dtype=torch.float32)
+        assert self.vocab is not None
+        if self.task == "sequence_classification":
+            return torch.tensor(self.vocab.id(label), dtype=torch.long)
+        out = torch.full((self.seq_length,), IGNORE, dtype=torch.long)
+        out[1 : n + 1] = torch.tensor([self.vocab.id(c) for c in label[:n]], dtype=torch.long)
+        return out

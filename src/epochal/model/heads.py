@@ -1,0 +1,97 @@
+"""Fine-tuning heads of the encoders (BERT, ESM), as BioNeMo's ESM-2 fine-tuning models.
+
+``ModelConfig.head`` picks one; :class:`~epochal.model.BertModel` then builds it as
+``head`` in place of the masked-LM head (``lm_head`` / ``output``):
+
+- ``"sequence_regression"`` / ``"sequence_classification"``: :class:`SequenceHead`,
+  BioNeMo's ``ESM2FineTuneSeqModel``: the last hidden states averaged over the
+  residues (:func:`mean_over_residues`: ``<cls>``, ``<eos>`` and padding excluded),
+  then ``MegatronMLPHead``: ``Linear(hidden, 256) -> ReLU -> Dropout(0.25) ->
+  Linear(256, num_labels)``. Output ``[b, num_labels]`` (regression values or
+  class logits).
+- ``"residue_classification"``: :class:`ResidueHead`, per token ``[b, s, num_labels]``:
+  ``residue_head = "conv"`` is BioNeMo's ``MegatronConvNetHead`` (``Conv2d(hidden,
+  32, (7, 1), padding (3, 0)) -> ReLU -> Dropout(0.25) -> Conv2d(32, num_labels,
+  (7, 1), padding (3, 0))`` over ``[b, hidden, s, 1]``: two 7-wide convolutions
+  along the sequence); ``"linear"`` is ``Dropout -> Linear(hidden, num_labels)``.
+  BioNeMo convolves over every position, padding included, and so does this head
+  (its outputs at residues next to padding therefore see the padded positions'
+  hidden states; only valid positions enter the loss).
+
+Parameter names (``head.*``) are what a pretrained encoder checkpoint lacks: a
+fine-tuning run initialised from one starts them fresh.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from epochal.model.config import ModelConfig
+
+__all__ = ["ResidueHead", "SequenceHead", "build_head", "mean_over_residues"]
+
+#: BioNeMo's widths: the sequence MLP's hidden layer and the convolution's channels.
+SEQUENCE_HIDDEN = 256
+CONV_CHANNELS = 32
+
+
+def mean_over_residues(hidden: torch.Tensor, residue_mask: torch.Tensor) -> torch.Tensor:
+    """Average ``hidden`` ``[b, s, h]`` over the positions where ``residue_mask`` ``[b, s]`` is set.
+
+    Returns:
+        ``[b, h]`` in ``hidden``'s dtype (a sequence without residues gives zeros).
+    """
+    mask = residue_mask.to(hidden.dtype).unsqueeze(-1)
+    count = mask.sum(1).clamp(min=1.0)
+    return (hidden * mask).sum(1) / count
+
+
+class SequenceHead(nn.Module):
+    """BioNeMo's ``MegatronMLPHead`` on the residue mean: ``[b, s, h] -> [b, num_labels]``."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        width = config.head_hidden_size or SEQUENCE_HIDDEN
+        self.fc1 = nn.Linear(config.hidden_size, width)
+        self.fc2 = nn.Linear(width, config.num_labels)
+        self.dropout = nn.Dropout(config.head_dropout)
+
+    def forward(self, hidden: torch.Tensor, residue_mask: torch.Tensor) -> torch.Tensor:
+        """Predictions ``[b, num_labels]`` of hidden states ``[b, s, h]`` (``residue_mask`` ``[b, s]``)."""
+        pooled = mean_over_residues(hidden, residue_mask)
+        return self.fc2(self.dropout(torch.relu(self.fc1(pooled))))
+
+
+class ResidueHead(nn.Module):
+    """Per-residue logits ``[b, s, num_labels]``: BioNeMo's convolutional head or a linear one."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.kind = config.residue_head
+        self.dropout = nn.Dropout(config.head_dropout)
+        if self.kind == "conv":
+            width = config.head_hidden_size or CONV_CHANNELS
+            self.conv1 = nn.Conv2d(config.hidden_size, width, kernel_size=(7, 1), padding=(3, 0))
+            self.conv2 = nn.Conv2d(width, config.num_labels, kernel_size=(7, 1), padding=(3, 0))
+        else:
+            self.linear = nn.Linear(config.hidden_size, config.num_labels)
+
+    def forward(
+        self, hidden: torch.Tensor, residue_mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Logits ``[b, s, num_labels]`` of hidden states ``[b, s, h]`` (the mask is not used)."""
+        if self.kind == "linear":
+            return self.linear(self.dropout(hidden))
+        x = hidden.permute(0, 2, 1).unsqueeze(-1)  # [b, h, s, 1]
+        x = self.dropout(torch.relu(self.conv1(x)))
+        return self.conv2(x).squeeze(-1).permute(0, 2, 1)
+
+
+def build_head(config: ModelConfig) -> nn.Module | None:
+    """The fine-tuning head ``config.head`` names, or None for the masked-LM head."""
+    if config.head == "mlm":
+        return None
+    if config.head == "residue_classification":
+        return ResidueHead(config)
+    return SequenceHead(config)

@@ -1,0 +1,65 @@
+"""The ``[finetune]`` section: the labelled data of a fine-tuning run (``model.head`` != ``"mlm"``)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from epochal.train.config.checks import _require
+
+__all__ = ["FinetuneConfig"]
+
+
+@dataclass(kw_only=True)
+class FinetuneConfig:
+    """The ``[finetune]`` section (used when ``model.head`` names a fine-tuning head).
+
+    Attributes:
+        train_file / valid_file / test_file: CSV / TSV / parquet tables with a sequence
+            and a label column (:mod:`epochal.data.datasets.labelled`).
+        split: without ``valid_file``: train/valid weights dividing ``train_file``'s rows
+            (a fixed permutation of ``training.seed``), e.g. ``"90,10"``; ``""`` = no
+            validation.
+        sequence_column / label_column: the columns' names.
+        head_lr: the learning rate of the head (``head.*``) at the schedule's peak;
+            ``0`` = ``optimizer.lr``. The schedule's warmup and decay apply to it alike.
+    """
+
+    train_file: str = ""
+    valid_file: str = ""
+    test_file: str = ""
+    split: str = ""
+    sequence_column: str = "sequence"
+    label_column: str = "label"
+    head_lr: float = 0.0
+
+    def __post_init__(self) -> None:
+        _require(
+            math.isfinite(self.head_lr) and self.head_lr >= 0,
+            "head_lr",
+            f"must be >= 0 (0 = optimizer.lr), got {self.head_lr}",
+        )
+        _require(bool(self.sequence_column), "sequence_column", "must name a column")
+        _require(bool(self.label_column), "label_column", "must name a column")
+        if self.split:
+            try:
+                weights = [float(w) for w in self.split.split(",")]
+            except ValueError:
+                weights = []
+            _require(
+                len(weights) == 2 and all(w >= 0 for w in weights) and sum(weights) > 0,
+                "split",
+                f"must be two weights 'train,valid' like '90,10', got {self.split!r}",
+            )
+            _require(
+                not self.valid_file,
+                "split",
+                "and finetune.valid_file are exclusive (a split of train_file, or a valid file)",
+            )
+
+    def split_fractions(self) -> tuple[float, float] | None:
+        """``(train, valid)`` fractions of :attr:`split`, or None."""
+        if not self.split:
+            return None
+        a, b = (float(w) for w in self.split.split(","))
+        return a / (a + b), b / (a + b)

@@ -1,0 +1,195 @@
+"""Fine-tuning starts: the encoder's weights from a pretrained run or a Hugging Face folder.
+
+``checkpoint.init_from`` of a run with a fine-tuning head (``model.head``) names an
+epochal run / checkpoint (any layout) or a Hugging Face ESM / BERT folder (masked-LM
+or bare encoder, :func:`epochal.convert.hf.encoder.load_hf_encoder`):
+
+- :func:`finetune_overrides` (``epochal train``, before the configuration is built)
+  takes the encoder's shape (every ``[model]`` field but the head / LoRA fields and
+  the dropouts) from the checkpoint, so a fine-tuning config names only its head;
+- :func:`load_encoder_weights` (the trainer's ``init_from`` seam) loads every weight
+  the checkpoint has into this rank's model parts (sharded as they are), ignores what
+  the model has no use for (the masked-LM head), and names in one line the weights
+  the checkpoint lacks: only the head's and the adapters' may be missing.
+
+Errors (:class:`~epochal.train.state.checkpoint.CheckpointError`): a checkpoint of
+another model type, an encoder weight the checkpoint lacks, a head weight whose shape
+differs from the checkpoint's (another ``num_labels`` or head kind).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from epochal.model.build import build_model
+from epochal.model.config import HEAD_FIELDS, ModelConfig
+from epochal.model.init import canonical_name
+from epochal.model.lora import is_lora_name
+from epochal.train.state.checkpoint import CheckpointError
+
+__all__ = ["finetune_overrides", "is_hf_folder", "load_encoder_weights", "read_encoder"]
+
+#: ``[model]`` fields a fine-tuning config keeps (the rest come from the checkpoint).
+KEPT_FIELDS = (*HEAD_FIELDS, "hidden_dropout", "attention_dropout")
+
+
+def is_hf_folder(path: str | Path) -> bool:
+    """A Hugging Face model folder (``config.json``, no epochal ``trainer_state.json``)."""
+    p = Path(path)
+    return (p / "config.json").is_file() and not (p / "trainer_state.json").is_file()
+
+
+def read_encoder(path: str | Path) -> tuple[ModelConfig, dict[str, torch.Tensor], bool]:
+    """``(config, full CPU state, has_lm_head)`` of a run, checkpoint or Hugging Face folder.
+
+    Raises:
+        CheckpointError: nothing readable there (the reader's reason included).
+    """
+    from epochal.convert.common import ConversionError
+
+    try:
+        if is_hf_folder(path):
+            from epochal.convert.hf.encoder import load_hf_encoder
+
+            hf, has_lm_head = load_hf_encoder(path)
+            return hf.config, hf.state, has_lm_head
+        from epochal.convert.epochal_ckpt import load_epochal_checkpoint
+
+        ck = load_epochal_checkpoint(path)
+        return ck.config, ck.state, ck.config.head == "mlm"
+    except (ConversionError, FileNotFoundError) as exc:
+        raise CheckpointError(f"checkpoint.init_from={str(path)!r}: {exc}") from exc
+
+
+def finetune_overrides(config_file: str | None, overrides: list[str]) -> list[str] | None:
+    """``--model.<field>=<value>`` overrides giving a fine-tuning run its encoder's shape.
+
+    When the config file and ``overrides`` (read as ``epochal train`` reads them) name a
+    fine-tuning ``model.head`` and a ``checkpoint.init_from``, every ``[model]`` field of
+    the checkpoint's encoder but the head / LoRA fields and the dropouts (unset ones
+    left out); to be placed *before* the user's overrides, which still win.
+
+    Returns:
+        The overrides, or None when the run is not such a fine-tuning run.
+
+    Raises:
+        CheckpointError: the checkpoint cannot be read.
+    """
+    import json
+    import tomllib
+
+    from epochal.train.config import parse_overrides
+
+    values: dict[str, Any] = {}
+    if config_file:
+        try:
+            values = tomllib.loads(Path(config_file).read_text())
+        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+            return None  # build_config reports it
+    given = parse_overrides(list(overrides))
+    for section in ("model", "checkpoint"):
+        values.setdefault(section, {}).update(given.get(section, {}))
+    head = values["model"].get("head", "mlm")
+    init = values["checkpoint"].get("init_from", "")
+    if head == "mlm" or not init:
+        return None
+    source, _, _ = read_encoder(init)
+    out = []
+    for f in dataclasses.fields(source):
+        value = getattr(source, f.name)
+        if f.name in KEPT_FIELDS or value is None:
+            continue
+        literal = json.dumps(value) if isinstance(value, (bool, str)) else repr(value)
+        out.append(f"--model.{f.name}={literal}")
+    return out
+
+
+def _check_type(source: ModelConfig, model_type: str, where: Any) -> None:
+    if source.type != model_type:
+        raise CheckpointError(
+            f"checkpoint.init_from={str(where)!r} holds a {source.type!r} model, but "
+            f"model.type={model_type!r}; fine-tune a checkpoint of a {model_type!r} encoder"
+        )
+
+
+def _encoder_fields(config: ModelConfig) -> dict[str, Any]:
+    return {k: v for k, v in config.to_dict().items() if k not in KEPT_FIELDS}
+
+
+def load_encoder_weights(
+    model_parts: list[nn.Module], model_config: ModelConfig, folder: str | Path, log: Any = None
+) -> list[str]:
+    """Load the checkpoint's weights into ``model_parts`` (see the module docstring).
+
+    Args:
+        model_parts: this rank's parts (pipeline stages; tensor-/data-parallel DTensors allowed).
+        model_config: the fine-tuning model's config.
+        folder: ``checkpoint.init_from``.
+        log: ``log(str)`` for the line naming the weights that start fresh.
+
+    Returns:
+        The names of the weights initialised fresh (sorted).
+
+    Raises:
+        CheckpointError: see the module docstring.
+    """
+    source, state, _ = read_encoder(folder)
+    _check_type(source, model_config.type, folder)
+    ours, theirs = _encoder_fields(model_config), _encoder_fields(source)
+    diff = [
+        f"{k}: checkpoint {theirs[k]!r} vs config {v!r}"
+        for k, v in ours.items()
+        if k in theirs and theirs[k] != v
+    ]
+    if diff:
+        raise CheckpointError(f"{folder} holds another encoder: " + "; ".join(diff))
+    with torch.device("meta"):
+        whole = build_model(model_config)
+    shapes = {name: tuple(p.shape) for name, p in whole.state_dict().items()}
+    missing = sorted(k for k in shapes if k not in state)
+    bad = [k for k in missing if not (k.startswith("head.") or is_lora_name(k))]
+    if bad:
+        raise CheckpointError(f"{folder} lacks encoder weights the model needs: {bad[:8]}")
+    misfit = [
+        f"{k}: checkpoint {tuple(state[k].shape)} vs model {shapes[k]}"
+        for k in shapes
+        if k in state and tuple(state[k].shape) != shapes[k]
+    ]
+    if misfit:
+        raise CheckpointError(
+            f"the head does not fit {folder}: "
+            + "; ".join(misfit[:4])
+            + " (another model.head or model.num_labels?)"
+        )
+    for part in model_parts:
+        _copy_into(part, state)
+    if log is not None:
+        fresh = ", ".join(missing) if missing else "none"
+        log(f"initialised from {folder}; weights it lacks start fresh: {fresh}")
+    return missing
+
+
+@torch.no_grad()
+def _copy_into(part: nn.Module, state: dict[str, torch.Tensor]) -> None:
+    """Copy full tensors into the part's (possibly sharded) parameters and buffers."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    for name, param in part.named_parameters():
+        full = state.get(canonical_name(name))
+        if full is None:
+            continue
+        if isinstance(param, DTensor):
+            local = distribute_tensor(
+                full.to(param.device, param.dtype),
+                param.device_mesh,
+                param.placements,
+                src_data_rank=None,
+            ).to_local()
+            param.to_local().copy_(local)
+        else:
+            param.copy_(full.to(param.device, param.dtype))

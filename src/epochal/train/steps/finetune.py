@@ -1,0 +1,182 @@
+"""Train steps of the fine-tuning heads (``model.head``), one registered per head kind.
+
+Batches (:mod:`epochal.data.datasets.labelled`): ``tokens`` int64 ``[b, s]``,
+``padding_mask`` ``[b, s]`` (1 = a real token), ``residue_mask`` ``[b, s]`` (1 = a
+residue: not ``<cls>``/``<eos>``/padding) and ``labels``:
+
+- ``sequence_regression``: float ``[b, num_labels]``; loss MSE; evaluation logs
+  ``mse``, ``pearson`` and ``spearman`` (over the whole evaluation);
+- ``sequence_classification``: int64 ``[b]``; ``residue_classification``: int64
+  ``[b, s]``; negative labels are not scored (-100: not a residue / padding, -2: a
+  class training never saw, counted in ``unseen labels``); loss cross-entropy over
+  the scored labels; evaluation logs ``accuracy`` and ``accuracy <class>`` (named
+  by the run's ``label_vocab.json``; ``accuracy class k`` without one).
+
+The metrics are exact under every layout: sums are logged and divided after the
+trainer's averaging (:mod:`.head_metrics`), and Spearman's pairs are gathered over
+the data-parallel ranks and sent from the last pipeline stage to every rank.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Iterator
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from epochal.train.steps.base import TrainStep
+from epochal.train.steps.head_metrics import (
+    accuracy_from_counts,
+    classification_counts,
+    masked_cross_entropy,
+    mse,
+    pearson_from_sums,
+    regression_sums,
+    spearman,
+)
+from epochal.train.steps.reduce import gather_across_data_parallel_groups
+from epochal.train.steps.registry import register_train_step
+
+__all__ = [
+    "HeadTrainStep",
+    "ResidueClassificationStep",
+    "SequenceClassificationStep",
+    "SequenceRegressionStep",
+]
+
+
+class HeadTrainStep(TrainStep):
+    """Shared batch handling and forward of the fine-tuning heads (subclasses: the loss)."""
+
+    every_stage_reads_batches = True  # padding / residue masks reach every pipeline stage
+
+    def get_batch(self, data_iterator: Iterator[dict[str, torch.Tensor]]) -> tuple[Any, ...]:
+        """``(tokens, padding_mask, residue_mask, labels)`` of the next micro-batch."""
+        batch = next(data_iterator)
+        tokens = batch["tokens"].long()
+        padding = batch.get("padding_mask")
+        padding = torch.ones_like(tokens) if padding is None else padding.long()
+        residue = batch.get("residue_mask")
+        residue = padding if residue is None else residue.long()
+        return tokens, padding, residue, batch["labels"]
+
+    def stage_kwargs(self, micro_batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """``padding_mask`` and ``residue_mask`` for every pipeline stage."""
+        _, padding, residue, _ = self.get_batch(iter([micro_batch]))
+        return {"padding_mask": padding, "residue_mask": residue}
+
+    def forward_step(
+        self, data_iterator: Iterator[dict[str, torch.Tensor]], model: Any
+    ) -> tuple[Any, Callable[..., Any]]:
+        """The head's predictions of the next micro-batch and the loss function over its labels."""
+        tokens, padding, residue, labels = self.get_batch(data_iterator)
+        output = model(tokens, None, padding, residue_mask=residue)
+        return output, partial(self.loss_func, labels, not model.training)
+
+    def num_labels(self) -> int:
+        """``model.num_labels`` of the configuration (1 without one)."""
+        return int(getattr(getattr(self.args, "model", None), "num_labels", 1))
+
+
+@register_train_step("sequence_regression")
+class SequenceRegressionStep(HeadTrainStep):
+    """MSE of the sequence head's values; evaluation: MSE, Pearson, Spearman."""
+
+    def __init__(self, args: Any = None, **kwargs: Any) -> None:
+        super().__init__(args, **kwargs)
+        self._pairs: list[torch.Tensor] = []
+
+    def loss_func(
+        self, labels: torch.Tensor, evaluating: bool, output: torch.Tensor
+    ) -> tuple[torch.Tensor, dict[str, Any]]:
+        """``(mse, logged)``; ``labels`` float ``[b, num_labels]``, ``output`` ``[b, num_labels]``."""
+        target = labels.float().reshape(output.shape)
+        loss = mse(output, target)
+        logged: dict[str, Any] = {"mse loss": loss.detach()}
+        if evaluating:
+            logged.update(regression_sums(output, target))
+            self._pairs.append(
+                torch.stack([output.detach().double().reshape(-1), target.double().reshape(-1)], 1)
+            )
+        return loss, logged
+
+    def eval_summary(self, logged: dict[str, float]) -> dict[str, float]:
+        """``mse``, ``pearson`` and ``spearman`` of the whole evaluation."""
+        out = {k: v for k, v in logged.items() if not k.startswith("reg ")}
+        if "reg n" in logged:
+            out["mse"] = out.pop("mse loss")
+            out["pearson"] = pearson_from_sums(logged)
+        pairs = self._pairs
+        self._pairs = []
+        local = torch.cat(pairs) if pairs else torch.zeros((0, 2), dtype=torch.float64)
+        rho = _spearman_everywhere(local)
+        if rho is not None:
+            out["spearman"] = rho
+        return out
+
+
+class _ClassificationStep(HeadTrainStep):
+    """Cross-entropy over the scored labels; evaluation: accuracy overall and per class."""
+
+    def loss_func(
+        self, labels: torch.Tensor, evaluating: bool, output: torch.Tensor
+    ) -> tuple[torch.Tensor, dict[str, Any]]:
+        """``(cross-entropy, logged)``; ``output`` ``[..., num_labels]``, ``labels`` int64 ``[...]``."""
+        labels = labels.long().reshape(output.shape[:-1])
+        loss = masked_cross_entropy(output, labels)
+        logged: dict[str, Any] = {"ce loss": loss.detach()}
+        if evaluating:
+            logged.update(classification_counts(output, labels, output.shape[-1]))
+        return loss, logged
+
+    def eval_summary(self, logged: dict[str, float]) -> dict[str, float]:
+        """``accuracy``, ``accuracy <class>`` (and ``unseen labels``) of the whole evaluation.
+
+        Classes are named by the run's ``label_vocab.json`` when there is one, else by index.
+        """
+        out = {k: v for k, v in logged.items() if not k.startswith("cls ")}
+        names = self.class_names()
+        for key, value in accuracy_from_counts(logged, self.num_labels()).items():
+            if key.startswith("accuracy class ") and names is not None:
+                key = f"accuracy {names[int(key.rsplit(' ', 1)[1])]}"
+            out[key] = value
+        return out
+
+    def class_names(self) -> list[str] | None:
+        """The class names of the run (``<run_dir>/label_vocab.json``), or None."""
+        run_dir = getattr(self.args, "run_dir", None)
+        path = Path(run_dir) / "label_vocab.json" if run_dir else None
+        if path is None or not path.is_file():
+            return None
+        names = json.loads(path.read_text()).get("labels")
+        return names if isinstance(names, list) and len(names) == self.num_labels() else None
+
+
+@register_train_step("sequence_classification")
+class SequenceClassificationStep(_ClassificationStep):
+    """One class per sequence (``labels`` ``[b]``)."""
+
+
+@register_train_step("residue_classification")
+class ResidueClassificationStep(_ClassificationStep):
+    """One class per residue (``labels`` ``[b, s]``, -100 where not a residue)."""
+
+
+def _spearman_everywhere(local: torch.Tensor) -> float | None:
+    """Spearman's rho of all ``[n, 2]`` (prediction, target) pairs, the same on every rank.
+
+    Gathered over the data-parallel group, then sent from the last global rank (which
+    holds the last pipeline stage) to all. None when there are no pairs.
+    """
+    pairs = gather_across_data_parallel_groups(local)
+    rho = spearman(pairs[:, 0], pairs[:, 1]) if pairs.shape[0] > 1 else None
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        box: list[Any] = [rho]
+        dist.broadcast_object_list(box, src=dist.get_world_size() - 1)
+        rho = box[0]
+    return None if rho is None or math.isnan(rho) else rho

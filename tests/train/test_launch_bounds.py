@@ -1,0 +1,79 @@
+"""Process counts bounded by what the machine can launch (issue 26): the wizard and ``epochal train``."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from epochal.cli import main as cli_main
+from epochal.model.config import ConfigError
+from epochal.parallel.launch import check_launchable, local_process_limit
+from tests.train.test_cli_config_errors import no_launch as _no_launch  # noqa: F401 - a fixture
+from tests.train.test_run_dir import TINY
+
+HUGE = 10**100 - 1
+
+
+def test_the_limit_is_the_cpu_cores_on_cpu():
+    limit, what = local_process_limit("cpu")
+    assert what == "CPU cores" and limit == len(os.sched_getaffinity(0))
+    check_launchable(limit, "cpu", option="parallel.data_parallel")
+    with pytest.raises(ConfigError, match=r"parallel\.data_parallel.*10\^99 processes"):
+        check_launchable(HUGE, "cpu", option="parallel.data_parallel")
+
+
+def test_wizard_reasks_a_data_parallel_size_the_machine_cannot_launch():
+    from epochal.commands.config import collect
+
+    replies = iter(["", "1", "1", "1", str(HUGE), "1", "", "", "", "", "", "mock"])
+    prompts: list[str] = []
+    shown: list[str] = []
+
+    def read(prompt: str) -> str:
+        prompts.append(prompt)
+        return next(replies)
+
+    import builtins
+
+    real_print = builtins.print
+    builtins.print = lambda *a, **k: shown.append(" ".join(map(str, a)))
+    try:
+        answers = collect(read)
+    finally:
+        builtins.print = real_print
+    assert answers["data_parallel"] == 1
+    assert prompts.count("Data parallel size (model replicas) [1]: ") == 2
+    (reason,) = [s for s in shown if "invalid" in s]
+    assert "parallel.data_parallel" in reason and "CPU cores" in reason
+
+
+@pytest.mark.parametrize(
+    ("override", "option"),
+    [
+        (  # a layout that is consistent (the global batch fits), only too large to launch
+            f"--parallel.data_parallel={HUGE} --training.micro_batch_size=1 "
+            f"--training.global_batch_size={HUGE}",
+            "parallel.data_parallel",
+        ),
+        (
+            "--parallel.nproc_per_node=100000 --training.micro_batch_size=1 "
+            "--training.global_batch_size=100000",
+            "parallel.nproc_per_node",
+        ),
+    ],
+)
+def test_epochal_train_refuses_to_launch_absurd_world_sizes(
+    tmp_path,
+    capsys,
+    request,
+    override,
+    option,
+):
+    launched = request.getfixturevalue("_no_launch")
+    rc = cli_main(
+        ["train", f"--run_dir={tmp_path}", *TINY, "--training.device=cpu", *override.split()]
+    )
+    err = capsys.readouterr().err
+    assert rc == 2 and launched == [], err
+    assert option in err and "CPU cores" in err
