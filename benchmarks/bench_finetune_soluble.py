@@ -87,6 +87,8 @@ def main() -> None:
     p.add_argument("--hidden", type=int, default=128)
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--head-lr", type=float, default=0.0, help="finetune.head_lr (0: --lr)")
+    p.add_argument("--freeze-encoder", action="store_true", help="train the head only")
     args = p.parse_args()
     rows = read_soluble()
     n = len(rows)
@@ -138,6 +140,8 @@ def main() -> None:
             "--training.eval_interval=0",
             f"--training.eval_iters={math.floor(n_valid / gbs)}",
             f"--optimizer.lr={args.lr}",
+            f"--finetune.head_lr={args.head_lr}",
+            f"--model.freeze_encoder={str(args.freeze_encoder).lower()}",
             f"--scheduler.lr_warmup_iters={max(1, args.steps // 20)}",
             "--checkpoint.save_final=false",
             "--logging.progress=false",
@@ -156,6 +160,7 @@ def main() -> None:
     print("|---|---|---|---|")
     print(f"| logistic regression on amino-acid composition | {base:.3f} | {base_s:.0f} s | - |")
     what = "pretrained" if args.init else f"random-init {args.layers}x{args.hidden}"
+    what += ", encoder frozen" if args.freeze_encoder else ""
     print(
         f"| ESM ({what}) + sequence head, {args.steps} steps | {ev['accuracy']:.3f} "
         f"(evaluated on {math.floor(n_valid / gbs) * gbs}) | {tuned_s:.0f} s | {tokens:,} |"
