@@ -15,8 +15,9 @@ class FinetuneConfig:
     """The ``[finetune]`` section (used when ``model.head`` names a fine-tuning head).
 
     Attributes:
-        train_file / valid_file / test_file: CSV / TSV / parquet tables with a sequence
-            and a label column (:mod:`epochal.data.datasets.labelled`).
+        train_file / valid_file: CSV / TSV / parquet tables with a sequence and a label
+            column (:mod:`epochal.data.datasets.labelled`). A held-out test table is scored
+            after training with ``epochal embed --predictions`` (no test pass in the run).
         split: without ``valid_file``: train/valid weights dividing ``train_file``'s rows
             (a fixed permutation of ``training.seed``), e.g. ``"90,10"``; ``""`` = no
             validation.
@@ -27,7 +28,6 @@ class FinetuneConfig:
 
     train_file: str = ""
     valid_file: str = ""
-    test_file: str = ""
     split: str = ""
     sequence_column: str = "sequence"
     label_column: str = "label"
