@@ -92,8 +92,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.parse_args()
 
-    from epochal.convert.epochal_ckpt import save_epochal_checkpoint
     from epochal.model import ModelConfig, build_model
+    from epochal.train.state.epochal_ckpt import save_epochal_checkpoint
 
     config = ModelConfig(
         vocab_size=50257,

@@ -103,9 +103,9 @@ def main() -> None:
         root = Path(tmp)
         init = args.init
         if not init:
-            from epochal.convert.epochal_ckpt import save_epochal_checkpoint
             from epochal.model import build_model
             from epochal.model.config import ModelConfig
+            from epochal.train.state.epochal_ckpt import save_epochal_checkpoint
 
             config = ModelConfig(
                 type="esm",

@@ -18,8 +18,12 @@ layer. Each layer may import itself, the base and:
     testing   data (determinism checks that users run on their datasets)
     model     data (plain PyTorch models; no parallelism, no training)
     parallel  model, data (applies parallelism from outside to a plain model)
-    train     parallel, model, data
-    convert   train, model, data (checkpoint conversion: our models' state-dict
+    formats   model, data (``convert/hf/``, ``convert/common.py``, ``checked_config.py``,
+              ``bounded_parse.py``, ``safe_load.py``: checkpoint formats read and written
+              as our models' ``(config, state_dict)``; the trainer reads Hugging Face
+              encoders with them for ``checkpoint.init_from``)
+    train     formats, parallel, model, data
+    convert   formats, train, model, data (checkpoint conversion: our models' state-dict
               names and configs, epochal's checkpoint format and run configuration
               in ``train/``, the tokenizers in ``data/``); it applies no parallelism
     commands  every layer but ``cli`` (thin: parse, call the library, print)
@@ -47,9 +51,10 @@ ALLOWED: dict[str, frozenset[str]] = {
     "testing": frozenset({"data"}),
     "model": frozenset({"data"}),
     "parallel": frozenset({"model", "data"}),
-    "train": frozenset({"parallel", "model", "data"}),
-    "convert": frozenset({"train", "model", "data"}),
-    "commands": frozenset({"convert", "train", "parallel", "model", "data", "testing"}),
+    "formats": frozenset({"model", "data"}),
+    "train": frozenset({"formats", "parallel", "model", "data"}),
+    "convert": frozenset({"formats", "train", "model", "data"}),
+    "commands": frozenset({"convert", "formats", "train", "parallel", "model", "data", "testing"}),
     "cli": frozenset({"commands"}),
 }
 
@@ -174,8 +179,22 @@ def find_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return sorted(cycles)
 
 
+#: The model-format readers of ``convert/`` (no epochal run, no Megatron args): a layer of
+#: their own under ``train``, which reads Hugging Face encoders for ``checkpoint.init_from``.
+FORMATS = (
+    "epochal.convert.hf",
+    "epochal.convert.common",
+    "epochal.convert.checked_config",
+    "epochal.convert.bounded_parse",
+    "epochal.convert.safe_load",
+)
+
+
 def layer(module: str) -> str:
-    """``epochal.data.loading.samplers`` -> ``data``; ``epochal.cli`` -> ``cli``; ``epochal`` -> ``epochal``."""
+    """``epochal.data.loading.samplers`` -> ``data``; ``epochal.cli`` -> ``cli``; ``epochal`` ->
+    ``epochal``; the modules of :data:`FORMATS` (and below them) -> ``formats``."""
+    if any(module == f or module.startswith(f + ".") for f in FORMATS):
+        return "formats"
     parts = module.split(".")
     return parts[1] if len(parts) > 1 else parts[0]
 

@@ -2,7 +2,7 @@
 
 Used by the trainer's checkpoints (:mod:`epochal.train.state.checkpoint`) and the
 consolidated ``.safetensors`` exports (:mod:`epochal.parallel.checkpoint`,
-:mod:`epochal.convert.epochal_ckpt`), so it lives at the package root next to
+:mod:`epochal.train.state.epochal_ckpt`), so it lives at the package root next to
 :mod:`epochal._atomic` and imports nothing from epochal.
 
 The hash is SHA-256 (``hashlib.file_digest``, 1 MiB reads). On the 2-core

@@ -93,7 +93,7 @@ def nemo_folder(path: Path, yaml_text: str = NEMO_YAML) -> Path:
 
 def epochal_run(path: Path) -> Path:
     """A model-only epochal run directory (``checkpoints/step_0000000``)."""
-    from epochal.convert.epochal_ckpt import save_epochal_checkpoint
+    from epochal.train.state.epochal_ckpt import save_epochal_checkpoint
 
     config, state = tiny_model()
     save_epochal_checkpoint(config, state, path, source="test")

@@ -10,13 +10,13 @@ import torch
 
 from epochal.cli import main
 from epochal.convert.common import normalize_config
-from epochal.convert.epochal_ckpt import load_epochal_checkpoint
 from epochal.convert.hf.io import load_hf_checkpoint
 from epochal.convert.megatron.legacy import load_megatron_checkpoint
 from epochal.model import GPTModel
 from epochal.model.generation.decoding import generate
 from epochal.train.config import config_from_dict, to_toml
 from epochal.train.state.checkpoint import Checkpointer
+from epochal.train.state.epochal_ckpt import load_epochal_checkpoint
 from epochal.train.state.model_state import ModelState
 from tests.convert.hf_models import hf_gpt2, ours
 

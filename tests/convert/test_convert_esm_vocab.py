@@ -48,7 +48,8 @@ def test_export_ships_esm_vocab_and_fill_mask_equals_transformers(tmp_path):
 
 
 def test_run_tokenizer_info_carries_the_esm_files(monkeypatch):
-    from epochal.convert import epochal_ckpt, formats
+    from epochal.convert import formats
+    from epochal.train.state import epochal_ckpt
 
     monkeypatch.setattr(epochal_ckpt, "run_tokenizer", lambda ck: ESM2Tokenizer())
     info = formats._run_tokenizer_info(None)

@@ -25,9 +25,9 @@ from typing import Any
 import pytest
 import torch
 
-from epochal.convert.epochal_ckpt import load_epochal_checkpoint
 from epochal.convert.hf.io import load_hf_checkpoint
 from epochal.convert.megatron.legacy import load_megatron_checkpoint
+from epochal.train.state.epochal_ckpt import load_epochal_checkpoint
 from tests.convert import hostile
 
 PER_LOAD_S = 10

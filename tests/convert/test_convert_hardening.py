@@ -21,11 +21,11 @@ import torch
 
 from epochal.convert.bounded_parse import ConfigFileError
 from epochal.convert.common import ConversionError
-from epochal.convert.epochal_ckpt import load_epochal_checkpoint
 from epochal.convert.hf.io import load_hf_checkpoint
 from epochal.convert.megatron.legacy import load_megatron_checkpoint
 from epochal.convert.safe_load import UnsafeCheckpointError
 from epochal.train.state.checkpoint import Checkpointer, CheckpointError
+from epochal.train.state.epochal_ckpt import load_epochal_checkpoint
 from tests.convert import hostile
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")

@@ -179,7 +179,7 @@ def test_unsupported_encoder_options_are_refused(tmp_path):
 @pytest.mark.parametrize("make", ["bert", "esm"])
 def test_cli_hf_to_epochal_to_safetensors_to_hf(tmp_path, capsys, make):
     from epochal.cli import main
-    from epochal.convert.epochal_ckpt import load_epochal_checkpoint
+    from epochal.train.state.epochal_ckpt import load_epochal_checkpoint
 
     hf = hf_bert("BertForPreTraining", seed=5) if make == "bert" else hf_esm(seed=5)
     hf.save_pretrained(tmp_path / "hf")

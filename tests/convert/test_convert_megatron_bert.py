@@ -13,7 +13,6 @@ import torch
 
 from epochal.cli import main
 from epochal.convert.common import ConversionError
-from epochal.convert.epochal_ckpt import load_epochal_checkpoint, save_epochal_checkpoint
 from epochal.convert.megatron.layout import megatron_model_type
 from epochal.convert.megatron.legacy import (
     TRACKER_FILE,
@@ -22,6 +21,7 @@ from epochal.convert.megatron.legacy import (
 )
 from epochal.convert.safe_load import safe_torch_load
 from epochal.model import build_model
+from epochal.train.state.epochal_ckpt import load_epochal_checkpoint, save_epochal_checkpoint
 from tests.convert.hf_models import encoder_like, gpt2_like, ours, randomize
 from tests.convert.megatron_names import legacy_language_model
 

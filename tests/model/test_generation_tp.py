@@ -70,7 +70,7 @@ def _run(rank: int, world: int, ckpt_dir: str) -> dict[str, list[list[int]]]:
 def test_tp2_generation_equals_single_process_and_sharded_checkpoint_loads(tmp_path):
     import torch
 
-    from epochal.convert.epochal_ckpt import load_epochal_checkpoint
+    from epochal.train.state.epochal_ckpt import load_epochal_checkpoint
     from tests.convert.hf_models import llama_like, ours
 
     ranks = run_gloo(_run, 2, str(tmp_path))

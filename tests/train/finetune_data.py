@@ -68,9 +68,9 @@ TINY_SHAPE = dict(
 
 def save_random_encoder(run_dir: Path, seed: int, **fields) -> Path:
     """A model-only epochal checkpoint of a random tiny encoder of ``fields`` (the 'pretrained' run)."""
-    from epochal.convert.epochal_ckpt import save_epochal_checkpoint
     from epochal.model import build_model
     from epochal.model.config import ModelConfig
+    from epochal.train.state.epochal_ckpt import save_epochal_checkpoint
 
     config = ModelConfig(**TINY_SHAPE, **fields)
     model = build_model(config, seed=seed)

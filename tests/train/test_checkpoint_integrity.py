@@ -199,7 +199,7 @@ def test_consolidated_export_records_and_verifies_its_checksum(tmp_path):
 
 
 def test_convert_refuses_a_damaged_safetensors_export_and_checkpoint(tmp_path, capsys):
-    from epochal.convert.epochal_ckpt import load_epochal_checkpoint, save_consolidated
+    from epochal.train.state.epochal_ckpt import load_epochal_checkpoint, save_consolidated
 
     m, opt = trained()
     save(Checkpointer(tmp_path / "run" / "checkpoints"), 1, m, opt, model_config=CFG.to_dict())

@@ -178,8 +178,8 @@ def test_bad_data_is_named(tmp_path):
 def test_hf_export_of_the_run_equals_transformers_and_fill_mask_predicts(trained, tmp_path):
     transformers = pytest.importorskip("transformers")
     from epochal.cli import main
-    from epochal.convert.epochal_ckpt import load_epochal_checkpoint
     from epochal.model.build import build_model
+    from epochal.train.state.epochal_ckpt import load_epochal_checkpoint
 
     _, _, run = trained
     hf = tmp_path / "hf"

@@ -120,9 +120,9 @@ def test_bad_tables_are_named(files, tmp_path, capsys):
 
 
 def test_wrong_checkpoints_are_refused(files, tmp_path, capsys):
-    from epochal.convert.epochal_ckpt import save_epochal_checkpoint
     from epochal.model import build_model
     from epochal.model.config import ModelConfig
+    from epochal.train.state.epochal_ckpt import save_epochal_checkpoint
 
     gpt = ModelConfig(
         vocab_size=33,

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from epochal.convert.epochal_ckpt import save_epochal_checkpoint
 from epochal.train.state.checkpoint import CheckpointError
+from epochal.train.state.epochal_ckpt import save_epochal_checkpoint
 from tests.train.test_trainer import trainer
 
 

@@ -14,7 +14,7 @@ The input format is detected (``config.json`` -> Hugging Face;
 :mod:`epochal.convert.megatron.nemo2`, ``--model-config``);
 otherwise an epochal run/checkpoint folder or consolidated ``.safetensors``
 file) unless ``--from`` names it. ``--to safetensors`` writes the consolidated
-single-file export (:func:`epochal.convert.epochal_ckpt.save_consolidated`: the
+single-file export (:func:`epochal.train.state.epochal_ckpt.save_consolidated`: the
 format of ``export_consolidated``, plus the config, step and run configuration
 in its metadata, so ``epochal generate`` and ``convert`` read it on its own).
 Outputs are written to a temporary name and renamed when complete; an existing

@@ -129,7 +129,7 @@ def load_checkpoint(
             model_config=model_config,
         )
         return LoadedCheckpoint(ck.config, ck.state, fmt, ck.iteration or 0)
-    from epochal.convert.epochal_ckpt import load_epochal_checkpoint
+    from epochal.train.state.epochal_ckpt import load_epochal_checkpoint
 
     ck = load_epochal_checkpoint(path, vocab_size=vocab_size)
     extra = {**_run_tokenizer_info(ck), "run_config": ck.run_config}
@@ -138,7 +138,7 @@ def load_checkpoint(
 
 def _run_tokenizer_info(ck: Any) -> dict[str, Any]:
     """BOS/EOS/PAD ids and a ``tokenizer.json`` of the run's tokenizer, when it can be rebuilt."""
-    from epochal.convert.epochal_ckpt import run_tokenizer
+    from epochal.train.state.epochal_ckpt import run_tokenizer
 
     tokenizer = run_tokenizer(ck)
     if tokenizer is None:
@@ -259,7 +259,7 @@ def save_checkpoint(
             overwrite=overwrite,
         )
     if target == "safetensors":
-        from epochal.convert.epochal_ckpt import save_consolidated
+        from epochal.train.state.epochal_ckpt import save_consolidated
 
         return save_consolidated(
             config,
@@ -273,7 +273,7 @@ def save_checkpoint(
         )
     if target != "epochal":
         raise ValueError(f"--to {target!r}: not one of {', '.join(TARGETS)}")
-    from epochal.convert.epochal_ckpt import save_epochal_checkpoint
+    from epochal.train.state.epochal_ckpt import save_epochal_checkpoint
 
     if dtype is not None:
         state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
@@ -338,7 +338,7 @@ def load_model_checkpoint(
 
         ck = load_megatron_checkpoint(path, vocab_size=vocab_size, model_type="gpt")
         return ModelCheckpoint(ck.config, ck.state)
-    from epochal.convert.epochal_ckpt import load_epochal_checkpoint, run_tokenizer
+    from epochal.train.state.epochal_ckpt import load_epochal_checkpoint, run_tokenizer
 
     ck = load_epochal_checkpoint(path, vocab_size=vocab_size)
     return ModelCheckpoint(ck.config, ck.state, run_tokenizer(ck) if with_tokenizer else None)

@@ -297,7 +297,10 @@ class BertModel(TransformerModel):
             return logits
         if cu_seqlens is None:
             return logits, self.binary_head(self.pooler(h))
-        starts = PackedSequences.from_cu_seqlens(cu_seqlens.to(h.device), total=h.shape[1]).starts()
+        # the whole row (under sequence parallelism ``h`` is this rank's shard of it)
+        starts = PackedSequences.from_cu_seqlens(
+            cu_seqlens.to(h.device), total=tokens.shape[1]
+        ).starts()
         return logits, self.binary_head(self.pooler(h, first_tokens=starts))
 
     def encode(

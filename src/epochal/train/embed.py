@@ -104,9 +104,9 @@ def load_encoder(path: str | Path, device: str | torch.device = "cpu") -> Encode
 
 
 def _run_tokenizer(path: Path, config: ModelConfig) -> tuple[Any, list[str] | None]:
-    from epochal.convert.epochal_ckpt import find_step_folder, tokenizer_for_run
     from epochal.train.config import config_from_saved
     from epochal.train.inputs.finetune import finetune_tokenizer, read_vocab
+    from epochal.train.state.epochal_ckpt import find_step_folder, tokenizer_for_run
 
     folder = find_step_folder(path)
     saved = None

@@ -419,13 +419,19 @@ class Checkpointer:
         """
         final = self.directory / step_folder_name(step)
         tmp = self.directory / f".tmp-{final.name}.{self._job_token()}"
+        # Without all_gather the ranks' tokens differ: rank 0 names the folder in a file.
+        pending = self.directory / f".pending-{final.name}"
         if self.rank == 0:
             self.directory.mkdir(parents=True, exist_ok=True)
             for stale in self.directory.glob(".tmp-step_*"):
                 if stale_temporary(stale.name):
                     shutil.rmtree(stale, ignore_errors=True)
             tmp.mkdir()
+            if self._all_gather is None:
+                atomic_write(pending, tmp.name)
         self._barrier()
+        if self._all_gather is None and self.rank != 0:
+            tmp = self.directory / pending.read_text().strip()
         with warnings.catch_warnings():
             warnings.filterwarnings(
                 "ignore", message=".*assuming the intent is to save in a single process.*"
@@ -452,6 +458,8 @@ class Checkpointer:
             atomic_write(self.directory / LATEST, f"{final.name}\n")
             self._prune(keep=final)
         self._barrier()
+        if self.rank == 0 and self._all_gather is None:
+            pending.unlink(missing_ok=True)  # read by the other ranks before the last barrier
         return final
 
     def _job_token(self) -> str:

@@ -58,7 +58,7 @@ def read_encoder(path: str | Path) -> tuple[ModelConfig, dict[str, torch.Tensor]
 
             hf, has_lm_head = load_hf_encoder(path)
             return hf.config, hf.state, has_lm_head
-        from epochal.convert.epochal_ckpt import load_epochal_checkpoint
+        from epochal.train.state.epochal_ckpt import load_epochal_checkpoint
 
         ck = load_epochal_checkpoint(path)
         return ck.config, ck.state, ck.config.head == "mlm"
