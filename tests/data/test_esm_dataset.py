@@ -180,3 +180,13 @@ def test_builders_check_files(tmp_path, proteins):
         ProteinInputError, match=r"g.parquet: 1 cluster member\(s\) not in the database .*'ghost'"
     ):
         build_esm_datasets(tmp_path / "g.parquet", other.database, train_samples=4, seed=0)
+
+
+def test_member_names_the_protein_each_sample_reads(proteins, clusters):
+    reads = Recording(proteins)
+    dataset = ESMMaskedResidueDataset(reads, clusters, seed=3, max_seq_length=64)
+    for epoch in range(6):
+        for idx in range(len(clusters)):
+            reads.keys_read.clear()
+            dataset[EpochIndex(epoch, idx)]
+            assert dataset.member(EpochIndex(epoch, idx)) == (reads.keys_read[-1], 4)

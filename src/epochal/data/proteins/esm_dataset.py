@@ -200,6 +200,23 @@ class ESMMaskedResidueDataset(Dataset):
         out[0], out[1:-1], out[-1] = self.tokenizer.cls, ids, self.tokenizer.eos
         return torch.from_numpy(out)
 
+    def _draw_member(self, index: EpochIndex) -> tuple[Any, np.random.Generator]:
+        """The member drawn for ``index`` and the generator to draw the rest from (see
+        :meth:`__getitem__` for the errors)."""
+        key = as_epoch_index(index)
+        if not 0 <= key.idx < len(self.clusters) or key.epoch < 0:
+            raise IndexError(f"{key} out of range for {len(self.clusters)} clusters")
+        rng = np.random.default_rng([self.seed, key.epoch, key.idx])
+        members = self._members[key.idx]
+        if not len(members):
+            raise ValueError(f"Cluster {key.idx} is empty.")
+        return members[int(rng.integers(0, len(members)))], rng  # = rng.choice(members)
+
+    def member(self, index: EpochIndex) -> tuple[str, int]:
+        """``(member id, cluster size)`` of the sample at ``index``: which member it reads."""
+        member, _ = self._draw_member(index)
+        return str(member), len(self._members[as_epoch_index(index).idx])
+
     def __getitem__(self, index: EpochIndex) -> dict[str, torch.Tensor]:
         """The masked sample of cluster ``index.idx`` in epoch ``index.epoch``.
 
@@ -216,14 +233,7 @@ class ESMMaskedResidueDataset(Dataset):
             ValueError: the cluster is empty.
             KeyError: the member is not in the protein dataset.
         """
-        key = as_epoch_index(index)
-        if not 0 <= key.idx < len(self.clusters) or key.epoch < 0:
-            raise IndexError(f"{key} out of range for {len(self.clusters)} clusters")
-        rng = np.random.default_rng([self.seed, key.epoch, key.idx])
-        members = self._members[key.idx]
-        if not len(members):
-            raise ValueError(f"Cluster {key.idx} is empty.")
-        member = members[int(rng.integers(0, len(members)))]  # = rng.choice(members)
+        member, rng = self._draw_member(index)
         tokens = random_crop(self.tokenize(self.protein_dataset[member]), self.max_seq_length, rng)
         torch_seed = int(rng.integers(_INT64_MAX))
         masked = apply_mlm_mask(

@@ -122,14 +122,9 @@ class PaddedProteinSamples(torch.utils.data.Dataset):
     def sample_member(self, index: int) -> tuple[str, int]:
         """``(member id, cluster size)`` of sample ``index``.
 
-        The member is drawn as :class:`~epochal.data.ESMMaskedResidueDataset` draws it:
-        the first draw of ``numpy.random.default_rng([seed, epoch, idx])``.
+        (:meth:`~epochal.data.ESMMaskedResidueDataset.member`).
         """
-        key = self.resampler.epoch_index(index)
-        dataset = self.resampler.dataset
-        members = dataset.clusters[key.idx]
-        rng = np.random.default_rng([dataset.seed, key.epoch, key.idx])
-        return str(members[int(rng.integers(0, len(members)))]), len(members)
+        return self.resampler.dataset.member(self.resampler.epoch_index(index))
 
 
 def _file_key(path: str) -> dict[str, Any]:
