@@ -81,6 +81,30 @@ _BIONEMO_ADAM: dict[str, Any] = {
     "clip_grad": 1.0,
 }
 
+#: The stdlib corpus split into sentences with a WordPiece vocabulary trained on it
+#: (``bert-tiny``, ``t5-tiny``).
+_STDLIB_WORDPIECE_DATA: dict[str, Any] = {
+    "corpus": "stdlib",
+    "corpus_max_bytes": 1_000_000,
+    "split_sentences": True,
+    "wordpiece_vocab_size": 4096,
+}
+#: The schedule, optimizer and bookkeeping of ``bert-tiny`` and ``t5-tiny``.
+_TINY_WORDPIECE_RECIPE: dict[str, Any] = {
+    "training": {
+        "micro_batch_size": 8,
+        "global_batch_size": 16,
+        "train_iters": 300,
+        "eval_interval": 100,
+        "eval_iters": 2,
+        "seed": 1234,
+    },
+    "optimizer": {"lr": 1e-3, "min_lr": 1e-4, "weight_decay": 0.01, "clip_grad": 1.0},
+    "scheduler": {"lr_decay_style": "linear", "lr_warmup_fraction": 0.1},
+    "checkpoint": {"save_interval": 100, "keep_last": 2},
+    "logging": {"log_interval": 10},
+}
+
 PRESETS: dict[str, dict[str, Any]] = {
     "tiny": {
         "run_dir": "runs/tiny",
@@ -142,25 +166,11 @@ PRESETS: dict[str, dict[str, Any]] = {
             "make_vocab_size_divisible_by": 128,
         },
         "data": {
-            "corpus": "stdlib",
-            "corpus_max_bytes": 1_000_000,
-            "split_sentences": True,
-            "wordpiece_vocab_size": 4096,
+            **_STDLIB_WORDPIECE_DATA,
             "seq_length": 128,
             "split": "90,10,0",
         },
-        "training": {
-            "micro_batch_size": 8,
-            "global_batch_size": 16,
-            "train_iters": 300,
-            "eval_interval": 100,
-            "eval_iters": 2,
-            "seed": 1234,
-        },
-        "optimizer": {"lr": 1e-3, "min_lr": 1e-4, "weight_decay": 0.01, "clip_grad": 1.0},
-        "scheduler": {"lr_decay_style": "linear", "lr_warmup_fraction": 0.1},
-        "checkpoint": {"save_interval": 100, "keep_last": 2},
-        "logging": {"log_interval": 10},
+        **_TINY_WORDPIECE_RECIPE,
     },
     "t5-tiny": {
         "run_dir": "runs/t5-tiny",
@@ -179,10 +189,7 @@ PRESETS: dict[str, dict[str, Any]] = {
             "make_vocab_size_divisible_by": 128,
         },
         "data": {
-            "corpus": "stdlib",
-            "corpus_max_bytes": 1_000_000,
-            "split_sentences": True,
-            "wordpiece_vocab_size": 4096,
+            **_STDLIB_WORDPIECE_DATA,
             "vocab_extra_ids": 100,
             "seq_length": 128,
             "seq_length_decoder": 40,
@@ -190,18 +197,7 @@ PRESETS: dict[str, dict[str, Any]] = {
             "masking_use_geometric_distribution": True,
             "split": "90,10,0",
         },
-        "training": {
-            "micro_batch_size": 8,
-            "global_batch_size": 16,
-            "train_iters": 300,
-            "eval_interval": 100,
-            "eval_iters": 2,
-            "seed": 1234,
-        },
-        "optimizer": {"lr": 1e-3, "min_lr": 1e-4, "weight_decay": 0.01, "clip_grad": 1.0},
-        "scheduler": {"lr_decay_style": "linear", "lr_warmup_fraction": 0.1},
-        "checkpoint": {"save_interval": 100, "keep_last": 2},
-        "logging": {"log_interval": 10},
+        **_TINY_WORDPIECE_RECIPE,
     },
     "esm-tiny": {
         "run_dir": "runs/esm-tiny",
