@@ -217,7 +217,7 @@ def questions() -> list[Question]:
         ),
         Question(
             "data",
-            "Data: 'stdlib', a .jsonl file, Megatron prefixes (space-separated) or 'mock'",
+            "Data: 'stdlib', a .jsonl or .txt file, Megatron prefixes (space-separated) or 'mock'",
             _default_data,
             _data_answer,
         ),

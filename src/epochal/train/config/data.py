@@ -31,7 +31,8 @@ class DataConfig:
             ``model.vocab_size``, default 8192).
         corpus: if set, tokenize this corpus first (cached) and train on it:
             ``"stdlib"`` (Python's standard-library sources, a deterministic
-            subset in sorted path order) or a ``.jsonl`` path.
+            subset in sorted path order), a ``.jsonl`` path (a document per line) or a
+            ``.txt`` path (documents separated by blank lines).
 
     Exactly one data source: ``corpus``, ``mock`` or the paths. Setting two is a
     :class:`ConfigError` naming both; an option given explicitly (config file or
