@@ -113,7 +113,9 @@ def _attribute_docs(doc: str) -> dict[str, str]:
 
 def _markdown(text: str) -> str:
     """Docstring text as Markdown for a table cell."""
-    text = _ROLE.sub(lambda m: f"``{m[1].split('.')[-1] if '.' in m[1] and m[1][0].isupper() else m[1]}``", text)
+    text = _ROLE.sub(
+        lambda m: f"``{m[1].split('.')[-1] if '.' in m[1] and m[1][0].isupper() else m[1]}``", text
+    )
     text = text.replace("``", "`")
     return text.replace("|", "\\|")
 
@@ -122,9 +124,9 @@ def _type_name(hint: Any) -> str:
     origin = typing.get_origin(hint)
     args = typing.get_args(hint)
     if origin is typing.Literal:
-        return " \\| ".join(repr(a) for a in args)
+        return " | ".join(repr(a) for a in args)
     if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
-        return " \\| ".join(_type_name(a) for a in args)
+        return " | ".join(_type_name(a) for a in args)
     if hint is type(None):
         return "None"
     if origin is not None:
@@ -155,9 +157,31 @@ def _section_docs(section: str, cls: type) -> dict[str, str]:
 def option_rows() -> list[OptionRow]:
     """Every option of ``epochal train``, in the configuration's order.
 
-    The default is the configuration classes' own (no preset); the description is
-    the section docstring's entry for the field ("" when it has none).
+    From :func:`epochal.train.config.options.describe_options` (the function behind
+    ``epochal train --list-options``) where it exists, else read here from the same
+    source: the configuration dataclasses and their docstrings. The default is the
+    classes' own (no preset).
     """
+    try:
+        from epochal.train.config.options import describe_options
+    except ImportError:
+        return _rows_from_docstrings()
+    rows = []
+    for o in describe_options():
+        flags = [
+            f"Megatron-LM `{o.megatron}`" if o.megatron else "",
+            f"BioNeMo `{o.bionemo}`" if o.bionemo else "",
+        ]
+        rows.append(
+            OptionRow(
+                o.name, o.type, _default(o.default), o.description, tuple(f for f in flags if f)
+            )
+        )
+    return rows
+
+
+def _rows_from_docstrings() -> list[OptionRow]:
+    """:func:`option_rows` read directly from the configuration classes and their docstrings."""
     from epochal.train.config import TrainConfig
 
     root = TrainConfig()
@@ -168,7 +192,13 @@ def option_rows() -> list[OptionRow]:
         if not dataclasses.is_dataclass(value):
             doc = {"run_dir": "the run's folder: configuration, metrics, checkpoints, plots."}
             rows.append(
-                OptionRow(top.name, _type_name(hints[top.name]), _default(value), doc.get(top.name, ""), ())
+                OptionRow(
+                    top.name,
+                    _type_name(hints[top.name]),
+                    _default(value),
+                    doc.get(top.name, ""),
+                    (),
+                )
             )
             continue
         cls = type(value)
@@ -211,7 +241,7 @@ def options_page() -> str:
         "Every option of `epochal train`, generated from the configuration classes "
         "(`epochal.train.config`). Set one in a TOML file (`[section]` then `key = value`) "
         "or on the command line as `--section.key=value` (a TOML literal: "
-        "`--training.train_iters=100`, `--data.data_path='[\"a\", \"b\"]'`). Later settings "
+        '`--training.train_iters=100`, `--data.data_path=\'["a", "b"]\'`). Later settings '
         "win: preset, then `--config` file, then the overrides.",
         "",
         "The defaults below are the classes' own. A preset sets many of them "
@@ -225,11 +255,17 @@ def options_page() -> str:
         if head != section:
             section = head
             title = f"`[{head}]`" if head != "top level" else "Top level"
-            out += ["", f"## {title}", "", "| option | type | default | meaning | mirrors |",
-                    "|---|---|---|---|---|"]
-        mirrors = ", ".join(f"`{m}`" for m in row.mirrors)
+            out += [
+                "",
+                f"## {title}",
+                "",
+                "| option | type | default | meaning | mirrors |",
+                "|---|---|---|---|---|",
+            ]
+        mirrors = ", ".join(m if "`" in m else f"`{m}`" for m in row.mirrors)
+        kind = row.type.replace("|", "\\|")
         out.append(
-            f"| `{row.name}` | {row.type} | `{row.default}` | "
+            f"| `{row.name}` | {kind} | `{row.default}` | "
             f"{_markdown(row.description) or '—'} | {mirrors} |"
         )
     return "\n".join(out) + "\n"

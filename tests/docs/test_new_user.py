@@ -34,26 +34,15 @@ FORBIDDEN = (
 EXPECTED = [
     (
         "pretrain-esm2.md",
-        "--training.exit_interval=10",
+        "exit_interval",
         "stopped early (training.exit_interval=10) after step 10",
     ),
-    (
-        "pretrain-esm2.md",
-        "--parallel.data_parallel=2",
-        "trained steps 11-20 (resumed from step 10)",
-    ),
-    (
-        "pretrain-esm2.md",
-        "--parallel.data_parallel=2",
-        "sample order and masks differed in every epoch",
-    ),
+    ("pretrain-esm2.md", "runs/esm-tiny", "trained steps 11-20 (resumed from step 10)"),
+    ("pretrain-esm2.md", "runs/esm-tiny", "sample order and masks differed in every epoch"),
     ("pretrain-esm2.md", "fill-mask", "[MASK] 0:"),
-    (
-        "resume-on-other-gpus.md",
-        "--parallel.data_parallel=2",
-        "trained steps 6-10 (resumed from step 5)",
-    ),
+    ("resume-on-other-gpus.md", "data_parallel=2", "trained steps 6-10 (resumed from step 5)"),
     ("train-gpt-on-your-text.md", "--data.corpus=my-text.txt", "documents from my-text.txt"),
+    ("parallel-layouts.md", "tensor_parallel=2", "trained steps 1-5"),
     ("deterministic-dataset.md", "pytest", "1 passed"),
 ]
 
