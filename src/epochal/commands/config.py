@@ -5,6 +5,7 @@ In the spirit of ``accelerate config``::
     epochal config                       # asks, writes epochal.toml
     epochal config --output job.toml     # another file
     epochal config --defaults            # writes the defaults without asking
+    epochal config --accelerate          # Accelerate's YAML for epochal launch instead
 
 Each question shows its default in brackets (Enter keeps it). Every answer is
 checked at once with the trainer's own rules (:func:`~epochal.train.config.build_config`
@@ -285,6 +286,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--defaults", action="store_true", help="write the default configuration without asking"
     )
+    parser.add_argument(
+        "--accelerate",
+        action="store_true",
+        help="write Hugging Face Accelerate's YAML (Megatron-LM layout) for epochal launch "
+        "instead of a TOML training configuration (default output: accelerate_config.yaml)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -292,6 +299,11 @@ def run(args: argparse.Namespace) -> int:
     from epochal._atomic import atomic_write
     from epochal.train.config import to_toml
 
+    if getattr(args, "accelerate", False):
+        from epochal.commands.config_accelerate import DEFAULT_YAML, run_accelerate
+
+        output = DEFAULT_YAML if args.output == DEFAULT_OUTPUT else args.output
+        return run_accelerate(args, output)
     if not args.defaults:
         print("epochal config: press Enter to keep the default in brackets.", flush=True)
     try:
