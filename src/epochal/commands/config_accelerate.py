@@ -21,7 +21,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from epochal.commands.config import (
+from epochal.commands.wizard import (
     Question,
     _choice,
     _Invalid,
