@@ -244,3 +244,53 @@ def test_trackers_write_tensorboard_and_offline_wandb(tmp_path, monkeypatch):
     assert list(Path(tmp_path, "wandb").glob("offline-run-*"))
     with pytest.raises(ValueError, match="comet_ml"):
         Accelerator(log_with="comet_ml")
+
+
+def _dummy_run(cache, state=None):
+    from epochal.accelerate.utils import MegatronLMDummyDataLoader, MegatronLMDummyScheduler
+
+    transformers.set_seed(0)
+    config = transformers.GPT2Config(
+        n_layer=1,
+        n_embd=32,
+        n_head=4,
+        n_positions=16,
+        vocab_size=301,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+    )
+    model = transformers.GPT2LMHeadModel(config)
+    reference = __import__("copy").deepcopy(model).eval()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    scheduler = MegatronLMDummyScheduler(optimizer, total_num_steps=4)
+    loader = MegatronLMDummyDataLoader(
+        mock_data=True, seq_length=16, micro_batch_size=2, data_cache_path=str(cache)
+    )
+    accelerator = Accelerator()
+    accelerator.state.megatron_lm_plugin.eval_iters = 2
+    out = accelerator.prepare(model, optimizer, scheduler, loader, loader, loader)
+    if state is not None:
+        accelerator.load_state(state)
+    return accelerator, reference, *out
+
+
+def test_megatron_indexed_datasets_train_and_resume(tmp_path):
+    """MegatronLMDummyDataLoader: Megatron's GPT samples, the transformers model's loss, exact position."""
+    accelerator, reference, model, _, _, train, valid, test = _dummy_run(tmp_path / "cache")
+    assert test is None and valid is not None
+    model.eval()
+    batch = next(valid)
+    logits = reference(input_ids=batch["tokens"]).logits
+    losses = torch.nn.functional.cross_entropy(
+        logits.transpose(1, 2), batch["labels"], reduction="none"
+    )
+    expected = (losses * batch["loss_mask"]).sum() / batch["loss_mask"].sum()
+    assert model(**batch).loss.item() == pytest.approx(expected.item(), abs=1e-5)
+    model.train()
+    model(**next(train))
+    accelerator.save_state(tmp_path / "state")
+    after = model(**next(train)).loss.item()
+    _, _, model2, _, _, train2, _, _ = _dummy_run(tmp_path / "cache", tmp_path / "state")
+    assert train2.consumed_samples == 2
+    assert model2(**next(train2)).loss.item() == after

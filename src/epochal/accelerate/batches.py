@@ -17,6 +17,8 @@ under ``loss_mask``) is the one the transformers model reports:
   token_type_ids`` (zeros when absent, as transformers), ``labels`` with
   ``loss_mask = labels != -100``; ``next_sentence_label`` becomes the binary head's
   ``is_random``.
+- **megatron** (``MegatronLMDummyDataLoader``'s batches): already epochal's GPT keys
+  (``tokens``, ``labels``, ``loss_mask``, ...), split only.
 - **seq2seq** (T5): ``text_enc = input_ids``, ``enc_mask = attention_mask``,
   ``text_dec = decoder_input_ids`` or ``labels`` shifted right behind the decoder
   start token (-100 read as the pad id), ``dec_mask = decoder_attention_mask`` (ones
@@ -103,7 +105,7 @@ class BatchAdapter:
         """
         if not isinstance(batch, Mapping) or not batch:
             raise BatchError("model(**batch) needs keyword tensors (input_ids=..., labels=...)")
-        first = _need(batch, "input_ids", self.family)
+        first = _need(batch, "tokens" if self.family == "megatron" else "input_ids", self.family)
         rows = first.shape[0]
         n = self.num_microbatches
         if rows % n:
@@ -118,9 +120,12 @@ class BatchAdapter:
                 raise BatchError(
                     f"batch[{key!r}] has {tuple(value.shape)[:1] or 'no'} rows, input_ids has {rows}"
                 )
-        convert = {"causal": self._causal, "masked": self._masked, "seq2seq": self._seq2seq}[
-            self.family
-        ]
+        convert = {
+            "causal": self._causal,
+            "masked": self._masked,
+            "seq2seq": self._seq2seq,
+            "megatron": dict,
+        }[self.family]
         return [
             convert({k: v[i * size : (i + 1) * size] for k, v in tensors.items()}) for i in range(n)
         ]

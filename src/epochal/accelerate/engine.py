@@ -35,6 +35,7 @@ __all__ = ["EngineError", "MegatronEngine"]
 
 _OUTPUTS = {
     "causal": "CausalLMOutputWithCrossAttentions",
+    "megatron": "CausalLMOutputWithCrossAttentions",
     "masked": "MaskedLMOutput",
     "seq2seq": "Seq2SeqLMOutput",
 }
@@ -137,6 +138,8 @@ class MegatronEngine(nn.Module):
         return _output(self.adapter.family, loss=loss.float(), logits=logits)
 
     def _length(self, batch: dict[str, Any]) -> int:
+        if self.adapter.family == "megatron":
+            return int(batch["tokens"].shape[1])
         if self.adapter.family == "seq2seq":
             labels = batch.get("decoder_input_ids", batch.get("labels"))
             return int(labels.shape[1])

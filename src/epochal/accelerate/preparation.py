@@ -11,6 +11,9 @@ they were prepared before, since their batch size is the micro-batch size):
 - a :class:`~epochal.accelerate.plugin.MegatronLMDummyScheduler` ->
   :class:`~epochal.accelerate.wrappers.AcceleratedScheduler`; any other learning-rate
   scheduler raises (Accelerate's Megatron-LM backend refuses them too);
+- a :class:`~epochal.accelerate.dummy_data.MegatronLMDummyDataLoader` (given three
+  times, as in the guide) -> the train, validation and test iterators of Megatron's
+  indexed GPT datasets;
 - anything else is returned unchanged.
 """
 
@@ -24,6 +27,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from epochal.accelerate.batches import BatchAdapter
+from epochal.accelerate.dummy_data import MegatronLMDummyDataLoader, StepIterator
 from epochal.accelerate.engine import MegatronEngine
 from epochal.accelerate.plugin import MegatronLMDummyScheduler, PluginError
 from epochal.accelerate.prepare_data import PreparedDataLoader
@@ -131,6 +135,7 @@ def prepare_objects(acc: Any, args: tuple[Any, ...]) -> tuple[Any, ...]:
     optimizers = [a for a in args if isinstance(a, torch.optim.Optimizer)]
     schedulers = [a for a in args if isinstance(a, MegatronLMDummyScheduler)]
     loaders = [a for a in args if isinstance(a, DataLoader)]
+    dummies = [a for a in args if isinstance(a, MegatronLMDummyDataLoader)]
     for obj in args:
         if _is_scheduler(obj) and not isinstance(obj, MegatronLMDummyScheduler):
             raise PrepareError(
@@ -147,7 +152,16 @@ def prepare_objects(acc: Any, args: tuple[Any, ...]) -> tuple[Any, ...]:
         from epochal.accelerate.operations import broadcast_object
 
         done.seed = int(broadcast_object(torch.initial_seed() % 2**32))
-    dims, dp_rank, dp_size = _dims(acc)
+    _, dp_rank, dp_size = _dims(acc)
+    if dummies:
+        if loaders or done.loaders or not models:
+            raise PrepareError(
+                "prepare MegatronLMDummyDataLoader together with the model, without DataLoaders "
+                "(it gives the train, validation and test loaders)"
+            )
+        done.micro_batch_size = dummies[0].micro_batch_size
+        plugin.set_training_args(done.micro_batch_size, dp_size)
+        plugin.megatron_dataset_flag = True
     if loaders and done.micro_batch_size is None:
         done.micro_batch_size = _micro_batch_size(loaders, plugin)
         plugin.set_training_args(done.micro_batch_size, dp_size)
@@ -176,23 +190,32 @@ def prepare_objects(acc: Any, args: tuple[Any, ...]) -> tuple[Any, ...]:
             )
         done.loaders.append(prepared)
         results[id(dl)] = prepared
+    iterators: list[Any] = []
     if models:
-        if not done.loaders:
+        if not done.loaders and not dummies:
             raise PrepareError(
                 "prepare the model together with (or after) a DataLoader: its batch_size is "
                 "the micro-batch size"
             )
         optimizer = optimizers[0] if optimizers else None
         scheduler = schedulers[0] if schedulers else None
-        engine = _build_engine(acc, models[0], optimizer, scheduler, dims, dp_rank, dp_size)
+        engine, iterators = _build_engine(
+            acc, models[0], optimizer, scheduler, dp_rank, dp_size, dummies[0] if dummies else None
+        )
         done.engine = engine
         results[id(models[0])] = engine
         if optimizer is not None:
             done.optimizer = results[id(optimizer)] = AcceleratedOptimizer(engine, optimizer)
         if scheduler is not None:
             done.scheduler = results[id(scheduler)] = AcceleratedScheduler(engine, scheduler)
-    out = tuple(results.get(id(a), a) for a in args)
-    return out[0] if len(out) == 1 else out
+    out = []
+    for obj in args:  # the dummy loader's occurrences: train, validation, test
+        out.append(
+            iterators.pop(0)
+            if any(obj is d for d in dummies) and iterators
+            else results.get(id(obj), obj)
+        )
+    return out[0] if len(out) == 1 else tuple(out)
 
 
 def _build_engine(
@@ -200,10 +223,10 @@ def _build_engine(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer | None,
     scheduler: MegatronLMDummyScheduler | None,
-    dims: ParallelDims,
     dp_rank: int,
     dp_size: int,
-) -> MegatronEngine:
+    dummy: MegatronLMDummyDataLoader | None,
+) -> tuple[MegatronEngine, list[Any]]:
     done: Prepared = acc._prepared
     plugin = acc.state.megatron_lm_plugin
     plugin.check()  # fields may have been set on accelerator.state.megatron_lm_plugin since
@@ -228,14 +251,24 @@ def _build_engine(
                 "one and restore a run with accelerator.load_state"
             )
         groups = optimizer_groups(source, optimizer)
-    train = done.loaders[0]
-    batch = train.peek()
-    enc, dec = _lengths(acc, source.family, batch)
+    family = source.family
+    if dummy is None:
+        enc, dec = _lengths(acc, family, done.loaders[0].peek())
+    else:
+        if family != "causal":
+            raise PrepareError(
+                "MegatronLMDummyDataLoader builds Megatron's GPT datasets: it feeds causal "
+                f"language models, not a {type(model).__name__}"
+            )
+        family, dec = "megatron", None
+        enc = dummy.dataset_args.get("seq_length") or plugin.seq_length
+        if not enc:
+            raise PrepareError("MegatronLMDummyDataLoader needs seq_length")
     multiple = tp if plugin.parallel_options()["sequence_parallel"] else 1
     pipelined = plugin.pp_degree > 1
     hf = source.hf_config
     adapter = BatchAdapter(
-        source.family,
+        family,
         num_microbatches=plugin.num_micro_batches,
         uses_token_types=source.config.num_tokentypes > 0,
         fixed_length=enc if pipelined else None,
@@ -255,20 +288,26 @@ def _build_engine(
         mixed_precision=acc.mixed_precision,
         run_dir=str(acc.project_dir or "."),
         num_workers=int(plugin.other("dataloader_num_workers", 0)),
+        data_options=dummy.data_options() if dummy is not None else {},
+        eval_iters=plugin.eval_iters if dummy is not None else 0,
     )
     config = build_train_config(source.config, plugin, optimizer, scheduler, shape)
-    bundle = DataBundle(
-        train_loader=train,  # type: ignore[arg-type]
-        valid_loader=done.loaders[1] if len(done.loaders) > 1 else None,  # type: ignore[arg-type]
-        sampler=MegatronDataSampler(
-            seq_len=rounded,
-            micro_batch_size=done.micro_batch_size,
-            global_batch_size=plugin.global_batch_size,
-            data_parallel_rank=dp_rank,
-            data_parallel_size=dp_size,
-        ),
-        vocab_size=source.vocab_size,
-        description="prepared by epochal.accelerate",
+    bundle = (
+        None
+        if dummy is not None
+        else DataBundle(
+            train_loader=done.loaders[0],  # type: ignore[arg-type]
+            valid_loader=done.loaders[1] if len(done.loaders) > 1 else None,  # type: ignore[arg-type]
+            sampler=MegatronDataSampler(
+                seq_len=rounded,
+                micro_batch_size=done.micro_batch_size,
+                global_batch_size=plugin.global_batch_size,
+                data_parallel_rank=dp_rank,
+                data_parallel_size=dp_size,
+            ),
+            vocab_size=source.vocab_size,
+            description="prepared by epochal.accelerate",
+        )
     )
     try:
         trainer = AccelerateTrainer(
@@ -286,6 +325,17 @@ def _build_engine(
         )
     except ConfigError as exc:
         raise PluginError(f"{exc} ({_IN_ACCELERATE_TERMS})") from exc
-    return MegatronEngine(
+    iterators: list[Any] = []
+    if dummy is not None:  # the trainer built the data (Megatron's sizes); steps come from it
+        n = plugin.num_micro_batches
+        valid = trainer.data.valid_loader
+        iterators = [
+            StepIterator(trainer.data.train_loader, n, acc.device),
+            None if valid is None else StepIterator(valid, n, acc.device),
+            None,
+        ]
+        trainer.data.train_loader = iterators[0]  # its position is the run's data state
+    engine = MegatronEngine(
         trainer, adapter, return_logits=plugin.return_logits, on_step=acc._on_step
     )
+    return engine, iterators

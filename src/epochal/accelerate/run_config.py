@@ -18,7 +18,7 @@ stays the optimizer's.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -54,6 +54,8 @@ class RunShape:
         mixed_precision: ``"no"``, ``"fp16"`` or ``"bf16"``.
         run_dir: the project directory (recorded in the configuration).
         num_workers: the train loader's workers (recorded).
+        data_options: more ``[data]`` options (``MegatronLMDummyDataLoader``'s).
+        eval_iters: validation batches per evaluation (``MegatronLMDummyDataLoader``).
     """
 
     micro_batch_size: int
@@ -65,6 +67,8 @@ class RunShape:
     mixed_precision: str
     run_dir: str
     num_workers: int = 0
+    data_options: dict[str, Any] = field(default_factory=dict)
+    eval_iters: int = 0
 
 
 def _steps(
@@ -153,7 +157,7 @@ def build_train_config(
     chunks = plugin.virtual_pipeline(model_config.num_layers)
     if chunks > 1:
         parallel.update(virtual_pipeline=chunks, pipeline_schedule="interleaved_1f1b")
-    data = {"seq_length": shape.seq_length, "num_workers": shape.num_workers}
+    data = {"seq_length": shape.seq_length, "num_workers": shape.num_workers, **shape.data_options}
     if shape.decoder_seq_length is not None:
         data["seq_length_decoder"] = shape.decoder_seq_length
     section = ModelSection(
@@ -171,7 +175,7 @@ def build_train_config(
                 train_iters=steps["train_iters"],
                 seed=shape.seed,
                 eval_interval=0,
-                eval_iters=0,
+                eval_iters=shape.eval_iters,
                 device=shape.device,
                 bf16=shape.mixed_precision == "bf16",
                 fp16=shape.mixed_precision == "fp16",

@@ -1,6 +1,7 @@
 """``epochal.accelerate.utils``: the names an Accelerate + Megatron-LM script imports from ``accelerate.utils``.
 
 ``MegatronLMPlugin``, ``MegatronLMDummyScheduler`` (:mod:`epochal.accelerate.plugin`);
+``MegatronLMDummyDataLoader`` (Megatron's indexed GPT datasets, :mod:`epochal.accelerate.dummy_data`);
 the train steps ``GPTTrainStep``, ``BertTrainStep``, ``T5TrainStep`` and their base
 ``AbstractTrainStep`` (epochal's :class:`~epochal.train.steps.TrainStep`, whose
 ``get_batch_func`` / ``get_forward_step_func`` / ``get_loss_func`` factories a
@@ -13,6 +14,7 @@ micro-batch keys (``tokens``, ``labels``, ``loss_mask``, ...), which the prepare
 model makes from the transformers batch (:mod:`epochal.accelerate.batches`).
 """
 
+from epochal.accelerate.dummy_data import MegatronLMDummyDataLoader
 from epochal.accelerate.plugin import MegatronLMDummyScheduler, MegatronLMPlugin, PluginError
 from epochal.accelerate.seeding import set_seed
 from epochal.accelerate.state import DistributedType
@@ -30,6 +32,7 @@ __all__ = [
     "BertTrainStep",
     "DistributedType",
     "GPTTrainStep",
+    "MegatronLMDummyDataLoader",
     "MegatronLMDummyScheduler",
     "MegatronLMPlugin",
     "PluginError",
