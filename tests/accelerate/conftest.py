@@ -5,15 +5,17 @@ import os
 from pathlib import Path
 
 import pytest
+import torch
+import transformers
 
 from tests.accelerate import guide_script
 
 #: the script's arguments per model, as every test here runs them
 TASKS = {
     "gpt2": ["--task", "clm", "--model_type", "gpt2", "--max_train_steps", "4"],
-    "llama": ["--task", "clm", "--model_type", "llama", "--max_train_steps", "3"],
-    "bert": ["--task", "mlm", "--max_train_steps", "3"],
-    "t5": ["--task", "seq2seq", "--max_train_steps", "3"],
+    "llama": ["--task", "clm", "--model_type", "llama", "--max_train_steps", "2"],
+    "bert": ["--task", "mlm", "--max_train_steps", "2"],
+    "t5": ["--task", "seq2seq", "--max_train_steps", "2"],
 }
 
 
@@ -47,3 +49,26 @@ def one_process(tmp_path_factory):
         return cache[key]
 
     return get
+
+
+def tiny_gpt2(
+    vocab: int = 101, layers: int = 2, positions: int = 16
+) -> transformers.GPT2LMHeadModel:
+    """A GPT-2 of ``layers`` layers, hidden 32, no dropout (every layout computes the same)."""
+    config = transformers.GPT2Config(
+        n_layer=layers,
+        n_embd=32,
+        n_head=4,
+        n_positions=positions,
+        vocab_size=vocab,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+    )
+    return transformers.GPT2LMHeadModel(config)
+
+
+def blocks(n: int, length: int = 16, vocab: int = 101) -> list[dict[str, torch.Tensor]]:
+    """``n`` causal-LM samples of ``length`` random ids (``labels`` = ``input_ids``)."""
+    ids = torch.randint(0, vocab, (n, length), generator=torch.Generator().manual_seed(3))
+    return [{"input_ids": r, "labels": r.clone()} for r in ids]

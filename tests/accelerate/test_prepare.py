@@ -19,36 +19,18 @@ from transformers import default_data_collator
 from epochal.accelerate import Accelerator, set_seed
 from epochal.accelerate.utils import MegatronLMDummyScheduler, MegatronLMPlugin
 from tests.accelerate import guide_script
-from tests.accelerate.conftest import TASKS, run_in_process
+from tests.accelerate.conftest import TASKS, blocks, run_in_process, tiny_gpt2
 
 
 @pytest.mark.parametrize("model", ["gpt2", "llama", "t5"])
 def test_eval_loss_equals_accelerate_without_megatron(one_process, tmp_path, model):
     """At learning rate 0 the script prints the eval_loss that Accelerate's plain backend prints."""
-    ours = one_process(model, 1, "--learning_rate", "0")
+    frozen = ["--learning_rate", "0", "--max_train_steps", "1"]
+    ours = one_process(model, 1, *frozen)
     peer = run_in_process(
-        [*TASKS[model], "--learning_rate", "0", "--backend", "accelerate"], tmp_path / "peer.json"
+        [*TASKS[model], *frozen, "--backend", "accelerate"], tmp_path / "peer.json"
     )
     assert math.isclose(ours["eval_loss"], peer["eval_loss"], abs_tol=1e-5), (ours, peer)
-
-
-def _gpt2(vocab: int = 101) -> transformers.GPT2LMHeadModel:
-    config = transformers.GPT2Config(
-        n_layer=2,
-        n_embd=32,
-        n_head=4,
-        n_positions=16,
-        vocab_size=vocab,
-        resid_pdrop=0.0,
-        embd_pdrop=0.0,
-        attn_pdrop=0.0,
-    )
-    return transformers.GPT2LMHeadModel(config)
-
-
-def _blocks(n: int, length: int = 16, vocab: int = 101) -> list[dict[str, torch.Tensor]]:
-    ids = torch.randint(0, vocab, (n, length), generator=torch.Generator().manual_seed(3))
-    return [{"input_ids": r, "labels": r.clone()} for r in ids]
 
 
 def _groups(model: torch.nn.Module, decay: float) -> list[dict]:
@@ -69,9 +51,9 @@ def _groups(model: torch.nn.Module, decay: float) -> list[dict]:
 def test_training_follows_the_users_optimizer_and_transformers_loss():
     """Steps equal plain PyTorch training of the transformers model with the same AdamW groups."""
     set_seed(0)
-    model = _gpt2()
+    model = tiny_gpt2()
     reference = copy.deepcopy(model)
-    data = _blocks(12)
+    data = blocks(12)
     optimizer = torch.optim.AdamW(_groups(model, 0.1), lr=1e-2, betas=(0.8, 0.95), eps=1e-6)
     accelerator = Accelerator(megatron_lm_plugin=MegatronLMPlugin(gradient_clipping=0.5))
     scheduler = MegatronLMDummyScheduler(optimizer, total_num_steps=10, warmup_num_steps=2)
@@ -146,9 +128,9 @@ def test_guide_custom_train_step(tmp_path):
     from tests.train.accelerate_custom_loss import GPTTrainStepWithCustomLoss
 
     set_seed(2)
-    model = _gpt2()
+    model = tiny_gpt2()
     reference = copy.deepcopy(model).eval()
-    data = _blocks(4)
+    data = blocks(4)
     accelerator = Accelerator()
     keytoken_ids = [int(data[0]["input_ids"][3]), int(data[1]["input_ids"][5])]
     accelerator.state.megatron_lm_plugin.custom_train_step_class = GPTTrainStepWithCustomLoss

@@ -1,5 +1,6 @@
 """The rest of the Accelerator surface: loaders, YAML, ``epochal config``, trackers, and clear errors."""
 
+import copy
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +17,7 @@ from epochal.accelerate.plugin import MegatronLMPlugin, PluginError
 from epochal.accelerate.preparation import PrepareError
 from epochal.accelerate.prepare_data import DataLoaderError, PreparedDataLoader
 from epochal.accelerate.yaml_config import YamlConfigError, read_launch_config
+from tests.accelerate.conftest import tiny_gpt2
 
 
 def _prepared(data, dp_rank, dp_size, micro_batches, shuffle, train=True):
@@ -250,18 +252,8 @@ def _dummy_run(cache, state=None):
     from epochal.accelerate.utils import MegatronLMDummyDataLoader, MegatronLMDummyScheduler
 
     transformers.set_seed(0)
-    config = transformers.GPT2Config(
-        n_layer=1,
-        n_embd=32,
-        n_head=4,
-        n_positions=16,
-        vocab_size=301,
-        resid_pdrop=0.0,
-        embd_pdrop=0.0,
-        attn_pdrop=0.0,
-    )
-    model = transformers.GPT2LMHeadModel(config)
-    reference = __import__("copy").deepcopy(model).eval()
+    model = tiny_gpt2(vocab=301, layers=1)
+    reference = copy.deepcopy(model).eval()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     scheduler = MegatronLMDummyScheduler(optimizer, total_num_steps=4)
     loader = MegatronLMDummyDataLoader(

@@ -18,14 +18,14 @@ from epochal.accelerate.dummy_data import MegatronLMDummyDataLoader
 from epochal.accelerate.plugin import MegatronLMDummyScheduler, MegatronLMPlugin, PluginError
 from epochal.accelerate.seeding import set_seed
 from epochal.accelerate.state import DistributedType
-from epochal.accelerate.utils.steps import (
-    AbstractTrainStep,
+from epochal.train.steps import (
     BertTrainStep,
     GPTTrainStep,
     T5TrainStep,
     avg_losses_across_data_parallel_group,
     gather_across_data_parallel_groups,
 )
+from epochal.train.steps import TrainStep as AbstractTrainStep
 
 __all__ = [
     "AbstractTrainStep",
