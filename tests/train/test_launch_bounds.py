@@ -26,7 +26,7 @@ def test_the_limit_is_the_cpu_cores_on_cpu():
 def test_wizard_reasks_a_data_parallel_size_the_machine_cannot_launch():
     from epochal.commands.config import collect
 
-    replies = iter(["", "1", "1", "1", str(HUGE), "1", "", "", "", "", "", "mock"])
+    replies = iter(["", "1", "1", "1", str(HUGE), "1", "", "", "", "", "", "mock", ""])
     prompts: list[str] = []
     shown: list[str] = []
 

@@ -14,6 +14,7 @@ import json
 import sys
 from typing import Any
 
+from epochal._text import plural
 from epochal.commands.preprocess import add_tokenizer_arguments, tokenizer_from_args
 from epochal.data.indexed.indexed_dataset import IndexedDataset
 from epochal.data.indexed.indexed_format import IndexedFileError
@@ -65,8 +66,9 @@ def run(args: argparse.Namespace) -> int:
 
 def _print_report(info: dict[str, Any], max_tokens: int) -> None:
     print(
-        f"{info['prefix']}: {info['sequences']:,} sequences in {info['documents']:,} documents, "
-        f"{info['tokens']:,} tokens ({info['dtype']}); .bin {info['bin_bytes']:,} bytes, .idx {info['idx_bytes']:,} bytes"
+        f"{info['prefix']}: {plural(info['sequences'], 'sequence', fmt=',')} in "
+        f"{plural(info['documents'], 'document', fmt=',')}, {plural(info['tokens'], 'token', fmt=',')} "
+        f"({info['dtype']}); .bin {info['bin_bytes']:,} bytes, .idx {info['idx_bytes']:,} bytes"
     )
     if info["empty_documents"]:
         print(f"documents without sequences: {info['empty_documents']:,}")
@@ -89,4 +91,6 @@ def _print_report(info: dict[str, Any], max_tokens: int) -> None:
             if sample["text"] is not None
             else " ".join(map(str, sample["ids"]))
         )
-        print(f"sequence {sample['index']:,} ({sample['length']:,} tokens): {shown}{cut}")
+        print(
+            f"sequence {sample['index']:,} ({plural(sample['length'], 'token', fmt=',')}): {shown}{cut}"
+        )
