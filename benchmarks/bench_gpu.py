@@ -167,6 +167,19 @@ def run_trainer(args: argparse.Namespace, extra: list[str]) -> tuple[float, str]
 
             traces = sorted((Path(tmp) / "profile").glob("trace_steps_*.json"))
             summary = "\n".join(summarize(t) for t in traces) or "no trace written"
+            if args.keep_trace:
+                import gzip
+                import shutil
+
+                Path(args.keep_trace).mkdir(parents=True, exist_ok=True)
+                for trace in traces:
+                    with (
+                        trace.open("rb") as src,
+                        gzip.open(
+                            Path(args.keep_trace) / f"{args.row}-{trace.name}.gz", "wb"
+                        ) as dst,
+                    ):
+                        shutil.copyfileobj(src, dst)
     tokens = cfg.training.global_batch_size * cfg.data.seq_length
     return args.steps * tokens / (stamps[last - 1] - stamps[args.warmup - 1]), summary
 
@@ -275,6 +288,7 @@ def main() -> None:
     parser.add_argument(
         "--profile", action="store_true", help="trainer rows: profile 2 extra steps, summarise"
     )
+    parser.add_argument("--keep-trace", default="", help="with --profile: gzip traces into DIR")
     parser.add_argument("--row", default="", help=argparse.SUPPRESS)  # internal: one row
     args = parser.parse_args()
     if args.device == "auto":
@@ -288,6 +302,7 @@ def main() -> None:
         *(["--tiny"] if args.tiny else []),
         *(["--eager"] if args.eager else []),
         *(["--profile"] if args.profile else []),
+        *([f"--keep-trace={args.keep_trace}"] if args.keep_trace else []),
     ]
     if args.row:
         print(json.dumps(measure_row(args, args.row)), flush=True)
