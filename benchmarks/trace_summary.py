@@ -7,7 +7,9 @@ Reads ``trace_steps_S-E.json`` (``torch.profiler``'s Chrome trace) and prints:
   Python overhead show up as idle GPU time;
 - kernel time by kind (matrix products, attention, Triton-generated fused kernels,
   optimizer, copies, other);
-- the kernels that took most time.
+- the kernels that took most time;
+- the GPU's idle gaps over ``--gap-ms`` and what the host was doing then (the CPU-side
+  operators and annotations that span each gap's middle), summed by the innermost one.
 
     python benchmarks/trace_summary.py runs/x/profile/trace_steps_6-7.json [--top 15]
 """
@@ -38,7 +40,23 @@ def kind_of(name: str) -> str:
     return "other"
 
 
-def summarize(path: Path, top: int = 15) -> str:
+def _host_activity(events: list[dict], gaps: list[tuple[float, float]]) -> list[list[str]]:
+    """For each gap, the names of the host events spanning its middle, innermost first."""
+    host = [
+        (float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0)), e["name"])
+        for e in events
+        if e.get("ph") == "X"
+        and e.get("cat") in ("cpu_op", "user_annotation", "python_function", "cuda_runtime")
+    ]
+    out = []
+    for start, end in gaps:
+        mid = (start + end) / 2
+        spanning = sorted((b - a, name) for a, b, name in host if a <= mid <= b)
+        out.append([name for _, name in spanning])
+    return out
+
+
+def summarize(path: Path, top: int = 15, gap_ms: float = 0.2) -> str:
     """The summary of one trace file as text."""
     events = json.loads(path.read_text())
     events = events.get("traceEvents", events) if isinstance(events, dict) else events
@@ -52,9 +70,12 @@ def summarize(path: Path, top: int = 15) -> str:
     spans = sorted((float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0))) for e in kernels)
     window = spans[-1][1] - spans[0][0]
     busy, cur_start, cur_end = 0.0, spans[0][0], spans[0][1]
+    gaps: list[tuple[float, float]] = []
     for start, end in spans[1:]:
         if start > cur_end:
             busy += cur_end - cur_start
+            if start - cur_end > gap_ms * 1e3:
+                gaps.append((cur_end, start))
             cur_start, cur_end = start, end
         else:
             cur_end = max(cur_end, end)
@@ -79,6 +100,21 @@ def summarize(path: Path, top: int = 15) -> str:
     lines += ["", "| kernel | calls | ms |", "|---|---|---|"]
     for name, (dur, calls) in sorted(by_name.items(), key=lambda kv: -kv[1][0])[:top]:
         lines.append(f"| {name[:90]} | {calls} | {dur / 1e3:.1f} |")
+    activity = _host_activity(events, gaps)
+    by_host: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
+    for (start, end), names in zip(gaps, activity, strict=True):
+        key = " < ".join(names[:3]) or "(no host event)"
+        by_host[key][0] += end - start
+        by_host[key][1] += 1
+    lines += [
+        "",
+        f"GPU idle gaps over {gap_ms} ms: {len(gaps)}, {sum(b - a for a, b in gaps) / 1e3:.1f} ms; "
+        "by what the host was doing (innermost first):",
+        "| host events spanning the gap | gaps | ms |",
+        "|---|---|---|",
+    ]
+    for key, (dur, n) in sorted(by_host.items(), key=lambda kv: -kv[1][0])[:top]:
+        lines.append(f"| {key[:120]} | {n} | {dur / 1e3:.1f} |")
     return "\n".join(lines)
 
 
@@ -86,9 +122,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("traces", nargs="+", type=Path)
     parser.add_argument("--top", type=int, default=15)
+    parser.add_argument("--gap-ms", type=float, default=0.2, help="idle gaps listed (ms)")
     args = parser.parse_args()
     for trace in args.traces:
-        print(summarize(trace, args.top))
+        print(summarize(trace, args.top, args.gap_ms))
 
 
 if __name__ == "__main__":
