@@ -35,9 +35,9 @@ torch.__version__, '| CUDA', torch.version.cuda, '| cuDNN', torch.backends.cudnn
 
 if has tests; then
     XDIST=$($PY -c "import xdist" 2>/dev/null && echo "-n 12" || echo "")
-    # shellcheck disable=SC2086
+    # shellcheck disable=SC2086  # (TEST_PATHS: other test paths, space-separated)
     timeout "${TESTS_TIMEOUT:-200}" $PY -m pytest -p no:cacheprovider -q -rfE $XDIST \
-        tests/gpu tests/model tests/train tests/parallel tests/data/test_packing.py \
+        ${TEST_PATHS:-tests/gpu tests/model tests/train tests/parallel tests/data/test_packing.py} \
         >"$OUT/tests.log" 2>&1
     echo "tests: exit $? ($(grep -cE '^(FAILED|ERROR)' "$OUT/tests.log") failed/errors)"
     grep -E '^(FAILED|ERROR)|passed|failed' "$OUT/tests.log" | tail -25
