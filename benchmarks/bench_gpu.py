@@ -123,6 +123,7 @@ def config(args: argparse.Namespace, run_dir: str, extra: list[str]):
         "--logging.tensorboard=false",
         "--scheduler.lr_warmup_iters=1",
         *(TINY if args.tiny else []),
+        *([f"--training.micro_batch_size={args.micro_batch}"] if args.micro_batch else []),
         *([] if args.device == "cuda" else ["--training.bf16=false"]),
         *(["--training.compile=false", "--training.compile_loss=false"] if args.eager else []),
         *extra,
@@ -283,6 +284,9 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=0, help="untimed steps (default 5; tiny 2)")
     parser.add_argument("--rows", default="", help="comma-separated row keys (default: all)")
     parser.add_argument("--eager", action="store_true", help="no torch.compile anywhere")
+    parser.add_argument(
+        "--micro-batch", type=int, default=0, help="micro-batch size of every row (default: preset)"
+    )
     parser.add_argument("--peak-tflops", type=float, default=None, help="override the peak")
     parser.add_argument("--row-timeout", type=float, default=1800.0, help="seconds per row")
     parser.add_argument(
@@ -301,6 +305,7 @@ def main() -> None:
         f"--warmup={args.warmup}",
         *(["--tiny"] if args.tiny else []),
         *(["--eager"] if args.eager else []),
+        *([f"--micro-batch={args.micro_batch}"] if args.micro_batch else []),
         *(["--profile"] if args.profile else []),
         *([f"--keep-trace={args.keep_trace}"] if args.keep_trace else []),
     ]

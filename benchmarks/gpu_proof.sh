@@ -72,7 +72,7 @@ fi
 
 if has bench; then
     timeout "${BENCH_TIMEOUT:-260}" $PY benchmarks/bench_gpu.py --rows "${BENCH_ROWS:-trainer,hf-compiled}" \
-        --warmup "${BENCH_WARMUP:-3}" --steps "${BENCH_STEPS:-6}" --profile --keep-trace "$OUT" 2>&1 | tee "$OUT/bench_gpu.md"
+        --warmup "${BENCH_WARMUP:-3}" --steps "${BENCH_STEPS:-6}" --profile --keep-trace "$OUT" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench_gpu.md"
 fi
 
 if has esm; then
