@@ -310,6 +310,8 @@ def _train(config) -> int:
     epochs = _epoch_line(config.run_dir)
     if epochs:
         say(epochs)
+    if result.sample_check:  # a resumed run: does its data name the checkpoint's samples?
+        say(result.sample_check)
     if result.stopped_by:
         say(
             f"stopped early ({result.stopped_by}) after step {result.final_step} of "

@@ -77,6 +77,7 @@ def preflight(config: Any, *, relaunching: bool) -> None:
             p.launch_world_size(),
             config.training.device,
             option="parallel.nproc_per_node" if p.nproc_per_node else "parallel.data_parallel",
+            backend=p.backend,
         )
     elif under_launcher() or wants_parallel(config):
         check_layout(config, int(os.environ.get("WORLD_SIZE", "1")))
