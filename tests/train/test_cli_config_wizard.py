@@ -37,7 +37,14 @@ TINY_RUN = [
 
 
 def _env() -> dict[str, str]:
-    return {**os.environ, "OMP_NUM_THREADS": "1"}
+    # no GPU in the wizard's processes: its answers are bounded by CPU cores, as on CI
+    return {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
+
+
+@pytest.fixture(autouse=True)
+def _cpu_only(monkeypatch):
+    """In-process wizards see no GPU either (their launch bound counts CPU cores)."""
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
 
 
 class _Pty:

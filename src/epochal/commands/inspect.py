@@ -1,10 +1,15 @@
-"""``epochal inspect PREFIX``: counts, a length histogram and decoded samples of indexed files.
+"""``epochal inspect PREFIX``: counts, a length histogram and decoded samples of indexed files;
+``epochal inspect RUN --step N``: the samples step N of a training run read.
 
 Opening validates the pair, so ``inspect`` is also a quick integrity check. Samples
 are decoded when a tokenizer is given (same flags as ``preprocess``), else shown as ids.
-Example::
+A run directory (it holds the ``config.toml`` a run saves) is inspected by step: the
+step's global samples, rebuilt from the run's configuration and data
+(:mod:`epochal.train.inputs.run_samples`), and their digest, which equals the step's
+``sample_digest`` in ``metrics.jsonl`` when the data is unchanged. Examples::
 
     epochal inspect data/corpus_text_document --tokenizer-type gpt2 --samples 3
+    epochal inspect runs/tiny --step 20
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
 from epochal.commands.preprocess import add_tokenizer_arguments, tokenizer_from_args
@@ -25,7 +31,17 @@ __all__ = ["add_arguments", "length_statistics", "run", "sample_indices"]
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Register the ``inspect`` flags."""
-    parser.add_argument("prefix", help="dataset prefix (PREFIX.bin and PREFIX.idx)")
+    parser.add_argument(
+        "prefix",
+        metavar="PATH",
+        help="dataset prefix (PREFIX.bin and PREFIX.idx), or a run directory (with --step)",
+    )
+    parser.add_argument(
+        "--step",
+        type=int,
+        default=None,
+        help="of a run directory: list the samples of this optimizer step (1-based) and their digest",
+    )
     parser.add_argument(
         "--samples", type=int, default=3, help="sequences to show, evenly spaced (default 3)"
     )
@@ -46,6 +62,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``epochal inspect``; returns 0, or 1 after printing the error."""
+    if args.step is not None or (Path(args.prefix) / "config.toml").is_file():  # a run directory
+        from epochal.commands.inspect_run import run_step
+
+        return run_step(args)
     try:
         tokenizer = tokenizer_from_args(args) if args.tokenizer_type else None
         dataset = IndexedDataset(args.prefix, mode=args.mode, multimodal=args.multimodal)

@@ -163,6 +163,7 @@ def _preflight(config, relaunching: bool) -> None:
             p.launch_world_size(),
             config.training.device,
             option="parallel.nproc_per_node" if p.nproc_per_node else "parallel.data_parallel",
+            backend=p.backend,
         )
     elif under_launcher() or wants_parallel(config):
         check_layout(config, int(os.environ.get("WORLD_SIZE", "1")))
@@ -232,6 +233,8 @@ def _train(config) -> int:
     epochs = _epoch_line(config.run_dir)
     if epochs:
         say(epochs)
+    if result.sample_check:  # a resumed run: does its data name the checkpoint's samples?
+        say(result.sample_check)
     if result.stopped_by:
         say(
             f"stopped early ({result.stopped_by}) after step {result.final_step} of "

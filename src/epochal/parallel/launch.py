@@ -73,13 +73,16 @@ def needs_relaunch(config: ParallelConfig) -> bool:
     return not under_launcher() and not os.environ.get(_GUARD) and config.launch_world_size() > 1
 
 
-def local_process_limit(device_name: str = "auto") -> tuple[int, str]:
+def local_process_limit(device_name: str = "auto", backend: str = "auto") -> tuple[int, str]:
     """How many training processes this machine can run: ``(limit, what it counts)``.
 
     One per CUDA device with ``training.device`` ``cuda`` (or ``auto`` where CUDA
-    exists), else one per CPU core this process may use.
+    exists), else one per CPU core this process may use. With ``parallel.backend``
+    ``gloo`` ranks may share a GPU (rank ``r`` uses GPU ``r % count``), so CPU cores bound
+    them there too.
     """
-    if device_name == "cuda" or (device_name == "auto" and torch.cuda.is_available()):
+    cuda = device_name == "cuda" or (device_name == "auto" and torch.cuda.is_available())
+    if cuda and backend != "gloo":
         return torch.cuda.device_count(), "CUDA devices"
     try:
         cores = len(os.sched_getaffinity(0))
@@ -88,7 +91,9 @@ def local_process_limit(device_name: str = "auto") -> tuple[int, str]:
     return max(1, cores), "CPU cores"
 
 
-def check_launchable(processes: int, device_name: str = "auto", *, option: str) -> None:
+def check_launchable(
+    processes: int, device_name: str = "auto", *, option: str, backend: str = "auto"
+) -> None:
     """Refuse more processes on this machine than :func:`local_process_limit` allows.
 
     Raises:
@@ -96,7 +101,7 @@ def check_launchable(processes: int, device_name: str = "auto", *, option: str) 
     """
     from epochal.model.config import ConfigError
 
-    limit, what = local_process_limit(device_name)
+    limit, what = local_process_limit(device_name, backend)
     if processes > limit:
         shown = str(processes) if processes < 10**12 else f"about 10^{len(str(processes)) - 1}"
         raise ConfigError(
