@@ -21,6 +21,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from epochal._text import plural
 from epochal.commands.wizard import (
     Question,
     _choice,
@@ -172,7 +173,8 @@ def run_accelerate(args: argparse.Namespace, output: str) -> int:
     spec = launch_config_from(answers)
     write_yaml(spec, output)
     print(
-        f"epochal config: wrote {output} ({spec.num_processes} processes on {spec.num_machines} machine(s))"
+        f"epochal config: wrote {output} ({plural(spec.num_processes, 'process')} on "
+        f"{plural(spec.num_machines, 'machine')})"
     )
     print(f"Launch with:\n    epochal launch --config_file {output} your_script.py ...")
     if spec.num_machines > 1:
