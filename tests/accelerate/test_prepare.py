@@ -83,26 +83,44 @@ def test_training_follows_the_users_optimizer_and_transformers_loss():
         assert torch.allclose(state[name], tensor, atol=1e-5), name
 
 
-def test_mlm_loss_and_unwrapped_model_are_transformers(tmp_path):
-    """BERT's masked-LM loss equals BertForMaskedLM's; save_pretrained gives equal logits."""
-    set_seed(1)
-    config = transformers.BertConfig(
+def _encoder(kind: str) -> transformers.PreTrainedModel:
+    common = dict(
         num_hidden_layers=2,
         hidden_size=32,
         num_attention_heads=4,
         intermediate_size=64,
-        max_position_embeddings=16,
-        vocab_size=99,
         hidden_dropout_prob=0.0,
         attention_probs_dropout_prob=0.0,
     )
-    model = transformers.BertForMaskedLM(config)
+    if kind == "bert":
+        return transformers.BertForMaskedLM(
+            transformers.BertConfig(max_position_embeddings=16, vocab_size=99, **common)
+        )
+    config = transformers.EsmConfig(
+        vocab_size=33,
+        max_position_embeddings=18,
+        pad_token_id=1,
+        mask_token_id=32,
+        position_embedding_type="rotary",
+        token_dropout=True,
+        **common,
+    )
+    return transformers.EsmForMaskedLM(config)
+
+
+@pytest.mark.parametrize("kind", ["bert", "esm"])
+def test_mlm_loss_and_unwrapped_model_are_transformers(tmp_path, kind):
+    """The masked-LM loss equals transformers'; save_pretrained gives equal logits."""
+    set_seed(1)
+    model = _encoder(kind)
     reference = copy.deepcopy(model).eval()
+    vocab, mask_id = (99, 4) if kind == "bert" else (24, 32)
     g = torch.Generator().manual_seed(5)
     data = []
     for _ in range(4):
-        ids = torch.randint(5, 99, (16,), generator=g)
+        ids = torch.randint(5, vocab, (16,), generator=g)
         labels = torch.where(torch.rand(16, generator=g) < 0.3, ids, torch.full_like(ids, -100))
+        ids = torch.where(labels != -100, torch.full_like(ids, mask_id), ids)
         mask = torch.ones(16, dtype=torch.long)
         mask[12:] = 0
         labels[12:] = -100
