@@ -56,7 +56,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="accepted (epochal always runs Megatron-style)",
     )
     for flag, kind in _MEGATRON_FLAGS.items():
-        parser.add_argument(f"--{flag}", type=kind, metavar=kind.__name__.upper())
+        metavar = "{true,false}" if kind is str else kind.__name__.upper()
+        parser.add_argument(f"--{flag}", type=kind, metavar=metavar, help="overrides the YAML's")
     parser.add_argument("script", help="the training script (a .py file)")
     parser.add_argument("script_args", nargs=argparse.REMAINDER, help="the script's arguments")
 
