@@ -244,6 +244,7 @@ def options_page() -> str:
         '`--training.train_iters=100`, `--data.data_path=\'["a", "b"]\'`). Later settings '
         "win: preset, then `--config` file, then the overrides.",
         "",
+        "`epochal train --list-options [SECTION]` prints the same table in a terminal. "
         "The defaults below are the classes' own. A preset sets many of them "
         "(see [Presets](presets.md)); `epochal train --preset NAME --print-config` "
         "prints the resolved values of any combination.",

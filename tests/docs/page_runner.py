@@ -6,8 +6,10 @@
 - ``bash`` blocks run one command line at a time. A line that is a plain ``epochal
   ...`` command (no shell syntax: pipes, redirections, ``$``, globs, ``;``, ``&&``)
   runs in this process through :func:`epochal.cli.main`, which is what the
-  ``epochal`` script calls, saving a Python start per command; any other line runs
-  with ``bash -c`` in the folder. Every command must exit 0.
+  ``epochal`` script calls, saving a Python start per command (the working directory,
+  the environment and torch's thread count are restored after it, as a process of
+  its own would leave them); any other line runs with ``bash -c`` in the folder.
+  Every command must exit 0.
 
 Each command's output is returned so that callers can check it.
 """
@@ -20,6 +22,8 @@ import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import torch
 
 from tests.dist_utils import run_process
 from tests.docs.markdown_blocks import Block, command_lines, page_blocks
@@ -127,14 +131,17 @@ class PageRunner:
             from epochal.cli import main as cli_main
 
             self.read_output()  # drop what came before
-            cwd = os.getcwd()
+            cwd, environ, threads = os.getcwd(), dict(os.environ), torch.get_num_threads()
             os.chdir(self.folder)
             try:
                 rc = cli_main(shlex.split(line)[1:])
             except SystemExit as exc:  # argparse: --help, usage errors
                 rc = exc.code if isinstance(exc.code, int) else 1
-            finally:
+            finally:  # what a process of its own would not leave behind
                 os.chdir(cwd)
+                os.environ.clear()
+                os.environ.update(environ)
+                torch.set_num_threads(threads)
             out, err = self.read_output()
             return CommandResult(block.where, line, rc, out + err)
         done = run_process(

@@ -24,6 +24,8 @@ OPTION = re.compile(
     r"(?<![\w./-])(?:--)?((?:run_dir)|(?:model|data|training|optimizer|scheduler|checkpoint|"
     r"logging|parallel|finetune)\.[a-z][a-z0-9_]*)(?![\w(*])"
 )
+#: Python names the pages write like options (methods of a model or optimizer).
+NOT_OPTIONS = {"optimizer.step", "optimizer.zero_grad", "model.generate"}
 
 
 def test_site_builds_strictly(tmp_path):
@@ -94,7 +96,8 @@ def test_options_named_in_the_docs_exist():
         for block in page_blocks(page):
             if block.lang == "python":
                 text = text.replace(block.code, "")
-        unknown += [f"{page.name}: {m}" for m in OPTION.findall(text) if m not in known]
+        names = set(OPTION.findall(text)) - NOT_OPTIONS
+        unknown += [f"{page.name}: {m}" for m in sorted(names) if m not in known]
     assert unknown == []
 
 
