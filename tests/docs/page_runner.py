@@ -4,8 +4,9 @@
 - ``python`` blocks run with ``exec`` in one namespace per page, the folder as the
   working directory;
 - ``bash`` blocks run one command line at a time. A line that is a plain ``epochal
-  ...`` command (no shell syntax: pipes, redirections, ``$``, globs, ``;``, ``&&``)
-  runs in this process through :func:`epochal.cli.main`, which is what the
+  ...`` command (no shell syntax: pipes, ``$``, globs, ``;``, ``&&``; at most a final
+  ``> FILE``, which gets the command's standard output) runs in this process through
+  :func:`epochal.cli.main`, which is what the
   ``epochal`` script calls, saving a Python start per command (the working directory,
   the environment and torch's thread count are restored after it, as a process of
   its own would leave them); any other line runs with ``bash -c`` in the folder.
@@ -34,18 +35,32 @@ _SHELL_SYNTAX = set("|&;<>()$`*?~{}") | {"\n"}
 
 
 def is_plain_epochal(command: str) -> bool:
-    """Whether ``command`` is ``epochal ARGS`` with nothing the shell would interpret."""
+    """Whether ``command`` is ``epochal ARGS [> FILE]`` with nothing else the shell would interpret."""
+    return _plain_epochal(command) is not None
+
+
+def _plain_epochal(command: str) -> tuple[list[str], str | None] | None:
+    """``(argv after "epochal", the file of a final "> FILE" or None)``, or None for other lines."""
     try:
         lexer = shlex.shlex(command, posix=True, punctuation_chars=True)
         lexer.whitespace_split = True
         tokens = list(lexer)
     except ValueError:
-        return False
+        return None
+    target = None
+    if len(tokens) >= 3 and tokens[-2] == ">" and not set(tokens[-1]) & _SHELL_SYNTAX:
+        tokens, target = tokens[:-2], tokens[-1]
+        command = command[: command.rindex(">")]
     if not tokens or tokens[0] != "epochal":
-        return False
-    unquoted = shlex.split(command)  # same words as the shell would pass
+        return None
     outside_quotes = "".join(part for i, part in enumerate(_split_quotes(command)) if i % 2 == 0)
-    return unquoted == tokens and not (_SHELL_SYNTAX & set(outside_quotes))
+    try:
+        same_words = shlex.split(command) == tokens
+    except ValueError:  # the ">" was inside quotes
+        return None
+    if not same_words or _SHELL_SYNTAX & set(outside_quotes):
+        return None
+    return tokens[1:], target
 
 
 def _split_quotes(command: str) -> list[str]:
@@ -127,14 +142,16 @@ class PageRunner:
             os.chdir(cwd)
 
     def _command(self, block: Block, line: str) -> CommandResult:
-        if is_plain_epochal(line):
+        plain = _plain_epochal(line)
+        if plain is not None:
             from epochal.cli import main as cli_main
 
+            argv, target = plain
             self.read_output()  # drop what came before
             cwd, environ, threads = os.getcwd(), dict(os.environ), torch.get_num_threads()
             os.chdir(self.folder)
             try:
-                rc = cli_main(shlex.split(line)[1:])
+                rc = cli_main(argv)
             except SystemExit as exc:  # argparse: --help, usage errors
                 rc = exc.code if isinstance(exc.code, int) else 1
             finally:  # what a process of its own would not leave behind
@@ -143,6 +160,9 @@ class PageRunner:
                 os.environ.update(environ)
                 torch.set_num_threads(threads)
             out, err = self.read_output()
+            if target is not None:  # "> FILE": the standard output goes there
+                (self.folder / target).write_text(out)
+                out = ""
             return CommandResult(block.where, line, rc, out + err)
         done = run_process(
             ["bash", "-c", line], env=self.env, cwd=self.folder, timeout=self.timeout

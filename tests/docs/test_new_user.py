@@ -8,7 +8,7 @@ start. Every command must exit 0 and none may say ``nothing to do``, print an
 one (the same run directory, the same output) fails here.
 
 One change to what the pages say: the quick start's bare ``epochal train`` trains the
-tiny preset for 300 steps (about 90 s on two cores); the walk runs it for 10 steps
+tiny preset for 300 steps (about 90 s on two cores); the walk runs it for 5 steps
 (the same data, tokenizer, model and cache), which nothing later relies on.
 """
 
@@ -22,7 +22,7 @@ from tests.docs.markdown_blocks import page_blocks
 from tests.docs.site import DOCS, README, WALK_SECTIONS, nav_pages
 
 QUICK_START = "getting-started/quick-start.md"
-SHORTENED = {"epochal train": "epochal train --training.train_iters=10"}
+SHORTENED = {"epochal train": "epochal train --training.train_iters=5"}
 
 FORBIDDEN = (
     re.compile(r"^nothing to do", re.M),
