@@ -113,7 +113,7 @@ def test_packed_heads_equal_unpacked(init, tmp_path):
         for pack in ("false", "true"):
             cfg = _config(
                 tmp_path / f"{head}-{pack}", init, train, valid, head, *extra,
-                "--training.train_iters=2", "--training.global_batch_size=4",
+                "--training.train_iters=1", "--training.global_batch_size=4",
                 f"--data.pack_sequences={pack}",
             )  # fmt: skip
             trainer = Trainer(cfg, log=False)
