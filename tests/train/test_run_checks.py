@@ -82,7 +82,7 @@ def test_a_checkpoint_without_an_encoder_is_named(tmp_path, capsys):
 
 
 def test_the_training_state_is_checked_against_the_memory(tmp_path, capsys, monkeypatch):
-    from epochal.train.preflight import preflight_model, state_memory
+    from epochal.train.run_checks import preflight_model, state_memory
 
     monkeypatch.setattr(state_memory, "available_memory", lambda device: (8 * 10**9, "free"))
     run = tmp_path / "run"

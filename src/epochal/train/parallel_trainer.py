@@ -47,7 +47,7 @@ from epochal.parallel.step_model import LogitsObserver
 from epochal.train.config import TrainConfig, model_config_from_section, position_length
 from epochal.train.device import resolve_device
 from epochal.train.inputs.loaders import DataBundle, build_data
-from epochal.train.preflight.kernels import check_process_group_backend
+from epochal.train.run_checks.kernels import check_process_group_backend
 from epochal.train.state.checkpoint import Checkpointer, SafeFileSystemReader, SafeLoadPlanner
 from epochal.train.state.model_state import ModelState
 from epochal.train.steps import set_data_parallel_group

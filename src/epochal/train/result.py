@@ -34,6 +34,8 @@ class TrainResult:
         profile_files: the profiler trace (and CUDA memory snapshot) written, if any.
         skipped_steps: steps of this call whose gradients were not finite (an fp16
             overflow, a NaN): the optimizer and the schedule did not step.
+        sample_check: after a resume, one line on whether this run's data names the
+            samples the checkpoint recorded (:mod:`epochal.train.state.sample_check`).
     """
 
     run_dir: Path
@@ -53,6 +55,7 @@ class TrainResult:
     utilization: str = ""
     profile_files: list[Path] = field(default_factory=list)
     skipped_steps: int = 0
+    sample_check: str | None = None
 
 
 def skipped_line(skipped: int, steps: int) -> str:

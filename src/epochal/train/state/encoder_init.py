@@ -44,11 +44,17 @@ def is_hf_folder(path: str | Path) -> bool:
     return (p / "config.json").is_file() and not (p / "trainer_state.json").is_file()
 
 
-def read_encoder(path: str | Path) -> tuple[ModelConfig, dict[str, torch.Tensor], bool]:
+def read_encoder(
+    path: str | Path, *, option: str = "checkpoint.init_from"
+) -> tuple[ModelConfig, dict[str, torch.Tensor], bool]:
     """``(config, full CPU state, has_lm_head)`` of a run, checkpoint or Hugging Face folder.
 
+    Args:
+        option: the option that named ``path`` (``--checkpoint`` for ``epochal embed``),
+            for the message.
+
     Raises:
-        CheckpointError: nothing readable there (the reader's reason included).
+        CheckpointError: nothing readable there (the option and the reader's reason named).
     """
     from epochal.convert.common import ConversionError
 
@@ -63,7 +69,7 @@ def read_encoder(path: str | Path) -> tuple[ModelConfig, dict[str, torch.Tensor]
         ck = load_epochal_checkpoint(path)
         return ck.config, ck.state, ck.config.head == "mlm"
     except (ConversionError, FileNotFoundError) as exc:
-        raise CheckpointError(f"checkpoint.init_from={str(path)!r}: {exc}") from exc
+        raise CheckpointError(f"{option}={str(path)!r}: {exc}") from exc
 
 
 def finetune_overrides(config_file: str | None, overrides: list[str]) -> list[str] | None:

@@ -3,7 +3,7 @@
 - :func:`check_device_options` (before any data is read or any file written):
   ``training.attention_backend`` has a kernel for this run on its device, and
   ``parallel.backend = "nccl"`` only with CUDA (:mod:`.kernels`);
-- :func:`~epochal.train.preflight.state_memory.check_state_memory` (before the model
+- :func:`~epochal.train.run_checks.state_memory.check_state_memory` (before the model
   is allocated): weights, gradients and AdamW state fit the device's free memory
   (:mod:`.state_memory`; ``training.memory_check = false`` skips it).
 
@@ -21,8 +21,8 @@ from typing import Any
 import torch
 
 from epochal.model.config import ModelConfig
-from epochal.train.preflight.kernels import check_attention_backend, check_process_group_backend
-from epochal.train.preflight.state_memory import check_state_memory
+from epochal.train.run_checks.kernels import check_attention_backend, check_process_group_backend
+from epochal.train.run_checks.state_memory import check_state_memory
 
 __all__ = ["check_before_run", "check_device_options", "check_state_memory", "preflight_model"]
 
