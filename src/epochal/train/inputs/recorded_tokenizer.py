@@ -119,9 +119,13 @@ def with_resolved_tokenizer(config: Any) -> Any:
     return dataclasses.replace(config, data=data)
 
 
-def effective_tokenizer_type(data: Any) -> str:
-    """The canonical tokenizer type ``data`` trains with (resolving ``""`` as the trainer does)."""
-    name = with_recorded_tokenizer(data).tokenizer_type
+def effective_tokenizer_type(config: Any) -> str:
+    """The canonical tokenizer type a ``TrainConfig`` trains with (``""`` resolved as the trainer does).
+
+    So that ``""`` and the name it resolves to are the same run (a run's saved
+    ``config.toml`` names the resolved one).
+    """
+    name = with_resolved_tokenizer(config).data.tokenizer_type
     return canonical_tokenizer_type(name) or name
 
 

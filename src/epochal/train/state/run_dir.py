@@ -36,6 +36,7 @@ from typing import Any
 from epochal.model.config import ConfigError
 from epochal.train.config import DataConfig, TrainConfig, config_from_saved, position_length
 from epochal.train.config.run_name import flat_options
+from epochal.train.inputs.recorded_tokenizer import effective_tokenizer_type
 from epochal.train.state.checkpoint import Checkpointer
 from epochal.train.state.errors import CheckpointError
 
@@ -78,6 +79,10 @@ def config_changes(saved: TrainConfig, current: TrainConfig) -> tuple[list[str],
     for option in a:
         if option == "run_dir" or a[option] == b.get(option):
             continue
+        if option == "data.tokenizer_type" and effective_tokenizer_type(
+            saved
+        ) == effective_tokenizer_type(current):
+            continue  # "" (unset) and the tokenizer it resolves to are the same run
         line = f"{option}: {a[option]!r} -> {b.get(option)!r}"
         (defining if _defines_run(option) else other).append(line)
     return defining, other
