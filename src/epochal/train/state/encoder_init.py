@@ -32,7 +32,13 @@ from epochal.model.init import canonical_name
 from epochal.model.lora import is_lora_name
 from epochal.train.state.checkpoint import CheckpointError
 
-__all__ = ["finetune_overrides", "is_hf_folder", "load_encoder_weights", "read_encoder"]
+__all__ = [
+    "copy_full_state",
+    "finetune_overrides",
+    "is_hf_folder",
+    "load_encoder_weights",
+    "read_encoder",
+]
 
 #: ``[model]`` fields a fine-tuning config keeps (the rest come from the checkpoint).
 KEPT_FIELDS = (*HEAD_FIELDS, "hidden_dropout", "attention_dropout")
@@ -178,7 +184,7 @@ def load_encoder_weights(
             + " (another model.head or model.num_labels?)"
         )
     for part in model_parts:
-        _copy_into(part, state)
+        copy_full_state(part, state)
     if log is not None:
         fresh = ", ".join(missing) if missing else "none"
         log(f"initialised from {folder}; weights it lacks start fresh: {fresh}")
@@ -186,8 +192,13 @@ def load_encoder_weights(
 
 
 @torch.no_grad()
-def _copy_into(part: nn.Module, state: dict[str, torch.Tensor]) -> None:
-    """Copy full tensors into the part's (possibly sharded) parameters and buffers."""
+def copy_full_state(part: nn.Module, state: dict[str, torch.Tensor]) -> None:
+    """Copy full (unsharded) tensors into the part's parameters, sharded as they are.
+
+    ``state`` maps canonical names (``tok_embeddings.weight``) to whole tensors;
+    tensor-parallel and FSDP parameters (DTensors) take their own shard, others the
+    whole tensor. Parameters ``state`` does not name are left as they are.
+    """
     from torch.distributed.tensor import DTensor, distribute_tensor
 
     for name, param in part.named_parameters():
