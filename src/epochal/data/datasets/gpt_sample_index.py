@@ -96,7 +96,7 @@ def sample_rows(
     document_index: np.ndarray | None = None,
     document_lengths: np.ndarray | None = None,
     max_length: int,
-    block: int = BLOCK,
+    block: int | None = None,
 ) -> int:
     """Fill rows ``1..`` of ``out`` with the window starts that the documents cover.
 
@@ -114,7 +114,7 @@ def sample_rows(
         document_index: int ``[D]`` document ids, each in ``[0, len(table))``.
         document_lengths: int ``[D]`` lengths in document-index order (instead of the two above).
         max_length: an upper bound of every length (sizes the block arithmetic).
-        block: documents per block.
+        block: documents per block (default :data:`BLOCK`).
 
     Returns:
         The number of rows filled after row 0 (``rows - 1`` unless the documents ran out).
@@ -130,10 +130,12 @@ def sample_rows(
     if count == 0 or num_docs == 0:
         return 0
     s = seq_length
-    # c (the bias below) is at most 2 * s - 1; int32 while a block's tokens fit
-    work = np.int32
-    size = min(block, (_INT32_MAX - 2 * s) // max(max_length, 1))
-    if size < 1024:
+    block = BLOCK if block is None else block
+    # int32 arithmetic while a block's tokens plus the bias (at most 2 * s - 1) fit
+    fit = (_INT32_MAX - 2 * s) // max(max_length, 1)
+    if fit >= min(block, 1024):
+        work, size = np.int32, min(block, fit)
+    else:
         work, size = np.int64, block
     if np.iinfo(source_dtype).max < 2 * s:
         source_dtype = np.dtype(work)
