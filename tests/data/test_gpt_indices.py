@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 
+from epochal.data.datasets import gpt_sample_index
 from epochal.data.datasets.gpt_indices import (
     build_document_index,
     build_gpt_indices,
@@ -11,7 +12,6 @@ from epochal.data.datasets.gpt_indices import (
     count_samples,
     plan_epochs,
 )
-from epochal.data.datasets import gpt_sample_index
 from tests.data.gpt_corpus import reference_sample_index
 
 
