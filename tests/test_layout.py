@@ -10,7 +10,7 @@ one, else to ``epochal.x``; relative imports as Python resolves them.
 
 The direction (DESIGN.md, "Dependencies point one way"): a file's *layer* is its
 top-level package under ``epochal/`` (``data``, ``model``, ...) or, for a top-level
-module, its name (``cli``); the private helpers ``_atomic``, ``_checksum``, ``_lazy``, ``_paths``
+module, its name (``cli``); the private helpers ``_atomic``, ``_checksum``, ``_lazy``, ``_paths``, ``_text``, ``_dcp``
 and ``epochal/__init__.py`` are the *base* that every layer may use, and import no
 layer. Each layer may import itself, the base and:
 
@@ -44,7 +44,7 @@ import pytest
 SRC = Path(__file__).resolve().parents[1] / "src" / "epochal"
 MAX_LINES = 600
 
-BASE = frozenset({"epochal", "_atomic", "_checksum", "_lazy", "_paths"})
+BASE = frozenset({"epochal", "_atomic", "_checksum", "_lazy", "_paths", "_text", "_dcp"})
 #: layer -> the other layers it may import (itself and the base are always allowed).
 ALLOWED: dict[str, frozenset[str]] = {
     "data": frozenset(),

@@ -57,7 +57,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     ),
     "inspect": (
         "epochal.commands.inspect",
-        "show counts, a length histogram and decoded samples of indexed files",
+        "show counts, a length histogram and decoded samples of indexed files, or the samples "
+        "of a step of a training run (RUN --step N)",
     ),
     "demo-epochs": (
         "epochal.commands.demo_epochs",

@@ -98,6 +98,7 @@ def finetune_args(
     return [
         f"--run_dir={run_dir}",
         "--model.type=esm",
+        "--training.device=cpu",
         f"--model.head={head}",
         f"--model.num_labels={labels}",
         "--model.hidden_dropout=0.0",

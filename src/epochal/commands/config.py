@@ -17,7 +17,9 @@ atomically, so ``epochal train --config FILE`` runs it as is; the command to
 launch it (one node or several) is printed at the end.
 
 Precision: ``no``, ``fp16`` (Megatron's dynamic loss scaling, ``training.fp16``) or
-``bf16``.
+``bf16``. The last question is the run directory (default ``runs/<file name>``, the
+name ``epochal train --config FILE`` derives for the file alone); a directory that
+holds another run is refused and asked again.
 """
 
 from __future__ import annotations
@@ -26,11 +28,13 @@ import argparse
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+from epochal._text import plural
 from epochal.train.config.answers import answers_world_size, launch_commands, preset_value
 
-__all__ = ["Question", "add_arguments", "launch_commands", "run"]
+__all__ = ["Question", "add_arguments", "default_run_dir", "launch_commands", "run"]
 
 DEFAULT_OUTPUT = "epochal.toml"
 
@@ -132,8 +136,23 @@ def _default_global_batch(answers: dict[str, Any]) -> str:
     return str(-(-preset // step) * step)
 
 
-def questions() -> list[Question]:
-    """The wizard's questions, in the order they are asked."""
+def _run_dir_answer(text: str) -> str:
+    if not text.strip():
+        raise _Invalid("give a directory")
+    return text.strip()
+
+
+def default_run_dir(output: str) -> str:
+    """The run directory offered for a configuration written to ``output``: ``runs/<its name>``.
+
+    The name ``epochal train --config FILE`` would derive for the file alone
+    (:mod:`epochal.train.config.run_name`).
+    """
+    return f"runs/{Path(output).name.removesuffix('.toml') or 'run'}"
+
+
+def questions(output: str = DEFAULT_OUTPUT) -> list[Question]:
+    """The wizard's questions, in the order they are asked (``output``: the file to write)."""
     from epochal.train.config.presets import PRESETS
 
     return [
@@ -221,6 +240,12 @@ def questions() -> list[Question]:
             _default_data,
             _data_answer,
         ),
+        Question(
+            "run_dir",
+            "Run directory (checkpoints, metrics; running the file again resumes there)",
+            lambda a: default_run_dir(output),
+            _run_dir_answer,
+        ),
     ]
 
 
@@ -259,10 +284,13 @@ def _ask(q: Question, answers: dict[str, Any], read: Callable[[str], str]) -> An
             print(f"  invalid: {exc}; please answer again", flush=True)
 
 
-def collect(read: Callable[[str], str] | None) -> dict[str, Any]:
-    """Ask every question (``read=None``: take every default without asking); returns the answers."""
+def collect(read: Callable[[str], str] | None, output: str = DEFAULT_OUTPUT) -> dict[str, Any]:
+    """Ask every question (``read=None``: take every default without asking); returns the answers.
+
+    ``output`` is the file the answers go to (it names the default run directory).
+    """
     answers: dict[str, Any] = {}
-    for q in questions():
+    for q in questions(output):
         if not q.ask_if(answers):
             continue  # does not apply to the answers so far (e.g. a schedule without pipeline)
         if read is None:
@@ -295,14 +323,17 @@ def run(args: argparse.Namespace) -> int:
     if not args.defaults:
         print("epochal config: press Enter to keep the default in brackets.", flush=True)
     try:
-        answers = collect(None if args.defaults else input)
+        answers = collect(None if args.defaults else input, args.output)
     except (EOFError, KeyboardInterrupt):
         print(f"\nepochal config: stopped; {args.output} not written", file=sys.stderr)
         return 1
     config = _check(answers)
     atomic_write(args.output, to_toml(config))
     world = answers_world_size(answers)
-    print(f"epochal config: wrote {args.output} ({world} processes on {answers['nodes']} node(s))")
+    print(
+        f"epochal config: wrote {args.output} ({plural(world, 'process')} on "
+        f"{plural(answers['nodes'], 'node')}; run directory {answers['run_dir']})"
+    )
     cmds = launch_commands(args.output, answers)
     print("Launch with:" if len(cmds) == 1 else "Launch with one of:")
     for cmd in cmds:

@@ -2,7 +2,7 @@
 
 Examples::
 
-    epochal embed --checkpoint runs/esm --input proteins.fasta --output emb.safetensors
+    epochal embed --checkpoint runs/esm-tiny --input proteins.fasta --output emb.safetensors
     epochal embed --checkpoint hf/esm2_t6_8M_UR50D --input table.csv --output emb.parquet --per-residue
     torchrun --nproc-per-node 2 -m epochal.cli embed --checkpoint runs/finetuned --input p.fasta \\
         --output p.safetensors --predictions
@@ -33,6 +33,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from epochal._text import plural
 
 __all__ = ["add_arguments", "run", "write_output"]
 
@@ -163,7 +165,8 @@ def run(args: argparse.Namespace) -> int:
         if result is not None:
             write_output(out, result, ids, sequences, enc.class_names)
             print(
-                f"epochal embed: {len(ids)} sequences -> {out} (embeddings {tuple(result['embeddings'].shape)}"
+                f"epochal embed: {plural(len(ids), 'sequence')} -> {out} "
+                f"(embeddings {tuple(result['embeddings'].shape)}"
                 + "".join(
                     f", {k} {tuple(result[k].shape)}"
                     for k in ("residue_embeddings", "logits", "predictions")

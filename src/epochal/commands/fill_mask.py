@@ -2,7 +2,7 @@
 
 Examples::
 
-    epochal fill-mask --checkpoint runs/bert --text "the cat sat on the [MASK] ."
+    epochal fill-mask --checkpoint runs/bert-tiny --text "the cat sat on the [MASK] ."
     epochal fill-mask --checkpoint hf/bert-base-uncased --text "paris is the [MASK] of france" --top-k 3
 
 The checkpoint is found as by ``epochal generate`` (an epochal run / checkpoint

@@ -37,6 +37,8 @@ from typing import Any
 
 import torch
 
+from epochal._text import plural
+
 __all__ = ["add_arguments", "run"]
 
 
@@ -309,7 +311,8 @@ def _generate(args, parallel, init_distributed, is_logging_rank) -> int:
         atomic_write(args.output, "".join(json.dumps(r) + "\n" for r in records))
     n = sum(len(t) for t in out.tokens)
     print(
-        f"generated {n} tokens for {len(ids)} prompt(s) in {seconds:.2f} s ({n / max(seconds, 1e-9):.1f} tokens/s; "
+        f"generated {plural(n, 'token')} for {plural(len(ids), 'prompt')} in {seconds:.2f} s "
+        f"({n / max(seconds, 1e-9):.1f} tokens/s; "
         f"load {t_load:.2f} s; TP{args.tensor_parallel})"
     )
     return 0

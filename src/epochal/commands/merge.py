@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from epochal._text import plural
 from epochal.data.indexed.indexed_format import IndexedFileError
 from epochal.data.indexed.prefixes import expand_inputs, find_prefixes
 
@@ -56,8 +57,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"epochal merge: error: {exc}", file=sys.stderr)
         return 1
     print(
-        f"merged {len(prefixes)} datasets: {len(merged):,} sequences, {merged.document_count:,} documents, "
-        f"{merged.num_tokens:,} tokens ({merged.dtype}) -> {args.output_prefix}.{{bin,idx}}"
+        f"merged {plural(len(prefixes), 'dataset')}: {plural(len(merged), 'sequence', fmt=',')}, "
+        f"{plural(merged.document_count, 'document', fmt=',')}, "
+        f"{plural(merged.num_tokens, 'token', fmt=',')} ({merged.dtype}) -> {args.output_prefix}.{{bin,idx}}"
     )
     merged.close()
     return 0

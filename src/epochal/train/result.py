@@ -30,6 +30,8 @@ class TrainResult:
             bf16, sdpa[auto: ...], peak 989 TFLOP/s"``).
         utilization: MFU and peak memory in words, for the summary line.
         profile_files: the profiler trace (and CUDA memory snapshot) written, if any.
+        sample_check: after a resume, one line on whether this run's data names the
+            samples the checkpoint recorded (:mod:`epochal.train.state.sample_check`).
     """
 
     run_dir: Path
@@ -47,3 +49,4 @@ class TrainResult:
     hardware: str = ""
     utilization: str = ""
     profile_files: list[Path] = field(default_factory=list)
+    sample_check: str | None = None

@@ -68,9 +68,9 @@ from epochal.train.config import (
     to_toml,
 )
 from epochal.train.device import compute_context, resolve_device
-from epochal.train.inputs.epoch_evidence import epoch_recorder
 from epochal.train.inputs.loaders import DataBundle, build_data
 from epochal.train.losses import masked_token_mean_loss
+from epochal.train.observe.data_records import DataRecords
 from epochal.train.observe.profiling import StepProfiler
 from epochal.train.observe.run_metrics import open_run_metrics
 from epochal.train.observe.throughput import ThroughputMeter
@@ -494,6 +494,7 @@ class Trainer(CheckpointSeams):
             final_step=start_step,
             resumed_from=str(folder) if folder is not None else None,
             last_checkpoint=folder,
+            sample_check=self.sample_check,
         )
         if self.eval_history:
             result.eval_loss = self.eval_history[-1][1]
@@ -515,8 +516,8 @@ class Trainer(CheckpointSeams):
         if folder is not None and self.log:
             metrics.write_line(f"resumed from {folder} at step {self.step}")
         tokens_per_sample = cfg.data.seq_length
-        epochs = (  # per-epoch evidence of multi-epoch data (epochal.train.inputs.epoch_evidence); the logging rank only
-            epoch_recorder(self.data.train_loader.dataset, cfg.training.micro_batch_size)
+        evidence = (  # sample digests and per-epoch evidence (epochal.train.observe.data_records)
+            DataRecords(self.data.train_loader.dataset, cfg.training.micro_batch_size)
             if metrics.enabled
             else None
         )
@@ -556,11 +557,9 @@ class Trainer(CheckpointSeams):
                     **meter.step_fields(tokens, dt),
                     "step_time_s": dt,
                 }
-                if epochs is not None:
+                if evidence is not None:
                     after = self.data.train_loader.consumed_samples
-                    record["epoch"] = epochs.epochs(after)
-                    for k in epochs.starts_between(samples_before, after):
-                        metrics.log_record(epochs.record(k, self.step))
+                    evidence.annotate(record, samples_before, after, self.step, metrics.log_record)
                 metrics.log_train(self.step, record)
                 result.losses.append(out["loss"])
                 result.last_loss = out["loss"]

@@ -426,6 +426,11 @@ class BlendedDataset(Dataset):
         Raises:
             IndexError: ``idx`` out of range.
         """
+        dataset_id, j = self._locate(idx)
+        return {"dataset_id": dataset_id, **self.datasets[dataset_id][j]}
+
+    def _locate(self, idx: int | EpochIndex) -> tuple[int, int]:
+        """``(dataset id, sample of that dataset)`` of blend sample ``idx`` (errors as ``[]``)."""
         if isinstance(idx, EpochIndex):
             idx = idx.idx
         if isinstance(idx, bool) or not isinstance(idx, int | np.integer):
@@ -434,11 +439,19 @@ class BlendedDataset(Dataset):
         i = int(idx) + (n if int(idx) < 0 else 0)
         if not 0 <= i < n:
             raise IndexError(f"sample {int(idx)} out of range for BlendedDataset of length {n}")
-        dataset_id = int(self.dataset_index[i])
-        return {
-            "dataset_id": dataset_id,
-            **self.datasets[dataset_id][int(self.dataset_sample_index[i])],
-        }
+        return int(self.dataset_index[i]), int(self.dataset_sample_index[i])
+
+    def sample_identity(self, idx: int | EpochIndex) -> dict[str, Any]:
+        """``{"corpus": k, **identity}``: the blended dataset ``k`` serving sample ``idx`` (0-based,
+        in blend order) and that dataset's ``sample_identity`` of its sample (``{"index": j}``
+        when it has none).
+
+        Raises:
+            IndexError / TypeError: as ``dataset[idx]``.
+        """
+        dataset_id, j = self._locate(idx)
+        inner = getattr(self.datasets[dataset_id], "sample_identity", None)
+        return {"corpus": dataset_id, **(inner(j) if inner is not None else {"index": j})}
 
     _INDICES = ("dataset_index", "dataset_sample_index")
 

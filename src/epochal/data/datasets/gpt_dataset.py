@@ -427,6 +427,33 @@ class GPTDataset(Dataset):
         out[:filled] = np.concatenate(parts, dtype=np.int64, casting="unsafe")
         return filled
 
+    def sample_identity(self, idx: int | EpochIndex) -> dict[str, Any]:
+        """Which tokens sample ``idx`` is made of, without reading them (index arrays only).
+
+        Returns:
+            ``{"dataset": name, "epoch": e, "window": w, "documents": [[doc, start, end], ...]}``:
+            the file name of the corpus (its prefix without the folder), the epoch of
+            the documents the window starts in, the window's number before the shuffle,
+            and for each document it spans the token range ``[start, end)`` read from it
+            (the ``seq_length + 1`` tokens of ``tokens`` and ``labels`` together).
+
+        Raises:
+            IndexError / TypeError: as ``dataset[idx]``.
+        """
+        i = int(self.shuffle_index[self._index(idx)])
+        (beg_doc, beg_off), (end_doc, end_off) = self.sample_index[i : i + 2].tolist()
+        doc_ids = self.document_index[beg_doc : end_doc + 1].tolist()
+        lengths = self.dataset.sequence_lengths
+        spans = [[d, 0, int(lengths[d])] for d in doc_ids]
+        spans[0][1] = beg_off
+        spans[-1][2] = end_off + int(self.add_extra_token_to_sequence)
+        return {
+            "dataset": os.path.basename(self.name),
+            "epoch": beg_doc // self.documents.size,
+            "window": i,
+            "documents": spans,
+        }
+
     def __getitem__(self, idx: int | EpochIndex | None) -> dict[str, torch.Tensor]:
         """Return sample ``idx`` (``None``: a padding sample with an all-zero loss mask).
 

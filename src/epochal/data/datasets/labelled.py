@@ -239,6 +239,8 @@ class LabelledSequenceDataset:
         seq_length: tokens per sample (>= 3).
         vocab: the classes (classification tasks).
         num_labels: regression targets per sequence.
+        ids: each sequence's row of its table (:attr:`LabelledTable.ids`), for
+            :meth:`sample_identity`; default the 1-based positions.
     """
 
     def __init__(
@@ -251,6 +253,7 @@ class LabelledSequenceDataset:
         seq_length: int,
         vocab: LabelVocab | None = None,
         num_labels: int = 1,
+        ids: Sequence[str] | None = None,
     ) -> None:
         if seq_length < 3:
             raise ValueError(f"seq_length must be >= 3 (<cls>, a residue, <eos>), got {seq_length}")
@@ -266,9 +269,17 @@ class LabelledSequenceDataset:
         self.cls = tokenizer.cls
         self.eos = end_token(tokenizer)
         self.pad = tokenizer.pad
+        self.ids = [str(i) for i in range(1, len(self.sequences) + 1)] if ids is None else list(ids)
+        if len(self.ids) != len(self.sequences):
+            raise ValueError(f"got {len(self.ids)} ids for {len(self.sequences)} sequences")
 
     def __len__(self) -> int:
         return len(self.sequences)
+
+    def sample_identity(self, idx: int) -> dict[str, Any]:
+        """``{"row": r}``: the table row of sequence ``idx`` (its number when the id is one)."""
+        row = self.ids[int(idx)]
+        return {"row": int(row) if row.isdigit() else row}
 
     def residues(self, idx: int) -> list[int]:
         """The token ids of sequence ``idx`` without special tokens (not cut).

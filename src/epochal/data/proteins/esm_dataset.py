@@ -217,6 +217,20 @@ class ESMMaskedResidueDataset(Dataset):
         member, _ = self._draw_member(index)
         return str(member), len(self._members[as_epoch_index(index).idx])
 
+    def sample_identity(self, index: EpochIndex) -> dict[str, Any]:
+        """``{"cluster": idx}``: the cluster of ``index`` (nothing drawn or read).
+
+        With the seed and the epoch it decides the sample: the member (:meth:`member`),
+        the crop and the masks.
+
+        Raises:
+            IndexError: ``idx`` or ``epoch`` out of range.
+        """
+        key = as_epoch_index(index)
+        if not 0 <= key.idx < len(self.clusters) or key.epoch < 0:
+            raise IndexError(f"{key} out of range for {len(self.clusters)} clusters")
+        return {"cluster": key.idx}
+
     def __getitem__(self, index: EpochIndex) -> dict[str, torch.Tensor]:
         """The masked sample of cluster ``index.idx`` in epoch ``index.epoch``.
 

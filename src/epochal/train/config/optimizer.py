@@ -21,8 +21,9 @@ class OptimizerConfig:
         weight_decay: decoupled weight decay (>= 0); biases and norms get none.
         start_weight_decay / end_weight_decay: for an increasing weight decay
             (``scheduler.weight_decay_incr_style`` linear/cosine); default ``weight_decay``.
-        adam_beta1, adam_beta2: in [0, 1).
-        adam_eps: > 0.
+        adam_beta1, adam_beta2: Adam's decay rates of the first and second moment
+            estimates, in [0, 1).
+        adam_eps: the epsilon added to Adam's denominator (> 0).
         clip_grad: clip gradients to this global L2 norm (0 = no clipping).
     """
 

@@ -23,9 +23,17 @@ __all__ = [
 # ------------------------------------------------------------------------ root
 @dataclass(kw_only=True)
 class TrainConfig:
-    """The whole configuration (see the module docstring for the sections)."""
+    """The whole configuration (see the module docstring for the sections).
 
-    run_dir: str = "runs/tiny"
+    Attributes:
+        run_dir: where the run's checkpoints, metrics, plots and resolved configuration
+            go; a run started again with it resumes. Unset in the file and on the
+            command line, ``build_config`` names it after the run: ``runs/<preset>`` or
+            ``runs/<config file name>``, with ``-<hash>`` of the run-defining options that
+            overrides change (:mod:`epochal.train.config.run_name`).
+    """
+
+    run_dir: str = "runs/default"
     model: ModelSection = field(
         default_factory=lambda: ModelSection(
             hidden_size=128,

@@ -126,6 +126,19 @@ class PaddedProteinSamples(torch.utils.data.Dataset):
         """
         return self.resampler.dataset.member(self.resampler.epoch_index(index))
 
+    # ------------------------------------------- sample identities (sample_identity)
+    def sample_identity(self, index: int) -> dict[str, Any]:
+        """``{"epoch": e, "cluster": c}`` of sample ``index`` (nothing drawn or read)."""
+        return self.resampler.sample_identity(index)
+
+    def sample_identities(self, start: int, stop: int) -> list[dict[str, Any]]:
+        """:meth:`sample_identity` of samples ``start .. stop - 1``, epochs mapped at once."""
+        return self.resampler.sample_identities(start, stop)
+
+    def sample_details(self, index: int) -> dict[str, Any]:
+        """``{"member": id}``: the member sample ``index`` draws from its cluster (for listings)."""
+        return {"member": self.sample_member(index)[0]}
+
 
 def _file_key(path: str) -> dict[str, Any]:
     p = Path(path)

@@ -154,6 +154,7 @@ def build_finetune_datasets(
             seq_length=config.data.seq_length,
             vocab=vocab,
             num_labels=config.model.num_labels,
+            ids=tab.ids,
         )
 
     samples = t.train_iters * t.global_batch_size

@@ -7,7 +7,8 @@
 - ``{"kind": "train", "segment": k, "step": n, "loss": ..., "lr": ..., "grad_norm": ...,
   "consumed_samples": ..., "tokens": ..., "tokens_per_s": ..., "step_time_s": ...}``
   after optimizer step ``n`` (1-based; ``loss`` is the global-batch loss, Megatron's
-  definition, as a Python float, exactly reproducible);
+  definition, as a Python float, exactly reproducible), and ``"sample_digest"``: 16 hex
+  digits naming the step's global batch of samples (:mod:`epochal.train.observe.data_records`);
 - ``{"kind": "eval", "segment": k, "step": n, "loss": ..., "ppl": ...}``;
 - for multi-epoch data (BERT), train records also hold ``"epoch"`` (epochs consumed,
   a float) and every epoch start has a ``{"kind": "epoch", ...}`` record written just

@@ -43,6 +43,7 @@ from typing import Any
 
 import torch
 
+from epochal._dcp import single_process_dcp
 from epochal.convert.checked_config import check_positions
 from epochal.convert.common import ConversionError, check_shapes, complete_tied
 from epochal.model.config import ConfigError, ModelConfig
@@ -240,10 +241,7 @@ def load_epochal_checkpoint(
             )
     if not template:
         raise ConversionError(f"{folder}: the DCP checkpoint holds no model.* tensors")
-    with warnings.catch_warnings():
-        warnings.filterwarnings(
-            "ignore", message=".*assuming the intent is to load in a single process.*"
-        )
+    with single_process_dcp():
         try:
             dcp.load(
                 {"model": template},
@@ -368,10 +366,7 @@ def save_epochal_checkpoint(
     with atomic_directory(run_dir, overwrite=overwrite) as tmp:
         folder = tmp / "checkpoints" / "step_0000000"
         folder.mkdir(parents=True)
-        with warnings.catch_warnings():
-            warnings.filterwarnings(
-                "ignore", message=".*assuming the intent is to save in a single process.*"
-            )
+        with single_process_dcp():
             dcp.save({"model": tensors}, storage_writer=FileSystemWriter(folder, thread_count=1))
         torch.save({}, folder / "rng_rank0.pt")
         (folder / "trainer_state.json").write_text(json.dumps(trainer_state, indent=1))
