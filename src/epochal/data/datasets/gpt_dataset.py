@@ -422,7 +422,7 @@ class GPTDataset(Dataset):
         filled = sum(len(part) for part in parts)
         if filled > out.shape[0]:
             raise ValueError(
-                f"sample {i} of {self.name} reads {filled} tokens, more than {out.shape[0]}"
+                f"window {i} of {self.name} reads {filled} tokens, more than {out.shape[0]}"
             )
         out[:filled] = np.concatenate(parts, dtype=np.int64, casting="unsafe")
         return filled
