@@ -205,12 +205,17 @@ def _greedy_scan(w: np.ndarray, size: int, warmup: int = _WARMUP) -> tuple[np.nd
         picks[:, wrong], positions[:, wrong] = again
         exits[:, wrong] = redo
     weights = w.tolist()
-    for j in range(1, chunks):  # whatever is still wrong, in order
-        if not np.array_equal(entries[:, j], exits[:, j - 1]):
-            entries[:, j] = exits[:, j - 1]
-            start = exits[:, j - 1].astype(np.int64).tolist()
-            picks[:, j], positions[:, j] = _greedy_loop(weights, length, int(first[j]), start)
-            exits[:, j] = entries[:, j] + np.bincount(picks[:, j], minlength=w.size)
+    j = 1
+    while j < chunks:  # whatever is still wrong, in order (a redone chunk moves its exit)
+        wrong = np.flatnonzero(np.any(entries[:, j:] != exits[:, j - 1 : -1], axis=0))
+        if wrong.size == 0:
+            break
+        j += int(wrong[0])
+        entries[:, j] = exits[:, j - 1]
+        start = exits[:, j - 1].astype(np.int64).tolist()
+        picks[:, j], positions[:, j] = _greedy_loop(weights, length, int(first[j]), start)
+        exits[:, j] = entries[:, j] + np.bincount(picks[:, j], minlength=w.size)
+        j += 1
     dataset_index = np.ascontiguousarray(picks.T).reshape(-1)[:size]
     sample_index = positions.T.astype(np.int64, order="C").reshape(-1)[:size]
     return dataset_index, sample_index
