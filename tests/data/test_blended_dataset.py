@@ -126,7 +126,7 @@ def test_normalize_weights_rejects_bad_input():
         [1e-6, 0.5, 0.5],
         [0, 2, 3],
         [5, 1, 2, 0.5, 3],
-        list(range(1, 12)),  # past the compare chain: row-wise max, where, min
+        list(range(1, 12)),  # past the compare chain: row-wise max, then equality masks
         list(range(1, 21)),  # numpy's argmax
     ],
 )

@@ -56,8 +56,8 @@ _MIN_CHUNK = 256
 _MAX_CHUNKS = 4096
 _MAX_CELLS = 1 << 22
 #: How each step finds the first dataset with the largest error (measured fastest):
-#: a chain of compares up to ``_CHAIN_MAX`` datasets, row-wise max/where/min up to
-#: ``_MASKED_MIN_MAX``, numpy's ``argmax(axis=0)`` above (with at most ``_STEP_CELLS``
+#: a chain of compares up to ``_CHAIN_MAX`` datasets, the row-wise maximum and a chain of
+#: equality masks up to ``_MASKED_MIN_MAX``, numpy's ``argmax(axis=0)`` above (with at most ``_STEP_CELLS``
 #: errors per step, where that argmax is still cache-resident).
 _CHAIN_MAX = 4
 _MASKED_MIN_MAX = 16
@@ -254,7 +254,6 @@ def _advance(
     x = t.astype(np.float64)
     errors = np.empty((k, chunks))
     best = np.empty(chunks)
-    rows = np.arange(k, dtype=np.intp)[:, None]
     entries = taken
     for s in range(skip + picks.shape[0]):
         if s == skip:
@@ -269,7 +268,9 @@ def _advance(
             pick = errors.argmax(axis=0)
         elif k > _CHAIN_MAX:  # the first row holding each column's maximum, by row-wise passes
             errors.max(axis=0, out=best)
-            pick = np.where(errors == best, rows, k).min(axis=0)
+            pick = np.full(chunks, k - 1, dtype=np.intp)
+            for i in range(k - 2, -1, -1):  # from the last row: the lowest index wins ties
+                np.putmask(pick, errors[i] == best, i)
         else:
             pick = np.zeros(chunks, dtype=np.intp)
             best[:] = errors[0]
