@@ -26,10 +26,12 @@ layer. Each layer may import itself, the base and:
     convert   formats, train, model, data (checkpoint conversion: our models' state-dict
               names and configs, epochal's checkpoint format and run configuration
               in ``train/``, the tokenizers in ``data/``); it applies no parallelism
+    accelerate  formats, convert, train, parallel, model, data (Hugging Face Accelerate's
+              API over the trainer: a front end beside ``commands``)
     commands  every layer but ``cli`` (thin: parse, call the library, print)
     cli       commands
 
-so ``commands -> convert -> train -> parallel -> model``, everything may use ``data``,
+so ``commands / accelerate -> convert -> train -> parallel -> model``, everything may use ``data``,
 and nothing but ``commands`` and ``cli`` imports ``commands``. Library code never
 imports ``testing`` (that is for users' test suites).
 """
@@ -54,7 +56,10 @@ ALLOWED: dict[str, frozenset[str]] = {
     "formats": frozenset({"model", "data"}),
     "train": frozenset({"formats", "parallel", "model", "data"}),
     "convert": frozenset({"formats", "train", "model", "data"}),
-    "commands": frozenset({"convert", "formats", "train", "parallel", "model", "data", "testing"}),
+    "accelerate": frozenset({"convert", "formats", "train", "parallel", "model", "data"}),
+    "commands": frozenset(
+        {"accelerate", "convert", "formats", "train", "parallel", "model", "data", "testing"}
+    ),
     "cli": frozenset({"commands"}),
 }
 

@@ -24,6 +24,11 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "write a training configuration (TOML) by answering questions, each checked with the "
         "trainer's rules, like accelerate config",
     ),
+    "launch": (
+        "epochal.commands.launch",
+        "run a Hugging Face Accelerate script on epochal (accelerate launch's options and YAML, "
+        "Megatron-LM layouts) under torchrun, on CPUs or GPUs",
+    ),
     "plot": (
         "epochal.commands.plot",
         "plot a run's loss curves (train, validation, resumed segments) to PNG",

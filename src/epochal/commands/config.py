@@ -5,6 +5,7 @@ In the spirit of ``accelerate config``::
     epochal config                       # asks, writes epochal.toml
     epochal config --output job.toml     # another file
     epochal config --defaults            # writes the defaults without asking
+    epochal config --accelerate          # Accelerate's YAML for epochal launch instead
 
 Each question shows its default in brackets (Enter keeps it). Every answer is
 checked at once with the trainer's own rules (:func:`~epochal.train.config.build_config`
@@ -27,79 +28,23 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from epochal._text import plural
+from epochal.commands.wizard import (
+    Question,
+    _choice,
+    _Invalid,
+    _non_negative_float,
+    _positive_int,
+    _yes_no,
+)
 from epochal.train.config.answers import answers_world_size, launch_commands, preset_value
 
 __all__ = ["Question", "add_arguments", "default_run_dir", "launch_commands", "run"]
 
 DEFAULT_OUTPUT = "epochal.toml"
-
-
-class _Invalid(ValueError):
-    """An answer that cannot be used; the message is shown before asking again."""
-
-
-@dataclass
-class Question:
-    """One question of the wizard.
-
-    Attributes:
-        key: the answer's name in the answers dict.
-        prompt: the text shown (the default follows in brackets).
-        default: a function of the answers so far giving the default answer (text).
-        parse: turns the answer text into a value; raises ``_Invalid`` with the reason.
-        ask_if: asked only when this returns True for the answers so far (else the
-            question is skipped and the preset's value stays).
-    """
-
-    key: str
-    prompt: str
-    default: Callable[[dict[str, Any]], str]
-    parse: Callable[[str], Any]
-    ask_if: Callable[[dict[str, Any]], bool] = lambda answers: True
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise _Invalid(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise _Invalid(f"must be >= 1, got {value}")
-    return value
-
-
-def _non_negative_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise _Invalid(f"expected a number, got {text!r}") from None
-    if not value >= 0:
-        raise _Invalid(f"must be >= 0, got {text}")
-    return value
-
-
-def _yes_no(text: str) -> bool:
-    t = text.strip().lower()
-    if t in ("y", "yes", "true", "1"):
-        return True
-    if t in ("n", "no", "false", "0"):
-        return False
-    raise _Invalid(f"answer yes or no, got {text!r}")
-
-
-def _choice(*choices: str) -> Callable[[str], str]:
-    def parse(text: str) -> str:
-        t = text.strip().lower()
-        if t not in choices:
-            raise _Invalid(f"choose one of {', '.join(choices)}; got {text!r}")
-        return t
-
-    return parse
 
 
 def _preset_choice(text: str) -> str:
@@ -313,6 +258,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--defaults", action="store_true", help="write the default configuration without asking"
     )
+    parser.add_argument(
+        "--accelerate",
+        action="store_true",
+        help="write Hugging Face Accelerate's YAML (Megatron-LM layout) for epochal launch "
+        "instead of a TOML training configuration (default output: accelerate_config.yaml)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -320,6 +271,11 @@ def run(args: argparse.Namespace) -> int:
     from epochal._atomic import atomic_write
     from epochal.train.config import to_toml
 
+    if getattr(args, "accelerate", False):
+        from epochal.commands.config_accelerate import DEFAULT_YAML, run_accelerate
+
+        output = DEFAULT_YAML if args.output == DEFAULT_OUTPUT else args.output
+        return run_accelerate(args, output)
     if not args.defaults:
         print("epochal config: press Enter to keep the default in brackets.", flush=True)
     try:

@@ -221,6 +221,16 @@ def _generate(args, parallel, init_distributed, is_logging_rank) -> int:
     from epochal.train.config.limits import device_memory_bytes
 
     t0 = time.perf_counter()
+    if args.output:  # never written over the checkpoint or the prompts
+        from epochal._paths import check_output_apart
+
+        check_output_apart(
+            args.checkpoint, args.output, source_name="--checkpoint", output_name="--output"
+        )
+        if args.prompt_file:
+            check_output_apart(
+                args.prompt_file, args.output, source_name="--prompt-file", output_name="--output"
+            )
     info = init_distributed(parallel, args.device)
     ck = _load_model(args)
     config, tokenizer = ck.config, ck.tokenizer

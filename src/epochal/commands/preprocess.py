@@ -209,11 +209,41 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _check_apart(args: argparse.Namespace) -> None:
+    """Refuse an output file that is an input file (or holds an input folder).
+
+    An output inside an input folder is allowed: only ``.jsonl``/``.parquet``/``.arrow``
+    files are read from folders, never the ``.bin``/``.idx`` written there.
+
+    Raises:
+        UnsafePathError: naming both paths.
+    """
+    from pathlib import Path
+
+    from epochal._paths import check_output_apart
+
+    levels = ("sentence", "document") if args.split_sentences else ("document",)
+    outputs = [
+        Path(f"{args.output_prefix}_{key}_{level}{suffix}")
+        for key in args.json_keys
+        for level in levels
+        for suffix in (".bin", ".idx")
+    ]
+    for source in map(Path, args.input):
+        if not source.exists():
+            continue  # a glob or a dataset name: its files are read-only inputs of other names
+        for out in outputs:
+            if source.is_dir() and out.resolve().is_relative_to(source.resolve()):
+                continue
+            check_output_apart(source, out, source_name="--input", output_name="output file")
+
+
 def run(args: argparse.Namespace) -> int:
     """Run ``epochal preprocess``; returns 0, or 1 after printing the error."""
     from epochal.data.indexed.preprocess import PreprocessError, preprocess
 
     try:
+        _check_apart(args)
         tokenizer = tokenizer_from_args(args)
         summary = preprocess(
             args.input,

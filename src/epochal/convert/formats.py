@@ -133,6 +133,13 @@ def load_checkpoint(
 
     ck = load_epochal_checkpoint(path, vocab_size=vocab_size)
     extra = {**_run_tokenizer_info(ck), "run_config": ck.run_config}
+    if ck.config.head != "mlm":  # a classifier's class names go wherever its weights go
+        from epochal.train.inputs.finetune import label_vocab_file
+
+        run_dir = (ck.run_config or {}).get("run_dir")
+        found = label_vocab_file(path, ck.folder, run_dir if isinstance(run_dir, str) else None)
+        if found is not None:
+            extra["label_vocab"] = found.read_text()
     return LoadedCheckpoint(ck.config, ck.state, fmt, ck.step, extra)
 
 
@@ -218,10 +225,15 @@ def save_checkpoint(
     """
     config, state = merge_adapters(ck.config, ck.state)
     extra = ck.extra
+    from epochal.train.inputs.finetune import LABEL_VOCAB_FILE
+
+    labels = {LABEL_VOCAB_FILE: extra["label_vocab"]} if extra.get("label_vocab") else {}
     if target == "hf" and config.head != "mlm":
         from epochal.convert.hf.encoder import save_hf_encoder
 
-        return save_hf_encoder(config, state, output, dtype=dtype, overwrite=overwrite)
+        return save_hf_encoder(
+            config, state, output, dtype=dtype, overwrite=overwrite, extra_files=labels or None
+        )
     if target == "hf":
         from epochal.convert.hf.io import save_hf_checkpoint
 
@@ -277,7 +289,9 @@ def save_checkpoint(
 
     if dtype is not None:
         state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
-    return save_epochal_checkpoint(config, state, output, source=source, overwrite=overwrite)
+    return save_epochal_checkpoint(
+        config, state, output, source=source, overwrite=overwrite, extra_files=labels
+    )
 
 
 @dataclass

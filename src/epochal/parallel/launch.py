@@ -112,13 +112,23 @@ def check_launchable(
         )
 
 
-def relaunch(config: ParallelConfig, argv: Sequence[str], *, module: str = "epochal.cli") -> int:
+def relaunch(
+    config: ParallelConfig,
+    argv: Sequence[str],
+    *,
+    module: str = "epochal.cli",
+    script: str | None = None,
+    rendezvous: Sequence[str] = ("--standalone",),
+) -> int:
     """Run ``python -m torch.distributed.run --standalone ... -m module argv`` and wait for it.
 
     Args:
-        config: the parallel section (gives the number of processes).
+        config: the parallel section (gives the number of processes per node).
         argv: the arguments after ``python -m module`` (e.g. ``["train", "--config", "x.toml"]``).
         module: the module to run in every process.
+        script: run this Python file instead of ``module`` (``epochal launch``).
+        rendezvous: torchrun's rendezvous options (several nodes: ``--nnodes``,
+            ``--node-rank``, ``--master-addr``, ``--master-port``).
 
     Returns:
         The exit status of ``torchrun`` (0 if every rank succeeded); after a SIGTERM
@@ -130,10 +140,9 @@ def relaunch(config: ParallelConfig, argv: Sequence[str], *, module: str = "epoc
         sys.executable,
         "-m",
         "torch.distributed.run",
-        "--standalone",
+        *rendezvous,
         f"--nproc-per-node={n}",
-        "-m",
-        module,
+        *([script] if script is not None else ["-m", module]),
         *argv,
     ]
     env = {**os.environ, _GUARD: "1", LAUNCHER_PID_ENV: str(os.getpid())}

@@ -46,6 +46,7 @@ from epochal.data.indexed.tokenizer import HuggingFaceTokenizer, Tokenizer, buil
 from epochal.data.indexed.tokenizer_wordpiece import train_wordpiece
 from epochal.model.config import ConfigError
 from epochal.train.config import DataConfig
+from epochal.train.inputs.cache_temporaries import cache_temporary
 
 __all__ = [
     "PreparedCorpus",
@@ -270,9 +271,7 @@ def _build(
         The tokenizer used if it was built from ``data.tokenizer_type`` (None for a
         trained one, which is reloaded from ``folder``).
     """
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    tmp = folder.parent / f".tmp-{folder.name}-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
+    tmp = cache_temporary(folder, "corpus-")
     tmp.mkdir()
     try:
         tok_file = None

@@ -45,6 +45,7 @@ from epochal.data.proteins.esm_builders import build_esm_datasets
 from epochal.data.proteins.layout import proteins_to_bionemo_layout
 from epochal.model.config import ConfigError
 from epochal.train.config import TrainConfig
+from epochal.train.inputs.cache_temporaries import cache_temporary
 from epochal.train.inputs.corpus import default_cache_dir, tokenizer_from_config
 from epochal.train.inputs.synthetic_proteins import write_synthetic_proteins
 
@@ -185,9 +186,7 @@ def prepare_protein_layout(
     if not done.is_file():
         if log:
             log(f"converting {protein_path} into BioNeMo's SQLite + parquet layout ...")
-        cache.mkdir(parents=True, exist_ok=True)
-        tmp = cache / f".tmp-{folder.name}-{os.getpid()}"
-        shutil.rmtree(tmp, ignore_errors=True)
+        tmp = cache_temporary(folder, "proteins-")
         try:
             layout = proteins_to_bionemo_layout(
                 protein_path,

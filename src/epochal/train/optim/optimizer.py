@@ -42,6 +42,12 @@ def head_lr_mult(config: Any) -> float | None:
     finetune = getattr(config, "finetune", None)
     if getattr(config.model, "head", "mlm") == "mlm" or finetune is None or not finetune.head_lr:
         return None
+    if config.optimizer.lr == 0:
+        from epochal.model.config import ConfigError
+
+        raise ConfigError(
+            "finetune.head_lr", "needs optimizer.lr > 0 (the head's rate is a multiple of it)"
+        )
     return finetune.head_lr / config.optimizer.lr
 
 

@@ -328,6 +328,7 @@ def save_epochal_checkpoint(
     *,
     source: str = "",
     overwrite: bool = False,
+    extra_files: dict[str, str] | None = None,
 ) -> Path:
     """Write a model-only epochal checkpoint (see the module docstring).
 
@@ -337,6 +338,8 @@ def save_epochal_checkpoint(
         run_dir: the run directory to create (``checkpoints/step_0000000`` inside).
         source: recorded in ``trainer_state.json`` (where the weights came from).
         overwrite: replace an existing run directory.
+        extra_files: file name -> text written into the run directory (a fine-tuned
+            run's ``label_vocab.json``), with the rest, before the folder appears.
 
     Returns:
         The step folder.
@@ -364,6 +367,8 @@ def save_epochal_checkpoint(
     }
     tensors = {k: v.detach().to("cpu").contiguous() for k, v in state.items()}
     with atomic_directory(run_dir, overwrite=overwrite) as tmp:
+        for name, text in (extra_files or {}).items():
+            (tmp / name).write_text(text)
         folder = tmp / "checkpoints" / "step_0000000"
         folder.mkdir(parents=True)
         with single_process_dcp():
