@@ -64,9 +64,9 @@ def preflight(config: Any, *, relaunching: bool) -> None:
     """
     from epochal.parallel.launch import under_launcher
     from epochal.train.config.limits import check_sizes
+    from epochal.train.device import resolve_device
     from epochal.train.inputs.gpt import check_data_files
     from epochal.train.parallel_trainer import check_layout, wants_parallel
-    from epochal.train.device import resolve_device
     from epochal.train.run_checks import check_before_run, check_device_options
     from epochal.train.state.run_dir import check_run_dir_holds
 
