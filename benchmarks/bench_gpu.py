@@ -24,6 +24,10 @@ process's peak RSS).
     python benchmarks/bench_gpu.py                       # one GPU, about 15-25 minutes
     python benchmarks/bench_gpu.py --rows trainer,hf-compiled --steps 20
     python benchmarks/bench_gpu.py --tiny                # the tiny shape: runs on a CPU too
+
+Without CUDA (or with ``--device cpu``) only ``--tiny`` runs. Each row's process (and
+whatever it starts) dies with the benchmark: ``timeout``, Ctrl-C or a kill of the
+parent leave nothing running (:mod:`child_processes`).
 """
 
 from __future__ import annotations
@@ -32,7 +36,6 @@ import argparse
 import json
 import os
 import resource
-import subprocess
 import sys
 import tempfile
 import time
@@ -42,6 +45,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from child_processes import install_cleanup, run_child
 from epochal.model import GPTModel
 from epochal.model.flops import training_flops_per_token
 from epochal.train.config import build_config, model_config_from_section
@@ -267,12 +271,13 @@ def measure_row(args: argparse.Namespace, key: str) -> dict[str, Any]:
 
 
 def _row_in_subprocess(args: argparse.Namespace, key: str) -> dict[str, Any]:
+    """One row in a child process that dies with this one (:mod:`child_processes`)."""
     cmd = [sys.executable, os.path.abspath(__file__), "--row", key, *args.passthrough]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.row_timeout)
-    for line in reversed(proc.stdout.splitlines()):
+    _, out, err = run_child(cmd, timeout=args.row_timeout)
+    for line in reversed(out.splitlines()):
         if line.startswith("{"):
             return json.loads(line)
-    tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+    tail = (err.strip().splitlines() or ["no output"])[-1]
     return {"error": tail[:120]}
 
 
@@ -297,6 +302,12 @@ def main() -> None:
     args = parser.parse_args()
     if args.device == "auto":
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    if args.device != "cuda" and not args.tiny:
+        parser.error(
+            "the gpu-1b shape (1.34B parameters, bf16) needs a CUDA GPU, and "
+            f"{'none is available' if not torch.cuda.is_available() else '--device is cpu'}; "
+            "run with --tiny for the tiny shape on the CPU"
+        )
     args.steps = args.steps or (3 if args.tiny else 10)
     args.warmup = max(1, args.warmup or (2 if args.tiny else 5))
     args.passthrough = [
@@ -312,6 +323,7 @@ def main() -> None:
     if args.row:
         print(json.dumps(measure_row(args, args.row)), flush=True)
         return
+    install_cleanup()  # rows never outlive this process (timeout, Ctrl-C, kill)
     keys = [k for k in args.rows.split(",") if k] or list(ROWS)
     unknown = [k for k in keys if k not in ROWS]
     if unknown:

@@ -132,7 +132,31 @@ def _load_model(args: argparse.Namespace) -> Any:
             merge_file=args.merge_file,
             tokenizer_model=args.tokenizer_model,
         )
+        _check_recorded_tokenizer(ck)
     return ck
+
+
+def _check_recorded_tokenizer(ck: Any) -> None:
+    """Refuse a ``--tokenizer-type`` other than the one the run's data was preprocessed with.
+
+    Raises:
+        ConfigError: naming ``--tokenizer-type`` and both tokenizers.
+    """
+    if not ck.run_config or "data" not in ck.run_config:
+        return
+    from epochal.train.config import config_from_saved
+    from epochal.train.inputs.recorded_tokenizer import check_recorded_tokenizer
+
+    try:
+        data = config_from_saved(ck.run_config).data
+    except ValueError:
+        return  # a config this version cannot read: nothing to compare with
+    check_recorded_tokenizer(
+        data,
+        ck.tokenizer,
+        option="--tokenizer-type",
+        fix="leave --tokenizer-type out to use the run's own tokenizer",
+    )
 
 
 def _prompts(args: argparse.Namespace, tokenizer: Any) -> tuple[list[list[int]], list[str | None]]:

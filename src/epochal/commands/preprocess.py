@@ -13,6 +13,9 @@ are Hugging Face ``save_to_disk`` folders, ``.parquet`` and ``.arrow`` files and
 dataset names (see :mod:`epochal.data.indexed.preprocess_arrow`),
 ``--skip-bad-lines`` skips lines that are not JSON objects with the keys, and
 ``--max-line-bytes`` (default 32M) refuses longer lines before reading them whole.
+Each output also gets ``{prefix}.tokenizer.json``, the tokenizer that wrote its ids
+(:mod:`epochal.data.indexed.tokenizer_record`; the ``.bin``/``.idx`` files are
+unchanged): ``epochal train`` and ``epochal generate`` use it, or refuse another.
 
 Example::
 
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
 
 from epochal.data.indexed.tokenizer import Tokenizer, TokenizerFileError, build_tokenizer
 
@@ -67,17 +71,21 @@ def add_tokenizer_arguments(parser: argparse.ArgumentParser, required: bool = Tr
     )
 
 
+def tokenizer_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The keyword options of :func:`add_tokenizer_arguments`'s flags (all but the type)."""
+    return {
+        "vocab_file": args.vocab_file,
+        "merge_file": args.merge_file,
+        "tokenizer_model": args.tokenizer_model,
+        "tiktoken_pattern": args.tiktoken_pattern,
+        "eod_token": args.eod_token,
+        "vocab_extra_ids": getattr(args, "vocab_extra_ids", 0),
+    }
+
+
 def tokenizer_from_args(args: argparse.Namespace) -> Tokenizer:
     """Build the tokenizer named by :func:`add_tokenizer_arguments`'s flags."""
-    return build_tokenizer(
-        args.tokenizer_type,
-        vocab_file=args.vocab_file,
-        merge_file=args.merge_file,
-        tokenizer_model=args.tokenizer_model,
-        tiktoken_pattern=args.tiktoken_pattern,
-        eod_token=args.eod_token,
-        vocab_extra_ids=getattr(args, "vocab_extra_ids", 0),
-    )
+    return build_tokenizer(args.tokenizer_type, **tokenizer_options(args))
 
 
 def _positive_bytes(text: str, option: str = "--chunk-size") -> int:
@@ -266,6 +274,13 @@ def run(args: argparse.Namespace) -> int:
     except (PreprocessError, TokenizerFileError, FileNotFoundError, ValueError) as exc:
         print(f"epochal preprocess: error: {exc}", file=sys.stderr)
         return 1
+    try:  # which tokenizer wrote the ids: `epochal train` / `generate` read it
+        records = write_records(args, tokenizer, summary.outputs.values())
+    except OSError as exc:
+        print(
+            f"epochal preprocess: error: cannot write the tokenizer record: {exc}", file=sys.stderr
+        )
+        return 1
     for message in summary.bad_line_examples:
         print(f"skipped {message}", file=sys.stderr)
     if summary.bad_lines > len(summary.bad_line_examples):
@@ -280,4 +295,15 @@ def run(args: argparse.Namespace) -> int:
     if summary.stopped_early:
         print(f"stopped after --max-documents={args.max_documents}", file=sys.stderr)
     print(summary)
+    print(f"tokenizer recorded in {', '.join(str(p) for p in records)}")
     return 0
+
+
+def write_records(args: argparse.Namespace, tokenizer: Tokenizer, prefixes: Any) -> list[Any]:
+    """Write each output prefix's ``<prefix>.tokenizer.json`` (:mod:`epochal.data.indexed.tokenizer_record`)."""
+    from epochal.data.indexed.tokenizer import canonical_tokenizer_type
+    from epochal.data.indexed.tokenizer_record import write_tokenizer_record
+
+    kind = canonical_tokenizer_type(args.tokenizer_type) or args.tokenizer_type
+    options = tokenizer_options(args)
+    return [write_tokenizer_record(p, tokenizer, kind, **options) for p in prefixes]

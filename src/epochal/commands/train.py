@@ -243,9 +243,9 @@ def _train(config) -> int:
     from epochal._text import plural
     from epochal.parallel.launch import is_logging_rank
     from epochal.train.inputs.loaders import build_data
-    from epochal.train.observe.metrics import perplexity
     from epochal.train.observe.plot import plot_run
     from epochal.train.parallel_trainer import ParallelTrainer, wants_parallel
+    from epochal.train.result import skipped_line
     from epochal.train.trainer import Trainer
 
     t0 = time.perf_counter()
@@ -299,12 +299,16 @@ def _train(config) -> int:
         return 0
     ev = ""
     if result.eval_loss is not None:
-        ev = f", validation loss {result.eval_loss:.3f} (perplexity {perplexity(result.eval_loss):.1f})"
+        ev = f", validation loss {result.eval_loss:.3f}"
+        if result.eval_ppl is not None:  # a token cross-entropy's (not a fine-tuning head's)
+            ev += f" (perplexity {result.eval_ppl:.1f})"
     resumed = f" (resumed from step {result.start_step})" if result.start_step else ""
     say(
         f"trained steps {result.start_step + 1}-{result.final_step}{resumed} in {time.perf_counter() - t0:.0f} s "
         f"({result.tokens_per_s:,.0f} tokens/s): loss {result.losses[0]:.3f} -> {result.last_loss:.3f}{ev}"
     )
+    if result.skipped_steps:
+        say(skipped_line(result.skipped_steps, len(result.losses)))
     if result.hardware:
         say(f"on {result.hardware}: {result.utilization}")
     epochs = _epoch_line(config.run_dir)

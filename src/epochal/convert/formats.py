@@ -304,6 +304,7 @@ class ModelCheckpoint:
             ``tokenizer.json``, an epochal run's own), or None.
         eos_token_ids: a Hugging Face model's ``eos_token_id`` (all of a list), else ().
         bos_token_id: a Hugging Face model's ``bos_token_id``, else None.
+        run_config: an epochal run's saved ``config.toml`` (a dict), else None.
     """
 
     config: ModelConfig
@@ -311,6 +312,7 @@ class ModelCheckpoint:
     tokenizer: Any = None
     eos_token_ids: tuple[int, ...] = ()
     bos_token_id: int | None = None
+    run_config: dict[str, Any] | None = None
 
 
 def load_model_checkpoint(
@@ -355,4 +357,5 @@ def load_model_checkpoint(
     from epochal.train.state.epochal_ckpt import load_epochal_checkpoint, run_tokenizer
 
     ck = load_epochal_checkpoint(path, vocab_size=vocab_size)
-    return ModelCheckpoint(ck.config, ck.state, run_tokenizer(ck) if with_tokenizer else None)
+    tokenizer = run_tokenizer(ck) if with_tokenizer else None
+    return ModelCheckpoint(ck.config, ck.state, tokenizer, run_config=ck.run_config)

@@ -186,6 +186,12 @@ def read_labelled_table(
                 raise LabelledDataError(
                     f"{table.path}: row {n}: regression label {label!r} is not a finite number"
                 )
+            # the model trains on float32 targets: a value beyond its range becomes inf
+            if not bool(torch.isfinite(torch.tensor(values, dtype=torch.float32)).all()):
+                raise LabelledDataError(
+                    f"{table.path}: row {n}: regression label {label!r} is beyond float32's "
+                    f"range (|x| <= {torch.finfo(torch.float32).max:.4g})"
+                )
             if num_labels is not None and len(values) != num_labels:
                 raise LabelledDataError(
                     f"{table.path}: row {n}: regression label {label!r} holds {len(values)} "

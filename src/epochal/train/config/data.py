@@ -48,7 +48,10 @@ class DataConfig:
         corpus_max_bytes: how much of the ``stdlib`` corpus to use (bytes of source).
         json_keys: JSON keys holding the text of a JSONL corpus.
         tokenizer_type: Megatron's names: ``GPT2BPETokenizer`` (local GPT-2 files by
-            default), ``HuggingFaceTokenizer``, ``TikTokenizer``, ``ByteLevelTokenizer``.
+            default), ``HuggingFaceTokenizer``, ``TikTokenizer``, ``ByteLevelTokenizer``,
+            ... ``""`` (the default): the tokenizer ``epochal preprocess`` recorded
+            next to the data paths' ``.idx`` files (``<prefix>.tokenizer.json``), else
+            ``GPT2BPETokenizer``. A tokenizer other than the recorded one is refused.
         tokenizer_model / vocab_file / merge_file: tokenizer files (Megatron's names).
         bpe_vocab_size: with ``corpus``: if > 0, train a byte-level BPE tokenizer of
             this many ids on the corpus (cached; deterministic) and use it instead of
@@ -124,7 +127,7 @@ class DataConfig:
     corpus: str = ""
     corpus_max_bytes: int = 4_000_000
     json_keys: list[str] = field(default_factory=lambda: ["text"])
-    tokenizer_type: str = "GPT2BPETokenizer"
+    tokenizer_type: str = ""
     tokenizer_model: str = ""
     vocab_file: str = ""
     merge_file: str = ""

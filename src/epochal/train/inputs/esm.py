@@ -34,6 +34,7 @@ import hashlib
 import json
 import os
 import shutil
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -275,7 +276,8 @@ def build_esm_train_datasets(
                 "is text / token data; model.type='esm' trains on proteins (data.protein_path, "
                 "data.train_cluster_path + data.train_database_path, or data.mock)",
             )
-    tokenizer = tokenizer_from_config(d)
+    # unset: ESM-2's alphabet (the only tokenizer ESM trains with)
+    tokenizer = tokenizer_from_config(d if d.tokenizer_type else replace(d, tokenizer_type="esm"))
     if not isinstance(tokenizer, ESM2Tokenizer):
         raise ConfigError(
             "data.tokenizer_type",

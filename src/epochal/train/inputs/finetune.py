@@ -12,7 +12,9 @@ the same classes); ``model.num_labels`` must equal their number.
 Train samples: ``MultiEpochDatasetResampler(IdentityMultiEpochDatasetWrapper(rows),
 num_samples = train_iters * global_batch_size, seed = training.seed)``: reshuffled
 every epoch, a pure function of the sample number (resumable exactly). Validation:
-the validation rows once, in order.
+the validation rows once, in order, every evaluation over all of them (whatever
+``training.eval_iters``; 0 turns evaluation off), the last global batch completed
+with unscored filler (:mod:`epochal.train.inputs.eval_rows`).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from epochal.data.epochs.multi_epoch import (
 from epochal.data.epochs.permutation import permute
 from epochal.model.config import ConfigError
 from epochal.train.config import TrainConfig
+from epochal.train.inputs.eval_rows import WholeTableRows
 
 __all__ = [
     "LABEL_VOCAB_FILE",
@@ -206,8 +209,11 @@ def build_finetune_datasets(
     )
     valid = None
     if valid_table is not None:
-        valid = MultiEpochDatasetResampler(
-            IdentityMultiEpochDatasetWrapper(rows(valid_table)), num_epochs=1, shuffle=False
+        valid = WholeTableRows(  # every row evaluated once, whatever the layout
+            MultiEpochDatasetResampler(
+                IdentityMultiEpochDatasetWrapper(rows(valid_table)), num_epochs=1, shuffle=False
+            ),
+            t.global_batch_size,
         )
     description = (
         f"{task} on {f.train_file} ({len(table.sequences):,} rows"

@@ -90,7 +90,7 @@ def finetune_overrides(config_file: str | None, overrides: list[str]) -> list[st
         The overrides, or None when the run is not such a fine-tuning run.
 
     Raises:
-        CheckpointError: the checkpoint cannot be read.
+        CheckpointError: the checkpoint cannot be read, or holds no encoder (a GPT or T5 model).
     """
     import json
     import tomllib
@@ -111,6 +111,11 @@ def finetune_overrides(config_file: str | None, overrides: list[str]) -> list[st
     if head == "mlm" or not init:
         return None
     source, _, _ = read_encoder(init)
+    if not source.is_encoder:  # say so here, not as an option of the copied shape
+        raise CheckpointError(
+            f"checkpoint.init_from={str(init)!r} holds a {source.type!r} model, but a "
+            f"fine-tuning head (model.head={head!r}) needs a pretrained 'bert' or 'esm' encoder"
+        )
     out = []
     for f in dataclasses.fields(source):
         value = getattr(source, f.name)

@@ -2,9 +2,11 @@
 
 - **Resuming** continues a run, so the checkpoint's ``config.toml`` and the
   current configuration must agree on every option in :data:`RUN_DEFINING`:
-  the data (sources, tokenizer, split, sequence length, document masking) and
+  the data (sources, tokenizer, split, sequence length, document masking),
   ``training.seed`` / ``micro_batch_size`` / ``global_batch_size`` /
-  ``rampup_batch_size``. These decide which samples are drawn in which order;
+  ``rampup_batch_size`` and a fine-tuning run's tables (``finetune.train_file``,
+  ``valid_file``, ``split``, ``sequence_column``, ``label_column``: a new split
+  could move training rows into validation). These decide which samples are drawn in which order;
   changing one would silently make another run under the old name. The model
   must agree too; the trainer compares the *resolved* model (vocabulary size
   included) with the checkpoint's (``Trainer.check_model_config``), so a
@@ -34,6 +36,7 @@ from typing import Any
 from epochal.model.config import ConfigError
 from epochal.train.config import DataConfig, TrainConfig, config_from_saved, position_length
 from epochal.train.config.run_name import flat_options
+from epochal.train.inputs.recorded_tokenizer import effective_tokenizer_type
 from epochal.train.state.checkpoint import Checkpointer
 from epochal.train.state.errors import CheckpointError
 
@@ -52,6 +55,8 @@ RUN_DEFINING: dict[str, frozenset[str] | None] = {
         f.name for f in dataclasses.fields(DataConfig) if f.name not in ("num_workers", "cache_dir")
     ),
     "training": frozenset({"seed", "micro_batch_size", "global_batch_size", "rampup_batch_size"}),
+    # which rows train and which validate (``head_lr`` may change)
+    "finetune": frozenset({"train_file", "valid_file", "split", "sequence_column", "label_column"}),
 }
 
 
@@ -74,6 +79,10 @@ def config_changes(saved: TrainConfig, current: TrainConfig) -> tuple[list[str],
     for option in a:
         if option == "run_dir" or a[option] == b.get(option):
             continue
+        if option == "data.tokenizer_type" and effective_tokenizer_type(
+            saved
+        ) == effective_tokenizer_type(current):
+            continue  # "" (unset) and the tokenizer it resolves to are the same run
         line = f"{option}: {a[option]!r} -> {b.get(option)!r}"
         (defining if _defines_run(option) else other).append(line)
     return defining, other
