@@ -7,21 +7,18 @@
 - ``reference/api/<package>.md``: the public names of each package (its lazy
   ``_EXPORTS`` table), rendered by mkdocstrings from their docstrings.
 
-The option rows come from :func:`option_rows`: the configuration dataclasses' fields,
-types and defaults, and the meaning from the ``Attributes:`` section of each
-section's docstring. It is the one function to change if the configuration gains
-another source of descriptions.
+The option rows come from :func:`epochal.train.config.options.describe_options`, the
+function behind ``epochal train --list-options``: the configuration dataclasses' fields,
+types and defaults, the meaning from each section's docstring, the flags they mirror.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import importlib
 import io
 import os
 import re
-import typing
 from typing import Any, NamedTuple
 
 API_PACKAGES = {
@@ -61,54 +58,7 @@ class OptionRow(NamedTuple):
     mirrors: tuple[str, ...]
 
 
-_ENTRY = re.compile(r"^(?P<names>`*\w+`*(?:\s*[/,]\s*`*\w+`*)*)\s*:(?:\s+(?P<text>.*))?$")
-_FLAG = re.compile(r"``(--[a-z][a-z0-9-]*)``")
 _ROLE = re.compile(r":(?:class|func|mod|meth|attr|data|exc):`~?([^`]+)`")
-
-
-def _attribute_docs(doc: str) -> dict[str, str]:
-    """``{field: text}`` from a Google-style docstring's ``name: text`` entries.
-
-    Entries sit at the indentation of the first line after ``Attributes:``; deeper
-    lines continue them; ``a / b: text`` and ``a, b: text`` describe several fields;
-    names ending a line with ``/`` continue on the next.
-    """
-    lines = doc.expandtabs().splitlines()
-    try:
-        start = next(i for i, line in enumerate(lines) if line.strip() == "Attributes:") + 1
-    except StopIteration:
-        return {}
-    body = lines[start:]
-    indent = next(len(x) - len(x.lstrip()) for x in body if x.strip())
-    out: dict[str, str] = {}
-    names: list[str] = []
-    text: list[str] = []
-
-    def flush() -> None:
-        for name in names:
-            out.setdefault(name, " ".join(text).strip())
-
-    i = 0
-    while i < len(body):
-        line = body[i]
-        depth = len(line) - len(line.lstrip())
-        stripped = line.strip()
-        while stripped.endswith("/") and i + 1 < len(body):  # names continued on the next line
-            i += 1
-            stripped = f"{stripped} {body[i].strip()}"
-        match = _ENTRY.match(stripped) if depth == indent else None
-        if match:
-            flush()
-            names = [n.strip("` ") for n in re.split(r"[/,]", match["names"])]
-            text = [match["text"] or ""]
-        elif stripped and depth > indent and names:
-            text.append(stripped)
-        elif stripped:
-            flush()
-            names, text = [], []
-        i += 1
-    flush()
-    return out
 
 
 def _markdown(text: str) -> str:
@@ -118,21 +68,6 @@ def _markdown(text: str) -> str:
     )
     text = text.replace("``", "`")
     return text.replace("|", "\\|")
-
-
-def _type_name(hint: Any) -> str:
-    origin = typing.get_origin(hint)
-    args = typing.get_args(hint)
-    if origin is typing.Literal:
-        return " | ".join(repr(a) for a in args)
-    if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
-        return " | ".join(_type_name(a) for a in args)
-    if hint is type(None):
-        return "None"
-    if origin is not None:
-        inner = ", ".join(_type_name(a) for a in args)
-        return f"{getattr(origin, '__name__', str(origin))}[{inner}]"
-    return getattr(hint, "__name__", str(hint))
 
 
 def _default(value: Any) -> str:
@@ -145,91 +80,25 @@ def _default(value: Any) -> str:
     return str(value).replace("'", '"')
 
 
-def _section_docs(section: str, cls: type) -> dict[str, str]:
-    docs = _attribute_docs(cls.__doc__ or "")
-    if section == "model":  # the [model] section holds ModelConfig's fields
-        from epochal.model.config import ModelConfig
-
-        docs = {**_attribute_docs(ModelConfig.__doc__ or ""), **docs}
-    return docs
-
-
 def option_rows() -> list[OptionRow]:
-    """Every option of ``epochal train``, in the configuration's order.
+    """Every option of ``epochal train``, in the configuration's order, from
+    :func:`epochal.train.config.options.describe_options` (what ``epochal train
+    --list-options`` prints): the classes' defaults (no preset), their docstrings, and the
+    Megatron-LM / BioNeMo flag each mirrors."""
+    from epochal.train.config.options import describe_options
 
-    From :func:`epochal.train.config.options.describe_options` (the function behind
-    ``epochal train --list-options``) where it exists, else read here from the same
-    source: the configuration dataclasses and their docstrings. The default is the
-    classes' own (no preset).
-    """
-    try:
-        from epochal.train.config.options import describe_options
-    except ImportError:
-        return _rows_from_docstrings()
     rows = []
     for o in describe_options():
-        flags = [
+        flags = (
             f"Megatron-LM `{o.megatron}`" if o.megatron else "",
             f"BioNeMo `{o.bionemo}`" if o.bionemo else "",
-        ]
+        )
         rows.append(
             OptionRow(
                 o.name, o.type, _default(o.default), o.description, tuple(f for f in flags if f)
             )
         )
     return rows
-
-
-def _rows_from_docstrings() -> list[OptionRow]:
-    """:func:`option_rows` read directly from the configuration classes and their docstrings."""
-    from epochal.train.config import TrainConfig
-
-    root = TrainConfig()
-    hints = typing.get_type_hints(TrainConfig)
-    rows: list[OptionRow] = []
-    for top in dataclasses.fields(TrainConfig):
-        value = getattr(root, top.name)
-        if not dataclasses.is_dataclass(value):
-            doc = {"run_dir": "the run's folder: configuration, metrics, checkpoints, plots."}
-            rows.append(
-                OptionRow(
-                    top.name,
-                    _type_name(hints[top.name]),
-                    _default(value),
-                    doc.get(top.name, ""),
-                    (),
-                )
-            )
-            continue
-        cls = type(value)
-        docs = _section_docs(top.name, cls)
-        section_hints = typing.get_type_hints(cls)
-        for f in dataclasses.fields(cls):
-            text = docs.get(f.name, "")
-            rows.append(
-                OptionRow(
-                    f"{top.name}.{f.name}",
-                    _type_name(section_hints[f.name]),
-                    _default(getattr(value, f.name)),
-                    text,
-                    _mirrored_flags(f.name, text, shared=docs_shared(docs, text)),
-                )
-            )
-    return rows
-
-
-def docs_shared(docs: dict[str, str], text: str) -> bool:
-    """Whether ``text`` describes several fields (an ``a / b: ...`` entry)."""
-    return sum(1 for other in docs.values() if other is text or other == text) > 1
-
-
-def _mirrored_flags(name: str, text: str, *, shared: bool) -> tuple[str, ...]:
-    """The ``--flags`` a field's text names: all of them for a field described alone; for an
-    entry shared by several fields, only the flag spelled like the field."""
-    flags = tuple(dict.fromkeys(_FLAG.findall(text)))
-    if not shared:
-        return flags
-    return tuple(f for f in flags if f[2:].replace("-", "_") == name)
 
 
 def options_page() -> str:
@@ -263,7 +132,7 @@ def options_page() -> str:
                 "| option | type | default | meaning | mirrors |",
                 "|---|---|---|---|---|",
             ]
-        mirrors = ", ".join(m if "`" in m else f"`{m}`" for m in row.mirrors)
+        mirrors = ", ".join(row.mirrors)
         kind = row.type.replace("|", "\\|")
         out.append(
             f"| `{row.name}` | {kind} | `{row.default}` | "
@@ -305,7 +174,7 @@ def _toml_lines(values: dict[str, Any], table: str = "") -> list[str]:
 
 def presets_page() -> str:
     """The Markdown of ``reference/presets.md``: each preset's description and settings."""
-    from epochal.train.config.presets import PRESETS
+    from epochal.train.config.presets import PRESET_SUMMARIES, PRESETS
 
     described = _preset_descriptions()
     out = [
@@ -319,7 +188,9 @@ def presets_page() -> str:
         "configuration. Generated from `epochal.train.config.presets`.",
     ]
     for name, values in PRESETS.items():
-        out += ["", f"## `{name}`", "", _markdown(described.get(name, "")), "", "```toml"]
+        summary = PRESET_SUMMARIES.get(name, "")
+        out += ["", f"## `{name}`", "", f"**{summary}**" if summary else "", ""]
+        out += [_markdown(described.get(name, "")), "", "```toml"]
         out += _toml_lines(values)
         out += ["```"]
     return "\n".join(out) + "\n"
