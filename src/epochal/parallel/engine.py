@@ -145,7 +145,7 @@ class ParallelEngine(PipelineSteps):
             forward; otherwise :meth:`forward_backward` does).
         fp16: the same with float16 (the trainer scales the loss: :attr:`grad_scale`).
         layout_invariant: compute bit-identical results under any data-parallel
-            size and accumulation (module docstring).
+            size and accumulation (module docstring; ``training.layout_invariant``).
     """
 
     def __init__(
@@ -161,7 +161,7 @@ class ParallelEngine(PipelineSteps):
         custom_loss: bool = False,
         bf16: bool = False,
         fp16: bool = False,
-        layout_invariant: bool = False,
+        layout_invariant: bool = True,
     ) -> None:
         self.config = config
         self.layout_invariant = layout_invariant
@@ -427,6 +427,8 @@ class ParallelEngine(PipelineSteps):
                             logits = part(mb["tokens"], **self._forward_kwargs(mb, per_document))
                             loss = self._loss(loss_fn, mb["labels"], logits, mb["loss_mask"])
                     scaled = loss / divisor
+                    if self.reducer is not None:
+                        self.reducer.arm()  # send each unit's gradients once complete
                     (scaled * self.grad_scale).backward()
                     if self.reducer is not None:
                         self.reducer.after_backward(0)

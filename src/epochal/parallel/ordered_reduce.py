@@ -11,9 +11,10 @@ what one backward pass produces (autograd adds the uses of a tied weight within 
 pass before it accumulates).
 
 :class:`OrderedGradReducer` keeps that order under data parallelism. The
-data-parallel wrapper's own reduction is switched off; after the backward pass
-of every local micro-batch ``i`` each rank cuts its gradients into the
-data-parallel shards (FSDP2's dim-0 chunks) and exchanges them with one
+data-parallel wrapper's own reduction is switched off; in the backward pass of
+every local micro-batch ``i``, as soon as autograd has accumulated all gradients
+of a unit (an FSDP2 parameter group), each rank cuts them into the data-parallel
+shards (FSDP2's dim-0 chunks), frees them and exchanges the shards with one
 all-to-all: the owner of a shard receives the gradients of the micro-batches
 ``i * dp, ..., i * dp + dp - 1`` (in rank order) and adds them to its
 accumulator one after the other, the first copied, exactly as autograd
@@ -21,9 +22,11 @@ accumulates them in one process. After the last micro-batch the accumulator is
 the shard's gradient (``dp_sharding`` ``optimizer``/``full``) or is all-gathered
 into the full gradient (``none``). The traffic per micro-batch equals one
 reduce-scatter; with gradient accumulation that is once per micro-batch
-instead of once per step. Each exchange runs in the background while the next
-micro-batch computes (it is waited for, and added, before the next one starts),
-so its time hides behind the computation where the hardware allows.
+instead of once per step. Each exchange runs in the background while the
+backward pass and the next micro-batch compute (it is waited for, and added,
+before the unit's next one starts), so its time hides behind the computation
+where the hardware allows; the memory it adds is a send and a receive buffer per
+unit in flight.
 
 Pipeline parallelism: the reducer runs after each stage's backward of each
 micro-batch. The two copies of a tied embedding (stage 0's input embedding, the
@@ -40,6 +43,7 @@ parallelism: :func:`finalize_partial_grads`).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -185,6 +189,12 @@ class _Slot:
             grad = grad._local_tensor
         return grad.detach().reshape(self.shape)
 
+    def autograd_param(self) -> torch.Tensor | None:
+        """The tensor autograd accumulates this parameter's gradient into (None: not yet built)."""
+        if self.fsdp is None:
+            return self.param
+        return getattr(self.fsdp, "_unsharded_param", None)
+
     def local_param_placements(self) -> tuple[Any, ...] | None:
         """The tensor-parallel placements the installed local gradient must have (None: plain)."""
         if self.fsdp is not None:
@@ -229,6 +239,8 @@ class _Bucket:
         self.seen = [False] * len(slots)
         #: the all-to-all in flight: (work, send, recv, device to copy recv to or None)
         self.pending: tuple[Any, torch.Tensor, torch.Tensor, torch.device | None] | None = None
+        self.ready: set[int] = set()  # slots whose gradient this backward pass has accumulated
+        self.sent = False  # this micro-batch's gradients are taken
 
 
 class OrderedGradReducer:
@@ -262,6 +274,7 @@ class OrderedGradReducer:
         self._pending: list[tuple[Any, torch.Tensor]] = []
         self.buckets: list[list[_Bucket]] = []
         self._tied_part: int | None = None
+        self._hooked = self._armed = False
         for index, part in enumerate(parts):
             groups = _fsdp_groups(part) if self.dp > 1 else []
             if not groups and tied_param is not None and _holds(part, tied_param):
@@ -286,30 +299,64 @@ class OrderedGradReducer:
 
     # ------------------------------------------------------------ per micro-batch
     @torch.no_grad()
+    def arm(self) -> None:
+        """Before a micro-batch's backward pass (without pipeline parallelism): send early.
+
+        Each bucket's gradients are then taken and sent as soon as autograd has
+        accumulated all of them (a hook per parameter), during the backward pass, so
+        a unit's unsharded gradients are freed as early as FSDP's own reduction frees
+        them; :meth:`after_backward` takes the rest (parameters without a gradient).
+        """
+        if not self._hooked:
+            self._hooked = True
+            for buckets in self.buckets:
+                for bucket in buckets:
+                    for j, slot in enumerate(bucket.slots):
+                        target = slot.autograd_param()
+                        if target is not None:
+                            target.register_post_accumulate_grad_hook(
+                                functools.partial(self._on_grad, bucket, j)
+                            )
+        self._armed = True
+
+    def _on_grad(self, bucket: _Bucket, j: int, param: torch.Tensor) -> None:
+        if not self._armed or bucket.sent:
+            return
+        bucket.ready.add(j)
+        if len(bucket.ready) == len(bucket.slots):
+            self._send(bucket)
+
+    @torch.no_grad()
     def after_backward(self, part_index: int = 0) -> None:
         """Take the gradients of the micro-batch just back-propagated through ``part_index``."""
         if self.tied_role == "last" and part_index == self._tied_part:
             self._send_tied()
         for bucket in self.buckets[part_index]:
-            grads = [self._take(slot) for slot in bucket.slots]
-            for j, g in enumerate(grads):
-                bucket.seen[j] = bucket.seen[j] or g is not None
-            if self.dp > 1:
-                self._exchange(bucket, grads)
-            else:
-                for j, g in enumerate(grads):
-                    if g is None:
-                        continue
-                    acc = bucket.local_acc[j]
-                    bucket.local_acc[j] = g.clone() if acc is None else acc.add_(g)
+            if not bucket.sent:
+                self._send(bucket)
+            bucket.sent, bucket.ready = False, set()
+        self._armed = False
+
+    @torch.no_grad()
+    def _send(self, bucket: _Bucket) -> None:
+        """Take a bucket's gradients of this micro-batch: start their exchange, or add them locally."""
+        bucket.sent = True
+        grads = [self._take(slot) for slot in bucket.slots]
+        for j, g in enumerate(grads):
+            bucket.seen[j] = bucket.seen[j] or g is not None
+        if self.dp > 1:
+            self._exchange(bucket, grads)
+            return
+        for j, g in enumerate(grads):
+            if g is not None:
+                acc = bucket.local_acc[j]
+                bucket.local_acc[j] = g.clone() if acc is None else acc.add_(g)
 
     def _take(self, slot: _Slot) -> torch.Tensor | None:
         g = slot.take()
         if slot is self.tied_slot and self.tied_role == "first":
-            head = self._recv_tied(g if g is not None else None)
-            g = (
-                head if g is None else head + g
-            )  # autograd: the head's use first, then the embedding's
+            head = self._recv_tied(g)  # the last stage's use of the same weight
+            g = head if g is None else head + g  # as autograd adds the two uses in one process
         return g
 
     def _peer(self) -> int:
@@ -495,5 +542,6 @@ def _fsdp_groups(part: nn.Module) -> list[list[_Slot]]:
             if id(pg) in seen:
                 continue
             seen.add(id(pg))
-            groups.append([_Slot(fp.sharded_param, fp) for fp in pg.fsdp_params])
+            trained = [fp for fp in pg.fsdp_params if fp.sharded_param.requires_grad]
+            groups.append([_Slot(fp.sharded_param, fp) for fp in trained])
     return groups
