@@ -24,6 +24,10 @@ process's peak RSS).
     python benchmarks/bench_gpu.py                       # one GPU, about 15-25 minutes
     python benchmarks/bench_gpu.py --rows trainer,hf-compiled --steps 20
     python benchmarks/bench_gpu.py --tiny                # the tiny shape: runs on a CPU too
+
+Without CUDA (or with ``--device cpu``) only ``--tiny`` runs. Each row's process (and
+whatever it starts) dies with the benchmark: ``timeout``, Ctrl-C or a kill of the
+parent leave nothing running (:mod:`child_processes`).
 """
 
 from __future__ import annotations
@@ -32,15 +36,16 @@ import argparse
 import json
 import os
 import resource
-import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
+from child_processes import install_cleanup, run_child
 from epochal.model import GPTModel
 from epochal.model.flops import training_flops_per_token
 from epochal.train.config import build_config, model_config_from_section
@@ -122,6 +127,7 @@ def config(args: argparse.Namespace, run_dir: str, extra: list[str]):
         "--logging.tensorboard=false",
         "--scheduler.lr_warmup_iters=1",
         *(TINY if args.tiny else []),
+        *([f"--training.micro_batch_size={args.micro_batch}"] if args.micro_batch else []),
         *([] if args.device == "cuda" else ["--training.bf16=false"]),
         *(["--training.compile=false", "--training.compile_loss=false"] if args.eager else []),
         *extra,
@@ -134,12 +140,24 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def run_trainer(args: argparse.Namespace, extra: list[str]) -> float:
-    """tokens/s of ``epochal train``'s Trainer over the timed steps."""
+def run_trainer(args: argparse.Namespace, extra: list[str]) -> tuple[float, str]:
+    """tokens/s of ``epochal train``'s Trainer over the timed steps, and a profile summary.
+
+    With ``--profile``, two more steps run after the timed ones under ``logging.profile_steps``
+    (so the timed steps are not slowed) and their trace is summarised
+    (:mod:`trace_summary`: GPU busy/idle time, kernel time by kind); else the summary is "".
+    """
     from epochal.train.trainer import Trainer
 
+    last = args.warmup + args.steps
+    profile = (
+        [f"--training.train_iters={last + 2}", f"--logging.profile_steps=[{last + 1}, {last + 2}]"]
+        if args.profile
+        else []
+    )
+    summary = ""
     with tempfile.TemporaryDirectory() as tmp:
-        cfg = config(args, tmp, extra)
+        cfg = config(args, tmp, [*extra, *profile])
         trainer = Trainer(cfg, log=False)
         stamps: list[float] = []
 
@@ -149,8 +167,26 @@ def run_trainer(args: argparse.Namespace, extra: list[str]) -> float:
 
         trainer.add_callback(stamp)
         trainer.train()
+        if args.profile:
+            from trace_summary import summarize
+
+            traces = sorted((Path(tmp) / "profile").glob("trace_steps_*.json"))
+            summary = "\n".join(summarize(t) for t in traces) or "no trace written"
+            if args.keep_trace:
+                import gzip
+                import shutil
+
+                Path(args.keep_trace).mkdir(parents=True, exist_ok=True)
+                for trace in traces:
+                    with (
+                        trace.open("rb") as src,
+                        gzip.open(
+                            Path(args.keep_trace) / f"{args.row}-{trace.name}.gz", "wb"
+                        ) as dst,
+                    ):
+                        shutil.copyfileobj(src, dst)
     tokens = cfg.training.global_batch_size * cfg.data.seq_length
-    return args.steps * tokens / (stamps[-1] - stamps[args.warmup - 1])
+    return args.steps * tokens / (stamps[last - 1] - stamps[args.warmup - 1]), summary
 
 
 def _hf_llama(mc: Any) -> torch.nn.Module:
@@ -222,21 +258,26 @@ def measure_row(args: argparse.Namespace, key: str) -> dict[str, Any]:
     """Run one row in this process; its numbers as a dict."""
     _, kind, extra = ROWS[key]
     device = torch.device(args.device)
-    rate = run_trainer(args, extra) if kind == "trainer" else run_loop(args, kind)
+    summary = ""
+    if kind == "trainer":
+        rate, summary = run_trainer(args, extra)
+    else:
+        rate = run_loop(args, kind)
     if device.type == "cuda":
         peak_gib = torch.cuda.max_memory_allocated(device) / 1024**3
     else:
         peak_gib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2
-    return {"tokens_per_s": rate, "peak_gib": peak_gib}
+    return {"tokens_per_s": rate, "peak_gib": peak_gib, "profile": summary}
 
 
 def _row_in_subprocess(args: argparse.Namespace, key: str) -> dict[str, Any]:
+    """One row in a child process that dies with this one (:mod:`child_processes`)."""
     cmd = [sys.executable, os.path.abspath(__file__), "--row", key, *args.passthrough]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.row_timeout)
-    for line in reversed(proc.stdout.splitlines()):
+    _, out, err = run_child(cmd, timeout=args.row_timeout)
+    for line in reversed(out.splitlines()):
         if line.startswith("{"):
             return json.loads(line)
-    tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+    tail = (err.strip().splitlines() or ["no output"])[-1]
     return {"error": tail[:120]}
 
 
@@ -248,12 +289,25 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=0, help="untimed steps (default 5; tiny 2)")
     parser.add_argument("--rows", default="", help="comma-separated row keys (default: all)")
     parser.add_argument("--eager", action="store_true", help="no torch.compile anywhere")
+    parser.add_argument(
+        "--micro-batch", type=int, default=0, help="micro-batch size of every row (default: preset)"
+    )
     parser.add_argument("--peak-tflops", type=float, default=None, help="override the peak")
     parser.add_argument("--row-timeout", type=float, default=1800.0, help="seconds per row")
+    parser.add_argument(
+        "--profile", action="store_true", help="trainer rows: profile 2 extra steps, summarise"
+    )
+    parser.add_argument("--keep-trace", default="", help="with --profile: gzip traces into DIR")
     parser.add_argument("--row", default="", help=argparse.SUPPRESS)  # internal: one row
     args = parser.parse_args()
     if args.device == "auto":
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    if args.device != "cuda" and not args.tiny:
+        parser.error(
+            "the gpu-1b shape (1.34B parameters, bf16) needs a CUDA GPU, and "
+            f"{'none is available' if not torch.cuda.is_available() else '--device is cpu'}; "
+            "run with --tiny for the tiny shape on the CPU"
+        )
     args.steps = args.steps or (3 if args.tiny else 10)
     args.warmup = max(1, args.warmup or (2 if args.tiny else 5))
     args.passthrough = [
@@ -262,10 +316,14 @@ def main() -> None:
         f"--warmup={args.warmup}",
         *(["--tiny"] if args.tiny else []),
         *(["--eager"] if args.eager else []),
+        *([f"--micro-batch={args.micro_batch}"] if args.micro_batch else []),
+        *(["--profile"] if args.profile else []),
+        *([f"--keep-trace={args.keep_trace}"] if args.keep_trace else []),
     ]
     if args.row:
         print(json.dumps(measure_row(args, args.row)), flush=True)
         return
+    install_cleanup()  # rows never outlive this process (timeout, Ctrl-C, kill)
     keys = [k for k in args.rows.split(",") if k] or list(ROWS)
     unknown = [k for k in keys if k not in ROWS]
     if unknown:
@@ -294,6 +352,7 @@ def main() -> None:
     mem = "peak allocated GiB" if device.type == "cuda" else "peak RSS GiB"
     print(f"| run | tokens/s | MFU | {mem} |")
     print("|---|---|---|---|")
+    profiles: list[str] = []
     for key in keys:
         out = _row_in_subprocess(args, key)
         label = ROWS[key][0]
@@ -303,6 +362,10 @@ def main() -> None:
         rate = out["tokens_per_s"]
         mfu = f"{100 * rate * flops / (peak * 1e12):.1f}%" if peak else "-"
         print(f"| {label} | {rate:,.0f} | {mfu} | {out['peak_gib']:.2f} |", flush=True)
+        if out.get("profile"):
+            profiles.append(f"{label}:\n{out['profile']}")
+    for text in profiles:
+        print(f"\n{text}")
 
 
 if __name__ == "__main__":

@@ -36,9 +36,15 @@ import torch.nn.functional as F
 
 from epochal.data.loading.packing import pack_padded_batch
 from epochal.model import ModelConfig, build_model
+from epochal.model.flops import training_flops_per_token
+from epochal.train.observe.throughput import device_name, peak_tflops
 
 #: model shapes: (layers, hidden, heads, ffn)
-MODELS = {"tiny": (2, 64, 4, 256), "esm2-8m": (6, 320, 20, 1280)}
+MODELS = {
+    "tiny": (2, 64, 4, 256),
+    "esm2-8m": (6, 320, 20, 1280),
+    "esm2-650m": (33, 1280, 20, 5120),
+}
 VOCAB, CLS, EOS, MASK = 33, 0, 2, 32
 
 
@@ -90,12 +96,17 @@ def padded_batch(lengths: list[int], max_len: int, seed: int) -> dict[str, torch
     }
 
 
-def train_step(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> float:
-    """Forward, masked-LM loss (token mean over ``loss_mask``), backward; the loss."""
+def train_step(model: torch.nn.Module, batch: dict[str, torch.Tensor], bf16: bool = False) -> float:
+    """Forward, masked-LM loss (token mean over ``loss_mask``), backward; the loss.
+
+    ``bf16``: the forward under bfloat16 autocast (the loss in float32).
+    """
     kwargs = {"padding_mask": batch["padding_mask"]}
     if "cu_seqlens" in batch:
         kwargs["cu_seqlens"] = batch["cu_seqlens"]
-    logits = model(batch["tokens"], **kwargs)
+    device = batch["tokens"].device.type
+    with torch.autocast(device, dtype=torch.bfloat16, enabled=bf16):
+        logits = model(batch["tokens"], **kwargs)
     losses = F.cross_entropy(
         logits.flatten(0, 1).float(), batch["labels"].clamp(min=0).flatten(), reduction="none"
     )
@@ -131,6 +142,10 @@ def main() -> None:
     parser.add_argument("--clock", choices=("wall", "cpu"), default="wall")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--bf16", action="store_true", help="bfloat16 autocast (GPU)")
+    parser.add_argument(
+        "--peak-tflops", type=float, default=None, help="MFU against this peak (default: the GPU's)"
+    )
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -160,7 +175,7 @@ def main() -> None:
             sync()
             start = clock()
             inputs = {k: v.to(device) for k, v in prepare(batch).items()}
-            loss = train_step(model, inputs)
+            loss = train_step(model, inputs, args.bf16)
             sync()
             if step:
                 times[mode].append(clock() - start)
@@ -170,10 +185,22 @@ def main() -> None:
         sum(lengths[i * args.micro_batch : (i + 1) * args.micro_batch]) for i in range(1, steps)
     ]
     real_per_step = statistics.median(real)
+    # useful FLOPs per step: the PaLM formula per protein, its attention term at the protein's own
+    # length, so every mode is credited with the same work (MFU over real tokens)
+    useful = [
+        sum(
+            n * training_flops_per_token(config, n)
+            for n in lengths[i * args.micro_batch : (i + 1) * args.micro_batch]
+        )
+        for i in range(1, steps)
+    ]
+    flops_per_step = statistics.median(useful)
+    peak = peak_tflops(device, args.peak_tflops)
     print(
         f"ESM {args.model} {MODELS[args.model]} (layers, hidden, heads, ffn) on {device.type}, "
         f"{torch.get_num_threads()} threads, {args.clock} clock; micro-batch {args.micro_batch}, "
-        f"max_seq_length {args.max_seq_length}; lengths log-normal median {args.median:.0f} "
+        f"max_seq_length {args.max_seq_length}; {'bf16' if args.bf16 else 'fp32'}; "
+        f"{device_name(device)}, peak {peak or '-'} TFLOP/s; lengths log-normal median {args.median:.0f} "
         f"sigma {args.sigma} (+2, cropped): mean {statistics.mean(lengths):.0f}, "
         f"max {max(lengths)}; {args.steps} steps per mode, median step time"
     )
@@ -182,8 +209,14 @@ def main() -> None:
         f"{args.micro_batch * args.max_seq_length} padded"
     )
     print()
-    print("| mode                      | step time  | real tokens/s | speed-up | max loss diff |")
-    print("|---------------------------|------------|---------------|----------|---------------|")
+    print(
+        "| mode                      | step time  | real tokens/s | speed-up | MFU (real) "
+        "| max loss diff |"
+    )
+    print(
+        "|---------------------------|------------|---------------|----------|------------"
+        "|---------------|"
+    )
     base = statistics.median(times["padded to max_seq_length"])
     for mode in MODES:
         t = statistics.median(times[mode])
@@ -191,9 +224,10 @@ def main() -> None:
             abs(a - b)
             for a, b in zip(losses[mode], losses["padded to max_seq_length"], strict=True)
         )
+        mfu = f"{100 * flops_per_step / t / (peak * 1e12):9.1f}%" if peak else f"{'-':>10}"
         print(
             f"| {mode:<25} | {t * 1e3:7.1f} ms | {real_per_step / t:13,.0f} | "
-            f"{base / t:7.2f}x | {diff:13.2e} |"
+            f"{base / t:7.2f}x | {mfu} | {diff:13.2e} |"
         )
 
 

@@ -10,7 +10,7 @@ one, else to ``epochal.x``; relative imports as Python resolves them.
 
 The direction (DESIGN.md, "Dependencies point one way"): a file's *layer* is its
 top-level package under ``epochal/`` (``data``, ``model``, ...) or, for a top-level
-module, its name (``cli``); the private helpers ``_atomic``, ``_checksum``, ``_lazy``, ``_paths``
+module, its name (``cli``); the private helpers ``_atomic``, ``_checksum``, ``_lazy``, ``_paths``, ``_text``, ``_dcp``
 and ``epochal/__init__.py`` are the *base* that every layer may use, and import no
 layer. Each layer may import itself, the base and:
 
@@ -26,10 +26,12 @@ layer. Each layer may import itself, the base and:
     convert   formats, train, model, data (checkpoint conversion: our models' state-dict
               names and configs, epochal's checkpoint format and run configuration
               in ``train/``, the tokenizers in ``data/``); it applies no parallelism
+    accelerate  formats, convert, train, parallel, model, data (Hugging Face Accelerate's
+              API over the trainer: a front end beside ``commands``)
     commands  every layer but ``cli`` (thin: parse, call the library, print)
     cli       commands
 
-so ``commands -> convert -> train -> parallel -> model``, everything may use ``data``,
+so ``commands / accelerate -> convert -> train -> parallel -> model``, everything may use ``data``,
 and nothing but ``commands`` and ``cli`` imports ``commands``. Library code never
 imports ``testing`` (that is for users' test suites).
 """
@@ -44,7 +46,7 @@ import pytest
 SRC = Path(__file__).resolve().parents[1] / "src" / "epochal"
 MAX_LINES = 600
 
-BASE = frozenset({"epochal", "_atomic", "_checksum", "_lazy", "_paths"})
+BASE = frozenset({"epochal", "_atomic", "_checksum", "_lazy", "_paths", "_text", "_dcp"})
 #: layer -> the other layers it may import (itself and the base are always allowed).
 ALLOWED: dict[str, frozenset[str]] = {
     "data": frozenset(),
@@ -54,7 +56,10 @@ ALLOWED: dict[str, frozenset[str]] = {
     "formats": frozenset({"model", "data"}),
     "train": frozenset({"formats", "parallel", "model", "data"}),
     "convert": frozenset({"formats", "train", "model", "data"}),
-    "commands": frozenset({"convert", "formats", "train", "parallel", "model", "data", "testing"}),
+    "accelerate": frozenset({"convert", "formats", "train", "parallel", "model", "data"}),
+    "commands": frozenset(
+        {"accelerate", "convert", "formats", "train", "parallel", "model", "data", "testing"}
+    ),
     "cli": frozenset({"commands"}),
 }
 

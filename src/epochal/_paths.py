@@ -1,11 +1,12 @@
-"""Paths a checkpoint refers to, and where a conversion may write (used by convert/ and train/).
+"""Paths a checkpoint refers to, and where a command may write (used by commands/, convert/, train/).
 
 - :func:`confined_path`: a file name read from a checkpoint (a Hugging Face index's
   ``weight_map`` entry, DCP storage metadata's ``relative_path``) resolved inside the
   checkpoint folder, refused (:class:`UnsafePathError`) when it is absolute, holds
   ``..`` or leaves the folder through a link, before anything is opened.
-- :func:`check_output_apart`: a conversion's output may not be its input, contain it
-  or sit inside it (``epochal convert RUN RUN --overwrite`` would delete the run).
+- :func:`check_output_apart`: a command's output may not be its input, contain it
+  or sit inside it (``epochal convert RUN RUN --overwrite`` would delete the run,
+  ``epochal embed --output`` equal to ``--input`` would overwrite the table).
 """
 
 from __future__ import annotations
@@ -58,10 +59,23 @@ def confined_path(folder: str | os.PathLike, name: object, source: str) -> Path:
     return path
 
 
-def check_output_apart(source: str | os.PathLike, output: str | os.PathLike) -> None:
+def check_output_apart(
+    source: str | os.PathLike,
+    output: str | os.PathLike,
+    *,
+    source_name: str = "the input",
+    output_name: str = "output",
+) -> None:
     """Refuse an ``output`` that is ``source``, contains it, or lies inside it.
 
+    Every command that writes applies it to each of its inputs (``epochal convert``'s
+    input; ``embed``'s ``--input`` and ``--checkpoint``; ``fill-mask`` and ``generate``'s
+    checkpoint and files; ``merge`` and ``preprocess``'s inputs; ``plot``'s metrics).
     Both are compared resolved (links followed), whether or not ``output`` exists.
+
+    Args:
+        source / output: the paths.
+        source_name / output_name: how the message calls them (e.g. ``"--input"``).
 
     Raises:
         UnsafePathError: naming both paths.
@@ -69,13 +83,15 @@ def check_output_apart(source: str | os.PathLike, output: str | os.PathLike) -> 
     src = Path(source).resolve()
     out = Path(output).resolve()
     if out == src:
-        raise UnsafePathError(f"output {output} is the input {source}; write somewhere else")
+        raise UnsafePathError(
+            f"{output_name} {output} is {source_name} {source}; write somewhere else"
+        )
     if src.is_relative_to(out):
         raise UnsafePathError(
-            f"output {output} contains the input {source} (replacing it would delete the "
-            "input); write somewhere else"
+            f"{output_name} {output} contains {source_name} {source} (replacing it would "
+            "delete it); write somewhere else"
         )
     if out.is_relative_to(src):
         raise UnsafePathError(
-            f"output {output} lies inside the input {source}; write somewhere outside it"
+            f"{output_name} {output} lies inside {source_name} {source}; write somewhere outside it"
         )

@@ -24,6 +24,11 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "write a training configuration (TOML) by answering questions, each checked with the "
         "trainer's rules, like accelerate config",
     ),
+    "launch": (
+        "epochal.commands.launch",
+        "run a Hugging Face Accelerate script on epochal (accelerate launch's options and YAML, "
+        "Megatron-LM layouts) under torchrun, on CPUs or GPUs",
+    ),
     "plot": (
         "epochal.commands.plot",
         "plot a run's loss curves (train, validation, resumed segments) to PNG",
@@ -57,7 +62,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     ),
     "inspect": (
         "epochal.commands.inspect",
-        "show counts, a length histogram and decoded samples of indexed files",
+        "show counts, a length histogram and decoded samples of indexed files, or the samples "
+        "of a step of a training run (RUN --step N)",
     ),
     "demo-epochs": (
         "epochal.commands.demo_epochs",

@@ -126,7 +126,8 @@ def test_normalize_weights_rejects_bad_input():
         [1e-6, 0.5, 0.5],
         [0, 2, 3],
         [5, 1, 2, 0.5, 3],
-        list(range(1, 12)),  # past the compare chain: numpy's argmax
+        list(range(1, 12)),  # past the compare chain: row-wise max, then equality masks
+        list(range(1, 21)),  # numpy's argmax
     ],
 )
 def test_vectorized_scan_equals_the_step_by_step_rule(weights):

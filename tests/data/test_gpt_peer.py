@@ -154,6 +154,42 @@ def test_gpt_dataset_equals_megatron(corpora, tmp_path, seq, num_samples, extra,
     assert_same_samples(ours, theirs)
 
 
+@pytest.mark.parametrize(
+    "mode, validate, pad",
+    [("mmap", True, None), ("cached", True, 5), ("lazy", True, None), ("mmap", False, None)],
+)
+def test_reads_equal_megatron_in_every_read_mode(corpora, tmp_path, mode, validate, pad):
+    """Validated mmap/cached files take read_pieces' slice copies, the others checked gets."""
+    prefix = corpora["b"]
+    config = dict(create_attention_mask=False, drop_last_partial_validation_sequence=False)
+    theirs = MGPTDataset(
+        MIndexedDataset(prefix),
+        prefix,
+        np.arange(50, dtype=np.int32),
+        None,
+        Split.valid,
+        megatron_config(
+            str(tmp_path / "m"), seq=15, split="1,0,0", blend=([prefix], None), **config
+        ),
+    )
+    if pad is not None:  # a real token id as the pad: Megatron masks those tokens too
+        theirs._pad_token_id = pad
+    ours = GPTDataset(
+        IndexedDataset(prefix, mode=mode, validate=validate),
+        None,
+        None,
+        15,
+        1234,
+        split="valid",
+        drop_last_partial_sequence=False,
+        pad_token_id=pad,
+    )
+    assert ours.dataset.validated is validate
+    assert_same_samples(ours, theirs)
+    last = int(np.flatnonzero(ours.shuffle_index == len(ours) - 1)[0])
+    assert int(ours[last]["loss_mask"].sum()) < 15  # the padded last window
+
+
 def test_peer_cases_cover_the_final_epoch_rule(corpora):
     indexed = MIndexedDataset(corpora["a"])  # keep it alive: its arrays are views of its mmap
     tokens = int(indexed.sequence_lengths[10:70].sum())

@@ -111,6 +111,32 @@ def test_slices_get_and_negative_indices(tmp_path, mode):
     assert list(map(len, ds)) == [3, 0, 5, 1, 4, 2]
 
 
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("validate", [True, False])
+def test_read_pieces_equals_concatenated_gets(tmp_path, mode, validate):
+    sequences = [np.arange(n, dtype=np.uint16) + 100 * n for n in (3, 0, 5, 1, 4, 2)]
+    prefix = write_indexed_dataset(tmp_path / "s", sequences, dtype=np.uint16)
+    ds = IndexedDataset(prefix, mode=mode, validate=validate)
+    out = np.full(20, -7, dtype=np.int64)
+    for ids, first, stop in (([2], 1, 4), ([2], 5, 5), ([0, 1, 2, 3], 1, 1), ([4, 2, 5], 0, 2)):
+        expected = np.concatenate(
+            [ds.get(ids[0], first)] + [ds[i] for i in ids[1:-1]] + [ds.get(ids[-1], 0, stop)]
+            if len(ids) > 1
+            else [ds.get(ids[0], first, stop - first)]
+        )
+        written = ds.read_pieces(np.array(ids, dtype=np.int32), first, stop, out)
+        assert written == expected.size
+        np.testing.assert_array_equal(out[:written], expected)
+    for ids, first, stop, match in (
+        ([6], 0, 0, "out of range"),
+        ([2], 4, 3, "outside sequence 2"),
+        ([2, 3], 0, 2, "outside sequence 3"),
+        ([2, 4, 4, 4, 4], 0, 4, "out holds 20"),
+    ):
+        with pytest.raises(IndexError, match=match):
+            ds.read_pieces(np.array(ids), first, stop, out)
+
+
 def test_multimodal_round_trip(tmp_path):
     prefix = str(tmp_path / "mm")
     builder = IndexedDatasetBuilder(get_bin_path(prefix), dtype=np.uint8, multimodal=True)

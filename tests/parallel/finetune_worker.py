@@ -21,7 +21,8 @@ def prepare(root: Path, head: str, encoder: str = "esm") -> dict[str, str]:
     if not init.exists():
         (D.pretrained_bert if encoder == "bert" else D.pretrained_esm)(init)
     train = D.write_table(root / f"{head}-train.csv", head, 40, 1)
-    valid = D.write_table(root / f"{head}-valid.tsv", head, 16, 2, sep="\t")
+    # 20 rows: two global batches (8) and a half, so every layout scores a partial last batch
+    valid = D.write_table(root / f"{head}-valid.tsv", head, 20, 2, sep="\t")
     return {**files, "init": str(init), "train": str(train), "valid": str(valid)}
 
 

@@ -13,8 +13,11 @@ ranks with the same global order. ESM has no sequence parallelism (refused).
 from __future__ import annotations
 
 import pytest
+import torch
+from torch.torch_version import TorchVersion
 
 from epochal.model import ConfigError
+from epochal.parallel.model_support import MIN_TORCH
 from tests.dist_utils import run_gloo
 from tests.parallel import bert_worker as W
 
@@ -70,6 +73,11 @@ def references(tmp_path_factory):
 @pytest.mark.parametrize("name", list(LAYOUTS))
 def test_bert_layout_equals_single_process(name, references, tmp_path):
     shared, layout = LAYOUTS[name]
+    if (
+        name.endswith("_sp")
+        and TorchVersion(torch.__version__) < MIN_TORCH[("bert", "sequence_parallel")][0]
+    ):
+        pytest.skip(f"BERT under sequence parallelism needs a newer torch than {torch.__version__}")
     reference = references(shared)
     ranks = run_gloo(W.rank_main, 2, str(tmp_path), [*shared, *layout])
     assert_same_numbers(ranks, reference)
@@ -126,4 +134,18 @@ def test_unsupported_layouts_are_refused(tmp_path):
     dims = ParallelDims.from_config(cfg.parallel, 2)
     check_model_layout(model, dims)  # TP without SP: fine
     with pytest.raises(ConfigError, match="parallel.sequence_parallel"):
+        check_model_layout(model, dims, sequence_parallel=True)
+
+
+def test_bert_sequence_parallelism_on_an_old_torch_is_refused_by_name(monkeypatch, tmp_path):
+    from epochal.parallel.dims import ParallelDims
+    from epochal.parallel.model_support import check_model_layout
+    from epochal.train.config import model_config_from_section
+
+    cfg = W.config(str(tmp_path), ["--parallel.tensor_parallel=2"])
+    model = model_config_from_section(cfg.model, vocab_size=W.VOCAB, seq_length=W.SEQ)
+    dims = ParallelDims.from_config(cfg.parallel, 2)
+    monkeypatch.setattr(torch, "__version__", "2.11.0+cu130")
+    check_model_layout(model, dims)  # TP alone runs on it
+    with pytest.raises(ConfigError, match=r"parallel.sequence_parallel.*needs torch >= 2.13"):
         check_model_layout(model, dims, sequence_parallel=True)

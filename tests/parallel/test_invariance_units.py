@@ -98,12 +98,12 @@ def test_a_keyed_step_leaves_the_global_stream_alone():
 
 
 def test_step_seeds_follow_the_global_micro_batch():
-    one = step_seeds(7, 100, 2, 4)  # one process, four micro-batches
-    assert one == [micro_batch_seed(7, 100 + 2 * k) for k in range(4)]
-    assert step_seeds(7, 100, 2, 2, dp_rank=0, dp_size=2) == one[0::2]
-    assert step_seeds(7, 100, 2, 2, dp_rank=1, dp_size=2) == one[1::2]
-    assert step_seeds(7, 100, 2, 1, dp_rank=3, dp_size=4) == one[3:]
-    assert len(set(one)) == 4 and all(0 <= s < 2**63 for s in one)
+    one = step_seeds(7, 3, 4)  # one process, four micro-batches, the fourth step
+    assert one == [micro_batch_seed(7, 3, k) for k in range(4)]
+    assert step_seeds(7, 3, 2, dp_rank=0, dp_size=2) == one[0::2]
+    assert step_seeds(7, 3, 2, dp_rank=1, dp_size=2) == one[1::2]
+    assert step_seeds(7, 3, 1, dp_rank=3, dp_size=4) == one[3:]
+    assert len(set(one + step_seeds(7, 4, 4))) == 8 and all(0 <= s < 2**63 for s in one)
 
 
 def test_the_global_order_interleaves_the_ranks():

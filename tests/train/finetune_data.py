@@ -78,8 +78,8 @@ def save_random_encoder(run_dir: Path, seed: int, **fields) -> Path:
     return run_dir
 
 
-def pretrained_esm(run_dir: Path, seed: int = 5) -> Path:
-    """A random tiny ESM-2 (ESM-2's alphabet)."""
+def pretrained_esm(run_dir: Path, seed: int = 5, **fields) -> Path:
+    """A random tiny ESM-2 (ESM-2's alphabet); ``fields``: more ``[model]`` fields (a head)."""
     return save_random_encoder(
         run_dir,
         seed,
@@ -88,6 +88,7 @@ def pretrained_esm(run_dir: Path, seed: int = 5) -> Path:
         position_embedding_type="rope",
         mask_token_id=32,
         pad_token_id=1,
+        **fields,
     )
 
 
@@ -98,6 +99,7 @@ def finetune_args(
     return [
         f"--run_dir={run_dir}",
         "--model.type=esm",
+        "--training.device=cpu",
         f"--model.head={head}",
         f"--model.num_labels={labels}",
         "--model.hidden_dropout=0.0",

@@ -171,7 +171,11 @@ def test_print_config_round_trips(tmp_path, capsys):
     f = tmp_path / "printed.toml"
     f.write_text(capsys.readouterr().out)
     again = build_config(config_file=f, require_data=False)
-    assert again == build_config(preset="gpt2-small", require_data=False)
+    # the derived run directory is printed as a comment: the file trains in its own
+    assert again.run_dir == "runs/printed"
+    assert again == build_config(
+        preset="gpt2-small", overrides=["--run_dir=runs/printed"], require_data=False
+    )
     with pytest.raises(ConfigError, match="data.data_path"):
         build_config(config_file=f)
 

@@ -37,7 +37,14 @@ TINY_RUN = [
 
 
 def _env() -> dict[str, str]:
-    return {**os.environ, "OMP_NUM_THREADS": "1"}
+    # no GPU in the wizard's processes: its answers are bounded by CPU cores, as on CI
+    return {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
+
+
+@pytest.fixture(autouse=True)
+def _cpu_only(monkeypatch):
+    """In-process wizards see no GPU either (their launch bound counts CPU cores)."""
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
 
 
 class _Pty:
@@ -154,11 +161,14 @@ def test_wizard_through_a_pty_reasks_invalid_answers_and_writes_a_config_that_tr
         term.send("fp16")
         term.expect("or 'mock' [stdlib]: ")
         term.send("mock")
+        term.expect("Run directory")
+        term.expect("[runs/job]: ")  # named after the file, as `epochal train --config` would
+        term.send("")
         assert term.finish() == 0, term.seen
     finally:
         term.close()
     assert "Distributed optimizer" not in term.seen
-    assert f"wrote {out} (2 processes on 1 node(s))" in term.seen
+    assert f"wrote {out} (2 processes on 1 node; run directory runs/job)" in term.seen
     assert f"epochal train --config {out}" in term.seen
     assert f"torchrun --standalone --nproc-per-node=2 -m epochal.cli train --config {out}" in (
         term.seen
@@ -179,6 +189,7 @@ def test_wizard_through_a_pty_reasks_invalid_answers_and_writes_a_config_that_tr
     assert written["data"]["mock"] is True
     # the rest is the tiny preset's
     assert written["model"]["num_attention_heads"] == 4
+    assert written["run_dir"] == "runs/job"
     config = build_config(config_file=out)
     assert config.parallel.launch_world_size() == 2
 
@@ -213,9 +224,10 @@ def test_defaults_writes_without_asking_and_trains(tmp_path):
     assert f"epochal train --config {out}" in proc.stdout
     assert "torchrun" not in proc.stdout  # one process needs no launcher
     assert [p.name for p in out.parent.iterdir()] == ["defaults.toml"]  # no temporary left
-    # the defaults are the tiny preset, fully resolved, with the data-parallel size pinned
+    # the defaults are the tiny preset, fully resolved, with the data-parallel size and the
+    # run directory (named after the file) pinned
     assert build_config(config_file=out) == build_config(
-        preset="tiny", overrides=["--parallel.data_parallel=1"]
+        preset="tiny", overrides=["--parallel.data_parallel=1", "--run_dir=runs/defaults"]
     )
 
     run = tmp_path / "run"
@@ -228,7 +240,7 @@ def test_defaults_writes_without_asking_and_trains(tmp_path):
 def test_multi_node_answers_print_a_torchrun_command_per_node(tmp_path):
     from epochal.commands.config import collect, launch_commands
 
-    replies = iter(["", "2", "2", "", "1", "2", "", "", "", "yes", "", "", "mock"])
+    replies = iter(["", "2", "2", "", "1", "2", "", "", "", "yes", "", "", "mock", ""])
     prompts: list[str] = []
 
     def read(prompt: str) -> str:
@@ -238,7 +250,8 @@ def test_multi_node_answers_print_a_torchrun_command_per_node(tmp_path):
     answers = collect(read)
     assert answers["nodes"] == 2 and answers["data_parallel"] == 2
     assert answers["distributed_optimizer"] is True
-    assert len(prompts) == 13, prompts
+    assert len(prompts) == 14, prompts
+    assert answers["run_dir"] == "runs/epochal"  # the default output epochal.toml names it
     (cmd,) = launch_commands("job.toml", answers)
     assert cmd == (
         "torchrun --nnodes=2 --node-rank=$NODE_RANK --nproc-per-node=2 --rdzv-backend=c10d "
@@ -252,7 +265,7 @@ def test_an_unsplittable_node_count_is_reasked(tmp_path):
     # 3 nodes for tensor 2 x data 1 = 2 processes: re-asked at the data-parallel question.
     # Data parallel 3 does not divide the preset's batch of 16: the batch questions come
     # later, so it is accepted, and the global batch default becomes 24 = 8 x 3.
-    replies = iter(["", "3", "2", "", "1", "1", "3", "", "", "", "", "", "", "mock"])
+    replies = iter(["", "3", "2", "", "1", "1", "3", "", "", "", "", "", "", "mock", ""])
     prompts: list[str] = []
 
     def read(prompt: str) -> str:

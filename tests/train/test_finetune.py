@@ -140,7 +140,7 @@ def test_wrong_checkpoints_are_refused(files, tmp_path, capsys):
         f"--checkpoint.init_from={tmp_path / 'gpt'}",
     )
     assert cli_main(args) != 0
-    assert "holds a 'gpt' model, but model.type='esm'" in capsys.readouterr().err
+    assert "holds a 'gpt' model, but a fine-tuning head" in capsys.readouterr().err
     # a fine-tuned classifier's head does not fit a regression head
     tuned = tmp_path / "tuned"
     assert (

@@ -18,15 +18,19 @@ HUGE = 10**100 - 1
 def test_the_limit_is_the_cpu_cores_on_cpu():
     limit, what = local_process_limit("cpu")
     assert what == "CPU cores" and limit == len(os.sched_getaffinity(0))
+    # gloo ranks may share a GPU: CPU cores bound them on CUDA too
+    assert local_process_limit("cuda", "gloo") == (limit, "CPU cores")
     check_launchable(limit, "cpu", option="parallel.data_parallel")
     with pytest.raises(ConfigError, match=r"parallel\.data_parallel.*10\^99 processes"):
         check_launchable(HUGE, "cpu", option="parallel.data_parallel")
 
 
-def test_wizard_reasks_a_data_parallel_size_the_machine_cannot_launch():
+def test_wizard_reasks_a_data_parallel_size_the_machine_cannot_launch(monkeypatch):
     from epochal.commands.config import collect
 
-    replies = iter(["", "1", "1", "1", str(HUGE), "1", "", "", "", "", "", "mock"])
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)  # bound by CPU cores, as on CI
+
+    replies = iter(["", "1", "1", "1", str(HUGE), "1", "", "", "", "", "", "mock", ""])
     prompts: list[str] = []
     shown: list[str] = []
 

@@ -57,7 +57,9 @@ def test_resume_with_another_run_definition_is_refused(tmp_path, capsys, change,
     capsys.readouterr()
     assert train(run, "--training.train_iters=4", change) == 2
     err = capsys.readouterr().err
-    assert err.startswith("epochal train: error: checkpoint.resume: ") and f"{option}: " in err
+    # refused before any data is prepared (the preflight), with the way out
+    assert err.startswith("epochal train: error: run_dir: ") and f"{option}: " in err
+    assert "holds another run" in err and "--run_dir=" in err
     assert "training.train_iters" not in err  # an allowed change is not listed as a conflict
     # nothing was touched: no new segment, config.toml still the run's own
     assert ((run / "metrics.jsonl").read_bytes(), (run / "config.toml").read_bytes()) == before

@@ -93,7 +93,7 @@ def test_rope_scaling_from_overrides_round_trips_through_toml():
 @pytest.mark.parametrize(
     ("override", "option"),
     [
-        ("--optimizer.lr=0", "optimizer.lr"),
+        ("--optimizer.lr=-1e-3", "optimizer.lr"),
         ("--optimizer.min_lr=1.0", "optimizer.min_lr"),
         ("--optimizer.adam_beta2=1.0", "optimizer.adam_beta2"),
         ("--model.hidden_size='big'", "model.hidden_size"),

@@ -5,6 +5,7 @@ In the spirit of ``accelerate config``::
     epochal config                       # asks, writes epochal.toml
     epochal config --output job.toml     # another file
     epochal config --defaults            # writes the defaults without asking
+    epochal config --accelerate          # Accelerate's YAML for epochal launch instead
 
 Each question shows its default in brackets (Enter keeps it). Every answer is
 checked at once with the trainer's own rules (:func:`~epochal.train.config.build_config`
@@ -17,7 +18,9 @@ atomically, so ``epochal train --config FILE`` runs it as is; the command to
 launch it (one node or several) is printed at the end.
 
 Precision: ``no``, ``fp16`` (Megatron's dynamic loss scaling, ``training.fp16``) or
-``bf16``.
+``bf16``. The last question is the run directory (default ``runs/<file name>``, the
+name ``epochal train --config FILE`` derives for the file alone); a directory that
+holds another run is refused and asked again.
 """
 
 from __future__ import annotations
@@ -25,77 +28,23 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+from epochal._text import plural
+from epochal.commands.wizard import (
+    Question,
+    _choice,
+    _Invalid,
+    _non_negative_float,
+    _positive_int,
+    _yes_no,
+)
 from epochal.train.config.answers import answers_world_size, launch_commands, preset_value
 
-__all__ = ["Question", "add_arguments", "launch_commands", "run"]
+__all__ = ["Question", "add_arguments", "default_run_dir", "launch_commands", "run"]
 
 DEFAULT_OUTPUT = "epochal.toml"
-
-
-class _Invalid(ValueError):
-    """An answer that cannot be used; the message is shown before asking again."""
-
-
-@dataclass
-class Question:
-    """One question of the wizard.
-
-    Attributes:
-        key: the answer's name in the answers dict.
-        prompt: the text shown (the default follows in brackets).
-        default: a function of the answers so far giving the default answer (text).
-        parse: turns the answer text into a value; raises ``_Invalid`` with the reason.
-        ask_if: asked only when this returns True for the answers so far (else the
-            question is skipped and the preset's value stays).
-    """
-
-    key: str
-    prompt: str
-    default: Callable[[dict[str, Any]], str]
-    parse: Callable[[str], Any]
-    ask_if: Callable[[dict[str, Any]], bool] = lambda answers: True
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise _Invalid(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise _Invalid(f"must be >= 1, got {value}")
-    return value
-
-
-def _non_negative_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise _Invalid(f"expected a number, got {text!r}") from None
-    if not value >= 0:
-        raise _Invalid(f"must be >= 0, got {text}")
-    return value
-
-
-def _yes_no(text: str) -> bool:
-    t = text.strip().lower()
-    if t in ("y", "yes", "true", "1"):
-        return True
-    if t in ("n", "no", "false", "0"):
-        return False
-    raise _Invalid(f"answer yes or no, got {text!r}")
-
-
-def _choice(*choices: str) -> Callable[[str], str]:
-    def parse(text: str) -> str:
-        t = text.strip().lower()
-        if t not in choices:
-            raise _Invalid(f"choose one of {', '.join(choices)}; got {text!r}")
-        return t
-
-    return parse
 
 
 def _preset_choice(text: str) -> str:
@@ -132,8 +81,23 @@ def _default_global_batch(answers: dict[str, Any]) -> str:
     return str(-(-preset // step) * step)
 
 
-def questions() -> list[Question]:
-    """The wizard's questions, in the order they are asked."""
+def _run_dir_answer(text: str) -> str:
+    if not text.strip():
+        raise _Invalid("give a directory")
+    return text.strip()
+
+
+def default_run_dir(output: str) -> str:
+    """The run directory offered for a configuration written to ``output``: ``runs/<its name>``.
+
+    The name ``epochal train --config FILE`` would derive for the file alone
+    (:mod:`epochal.train.config.run_name`).
+    """
+    return f"runs/{Path(output).name.removesuffix('.toml') or 'run'}"
+
+
+def questions(output: str = DEFAULT_OUTPUT) -> list[Question]:
+    """The wizard's questions, in the order they are asked (``output``: the file to write)."""
     from epochal.train.config.presets import PRESETS
 
     return [
@@ -221,6 +185,12 @@ def questions() -> list[Question]:
             _default_data,
             _data_answer,
         ),
+        Question(
+            "run_dir",
+            "Run directory (checkpoints, metrics; running the file again resumes there)",
+            lambda a: default_run_dir(output),
+            _run_dir_answer,
+        ),
     ]
 
 
@@ -259,10 +229,13 @@ def _ask(q: Question, answers: dict[str, Any], read: Callable[[str], str]) -> An
             print(f"  invalid: {exc}; please answer again", flush=True)
 
 
-def collect(read: Callable[[str], str] | None) -> dict[str, Any]:
-    """Ask every question (``read=None``: take every default without asking); returns the answers."""
+def collect(read: Callable[[str], str] | None, output: str = DEFAULT_OUTPUT) -> dict[str, Any]:
+    """Ask every question (``read=None``: take every default without asking); returns the answers.
+
+    ``output`` is the file the answers go to (it names the default run directory).
+    """
     answers: dict[str, Any] = {}
-    for q in questions():
+    for q in questions(output):
         if not q.ask_if(answers):
             continue  # does not apply to the answers so far (e.g. a schedule without pipeline)
         if read is None:
@@ -285,6 +258,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--defaults", action="store_true", help="write the default configuration without asking"
     )
+    parser.add_argument(
+        "--accelerate",
+        action="store_true",
+        help="write Hugging Face Accelerate's YAML (Megatron-LM layout) for epochal launch "
+        "instead of a TOML training configuration (default output: accelerate_config.yaml)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -292,17 +271,25 @@ def run(args: argparse.Namespace) -> int:
     from epochal._atomic import atomic_write
     from epochal.train.config import to_toml
 
+    if getattr(args, "accelerate", False):
+        from epochal.commands.config_accelerate import DEFAULT_YAML, run_accelerate
+
+        output = DEFAULT_YAML if args.output == DEFAULT_OUTPUT else args.output
+        return run_accelerate(args, output)
     if not args.defaults:
         print("epochal config: press Enter to keep the default in brackets.", flush=True)
     try:
-        answers = collect(None if args.defaults else input)
+        answers = collect(None if args.defaults else input, args.output)
     except (EOFError, KeyboardInterrupt):
         print(f"\nepochal config: stopped; {args.output} not written", file=sys.stderr)
         return 1
     config = _check(answers)
     atomic_write(args.output, to_toml(config))
     world = answers_world_size(answers)
-    print(f"epochal config: wrote {args.output} ({world} processes on {answers['nodes']} node(s))")
+    print(
+        f"epochal config: wrote {args.output} ({plural(world, 'process')} on "
+        f"{plural(answers['nodes'], 'node')}; run directory {answers['run_dir']})"
+    )
     cmds = launch_commands(args.output, answers)
     print("Launch with:" if len(cmds) == 1 else "Launch with one of:")
     for cmd in cmds:

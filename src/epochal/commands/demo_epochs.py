@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from epochal._text import plural
 from epochal.data.epochs.demo import (
     DEFAULT_TEXT,
     MASK_CHAR,
@@ -67,7 +68,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     n = len(sequences)
     print(
-        f"{n} sequences x {args.epochs} epochs, seed {args.seed}; masked-LM: {args.mask_prob:.0%} of "
+        f"{plural(n, 'sequence')} x {plural(args.epochs, 'epoch')}, seed {args.seed}; "
+        f"masked-LM: {args.mask_prob:.0%} of "
         f"tokens selected (80% -> '{MASK_CHAR}', 10% random, 10% kept); '^' = in the loss"
     )
     for i, seq in enumerate(sequences):

@@ -2,7 +2,7 @@
 
 Examples::
 
-    epochal embed --checkpoint runs/esm --input proteins.fasta --output emb.safetensors
+    epochal embed --checkpoint runs/esm-tiny --input proteins.fasta --output emb.safetensors
     epochal embed --checkpoint hf/esm2_t6_8M_UR50D --input table.csv --output emb.parquet --per-residue
     torchrun --nproc-per-node 2 -m epochal.cli embed --checkpoint runs/finetuned --input p.fasta \\
         --output p.safetensors --predictions
@@ -10,7 +10,11 @@ Examples::
 ``--checkpoint``: an epochal run / checkpoint (pretrained, fine-tuned or with LoRA
 adapters) or a Hugging Face ESM / BERT folder (``EsmForMaskedLM`` or ``EsmModel``).
 ``--input``: FASTA (``.fasta``/``.fa``/``.faa``, gzipped too) or a CSV / TSV / parquet
-table (``--sequence-column``, ``--id-column``). Output (:mod:`epochal.train.embed`):
+table (``--sequence-column``, ``--id-column``), read with the protein rules and limits
+of training (:mod:`epochal.data.proteins.readers`: upper-cased, characters outside the
+alphabet refused, at most ``EPOCHAL_MAX_PROTEIN_LENGTH`` residues). Proteins are cut to
+``--max-length`` tokens before they are tokenized. The output may not be, contain or
+lie inside the input or the checkpoint. Output (:mod:`epochal.train.embed`):
 
 - ``.safetensors``: ``embeddings`` float32 ``[n, hidden]``, ``lengths`` / ``offsets``
   and the requested ``residue_embeddings`` / ``logits`` / ``predictions``; the ids (and
@@ -33,6 +37,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from epochal._text import plural
 
 __all__ = ["add_arguments", "run", "write_output"]
 
@@ -122,11 +128,30 @@ def write_output(
     os.replace(tmp, path)
 
 
+def _read_input(args: argparse.Namespace) -> tuple[list[str], list[str], list[str]]:
+    """``(ids, sequences, where)`` of ``--input``, by the protein rules every reader applies.
+
+    Raises:
+        ProteinInputError: a malformed file or record, or a file without any protein.
+    """
+    from epochal.data.proteins.readers import read_proteins
+    from epochal.data.proteins.sequences import ProteinInputError
+
+    records = list(read_proteins(args.input, args.sequence_column, args.id_column or None))
+    if not records:
+        raise ProteinInputError(f"{args.input}: no proteins (a table header without rows)")
+    return [r[0] for r in records], [r[1] for r in records], [r[2] for r in records]
+
+
 def run(args: argparse.Namespace) -> int:
-    """Embed ``--input`` with ``--checkpoint`` into ``--output``; 0 on success, 1 on bad input."""
+    """Embed ``--input`` with ``--checkpoint`` into ``--output``; 0 on success, 1 on bad input.
+
+    Every error is one line naming the file, record or option (the input and the checkpoint
+    are never written over: an output that is, contains or lies inside either is refused).
+    """
     import torch.distributed as dist
 
-    from epochal.data.proteins.readers import read_proteins
+    from epochal._paths import check_output_apart
     from epochal.train.embed import embed_sequences, load_encoder
 
     out = Path(args.output)
@@ -134,6 +159,12 @@ def run(args: argparse.Namespace) -> int:
         print(
             f"epochal embed: error: --output {out}: write .safetensors or .parquet", file=sys.stderr
         )
+        return 2
+    try:
+        check_output_apart(args.input, out, source_name="--input", output_name="--output")
+        check_output_apart(args.checkpoint, out, source_name="--checkpoint", output_name="--output")
+    except ValueError as exc:
+        print(f"epochal embed: error: {exc}", file=sys.stderr)
         return 2
     started = False
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
@@ -146,9 +177,7 @@ def run(args: argparse.Namespace) -> int:
     if device.startswith("cuda") and dist.is_initialized() and ":" not in device:
         device = f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
     try:
-        records = list(read_proteins(args.input, args.sequence_column, args.id_column or None))
-        ids = [r[0] for r in records]
-        sequences = [r[1] for r in records]
+        ids, sequences, where = _read_input(args)
         enc = load_encoder(args.checkpoint, device)
         result = embed_sequences(
             enc,
@@ -159,11 +188,13 @@ def run(args: argparse.Namespace) -> int:
             batch_size=args.batch_size,
             max_length=args.max_length,
             progress=not args.no_progress,
+            names=where,
         )
         if result is not None:
             write_output(out, result, ids, sequences, enc.class_names)
             print(
-                f"epochal embed: {len(ids)} sequences -> {out} (embeddings {tuple(result['embeddings'].shape)}"
+                f"epochal embed: {plural(len(ids), 'sequence')} -> {out} "
+                f"(embeddings {tuple(result['embeddings'].shape)}"
                 + "".join(
                     f", {k} {tuple(result[k].shape)}"
                     for k in ("residue_embeddings", "logits", "predictions")

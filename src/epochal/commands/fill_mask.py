@@ -2,7 +2,7 @@
 
 Examples::
 
-    epochal fill-mask --checkpoint runs/bert --text "the cat sat on the [MASK] ."
+    epochal fill-mask --checkpoint runs/bert-tiny --text "the cat sat on the [MASK] ."
     epochal fill-mask --checkpoint hf/bert-base-uncased --text "paris is the [MASK] of france" --top-k 3
 
 The checkpoint is found as by ``epochal generate`` (an epochal run / checkpoint
@@ -12,14 +12,19 @@ training run's own, a Hugging Face folder's ``vocab.txt`` (WordPiece,
 lower-cased unless ``--cased``) or its ``tokenizer.json``. The text is wrapped in
 ``[CLS] ... [SEP]``; every ``[MASK]`` (the tokenizer's mask token) gets one line.
 
-Errors: a checkpoint of a model without a masked-LM head (GPT), a tokenizer
-without a mask token, or a text without one raise :class:`ValueError` naming it.
+An ESM model without a tokenizer of its own (a folder converted from Hugging Face
+without ``vocab.txt``) uses ESM-2's alphabet, whose mask token is ``<mask>``.
+
+Errors (one line on stderr, exit status 1): a missing checkpoint, a checkpoint of a
+model without a masked-LM head (GPT), a tokenizer without a mask token, a text
+without one, an ``--output`` that is or lies inside the checkpoint.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +64,10 @@ def _tokenizer(args: argparse.Namespace, tokenizer: Any, model_type: str = "bert
         kind = "BertWordPieceCase" if args.cased else "BertWordPieceLowerCase"
         kind = "ESM2Tokenizer" if model_type == "esm" else kind  # an ESM folder's vocab.txt
         return build_tokenizer(kind, vocab_file=str(vocab))
+    if model_type == "esm":  # ESM-2's alphabet: what every ESM-2 checkpoint uses
+        from epochal.data.indexed.tokenizer_esm import ESM2Tokenizer
+
+        return ESM2Tokenizer()
     if tokenizer is None:
         raise ValueError(
             f"{args.checkpoint}: no tokenizer found; give --tokenizer-type and --vocab-file"
@@ -67,13 +76,29 @@ def _tokenizer(args: argparse.Namespace, tokenizer: Any, model_type: str = "bert
 
 
 def run(args: argparse.Namespace) -> int:
+    """Print the predictions of every ``--text``; 0, or 1 with a one-line error on stderr."""
+    try:
+        return _fill(args)
+    except (OSError, ValueError) as exc:
+        print(f"epochal fill-mask: error: {exc}", file=sys.stderr)
+        return 1
+
+
+def _fill(args: argparse.Namespace) -> int:
     """Load the model and print the predictions of every ``--text``."""
+    from epochal._paths import check_output_apart
     from epochal.commands.generate import _load_model
     from epochal.model.build import model_from_state
     from epochal.train.device import resolve_device
 
     if args.top_k < 1:
         raise ValueError(f"--top-k must be >= 1, got {args.top_k}")
+    if args.output:
+        check_output_apart(
+            args.checkpoint, args.output, source_name="--checkpoint", output_name="--output"
+        )
+    if not Path(args.checkpoint).exists():
+        raise FileNotFoundError(f"--checkpoint {args.checkpoint}: no such file or folder")
     ck = _load_model(args)
     config = ck.config
     if config.type not in ("bert", "esm"):

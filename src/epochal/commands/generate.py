@@ -37,6 +37,8 @@ from typing import Any
 
 import torch
 
+from epochal._text import plural
+
 __all__ = ["add_arguments", "run"]
 
 
@@ -130,7 +132,31 @@ def _load_model(args: argparse.Namespace) -> Any:
             merge_file=args.merge_file,
             tokenizer_model=args.tokenizer_model,
         )
+        _check_recorded_tokenizer(ck)
     return ck
+
+
+def _check_recorded_tokenizer(ck: Any) -> None:
+    """Refuse a ``--tokenizer-type`` other than the one the run's data was preprocessed with.
+
+    Raises:
+        ConfigError: naming ``--tokenizer-type`` and both tokenizers.
+    """
+    if not ck.run_config or "data" not in ck.run_config:
+        return
+    from epochal.train.config import config_from_saved
+    from epochal.train.inputs.recorded_tokenizer import check_recorded_tokenizer
+
+    try:
+        data = config_from_saved(ck.run_config).data
+    except ValueError:
+        return  # a config this version cannot read: nothing to compare with
+    check_recorded_tokenizer(
+        data,
+        ck.tokenizer,
+        option="--tokenizer-type",
+        fix="leave --tokenizer-type out to use the run's own tokenizer",
+    )
 
 
 def _prompts(args: argparse.Namespace, tokenizer: Any) -> tuple[list[list[int]], list[str | None]]:
@@ -219,6 +245,16 @@ def _generate(args, parallel, init_distributed, is_logging_rank) -> int:
     from epochal.train.config.limits import device_memory_bytes
 
     t0 = time.perf_counter()
+    if args.output:  # never written over the checkpoint or the prompts
+        from epochal._paths import check_output_apart
+
+        check_output_apart(
+            args.checkpoint, args.output, source_name="--checkpoint", output_name="--output"
+        )
+        if args.prompt_file:
+            check_output_apart(
+                args.prompt_file, args.output, source_name="--prompt-file", output_name="--output"
+            )
     info = init_distributed(parallel, args.device)
     ck = _load_model(args)
     config, tokenizer = ck.config, ck.tokenizer
@@ -309,7 +345,8 @@ def _generate(args, parallel, init_distributed, is_logging_rank) -> int:
         atomic_write(args.output, "".join(json.dumps(r) + "\n" for r in records))
     n = sum(len(t) for t in out.tokens)
     print(
-        f"generated {n} tokens for {len(ids)} prompt(s) in {seconds:.2f} s ({n / max(seconds, 1e-9):.1f} tokens/s; "
+        f"generated {plural(n, 'token')} for {plural(len(ids), 'prompt')} in {seconds:.2f} s "
+        f"({n / max(seconds, 1e-9):.1f} tokens/s; "
         f"load {t_load:.2f} s; TP{args.tensor_parallel})"
     )
     return 0

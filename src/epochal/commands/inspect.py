@@ -1,10 +1,15 @@
-"""``epochal inspect PREFIX``: counts, a length histogram and decoded samples of indexed files.
+"""``epochal inspect PREFIX``: counts, a length histogram and decoded samples of indexed files;
+``epochal inspect RUN --step N``: the samples step N of a training run read.
 
 Opening validates the pair, so ``inspect`` is also a quick integrity check. Samples
 are decoded when a tokenizer is given (same flags as ``preprocess``), else shown as ids.
-Example::
+A run directory (it holds the ``config.toml`` a run saves) is inspected by step: the
+step's global samples, rebuilt from the run's configuration and data
+(:mod:`epochal.train.inputs.run_samples`), and their digest, which equals the step's
+``sample_digest`` in ``metrics.jsonl`` when the data is unchanged. Examples::
 
     epochal inspect data/corpus_text_document --tokenizer-type gpt2 --samples 3
+    epochal inspect runs/tiny --step 20
 """
 
 from __future__ import annotations
@@ -12,8 +17,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
+from epochal._text import plural
 from epochal.commands.preprocess import add_tokenizer_arguments, tokenizer_from_args
 from epochal.data.indexed.indexed_dataset import IndexedDataset
 from epochal.data.indexed.indexed_format import IndexedFileError
@@ -25,7 +32,17 @@ __all__ = ["add_arguments", "length_statistics", "run", "sample_indices"]
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Register the ``inspect`` flags."""
-    parser.add_argument("prefix", help="dataset prefix (PREFIX.bin and PREFIX.idx)")
+    parser.add_argument(
+        "prefix",
+        metavar="PATH",
+        help="dataset prefix (PREFIX.bin and PREFIX.idx), or a run directory (with --step)",
+    )
+    parser.add_argument(
+        "--step",
+        type=int,
+        default=None,
+        help="of a run directory: list the samples of this optimizer step (1-based) and their digest",
+    )
     parser.add_argument(
         "--samples", type=int, default=3, help="sequences to show, evenly spaced (default 3)"
     )
@@ -46,6 +63,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``epochal inspect``; returns 0, or 1 after printing the error."""
+    if args.step is not None or (Path(args.prefix) / "config.toml").is_file():  # a run directory
+        from epochal.commands.inspect_run import run_step
+
+        return run_step(args)
     try:
         tokenizer = tokenizer_from_args(args) if args.tokenizer_type else None
         dataset = IndexedDataset(args.prefix, mode=args.mode, multimodal=args.multimodal)
@@ -65,8 +86,9 @@ def run(args: argparse.Namespace) -> int:
 
 def _print_report(info: dict[str, Any], max_tokens: int) -> None:
     print(
-        f"{info['prefix']}: {info['sequences']:,} sequences in {info['documents']:,} documents, "
-        f"{info['tokens']:,} tokens ({info['dtype']}); .bin {info['bin_bytes']:,} bytes, .idx {info['idx_bytes']:,} bytes"
+        f"{info['prefix']}: {plural(info['sequences'], 'sequence', fmt=',')} in "
+        f"{plural(info['documents'], 'document', fmt=',')}, {plural(info['tokens'], 'token', fmt=',')} "
+        f"({info['dtype']}); .bin {info['bin_bytes']:,} bytes, .idx {info['idx_bytes']:,} bytes"
     )
     if info["empty_documents"]:
         print(f"documents without sequences: {info['empty_documents']:,}")
@@ -89,4 +111,6 @@ def _print_report(info: dict[str, Any], max_tokens: int) -> None:
             if sample["text"] is not None
             else " ".join(map(str, sample["ids"]))
         )
-        print(f"sequence {sample['index']:,} ({sample['length']:,} tokens): {shown}{cut}")
+        print(
+            f"sequence {sample['index']:,} ({plural(sample['length'], 'token', fmt=',')}): {shown}{cut}"
+        )

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from epochal._text import plural
 from epochal.data.indexed.indexed_format import IndexedFileError
 from epochal.data.indexed.prefixes import expand_inputs, find_prefixes
 
@@ -40,6 +41,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _check_apart(prefixes: list[str], output_prefix: str) -> None:
+    """Refuse an output ``.bin``/``.idx`` that is an input's file (or lies in an input folder).
+
+    Raises:
+        UnsafePathError: naming both files.
+    """
+    from epochal._paths import check_output_apart
+
+    for prefix in prefixes:
+        for suffix in (".bin", ".idx"):
+            check_output_apart(
+                prefix + suffix,
+                output_prefix + suffix,
+                source_name="the input",
+                output_name="--output-prefix file",
+            )
+
+
 def run(args: argparse.Namespace) -> int:
     """Run ``epochal merge``; returns 0, or 1 after printing the error."""
     from epochal.data.indexed.indexed_dataset import merge_indexed_datasets
@@ -49,6 +68,7 @@ def run(args: argparse.Namespace) -> int:
         if not inputs:
             raise ValueError("give at least one input prefix or directory")
         prefixes = expand_inputs(inputs)
+        _check_apart(prefixes, args.output_prefix)
         merged = merge_indexed_datasets(
             prefixes, args.output_prefix, dtype=args.dtype, multimodal=args.multimodal
         )
@@ -56,8 +76,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"epochal merge: error: {exc}", file=sys.stderr)
         return 1
     print(
-        f"merged {len(prefixes)} datasets: {len(merged):,} sequences, {merged.document_count:,} documents, "
-        f"{merged.num_tokens:,} tokens ({merged.dtype}) -> {args.output_prefix}.{{bin,idx}}"
+        f"merged {plural(len(prefixes), 'dataset')}: {plural(len(merged), 'sequence', fmt=',')}, "
+        f"{plural(merged.document_count, 'document', fmt=',')}, "
+        f"{plural(merged.num_tokens, 'token', fmt=',')} ({merged.dtype}) -> {args.output_prefix}.{{bin,idx}}"
     )
     merged.close()
     return 0

@@ -22,6 +22,17 @@ def run(args: argparse.Namespace) -> int:
     from epochal.train.observe.plot import plot_run
 
     try:
+        if args.output:  # the PNG may sit in the run directory, never on its metrics
+            from pathlib import Path
+
+            from epochal._paths import check_output_apart
+
+            check_output_apart(
+                Path(args.run_dir) / "metrics.jsonl",
+                args.output,
+                source_name="the metrics",
+                output_name="--output",
+            )
         out = plot_run(args.run_dir, args.output, smooth=args.smooth)
     except (FileNotFoundError, ValueError) as exc:
         print(f"epochal plot: {exc}", file=sys.stderr)

@@ -13,6 +13,9 @@ are Hugging Face ``save_to_disk`` folders, ``.parquet`` and ``.arrow`` files and
 dataset names (see :mod:`epochal.data.indexed.preprocess_arrow`),
 ``--skip-bad-lines`` skips lines that are not JSON objects with the keys, and
 ``--max-line-bytes`` (default 32M) refuses longer lines before reading them whole.
+Each output also gets ``{prefix}.tokenizer.json``, the tokenizer that wrote its ids
+(:mod:`epochal.data.indexed.tokenizer_record`; the ``.bin``/``.idx`` files are
+unchanged): ``epochal train`` and ``epochal generate`` use it, or refuse another.
 
 Example::
 
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
 
 from epochal.data.indexed.tokenizer import Tokenizer, TokenizerFileError, build_tokenizer
 
@@ -67,17 +71,21 @@ def add_tokenizer_arguments(parser: argparse.ArgumentParser, required: bool = Tr
     )
 
 
+def tokenizer_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The keyword options of :func:`add_tokenizer_arguments`'s flags (all but the type)."""
+    return {
+        "vocab_file": args.vocab_file,
+        "merge_file": args.merge_file,
+        "tokenizer_model": args.tokenizer_model,
+        "tiktoken_pattern": args.tiktoken_pattern,
+        "eod_token": args.eod_token,
+        "vocab_extra_ids": getattr(args, "vocab_extra_ids", 0),
+    }
+
+
 def tokenizer_from_args(args: argparse.Namespace) -> Tokenizer:
     """Build the tokenizer named by :func:`add_tokenizer_arguments`'s flags."""
-    return build_tokenizer(
-        args.tokenizer_type,
-        vocab_file=args.vocab_file,
-        merge_file=args.merge_file,
-        tokenizer_model=args.tokenizer_model,
-        tiktoken_pattern=args.tiktoken_pattern,
-        eod_token=args.eod_token,
-        vocab_extra_ids=getattr(args, "vocab_extra_ids", 0),
-    )
+    return build_tokenizer(args.tokenizer_type, **tokenizer_options(args))
 
 
 def _positive_bytes(text: str, option: str = "--chunk-size") -> int:
@@ -209,11 +217,41 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _check_apart(args: argparse.Namespace) -> None:
+    """Refuse an output file that is an input file (or holds an input folder).
+
+    An output inside an input folder is allowed: only ``.jsonl``/``.parquet``/``.arrow``
+    files are read from folders, never the ``.bin``/``.idx`` written there.
+
+    Raises:
+        UnsafePathError: naming both paths.
+    """
+    from pathlib import Path
+
+    from epochal._paths import check_output_apart
+
+    levels = ("sentence", "document") if args.split_sentences else ("document",)
+    outputs = [
+        Path(f"{args.output_prefix}_{key}_{level}{suffix}")
+        for key in args.json_keys
+        for level in levels
+        for suffix in (".bin", ".idx")
+    ]
+    for source in map(Path, args.input):
+        if not source.exists():
+            continue  # a glob or a dataset name: its files are read-only inputs of other names
+        for out in outputs:
+            if source.is_dir() and out.resolve().is_relative_to(source.resolve()):
+                continue
+            check_output_apart(source, out, source_name="--input", output_name="output file")
+
+
 def run(args: argparse.Namespace) -> int:
     """Run ``epochal preprocess``; returns 0, or 1 after printing the error."""
     from epochal.data.indexed.preprocess import PreprocessError, preprocess
 
     try:
+        _check_apart(args)
         tokenizer = tokenizer_from_args(args)
         summary = preprocess(
             args.input,
@@ -236,6 +274,13 @@ def run(args: argparse.Namespace) -> int:
     except (PreprocessError, TokenizerFileError, FileNotFoundError, ValueError) as exc:
         print(f"epochal preprocess: error: {exc}", file=sys.stderr)
         return 1
+    try:  # which tokenizer wrote the ids: `epochal train` / `generate` read it
+        records = write_records(args, tokenizer, summary.outputs.values())
+    except OSError as exc:
+        print(
+            f"epochal preprocess: error: cannot write the tokenizer record: {exc}", file=sys.stderr
+        )
+        return 1
     for message in summary.bad_line_examples:
         print(f"skipped {message}", file=sys.stderr)
     if summary.bad_lines > len(summary.bad_line_examples):
@@ -250,4 +295,15 @@ def run(args: argparse.Namespace) -> int:
     if summary.stopped_early:
         print(f"stopped after --max-documents={args.max_documents}", file=sys.stderr)
     print(summary)
+    print(f"tokenizer recorded in {', '.join(str(p) for p in records)}")
     return 0
+
+
+def write_records(args: argparse.Namespace, tokenizer: Tokenizer, prefixes: Any) -> list[Any]:
+    """Write each output prefix's ``<prefix>.tokenizer.json`` (:mod:`epochal.data.indexed.tokenizer_record`)."""
+    from epochal.data.indexed.tokenizer import canonical_tokenizer_type
+    from epochal.data.indexed.tokenizer_record import write_tokenizer_record
+
+    kind = canonical_tokenizer_type(args.tokenizer_type) or args.tokenizer_type
+    options = tokenizer_options(args)
+    return [write_tokenizer_record(p, tokenizer, kind, **options) for p in prefixes]

@@ -3,17 +3,19 @@
     epochal train                                   # the tiny preset: a CPU demo, no downloads
     epochal train --config my.toml                  # a real configuration
     epochal train --preset gpt2-small --data.data_path='["/data/owt_text_document"]'
-    epochal train --training.train_iters=600 --run_dir=runs/longer
+    epochal train --training.train_iters=600        # continue the tiny run to step 600
     epochal train --print-config                    # show the resolved configuration (TOML)
+    epochal train --list-options training           # every option of a section, with its meaning
 
 With no ``--config`` the ``tiny`` preset is used: it tokenizes a deterministic
 subset of Python's standard-library sources with a BPE tokenizer trained on them
 (both cached), trains a small Llama-style model for 300 steps, evaluates,
-checkpoints, plots the loss, and prints where everything is. Running it again
-resumes from the run's latest checkpoint (``checkpoint.resume="auto"``).
+checkpoints, plots the loss, and prints where everything is and what to try next.
+Running it again resumes from the run's latest checkpoint (``checkpoint.resume="auto"``).
 
 Overrides are ``--section.key=value`` (TOML literals); see
-:mod:`epochal.train.config`.
+:mod:`epochal.train.config`. The run directory is named after the run unless
+``run_dir`` is set (:mod:`epochal.train.config.run_name`).
 """
 
 from __future__ import annotations
@@ -26,14 +28,51 @@ import time
 __all__ = ["add_arguments", "run"]
 
 
+def _epilog() -> str:
+    """The presets (from their definitions), how to list options, and where runs go."""
+    from epochal.train.config.presets import PRESET_SUMMARIES
+
+    width = max(len(name) for name in PRESET_SUMMARIES)
+    presets = "\n".join(f"  {n:<{width}}  {s}" for n, s in PRESET_SUMMARIES.items())
+    return (
+        f"presets (--preset NAME; tiny without --config):\n{presets}\n\n"
+        "options: --section.key=value with a TOML value, e.g. --training.train_iters=100 or\n"
+        "  --data.data_path='[\"my_text_document\"]'. epochal train --list-options [SECTION]\n"
+        "  lists every option with its type, default and meaning (sections: model, data,\n"
+        "  training, optimizer, scheduler, checkpoint, logging, parallel, finetune).\n\n"
+        "run directory: unless --run_dir (or run_dir in the file) is given, a run trains in\n"
+        "  runs/<preset>, or runs/<config file name> with --config; options that change what\n"
+        "  is trained (model, data, seed, batch sizes, optimizer, schedule, precision, parallel\n"
+        "  layout) add a hash of their values: runs/tiny-1af64f53. Options that do not\n"
+        "  (training.train_iters, evaluation, checkpoint, logging, device, speed levers) keep\n"
+        "  the name, so the same command resumes its run and a larger\n"
+        "  --training.train_iters continues it. A run directory holding another run is\n"
+        "  refused before anything starts."
+    )
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Register ``--config``, ``--preset``, ``--print-config`` and the ``--section.key=value`` overrides."""
+    """Register ``--config``, ``--preset``, ``--print-config``, ``--list-options`` and the overrides."""
+    from epochal.train.config.presets import PRESETS
+
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.epilog = _epilog()
     parser.add_argument("--config", metavar="FILE", help="TOML configuration file")
     parser.add_argument(
-        "--preset", metavar="NAME", help="base preset: tiny (default without --config), gpt2-small"
+        "--preset",
+        metavar="NAME",
+        help=f"base preset: {', '.join(PRESETS)} (tiny without --config; see below)",
     )
     parser.add_argument(
         "--print-config", action="store_true", help="print the resolved configuration and exit"
+    )
+    parser.add_argument(
+        "--list-options",
+        nargs="?",
+        const="",
+        metavar="SECTION",
+        help="list every option (of SECTION) with type, default and meaning, and exit; with "
+        "--preset/--config, their values",
     )
     parser.add_argument(
         "overrides",
@@ -42,7 +81,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="configuration overrides, e.g. --training.train_iters=100 --run_dir=runs/x",
     )
     parser.usage = (
-        "epochal train [--config FILE] [--preset NAME] [--print-config] [--section.key=value ...]"
+        "epochal train [--config FILE] [--preset NAME] [--print-config] "
+        "[--list-options [SECTION]] [--section.key=value ...]"
     )
     parser.allow_abbrev = False
     # argparse rejects unknown "--x.y=z" options; accept them as overrides instead
@@ -53,14 +93,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         ns, unknown = parse_known(args, namespace)
         bad = [u for u in unknown if not (u.startswith("--") and "=" in u)]
         if bad:
-            parser.error(
-                f"unrecognized arguments: {' '.join(bad)} (overrides look like --section.key=value)"
-            )
+            parser.error(f"unrecognized arguments: {' '.join(bad)} ({_hint(parser, bad[0])})")
         ns._unknown = unknown
         ns._argv = list(sys.argv[1:] if args is None else args)
         return ns
 
     parser.parse_args = parse_args  # type: ignore[method-assign]
+
+
+def _hint(parser: argparse.ArgumentParser, arg: str) -> str:
+    """What to write instead of the unrecognized ``arg``: the closest flag or option (difflib)."""
+    from epochal.train.config.options import close_options, describe_options
+
+    name = arg.lstrip("-").replace("-", "_")
+    if arg.startswith("--") and "." in name:  # --training.train_iters 5: the value needs "="
+        return f"overrides need '=': --{name}=VALUE"
+    flags = [f.lstrip("-") for a in parser._actions for f in a.option_strings if f.startswith("--")]
+    options = [o.name for o in describe_options()]
+    near = close_options(arg.lstrip("-"), flags) or close_options(name, [], everywhere=options)
+    if near:
+        shown = [f"--{n}" if n in flags else f"--{n}=VALUE" for n in near]
+        return f"did you mean {' or '.join(shown)}?"
+    return "overrides look like --section.key=value; epochal train --list-options lists them"
 
 
 def _split_overrides(args: argparse.Namespace, unknown: list[str]) -> list[str]:
@@ -74,14 +128,17 @@ def _split_overrides(args: argparse.Namespace, unknown: list[str]) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Resolve the configuration, prepare data, train, plot; 0 on success, 2 on a configuration error."""
+    """Resolve the configuration, check it, prepare data, train, plot; 0 on success, 2 on a configuration error."""
     from epochal.model.config import ConfigError
     from epochal.train.config import build_config, to_toml
+    from epochal.train.config.toml_io import sets_run_dir
     from epochal.train.state.checkpoint import CheckpointError
     from epochal.train.state.encoder_init import finetune_overrides
 
     try:
         overrides = _split_overrides(args, getattr(args, "_unknown", []))
+        if getattr(args, "list_options", None) is not None:
+            return _list_options(args, overrides)
         # A fine-tuning head with checkpoint.init_from: the encoder's shape comes from the checkpoint.
         encoder = finetune_overrides(args.config, overrides)
         preset = args.preset or (None if args.config or encoder else "tiny")
@@ -91,21 +148,23 @@ def run(args: argparse.Namespace) -> int:
             overrides=[*(encoder or []), *overrides],
             require_data=not args.print_config,
         )
+        pinned = sets_run_dir(args.config, overrides)
     except (ConfigError, ValueError, FileNotFoundError) as exc:
         print(f"epochal train: error: {exc}", file=sys.stderr)
         return 2
     if args.print_config:
-        print(to_toml(config), end="")
+        print(to_toml(config, pin_run_dir=pinned), end="")
         try:
             config.check_data()
         except ConfigError as exc:
             print(f"epochal train: note: to train, {exc}", file=sys.stderr)
         return 0
     from epochal.parallel.launch import needs_relaunch, relaunch, under_launcher
+    from epochal.train.config.preflight import preflight
 
     relaunching = needs_relaunch(config.parallel)
     try:  # what can be checked before any process starts or any data is prepared
-        _preflight(config, relaunching)
+        preflight(config, relaunching=relaunching)
     except ConfigError as exc:
         if not under_launcher() or os.environ.get("RANK") == "0":  # once, not once per rank
             print(f"epochal train: error: {exc}", file=sys.stderr)
@@ -144,36 +203,49 @@ def run(args: argparse.Namespace) -> int:
         os._exit(1)  # a timed-out process group can abort in its destructor: leave now
 
 
-def _preflight(config, relaunching: bool) -> None:
-    """Check the data files and the parallel layout; raise ConfigError naming the option."""
-    from epochal.parallel.launch import under_launcher
-    from epochal.train.config.limits import check_sizes
-    from epochal.train.inputs.gpt import check_data_files
-    from epochal.train.parallel_trainer import check_layout, wants_parallel
+def _list_options(args: argparse.Namespace, overrides: list[str]) -> int:
+    """Print every option (of ``--list-options SECTION``) with its type, value and meaning."""
+    from epochal.train.config import build_config
+    from epochal.train.config.options import describe_options, plain
+    from epochal.train.config.toml_io import _toml_value
 
-    check_sizes(config)
-    if not (config.data.corpus or config.data.mock):
-        check_data_files(config.data)
-    if relaunching:
-        from epochal.parallel.launch import check_launchable
-
-        p = config.parallel
-        check_layout(config, p.launch_world_size())  # what the options mean, then the machine
-        check_launchable(
-            p.launch_world_size(),
-            config.training.device,
-            option="parallel.nproc_per_node" if p.nproc_per_node else "parallel.data_parallel",
+    config = None
+    source = "built-in defaults; add --preset NAME or --config FILE to see theirs"
+    if args.preset or args.config or overrides:
+        config = build_config(
+            preset=args.preset, config_file=args.config, overrides=overrides, require_data=False
         )
-    elif under_launcher() or wants_parallel(config):
-        check_layout(config, int(os.environ.get("WORLD_SIZE", "1")))
+        given = (
+            f"preset {args.preset}" if args.preset else "",
+            f"file {args.config}" if args.config else "",
+            "overrides" if overrides else "",
+        )
+        source = ", ".join(x for x in given if x)
+    options = describe_options(args.list_options or None, config)
+    print(f"epochal train options (--section.key=value; values: {source})")
+    current = None
+    for o in options:
+        if o.section != current:
+            current = o.section
+            print(f"\n[{o.section}]" if o.section else "\n(top level)")
+        value = "unset" if o.default is None else _toml_value(o.default)
+        peers = "; ".join(
+            f"{who} {flag}"
+            for who, flag in (("Megatron", o.megatron), ("BioNeMo", o.bionemo))
+            if flag
+        )
+        print(f"  {o.name} = {value}  ({o.type})")
+        print(f"      {plain(o.summary)}" + (f" [{peers}]" if peers else ""))
+    return 0
 
 
 def _train(config) -> int:
+    from epochal._text import plural
     from epochal.parallel.launch import is_logging_rank
     from epochal.train.inputs.loaders import build_data
-    from epochal.train.observe.metrics import perplexity
     from epochal.train.observe.plot import plot_run
     from epochal.train.parallel_trainer import ParallelTrainer, wants_parallel
+    from epochal.train.result import skipped_line
     from epochal.train.trainer import Trainer
 
     t0 = time.perf_counter()
@@ -184,7 +256,8 @@ def _train(config) -> int:
             return 0
         say = lambda msg: print(msg, flush=True)  # noqa: E731
         say(
-            f"epochal train: run directory {config.run_dir}; layout {trainer.dims} on {trainer.dist.world_size} processes"
+            f"epochal train: run directory {config.run_dir}; layout {trainer.dims} on "
+            f"{plural(trainer.dist.world_size, 'process')}"
         )
         say(f"data: {trainer.data.description}")
         n_params = trainer.num_parameters()
@@ -196,12 +269,15 @@ def _train(config) -> int:
         trainer = Trainer(config, data=data)
         n_params = trainer.model_parts[0].num_parameters()
     mc = trainer.model_config
+    t = config.training
     say(
-        f"model: {n_params / 1e6:.2f}M parameters ({mc.num_layers} layers, hidden {mc.hidden_size}, "
-        f"{mc.num_attention_heads} heads, vocab {mc.vocab_size} padded to {mc.padded_vocab_size}); "
-        f"{config.training.train_iters} steps of {config.training.global_batch_size} x {config.data.seq_length} "
-        f"tokens on {trainer.device}"
+        f"model: {n_params / 1e6:.2f}M parameters ({plural(mc.num_layers, 'layer')}, hidden "
+        f"{mc.hidden_size}, {plural(mc.num_attention_heads, 'head')}, vocab {mc.vocab_size} "
+        f"padded to {mc.padded_vocab_size}); {plural(t.train_iters, 'step')} of "
+        f"{t.global_batch_size} x {plural(config.data.seq_length, 'token')} on {trainer.device}"
     )
+    if mc.lora_rank > 0 or mc.freeze_encoder:
+        say(_trainable_line(mc))
     result = trainer.train()
     plot = None
     try:
@@ -215,31 +291,65 @@ def _train(config) -> int:
     if not result.losses:
         say(
             f"nothing to do: {result.run_dir} is already at step {result.final_step} "
-            f"(training.train_iters={config.training.train_iters}); use another --run_dir to start over"
+            f"(training.train_iters={t.train_iters}). To train further, run the same command "
+            f"with --training.train_iters={2 * max(result.final_step, 1)}; to start another run, "
+            "add --run_dir=NEW_DIR"
         )
         say(where)
         return 0
     ev = ""
     if result.eval_loss is not None:
-        ev = f", validation loss {result.eval_loss:.3f} (perplexity {perplexity(result.eval_loss):.1f})"
+        ev = f", validation loss {result.eval_loss:.3f}"
+        if result.eval_ppl is not None:  # a token cross-entropy's (not a fine-tuning head's)
+            ev += f" (perplexity {result.eval_ppl:.1f})"
     resumed = f" (resumed from step {result.start_step})" if result.start_step else ""
     say(
         f"trained steps {result.start_step + 1}-{result.final_step}{resumed} in {time.perf_counter() - t0:.0f} s "
         f"({result.tokens_per_s:,.0f} tokens/s): loss {result.losses[0]:.3f} -> {result.last_loss:.3f}{ev}"
     )
+    if result.skipped_steps:
+        say(skipped_line(result.skipped_steps, len(result.losses)))
     if result.hardware:
         say(f"on {result.hardware}: {result.utilization}")
     epochs = _epoch_line(config.run_dir)
     if epochs:
         say(epochs)
+    if result.sample_check:  # a resumed run: does its data name the checkpoint's samples?
+        say(result.sample_check)
     if result.stopped_by:
         say(
             f"stopped early ({result.stopped_by}) after step {result.final_step} of "
-            f"{config.training.train_iters}; checkpoint saved to {ckpt}; "
+            f"{t.train_iters}; checkpoint saved to {ckpt}; "
             "run the same command again to resume"
         )
     say(where)
+    if ckpt:
+        _say_next(config, result, say)
     return 0
+
+
+def _trainable_line(model_config) -> str:  # noqa: ANN001 - a ModelConfig
+    """PEFT's ``print_trainable_parameters`` line for the model (built on the meta device)."""
+    import torch
+
+    from epochal.model import build_model
+    from epochal.model.lora import parameter_counts
+
+    with torch.device("meta"):
+        trainable, total = parameter_counts(build_model(model_config))
+    return (
+        f"trainable params: {trainable:,d} || all params: {total:,d} || "
+        f"trainable%: {100 * trainable / total:.4f}"
+    )
+
+
+def _say_next(config, result, say) -> None:  # noqa: ANN001 - TrainConfig, TrainResult, print
+    """The commands to try next (:func:`epochal.train.next_steps.next_commands`)."""
+    from epochal.train.next_steps import next_commands
+
+    say("next:")
+    for line in next_commands(config, result.run_dir, final_step=result.final_step):
+        say(f"  {line}")
 
 
 def _epoch_line(run_dir) -> str | None:

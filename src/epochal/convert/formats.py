@@ -133,6 +133,13 @@ def load_checkpoint(
 
     ck = load_epochal_checkpoint(path, vocab_size=vocab_size)
     extra = {**_run_tokenizer_info(ck), "run_config": ck.run_config}
+    if ck.config.head != "mlm":  # a classifier's class names go wherever its weights go
+        from epochal.train.inputs.finetune import label_vocab_file
+
+        run_dir = (ck.run_config or {}).get("run_dir")
+        found = label_vocab_file(path, ck.folder, run_dir if isinstance(run_dir, str) else None)
+        if found is not None:
+            extra["label_vocab"] = found.read_text()
     return LoadedCheckpoint(ck.config, ck.state, fmt, ck.step, extra)
 
 
@@ -218,10 +225,15 @@ def save_checkpoint(
     """
     config, state = merge_adapters(ck.config, ck.state)
     extra = ck.extra
+    from epochal.train.inputs.finetune import LABEL_VOCAB_FILE
+
+    labels = {LABEL_VOCAB_FILE: extra["label_vocab"]} if extra.get("label_vocab") else {}
     if target == "hf" and config.head != "mlm":
         from epochal.convert.hf.encoder import save_hf_encoder
 
-        return save_hf_encoder(config, state, output, dtype=dtype, overwrite=overwrite)
+        return save_hf_encoder(
+            config, state, output, dtype=dtype, overwrite=overwrite, extra_files=labels or None
+        )
     if target == "hf":
         from epochal.convert.hf.io import save_hf_checkpoint
 
@@ -277,7 +289,9 @@ def save_checkpoint(
 
     if dtype is not None:
         state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
-    return save_epochal_checkpoint(config, state, output, source=source, overwrite=overwrite)
+    return save_epochal_checkpoint(
+        config, state, output, source=source, overwrite=overwrite, extra_files=labels
+    )
 
 
 @dataclass
@@ -290,6 +304,7 @@ class ModelCheckpoint:
             ``tokenizer.json``, an epochal run's own), or None.
         eos_token_ids: a Hugging Face model's ``eos_token_id`` (all of a list), else ().
         bos_token_id: a Hugging Face model's ``bos_token_id``, else None.
+        run_config: an epochal run's saved ``config.toml`` (a dict), else None.
     """
 
     config: ModelConfig
@@ -297,6 +312,7 @@ class ModelCheckpoint:
     tokenizer: Any = None
     eos_token_ids: tuple[int, ...] = ()
     bos_token_id: int | None = None
+    run_config: dict[str, Any] | None = None
 
 
 def load_model_checkpoint(
@@ -341,4 +357,5 @@ def load_model_checkpoint(
     from epochal.train.state.epochal_ckpt import load_epochal_checkpoint, run_tokenizer
 
     ck = load_epochal_checkpoint(path, vocab_size=vocab_size)
-    return ModelCheckpoint(ck.config, ck.state, run_tokenizer(ck) if with_tokenizer else None)
+    tokenizer = run_tokenizer(ck) if with_tokenizer else None
+    return ModelCheckpoint(ck.config, ck.state, tokenizer, run_config=ck.run_config)

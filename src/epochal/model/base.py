@@ -37,13 +37,16 @@ def rope_tables(
             high_freq_factor=config.rope_high_freq_factor,
             original_max_positions=config.rope_original_max_position_embeddings,
         )
-    return rope_cos_sin(
+    # computed on the CPU and copied, so every device holds the same tables (CUDA's cos/sin
+    # differ from the CPU's in the last bit)
+    cos, sin = rope_cos_sin(
         config.rotary_dim,
         config.max_position_embeddings,
         config.rotary_base,
-        device=device,
+        device="cpu",
         scaling=scaling,
     )
+    return cos.to(device), sin.to(device)
 
 
 class TransformerModel(nn.Module):

@@ -269,27 +269,26 @@ class BertModel(TransformerModel):
             MLM logits ``[b, s, padded_vocab_size]``; with ``bert_binary_head``
             the pair ``(mlm_logits, binary_logits [b, 2])`` (packed: ``[n, 2]``, one
             row per sequence); with a fine-tuning head its predictions (``[b, num_labels]``
-            or ``[b, s, num_labels]``). Hidden states ``[b, s, hidden]`` on a stage
-            without ``output`` or ``head``.
+            or ``[b, s, num_labels]``; packed: ``[n, num_labels]``, one row per
+            sequence, or ``[1, T, num_labels]``). Hidden states ``[b, s, hidden]`` on a
+            stage without ``output`` or ``head``.
 
         Raises:
             ValueError: a sequence longer than ``max_position_embeddings``,
                 ``token_types`` without a token-type table, or packed sequences
                 with a batch dimension other than 1 or a ``cu_seqlens`` that does not
                 cover the row (:meth:`PackedSequences.from_cu_seqlens`), or packed
-                sequences with a fine-tuning head.
+                sequences with the convolutional residue head.
         """
         h = self.encode(tokens, token_types, padding_mask, position_ids, cu_seqlens)
         if self.head is not None:
-            if cu_seqlens is not None:
-                raise ValueError(
-                    "packed sequences (cu_seqlens) are not supported with a fine-tuning head"
-                )
             if residue_mask is None:
                 residue_mask = (
                     padding_mask if padding_mask is not None else torch.ones_like(h[..., 0])
                 )
-            return self.head(h, residue_mask)
+            if cu_seqlens is None:
+                return self.head(h, residue_mask)
+            return self.head(h, residue_mask, cu_seqlens=cu_seqlens)
         if self.output is None:
             return h
         logits = self.output(self.lm_head(h)) + self.lm_head.bias

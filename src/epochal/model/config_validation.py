@@ -239,8 +239,8 @@ class ModelConfigChecks:
                     _require(
                         getattr(self, f.name) == f.default,
                         f.name,
-                        f"is an encoder option (model.type 'bert' or 'esm'); a GPT config "
-                        f"must leave it at {f.default!r}, got {getattr(self, f.name)!r}",
+                        f"is an encoder option: set model.type='bert' or 'esm' (this config's "
+                        f"is 'gpt'), or leave it at {f.default!r}; got {getattr(self, f.name)!r}",
                     )
             return
         _require(

@@ -18,6 +18,11 @@
   (its outputs at residues next to padding therefore see the padded positions'
   hidden states; only valid positions enter the loss).
 
+Packed sequences (``cu_seqlens``, one row ``[1, T, h]`` of proteins back to back):
+the sequence head averages each protein over its own residues (``[n, num_labels]``),
+the linear residue head is per token anyway; the convolutional one refuses them
+(it would read the neighbouring protein where the padded run reads padding).
+
 Parameter names (``head.*``) are what a pretrained encoder checkpoint lacks: a
 fine-tuning run initialised from one starts them fresh.
 """
@@ -28,6 +33,7 @@ import torch
 from torch import nn
 
 from epochal.model.config import ModelConfig
+from epochal.model.layers.packing import PackedSequences
 
 __all__ = ["ResidueHead", "SequenceHead", "build_head", "mean_over_residues"]
 
@@ -36,15 +42,27 @@ SEQUENCE_HIDDEN = 256
 CONV_CHANNELS = 32
 
 
-def mean_over_residues(hidden: torch.Tensor, residue_mask: torch.Tensor) -> torch.Tensor:
+def mean_over_residues(
+    hidden: torch.Tensor, residue_mask: torch.Tensor, cu_seqlens: torch.Tensor | None = None
+) -> torch.Tensor:
     """Average ``hidden`` ``[b, s, h]`` over the positions where ``residue_mask`` ``[b, s]`` is set.
 
+    Args:
+        hidden: ``[b, s, h]``; packed sequences: one row ``[1, T, h]``.
+        residue_mask: ``[b, s]`` (packed ``[1, T]``), 1 = a residue.
+        cu_seqlens: packed sequences' boundaries (int ``[n + 1]``), or None.
+
     Returns:
-        ``[b, h]`` in ``hidden``'s dtype (a sequence without residues gives zeros).
+        ``[b, h]`` (packed: ``[n, h]``, one per sequence) in ``hidden``'s dtype (a
+        sequence without residues gives zeros).
     """
     mask = residue_mask.to(hidden.dtype).unsqueeze(-1)
-    count = mask.sum(1).clamp(min=1.0)
-    return (hidden * mask).sum(1) / count
+    if cu_seqlens is None:
+        count = mask.sum(1).clamp(min=1.0)
+        return (hidden * mask).sum(1) / count
+    packed = PackedSequences.from_cu_seqlens(cu_seqlens.to(hidden.device), total=hidden.shape[1])
+    count = packed.segment_sum(mask[0]).clamp(min=1.0)
+    return packed.segment_sum((hidden * mask)[0]) / count
 
 
 class SequenceHead(nn.Module):
@@ -57,9 +75,18 @@ class SequenceHead(nn.Module):
         self.fc2 = nn.Linear(width, config.num_labels)
         self.dropout = nn.Dropout(config.head_dropout)
 
-    def forward(self, hidden: torch.Tensor, residue_mask: torch.Tensor) -> torch.Tensor:
-        """Predictions ``[b, num_labels]`` of hidden states ``[b, s, h]`` (``residue_mask`` ``[b, s]``)."""
-        pooled = mean_over_residues(hidden, residue_mask)
+    def forward(
+        self,
+        hidden: torch.Tensor,
+        residue_mask: torch.Tensor,
+        cu_seqlens: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Predictions ``[b, num_labels]`` of hidden states ``[b, s, h]`` (``residue_mask`` ``[b, s]``).
+
+        Packed sequences (``cu_seqlens``, hidden ``[1, T, h]``): ``[n, num_labels]``,
+        each sequence averaged over its own residues.
+        """
+        pooled = mean_over_residues(hidden, residue_mask, cu_seqlens)
         return self.fc2(self.dropout(torch.relu(self.fc1(pooled))))
 
 
@@ -78,11 +105,26 @@ class ResidueHead(nn.Module):
             self.linear = nn.Linear(config.hidden_size, config.num_labels)
 
     def forward(
-        self, hidden: torch.Tensor, residue_mask: torch.Tensor | None = None
+        self,
+        hidden: torch.Tensor,
+        residue_mask: torch.Tensor | None = None,
+        cu_seqlens: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Logits ``[b, s, num_labels]`` of hidden states ``[b, s, h]`` (the mask is not used)."""
+        """Logits ``[b, s, num_labels]`` of hidden states ``[b, s, h]`` (the mask is not used).
+
+        Packed sequences (``cu_seqlens``, ``[1, T, h]``) need the linear head: the
+        convolution reads a protein's padded neighbours, which a packed row lacks.
+
+        Raises:
+            ValueError: packed sequences with the convolutional head.
+        """
         if self.kind == "linear":
             return self.linear(self.dropout(hidden))
+        if cu_seqlens is not None:
+            raise ValueError(
+                "the convolutional residue head (residue_head='conv') cannot run on packed "
+                "sequences; use residue_head='linear' or unpacked batches"
+            )
         x = hidden.permute(0, 2, 1).unsqueeze(-1)  # [b, h, s, 1]
         x = self.dropout(torch.relu(self.conv1(x)))
         return self.conv2(x).squeeze(-1).permute(0, 2, 1)

@@ -24,7 +24,14 @@ from torch import nn
 
 from epochal.model.config import ModelConfig
 
-__all__ = ["LoRALinear", "apply_lora", "is_lora_name", "merge_lora_state", "trainable"]
+__all__ = [
+    "LoRALinear",
+    "apply_lora",
+    "is_lora_name",
+    "merge_lora_state",
+    "parameter_counts",
+    "trainable",
+]
 
 #: projection name -> its path inside a block.
 _PATHS = {
@@ -92,6 +99,20 @@ def trainable(name: str, config: ModelConfig) -> bool:
     if name.startswith("head.") or is_lora_name(name):
         return True
     return not (config.freeze_encoder or config.lora_rank > 0)
+
+
+def parameter_counts(model: nn.Module) -> tuple[int, int]:
+    """``(trainable, all)`` parameters of ``model``, tied weights counted once.
+
+    Trainable ones have ``requires_grad``; PEFT's ``get_nb_trainable_parameters``
+    counts the same way (works on the ``meta`` device).
+    """
+    trainable_count = total = 0
+    for _, param in model.named_parameters():
+        total += param.numel()
+        if param.requires_grad:
+            trainable_count += param.numel()
+    return trainable_count, total
 
 
 def merge_lora_state(

@@ -35,6 +35,7 @@ from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from epochal._atomic import atomic_path
 from epochal._checksum import placeholder_metadata, seal_safetensors, verify_safetensors
+from epochal._dcp import single_process_dcp
 
 __all__ = ["TiedOptimizerState", "consolidate_checkpoint", "load_consolidated"]
 
@@ -133,7 +134,8 @@ def consolidate_checkpoint(
         for name, meta in entries.items()
         if name not in skip
     }
-    dcp.load(state, storage_reader=reader, planner=planner, no_dist=True)
+    with single_process_dcp():
+        dcp.load(state, storage_reader=reader, planner=planner, no_dist=True)
     tensors = {}
     for key, value in state.items():
         t = value

@@ -1,11 +1,13 @@
-"""Dropout keyed by the sample, not by the rank: the same masks under any data-parallel layout.
+"""Dropout keyed by the micro-batch, not by the rank: the same masks under any data-parallel layout.
 
 A rank's running random stream depends on how many micro-batches it ran before
 (on two data-parallel ranks, rank 1's first micro-batch would replay rank 0's
 masks, and neither would draw what one process draws). With keyed dropout the
-random state of a micro-batch is a pure function of ``(training.seed, the global
-position of its first sample)``, and the masks of a transformer block a pure
-function of that and the block's layer number:
+random state of a micro-batch is a pure function of ``(training.seed, the
+optimizer step, its global micro-batch index)`` (micro-batch ``i`` of
+data-parallel rank ``r`` is global micro-batch ``i * dp + r``, the samplers'
+order), and the masks of a transformer block a pure function of that and the
+block's layer number:
 
 1. before a micro-batch's forward, :func:`seed_micro_batch` reseeds the default
    generators (CPU, and the device's CUDA generator) with
@@ -58,18 +60,19 @@ DROPOUT_SEED_KWARG = "_epochal_dropout_seed"
 _DROPOUT_WORD = 0x64726F70  # "drop": keeps these seeds apart from the data's derived seeds
 
 
-def micro_batch_seed(seed: int, position: int) -> int:
-    """The random seed of the micro-batch whose first sample is at global ``position``.
+def micro_batch_seed(seed: int, step: int, index: int) -> int:
+    """The random seed of global micro-batch ``index`` of optimizer step ``step``.
 
     Args:
         seed: ``training.seed``.
-        position: the global sample position (``consumed_samples`` counting every
-            data-parallel rank) of the micro-batch's first sample, ``>= 0``.
+        step: the optimizer steps done before this one (``>= 0``).
+        index: the global micro-batch index in the step (``>= 0``; ``i * dp + r``
+            for micro-batch ``i`` of data-parallel rank ``r``).
 
     Returns:
         An integer in ``[0, 2**63)`` (valid for every PyTorch generator).
     """
-    return derive_seed(seed, _DROPOUT_WORD, position) >> 1
+    return derive_seed(seed, _DROPOUT_WORD, step, index) >> 1
 
 
 def _device_index(device: torch.device) -> int:
@@ -169,31 +172,19 @@ def install_keyed_dropout(part: nn.Module) -> bool:
 
 
 def step_seeds(
-    seed: int,
-    first_sample: int,
-    micro_batch_size: int,
-    num_microbatches: int,
-    dp_rank: int = 0,
-    dp_size: int = 1,
+    seed: int, step: int, num_microbatches: int, dp_rank: int = 0, dp_size: int = 1
 ) -> list[int]:
     """The seeds of a data-parallel rank's micro-batches of one step (:func:`micro_batch_seed`).
 
-    Micro-batch ``i`` of rank ``r`` is global micro-batch ``i * dp_size + r`` (the
-    samplers' order), whose first sample is at ``first_sample + (i * dp_size + r) *
-    micro_batch_size``.
-
     Args:
         seed: ``training.seed``.
-        first_sample: the step's first global sample position (``consumed_samples``).
-        micro_batch_size: samples per micro-batch.
+        step: the optimizer steps done before this one.
         num_microbatches: this rank's micro-batches in the step.
         dp_rank: this rank's data-parallel coordinate.
         dp_size: the data-parallel size.
 
     Returns:
-        ``num_microbatches`` seeds, in this rank's micro-batch order.
+        ``num_microbatches`` seeds, in this rank's micro-batch order (global
+        micro-batches ``dp_rank, dp_rank + dp_size, ...``).
     """
-    return [
-        micro_batch_seed(seed, first_sample + (i * dp_size + dp_rank) * micro_batch_size)
-        for i in range(num_microbatches)
-    ]
+    return [micro_batch_seed(seed, step, i * dp_size + dp_rank) for i in range(num_microbatches)]

@@ -38,6 +38,7 @@ from typing import TypeVar
 import torch
 import torch.distributed as dist
 
+from epochal._text import plural
 from epochal.model.config import ConfigError
 from epochal.parallel.config import ParallelConfig
 from epochal.parallel.watchdog import LAUNCHER_PID_ENV, launcher_preexec, watch_parent
@@ -73,13 +74,16 @@ def needs_relaunch(config: ParallelConfig) -> bool:
     return not under_launcher() and not os.environ.get(_GUARD) and config.launch_world_size() > 1
 
 
-def local_process_limit(device_name: str = "auto") -> tuple[int, str]:
+def local_process_limit(device_name: str = "auto", backend: str = "auto") -> tuple[int, str]:
     """How many training processes this machine can run: ``(limit, what it counts)``.
 
     One per CUDA device with ``training.device`` ``cuda`` (or ``auto`` where CUDA
-    exists), else one per CPU core this process may use.
+    exists), else one per CPU core this process may use. With ``parallel.backend``
+    ``gloo`` ranks may share a GPU (rank ``r`` uses GPU ``r % count``), so CPU cores bound
+    them there too.
     """
-    if device_name == "cuda" or (device_name == "auto" and torch.cuda.is_available()):
+    cuda = device_name == "cuda" or (device_name == "auto" and torch.cuda.is_available())
+    if cuda and backend != "gloo":
         return torch.cuda.device_count(), "CUDA devices"
     try:
         cores = len(os.sched_getaffinity(0))
@@ -88,7 +92,9 @@ def local_process_limit(device_name: str = "auto") -> tuple[int, str]:
     return max(1, cores), "CPU cores"
 
 
-def check_launchable(processes: int, device_name: str = "auto", *, option: str) -> None:
+def check_launchable(
+    processes: int, device_name: str = "auto", *, option: str, backend: str = "auto"
+) -> None:
     """Refuse more processes on this machine than :func:`local_process_limit` allows.
 
     Raises:
@@ -96,23 +102,33 @@ def check_launchable(processes: int, device_name: str = "auto", *, option: str) 
     """
     from epochal.model.config import ConfigError
 
-    limit, what = local_process_limit(device_name)
+    limit, what = local_process_limit(device_name, backend)
     if processes > limit:
         shown = str(processes) if processes < 10**12 else f"about 10^{len(str(processes)) - 1}"
         raise ConfigError(
             option,
-            f"asks for {shown} processes on this machine, but it has {limit} {what} "
+            f"asks for {shown} processes on this machine, but it has {plural(limit, what[:-1], what)} "
             f"(training.device={device_name!r}); use fewer, or several nodes under torchrun",
         )
 
 
-def relaunch(config: ParallelConfig, argv: Sequence[str], *, module: str = "epochal.cli") -> int:
+def relaunch(
+    config: ParallelConfig,
+    argv: Sequence[str],
+    *,
+    module: str = "epochal.cli",
+    script: str | None = None,
+    rendezvous: Sequence[str] = ("--standalone",),
+) -> int:
     """Run ``python -m torch.distributed.run --standalone ... -m module argv`` and wait for it.
 
     Args:
-        config: the parallel section (gives the number of processes).
+        config: the parallel section (gives the number of processes per node).
         argv: the arguments after ``python -m module`` (e.g. ``["train", "--config", "x.toml"]``).
         module: the module to run in every process.
+        script: run this Python file instead of ``module`` (``epochal launch``).
+        rendezvous: torchrun's rendezvous options (several nodes: ``--nnodes``,
+            ``--node-rank``, ``--master-addr``, ``--master-port``).
 
     Returns:
         The exit status of ``torchrun`` (0 if every rank succeeded); after a SIGTERM
@@ -124,17 +140,16 @@ def relaunch(config: ParallelConfig, argv: Sequence[str], *, module: str = "epoc
         sys.executable,
         "-m",
         "torch.distributed.run",
-        "--standalone",
+        *rendezvous,
         f"--nproc-per-node={n}",
-        "-m",
-        module,
+        *([script] if script is not None else ["-m", module]),
         *argv,
     ]
     env = {**os.environ, _GUARD: "1", LAUNCHER_PID_ENV: str(os.getpid())}
     if "OMP_NUM_THREADS" not in env and not torch.cuda.is_available():
         env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // n))
     env.setdefault(_SHUTDOWN_TIMEOUT, "600")
-    print(f"epochal: launching {n} processes: {' '.join(cmd)}", flush=True)
+    print(f"epochal: launching {plural(n, 'process')}: {' '.join(cmd)}", flush=True)
     with tempfile.TemporaryDirectory(prefix="epochal-exit-") as reports:
         env[_REPORT_DIR] = reports
         proc = subprocess.Popen(cmd, env=env, start_new_session=True, preexec_fn=launcher_preexec())
@@ -165,7 +180,8 @@ def relaunch(config: ParallelConfig, argv: Sequence[str], *, module: str = "epoc
                 )
                 return 0
             print(
-                f"epochal: {received[0].name}: {done} of {n} processes stopped cleanly", flush=True
+                f"epochal: {received[0].name}: {done} of {plural(n, 'process')} stopped cleanly",
+                flush=True,
             )
         return _report_status(rc, n, done)
 
@@ -178,13 +194,13 @@ def _report_status(rc: int, n: int, done: int) -> int:
         name = signal.Signals(-rc).name if -rc in signal.Signals._value2member_map_ else -rc
         print(
             f"epochal: torchrun was killed by signal {name} (exit status {128 - rc}); "
-            f"{done} of {n} processes had finished; its workers stop when it dies",
+            f"{done} of {plural(n, 'process')} had finished; its workers stop when it dies",
             file=sys.stderr,
             flush=True,
         )
         return 128 - rc
     print(
-        f"epochal: torchrun exited with status {rc}: {n - done} of {n} processes failed or "
+        f"epochal: torchrun exited with status {rc}: {n - done} of {plural(n, 'process')} failed or "
         "were stopped (the failing rank's error and torchrun's summary are above)",
         file=sys.stderr,
         flush=True,

@@ -9,10 +9,12 @@ embedding. T5 has tensor and sequence parallelism but no pipeline split
 
 from __future__ import annotations
 
+import torch
+
 from epochal.model.config import ConfigError, ModelConfig
 from epochal.parallel.dims import ParallelDims
 
-__all__ = ["SUPPORTED_DIMS", "UNSUPPORTED_REASONS", "check_model_layout"]
+__all__ = ["MIN_TORCH", "SUPPORTED_DIMS", "UNSUPPORTED_REASONS", "check_model_layout"]
 
 #: model type -> the parallel dimensions (beyond data parallelism) it supports.
 SUPPORTED_DIMS: dict[str, frozenset[str]] = {
@@ -31,6 +33,15 @@ UNSUPPORTED_REASONS: dict[tuple[str, str], str] = {
         "an encoder-decoder pipeline split (Megatron's pipeline_model_parallel_split_rank, "
         "the encoder output sent to every decoder stage) is not implemented; use "
         "tensor and data parallelism for T5"
+    ),
+}
+
+#: ``(model type, option)`` -> (the oldest torch release that runs it, why).
+MIN_TORCH: dict[tuple[str, str], tuple[str, str]] = {
+    ("bert", "sequence_parallel"): (
+        "2.13",
+        "the masked-LM head's dense layer flattens a sequence-sharded DTensor, which older "
+        "DTensor refuses ('Attempted to flatten multiple dimensions')",
     ),
 }
 
@@ -64,4 +75,11 @@ def check_model_layout(
                 f"is not supported for model.type={model_config.type!r}"
                 + (f": {reason}" if reason else "")
                 + f" (supported: {sorted(supported) or 'data parallelism only'})",
+            )
+        needs = MIN_TORCH.get((model_config.type, option))
+        if on and needs and torch.torch_version.TorchVersion(torch.__version__) < needs[0]:
+            raise ConfigError(
+                f"parallel.{option}",
+                f"for model.type={model_config.type!r} needs torch >= {needs[0]} "
+                f"(this is {torch.__version__}): {needs[1]}; turn it off or upgrade torch",
             )

@@ -5,7 +5,9 @@ adapters included) or a Hugging Face ESM / BERT folder (masked-LM or bare encode
 its tokenizer. :func:`embed_sequences` runs it over sequences in batches:
 
 - every sequence is ``<cls> residues <eos>`` (``[CLS] ... [SEP]`` for BERT), cut to
-  ``max_length`` tokens, padded to the longest of its batch;
+  ``max_length`` tokens (a protein is cut before it is tokenized), padded to the
+  longest of its batch; more tokens than the model's positions is an error that
+  names the sequence and ``--max-length``;
 - ``embeddings`` float32 ``[n, hidden]``: the last hidden states (after the final
   norm: Hugging Face's ``last_hidden_state``) averaged over the residue positions
   (no ``<cls>`` / ``<eos>`` / padding);
@@ -64,8 +66,18 @@ def _esm_tokenizer(vocab_file: Path | str | None) -> Any:
     return ESM2Tokenizer(vocab_file if vocab_file and Path(vocab_file).is_file() else None)
 
 
-def load_encoder(path: str | Path, device: str | torch.device = "cpu") -> Encoder:
+def load_encoder(
+    path: str | Path, device: str | torch.device = "cpu", *, option: str = "--checkpoint"
+) -> Encoder:
     """Read the encoder at ``path`` (see the module docstring) onto ``device``.
+
+    A classifier's class names come from the ``label_vocab.json`` next to the checkpoint
+    (the folder given, the step folder, its run directory; a Hugging Face folder's own),
+    else from the run directory its configuration recorded when that is an absolute path
+    (a relative one is never resolved against the current directory).
+
+    Args:
+        option: the option that named ``path``, for error messages.
 
     Raises:
         CheckpointError: nothing readable there, or not an encoder (``model.type``
@@ -75,7 +87,7 @@ def load_encoder(path: str | Path, device: str | torch.device = "cpu") -> Encode
     from epochal.train.state.encoder_init import is_hf_folder, read_encoder
 
     path = Path(path)
-    config, state, has_lm_head = read_encoder(path)
+    config, state, has_lm_head = read_encoder(path, option=option)
     if not config.is_encoder:
         raise CheckpointError(
             f"{path}: holds a {config.type!r} model; embeddings need an ESM or BERT encoder"
@@ -89,6 +101,7 @@ def load_encoder(path: str | Path, device: str | torch.device = "cpu") -> Encode
             from epochal.data.indexed.tokenizer import build_tokenizer
 
             tokenizer = build_tokenizer("BertWordPieceLowerCase", vocab_file=str(vocab))
+        class_names = _class_names(path)
     else:
         tokenizer, class_names = _run_tokenizer(path, config)
     with torch.device("meta"):
@@ -105,7 +118,7 @@ def load_encoder(path: str | Path, device: str | torch.device = "cpu") -> Encode
 
 def _run_tokenizer(path: Path, config: ModelConfig) -> tuple[Any, list[str] | None]:
     from epochal.train.config import config_from_saved
-    from epochal.train.inputs.finetune import finetune_tokenizer, read_vocab
+    from epochal.train.inputs.finetune import finetune_tokenizer
     from epochal.train.state.epochal_ckpt import find_step_folder, tokenizer_for_run
 
     folder = find_step_folder(path)
@@ -114,11 +127,7 @@ def _run_tokenizer(path: Path, config: ModelConfig) -> tuple[Any, list[str] | No
         import tomllib
 
         saved = config_from_saved(tomllib.loads((folder / "config.toml").read_text()))
-    names = None
-    if saved is not None:
-        vocab = read_vocab(saved.run_dir) if Path(saved.run_dir).is_dir() else None
-        vocab = vocab or read_vocab(folder.parent.parent)
-        names = vocab.labels if vocab is not None else None
+    names = _class_names(path, folder, saved.run_dir if saved is not None else None)
     if config.type == "esm":
         return _esm_tokenizer(saved.data.vocab_file if saved is not None else None), names
     if saved is None:
@@ -126,6 +135,52 @@ def _run_tokenizer(path: Path, config: ModelConfig) -> tuple[Any, list[str] | No
     if config.head != "mlm":
         return finetune_tokenizer(saved), names
     return tokenizer_for_run(saved, str(folder / "config.toml")), names
+
+
+def _class_names(
+    path: Path, step_folder: Path | None = None, run_dir: str | None = None
+) -> list[str] | None:
+    """The classes of the ``label_vocab.json`` that goes with the checkpoint, or None."""
+    from epochal.data.datasets.labelled import LabelVocab
+    from epochal.train.inputs.finetune import label_vocab_file
+
+    found = label_vocab_file(path, step_folder, run_dir)
+    return None if found is None else LabelVocab.load(found).labels
+
+
+def encode_cut(tok: Any, text: str, count: int) -> list[int]:
+    """The first ``count`` token ids of ``text``, cutting a protein before it is encoded.
+
+    A text of one token per character (``tok.one_token_per_character``: every protein
+    the readers return, for ESM-2's tokenizer) is cut to ``count`` characters first, so
+    the memory does not grow with the protein's length; other text is encoded whole.
+    """
+    one_each = getattr(tok, "one_token_per_character", None)
+    if one_each is not None and one_each(text):
+        return tok.encode(text[:count])
+    return tok.encode(text)[:count]
+
+
+def _check_positions(enc: Encoder, sequences: list[str], max_length: int, names: Any) -> None:
+    """Refuse a sequence whose tokens exceed the model's positions (before any rank computes)."""
+    positions = enc.config.max_position_embeddings
+    if not positions or max_length <= positions:
+        return
+    one_each = getattr(enc.tokenizer, "one_token_per_character", None)
+    for i, text in enumerate(sequences):
+        n = (
+            len(text)
+            if one_each is not None and one_each(text)
+            else len(enc.tokenizer.encode(text))
+        )
+        tokens = min(n, max_length - 2) + 2
+        if tokens > positions:
+            name = names[i] if names is not None else f"sequence {i + 1}"
+            raise ValueError(
+                f"{name}: {tokens} tokens (<cls>, {tokens - 2} residues, <eos>) exceed the "
+                f"{positions} positions of the model {enc.source}; pass --max-length "
+                f"{positions} to embed its first {positions - 2} residues"
+            )
 
 
 def _batch(ids: list[list[int]], tok: Any, device: torch.device) -> dict[str, torch.Tensor]:
@@ -155,7 +210,7 @@ def _run(
     out: list[dict[str, torch.Tensor]] = []
     bar = tqdm(total=len(seqs), desc="embed", unit="seq", disable=not progress)
     for start in range(0, len(seqs), batch_size):
-        chunk = [tok.encode(s)[: max_length - 2] for s in seqs[start : start + batch_size]]
+        chunk = [encode_cut(tok, s, max_length - 2) for s in seqs[start : start + batch_size]]
         b = _batch(chunk, tok, device)
         h = model.encode(b["tokens"], None, b["padding"])
         pooled = mean_over_residues(h.float(), b["residue"]).cpu()
@@ -194,8 +249,13 @@ def embed_sequences(
     batch_size: int = 8,
     max_length: int = 1024,
     progress: bool = True,
+    names: list[str] | None = None,
 ) -> dict[str, torch.Tensor] | None:
     """Embeddings (and more) of ``sequences`` in their order (see the module docstring).
+
+    A sequence is cut to ``max_length - 2`` residues before it is tokenized (proteins
+    of one token per residue), so the memory does not grow with the longest protein.
+    ``names`` (the sequences' locations or ids) name a sequence in errors.
 
     Returns:
         On rank 0 (or without ``torch.distributed``): ``{"embeddings", "lengths",
@@ -204,7 +264,8 @@ def embed_sequences(
 
     Raises:
         ValueError: ``logits`` for a model without a masked-LM head, ``predictions`` for
-            one without a fine-tuning head, ``batch_size < 1`` or ``max_length < 3``.
+            one without a fine-tuning head, ``batch_size < 1`` or ``max_length < 3``, a
+            sequence longer than the model's positions (names it and ``--max-length``).
     """
     if batch_size < 1 or max_length < 3:
         raise ValueError(
@@ -216,6 +277,7 @@ def embed_sequences(
         )
     if predictions and enc.model.head is None:
         raise ValueError(f"{enc.source}: the model has no fine-tuning head: no predictions")
+    _check_positions(enc, sequences, max_length, names)
     what = {"residue_embeddings"} if per_residue else set()
     what |= {"logits"} if logits else set()
     what |= {"predictions"} if predictions else set()
@@ -237,7 +299,11 @@ def embed_sequences(
 
 def _stack(rows: list[dict[str, torch.Tensor]], hidden: int) -> dict[str, torch.Tensor]:
     if not rows:
-        return {"embeddings": torch.zeros(0, hidden), "lengths": torch.zeros(0, dtype=torch.long)}
+        return {
+            "embeddings": torch.zeros(0, hidden),
+            "lengths": torch.zeros(0, dtype=torch.long),
+            "offsets": torch.zeros(1, dtype=torch.long),
+        }
     out = {"embeddings": torch.stack([r["embeddings"] for r in rows])}
     out["lengths"] = torch.stack([r["length"] for r in rows]).long()
     out["offsets"] = torch.cat([torch.zeros(1, dtype=torch.long), torch.cumsum(out["lengths"], 0)])

@@ -45,7 +45,9 @@ from epochal.parallel.model_support import check_model_layout
 from epochal.parallel.rng import pipeline_stage_seed
 from epochal.parallel.step_model import LogitsObserver
 from epochal.train.config import TrainConfig, model_config_from_section, position_length
+from epochal.train.device import resolve_device
 from epochal.train.inputs.loaders import DataBundle, build_data
+from epochal.train.run_checks.kernels import check_process_group_backend
 from epochal.train.state.checkpoint import Checkpointer, SafeFileSystemReader, SafeLoadPlanner
 from epochal.train.state.model_state import ModelState
 from epochal.train.steps import set_data_parallel_group
@@ -118,6 +120,8 @@ class ParallelTrainer(Trainer):
         log: bool = True,
         dist_info: DistributedInfo | None = None,
     ) -> None:
+        if dist_info is None:  # nccl on a CPU fails inside init_process_group: say so first
+            check_process_group_backend(config, resolve_device(config.training.device))
         self.dist = dist_info or init_distributed(config.parallel, config.training.device)
         # Everything but the tokenizer's vocabulary (checked with the real config later).
         self.dims = check_layout(config, self.dist.world_size)
@@ -280,7 +284,8 @@ class ParallelTrainer(Trainer):
 
     @torch.no_grad()
     def evaluate(self, on_logits: LogitsObserver | None = None) -> float | None:
-        """Validation loss over ``eval_iters`` global batches (from the start of the validation data).
+        """Validation loss over ``eval_iters`` global batches (from the start of the validation data;
+        a fine-tuning table: all of it, the last global batch perhaps with fewer micro-batches).
 
         Evaluation callbacks and ``on_logits`` run on the last stage's ranks (see
         :meth:`Trainer.evaluate`).
@@ -290,8 +295,11 @@ class ParallelTrainer(Trainer):
         if loader is None or iters == 0:
             return None
         n_mb = self.num_microbatches()
-        iters = min(iters, len(loader) // n_mb)
-        if iters == 0:
+        if self.data.whole_validation:  # every micro-batch, the last group possibly shorter
+            sizes = [min(n_mb, len(loader) - i) for i in range(0, len(loader), n_mb)]
+        else:
+            sizes = [n_mb] * min(iters, len(loader) // n_mb)
+        if not sizes:
             return None
         for part in self.model_parts:
             part.eval()
@@ -303,11 +311,11 @@ class ParallelTrainer(Trainer):
         logged: list[dict[str, float]] = []
         losses: list[float] = []  # layout-invariant: every micro-batch's, in global order
         invariant = self.config.training.layout_invariant
-        for _ in range(iters):
-            mbs = [self.step_batch(next(it)) for _ in range(n_mb)] if it is not None else []
+        for n in sizes:
+            mbs = [self.step_batch(next(it)) for _ in range(n)] if it is not None else []
             loss = self.engine.eval_loss(
                 mbs,
-                num_microbatches=n_mb,
+                num_microbatches=n,
                 per_document=per_doc,
                 step=self.train_step_handler,
                 on_logits=observer,
@@ -320,13 +328,15 @@ class ParallelTrainer(Trainer):
             total += float(loss.item())
         for part in self.model_parts:
             part.train()
-        self.last_eval_logged = self.train_step_handler.eval_summary(reduce_logged(logged))
-        if invariant:
-            total = 0.0
+        step = self.train_step_handler
+        self.last_eval_logged = step.eval_summary(reduce_logged(logged))
+        mean = total / len(sizes)
+        if invariant:  # added in the global order and averaged per micro-batch, as one process
+            mean = 0.0
             for value in losses:
-                total += value
-            return total / len(losses)
-        return total / iters
+                mean += value
+            mean /= len(losses)
+        return step.evaluation_loss(mean, self.last_eval_logged)
 
     # ------------------------------------------------------------ checkpoints
     def app_state(self) -> dict[str, Any]:

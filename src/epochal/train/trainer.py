@@ -60,7 +60,7 @@ from epochal.parallel.dropout_keys import install_keyed_dropout
 from epochal.parallel.engine import compile_part
 from epochal.parallel.logged import reduce_logged
 from epochal.parallel.recompute import recompute_part
-from epochal.parallel.step_model import LogitsObserver, StepModel, merge_observers, run_train_step
+from epochal.parallel.step_model import LogitsObserver, StepModel, run_train_step
 from epochal.parallel.token_loss import token_cross_entropy
 from epochal.train.config import (
     TrainConfig,
@@ -70,20 +70,24 @@ from epochal.train.config import (
 )
 from epochal.train.device import compute_context, resolve_device
 from epochal.train.inputs.device_batch import batch_on_device
-from epochal.train.inputs.epoch_evidence import epoch_recorder
 from epochal.train.inputs.loaders import DataBundle, build_data
+from epochal.train.inputs.recorded_tokenizer import with_resolved_tokenizer
 from epochal.train.losses import masked_token_mean_loss
+from epochal.train.observe.data_records import DataRecords
+from epochal.train.observe.eval_callbacks import EvalCallbackSeams
 from epochal.train.observe.profiling import StepProfiler
 from epochal.train.observe.run_metrics import open_run_metrics
 from epochal.train.observe.throughput import ThroughputMeter
 from epochal.train.optim.loss_scaler import build_loss_scaler, unscale_gradients
 from epochal.train.optim.lr_schedule import OptimizerParamScheduler, scheduler_from_config
 from epochal.train.optim.optimizer import OptimizersContainer, adamw_from_config, clip_grad_norm
-from epochal.train.result import TrainResult
+from epochal.train.result import TrainResult, skipped_line
+from epochal.train.run_checks import check_device_options, check_state_memory
 from epochal.train.state.checkpoint import Checkpointer
 from epochal.train.state.dropout_seed import KeyedDropoutSeams
 from epochal.train.state.preemption import Preemption
 from epochal.train.state.resume import CheckpointSeams
+from epochal.train.state.resume_notes import resume_notes
 from epochal.train.state.rng import seed_everything
 from epochal.train.state.run_dir import archive_previous_history, check_resume_config
 from epochal.train.state.run_lock import hold_run_dir
@@ -101,7 +105,7 @@ LossFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 StepCallback = Callable[["Trainer", int, dict[str, Any]], None]
 
 
-class Trainer(CheckpointSeams, KeyedDropoutSeams):
+class Trainer(CheckpointSeams, EvalCallbackSeams, KeyedDropoutSeams):
     """Single-process GPT trainer (CPU or one GPU); see the module docstring.
 
     Args:
@@ -123,6 +127,7 @@ class Trainer(CheckpointSeams, KeyedDropoutSeams):
         data: DataBundle | None = None,
         log: bool = True,
     ) -> None:
+        config = with_resolved_tokenizer(config)  # the saved config names the tokenizer used
         self.config = config
         self.log = log
         t = config.training
@@ -135,6 +140,7 @@ class Trainer(CheckpointSeams, KeyedDropoutSeams):
         seed_everything(self.global_seed())
         self.run_dir = Path(config.run_dir)
         self.device = resolve_device(t.device, deterministic=t.deterministic_kernels)
+        check_device_options(config, self.device)  # before the data writes anything
         self.train_step_handler: TrainStep = self.build_train_step()
         if loss_fn is not None:
             self.loss_fn = loss_fn
@@ -153,6 +159,7 @@ class Trainer(CheckpointSeams, KeyedDropoutSeams):
         self.model_config: ModelConfig = model_config_from_section(
             config.model, vocab_size=self.data.vocab_size, seq_length=position_length(config)
         )
+        check_state_memory(config, self.model_config, self.device)
         self.model_parts = self.parallelize(self.build_model_parts())
         self.optimizers = self.build_optimizers()
         self.loss_scaler = build_loss_scaler(t, self.device)
@@ -285,7 +292,11 @@ class Trainer(CheckpointSeams, KeyedDropoutSeams):
         if self.config.data.pack_sequences:
             p = self.config.parallel
             multiple = p.tensor_parallel if p.sequence_parallel else 1
-            micro_batch = pack_padded_batch(micro_batch, pad_to_multiple_of=multiple)
+            micro_batch = pack_padded_batch(
+                micro_batch,
+                pad_to_multiple_of=multiple,
+                per_sample_keys=self.train_step_handler.per_sample_keys,
+            )
         out = batch_on_device(micro_batch, self.device)
         if not self.config.data.reset_position_ids:
             out.pop("position_ids", None)
@@ -387,45 +398,13 @@ class Trainer(CheckpointSeams, KeyedDropoutSeams):
             out["loss_scale"] = self.loss_scaler.scale
         return out
 
-    def add_eval_callback(self, fn: LogitsObserver) -> None:
-        """Call ``fn(batch, logits)`` for every validation micro-batch (after ``training.eval_callback``).
-
-        ``batch`` is the micro-batch on the device (``tokens``, ``labels``,
-        ``loss_mask``, ...), ``logits`` its whole output logits ``[b, s, V]`` (padded
-        vocabulary; T5: the decoder's), on the ranks holding the last pipeline
-        stage. A ``{name: number}`` it returns is averaged over the micro-batches and
-        data-parallel ranks and logged with the evaluation (``<name>`` in the ``"eval"`` records of
-        ``metrics.jsonl``); None logs nothing.
-        """
-        self.eval_callbacks.append(fn)
-
-    def eval_observer(self, extra: LogitsObserver | None = None) -> LogitsObserver | None:
-        """The evaluation callbacks (and ``extra``) as one observer; None when there are none."""
-        return merge_observers([*self.eval_callbacks, *([extra] if extra is not None else [])])
-
-    @torch.no_grad()
-    def evaluate_logits(self) -> list[torch.Tensor] | None:
-        """Run an evaluation and return its logits (Accelerate's ``return_logits``).
-
-        Returns:
-            this rank's validation micro-batches' logits, one float32 CPU tensor
-            ``[micro_batch_size, s, V]`` per micro-batch in order, on ranks holding
-            the last pipeline stage (None on the others). Under data parallelism
-            each rank has its own samples: ``torch.cat([gather_across_data_parallel_groups(x)
-            for x in logits])`` puts them in the order of a single-process run.
-            The evaluation's loss and logged values are kept as by :meth:`evaluate`.
-        """
-        kept: list[torch.Tensor] = []
-        self.evaluate(on_logits=lambda batch, logits: kept.append(logits.float().cpu()))
-        return kept if self.holds_last_stage() else None
-
-    def holds_last_stage(self) -> bool:
-        """Whether this rank computes the model's output (always, in one process)."""
-        return True
-
     @torch.no_grad()
     def evaluate(self, on_logits: LogitsObserver | None = None) -> float | None:
         """Validation loss: mean of the micro-batch losses over ``eval_iters`` global batches.
+
+        A fine-tuning table (``data.whole_validation``) is read whole, and the train
+        step may replace the mean by an exact loss
+        (:meth:`~epochal.train.steps.TrainStep.evaluation_loss`).
 
         Every evaluation reads the validation data from its start (the same
         samples every time). The train step's logged values, averaged the same
@@ -444,8 +423,9 @@ class Trainer(CheckpointSeams, KeyedDropoutSeams):
         total, count = 0.0, 0
         self.logged = []
         observer = self.eval_observer(on_logits)
+        limit = len(loader) if self.data.whole_validation else iters * n_mb
         for i, mb in enumerate(loader):
-            if i >= iters * n_mb:
+            if i >= limit:
                 break
             batch = self.step_batch(mb)
             with self.autocast():
@@ -453,8 +433,9 @@ class Trainer(CheckpointSeams, KeyedDropoutSeams):
             count += 1
         for part in self.model_parts:
             part.train()
-        self.last_eval_logged = self.train_step_handler.eval_summary(self.reduce_logged())
-        return total / count if count else None
+        step = self.train_step_handler
+        self.last_eval_logged = step.eval_summary(self.reduce_logged())
+        return step.evaluation_loss(total / count, self.last_eval_logged) if count else None
 
     # ------------------------------------------------------------------ loop
     def train(self) -> TrainResult:
@@ -481,8 +462,11 @@ class Trainer(CheckpointSeams, KeyedDropoutSeams):
         if folder is not None:
             changed = check_resume_config(folder, cfg, self.checkpointer)  # before loading
             self.load_checkpoint(folder)
-            if changed and self.log:
-                print(f"resuming with changed options: {'; '.join(changed)}", flush=True)
+            notes = resume_notes(self.checkpointer.read_trainer_state(folder), cfg)
+            if changed:
+                notes.insert(0, f"resuming with changed options: {'; '.join(changed)}")
+            for note in notes if self.log else []:
+                print(note, flush=True)
         elif cfg.checkpoint.init_from:
             self.init_from_checkpoint(self.find_checkpoint(cfg.checkpoint.init_from, "init_from"))
         start_step = self.step
@@ -493,6 +477,7 @@ class Trainer(CheckpointSeams, KeyedDropoutSeams):
             final_step=start_step,
             resumed_from=str(folder) if folder is not None else None,
             last_checkpoint=folder,
+            sample_check=self.sample_check,
         )
         if self.eval_history:
             result.eval_loss = self.eval_history[-1][1]
@@ -514,8 +499,8 @@ class Trainer(CheckpointSeams, KeyedDropoutSeams):
         if folder is not None and self.log:
             metrics.write_line(f"resumed from {folder} at step {self.step}")
         tokens_per_sample = cfg.data.seq_length
-        epochs = (  # per-epoch evidence of multi-epoch data (epochal.train.inputs.epoch_evidence); the logging rank only
-            epoch_recorder(self.data.train_loader.dataset, cfg.training.micro_batch_size)
+        evidence = (  # sample digests and per-epoch evidence (epochal.train.observe.data_records)
+            DataRecords(self.data.train_loader.dataset, cfg.training.micro_batch_size)
             if metrics.enabled
             else None
         )
@@ -555,14 +540,13 @@ class Trainer(CheckpointSeams, KeyedDropoutSeams):
                     **meter.step_fields(tokens, dt),
                     "step_time_s": dt,
                 }
-                if epochs is not None:
+                if evidence is not None:
                     after = self.data.train_loader.consumed_samples
-                    record["epoch"] = epochs.epochs(after)
-                    for k in epochs.starts_between(samples_before, after):
-                        metrics.log_record(epochs.record(k, self.step))
+                    evidence.annotate(record, samples_before, after, self.step, metrics.log_record)
                 metrics.log_train(self.step, record)
                 result.losses.append(out["loss"])
                 result.last_loss = out["loss"]
+                result.skipped_steps += int(out["skipped"])
                 last = self.step == total
                 ei = cfg.training.eval_interval
                 if (ei and self.step % ei == 0) or (last and cfg.training.eval_iters > 0):
@@ -570,7 +554,9 @@ class Trainer(CheckpointSeams, KeyedDropoutSeams):
                     if loss is not None:
                         self.eval_history.append((self.step, loss))
                         result.eval_loss = loss
-                        metrics.log_eval(self.step, loss, self.last_eval_logged)
+                        ppl = self.train_step_handler.perplexity(loss, self.last_eval_logged)
+                        result.eval_ppl = ppl
+                        metrics.log_eval(self.step, loss, self.last_eval_logged, ppl=ppl)
                 si = cfg.checkpoint.save_interval
                 saved = (si and self.step % si == 0) or (last and cfg.checkpoint.save_final)
                 if saved:
@@ -589,6 +575,8 @@ class Trainer(CheckpointSeams, KeyedDropoutSeams):
                     break
         finally:
             profiler.close(self.step)
+            if result.skipped_steps:
+                metrics.write_line(skipped_line(result.skipped_steps, len(result.losses)))
             metrics.close()
         result.final_step = self.step
         result.tokens_per_s = trained_tokens / train_time if train_time > 0 else 0.0

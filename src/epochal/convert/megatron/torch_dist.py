@@ -42,6 +42,7 @@ from torch.distributed.checkpoint import load as dcp_load
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
+from epochal._dcp import single_process_dcp
 from epochal.convert.common import ConversionError
 from epochal.convert.safe_load import safe_torch_load
 
@@ -124,7 +125,8 @@ def read_torch_dist(
     if not wanted:
         raise ConversionError(f"{folder}: no model tensors in the DCP metadata")
     try:
-        dcp_load(wanted, storage_reader=reader, planner=SafeLoadPlanner(), no_dist=True)
+        with single_process_dcp():
+            dcp_load(wanted, storage_reader=reader, planner=SafeLoadPlanner(), no_dist=True)
     except (Exception, CheckpointException) as exc:  # noqa: BLE001 - DCP wraps reader errors
         cause = dcp_failure(exc)
         if isinstance(cause, CheckpointError):  # a damaged shard, named
@@ -201,12 +203,13 @@ def write_torch_dist(
         # BertModel's output layer is a ColumnParallelLinear of its own (GPT's is not saved so)
         state["output_layer._extra_state/shard_0_1"] = [None]
     folder.mkdir(parents=True)
-    dcp_save(
-        state,
-        storage_writer=FileSystemWriter(str(folder)),
-        planner=DefaultSavePlanner(flatten_state_dict=False),
-        no_dist=True,
-    )
+    with single_process_dcp():
+        dcp_save(
+            state,
+            storage_writer=FileSystemWriter(str(folder)),
+            planner=DefaultSavePlanner(flatten_state_dict=False),
+            no_dist=True,
+        )
     torch.save(
         {"args": args, "iteration": iteration, "checkpoint_version": 3.0}, folder / "common.pt"
     )

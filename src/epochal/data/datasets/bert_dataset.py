@@ -266,6 +266,29 @@ class BERTDataset(Dataset):
         begin, end = self.sample_index[self._index(idx), :2]
         return int(begin), int(end)
 
+    def sample_identity(self, idx: int | EpochIndex) -> dict[str, Any]:
+        """Which sentences sample ``idx`` is built from (its masks are seeded by ``index``).
+
+        Returns:
+            ``{"dataset": name, "index": i, "document": d, "sentences": [first, last]}``:
+            the corpus file name (prefix without the folder), the sample's index in this
+            dataset, the document and its first and last sentence (corpus sentence ids,
+            inclusive).
+
+        Raises:
+            IndexError / TypeError: as ``dataset[idx]``.
+        """
+        i = self._index(idx)
+        begin, end = self.sample_index[i, :2].tolist()
+        bounds = self.dataset.document_indices
+        document = int(np.searchsorted(bounds, begin, side="right")) - 1
+        return {
+            "dataset": os.path.basename(self.name),
+            "index": i,
+            "document": document,
+            "sentences": [begin, end - 1],
+        }
+
     def earlier_occurrences(self, idx: int, before: int) -> np.ndarray:
         """Indices ``< before`` of the samples built from the same sentences as sample ``idx``.
 

@@ -142,6 +142,16 @@ def ltor_masks_and_position_ids(
     )
 
 
+def _pad_may_be_a_token(indexed_dataset: Any, pad_token_id: int) -> bool:
+    """Whether a real token can equal ``pad_token_id`` (not when the token dtype cannot hold it)."""
+    dtype = getattr(indexed_dataset, "dtype", None)
+    try:
+        info = np.iinfo(dtype)
+    except (TypeError, ValueError):
+        return True
+    return info.min <= pad_token_id <= info.max
+
+
 class GPTDataset(Dataset):
     """Megatron-Core's GPTDataset over any indexed dataset (duck-typed).
 
@@ -252,6 +262,17 @@ class GPTDataset(Dataset):
         self.eod_token_id = eod_token_id
         self.pad_token_id = pad_token_id
         self.num_samples_requested = num_samples
+        # epochal's IndexedDataset copies a window's documents in one call (read_pieces)
+        self._reads_pieces = callable(getattr(indexed_dataset, "read_pieces", None))
+        self._pad_may_be_a_token = _pad_may_be_a_token(indexed_dataset, pad_token_id)
+        self._plain_masks = None
+        if not (
+            reset_position_ids or reset_attention_mask or eod_mask_loss or create_attention_mask
+        ):
+            self._plain_masks = (
+                np.ones(self.seq_length, dtype=np.float32),
+                np.arange(self.seq_length, dtype=np.int64),
+            )
 
         lengths = np.asarray(indexed_dataset.sequence_lengths)
         if lengths.ndim != 1 or not np.issubdtype(lengths.dtype, np.integer):
@@ -368,27 +389,70 @@ class GPTDataset(Dataset):
             ``(tokens, document_ids)``: int64 ``[seq_length + extra]`` (padded with
             ``pad_token_id``) and int64 ``[documents in the window]``.
         """
-        i = int(self.shuffle_index[self._index(idx)])
+        tokens, doc_ids, _ = self._window(self._index(idx))
+        return tokens, doc_ids.astype(np.int64)
+
+    def _window(self, i: int) -> tuple[np.ndarray, np.ndarray, bool]:
+        """Tokens of sample ``i`` (checked index), its document ids and whether it is padded."""
+        i = int(self.shuffle_index[i])
         (beg_doc, beg_off), (end_doc, end_off) = self.sample_index[i : i + 2].tolist()
         extra = int(self.add_extra_token_to_sequence)
-        doc_ids = self.document_index[beg_doc : end_doc + 1].tolist()
+        doc_ids = self.document_index[beg_doc : end_doc + 1]
+        target = self.seq_length + extra
+        tokens = np.empty(target, dtype=np.int64)
+        if self._reads_pieces:  # one slice copy per document into the sample
+            filled = self.dataset.read_pieces(doc_ids, beg_off, end_off + extra, tokens)
+        else:
+            filled = self._read_parts(doc_ids.tolist(), beg_off, end_off + extra, tokens, i)
+        if filled < target:
+            tokens[filled:] = self.pad_token_id
+        return tokens, doc_ids, filled < target
+
+    def _read_parts(
+        self, doc_ids: list[int], beg_off: int, end_stop: int, out: np.ndarray, i: int
+    ) -> int:
+        """The window through ``get(idx, offset, length)`` calls (any indexed dataset)."""
         get = self.dataset.get
-        if beg_doc == end_doc:
-            parts = [get(doc_ids[0], offset=beg_off, length=end_off - beg_off + extra)]
+        if len(doc_ids) == 1:
+            parts = [get(doc_ids[0], offset=beg_off, length=end_stop - beg_off)]
         else:
             parts = [get(doc_ids[0], offset=beg_off)]
             parts.extend(get(d) for d in doc_ids[1:-1])
-            parts.append(get(doc_ids[-1], offset=0, length=end_off + extra))
-        target = self.seq_length + extra
+            parts.append(get(doc_ids[-1], offset=0, length=end_stop))
         filled = sum(len(part) for part in parts)
-        if filled > target:
+        if filled > out.shape[0]:
             raise ValueError(
-                f"sample {idx} of {self.name} reads {filled} tokens, more than {target}"
+                f"window {i} of {self.name} reads {filled} tokens, more than {out.shape[0]}"
             )
-        if filled < target:
-            parts.append(np.full(target - filled, self.pad_token_id, dtype=np.int64))
-        tokens = np.concatenate(parts, dtype=np.int64, casting="unsafe")
-        return tokens, np.asarray(doc_ids, dtype=np.int64)
+        out[:filled] = np.concatenate(parts, dtype=np.int64, casting="unsafe")
+        return filled
+
+    def sample_identity(self, idx: int | EpochIndex) -> dict[str, Any]:
+        """Which tokens sample ``idx`` is made of, without reading them (index arrays only).
+
+        Returns:
+            ``{"dataset": name, "epoch": e, "window": w, "documents": [[doc, start, end], ...]}``:
+            the file name of the corpus (its prefix without the folder), the epoch of
+            the documents the window starts in, the window's number before the shuffle,
+            and for each document it spans the token range ``[start, end)`` read from it
+            (the ``seq_length + 1`` tokens of ``tokens`` and ``labels`` together).
+
+        Raises:
+            IndexError / TypeError: as ``dataset[idx]``.
+        """
+        i = int(self.shuffle_index[self._index(idx)])
+        (beg_doc, beg_off), (end_doc, end_off) = self.sample_index[i : i + 2].tolist()
+        doc_ids = self.document_index[beg_doc : end_doc + 1].tolist()
+        lengths = self.dataset.sequence_lengths
+        spans = [[d, 0, int(lengths[d])] for d in doc_ids]
+        spans[0][1] = beg_off
+        spans[-1][2] = end_off + int(self.add_extra_token_to_sequence)
+        return {
+            "dataset": os.path.basename(self.name),
+            "epoch": beg_doc // self.documents.size,
+            "window": i,
+            "documents": spans,
+        }
 
     def __getitem__(self, idx: int | EpochIndex | None) -> dict[str, torch.Tensor]:
         """Return sample ``idx`` (``None``: a padding sample with an all-zero loss mask).
@@ -397,30 +461,36 @@ class GPTDataset(Dataset):
             IndexError: ``idx`` out of range.
             TypeError: ``idx`` is not an int, ``EpochIndex`` or ``None``.
         """
-        text = self.window(0 if idx is None else idx)[0]
+        text, _, padded = self._window(self._index(0 if idx is None else idx))
         pad = self.pad_token_id
         if self.add_extra_token_to_sequence:
-            tokens = text[:-1].copy()
+            tokens = text[:-1]  # a view: text is this sample's own array
             labels = text[1:].copy()
         else:
             tokens = text
             labels = np.empty_like(text)
             labels[:-1] = text[1:]
             labels[-1] = pad
-        attention_mask, loss_mask, position_ids = _ltor_numpy(
-            tokens,
-            self.eod_token_id,
-            self.reset_position_ids,
-            self.reset_attention_mask,
-            self.eod_mask_loss,
-            self.create_attention_mask,
-        )
+            padded = True
+        if self._plain_masks is not None:  # no EOD option, no mask: copies of fixed arrays
+            attention_mask = None
+            loss_mask, position_ids = (a.copy() for a in self._plain_masks)
+        else:
+            attention_mask, loss_mask, position_ids = _ltor_numpy(
+                tokens,
+                self.eod_token_id,
+                self.reset_position_ids,
+                self.reset_attention_mask,
+                self.eod_mask_loss,
+                self.create_attention_mask,
+            )
         # padding (and, as in Megatron, any real token equal to the pad id) is masked and zeroed
-        label_is_pad = labels == pad
-        if label_is_pad.any():
-            loss_mask[label_is_pad] = 0.0
-            labels[label_is_pad] = 0
-        tokens[tokens == pad] = 0
+        if padded or self._pad_may_be_a_token:
+            label_is_pad = labels == pad
+            if label_is_pad.any():
+                loss_mask[label_is_pad] = 0.0
+                labels[label_is_pad] = 0
+            tokens[tokens == pad] = 0
         if idx is None:
             loss_mask[:] = 0.0
         sample = {

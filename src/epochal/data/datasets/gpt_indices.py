@@ -22,7 +22,9 @@ token window in both:
 Megatron builds the sample index with a compiled C++ loop over documents; here
 it is computed in closed form: window ``k`` starts at global token position
 ``k * seq_length``, so its row is found from the cumulative document lengths
-with one pass of vectorized arithmetic (see :func:`build_sample_index`).
+with a few vectorized passes over cache-sized blocks (see
+:mod:`epochal.data.datasets.gpt_sample_index`). The two shuffles are Megatron's own
+``RandomState.shuffle`` calls on arrays of the same item size.
 
 All functions are pure: the only randomness is the ``RandomState`` passed in.
 """
@@ -33,6 +35,26 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from epochal.data.datasets.gpt_sample_index import (
+    build_sample_index,
+    count_samples,
+    length_table,
+    sample_index_dtype,
+)
+
+__all__ = [
+    "EpochPlan",
+    "build_document_index",
+    "build_gpt_indices",
+    "build_sample_index",
+    "build_shuffle_index",
+    "count_samples",
+    "document_lengths_of",
+    "document_range",
+    "plan_epochs",
+    "sample_index_dtype",
+    "tokens_in_documents",
+]
 #: Megatron-Core's threshold below which the final, partial epoch is shuffled separately.
 SEPARATE_FINAL_EPOCH_THRESHOLD = 0.80
 
@@ -107,6 +129,9 @@ def build_document_index(
 ) -> np.ndarray:
     """Repeat ``documents`` ``num_epochs`` times and shuffle, as Megatron-Core does.
 
+    The shuffle is the same ``RandomState.shuffle`` of an int32 array as Megatron's
+    (same permutation, same item size, so the same cost on any machine).
+
     Args:
         documents: int array ``[num_documents]`` of document ids to expose.
         num_epochs: number of repetitions (>= 1).
@@ -116,169 +141,16 @@ def build_document_index(
     Returns:
         int32 array ``[num_epochs * num_documents]``.
     """
-    documents = np.asarray(documents)
+    documents = np.asarray(documents).astype(np.int32, copy=False)
     if not separate_final_epoch or num_epochs == 1:
-        # Shuffling 8-byte items takes numpy's specialized (faster) path; the permutation
-        # depends only on the length, so it equals Megatron's shuffle of the int32 array.
-        index = np.tile(documents.astype(np.int64, copy=False), num_epochs)
-        random_state.shuffle(index)
-        return index.astype(np.int32)
-    first = build_document_index(documents, num_epochs - 1, random_state, False)
-    last = build_document_index(documents, 1, random_state, False)
-    return np.concatenate((first, last))
-
-
-def _shuffled_documents_and_lengths(
-    packed: np.ndarray,
-    num_epochs: int,
-    random_state: np.random.RandomState,
-    separate_final_epoch: bool,
-) -> np.ndarray:
-    """:func:`build_document_index` on ``(length << 32) | document`` int64 items.
-
-    Shuffling these 8-byte items moves each document's length along with its id, so
-    the sample index needs no random gather of lengths afterwards; the permutation is
-    the same as for the plain ids (it depends only on the length of the array).
-    """
-    if not separate_final_epoch or num_epochs == 1:
-        index = np.tile(packed, num_epochs)
+        index = np.tile(documents, num_epochs)
         random_state.shuffle(index)
         return index
-    first = _shuffled_documents_and_lengths(packed, num_epochs - 1, random_state, False)
-    last = _shuffled_documents_and_lengths(packed, 1, random_state, False)
-    return np.concatenate((first, last))
-
-
-def sample_index_dtype(document_index_size: int, max_document_length: int) -> type[np.integer]:
-    """Return the integer dtype Megatron-Core picks for the sample index (int32 when it fits)."""
-    if max(document_index_size, max_document_length) <= np.iinfo(np.int32).max:
-        return np.int32
-    return np.int64
-
-
-def count_samples(
-    total_tokens: int,
-    seq_length: int,
-    drop_last_partial_sequence: bool,
-    add_extra_token_to_sequence: bool,
-) -> int:
-    """Number of windows in ``total_tokens`` tokens, with Megatron's float32 rounding.
-
-    When the last partial window is kept, helpers.cpp computes
-    ``ceil(float(tokens - extra) / seq_length)`` in *single* precision; that
-    rounding is reproduced here because it decides the sample count.
-    """
-    usable = total_tokens - int(add_extra_token_to_sequence)
-    if drop_last_partial_sequence:
-        return usable // seq_length
-    return int(np.ceil(np.float32(usable) / np.float32(seq_length)))
-
-
-def _rows_by_search(
-    ends: np.ndarray, doc_lengths: np.ndarray, count: int, seq_length: int, extra: int, dtype: type
-) -> np.ndarray:
-    """Rows ``0..count`` by binary search of each window's last token (few windows per document)."""
-    out = np.empty((count + 1, 2), dtype=dtype)
-    out[0] = 0
-    positions = np.arange(1, count + 1, dtype=np.int64)
-    positions *= seq_length
-    doc = np.searchsorted(ends, positions + (extra - 1), side="right")
-    out[1:, 0] = doc
-    starts = np.take(ends, doc)
-    starts -= np.take(doc_lengths, doc)
-    np.subtract(positions, starts, out=out[1:, 1], casting="unsafe")
-    return out
-
-
-def _rows_by_repeat(
-    ends: np.ndarray,
-    doc_lengths: np.ndarray,
-    count: int,
-    num_samples: int,
-    seq_length: int,
-    extra: int,
-    dtype: type,
-) -> np.ndarray:
-    """Rows ``0..count`` by counting the window ends in each document (many windows per document)."""
-    num_docs = doc_lengths.shape[0]
-    # covered[j]: windows k >= 1 whose last token (k * s + extra - 1) lies before ends[j]
-    covered = ends - extra
-    np.floor_divide(covered, seq_length, out=covered)
-    np.clip(covered, 0, num_samples, out=covered)
-    # table row 0 is window 0 = (0, 0); row j + 1 is (document j, its start position)
-    table = np.empty((num_docs + 1, 2), dtype=dtype)
-    table[0] = 0
-    table[1:, 0] = np.arange(num_docs, dtype=dtype)
-    # start positions modulo the dtype's range: the offsets fit, so wrapping arithmetic is exact
-    np.subtract(ends, doc_lengths, out=table[1:, 1], casting="unsafe")
-    repeats = np.empty(num_docs + 1, dtype=np.int64)
-    repeats[0] = 1
-    np.subtract(covered[1:], covered[:-1], out=repeats[2:])
-    repeats[1 : min(2, num_docs + 1)] = covered[:1]
-    out = np.repeat(table, repeats, axis=0)  # [count + 1, 2]: (document, start)
-    positions = np.arange(count + 1, dtype=dtype)
-    np.multiply(positions, seq_length, out=positions)  # wraps like the starts do
-    np.subtract(positions, out[:, 1], out=out[:, 1])
-    return out
-
-
-def build_sample_index(
-    sequence_lengths: np.ndarray,
-    document_index: np.ndarray,
-    seq_length: int,
-    num_epochs: int,
-    num_tokens_per_epoch: int,
-    drop_last_partial_sequence: bool = True,
-    add_extra_token_to_sequence: bool = True,
-    document_lengths: np.ndarray | None = None,
-) -> np.ndarray:
-    """Build the sample index equal to Megatron-Core's ``helpers.build_sample_idx``.
-
-    Window ``k`` starts at global token position ``p = k * seq_length`` of the
-    concatenated documents ``document_index[0], document_index[1], ...``. Its row is
-    ``(j, p - start(j))`` where ``j`` is the document holding the window's last token
-    ``p + extra - 1`` (zero-length documents are skipped). A window that runs past
-    the last document (only when the partial last window is kept) ends at
-    ``(last, length(last) - extra)``, as in the C++ loop.
-
-    Args:
-        sequence_lengths: int array ``[corpus documents]``, tokens per document.
-        document_index: int array ``[D]`` from :func:`build_document_index`.
-        seq_length: tokens per sample.
-        num_epochs: epochs in ``document_index``.
-        num_tokens_per_epoch: tokens per epoch.
-        drop_last_partial_sequence: drop (True) or keep (False, padded) a last partial window.
-        add_extra_token_to_sequence: windows hold ``seq_length + 1`` tokens.
-        document_lengths: ``sequence_lengths[document_index]`` when already known.
-
-    Returns:
-        ``[num_samples + 1, 2]`` array, int32 unless the sizes need int64.
-    """
-    extra = int(add_extra_token_to_sequence)
-    total_tokens = num_epochs * num_tokens_per_epoch
-    num_samples = count_samples(total_tokens, seq_length, drop_last_partial_sequence, bool(extra))
-    lengths = np.asarray(sequence_lengths)
-    if document_lengths is None:  # int64 indices take numpy's fastest gather path
-        doc_lengths = np.take(lengths, np.asarray(document_index).astype(np.int64, copy=False))
-    else:
-        doc_lengths = np.asarray(document_lengths)
-    num_docs = doc_lengths.shape[0]
-    dtype = sample_index_dtype(num_docs, int(lengths.max()) if lengths.size else 0)
-
-    # ends[j]: global token position one past document j (exact, int64)
-    ends = np.cumsum(doc_lengths, dtype=np.int64)
-    total = int(ends[-1]) if num_docs else 0
-    num_covered = min(num_samples, max(0, (total - extra) // seq_length))
-    if 2 * num_samples < num_docs:
-        out = _rows_by_search(ends, doc_lengths, num_covered, seq_length, extra, dtype)
-    else:
-        out = _rows_by_repeat(ends, doc_lengths, num_covered, num_samples, seq_length, extra, dtype)
-    if num_covered < num_samples:  # kept partial window(s) running past the last document
-        tail = np.empty((num_samples - num_covered, 2), dtype=dtype)
-        tail[:, 0] = num_docs - 1
-        tail[:, 1] = int(doc_lengths[-1]) - extra
-        out = np.concatenate((out, tail))
-    return out
+    index = np.tile(documents, num_epochs)
+    first, last = index[: -documents.shape[0]], index[-documents.shape[0] :]
+    random_state.shuffle(first)  # views of one array: no concatenation afterwards
+    random_state.shuffle(last)
+    return index
 
 
 def build_shuffle_index(
@@ -295,13 +167,14 @@ def build_shuffle_index(
         uint32 array ``[total_size]`` (int64 when ``total_size`` needs it), as Megatron-Core.
     """
     dtype = np.uint32 if total_size < np.iinfo(np.uint32).max - 1 else np.int64
-    first = np.arange(num_samples, dtype=np.int64)  # 8-byte items: numpy's faster shuffle
-    random_state.shuffle(first)
-    if num_samples == total_size:
-        return first.astype(dtype, copy=False)
-    last = np.arange(num_samples, total_size, dtype=np.int64)
-    random_state.shuffle(last)
-    return np.concatenate((first, last)).astype(dtype, copy=False)
+    # Megatron's item size: the same shuffle, so the same cost on any machine (8-byte items
+    # take numpy's specialized loop, faster where the array stays in cache, slower where
+    # twice the bytes miss it)
+    index = np.arange(total_size, dtype=dtype)
+    random_state.shuffle(index[:num_samples])  # views of one array: no concatenation
+    if num_samples < total_size:
+        random_state.shuffle(index[num_samples:])
+    return index
 
 
 def document_range(documents: np.ndarray) -> tuple[int, int] | None:
@@ -355,28 +228,22 @@ def build_gpt_indices(
 
     Raises:
         ValueError: if the documents hold no tokens, or an argument is out of range.
+        IndexError: a document id outside ``[0, len(sequence_lengths))``.
     """
     lengths = np.asarray(sequence_lengths)
     documents = np.asarray(documents)
+    if documents.size and (int(documents.min()) < 0 or int(documents.max()) >= lengths.shape[0]):
+        raise IndexError(
+            f"documents hold ids in [{int(documents.min())}, {int(documents.max())}], "
+            f"outside [0, {lengths.shape[0]})"
+        )
     if num_tokens_per_epoch is None:
         num_tokens_per_epoch = tokens_in_documents(lengths, documents)
     plan = plan_epochs(num_tokens_per_epoch, num_samples, seq_length, add_extra_token_to_sequence)
     random_state = np.random.RandomState(seed)
-    if documents.size and int(documents.min()) >= 0 and int(documents.max()) < 2**31:
-        # shuffle (length, id) pairs together: the same permutation, no gather afterwards
-        packed = document_lengths_of(lengths, documents).astype(np.int64) << 32
-        packed |= documents.astype(np.int64)
-        shuffled = _shuffled_documents_and_lengths(
-            packed, plan.num_epochs, random_state, plan.separate_final_epoch
-        )
-        document_index = shuffled.astype(np.int32)  # the low 32 bits: the ids
-        shuffled >>= 32
-        document_lengths: np.ndarray | None = shuffled
-    else:
-        document_index = build_document_index(
-            documents, plan.num_epochs, random_state, plan.separate_final_epoch
-        )
-        document_lengths = None
+    document_index = build_document_index(
+        documents, plan.num_epochs, random_state, plan.separate_final_epoch
+    )
     sample_index = build_sample_index(
         lengths,
         document_index,
@@ -385,7 +252,7 @@ def build_gpt_indices(
         num_tokens_per_epoch,
         drop_last_partial_sequence,
         add_extra_token_to_sequence,
-        document_lengths=document_lengths,
+        table=length_table(lengths),  # the ids were checked above
     )
     total = sample_index.shape[0] - 1
     first = plan.num_samples_sans_final_epoch if plan.separate_final_epoch else total

@@ -1,12 +1,16 @@
-"""Labelled protein (or text) tables for fine-tuning: CSV / TSV / parquet -> model samples.
+"""Labelled protein tables for fine-tuning: CSV / TSV / parquet -> model samples.
 
 Reading (:func:`read_labelled_table`): a table with a sequence column and a label
 column (names configurable; BioNeMo's fine-tuning CSVs and aaanalysis' ``SEQ_*.tsv``
-use ``sequence`` and ``label``). ``.csv`` is comma-separated, ``.tsv``/``.tab``
-tab-separated (both read with the standard library), ``.parquet`` needs ``pyarrow``.
+use ``sequence`` and ``label``). ``.csv`` is comma-separated, ``.tsv``/``.tab``/``.txt``
+tab-separated (optionally gzipped), ``.parquet`` needs ``pyarrow``; the table reader
+and the sequence rules are the pretraining inputs' (:mod:`epochal.data.proteins.tables`,
+:mod:`epochal.data.proteins.sequences`): sequences are upper-cased and checked
+against the protein alphabet, so training and ``epochal embed`` see the same residues.
 Errors name the file and the row (1-based data rows, the header not counted):
-a missing column, an empty sequence, a regression label that is not a number, a
-per-residue label string whose length differs from its sequence.
+a missing column, an empty sequence, a character outside the alphabet, a regression
+label that is not a number (or has another count of values than ``model.num_labels``),
+a per-residue label string whose length differs from its sequence.
 
 Labels (:class:`LabelVocab`): classification classes are the distinct training
 labels in sorted order (deterministic; saved with the run as ``label_vocab.json``).
@@ -27,7 +31,6 @@ token), ``residue_mask`` int64 ``[s]`` (1 = a residue), ``labels`` (float32
 
 from __future__ import annotations
 
-import csv
 import json
 import math
 import os
@@ -38,6 +41,9 @@ from typing import Any
 
 import torch
 
+from epochal.data.proteins.sequences import clean_sequence
+from epochal.data.proteins.tables import TABLE_DELIMITERS, TableReader
+
 __all__ = [
     "LabelVocab",
     "LabelledDataError",
@@ -47,6 +53,7 @@ __all__ = [
     "end_token",
     "read_labelled_table",
     "read_sequence_table",
+    "regression_values",
 ]
 
 #: What a label means: a value, a class per sequence, a class per residue.
@@ -82,29 +89,8 @@ class LabelledTable:
     ids: list[str]
 
 
-def _rows(path: Path) -> tuple[list[str], list[list[Any]]]:
-    suffix = path.suffix.lower()
-    if suffix == ".parquet":
-        try:
-            import pyarrow.parquet as pq
-        except ImportError as exc:  # pragma: no cover - the hf extra
-            raise LabelledDataError(
-                f"{path}: reading parquet needs pyarrow (pip install pyarrow)"
-            ) from exc
-        table = pq.read_table(path)
-        names = list(table.column_names)
-        columns = [table.column(n).to_pylist() for n in names]
-        return names, [list(r) for r in zip(*columns)]
-    if suffix not in (".csv", ".tsv", ".tab", ".txt"):
-        raise LabelledDataError(f"{path}: unknown table format {suffix!r} (.csv, .tsv or .parquet)")
-    delimiter = "," if suffix == ".csv" else "\t"
-    with open(path, newline="", encoding="utf-8") as stream:
-        reader = csv.reader(stream, delimiter=delimiter)
-        try:
-            header = next(reader)
-        except StopIteration:
-            raise LabelledDataError(f"{path}: empty file (no header row)") from None
-        return [h.strip() for h in header], [row for row in reader if row]
+#: the suffixes of labelled tables (``.txt`` is tab-separated, as aaanalysis' tables).
+LABELLED_TABLES: dict[str, str | None] = {**TABLE_DELIMITERS, ".txt": "\t"}
 
 
 def read_sequence_table(
@@ -115,41 +101,55 @@ def read_sequence_table(
 ) -> LabelledTable:
     """Read sequences (and labels) of a CSV / TSV / parquet table, in file order.
 
+    The table is read by :class:`~epochal.data.proteins.tables.TableReader` (encodings,
+    trailing delimiters, size bounds) and every sequence is cleaned by the protein rules
+    of :func:`~epochal.data.proteins.sequences.clean_sequence`, as pretraining inputs
+    and ``epochal embed`` are: upper-cased, whitespace removed, characters outside the
+    alphabet refused.
+
     Raises:
         FileNotFoundError: no such file.
-        LabelledDataError: an unknown format, a missing column (the columns found are
-            listed), or an empty sequence / label (the row is named).
+        LabelledDataError: an unknown format, a file that is not UTF-8, a missing column
+            (the columns found are listed), a row with too many or too few cells, an
+            empty sequence / label, a sequence the protein rules refuse, a cell over the
+            length limit (file and row named).
     """
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such table")
-    names, rows = _rows(path)
+    table = TableReader(path, LabelledDataError, suffixes=LABELLED_TABLES)
+    names = table.columns
     wanted = [c for c in (sequence_column, label_column, id_column) if c]
     for column in wanted:
         if column not in names:
             raise LabelledDataError(f"{path}: no column {column!r} (columns: {names})")
-    si = names.index(sequence_column)
-    li = names.index(label_column) if label_column else None
-    ii = names.index(id_column) if id_column else None
-    sequences, labels, ids = [], [] if li is not None else None, []
-    for n, row in enumerate(rows, start=1):
-        if len(row) < len(names):
-            raise LabelledDataError(
-                f"{path}: row {n} has {len(row)} fields, the header {len(names)}"
-            )
-        seq = "" if row[si] is None else str(row[si]).strip()
-        if not seq:
+    sequences: list[str] = []
+    labels: list[str] | None = [] if label_column else None
+    ids: list[str] = []
+    for n, values in table.rows(wanted):
+        cells = dict(zip(wanted, values))
+        seq = cells[sequence_column]
+        if seq is None or not str(seq).strip():
             raise LabelledDataError(f"{path}: row {n}: empty sequence")
-        sequences.append(seq)
-        ids.append(str(row[ii]) if ii is not None else str(n))
-        if li is not None:
-            label = row[li]
+        sequences.append(clean_sequence(str(seq), f"{path}: row {n}", error=LabelledDataError))
+        ids.append(str(cells[id_column]) if id_column else str(n))
+        if labels is not None:
+            label = cells[label_column]
             if label is None or str(label).strip() == "":
                 raise LabelledDataError(f"{path}: row {n}: empty label in column {label_column!r}")
             labels.append(str(label).strip())
     if not sequences:
-        raise LabelledDataError(f"{path}: no rows")
+        raise LabelledDataError(f"{path}: no rows (a header without data)")
     return LabelledTable(path, sequences, labels, ids)
+
+
+def regression_values(label: str) -> list[float]:
+    """The numbers of a regression label: separated by spaces or commas (``"0.5 2"``, ``"0.5,2"``).
+
+    Raises:
+        ValueError: a part is not a number.
+    """
+    return [float(v) for v in label.replace(",", " ").split()]
 
 
 def read_labelled_table(
@@ -157,13 +157,20 @@ def read_labelled_table(
     task: str,
     sequence_column: str = "sequence",
     label_column: str = "label",
+    *,
+    num_labels: int | None = None,
 ) -> LabelledTable:
     """:func:`read_sequence_table` with labels checked for ``task`` (one of :data:`TASKS`).
 
+    Args:
+        num_labels: regression: the number of values every label must hold (None: any).
+
     Raises:
         LabelledDataError: besides the reading errors, a regression label that is not
-            a number (or space-separated numbers), or a per-residue label string whose
-            length differs from its sequence's (row, both lengths named).
+            a number (or space-separated numbers), one with another number of values
+            than ``num_labels`` (``"1,5"`` is two values: decimals take a point), or a
+            per-residue label string whose length differs from its sequence's (file,
+            row and both lengths named).
     """
     if task not in TASKS:
         raise ValueError(f"task must be one of {TASKS}, got {task!r}")
@@ -172,12 +179,24 @@ def read_labelled_table(
     for n, (seq, label) in enumerate(zip(table.sequences, table.labels), start=1):
         if task == "sequence_regression":
             try:
-                values = [float(v) for v in label.replace(",", " ").split()]
+                values = regression_values(label)
             except ValueError:
                 values = []
             if not values or not all(math.isfinite(v) for v in values):
                 raise LabelledDataError(
                     f"{table.path}: row {n}: regression label {label!r} is not a finite number"
+                )
+            # the model trains on float32 targets: a value beyond its range becomes inf
+            if not bool(torch.isfinite(torch.tensor(values, dtype=torch.float32)).all()):
+                raise LabelledDataError(
+                    f"{table.path}: row {n}: regression label {label!r} is beyond float32's "
+                    f"range (|x| <= {torch.finfo(torch.float32).max:.4g})"
+                )
+            if num_labels is not None and len(values) != num_labels:
+                raise LabelledDataError(
+                    f"{table.path}: row {n}: regression label {label!r} holds {len(values)} "
+                    f"values, model.num_labels={num_labels} (values are separated by spaces "
+                    "or commas; write decimals with a point: 1.5)"
                 )
         elif task == "residue_classification" and len(label) != len(seq):
             raise LabelledDataError(
@@ -239,6 +258,8 @@ class LabelledSequenceDataset:
         seq_length: tokens per sample (>= 3).
         vocab: the classes (classification tasks).
         num_labels: regression targets per sequence.
+        ids: each sequence's row of its table (:attr:`LabelledTable.ids`), for
+            :meth:`sample_identity`; default the 1-based positions.
     """
 
     def __init__(
@@ -251,6 +272,7 @@ class LabelledSequenceDataset:
         seq_length: int,
         vocab: LabelVocab | None = None,
         num_labels: int = 1,
+        ids: Sequence[str] | None = None,
     ) -> None:
         if seq_length < 3:
             raise ValueError(f"seq_length must be >= 3 (<cls>, a residue, <eos>), got {seq_length}")
@@ -266,9 +288,17 @@ class LabelledSequenceDataset:
         self.cls = tokenizer.cls
         self.eos = end_token(tokenizer)
         self.pad = tokenizer.pad
+        self.ids = [str(i) for i in range(1, len(self.sequences) + 1)] if ids is None else list(ids)
+        if len(self.ids) != len(self.sequences):
+            raise ValueError(f"got {len(self.ids)} ids for {len(self.sequences)} sequences")
 
     def __len__(self) -> int:
         return len(self.sequences)
+
+    def sample_identity(self, idx: int) -> dict[str, Any]:
+        """``{"row": r}``: the table row of sequence ``idx`` (its number when the id is one)."""
+        row = self.ids[int(idx)]
+        return {"row": int(row) if row.isdigit() else row}
 
     def residues(self, idx: int) -> list[int]:
         """The token ids of sequence ``idx`` without special tokens (not cut).
@@ -305,7 +335,7 @@ class LabelledSequenceDataset:
     def _label(self, idx: int, n: int) -> torch.Tensor:
         label = self.labels[idx]
         if self.task == "sequence_regression":
-            values = [float(v) for v in label.replace(",", " ").split()]
+            values = regression_values(label)
             if len(values) != self.num_labels:
                 raise LabelledDataError(
                     f"sequence {idx + 1}: {len(values)} regression values, model.num_labels={self.num_labels}"

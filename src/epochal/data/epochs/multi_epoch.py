@@ -183,6 +183,30 @@ class MultiEpochDatasetResampler(Dataset[T_co]):
             return getitems(keys)
         return [self.dataset[k] for k in keys]
 
+    def sample_identity(self, index: int) -> dict[str, Any]:
+        """``{"epoch": e, **identity}`` of global sample ``index`` without reading it.
+
+        ``identity`` is the dataset's ``sample_identity(EpochIndex(e, idx))`` when it has
+        one (e.g. ESM-2's cluster, a table's row), else ``{"index": idx}``.
+
+        Raises:
+            IndexError / TypeError: as :meth:`epoch_index`.
+        """
+        return self._identity(self.epoch_index(index))
+
+    def sample_identities(self, start: int, stop: int) -> list[dict[str, Any]]:
+        """:meth:`sample_identity` of global samples ``start .. stop - 1`` (epochs mapped at once).
+
+        Raises:
+            IndexError: the range is not inside ``[0, len(self)]`` or ``start > stop``.
+        """
+        epochs, idx = self.epoch_indices(start, stop)
+        return [self._identity(EpochIndex(e, i)) for e, i in zip(epochs.tolist(), idx.tolist())]
+
+    def _identity(self, key: EpochIndex) -> dict[str, Any]:
+        inner = getattr(self.dataset, "sample_identity", None)
+        return {"epoch": key.epoch, **(inner(key) if inner is not None else {"index": key.idx})}
+
     def epoch_indices(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
         """Return the ``EpochIndex`` values of global indices ``start .. stop-1`` as arrays.
 
@@ -315,6 +339,12 @@ class MultiEpochDatasetWrapper(Dataset[U_co], Generic[T, U_co], ABC):
     def __len__(self) -> int:
         """Return ``len(dataset)``."""
         return len(self.dataset)
+
+    def sample_identity(self, index: EpochIndex) -> dict[str, Any]:
+        """The underlying item's ``sample_identity(index.idx)``, else ``{"index": index.idx}``."""
+        idx = as_epoch_index(index).idx
+        inner = getattr(self.dataset, "sample_identity", None)
+        return inner(idx) if inner is not None else {"index": idx}
 
 
 class IdentityMultiEpochDatasetWrapper(MultiEpochDatasetWrapper[T, T]):

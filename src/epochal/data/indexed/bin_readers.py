@@ -37,6 +37,11 @@ class MMapTokenReader:
         self.bin_path = bin_path
         self._tokens = map_file(bin_path).view(dtype)
 
+    @property
+    def tokens(self) -> np.ndarray:
+        """The whole token array (read-only view of the mapping)."""
+        return self._tokens
+
     def read(self, start: int, stop: int) -> np.ndarray:
         """Return tokens ``[start, stop)`` (token offsets), shape ``(stop - start,)``."""
         return self._tokens[start:stop]
@@ -58,6 +63,11 @@ class CachedTokenReader:
         self.bin_path = bin_path
         self._tokens = np.fromfile(bin_path, dtype=dtype)
         self._tokens.flags.writeable = False
+
+    @property
+    def tokens(self) -> np.ndarray:
+        """The whole token array (read-only, in memory)."""
+        return self._tokens
 
     def read(self, start: int, stop: int) -> np.ndarray:
         """Return tokens ``[start, stop)`` (token offsets), shape ``(stop - start,)``."""
@@ -85,6 +95,9 @@ class FileTokenReader:
         self._dtype = dtype
         self._itemsize = dtype.itemsize
         self._fd: int | None = os.open(bin_path, os.O_RDONLY)
+
+    #: No whole-file array: reads go through ``pread``.
+    tokens = None
 
     def read(self, start: int, stop: int) -> np.ndarray:
         """Return tokens ``[start, stop)`` (token offsets), shape ``(stop - start,)``.

@@ -100,6 +100,7 @@ class IndexedDataset:
     # ------------------------------------------------------------------ opening
     def _open(self, validate: bool, validation_cache: PathLike | None = None) -> None:
         idx_path, bin_path = self.idx_path, self.bin_path
+        self.validated = bool(validate)  # the full check passes below, or passed before
         for path in (idx_path, bin_path):
             if not os.path.isfile(path):
                 raise FileNotFoundError(
@@ -314,6 +315,85 @@ class IndexedDataset:
             return tokens, self.sequence_modes[i]
         return tokens
 
+    def read_pieces(
+        self, ids: np.ndarray, first_offset: int, last_stop: int, out: np.ndarray
+    ) -> int:
+        """Copy sequences ``ids`` laid end to end into ``out``; return the tokens written.
+
+        The first sequence is copied from token ``first_offset``, the last one up to token
+        ``last_stop`` (exclusive), every other one whole (one sequence: tokens
+        ``[first_offset, last_stop)``). This is what a GPT window reads; with a validated
+        index in ``mmap`` or ``cached`` mode it is one slice copy per sequence, without
+        the per-read checks of :meth:`get` (the open-time check covers every sequence).
+
+        Args:
+            ids: int array ``[k >= 1]`` of sequence indices.
+            first_offset: first token of ``ids[0]``.
+            last_stop: end (exclusive) of the tokens of ``ids[-1]``.
+            out: 1-D array with room for the tokens (any numeric dtype; values are cast).
+
+        Returns:
+            The number of tokens written to the start of ``out``.
+
+        Raises:
+            IndexError: a sequence index out of range, offsets outside their sequences,
+                or more tokens than ``out`` holds (nothing is read then).
+            TypeError: a multimodal dataset (its reads carry modes).
+        """
+        if self.sequence_modes is not None:
+            raise TypeError(
+                f"read_pieces reads token-only datasets; {self.path_prefix} is multimodal"
+            )
+        tokens = self._reader.tokens if self.validated else None
+        if tokens is None:  # lazy mode or unvalidated index: the checked per-sequence reads
+            return self._read_pieces_checked(ids, first_offset, last_stop, out)
+        pointers, lengths = self.sequence_pointers, self.sequence_lengths
+        itemsize = self.dtype.itemsize
+        ids_list = ids.tolist()
+        last = len(ids_list) - 1
+        spans = []
+        total = 0
+        for n, i in enumerate(ids_list):
+            if not 0 <= i < self._len:
+                raise IndexError(f"sequence index {i} out of range for {self._len} sequences")
+            start = int(pointers[i]) // itemsize
+            length = int(lengths[i])
+            first = first_offset if n == 0 else 0
+            stop = last_stop if n == last else length
+            if not 0 <= first <= stop <= length:
+                raise IndexError(
+                    f"read_pieces: tokens [{first}, {stop}) are outside sequence {i} of length "
+                    f"{length} in {self.path_prefix}"
+                )
+            spans.append((start + first, start + stop))
+            total += stop - first
+        if total > out.shape[0]:
+            raise IndexError(
+                f"read_pieces({ids_list}, {first_offset}, {last_stop}) reads {total} tokens of "
+                f"{self.path_prefix}; out holds {out.shape[0]}"
+            )
+        np.concatenate([tokens[a:b] for a, b in spans], out=out[:total], casting="unsafe")
+        return total
+
+    def _read_pieces_checked(
+        self, ids: np.ndarray, first_offset: int, last_stop: int, out: np.ndarray
+    ) -> int:
+        ids_list = ids.tolist()
+        if len(ids_list) == 1:
+            parts = [self.get(ids_list[0], first_offset, last_stop - first_offset)]
+        else:
+            parts = [self.get(ids_list[0], first_offset)]
+            parts.extend(self.get(i) for i in ids_list[1:-1])
+            parts.append(self.get(ids_list[-1], 0, last_stop))
+        total = sum(len(part) for part in parts)
+        if total > out.shape[0]:
+            raise IndexError(
+                f"read_pieces({ids_list}, {first_offset}, {last_stop}) reads {total} tokens of "
+                f"{self.path_prefix}; out holds {out.shape[0]}"
+            )
+        np.concatenate(parts, out=out[:total], casting="unsafe")
+        return total
+
     def __iter__(self) -> Iterator[Any]:
         for i in range(self._len):
             yield self[i]
@@ -346,13 +426,19 @@ class IndexedDataset:
         self.close()
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"path_prefix": self.path_prefix, "mode": self.mode, "multimodal": self.multimodal}
+        return {
+            "path_prefix": self.path_prefix,
+            "mode": self.mode,
+            "multimodal": self.multimodal,
+            "validated": self.validated,
+        }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.path_prefix = state["path_prefix"]
         self.mode = state["mode"]
         self.multimodal = state["multimodal"]
-        self._open(validate=False)
+        self._open(validate=False)  # the O(1) checks; the full one is the original's
+        self.validated = bool(state.get("validated", False))
 
     def __repr__(self) -> str:
         return (

@@ -44,6 +44,7 @@ __all__ = [
     "Tokenizer",
     "TokenizerFileError",
     "build_tokenizer",
+    "canonical_tokenizer_type",
     "find_gpt2_bpe_files",
     "TOKENIZER_TYPES",
 ]
@@ -69,6 +70,11 @@ TOKENIZER_TYPES = {
     "esm2": "ESM2Tokenizer",
     "esm": "ESM2Tokenizer",
 }
+
+
+def canonical_tokenizer_type(tokenizer_type: str) -> str | None:
+    """The canonical name of an accepted ``--tokenizer-type`` (:data:`TOKENIZER_TYPES`), or None."""
+    return TOKENIZER_TYPES.get(tokenizer_type.lower().replace("-", "").replace("_", ""))
 
 
 def build_tokenizer(
@@ -104,7 +110,7 @@ def build_tokenizer(
         FileNotFoundError: a file is missing.
         TokenizerFileError: a file is malformed.
     """
-    kind = TOKENIZER_TYPES.get(tokenizer_type.lower().replace("-", "").replace("_", ""))
+    kind = canonical_tokenizer_type(tokenizer_type)
     if kind is None:
         raise ValueError(
             f"--tokenizer-type {tokenizer_type!r} is not one of ByteLevelTokenizer, GPT2BPETokenizer, "

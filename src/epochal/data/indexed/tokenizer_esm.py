@@ -75,6 +75,11 @@ class ESM2Tokenizer(Tokenizer):
         self.unique_identifiers = {"class": "ESM2Tokenizer", "tokenizer_path": [self.source]}
         by_length = sorted(self._tokens, key=len, reverse=True)
         self._splitter = re.compile("(" + "|".join(map(re.escape, by_length)) + ")")
+        # one-letter tokens that begin no longer token: text of them encodes letter by letter
+        starts = {t[0] for t in self._tokens if len(t) > 1}
+        self._letters = "".join(
+            t for t in self._tokens if len(t) == 1 and not t.isspace() and t not in starts
+        ).encode("utf-8")
 
     def __getstate__(self) -> dict[str, Any]:
         return {"source": self.source, "tokens": self._tokens}
@@ -98,6 +103,18 @@ class ESM2Tokenizer(Tokenizer):
             elif part:
                 ids.extend(unk for _ in part.split())
         return ids
+
+    def one_token_per_character(self, text: str) -> bool:
+        """Whether ``text`` encodes to one token per character (each a one-letter token).
+
+        Then ``encode(text[:k]) == encode(text)[:k]``: a long protein can be cut before it
+        is encoded (every sequence the protein readers return qualifies).
+        """
+        from epochal.data.proteins.sequences import only_characters
+
+        if not text.isascii():
+            return not text.strip(self._letters.decode("utf-8"))
+        return only_characters(text, self._letters)
 
     def tokenize(self, text: str) -> list[int]:
         """Megatron's name for :meth:`encode`."""

@@ -20,12 +20,14 @@ is left out, from the per-sample tensors too: it contributes nothing to a loss.
 ``pad_to_multiple_of`` (e.g. the tensor-parallel size under sequence
 parallelism) appends a tail of zeros (``loss_mask`` and ``padding_mask`` 0) as one
 more sequence in ``cu_seqlens``, so that ``T`` divides; per-sample tensors then get
-one more entry, ``-1`` (the ignore index of the BERT step's sentence-order loss).
+one more entry, ``-1`` (the ignore index of the BERT step's sentence-order loss and
+of the classification heads) or, for floating ones, ``NaN`` (a regression target
+that is not scored).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 import torch
@@ -66,7 +68,12 @@ def sample_lengths(padding_mask: torch.Tensor) -> torch.Tensor:
     return real.sum(dim=1)
 
 
-def pack_padded_batch(batch: Mapping[str, Any], *, pad_to_multiple_of: int = 1) -> dict[str, Any]:
+def pack_padded_batch(
+    batch: Mapping[str, Any],
+    *,
+    pad_to_multiple_of: int = 1,
+    per_sample_keys: Collection[str] = (),
+) -> dict[str, Any]:
     """Pack a padded micro-batch into one row without padding (see the module docstring).
 
     Args:
@@ -75,6 +82,10 @@ def pack_padded_batch(batch: Mapping[str, Any], *, pad_to_multiple_of: int = 1) 
             or ``[b]`` (per sample, kept); other values pass through unchanged.
         pad_to_multiple_of: make ``T`` a multiple of this (>= 1) with a loss-masked
             tail sequence.
+        per_sample_keys: keys whose ``[b, ...]`` tensors are per sample whatever their
+            shape (e.g. regression targets ``[b, num_labels]``, which could be
+            mistaken for per-token ``[b, s]`` ones); a tail adds ``NaN`` (floating) or
+            ``-1`` rows to them.
 
     Returns:
         A dict with the same keys: per-token tensors ``[1, T, ...]``, per-sample
@@ -113,16 +124,15 @@ def pack_padded_batch(batch: Mapping[str, Any], *, pad_to_multiple_of: int = 1) 
     for key, value in batch.items():
         if not isinstance(value, torch.Tensor):
             out[key] = value
+        elif key in per_sample_keys and value.dim() >= 1 and value.shape[0] == b:
+            out[key] = _per_sample(value, kept, tail)
         elif value.dim() >= 2 and tuple(value.shape[:2]) == (b, s):
             packed = value[real.to(value.device)]  # [T, ...], samples in order
             if tail:
                 packed = torch.cat([packed, packed.new_zeros((tail, *packed.shape[1:]))])
             out[key] = packed.unsqueeze(0)
         elif value.dim() == 1 and value.shape[0] == b:
-            per_sample = value[kept.to(value.device)]
-            if tail:
-                per_sample = torch.cat([per_sample, per_sample.new_full((1,), -1)])
-            out[key] = per_sample
+            out[key] = _per_sample(value, kept, tail)
         else:
             raise ValueError(
                 f"batch[{key!r}] has shape {tuple(value.shape)}; packing takes per-token "
@@ -133,3 +143,12 @@ def pack_padded_batch(batch: Mapping[str, Any], *, pad_to_multiple_of: int = 1) 
     cu[1:] = torch.tensor(seq_lengths, dtype=torch.int32).cumsum(0)
     out[PACKED_KEY] = cu
     return out
+
+
+def _per_sample(value: torch.Tensor, kept: torch.Tensor, tail: int) -> torch.Tensor:
+    """The kept samples' rows of ``value`` ``[b, ...]``, plus a tail row (NaN / -1) if any."""
+    rows = value[kept.to(value.device)]
+    if not tail:
+        return rows
+    fill = float("nan") if rows.is_floating_point() else -1
+    return torch.cat([rows, rows.new_full((1, *rows.shape[1:]), fill)])

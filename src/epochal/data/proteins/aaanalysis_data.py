@@ -15,6 +15,7 @@ from pathlib import Path
 
 from epochal.data.proteins.readers import ProteinRecord
 from epochal.data.proteins.sequences import ProteinInputError, clean_sequence
+from epochal.data.proteins.tables import TableReader
 
 __all__ = ["aaanalysis_sequence_files", "read_aaanalysis_proteins"]
 
@@ -56,11 +57,10 @@ def read_aaanalysis_proteins(names: list[str] | None = None) -> Iterator[Protein
         files = [by_name[n] for n in names]
 
     def records() -> Iterator[ProteinRecord]:
-        import pandas as pd
-
         for path in files:
-            frame = pd.read_csv(path, sep="\t", dtype=str, keep_default_na=False)
-            for row, (entry, text) in enumerate(zip(frame["entry"], frame["sequence"]), start=1):
+            for row, (entry, text) in TableReader(path, ProteinInputError).rows(
+                ["entry", "sequence"]
+            ):
                 where = f"{path}:row {row} ({entry})"
                 try:
                     yield entry, clean_sequence(text, where), where

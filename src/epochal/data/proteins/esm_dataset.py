@@ -8,6 +8,9 @@ bionemo-llm's ``apply_bert_pretraining_mask``. For ``EpochIndex(epoch, idx)``:
 2. a member of cluster ``idx`` is drawn (``rng.choice(cluster)``) and its sequence
    read from the protein dataset;
 3. the sequence is tokenized *with* ``<cls>`` and ``<eos>`` (``n + 2`` tokens);
+   a sequence of one-letter tokens (every stored protein) is cropped first and only
+   its window tokenized, with the same draw and result, so a sample's memory does not
+   grow with the protein's length;
 4. a sequence longer than ``max_seq_length`` tokens is cropped to a window of
    ``max_seq_length`` starting at ``rng.integers(0, n + 2 - max_seq_length)``. The
    upper bound is exclusive (BioNeMo's), so the last window is never chosen: a
@@ -51,6 +54,7 @@ from epochal.data.epochs.epoch_index import EpochIndex
 from epochal.data.epochs.masking import apply_mlm_mask
 from epochal.data.epochs.multi_epoch import as_epoch_index
 from epochal.data.indexed.tokenizer_esm import ESM2Tokenizer
+from epochal.data.proteins.sequences import only_characters
 
 __all__ = ["ESMMaskedResidueDataset", "RandomMaskStrategy", "random_crop"]
 
@@ -175,10 +179,12 @@ class ESMMaskedResidueDataset(Dataset):
         for token, token_id in tok.vocab.items():
             if len(token) == 1 and ord(token) < 128 and not token.isspace():
                 self._lut[ord(token)] = token_id
+        starts = {t[0] for t in tok.vocab if len(t) > 1}  # letters that may begin a longer token
+        self._letters = bytes(b for b in np.flatnonzero(self._lut >= 0) if chr(b) not in starts)
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        for key in ("_special", "_random", "_lut", "_members"):
+        for key in ("_special", "_random", "_lut", "_letters", "_members"):
             state.pop(key)
         return state
 
@@ -200,6 +206,25 @@ class ESMMaskedResidueDataset(Dataset):
         out[0], out[1:-1], out[-1] = self.tokenizer.cls, ids, self.tokenizer.eos
         return torch.from_numpy(out)
 
+    def _cropped_tokens(self, sequence: str, rng: np.random.Generator) -> torch.Tensor:
+        """``random_crop(self.tokenize(sequence), max_seq_length, rng)``, cropping the text first.
+
+        A sequence of one-letter tokens (every protein the readers store) has one token
+        per character, so the window is cut from the text and only it is tokenized:
+        memory per sample is bounded by ``max_seq_length``, not the protein's length.
+        Anything else is tokenized whole first (BioNeMo's order; same draws either way).
+        """
+        n, length = len(sequence), self.max_seq_length
+        if n + 2 <= length or not only_characters(sequence, self._letters):
+            return random_crop(self.tokenize(sequence), length, rng)
+        start = int(rng.integers(0, n + 2 - length))  # random_crop's draw over n + 2 tokens
+        # token p is <cls> for p = 0, else residue p - 1; the window never reaches <eos>
+        body = sequence[max(start - 1, 0) : start - 1 + length]
+        ids = self._lut[np.frombuffer(body.encode("ascii"), dtype=np.uint8)]
+        if start == 0:
+            ids = np.concatenate([[self.tokenizer.cls], ids])
+        return torch.from_numpy(ids.astype(np.int64, copy=False))
+
     def _draw_member(self, index: EpochIndex) -> tuple[Any, np.random.Generator]:
         """The member drawn for ``index`` and the generator to draw the rest from (see
         :meth:`__getitem__` for the errors)."""
@@ -216,6 +241,20 @@ class ESMMaskedResidueDataset(Dataset):
         """``(member id, cluster size)`` of the sample at ``index``: which member it reads."""
         member, _ = self._draw_member(index)
         return str(member), len(self._members[as_epoch_index(index).idx])
+
+    def sample_identity(self, index: EpochIndex) -> dict[str, Any]:
+        """``{"cluster": idx}``: the cluster of ``index`` (nothing drawn or read).
+
+        With the seed and the epoch it decides the sample: the member (:meth:`member`),
+        the crop and the masks.
+
+        Raises:
+            IndexError: ``idx`` or ``epoch`` out of range.
+        """
+        key = as_epoch_index(index)
+        if not 0 <= key.idx < len(self.clusters) or key.epoch < 0:
+            raise IndexError(f"{key} out of range for {len(self.clusters)} clusters")
+        return {"cluster": key.idx}
 
     def __getitem__(self, index: EpochIndex) -> dict[str, torch.Tensor]:
         """The masked sample of cluster ``index.idx`` in epoch ``index.epoch``.
@@ -234,7 +273,7 @@ class ESMMaskedResidueDataset(Dataset):
             KeyError: the member is not in the protein dataset.
         """
         member, rng = self._draw_member(index)
-        tokens = random_crop(self.tokenize(self.protein_dataset[member]), self.max_seq_length, rng)
+        tokens = self._cropped_tokens(self.protein_dataset[member], rng)
         torch_seed = int(rng.integers(_INT64_MAX))
         masked = apply_mlm_mask(
             tokens,

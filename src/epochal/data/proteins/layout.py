@@ -58,20 +58,42 @@ class ProteinLayout:
     num_valid_clusters: int
 
 
-def _read_column(path: Path, column: str, kind: str) -> Any:
+def _read_column(path: Path, column: str, kind: str, lists: bool) -> Any:
+    """Column ``column`` of a cluster parquet, after checking its stored type and row count.
+
+    ``lists``: the column must hold lists of strings (else strings).
+    """
     import pandas as pd
+    import pyarrow as pa
+    import pyarrow.parquet as pq
 
     if not path.is_file():
         raise ProteinInputError(f"{path}: {kind} cluster file not found")
     try:
-        frame = pd.read_parquet(path)
+        schema = pq.read_schema(path)
     except Exception as exc:  # pyarrow raises many kinds
         raise ProteinInputError(f"{path}: cannot read the parquet file ({exc})") from exc
-    if column not in frame.columns:
+    if column not in schema.names:
         raise ProteinInputError(
             f"{path}: {kind} cluster file must contain a {column!r} column "
-            f"(found: {', '.join(map(str, frame.columns))})"
+            f"(found: {', '.join(map(str, schema.names))})"
         )
+    stored = schema.field(column).type
+    ids = stored
+    if lists:
+        listed = pa.types.is_list(stored) or pa.types.is_large_list(stored)
+        ids = stored.value_type if listed else None
+    if ids is None or not (pa.types.is_string(ids) or pa.types.is_large_string(ids)):
+        want = "lists of string ids" if lists else "string ids"
+        raise ProteinInputError(
+            f"{path}: column {column!r} holds {stored}, not {want} (protein ids are text)"
+        )
+    try:
+        frame = pd.read_parquet(path, columns=[column])
+    except Exception as exc:  # pyarrow raises many kinds
+        raise ProteinInputError(f"{path}: cannot read the parquet file ({exc})") from exc
+    if len(frame) == 0:
+        raise ProteinInputError(f"{path}: no {kind} clusters (the file has no rows)")
     return frame[column]
 
 
@@ -82,11 +104,12 @@ def read_train_clusters(path: str | os.PathLike) -> Any:
         ``pandas.Series``; row ``i`` is an array of the member ids of cluster ``i``.
 
     Raises:
-        ProteinInputError: missing/unreadable file, no ``ur90_id`` column, a row that
-            is not a list of ids, an empty cluster (names the row).
+        ProteinInputError: missing/unreadable file, no ``ur90_id`` column, a column that
+            does not hold lists of string ids, no rows, a row that is not a list of
+            ids, an empty cluster (names the row).
     """
     path = Path(path)
-    clusters = _read_column(path, "ur90_id", "training")
+    clusters = _read_column(path, "ur90_id", "training", lists=True)
     for row, members in enumerate(clusters):
         if isinstance(members, str) or not hasattr(members, "__len__"):
             raise ProteinInputError(
@@ -101,11 +124,11 @@ def read_valid_clusters(path: str | os.PathLike) -> Any:
     """The validation clusters of a ``ur50_id`` parquet: a Series of one-id lists (BioNeMo's).
 
     Raises:
-        ProteinInputError: missing/unreadable file, no ``ur50_id`` column, an empty id
-            (names the row).
+        ProteinInputError: missing/unreadable file, no ``ur50_id`` column, a column that
+            does not hold string ids, no rows, an empty id (names the row).
     """
     path = Path(path)
-    ids = _read_column(path, "ur50_id", "validation")
+    ids = _read_column(path, "ur50_id", "validation", lists=False)
     for row, value in enumerate(ids):
         if not isinstance(value, str) or not value:
             raise ProteinInputError(f"{path}: row {row} of 'ur50_id' is {value!r}, not an id")

@@ -2,31 +2,41 @@
 
 Every reader yields ``(id, sequence, where)`` records: the protein's identifier,
 its sequence normalised by :func:`~epochal.data.proteins.sequences.clean_sequence`
-(upper case, no whitespace, no final ``*``), and its location (``file:line`` or
-``file:row N``) for error messages. Errors are
-:class:`~epochal.data.proteins.sequences.ProteinInputError` naming the file and
-the line or row.
+(upper case, no whitespace, no final ``*``, checked against the alphabet and the
+length limit), and its location (``file:line`` or ``file:row N``) for error
+messages. Errors are :class:`~epochal.data.proteins.sequences.ProteinInputError`
+naming the file and the line or row.
 
 - FASTA: ``>ID description`` headers; the first word after ``>`` is the id; the
-  sequence may span lines. ``.gz`` files (detected by their magic bytes) are
-  decompressed on the fly.
-- Tables: ``.csv``, ``.tsv``/``.tab`` (optionally ``.gz``) and ``.parquet``, with a
-  sequence column (default ``sequence``) and an optional id column; without one the
-  id is ``<file stem>_<row>`` (rows counted from 1).
+  sequence may span lines; ``;`` lines are comments. gzip is detected by its magic
+  bytes and decompressed as the lines are read; a UTF-8 byte-order mark is skipped.
+  A line, and a record's sequence, hold at most
+  :func:`~epochal.data.proteins.sequences.max_protein_length` characters: the
+  reader stops there (a 1 MB gzip expanding to a 1 GiB line, or ``/dev/zero``, is
+  refused after reading that many characters).
+- Tables: ``.csv``, ``.tsv``/``.tab`` (optionally ``.gz``) and ``.parquet``, read by
+  :class:`~epochal.data.proteins.tables.TableReader` (trailing delimiters, encodings,
+  bounds), with a sequence column (default ``sequence``) and an optional id column;
+  without one the id is ``<file stem>_<row>`` (rows counted from 1).
 - Clusters: an MMseqs2 ``createtsv``-style file, ``representative<TAB>member`` per
   line (the representative lists itself as a member).
 """
 
 from __future__ import annotations
 
-import gzip
-import io
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO
 
-from epochal.data.proteins.sequences import ProteinInputError, clean_sequence
+from epochal.data.proteins.sequences import (
+    ProteinInputError,
+    clean_sequence,
+    is_clean,
+    max_protein_length,
+    too_long,
+)
+from epochal.data.proteins.tables import TableReader, table_format
+from epochal.data.proteins.text_lines import BoundedLines
 
 __all__ = [
     "ProteinRecord",
@@ -38,20 +48,7 @@ __all__ = [
 
 #: ``(id, sequence, where)``: one protein and its location in its file.
 ProteinRecord = tuple[str, str, str]
-
-_TABLE_SUFFIXES = {".csv": ",", ".tsv": "\t", ".tab": "\t", ".parquet": None}
-_FASTA_SUFFIXES = {".fasta", ".fa", ".faa", ".fas", ".fna", ".fsa", ".seq"}
-
-
-def _open_text(path: Path) -> IO[str]:
-    """Open ``path`` for reading as UTF-8 text, gunzipping it when it starts with gzip's magic."""
-    try:
-        raw = open(path, "rb")
-    except OSError as exc:
-        raise ProteinInputError(f"{path}: cannot open ({exc.strerror or exc})") from exc
-    if raw.peek(2)[:2] == b"\x1f\x8b":
-        raw = gzip.GzipFile(fileobj=raw, mode="rb")  # type: ignore[assignment]
-    return io.TextIOWrapper(raw, encoding="utf-8", newline=None)
+_BLOCK = 4096  # lines joined at a time while a long record is read
 
 
 def read_fasta(path: str | os.PathLike) -> Iterator[ProteinRecord]:
@@ -61,52 +58,59 @@ def read_fasta(path: str | os.PathLike) -> Iterator[ProteinRecord]:
         path: the file; the first word of each ``>`` header is the protein's id.
 
     Yields:
-        ``(id, sequence, "file:line")`` with the header's line number (from 1).
+        ``(id, sequence, "file:line (>id)")`` with the header's line number (from 1).
 
     Raises:
-        ProteinInputError: the file cannot be read or decoded, residues before the
-            first header, a header without an id, an empty sequence, characters
-            outside the alphabet (the message names the file, line and characters).
+        ProteinInputError: the file cannot be read or is not UTF-8, residues before
+            the first header, a header without an id, an empty sequence, characters
+            outside the alphabet, a line or sequence over the length limit (the
+            message names the file, line and characters or limit).
     """
     path = Path(path)
+    limit = max_protein_length()
     header_id: str | None = None
     header_line = 0
-    chunks: list[str] = []
+    chunks: list[str] = []  # the record's lines since the last block
+    blocks: list[str] = []  # its earlier lines, joined _BLOCK at a time
+    size = 0
+    clean = True  # every line so far holds only upper-case residues
+
+    def where() -> str:
+        return f"{path}:{header_line} (>{header_id})"
 
     def record() -> ProteinRecord:
-        where = f"{path}:{header_line} (>{header_id})"
-        return header_id, clean_sequence("".join(chunks), where), where  # type: ignore[return-value]
+        text = "".join(blocks + chunks)  # (one line: the same string, not a copy)
+        blocks.clear()
+        chunks.clear()
+        if not (clean and text):
+            text = clean_sequence(text, where())
+        return header_id, text, where()  # type: ignore[return-value]
 
-    line_number = 0
-    try:
-        with _open_text(path) as stream:
-            for line_number, line in enumerate(stream, start=1):
-                if line.startswith(">"):
-                    if header_id is not None:
-                        yield record()
-                    words = line[1:].split()
-                    if not words:
-                        raise ProteinInputError(f"{path}:{line_number}: a '>' header without an id")
-                    header_id, header_line, chunks = words[0], line_number, []
-                elif line.strip() and not line.startswith(";"):
-                    if header_id is None:
-                        raise ProteinInputError(
-                            f"{path}:{line_number}: sequence before the first '>' header "
-                            "(is this a FASTA file?)"
-                        )
-                    chunks.append(line)
-    except (OSError, EOFError, UnicodeDecodeError) as exc:
-        raise ProteinInputError(f"{path}: cannot read line {line_number + 1} ({exc})") from exc
+    for line_number, line in BoundedLines(path, limit, ProteinInputError):
+        if line.startswith(">"):
+            if header_id is not None:
+                yield record()
+            words = line[1:].split()
+            if not words:
+                raise ProteinInputError(f"{path}:{line_number}: a '>' header without an id")
+            header_id, header_line, size, clean = words[0], line_number, 0, True
+        elif line.strip() and not line.startswith(";"):
+            if header_id is None:
+                raise ProteinInputError(
+                    f"{path}:{line_number}: sequence before the first '>' header "
+                    "(is this a FASTA file?)"
+                )
+            size += len(line)
+            clean = clean and is_clean(line)
+            if size > limit + (0 if clean else 1):  # (+1: a final '*' is not a residue)
+                raise ProteinInputError(too_long(where(), "a sequence", limit))
+            chunks.append(line)
+            if len(chunks) >= _BLOCK:  # short lines: joined in blocks (less overhead)
+                blocks.append("".join(chunks))
+                chunks.clear()
     if header_id is None:
         raise ProteinInputError(f"{path}: no '>' header: not a FASTA file, or empty")
     yield record()
-
-
-def _table_format(path: Path) -> str | None:
-    suffixes = [s.lower() for s in path.suffixes]
-    if suffixes and suffixes[-1] == ".gz":
-        suffixes = suffixes[:-1]
-    return suffixes[-1] if suffixes and suffixes[-1] in _TABLE_SUFFIXES else None
 
 
 def read_protein_table(
@@ -122,46 +126,33 @@ def read_protein_table(
         id_column: the column holding the ids; None: ``<file stem>_<row>``.
 
     Yields:
-        ``(id, sequence, "file:row N")`` with data rows counted from 1.
+        ``(id, sequence, "file:row N (id)")`` with data rows counted from 1.
 
     Raises:
         ProteinInputError: unknown suffix, unreadable file, a missing column (the
             columns found are listed), or a bad row (missing/empty sequence or id,
-            characters outside the alphabet).
+            characters outside the alphabet, a cell over the length limit).
     """
-    import pandas as pd
-
     path = Path(path)
-    kind = _table_format(path)
-    if kind is None:
-        raise ProteinInputError(
-            f"{path}: unknown table format (expected .csv, .tsv, .tab or .parquet, optionally .gz)"
-        )
+    table = TableReader(path, ProteinInputError)
     columns = [sequence_column] + ([id_column] if id_column else [])
-    try:
-        if kind == ".parquet":
-            frame = pd.read_parquet(path)
-        else:
-            frame = pd.read_csv(path, sep=_TABLE_SUFFIXES[kind], dtype=str, keep_default_na=False)
-    except Exception as exc:  # pandas/pyarrow raise many kinds
-        raise ProteinInputError(f"{path}: cannot read the table ({exc})") from exc
-    missing = [c for c in columns if c not in frame.columns]
+    missing = [c for c in columns if c not in table.columns]
     if missing:
         raise ProteinInputError(
             f"{path}: no column {', '.join(map(repr, missing))} "
-            f"(columns: {', '.join(map(str, frame.columns))}); set the sequence/id column names"
+            f"(columns: {', '.join(map(str, table.columns))}); set the sequence/id column names"
         )
     stem = path.name.split(".")[0]
-    ids = frame[id_column].tolist() if id_column else None
-    for row, text in enumerate(frame[sequence_column].tolist(), start=1):
+    for row, values in table.rows(columns):
+        text = values[0]
         where = f"{path}:row {row}"
         if not isinstance(text, str):
             raise ProteinInputError(f"{where}: no sequence (got {text!r})")
-        protein_id = f"{stem}_{row}" if ids is None else ids[row - 1]
+        protein_id = f"{stem}_{row}" if not id_column else values[1]
         if not isinstance(protein_id, str) or not protein_id.strip():
             raise ProteinInputError(f"{where}: empty or missing id in column {id_column!r}")
-        protein_id = protein_id.strip()
-        yield protein_id, clean_sequence(text, f"{where} ({protein_id})"), f"{where} ({protein_id})"
+        where = f"{where} ({protein_id.strip()})"
+        yield protein_id.strip(), clean_sequence(text, where), where
 
 
 def read_proteins(
@@ -178,7 +169,7 @@ def read_proteins(
         ProteinInputError: see :func:`read_fasta` and :func:`read_protein_table`.
     """
     path = Path(path)
-    if _table_format(path) is not None:
+    if table_format(path) is not None:
         return read_protein_table(path, sequence_column, id_column)
     return read_fasta(path)
 
@@ -194,33 +185,33 @@ def read_mmseqs_clusters(path: str | os.PathLike) -> dict[str, list[str]]:
         appearance). A representative missing from its own member list is added first.
 
     Raises:
-        ProteinInputError: a line without exactly two tab-separated fields, an empty
-            id, or a member listed twice (in one or two clusters); names file and line.
+        ProteinInputError: no cluster at all, a line without exactly two tab-separated
+            fields, an empty id, a member listed twice (in one or two clusters), a line
+            over the length limit; names file and line.
     """
     path = Path(path)
     clusters: dict[str, list[str]] = {}
     seen: dict[str, int] = {}
-    line_number = 0
-    try:
-        with _open_text(path) as stream:
-            for line_number, line in enumerate(stream, start=1):
-                if not line.strip():
-                    continue
-                fields = [f.strip() for f in line.rstrip("\r\n").split("\t")]
-                if len(fields) != 2 or not all(fields):
-                    raise ProteinInputError(
-                        f"{path}:{line_number}: expected 'representative<TAB>member', got {line.rstrip()!r}"
-                    )
-                representative, member = fields
-                if member in seen:
-                    raise ProteinInputError(
-                        f"{path}:{line_number}: member {member!r} was already listed on line "
-                        f"{seen[member]} (every sequence belongs to one cluster)"
-                    )
-                seen[member] = line_number
-                clusters.setdefault(representative, []).append(member)
-    except (OSError, EOFError, UnicodeDecodeError) as exc:
-        raise ProteinInputError(f"{path}: cannot read line {line_number + 1} ({exc})") from exc
+    for line_number, line in BoundedLines(path, max_protein_length(), ProteinInputError):
+        if not line.strip():
+            continue
+        fields = [f.strip() for f in line.split("\t")]
+        if len(fields) != 2 or not all(fields):
+            raise ProteinInputError(
+                f"{path}:{line_number}: expected 'representative<TAB>member', got {line.rstrip()!r}"
+            )
+        representative, member = fields
+        if member in seen:
+            raise ProteinInputError(
+                f"{path}:{line_number}: member {member!r} was already listed on line "
+                f"{seen[member]} (every sequence belongs to one cluster)"
+            )
+        seen[member] = line_number
+        clusters.setdefault(representative, []).append(member)
+    if not clusters:
+        raise ProteinInputError(
+            f"{path}: no clusters (an empty MMseqs2 TSV; expected 'representative<TAB>member' lines)"
+        )
     for representative, members in clusters.items():
         if representative not in members:
             if representative in seen:

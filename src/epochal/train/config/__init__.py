@@ -18,7 +18,12 @@ values are TOML literals (``--model.hidden_size=256``, ``--data.data_path=["a","
 a value that is not valid TOML is taken as a string: ``--scheduler.lr_decay_style=linear``).
 
 Every unknown key or invalid value raises :class:`~epochal.model.config.ConfigError`
-naming the dotted option (``optimizer.lr``) and the allowed range.
+naming the dotted option (``optimizer.lr``) and the allowed range; an unknown key
+names the closest known ones. :func:`describe_options` lists every option with its
+type, default, description (from the section classes' docstrings) and the Megatron-LM /
+BioNeMo flag it mirrors (``epochal train --list-options`` prints it). Without
+``run_dir``, :func:`build_config` names the run directory after the run
+(:mod:`epochal.train.config.run_name`).
 :func:`to_toml` writes the resolved tree (the trainer stores it next to the
 checkpoints); ``None`` values are omitted (every optional field defaults to None).
 
@@ -33,6 +38,7 @@ from epochal.train.config.finetune import FinetuneConfig
 from epochal.train.config.log import LoggingConfig
 from epochal.train.config.model import ModelSection, model_config_from_section, position_length
 from epochal.train.config.optimizer import OptimizerConfig
+from epochal.train.config.options import OptionInfo, describe_options
 from epochal.train.config.scheduler import SchedulerConfig
 from epochal.train.config.toml_io import (
     EXCLUSIVE_OPTIONS,
@@ -53,12 +59,14 @@ __all__ = [
     "LoggingConfig",
     "ModelSection",
     "OptimizerConfig",
+    "OptionInfo",
     "SchedulerConfig",
     "TrainConfig",
     "TrainingConfig",
     "build_config",
     "config_from_dict",
     "config_from_saved",
+    "describe_options",
     "parse_overrides",
     "model_config_from_section",
     "position_length",

@@ -3,7 +3,7 @@
 *Answers* are a dict of the wizard's keys (``preset``, ``nodes``, ``tensor_parallel``,
 ``sequence_parallel``, ``pipeline_parallel``, ``pipeline_schedule``, ``virtual_pipeline``,
 ``data_parallel``, ``micro_batch_size``, ``global_batch_size``, ``selective_recompute``,
-``distributed_optimizer``, ``clip_grad``, ``precision``, ``data``), any prefix of them
+``distributed_optimizer``, ``clip_grad``, ``precision``, ``data``, ``run_dir``), any prefix of them
 (the wizard checks after every answer). :func:`config_from_answers` turns them into a
 checked :class:`~epochal.train.config.TrainConfig` with the trainer's own rules;
 :func:`launch_commands` gives the command lines that run the written file.
@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import shlex
 from typing import TYPE_CHECKING, Any
+
+from epochal._text import plural
 
 if TYPE_CHECKING:
     from epochal.train.config import TrainConfig
@@ -86,6 +88,8 @@ def answers_overrides(answers: dict[str, Any]) -> list[str]:
             values["data.corpus"] = d
         else:
             values["data.data_path"] = d.replace(",", " ").split()
+    if "run_dir" in a:
+        values["run_dir"] = a["run_dir"]
     return [f"--{k}={_toml_value(v)}" for k, v in values.items()]
 
 
@@ -128,7 +132,8 @@ def config_from_answers(answers: dict[str, Any]) -> TrainConfig:
 
     The layout is checked with :func:`~epochal.train.parallel_trainer.check_layout` (the
     model-parallel part only until ``data_parallel`` is answered), the data source once
-    ``data`` is answered.
+    ``data`` is answered, and the run directory, once answered, must not hold another run
+    (:func:`~epochal.train.state.run_dir.check_run_dir_holds`).
 
     Raises:
         AnswerError: the processes cannot be split evenly over the nodes.
@@ -142,9 +147,9 @@ def config_from_answers(answers: dict[str, Any]) -> TrainConfig:
     world = answers_world_size(answers)
     if "data_parallel" in answers and world % answers["nodes"]:
         raise AnswerError(
-            f"{world} processes (tensor {answers['tensor_parallel']} x pipeline "
+            f"{plural(world, 'process')} (tensor {answers['tensor_parallel']} x pipeline "
             f"{answers['pipeline_parallel']} x data {answers['data_parallel']}) cannot be split "
-            f"evenly over {answers['nodes']} nodes"
+            f"evenly over {plural(answers['nodes'], 'node')}"
         )
     config = build_config(
         preset=answers["preset"], overrides=answers_overrides(answers), require_data=False
@@ -157,6 +162,10 @@ def config_from_answers(answers: dict[str, Any]) -> TrainConfig:
         config.check_data()
         if config.data.has_paths:
             check_data_files(config.data)
+    if "run_dir" in answers:  # a directory that holds another run would be refused by train
+        from epochal.train.state.run_dir import check_run_dir_holds
+
+        check_run_dir_holds(config)
     return config
 
 

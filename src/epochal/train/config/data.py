@@ -20,6 +20,18 @@ __all__ = [
 class DataConfig:
     """The ``[data]`` section.
 
+    Exactly one data source: ``corpus``, ``mock``, the paths (``data_path`` or the
+    per-split paths) or a protein source (``protein_path`` or BioNeMo's cluster files).
+    Setting two is a :class:`ConfigError` naming both; an option given explicitly
+    (config file or override) replaces a preset's other source (see :func:`build_config`).
+
+    ESM-2 pretraining (``model.type = "esm"``, :mod:`epochal.train.inputs.esm`) reads one
+    protein source with BioNeMo's samples; BioNeMo's ``train_esm2`` flags are named in
+    brackets. ``mock = true`` there means deterministic synthetic protein families (FASTA +
+    clusters written to ``cache_dir``), the ``esm-tiny`` preset's default;
+    ``masking_probability`` is ESM's ``mask_prob`` and ``seq_length`` the
+    ``max_seq_length`` crop, ``<cls>``/``<eos>`` included [``--max-seq-length``].
+
     Attributes:
         data_path: Megatron-style blend: ``["prefix"]`` or
             ``["w1", "prefix1", "w2", "prefix2", ...]`` (prefixes of ``.bin``/``.idx``).
@@ -28,22 +40,21 @@ class DataConfig:
             (Megatron's ``--train-data-path`` ...), instead of ``data_path`` + ``split``.
         seq_length: tokens per sample (>= 1).
         mock: train on Megatron's mock GPT corpus (no files needed; ids below
-            ``model.vocab_size``, default 8192).
+            ``model.vocab_size``, default 8192); for ESM, synthetic protein families.
         corpus: if set, tokenize this corpus first (cached) and train on it:
             ``"stdlib"`` (Python's standard-library sources, a deterministic
             subset in sorted path order) or a ``.jsonl`` path.
-
-    Exactly one data source: ``corpus``, ``mock`` or the paths. Setting two is a
-    :class:`ConfigError` naming both; an option given explicitly (config file or
-    override) replaces a preset's other source (see :func:`build_config`).
         corpus_max_bytes: how much of the ``stdlib`` corpus to use (bytes of source).
         json_keys: JSON keys holding the text of a JSONL corpus.
         tokenizer_type: Megatron's names: ``GPT2BPETokenizer`` (local GPT-2 files by
-            default), ``HuggingFaceTokenizer``, ``TikTokenizer``, ``ByteLevelTokenizer``.
+            default), ``HuggingFaceTokenizer``, ``TikTokenizer``, ``ByteLevelTokenizer``,
+            ... ``""`` (the default): the tokenizer ``epochal preprocess`` recorded
+            next to the data paths' ``.idx`` files (``<prefix>.tokenizer.json``), else
+            ``GPT2BPETokenizer``. A tokenizer other than the recorded one is refused.
         tokenizer_model / vocab_file / merge_file: tokenizer files (Megatron's names).
         bpe_vocab_size: with ``corpus``: if > 0, train a byte-level BPE tokenizer of
             this many ids on the corpus (cached; deterministic) and use it instead of
-            ``tokenizer_type`` — a small vocabulary keeps a CPU demo fast.
+            ``tokenizer_type``; a small vocabulary keeps a CPU demo fast.
         cache_dir: where prepared corpora, tokenizers and index caches go
             (default ``$EPOCHAL_CACHE`` or ``~/.cache/epochal``).
         num_workers: DataLoader worker processes (0 = in the main process).
@@ -56,12 +67,18 @@ class DataConfig:
         wordpiece_vocab_size: with ``corpus``: if > 0, train a WordPiece vocabulary of
             this many ids on the corpus (offline, deterministic, cached) and use
             ``BertWordPieceLowerCase`` with it instead of ``tokenizer_type``.
-        masking_probability / short_sequence_probability / masking_max_ngram /
-        masking_do_full_word / masking_do_permutation / masking_use_longer_ngrams /
-        masking_use_geometric_distribution: Megatron's BERT masking options (BERT
-            models on ``data_path``; validated by the data layer, errors name them).
-            T5 uses them for its spans (Megatron's ``pretrain_t5`` uses N-grams up to
-            10 from the geometric distribution: the ``t5-tiny`` preset sets that).
+        masking_probability: the fraction of tokens a masked-LM sample masks (BERT, ESM)
+            or T5 corrupts into spans.
+        short_sequence_probability: BERT: the probability that a sample is shorter than
+            ``seq_length`` (Megatron's ``--short-seq-prob``).
+        masking_max_ngram: BERT / T5: the longest N-gram masked as one span.
+        masking_do_full_word: BERT: mask whole words (all WordPiece pieces of a word).
+        masking_do_permutation: BERT: permute the masked N-grams (Megatron's option).
+        masking_use_longer_ngrams: BERT: favour longer N-grams (Megatron's option).
+        masking_use_geometric_distribution: BERT / T5: draw N-gram lengths from a
+            geometric distribution (Megatron's ``pretrain_t5`` uses it with N-grams up
+            to 10: the ``t5-tiny`` preset sets that). The masking options are validated
+            by the data layer; errors name them.
         seq_length_decoder: T5: decoder tokens per sample (Megatron's
             ``--decoder-seq-length``; ``seq_length`` is the encoder's).
         vocab_extra_ids: WordPiece tokenizers: append this many ``<extra_id_N>``
@@ -75,33 +92,28 @@ class DataConfig:
             pipeline parallelism (a :class:`ConfigError`); under sequence parallelism
             the row is padded to a multiple of ``parallel.tensor_parallel`` with a
             loss-masked tail.
-
-    ESM-2 pretraining (``model.type = "esm"``, :mod:`epochal.train.inputs.esm`; BioNeMo's
-    ``train_esm2`` flags in brackets), one protein source:
-
-        train_cluster_path / train_database_path: BioNeMo's layout: a parquet of
+        train_cluster_path / train_database_path: ESM: BioNeMo's layout: a parquet of
             training clusters (``ur90_id``: member ids per row) and the SQLite database
             ``protein(id, sequence)`` [``--train-cluster-path``, ``--train-database-path``].
-        valid_cluster_path / valid_database_path: the validation clusters (``ur50_id``,
-            one id per row) and their database (default: the training one)
+        valid_cluster_path / valid_database_path: ESM: the validation clusters
+            (``ur50_id``, one id per row) and their database (default: the training one)
             [``--valid-cluster-path``, ``--valid-database-path``]; none: no validation.
-        protein_path: instead, one FASTA (plain/gz), CSV, TSV or parquet file, converted
-            once into that layout under ``cache_dir`` and split into train/valid clusters.
-        protein_clusters: with ``protein_path``: an MMseqs2 TSV (``representative<TAB>member``);
-            without it every protein is its own cluster.
+        protein_path: ESM: instead, one FASTA (plain/gz), CSV, TSV or parquet file,
+            converted once into that layout under ``cache_dir`` and split into
+            train/valid clusters.
+        protein_clusters: with ``protein_path``: an MMseqs2 TSV
+            (``representative<TAB>member``); without it every protein is its own cluster.
         protein_valid_fraction: with ``protein_path``: the fraction of clusters held out
             for validation (in [0, 1); at least one cluster when positive), picked by a
             permutation seeded by ``training.seed``.
-        protein_sequence_column / protein_id_column: table inputs' columns (no id
+        protein_sequence_column / protein_id_column: ESM: table inputs' columns (no id
             column: ``<file stem>_<row>``).
-        ``mock = true``: deterministic synthetic protein families (FASTA + clusters
-            written to ``cache_dir``), the ``esm-tiny`` preset's default.
-        ``masking_probability`` is ESM's ``mask_prob`` [``--mask-prob``];
-        mask_token_prob: fraction of selected residues that become ``<mask>`` [``--mask-token-prob``];
-        mask_random_prob: fraction that become a random token [``--mask-random-prob``];
-        random_mask_strategy: ``"all_tokens"`` (BioNeMo's default) or
-            ``"amino_acids_only"`` [``--random-mask-strategy``];
-        ``seq_length`` is the ``max_seq_length`` crop, ``<cls>``/``<eos>`` included.
+        mask_token_prob: ESM: the fraction of selected residues that become ``<mask>``
+            (BioNeMo's ``mask_token_prob``).
+        mask_random_prob: ESM: the fraction that become a random token (BioNeMo's
+            ``mask_random_prob``).
+        random_mask_strategy: ESM: ``"all_tokens"`` (BioNeMo's default) or
+            ``"amino_acids_only"`` [``--random-mask-strategy``].
     """
 
     data_path: list[str] = field(default_factory=list)
@@ -114,7 +126,7 @@ class DataConfig:
     corpus: str = ""
     corpus_max_bytes: int = 4_000_000
     json_keys: list[str] = field(default_factory=lambda: ["text"])
-    tokenizer_type: str = "GPT2BPETokenizer"
+    tokenizer_type: str = ""
     tokenizer_model: str = ""
     vocab_file: str = ""
     merge_file: str = ""

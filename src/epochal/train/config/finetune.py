@@ -47,9 +47,12 @@ class FinetuneConfig:
             except ValueError:
                 weights = []
             _require(
-                len(weights) == 2 and all(w >= 0 for w in weights) and sum(weights) > 0,
+                len(weights) == 2
+                and all(math.isfinite(w) and w >= 0 for w in weights)
+                and 0 < sum(weights) < math.inf,
                 "split",
-                f"must be two weights 'train,valid' like '90,10', got {self.split!r}",
+                "must be two finite weights >= 0 'train,valid' with a positive, finite sum, "
+                f"like '90,10', got {self.split!r}",
             )
             _require(
                 not self.valid_file,

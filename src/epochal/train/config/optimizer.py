@@ -16,13 +16,14 @@ class OptimizerConfig:
     """The ``[optimizer]`` section (AdamW; Megatron's argument names).
 
     Attributes:
-        lr: peak learning rate (> 0).
+        lr: peak learning rate (>= 0; 0 keeps the weights, e.g. to evaluate a model).
         min_lr: learning rate at the end of the decay (0 <= min_lr <= lr).
         weight_decay: decoupled weight decay (>= 0); biases and norms get none.
         start_weight_decay / end_weight_decay: for an increasing weight decay
             (``scheduler.weight_decay_incr_style`` linear/cosine); default ``weight_decay``.
-        adam_beta1, adam_beta2: in [0, 1).
-        adam_eps: > 0.
+        adam_beta1, adam_beta2: Adam's decay rates of the first and second moment
+            estimates, in [0, 1).
+        adam_eps: the epsilon added to Adam's denominator (> 0).
         clip_grad: clip gradients to this global L2 norm (0 = no clipping).
     """
 
@@ -37,7 +38,7 @@ class OptimizerConfig:
     clip_grad: float = 1.0
 
     def __post_init__(self) -> None:
-        _require(self.lr > 0, "lr", f"must be > 0, got {self.lr}")
+        _require(self.lr >= 0, "lr", f"must be >= 0, got {self.lr}")
         _require(
             0 <= self.min_lr <= self.lr,
             "min_lr",

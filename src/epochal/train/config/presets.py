@@ -49,11 +49,12 @@ merged over it. ``epochal train --preset NAME --print-config`` shows the result.
 from __future__ import annotations
 
 import copy
+import difflib
 from typing import Any
 
 from epochal.model.config import ConfigError
 
-__all__ = ["PRESETS", "preset_dict"]
+__all__ = ["PRESETS", "PRESET_SUMMARIES", "preset_dict"]
 
 #: ESM-2's architecture (``facebook/esm2_*``): rotary, pre-LN, GELU, ``token_dropout``,
 #: the 33-token alphabet (``<mask>`` 32, ``<pad>`` 1), no dropout.
@@ -107,7 +108,6 @@ _TINY_WORDPIECE_RECIPE: dict[str, Any] = {
 
 PRESETS: dict[str, dict[str, Any]] = {
     "tiny": {
-        "run_dir": "runs/tiny",
         "model": {
             "hidden_size": 128,
             "num_layers": 4,
@@ -149,7 +149,6 @@ PRESETS: dict[str, dict[str, Any]] = {
         "logging": {"log_interval": 10},
     },
     "bert-tiny": {
-        "run_dir": "runs/bert-tiny",
         "model": {
             "type": "bert",
             "hidden_size": 128,
@@ -173,7 +172,6 @@ PRESETS: dict[str, dict[str, Any]] = {
         **_TINY_WORDPIECE_RECIPE,
     },
     "t5-tiny": {
-        "run_dir": "runs/t5-tiny",
         "model": {
             "type": "t5",
             "hidden_size": 128,
@@ -200,7 +198,6 @@ PRESETS: dict[str, dict[str, Any]] = {
         **_TINY_WORDPIECE_RECIPE,
     },
     "esm-tiny": {
-        "run_dir": "runs/esm-tiny",
         "model": {
             **_ESM_MODEL,
             "hidden_size": 64,
@@ -232,7 +229,6 @@ PRESETS: dict[str, dict[str, Any]] = {
         "logging": {"log_interval": 20},
     },
     "esm2-8m": {
-        "run_dir": "runs/esm2-8m",
         "model": {
             **_ESM_MODEL,
             "hidden_size": 320,
@@ -263,7 +259,6 @@ PRESETS: dict[str, dict[str, Any]] = {
         "logging": {"log_interval": 10},
     },
     "gpu-1b": {
-        "run_dir": "runs/gpu-1b",
         "model": {
             "vocab_size": 50304,
             "hidden_size": 2048,
@@ -306,7 +301,6 @@ PRESETS: dict[str, dict[str, Any]] = {
         "logging": {"log_interval": 10},
     },
     "gpt2-small": {
-        "run_dir": "runs/gpt2-small",
         "model": {
             "hidden_size": 768,
             "num_layers": 12,
@@ -341,6 +335,18 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
+#: One line per preset, shown by ``epochal train --help`` (a test requires one for each preset).
+PRESET_SUMMARIES: dict[str, str] = {
+    "tiny": "a 4-layer Llama-style GPT on Python's standard library, 300 steps; CPU, minutes",
+    "bert-tiny": "a 4-layer BERT (masked LM + next sentence) on the standard library's sentences",
+    "t5-tiny": "a 2+2-layer T5 with Megatron's span corruption on the same sentences",
+    "esm-tiny": "a 2-layer ESM-2 on synthetic protein families (or --data.protein_path=FILE)",
+    "esm2-8m": "ESM-2 8M's shape and BioNeMo's recipe; needs a protein source",
+    "gpt2-small": "GPT-2 124M, 1024 tokens, GPT-2's BPE; needs --data.data_path",
+    "gpu-1b": "a 1.3B Llama-style GPT for one 80 GB GPU, bf16, compiled; mock data by default",
+}
+
+
 def preset_dict(name: str) -> dict[str, Any]:
     """A deep copy of preset ``name``.
 
@@ -348,5 +354,7 @@ def preset_dict(name: str) -> dict[str, Any]:
         ConfigError: unknown name (lists the known ones).
     """
     if name not in PRESETS:
-        raise ConfigError("preset", f"unknown preset {name!r}; known: {', '.join(PRESETS)}")
+        near = difflib.get_close_matches(name, list(PRESETS), n=2, cutoff=0.5)
+        hint = f"did you mean {' or '.join(near)}? " if near else ""
+        raise ConfigError("preset", f"unknown preset {name!r}; {hint}(known: {', '.join(PRESETS)})")
     return copy.deepcopy(PRESETS[name])

@@ -3,6 +3,7 @@ writing the resolved tree back as TOML."""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 import tomllib
@@ -21,6 +22,7 @@ __all__ = [
     "config_from_dict",
     "config_from_saved",
     "parse_overrides",
+    "sets_run_dir",
     "to_toml",
 ]
 
@@ -85,6 +87,25 @@ def _coerce(value: Any, tp: Any, option: str) -> Any:
     return value
 
 
+def _unknown_message(cls: type, key: str, prefix: str, known: list[str]) -> str:
+    """``unknown option; did you mean ...?`` with the closest names (difflib) and where to list all."""
+    from epochal.train.config.options import close_options
+
+    everywhere: list[str] = []
+    if not prefix:  # a key without its section (--train_iters=5): look at every option's name
+        for name, tp in typing.get_type_hints(cls).items():
+            if dataclasses.is_dataclass(tp):
+                everywhere += [f"{name}.{g.name}" for g in dataclasses.fields(tp)]
+    near = close_options(key, known, everywhere=everywhere)
+    where = f"{prefix}." if prefix else ""
+    named = [f"{where}{n}" if "." not in n else n for n in near]
+    listing = f"epochal train --list-options {prefix}" if prefix else "epochal train --list-options"
+    what = "unknown option" if prefix else "unknown section or option"
+    if named:
+        return f"{what}; did you mean {' or '.join(named)}? ({listing} lists them all)"
+    return f"{what}; {listing} lists the known ones"
+
+
 def _build_dataclass(cls: type, values: dict[str, Any], prefix: str) -> Any:
     hints = typing.get_type_hints(cls)
     known = {f.name for f in dataclasses.fields(cls) if f.init}
@@ -92,7 +113,7 @@ def _build_dataclass(cls: type, values: dict[str, Any], prefix: str) -> Any:
     for key, value in values.items():
         option = f"{prefix}.{key}" if prefix else key
         if key not in known:
-            raise ConfigError(option, f"unknown option; known: {', '.join(sorted(known))}")
+            raise ConfigError(option, _unknown_message(cls, key, prefix, sorted(known)))
         kwargs[key] = _coerce(value, hints[key], option)
     missing = [
         f.name
@@ -237,6 +258,12 @@ def _read_toml(path: Path) -> dict[str, Any]:
         ) from None
 
 
+def _resolve(preset_values: dict[str, Any], explicit: dict[str, Any]) -> TrainConfig:
+    values = copy.deepcopy(preset_values)
+    _drop_replaced_preset_options(values, explicit)
+    return config_from_dict(_deep_merge(values, explicit))
+
+
 def build_config(
     *,
     preset: str | None = None,
@@ -251,6 +278,11 @@ def build_config(
     ``data.data_path`` wins over the preset's ``data.corpus``); two set
     explicitly are an error naming both.
 
+    Without an explicit ``run_dir`` the run directory is derived from what the run
+    is (:func:`~epochal.train.config.run_name.default_run_dir`): ``runs/<preset>``,
+    ``runs/<config file name>``, with ``-<hash>`` when overrides change options that
+    define the run.
+
     Args:
         preset: a name from :data:`epochal.train.config.presets.PRESETS` (None = defaults).
         config_file: a TOML file.
@@ -264,18 +296,32 @@ def build_config(
         FileNotFoundError: the config file is missing (names it).
     """
     from epochal.train.config.presets import preset_dict
+    from epochal.train.config.run_name import default_run_dir
 
-    values: dict[str, Any] = preset_dict(preset) if preset else {}
-    explicit: dict[str, Any] = {}
-    if config_file is not None:
-        explicit = _read_toml(Path(config_file))
-    if overrides:
-        explicit = _deep_merge(explicit, parse_overrides(overrides))
-    _drop_replaced_preset_options(values, explicit)
-    config = config_from_dict(_deep_merge(values, explicit))
+    preset_values: dict[str, Any] = preset_dict(preset) if preset else {}
+    from_file: dict[str, Any] = _read_toml(Path(config_file)) if config_file is not None else {}
+    explicit = _deep_merge(from_file, parse_overrides(overrides)) if overrides else from_file
+    config = _resolve(preset_values, explicit)
+    if "run_dir" not in explicit:
+        try:
+            base = _resolve(preset_values, from_file) if explicit is not from_file else config
+        except ConfigError:  # the file is valid only with the overrides: hash every option
+            base = None
+        config.run_dir = default_run_dir(config, preset=preset, config_file=config_file, base=base)
     if require_data:
         config.check_data()
     return config
+
+
+def sets_run_dir(config_file: str | Path | None, overrides: list[str] | None) -> bool:
+    """Whether the file or the overrides set ``run_dir`` (else :func:`build_config` derives it).
+
+    Raises:
+        ConfigError, FileNotFoundError: as :func:`build_config`.
+    """
+    if overrides and "run_dir" in parse_overrides(overrides):
+        return True
+    return config_file is not None and "run_dir" in _read_toml(Path(config_file))
 
 
 # ------------------------------------------------------------------ writing
@@ -303,14 +349,25 @@ def _toml_value(v: Any) -> str:
     raise TypeError(f"cannot write {v!r} to TOML")
 
 
-def to_toml(config: TrainConfig) -> str:
-    """The resolved configuration as TOML (``None`` values omitted); :func:`build_config` reads it back."""
+def to_toml(config: TrainConfig, *, pin_run_dir: bool = True) -> str:
+    """The resolved configuration as TOML (``None`` values omitted); :func:`build_config` reads it back.
+
+    Args:
+        config: the configuration.
+        pin_run_dir: write ``run_dir``; False writes it as a comment, so that training
+            the file derives its own (``runs/<file name>``) instead of sharing this one.
+    """
     lines: list[str] = []
     tables: list[tuple[str, Any]] = []
     for f in dataclasses.fields(config):
         value = getattr(config, f.name)
         if dataclasses.is_dataclass(value):
             tables.append((f.name, value))
+        elif f.name == "run_dir" and not pin_run_dir:
+            lines.append(
+                f"# run_dir = {_toml_value(value)}  # unset: --config FILE trains in "
+                "runs/<FILE's name>; set it to choose"
+            )
         elif value is not None:
             lines.append(f"{f.name} = {_toml_value(value)}")
     for name, section in tables:

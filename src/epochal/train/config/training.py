@@ -29,7 +29,9 @@ class TrainingConfig:
         train_iters: optimizer steps to train (>= 1).
         seed: seed of the weights, dropout and data order.
         eval_interval: evaluate every this many steps (0 = never; also at the end).
-        eval_iters: validation batches (of ``global_batch_size`` samples) per evaluation.
+        eval_iters: validation batches (of ``global_batch_size`` samples) per evaluation;
+            a fine-tuning run evaluates its whole validation table every time (any
+            value > 0; 0 = no evaluation).
         device: ``"auto"`` (CUDA if available), ``"cpu"`` or ``"cuda"``.
         bf16: run forward/backward under bfloat16 autocast (parameters and
             optimizer state stay float32).
@@ -73,6 +75,10 @@ class TrainingConfig:
             Accelerate's ``custom_train_step_class``); empty = the model type's step.
         train_step_kwargs: keyword arguments of that class (a TOML table;
             Accelerate's ``custom_train_step_kwargs``).
+        memory_check: before allocating the model, refuse a run whose weights,
+            gradients and AdamW state (16 bytes per trainable parameter, 4 per frozen
+            one, divided by the parallel layout) exceed the device's free memory
+            (:mod:`epochal.train.run_checks.state_memory`); false skips the check.
         eval_callback: an evaluation callback ``"package.module:function"``,
             called as ``fn(batch, logits) -> {name: number} | None`` for every
             validation micro-batch (see ``Trainer.add_eval_callback``); its values
@@ -112,6 +118,7 @@ class TrainingConfig:
     train_step: str = ""
     train_step_kwargs: dict[str, Any] = field(default_factory=dict)
     eval_callback: str = ""
+    memory_check: bool = True
     layout_invariant: bool = True
     deterministic_kernels: bool = False
 

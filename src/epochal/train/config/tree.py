@@ -23,9 +23,17 @@ __all__ = [
 # ------------------------------------------------------------------------ root
 @dataclass(kw_only=True)
 class TrainConfig:
-    """The whole configuration (see the module docstring for the sections)."""
+    """The whole configuration (see the module docstring for the sections).
 
-    run_dir: str = "runs/tiny"
+    Attributes:
+        run_dir: where the run's checkpoints, metrics, plots and resolved configuration
+            go; a run started again with it resumes. Unset in the file and on the
+            command line, ``build_config`` names it after the run: ``runs/<preset>`` or
+            ``runs/<config file name>``, with ``-<hash>`` of the run-defining options that
+            overrides change (:mod:`epochal.train.config.run_name`).
+    """
+
+    run_dir: str = "runs/default"
     model: ModelSection = field(
         default_factory=lambda: ModelSection(
             hidden_size=128,
@@ -62,6 +70,24 @@ class TrainConfig:
                 "in length, a pipeline schedule needs one shape); set "
                 f"parallel.pipeline_parallel=1, got {self.parallel.pipeline_parallel}",
             )
+            _require(
+                not (
+                    self.model.head == "residue_classification"
+                    and model_config.residue_head == "conv"
+                ),
+                "data.pack_sequences",
+                "cannot pack for model.head='residue_classification' with "
+                "model.residue_head='conv': the convolutional head also reads the padding "
+                "after each protein, which packing removes (its predictions would differ); "
+                "set model.residue_head='linear' or data.pack_sequences=false",
+            )
+        profile = self.logging.profile_steps
+        _require(
+            profile is None or profile[0] <= self.training.train_iters,
+            "logging.profile_steps",
+            f"starts after the run's last step (training.train_iters={self.training.train_iters}), "
+            f"got {profile}: nothing would be profiled; choose steps in [1, {self.training.train_iters}]",
+        )
         mpe = self.model.max_position_embeddings
         longest = position_length(self)
         _require(

@@ -46,6 +46,12 @@ from epochal.data.indexed.tokenizer import HuggingFaceTokenizer, Tokenizer, buil
 from epochal.data.indexed.tokenizer_wordpiece import train_wordpiece
 from epochal.model.config import ConfigError
 from epochal.train.config import DataConfig
+from epochal.train.inputs.cache_temporaries import cache_temporary
+from epochal.train.inputs.recorded_tokenizer import (
+    DEFAULT_TOKENIZER,
+    check_recorded_tokenizer,
+    with_recorded_tokenizer,
+)
 
 __all__ = [
     "PreparedCorpus",
@@ -152,11 +158,17 @@ def _read_documents(cfg: DataConfig) -> tuple[list[str], str]:
 def tokenizer_from_config(cfg: DataConfig) -> Tokenizer:
     """Build ``data.tokenizer_type`` from its files (Megatron's argument names).
 
+    ``""`` (unset) is the tokenizer ``epochal preprocess`` recorded with the data
+    paths, else ``GPT2BPETokenizer``; a tokenizer other than the recorded one is
+    refused (:mod:`epochal.train.inputs.recorded_tokenizer`).
+
     Raises:
-        ConfigError: the tokenizer cannot be built (names ``data.tokenizer_type``).
+        ConfigError: the tokenizer cannot be built, or differs from the data's record
+            (names ``data.tokenizer_type``).
     """
+    cfg = with_recorded_tokenizer(cfg)
     try:
-        return build_tokenizer(
+        tokenizer = build_tokenizer(
             cfg.tokenizer_type,
             vocab_file=cfg.vocab_file or None,
             merge_file=cfg.merge_file or None,
@@ -165,6 +177,8 @@ def tokenizer_from_config(cfg: DataConfig) -> Tokenizer:
         )
     except (ValueError, OSError) as exc:
         raise ConfigError("data.tokenizer_type", str(exc)) from None
+    check_recorded_tokenizer(cfg, tokenizer)
+    return tokenizer
 
 
 def _train_bpe(docs: list[str], vocab_size: int, out: Path) -> None:
@@ -194,7 +208,7 @@ def _cache_key(cfg: DataConfig, docs: list[str]) -> str:
                 "json_key": cfg.json_keys[0],
                 "bpe_vocab_size": cfg.bpe_vocab_size,
                 "tokenizer": [
-                    cfg.tokenizer_type,
+                    cfg.tokenizer_type or DEFAULT_TOKENIZER,
                     cfg.tokenizer_model,
                     cfg.vocab_file,
                     cfg.merge_file,
@@ -270,9 +284,7 @@ def _build(
         The tokenizer used if it was built from ``data.tokenizer_type`` (None for a
         trained one, which is reloaded from ``folder``).
     """
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    tmp = folder.parent / f".tmp-{folder.name}-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
+    tmp = cache_temporary(folder, "corpus-")
     tmp.mkdir()
     try:
         tok_file = None

@@ -34,6 +34,7 @@ import hashlib
 import json
 import os
 import shutil
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +46,7 @@ from epochal.data.proteins.esm_builders import build_esm_datasets
 from epochal.data.proteins.layout import proteins_to_bionemo_layout
 from epochal.model.config import ConfigError
 from epochal.train.config import TrainConfig
+from epochal.train.inputs.cache_temporaries import cache_temporary
 from epochal.train.inputs.corpus import default_cache_dir, tokenizer_from_config
 from epochal.train.inputs.synthetic_proteins import write_synthetic_proteins
 
@@ -126,6 +128,19 @@ class PaddedProteinSamples(torch.utils.data.Dataset):
         """
         return self.resampler.dataset.member(self.resampler.epoch_index(index))
 
+    # ------------------------------------------- sample identities (sample_identity)
+    def sample_identity(self, index: int) -> dict[str, Any]:
+        """``{"epoch": e, "cluster": c}`` of sample ``index`` (nothing drawn or read)."""
+        return self.resampler.sample_identity(index)
+
+    def sample_identities(self, start: int, stop: int) -> list[dict[str, Any]]:
+        """:meth:`sample_identity` of samples ``start .. stop - 1``, epochs mapped at once."""
+        return self.resampler.sample_identities(start, stop)
+
+    def sample_details(self, index: int) -> dict[str, Any]:
+        """``{"member": id}``: the member sample ``index`` draws from its cluster (for listings)."""
+        return {"member": self.sample_member(index)[0]}
+
 
 def _file_key(path: str) -> dict[str, Any]:
     p = Path(path)
@@ -172,9 +187,7 @@ def prepare_protein_layout(
     if not done.is_file():
         if log:
             log(f"converting {protein_path} into BioNeMo's SQLite + parquet layout ...")
-        cache.mkdir(parents=True, exist_ok=True)
-        tmp = cache / f".tmp-{folder.name}-{os.getpid()}"
-        shutil.rmtree(tmp, ignore_errors=True)
+        tmp = cache_temporary(folder, "proteins-")
         try:
             layout = proteins_to_bionemo_layout(
                 protein_path,
@@ -263,7 +276,8 @@ def build_esm_train_datasets(
                 "is text / token data; model.type='esm' trains on proteins (data.protein_path, "
                 "data.train_cluster_path + data.train_database_path, or data.mock)",
             )
-    tokenizer = tokenizer_from_config(d)
+    # unset: ESM-2's alphabet (the only tokenizer ESM trains with)
+    tokenizer = tokenizer_from_config(d if d.tokenizer_type else replace(d, tokenizer_type="esm"))
     if not isinstance(tokenizer, ESM2Tokenizer):
         raise ConfigError(
             "data.tokenizer_type",

@@ -12,7 +12,9 @@ the same classes); ``model.num_labels`` must equal their number.
 Train samples: ``MultiEpochDatasetResampler(IdentityMultiEpochDatasetWrapper(rows),
 num_samples = train_iters * global_batch_size, seed = training.seed)``: reshuffled
 every epoch, a pure function of the sample number (resumable exactly). Validation:
-the validation rows once, in order.
+the validation rows once, in order, every evaluation over all of them (whatever
+``training.eval_iters``; 0 turns evaluation off), the last global batch completed
+with unscored filler (:mod:`epochal.train.inputs.eval_rows`).
 """
 
 from __future__ import annotations
@@ -34,8 +36,15 @@ from epochal.data.epochs.multi_epoch import (
 from epochal.data.epochs.permutation import permute
 from epochal.model.config import ConfigError
 from epochal.train.config import TrainConfig
+from epochal.train.inputs.eval_rows import WholeTableRows
 
-__all__ = ["LABEL_VOCAB_FILE", "build_finetune_datasets", "finetune_tokenizer", "read_vocab"]
+__all__ = [
+    "LABEL_VOCAB_FILE",
+    "build_finetune_datasets",
+    "finetune_tokenizer",
+    "label_vocab_file",
+    "read_vocab",
+]
 
 LABEL_VOCAB_FILE = "label_vocab.json"
 
@@ -77,7 +86,14 @@ def _bert_tokenizer(folder: Path) -> str:
 def _read(config: TrainConfig, option: str, path: str) -> LabelledTable:
     f = config.finetune
     try:
-        return read_labelled_table(path, config.model.head, f.sequence_column, f.label_column)
+        regression = config.model.head == "sequence_regression"
+        return read_labelled_table(
+            path,
+            config.model.head,
+            f.sequence_column,
+            f.label_column,
+            num_labels=config.model.num_labels if regression else None,
+        )
     except FileNotFoundError as exc:
         raise ConfigError(f"finetune.{option}", str(exc)) from None
 
@@ -96,6 +112,36 @@ def read_vocab(run_dir: str | Path) -> LabelVocab | None:
     """The classes a run was trained with (``label_vocab.json``), or None."""
     path = Path(run_dir) / LABEL_VOCAB_FILE
     return LabelVocab.load(path) if path.is_file() else None
+
+
+def label_vocab_file(
+    checkpoint: str | Path, step_folder: Path | None = None, run_dir: str | None = None
+) -> Path | None:
+    """The ``label_vocab.json`` that goes with a checkpoint, or None.
+
+    Looked for next to the checkpoint itself first: in the folder given, its step
+    folder and that folder's run directory (``<run>/checkpoints/step_N``); then in the
+    run directory the checkpoint's configuration recorded, only when that is an
+    absolute path (a relative one would be resolved against the current directory,
+    which may hold another run).
+
+    Args:
+        checkpoint: the path a command was given (run, checkpoints or step folder,
+            a Hugging Face folder).
+        step_folder: the step folder read, if any.
+        run_dir: ``run_dir`` from the checkpoint's saved configuration, if any.
+    """
+    folders = [Path(checkpoint)]
+    if step_folder is not None:
+        folders.append(step_folder)
+        if step_folder.parent.name == "checkpoints":
+            folders.append(step_folder.parent.parent)
+    if run_dir and Path(run_dir).is_absolute():
+        folders.append(Path(run_dir))
+    for folder in folders:
+        if (folder / LABEL_VOCAB_FILE).is_file():
+            return folder / LABEL_VOCAB_FILE
+    return None
 
 
 def build_finetune_datasets(
@@ -154,6 +200,7 @@ def build_finetune_datasets(
             seq_length=config.data.seq_length,
             vocab=vocab,
             num_labels=config.model.num_labels,
+            ids=tab.ids,
         )
 
     samples = t.train_iters * t.global_batch_size
@@ -162,8 +209,11 @@ def build_finetune_datasets(
     )
     valid = None
     if valid_table is not None:
-        valid = MultiEpochDatasetResampler(
-            IdentityMultiEpochDatasetWrapper(rows(valid_table)), num_epochs=1, shuffle=False
+        valid = WholeTableRows(  # every row evaluated once, whatever the layout
+            MultiEpochDatasetResampler(
+                IdentityMultiEpochDatasetWrapper(rows(valid_table)), num_epochs=1, shuffle=False
+            ),
+            t.global_batch_size,
         )
     description = (
         f"{task} on {f.train_file} ({len(table.sequences):,} rows"

@@ -32,6 +32,7 @@ from epochal.data.loading.data_sampler import MegatronDataSampler
 from epochal.data.loading.loader import WrappedDataLoader
 from epochal.model.config import ConfigError
 from epochal.train.config import TrainConfig
+from epochal.train.inputs.eval_rows import WholeTableRows
 
 __all__ = ["DataBundle", "build_data", "make_loaders"]
 
@@ -47,6 +48,9 @@ class DataBundle:
         vocab_size: the tokenizer's vocabulary size (before padding).
         tokenizer: the tokenizer, if any (None for mock data).
         description: one line saying what the data is.
+        whole_validation: every evaluation reads the whole validation loader (a
+            fine-tuning table, :class:`~epochal.train.inputs.eval_rows.WholeTableRows`)
+            instead of ``training.eval_iters`` global batches.
     """
 
     train_loader: WrappedDataLoader
@@ -55,6 +59,7 @@ class DataBundle:
     vocab_size: int
     tokenizer: Any = None
     description: str = ""
+    whole_validation: bool = False
 
     def num_microbatches_at(self, consumed_samples: int) -> int:
         """Micro-batches per step at ``consumed_samples`` (gbs / (mbs * dp))."""
@@ -115,7 +120,8 @@ def make_loaders(
         if valid_dataset is not None and len(valid_dataset)
         else None
     )
-    return DataBundle(train, valid, sampler, vocab_size, tokenizer, description)
+    whole = isinstance(valid_dataset, WholeTableRows)
+    return DataBundle(train, valid, sampler, vocab_size, tokenizer, description, whole)
 
 
 def _gpt(config: TrainConfig, **kwargs: Any) -> tuple[Any, Any, int, Any, str]:

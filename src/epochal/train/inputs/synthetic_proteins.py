@@ -18,6 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
+from epochal.train.inputs.cache_temporaries import cache_temporary
+
 __all__ = ["SEED", "synthetic_families", "write_synthetic_proteins"]
 
 #: seeds the generator (a constant: the demo data is the same everywhere).
@@ -68,9 +70,7 @@ def write_synthetic_proteins(cache_dir: str | os.PathLike) -> tuple[Path, Path]:
     fasta, clusters = folder / "proteins.fasta", folder / "clusters.tsv"
     if fasta.is_file() and clusters.is_file():
         return fasta, clusters
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    tmp = folder.parent / f".tmp-{folder.name}-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
+    tmp = cache_temporary(folder, "proteins-")
     tmp.mkdir()
     try:
         families = synthetic_families()

@@ -7,8 +7,11 @@
 - ``{"kind": "train", "segment": k, "step": n, "loss": ..., "lr": ..., "grad_norm": ...,
   "consumed_samples": ..., "tokens": ..., "tokens_per_s": ..., "step_time_s": ...}``
   after optimizer step ``n`` (1-based; ``loss`` is the global-batch loss, Megatron's
-  definition, as a Python float, exactly reproducible);
-- ``{"kind": "eval", "segment": k, "step": n, "loss": ..., "ppl": ...}``;
+  definition, as a Python float, exactly reproducible), and ``"sample_digest"``: 16 hex
+  digits naming the step's global batch of samples (:mod:`epochal.train.observe.data_records`);
+- ``{"kind": "eval", "segment": k, "step": n, "loss": ..., "ppl": ...}`` (``ppl``:
+  the train step's perplexity: ``exp(loss)`` for GPT and T5, ``exp`` of the masked-LM
+  loss alone for BERT / ESM, none for a fine-tuning head), then the step's values;
 - for multi-epoch data (BERT), train records also hold ``"epoch"`` (epochs consumed,
   a float) and every epoch start has a ``{"kind": "epoch", ...}`` record written just
   before its step's (:mod:`epochal.train.inputs.epoch_evidence`).
@@ -29,6 +32,9 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["MetricsLogger", "perplexity", "read_metrics"]
+
+#: Logged evaluation values the printed line leaves out: the loss or the perplexity again.
+_REPEATS_LOSS = frozenset({"lm loss", "ce loss", "mse loss", "mlm ppl", "lm ppl"})
 
 
 def perplexity(loss: float) -> float:
@@ -186,27 +192,40 @@ class MetricsLogger:
             return
         self._write(dict(record))
 
-    def log_eval(self, step: int, loss: float, extra: dict[str, float] | None = None) -> None:
-        """Record a validation loss after step ``step``; perplexity is ``exp(loss)``.
+    def log_eval(
+        self,
+        step: int,
+        loss: float,
+        extra: dict[str, float] | None = None,
+        *,
+        ppl: float | None | str = "exp",
+    ) -> None:
+        """Record a validation loss after step ``step`` and its perplexity.
 
-        ``extra``: further values by name (the train step's, e.g. ``"mlm accuracy"``).
+        Args:
+            step: the step evaluated after.
+            loss: the validation loss.
+            extra: further values by name (the train step's, e.g. ``"mlm accuracy"``).
+            ppl: the perplexity; ``"exp"`` (default) = ``exp(loss)``; None = none (a
+                loss that is no token cross-entropy, e.g. a fine-tuning head's: no
+                ``"ppl"`` field is written).
         """
         if not self.enabled:
             return
-        ppl = perplexity(loss)
+        if ppl == "exp":
+            ppl = perplexity(loss)
         extra = dict(extra or {})
-        self._write({"kind": "eval", "step": step, "loss": loss, "ppl": ppl, **extra})
+        values = {"loss": loss, **({"ppl": ppl} if ppl is not None else {}), **extra}
+        self._write({"kind": "eval", "step": step, **values})
         if self._wandb is not None:
-            values = {"loss": loss, "ppl": ppl, **extra}
             self._wandb.log({f"eval/{k}": v for k, v in values.items()}, step)
         if self._tb is not None:
-            self._tb.add_scalar("eval/loss", loss, step)
-            self._tb.add_scalar("eval/ppl", ppl, step)
-            for key, value in extra.items():
+            for key, value in values.items():
                 if math.isfinite(value):
                     self._tb.add_scalar(f"eval/{key}", value, step)
-        shown = "".join(f", {k} {v:.4g}" for k, v in extra.items() if k != "lm loss")
-        self.write_line(f"step {step}: validation loss {loss:.4f}, perplexity {ppl:.2f}{shown}")
+        shown = "".join(f", {k} {v:.4g}" for k, v in extra.items() if k not in _REPEATS_LOSS)
+        shown = (f", perplexity {ppl:.2f}" if ppl is not None else "") + shown
+        self.write_line(f"step {step}: validation loss {loss:.4f}{shown}")
 
     def write_line(self, text: str) -> None:
         """Print a line without breaking the progress bar."""

@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from epochal._text import plural
 from epochal.model.config import ModelConfig
 from epochal.model.flops import training_flops_per_token
 
@@ -70,7 +71,7 @@ def device_name(device: torch.device) -> str:
     """``"NVIDIA H100 80GB HBM3"`` for a CUDA device, ``"cpu"`` (with the core count) else."""
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    return f"cpu ({torch.get_num_threads()} threads)"
+    return f"cpu ({plural(torch.get_num_threads(), 'thread')})"
 
 
 def peak_tflops(device: torch.device, override: float | None = None) -> float | None:

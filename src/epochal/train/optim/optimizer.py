@@ -24,6 +24,7 @@ from torch.distributed.checkpoint.state_dict import (
 from epochal.parallel.exact_norm import clip_grad_norm_exact
 
 __all__ = [
+    "CONFIG_GROUP_KEYS",
     "OptimizersContainer",
     "adamw_from_config",
     "build_adamw",
@@ -44,6 +45,12 @@ def head_lr_mult(config: Any) -> float | None:
     finetune = getattr(config, "finetune", None)
     if getattr(config.model, "head", "mlm") == "mlm" or finetune is None or not finetune.head_lr:
         return None
+    if config.optimizer.lr == 0:
+        from epochal.model.config import ConfigError
+
+        raise ConfigError(
+            "finetune.head_lr", "needs optimizer.lr > 0 (the head's rate is a multiple of it)"
+        )
     return finetune.head_lr / config.optimizer.lr
 
 
@@ -186,16 +193,41 @@ class OptimizersContainer:
     _OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
 
     def state_dict(self) -> dict[str, Any]:
-        """Flattened FQN-keyed state of every optimizer, merged."""
+        """Flattened FQN-keyed state of every optimizer, merged.
+
+        The group options the configuration decides (:data:`CONFIG_GROUP_KEYS`) are
+        left out: they are never taken from a checkpoint.
+        """
         merged: dict[str, Any] = {}
         for part, opt in zip(self.model_parts, self.optimizers):
             merged.update(get_optimizer_state_dict(part, opt, options=self._OPTIONS))
-        return merged
+        return {k: v for k, v in merged.items() if not _is_config_group_key(k)}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Load a (merged, flattened) state dict into every optimizer."""
+        """Load a (merged, flattened) state dict into every optimizer.
+
+        The per-parameter state (AdamW's moments and step) and the groups' other
+        options come from ``state_dict``; :data:`CONFIG_GROUP_KEYS` keep this
+        run's values, so a changed ``finetune.head_lr`` takes effect on resume, and
+        a head learning rate can be turned on or off there (the head's parameters
+        move between groups, their moments kept).
+        """
+        loaded = {k: v for k, v in state_dict.items() if not _is_config_group_key(k)}
         for part, opt in zip(self.model_parts, self.optimizers):
-            set_optimizer_state_dict(part, opt, optim_state_dict=state_dict, options=self._OPTIONS)
+            current = get_optimizer_state_dict(part, opt, options=self._OPTIONS)
+            ours = {k: v for k, v in current.items() if _is_config_group_key(k)}
+            set_optimizer_state_dict(
+                part, opt, optim_state_dict={**loaded, **ours}, options=self._OPTIONS
+            )
+
+
+#: Parameter-group options set from the configuration (:func:`param_groups`), not restored.
+CONFIG_GROUP_KEYS = ("name", "wd_mult", "lr_mult")
+
+
+def _is_config_group_key(key: str) -> bool:
+    """Whether a flattened key is ``param_groups.<fqn>.<one of CONFIG_GROUP_KEYS>``."""
+    return key.startswith("param_groups.") and key.rsplit(".", 1)[-1] in CONFIG_GROUP_KEYS
 
 
 def adamw_from_config(model_parts: Sequence[nn.Module], config: Any) -> OptimizersContainer:

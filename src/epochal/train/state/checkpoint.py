@@ -73,6 +73,7 @@ from epochal._checksum import (
     manifest_bytes,
     verify_manifest,
 )
+from epochal._dcp import single_process_dcp
 from epochal.train.state.dcp_checks import check_dcp_metadata, dcp_failure, read_per_file
 from epochal.train.state.errors import CheckpointCorruptError, CheckpointError
 from epochal.train.state.run_lock import stale_temporary, temporary_token
@@ -432,10 +433,7 @@ class Checkpointer:
         self._barrier()
         if self._all_gather is None and self.rank != 0:
             tmp = self.directory / pending.read_text().strip()
-        with warnings.catch_warnings():
-            warnings.filterwarnings(
-                "ignore", message=".*assuming the intent is to save in a single process.*"
-            )
+        with single_process_dcp():
             dcp.save(state, storage_writer=FileSystemWriter(tmp, thread_count=1))
         atomic_write(tmp / f"rng_rank{self.rank}.pt", _torch_bytes(rng_state))
         if self.rank == 0:
@@ -568,10 +566,7 @@ class Checkpointer:
         with open(meta_path, "rb") as f:
             load_metadata_safely(f, str(meta_path))  # refuse unsafe metadata before DCP reads it
         try:
-            with warnings.catch_warnings():
-                warnings.filterwarnings(
-                    "ignore", message=".*assuming the intent is to load in a single process.*"
-                )
+            with single_process_dcp():
                 dcp.load(
                     state, storage_reader=SafeFileSystemReader(folder), planner=SafeLoadPlanner()
                 )

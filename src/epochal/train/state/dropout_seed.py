@@ -1,13 +1,13 @@
-"""Keyed dropout in the trainers: each micro-batch's random stream from its first sample's position.
+"""Keyed dropout in the trainers: each micro-batch's random stream from its step and global index.
 
 With ``training.layout_invariant`` and a model that draws random numbers, the
 trainer hands every micro-batch the seed
 :func:`~epochal.parallel.dropout_keys.micro_batch_seed` of ``(training.seed, the
-global position of its first sample)`` (the blocks derive theirs from it, see
-:mod:`epochal.parallel.dropout_keys`). The masks then depend neither on the
-data-parallel rank nor on how many micro-batches ran before, so any layout and
-any resume draw the same ones; the global random streams are left as they were
-around each step. Without dropout nothing is reseeded.
+optimizer step, its global micro-batch index)`` (the blocks derive theirs from
+it, see :mod:`epochal.parallel.dropout_keys`). The masks then depend neither on
+the data-parallel rank nor on how many micro-batches ran before, so any layout
+and any resume draw the same ones; the global random streams are left as they
+were around each step. Without dropout nothing is reseeded.
 """
 
 from __future__ import annotations
@@ -25,14 +25,14 @@ __all__ = ["KeyedDropoutSeams"]
 class KeyedDropoutSeams:
     """Mixin of :class:`~epochal.train.trainer.Trainer`: the dropout seeds of a step's micro-batches.
 
-    Uses the trainer's ``config``, ``data``, ``device``, ``model_parts`` and
+    Uses the trainer's ``config``, ``device``, ``model_parts``, ``step`` and
     ``data_parallel_info()``.
     """
 
     config: Any
-    data: Any
     device: Any
     model_parts: Any
+    step: int
     _step_seeds: list[int] | None = None
     _seed_iter: Iterator[int] | None = None
 
@@ -43,20 +43,11 @@ class KeyedDropoutSeams:
         return invariant and any(has_dropout(part) for part in self.model_parts)
 
     def micro_batch_seeds(self, num_microbatches: int) -> list[int] | None:
-        """The seeds of this rank's micro-batches of the next step (None: the running stream).
-
-        Reads the train loader's ``consumed_samples`` (the step's first sample), so
-        call it before the step reads its batches.
-        """
+        """The seeds of this rank's micro-batches of the next step (None: the running stream)."""
         if not self.keyed_dropout:
             return None
-        return step_seeds(
-            self.config.training.seed,
-            self.data.train_loader.consumed_samples,
-            self.config.training.micro_batch_size,
-            num_microbatches,
-            **self.data_parallel_info(),  # type: ignore[attr-defined]
-        )
+        info = self.data_parallel_info()  # type: ignore[attr-defined]
+        return step_seeds(self.config.training.seed, self.step, num_microbatches, **info)
 
     @contextlib.contextmanager
     def keyed_step(self, num_microbatches: int) -> Iterator[list[int] | None]:

@@ -32,7 +32,13 @@ from epochal.model.init import canonical_name
 from epochal.model.lora import is_lora_name
 from epochal.train.state.checkpoint import CheckpointError
 
-__all__ = ["finetune_overrides", "is_hf_folder", "load_encoder_weights", "read_encoder"]
+__all__ = [
+    "copy_full_state",
+    "finetune_overrides",
+    "is_hf_folder",
+    "load_encoder_weights",
+    "read_encoder",
+]
 
 #: ``[model]`` fields a fine-tuning config keeps (the rest come from the checkpoint).
 KEPT_FIELDS = (*HEAD_FIELDS, "hidden_dropout", "attention_dropout")
@@ -44,11 +50,17 @@ def is_hf_folder(path: str | Path) -> bool:
     return (p / "config.json").is_file() and not (p / "trainer_state.json").is_file()
 
 
-def read_encoder(path: str | Path) -> tuple[ModelConfig, dict[str, torch.Tensor], bool]:
+def read_encoder(
+    path: str | Path, *, option: str = "checkpoint.init_from"
+) -> tuple[ModelConfig, dict[str, torch.Tensor], bool]:
     """``(config, full CPU state, has_lm_head)`` of a run, checkpoint or Hugging Face folder.
 
+    Args:
+        option: the option that named ``path`` (``--checkpoint`` for ``epochal embed``),
+            for the message.
+
     Raises:
-        CheckpointError: nothing readable there (the reader's reason included).
+        CheckpointError: nothing readable there (the option and the reader's reason named).
     """
     from epochal.convert.common import ConversionError
 
@@ -63,7 +75,7 @@ def read_encoder(path: str | Path) -> tuple[ModelConfig, dict[str, torch.Tensor]
         ck = load_epochal_checkpoint(path)
         return ck.config, ck.state, ck.config.head == "mlm"
     except (ConversionError, FileNotFoundError) as exc:
-        raise CheckpointError(f"checkpoint.init_from={str(path)!r}: {exc}") from exc
+        raise CheckpointError(f"{option}={str(path)!r}: {exc}") from exc
 
 
 def finetune_overrides(config_file: str | None, overrides: list[str]) -> list[str] | None:
@@ -78,7 +90,7 @@ def finetune_overrides(config_file: str | None, overrides: list[str]) -> list[st
         The overrides, or None when the run is not such a fine-tuning run.
 
     Raises:
-        CheckpointError: the checkpoint cannot be read.
+        CheckpointError: the checkpoint cannot be read, or holds no encoder (a GPT or T5 model).
     """
     import json
     import tomllib
@@ -99,6 +111,11 @@ def finetune_overrides(config_file: str | None, overrides: list[str]) -> list[st
     if head == "mlm" or not init:
         return None
     source, _, _ = read_encoder(init)
+    if not source.is_encoder:  # say so here, not as an option of the copied shape
+        raise CheckpointError(
+            f"checkpoint.init_from={str(init)!r} holds a {source.type!r} model, but a "
+            f"fine-tuning head (model.head={head!r}) needs a pretrained 'bert' or 'esm' encoder"
+        )
     out = []
     for f in dataclasses.fields(source):
         value = getattr(source, f.name)
@@ -167,7 +184,7 @@ def load_encoder_weights(
             + " (another model.head or model.num_labels?)"
         )
     for part in model_parts:
-        _copy_into(part, state)
+        copy_full_state(part, state)
     if log is not None:
         fresh = ", ".join(missing) if missing else "none"
         log(f"initialised from {folder}; weights it lacks start fresh: {fresh}")
@@ -175,8 +192,13 @@ def load_encoder_weights(
 
 
 @torch.no_grad()
-def _copy_into(part: nn.Module, state: dict[str, torch.Tensor]) -> None:
-    """Copy full tensors into the part's (possibly sharded) parameters and buffers."""
+def copy_full_state(part: nn.Module, state: dict[str, torch.Tensor]) -> None:
+    """Copy full (unsharded) tensors into the part's parameters, sharded as they are.
+
+    ``state`` maps canonical names (``tok_embeddings.weight``) to whole tensors;
+    tensor-parallel and FSDP parameters (DTensors) take their own shard, others the
+    whole tensor. Parameters ``state`` does not name are left as they are.
+    """
     from torch.distributed.tensor import DTensor, distribute_tensor
 
     for name, param in part.named_parameters():

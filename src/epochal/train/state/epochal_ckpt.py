@@ -43,6 +43,7 @@ from typing import Any
 
 import torch
 
+from epochal._dcp import single_process_dcp
 from epochal.convert.checked_config import check_positions
 from epochal.convert.common import ConversionError, check_shapes, complete_tied
 from epochal.model.config import ConfigError, ModelConfig
@@ -240,10 +241,7 @@ def load_epochal_checkpoint(
             )
     if not template:
         raise ConversionError(f"{folder}: the DCP checkpoint holds no model.* tensors")
-    with warnings.catch_warnings():
-        warnings.filterwarnings(
-            "ignore", message=".*assuming the intent is to load in a single process.*"
-        )
+    with single_process_dcp():
         try:
             dcp.load(
                 {"model": template},
@@ -330,6 +328,7 @@ def save_epochal_checkpoint(
     *,
     source: str = "",
     overwrite: bool = False,
+    extra_files: dict[str, str] | None = None,
 ) -> Path:
     """Write a model-only epochal checkpoint (see the module docstring).
 
@@ -339,6 +338,8 @@ def save_epochal_checkpoint(
         run_dir: the run directory to create (``checkpoints/step_0000000`` inside).
         source: recorded in ``trainer_state.json`` (where the weights came from).
         overwrite: replace an existing run directory.
+        extra_files: file name -> text written into the run directory (a fine-tuned
+            run's ``label_vocab.json``), with the rest, before the folder appears.
 
     Returns:
         The step folder.
@@ -366,12 +367,11 @@ def save_epochal_checkpoint(
     }
     tensors = {k: v.detach().to("cpu").contiguous() for k, v in state.items()}
     with atomic_directory(run_dir, overwrite=overwrite) as tmp:
+        for name, text in (extra_files or {}).items():
+            (tmp / name).write_text(text)
         folder = tmp / "checkpoints" / "step_0000000"
         folder.mkdir(parents=True)
-        with warnings.catch_warnings():
-            warnings.filterwarnings(
-                "ignore", message=".*assuming the intent is to save in a single process.*"
-            )
+        with single_process_dcp():
             dcp.save({"model": tensors}, storage_writer=FileSystemWriter(folder, thread_count=1))
         torch.save({}, folder / "rng_rank0.pt")
         (folder / "trainer_state.json").write_text(json.dumps(trainer_state, indent=1))

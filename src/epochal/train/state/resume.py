@@ -16,12 +16,16 @@ from epochal.train.state.checkpoint import Checkpointer, CheckpointError
 from epochal.train.state.encoder_init import is_hf_folder, load_encoder_weights
 from epochal.train.state.model_state import ModelState
 from epochal.train.state.rng import get_rng_state, set_rng_state
+from epochal.train.state.sample_check import checkpoint_digests, resume_sample_check
 
 __all__ = ["CheckpointSeams"]
 
 
 class CheckpointSeams:
     """Checkpoint methods of the trainer (see the module docstring)."""
+
+    #: after a resume: whether the data names the samples the checkpoint recorded (a line)
+    sample_check: str | None = None
 
     def app_state(self) -> dict[str, Any]:
         """The DCP state: model parts and optimizers (``Stateful``)."""
@@ -47,7 +51,14 @@ class CheckpointSeams:
                 if self.loss_scaler is not None
                 else {}
             ),
+            **self._sample_digests(),
         }
+
+    def _sample_digests(self) -> dict[str, Any]:
+        """The digests of the last and next steps' samples (:mod:`~epochal.train.state.sample_check`)."""
+        loader = self.data.train_loader
+        calculator = self.data.sampler.calculator
+        return checkpoint_digests(loader.dataset, calculator, self.step, loader.consumed_samples)
 
     def save_checkpoint(self) -> Path:
         """Save the current step (see :class:`~epochal.train.state.checkpoint.Checkpointer`)."""
@@ -173,3 +184,6 @@ class CheckpointSeams:
         except (KeyError, TypeError, ValueError) as exc:
             raise CheckpointError(f"{folder}/trainer_state.json: malformed ({exc})") from exc
         set_rng_state(rng)
+        self.sample_check = resume_sample_check(state, self.data.train_loader.dataset)
+        if self.log and self.sample_check and self.sample_check.startswith("warning"):
+            print(self.sample_check, flush=True)  # now, not only in the summary at the end

@@ -2,9 +2,11 @@
 
 - **Resuming** continues a run, so the checkpoint's ``config.toml`` and the
   current configuration must agree on every option in :data:`RUN_DEFINING`:
-  the data (sources, tokenizer, split, sequence length, document masking) and
+  the data (sources, tokenizer, split, sequence length, document masking),
   ``training.seed`` / ``micro_batch_size`` / ``global_batch_size`` /
-  ``rampup_batch_size``. These decide which samples are drawn in which order;
+  ``rampup_batch_size`` and a fine-tuning run's tables (``finetune.train_file``,
+  ``valid_file``, ``split``, ``sequence_column``, ``label_column``: a new split
+  could move training rows into validation). These decide which samples are drawn in which order;
   changing one would silently make another run under the old name. The model
   must agree too; the trainer compares the *resolved* model (vocabulary size
   included) with the checkpoint's (``Trainer.check_model_config``), so a
@@ -32,10 +34,19 @@ from pathlib import Path
 from typing import Any
 
 from epochal.model.config import ConfigError
-from epochal.train.config import DataConfig, TrainConfig, config_from_saved
+from epochal.train.config import DataConfig, TrainConfig, config_from_saved, position_length
+from epochal.train.config.run_name import flat_options
+from epochal.train.inputs.recorded_tokenizer import effective_tokenizer_type
 from epochal.train.state.checkpoint import Checkpointer
+from epochal.train.state.errors import CheckpointError
 
-__all__ = ["RUN_DEFINING", "archive_previous_history", "check_resume_config", "config_changes"]
+__all__ = [
+    "RUN_DEFINING",
+    "archive_previous_history",
+    "check_resume_config",
+    "check_run_dir_holds",
+    "config_changes",
+]
 
 # section -> the options of that section that define a run (None: all of them); the
 # model is compared resolved, by Trainer.check_model_config
@@ -44,19 +55,9 @@ RUN_DEFINING: dict[str, frozenset[str] | None] = {
         f.name for f in dataclasses.fields(DataConfig) if f.name not in ("num_workers", "cache_dir")
     ),
     "training": frozenset({"seed", "micro_batch_size", "global_batch_size", "rampup_batch_size"}),
+    # which rows train and which validate (``head_lr`` may change)
+    "finetune": frozenset({"train_file", "valid_file", "split", "sequence_column", "label_column"}),
 }
-
-
-def _flatten(config: TrainConfig) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for f in dataclasses.fields(config):
-        value = getattr(config, f.name)
-        if dataclasses.is_dataclass(value):
-            for g in dataclasses.fields(value):
-                out[f"{f.name}.{g.name}"] = getattr(value, g.name)
-        else:
-            out[f.name] = value
-    return out
 
 
 def _defines_run(option: str) -> bool:
@@ -73,11 +74,15 @@ def config_changes(saved: TrainConfig, current: TrainConfig) -> tuple[list[str],
     Returns:
         ``(run-defining changes, other changes)``; ``run_dir`` is not compared.
     """
-    a, b = _flatten(saved), _flatten(current)
+    a, b = flat_options(saved), flat_options(current)
     defining, other = [], []
     for option in a:
         if option == "run_dir" or a[option] == b.get(option):
             continue
+        if option == "data.tokenizer_type" and effective_tokenizer_type(
+            saved
+        ) == effective_tokenizer_type(current):
+            continue  # "" (unset) and the tokenizer it resolves to are the same run
         line = f"{option}: {a[option]!r} -> {b.get(option)!r}"
         (defining if _defines_run(option) else other).append(line)
     return defining, other
@@ -107,13 +112,7 @@ def check_resume_config(
     checkpointer = checkpointer or Checkpointer(Path(folder).parent)
     if not path.is_file() or checkpointer.read_trainer_state(folder).get("model_only"):
         return []
-    try:
-        saved = config_from_saved(tomllib.loads(path.read_text(encoding="utf-8")))
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError, ConfigError) as exc:
-        raise ConfigError(
-            "checkpoint.resume", f"cannot read the configuration of {path} ({exc})"
-        ) from None
-    defining, other = config_changes(saved, current)
+    defining, other = config_changes(_saved_config(path), current)
     if defining:
         raise ConfigError(
             "checkpoint.resume",
@@ -122,6 +121,83 @@ def check_resume_config(
             f"checkpoint.init_from={str(folder)!r} to start from its weights), or set them back",
         )
     return other
+
+
+def _saved_config(path: Path) -> TrainConfig:
+    try:
+        return config_from_saved(tomllib.loads(path.read_text(encoding="utf-8")))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError, ConfigError) as exc:
+        raise ConfigError(
+            "checkpoint.resume", f"cannot read the configuration of {path} ({exc})"
+        ) from None
+
+
+def _model_changes(recorded: Any, config: TrainConfig) -> list[str]:
+    """``model.<field>: recorded -> configured`` for each field the configuration sets otherwise.
+
+    As :meth:`Trainer.check_model_config` compares the resolved model: an unset
+    ``model.vocab_size`` (the tokenizer's) is not compared, an unset
+    ``model.max_position_embeddings`` is the sequence length.
+    """
+    if not isinstance(recorded, dict):
+        return []
+    ours = dataclasses.asdict(config.model)
+    if ours["max_position_embeddings"] is None:
+        ours["max_position_embeddings"] = position_length(config)
+    if ours["vocab_size"] is None:
+        del ours["vocab_size"]
+    recorded = {"type": "gpt", **recorded}  # a GPT's model_config is written without "type"
+    return [
+        f"model.{k}: {recorded[k]!r} -> {v!r}"
+        for k, v in ours.items()
+        if k in recorded and recorded[k] != v
+    ]
+
+
+def check_run_dir_holds(config: TrainConfig) -> None:
+    """Refuse, before any data is prepared or process launched, a run directory of another run.
+
+    Reads the newest checkpoint of ``<run_dir>/checkpoints`` (its ``config.toml`` and
+    ``trainer_state.json``, without verifying checksums: the trainer does that when it
+    loads) and compares what cannot change on resume: the options of
+    :data:`RUN_DEFINING` and the resolved model. A directory without checkpoints, a
+    checkpoint that cannot be read (the trainer reports it), ``checkpoint.resume`` set
+    to a path, or a model-only checkpoint pass.
+
+    Raises:
+        ConfigError: (``run_dir``) naming each option that differs, with both values and
+            how to go on; (``checkpoint.resume``) ``"never"`` with checkpoints present.
+    """
+    checkpointer = Checkpointer(Path(config.run_dir) / "checkpoints", checksums=False)
+    try:
+        folder = checkpointer.latest()
+        if folder is None:
+            return
+        if config.checkpoint.resume == "never":
+            raise ConfigError(
+                "checkpoint.resume",
+                f"is 'never' but {checkpointer.directory} already has checkpoints; "
+                "use another run_dir or resume='auto'",
+            )
+        if config.checkpoint.resume != "auto":
+            return
+        state = checkpointer.read_trainer_state(folder)
+    except CheckpointError:
+        return
+    if state.get("model_only"):
+        return
+    changes = _model_changes(state.get("model_config"), config)
+    if (folder / "config.toml").is_file():
+        changes += config_changes(_saved_config(folder / "config.toml"), config)[0]
+    if changes:
+        raise ConfigError(
+            "run_dir",
+            f"{config.run_dir} holds another run (its checkpoint {folder.name} -> this "
+            f"configuration: {'; '.join(changes)}). To train this configuration, pass "
+            "--run_dir=NEW_DIR (or leave run_dir unset: each configuration then gets a "
+            "directory of its own, see epochal train --help); to continue that run, set "
+            "these options back",
+        )
 
 
 def archive_previous_history(

@@ -31,6 +31,7 @@ their step class.
 from __future__ import annotations
 
 import importlib
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -89,6 +90,20 @@ class TrainStep:
     def eval_summary(self, logged: dict[str, float]) -> dict[str, float]:
         """Derived values of an evaluation from its averaged logged values (default: unchanged)."""
         return dict(logged)
+
+    def evaluation_loss(self, mean_loss: float, summary: dict[str, float]) -> float:
+        """The loss an evaluation reports, from the mean of its micro-batch losses and
+        its :meth:`eval_summary` (default: that mean, Megatron's)."""
+        return mean_loss
+
+    def perplexity(self, loss: float, summary: dict[str, float]) -> float | None:
+        """The evaluation's perplexity: ``exp(loss)`` of a token cross-entropy (default);
+        None where it means nothing (a step overrides it)."""
+        return math.exp(loss) if loss < 700 else math.inf
+
+    #: Keys of a micro-batch that hold one entry per sample whatever their shape, for
+    #: ``data.pack_sequences`` (:func:`epochal.data.loading.packing.pack_padded_batch`).
+    per_sample_keys: tuple[str, ...] = ()
 
     #: Under pipeline parallelism every stage (not only the first and last) reads
     #: the micro-batches, for :meth:`stage_kwargs` (e.g. BERT's padding mask).

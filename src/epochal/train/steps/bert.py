@@ -19,7 +19,8 @@ Loss of a micro-batch: the masked-LM cross-entropy averaged over ``loss_mask``
 order) head, the cross-entropy of its logits against ``is_random``
 (``"sop loss"``), as Megatron. Evaluation also reports the masked-token accuracy
 (``"mlm accuracy"``, the share of loss-masked tokens whose top prediction is
-the label) and ``"mlm ppl"`` (``exp`` of the mean ``lm loss``).
+the label) and ``"mlm ppl"`` (``exp`` of the mean ``lm loss``), which is also the
+evaluation's perplexity (the sentence-order loss is not a token cross-entropy).
 """
 
 from __future__ import annotations
@@ -150,6 +151,10 @@ class BertTrainStep(TrainStep):
         """Whether the model has token types (``model.num_tokentypes > 0``; True without a config)."""
         model = getattr(self.args, "model", None)
         return getattr(model, "num_tokentypes", 1) > 0
+
+    def perplexity(self, loss: float, summary: dict[str, float]) -> float | None:
+        """``exp`` of the masked-LM loss only (the loss also holds the binary head's)."""
+        return summary.get("mlm ppl", super().perplexity(loss, summary))
 
     def eval_summary(self, logged: dict[str, float]) -> dict[str, float]:
         """Add ``"mlm ppl"`` = ``exp(lm loss)`` to an evaluation's averaged values."""

@@ -25,7 +25,9 @@ __all__ = [
     "accuracy_from_counts",
     "classification_counts",
     "masked_cross_entropy",
+    "masked_mse",
     "mse",
+    "mse_from_sums",
     "pearson",
     "pearson_from_sums",
     "rank_average",
@@ -39,6 +41,20 @@ _SUMS = ("n", "sx", "sy", "sxx", "syy", "sxy")
 def mse(predictions: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Mean squared error over every element (float32 scalar)."""
     return F.mse_loss(predictions.float(), targets.float())
+
+
+def masked_mse(
+    predictions: torch.Tensor, targets: torch.Tensor, scored: torch.Tensor
+) -> torch.Tensor:
+    """Mean squared error over the elements where ``scored`` is set (float32 scalar; 0 when none)."""
+    errors = (predictions.float() - torch.nan_to_num(targets.float())) ** 2
+    return torch.where(scored, errors, 0.0).sum() / scored.sum().clamp(min=1)
+
+
+def mse_from_sums(values: Mapping[str, float]) -> float:
+    """The mean squared error of (averaged) :func:`regression_sums` (NaN without pairs)."""
+    n = float(values["reg n"])
+    return float(values["reg sse"]) / n if n > 0 else float("nan")
 
 
 def masked_cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -57,7 +73,7 @@ def masked_cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Te
 
 
 def regression_sums(predictions: torch.Tensor, targets: torch.Tensor) -> dict[str, torch.Tensor]:
-    """``n, sum x, sum y, sum x^2, sum y^2, sum xy`` (float64) per target column, summed over columns' means.
+    """``n, sum x, sum y, sum x^2, sum y^2, sum xy`` and the squared error's sum (float64).
 
     For one target these are the sufficient statistics of Pearson's r; with several
     targets each statistic is summed over all elements (r of the flattened pairs).
@@ -72,7 +88,9 @@ def regression_sums(predictions: torch.Tensor, targets: torch.Tensor) -> dict[st
         (y * y).sum(),
         (x * y).sum(),
     )
-    return {f"reg {k}": v.cpu() for k, v in zip(_SUMS, values)}
+    out = {f"reg {k}": v.cpu() for k, v in zip(_SUMS, values)}
+    out["reg sse"] = ((x - y) ** 2).sum().cpu()
+    return out
 
 
 def pearson_from_sums(values: Mapping[str, float]) -> float:

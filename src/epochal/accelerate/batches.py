@@ -1,0 +1,211 @@
+"""A transformers batch as epochal's train steps read it, with the transformers model's loss.
+
+``model(**batch)`` receives what the user's collator made (``input_ids``,
+``attention_mask``, ``labels`` with -100 where no loss is taken, ...); the
+engine splits it into micro-batches and turns each into the keys of epochal's
+train steps (:mod:`epochal.train.steps`), so that the step's loss (a token mean
+under ``loss_mask``) is the one the transformers model reports:
+
+- **causal** (GPT-2, Llama): ``tokens = input_ids``; the targets are ``labels``
+  (``input_ids`` when the batch has none, as Accelerate's Megatron backend does)
+  shifted left by one, the last position without a target, so position ``t``
+  predicts label ``t + 1``; ``loss_mask`` is 1 where that label is not -100.
+  Padding must be on the right and every position that has a target must be a
+  real token (``attention_mask`` 1): then causal attention makes the padding
+  invisible, as in transformers. Other paddings raise :class:`BatchError`.
+- **masked** (BERT, ESM): ``tokens``, ``padding_mask = attention_mask``, ``types =
+  token_type_ids`` (zeros when absent, as transformers), ``labels`` with
+  ``loss_mask = labels != -100``; ``next_sentence_label`` becomes the binary head's
+  ``is_random``.
+- **megatron** (``MegatronLMDummyDataLoader``'s batches): already epochal's GPT keys
+  (``tokens``, ``labels``, ``loss_mask``, ...), split only.
+- **seq2seq** (T5): ``text_enc = input_ids``, ``enc_mask = attention_mask``,
+  ``text_dec = decoder_input_ids`` or ``labels`` shifted right behind the decoder
+  start token (-100 read as the pad id), ``dec_mask = decoder_attention_mask`` (ones
+  when absent: transformers masks no decoder position then), ``labels``, ``loss_mask``.
+
+Under pipeline parallelism every micro-batch is padded to one length (the
+pipeline's buffers have one shape), and under sequence parallelism to a multiple
+of the tensor-parallel size; padded positions carry no loss and, for encoders,
+are masked out of attention (decoders are causal).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+__all__ = ["BatchAdapter", "BatchError"]
+
+IGNORE = -100
+
+
+class BatchError(ValueError):
+    """A batch the transformers model's loss cannot be reproduced on (the message says why)."""
+
+
+def _need(batch: Mapping[str, Any], key: str, family: str) -> torch.Tensor:
+    value = batch.get(key)
+    if not isinstance(value, torch.Tensor):
+        raise BatchError(
+            f"a {family} model's batch needs a tensor {key!r} (got keys {sorted(batch)})"
+        )
+    return value
+
+
+def _pad_right(t: torch.Tensor, length: int, value: float) -> torch.Tensor:
+    if t.shape[1] >= length:
+        return t
+    pad = t.new_full((t.shape[0], length - t.shape[1], *t.shape[2:]), value)
+    return torch.cat([t, pad], dim=1)
+
+
+class BatchAdapter:
+    """Turns transformers batches into epochal micro-batches for one model family.
+
+    Args:
+        family: ``"causal"``, ``"masked"`` or ``"seq2seq"``.
+        num_microbatches: micro-batches per step (the batch is split evenly).
+        uses_token_types: masked models with token-type embeddings.
+        fixed_length: pad every micro-batch to this length (pipeline parallelism), or None.
+        multiple_of: pad lengths to a multiple of this (sequence parallelism).
+        decoder_start_token_id / pad_token_id: T5's decoder inputs from ``labels``.
+    """
+
+    def __init__(
+        self,
+        family: str,
+        *,
+        num_microbatches: int,
+        uses_token_types: bool = False,
+        fixed_length: int | None = None,
+        fixed_decoder_length: int | None = None,
+        multiple_of: int = 1,
+        decoder_start_token_id: int = 0,
+        pad_token_id: int = 0,
+    ) -> None:
+        self.family = family
+        self.num_microbatches = num_microbatches
+        self.uses_token_types = uses_token_types
+        self.fixed_length = fixed_length
+        self.fixed_decoder_length = fixed_decoder_length
+        self.multiple_of = multiple_of
+        self.decoder_start_token_id = decoder_start_token_id
+        self.pad_token_id = pad_token_id
+
+    # ------------------------------------------------------------------ split
+    def split(self, batch: Mapping[str, Any]) -> list[dict[str, torch.Tensor]]:
+        """The step's micro-batches (epochal keys) of ``batch``.
+
+        Raises:
+            BatchError: missing keys, a batch size not divisible into the micro-batches,
+                or a padding the model's loss cannot be reproduced on.
+        """
+        if not isinstance(batch, Mapping) or not batch:
+            raise BatchError("model(**batch) needs keyword tensors (input_ids=..., labels=...)")
+        first = _need(batch, "tokens" if self.family == "megatron" else "input_ids", self.family)
+        rows = first.shape[0]
+        n = self.num_microbatches
+        if rows % n:
+            raise BatchError(
+                f"the batch has {rows} samples, not divisible into {n} micro-batches: pass the "
+                "prepared loader's batches to model(**batch)"
+            )
+        size = rows // n
+        tensors = {k: v for k, v in batch.items() if isinstance(v, torch.Tensor)}
+        for key, value in tensors.items():
+            if value.dim() == 0 or value.shape[0] != rows:
+                raise BatchError(
+                    f"batch[{key!r}] has {tuple(value.shape)[:1] or 'no'} rows, input_ids has {rows}"
+                )
+        convert = {
+            "causal": self._causal,
+            "masked": self._masked,
+            "seq2seq": self._seq2seq,
+            "megatron": dict,
+        }[self.family]
+        return [
+            convert({k: v[i * size : (i + 1) * size] for k, v in tensors.items()}) for i in range(n)
+        ]
+
+    def _length(self, actual: int, fixed: int | None, what: str) -> int:
+        if fixed is not None:
+            if actual > fixed:
+                raise BatchError(
+                    f"a batch's {what} length {actual} exceeds the {fixed} fixed for pipeline "
+                    "parallelism (the first batch's, or MegatronLMPlugin.seq_length): set seq_length"
+                )
+            actual = fixed
+        m = self.multiple_of
+        return -(-actual // m) * m
+
+    # --------------------------------------------------------------- families
+    def _causal(self, b: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        tokens = b["input_ids"].long()
+        source = b.get("labels", tokens).long()
+        targets = torch.full_like(source, IGNORE)
+        targets[:, :-1] = source[:, 1:]
+        mask = targets != IGNORE
+        attention = b.get("attention_mask")
+        if attention is not None and not bool(attention.bool().all()):
+            real = attention.bool()
+            if bool((real[:, 1:] & ~real[:, :-1]).any()):
+                raise BatchError(
+                    "attention_mask has padding before real tokens (left padding or holes); "
+                    "a causal model's batches must be padded on the right (tokenizer.padding_side='right')"
+                )
+            if bool((mask & ~real).any()):
+                raise BatchError(
+                    "labels give a target to a padding position (attention_mask 0); set those "
+                    "labels to -100 (DataCollatorForLanguageModeling(mlm=False) does)"
+                )
+        length = self._length(tokens.shape[1], self.fixed_length, "sequence")
+        return {
+            "tokens": _pad_right(tokens, length, 0),
+            "labels": _pad_right(targets.clamp(min=0), length, 0),
+            "loss_mask": _pad_right(mask.float(), length, 0.0),
+        }
+
+    def _masked(self, b: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        tokens = b["input_ids"].long()
+        labels = _need(b, "labels", self.family).long()
+        padding = b.get("attention_mask")
+        padding = torch.ones_like(tokens) if padding is None else padding.long()
+        length = self._length(tokens.shape[1], self.fixed_length, "sequence")
+        out = {
+            "tokens": _pad_right(tokens, length, 0),
+            "labels": _pad_right(labels, length, IGNORE),
+            "loss_mask": _pad_right((labels != IGNORE).float(), length, 0.0),
+            "padding_mask": _pad_right(padding, length, 0),
+        }
+        if self.uses_token_types:
+            types = b.get("token_type_ids")
+            types = torch.zeros_like(tokens) if types is None else types.long()
+            out["types"] = _pad_right(types, length, 0)
+        if "next_sentence_label" in b:
+            out["is_random"] = b["next_sentence_label"].long().reshape(-1)
+        return out
+
+    def _seq2seq(self, b: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        enc = b["input_ids"].long()
+        labels = _need(b, "labels", self.family).long()
+        enc_mask = b.get("attention_mask")
+        enc_mask = torch.ones_like(enc) if enc_mask is None else enc_mask.long()
+        dec = b.get("decoder_input_ids")
+        if dec is None:
+            dec = torch.full_like(labels, self.decoder_start_token_id)
+            dec[:, 1:] = labels[:, :-1].masked_fill(labels[:, :-1] == IGNORE, self.pad_token_id)
+        dec_mask = b.get("decoder_attention_mask")
+        dec_mask = torch.ones_like(dec) if dec_mask is None else dec_mask.long()
+        enc_len = self._length(enc.shape[1], self.fixed_length, "encoder")
+        dec_len = self._length(dec.shape[1], self.fixed_decoder_length, "decoder")
+        return {
+            "text_enc": _pad_right(enc, enc_len, 0),
+            "enc_mask": _pad_right(enc_mask, enc_len, 0),
+            "text_dec": _pad_right(dec.long(), dec_len, self.pad_token_id),
+            "dec_mask": _pad_right(dec_mask, dec_len, 0),
+            "labels": _pad_right(labels, dec_len, IGNORE),
+            "loss_mask": _pad_right((labels != IGNORE).float(), dec_len, 0.0),
+        }

@@ -1,0 +1,251 @@
+"""A transformers model given to ``prepare``: epochal's config and weights, and the way back.
+
+:func:`convert_hf_model` reads a ``GPT2LMHeadModel``, ``LlamaForCausalLM``,
+``BertForMaskedLM`` / ``BertForPreTraining`` (``megatron-bert`` too),
+``EsmForMaskedLM`` or ``T5ForConditionalGeneration`` in memory through epochal's
+Hugging Face converters (:data:`epochal.convert.hf.io.IMPORTERS`): the same
+weights, random or pretrained, under epochal's names (vocabulary padded with zero
+rows). A model built under ``init_empty_weights`` (parameters on the meta device)
+converts its configuration only; its weights must come from ``load_state``.
+
+:func:`optimizer_groups` tells, for every epochal parameter, which of the user's
+optimizer groups its Hugging Face source is in: the converters are run once more
+on a copy of the state where each tensor holds its group's number (one byte per
+element), so fused, split and transposed tensors carry their group along.
+
+:class:`HFSource.write_back` copies epochal weights (full tensors) into the user's
+model through the exporters (:data:`epochal.convert.hf.io.EXPORTERS`), which is
+what ``accelerator.unwrap_model`` returns.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from epochal.convert.common import ConversionError
+from epochal.convert.hf.io import EXPORTERS, IMPORTERS
+from epochal.model.config import ModelConfig
+
+__all__ = [
+    "FAMILIES",
+    "HFSource",
+    "ModelPrepareError",
+    "convert_hf_model",
+    "optimizer_groups",
+    "weights_fingerprint",
+]
+
+#: class-name endings -> what the model computes (the batch semantics of its family)
+FAMILIES = (
+    (("ForCausalLM", "LMHeadModel"), "causal"),
+    (("ForMaskedLM", "ForPreTraining"), "masked"),
+    (("ForConditionalGeneration",), "seq2seq"),
+)
+
+
+class ModelPrepareError(ValueError):
+    """A model ``prepare`` cannot turn into an epochal model (the message says why)."""
+
+
+@dataclass
+class HFSource:
+    """A transformers model and its epochal counterpart.
+
+    Attributes:
+        model: the user's ``transformers`` model (kept; :meth:`write_back` fills it).
+        architecture: its ``config.model_type`` (a key of ``IMPORTERS``).
+        family: ``"causal"``, ``"masked"`` or ``"seq2seq"``.
+        config: epochal's model configuration.
+        state: epochal's full state dict (CPU), or None for a model without weights.
+        placeholders: names the exporter fills without epochal weights (left alone on
+            write-back, e.g. ESM's contact head).
+    """
+
+    model: nn.Module
+    architecture: str
+    family: str
+    config: ModelConfig
+    state: dict[str, torch.Tensor] | None
+    placeholders: frozenset[str]
+
+    @property
+    def vocab_size(self) -> int:
+        """The Hugging Face vocabulary size (logits beyond it are padding)."""
+        return self.config.vocab_size
+
+    @property
+    def hf_config(self) -> Any:
+        """The transformers configuration object."""
+        return self.model.config
+
+    def hf_state(self, state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Hugging Face names and tensors of epochal's full ``state`` (placeholders left out)."""
+        out = EXPORTERS[self.architecture][1](dict(state), self.config)
+        return {k: v for k, v in out.items() if k not in self.placeholders}
+
+    @torch.no_grad()
+    def write_back(self, state: Mapping[str, torch.Tensor]) -> nn.Module:
+        """Copy epochal's full ``state`` into the user's model (its dtype and device kept); return it.
+
+        A model without weights (``init_empty_weights``) gets new CPU tensors.
+        """
+        hf_state = self.hf_state(state)
+        own = self.model.state_dict()
+        meta = any(t.is_meta for t in own.values())
+        fitted = {}
+        for name, tensor in hf_state.items():
+            if name in own:
+                target = own[name]
+                fitted[name] = tensor.to(
+                    device="cpu" if target.is_meta else target.device, dtype=target.dtype
+                )
+        self.model.load_state_dict(fitted, strict=False, assign=meta)
+        if meta and hasattr(self.model, "tie_weights"):
+            self.model.tie_weights()
+        return self.model
+
+
+def _family(model: nn.Module) -> str:
+    name = type(model).__name__
+    for endings, family in FAMILIES:
+        if name.endswith(endings):
+            return family
+    raise ModelPrepareError(
+        f"prepare() got a {name}; epochal trains transformers language models with their head: "
+        "GPT2LMHeadModel, LlamaForCausalLM, BertForMaskedLM / BertForPreTraining, "
+        "EsmForMaskedLM, T5ForConditionalGeneration (AutoModelForCausalLM / "
+        "AutoModelForMaskedLM / AutoModelForSeq2SeqLM)"
+    )
+
+
+def _meta_like(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {k: torch.empty(v.shape, dtype=v.dtype, device="meta") for k, v in state.items()}
+
+
+def convert_hf_model(
+    model: nn.Module,
+    *,
+    make_vocab_size_divisible_by: int = 128,
+    hidden_dropout: float | None = None,
+    attention_dropout: float | None = None,
+) -> HFSource:
+    """Convert the transformers ``model`` (see the module docstring).
+
+    Args:
+        model: a ``transformers.PreTrainedModel`` with a language-model head.
+        make_vocab_size_divisible_by: epochal's vocabulary padding multiple.
+        hidden_dropout / attention_dropout: override the model's dropout (None: keep).
+
+    Raises:
+        ModelPrepareError: not a supported transformers model, or an option epochal's
+            model cannot reproduce (the converter's reason included).
+    """
+    config_obj = getattr(model, "config", None)
+    if not isinstance(model, nn.Module) or config_obj is None or not hasattr(config_obj, "to_dict"):
+        raise ModelPrepareError(f"prepare() needs a transformers model, got {type(model).__name__}")
+    family = _family(model)
+    hf_config = config_obj.to_dict()
+    architecture = hf_config.get("model_type")
+    if architecture not in IMPORTERS:
+        raise ModelPrepareError(
+            f"prepare() got a {type(model).__name__} (model_type={architecture!r}); epochal "
+            f"converts {sorted(IMPORTERS)}"
+        )
+    read_config, read_state = IMPORTERS[architecture]
+    hf_state = model.state_dict()
+    has_weights = not any(t.is_meta for t in hf_state.values())
+    source = f"{type(model).__name__} given to prepare()"
+    try:
+        # the config readers look at the weights only for their presence and shapes
+        config = read_config(
+            hf_config,
+            hf_state if has_weights else _meta_like(hf_state),
+            make_vocab_size_divisible_by,
+        )
+        changes = {
+            k: v
+            for k, v in (
+                ("hidden_dropout", hidden_dropout),
+                ("attention_dropout", attention_dropout),
+            )
+            if v is not None
+        }
+        if changes:
+            config = dataclasses.replace(config, **changes)
+        state = (
+            read_state({k: v.detach().cpu() for k, v in hf_state.items()}, config, source)
+            if has_weights
+            else None
+        )
+        exported = EXPORTERS[architecture][1](_meta_like(_state_shapes(config)), config)
+    except (ConversionError, ValueError) as exc:
+        raise ModelPrepareError(f"{source}: {exc}") from exc
+    placeholders = frozenset(k for k, v in exported.items() if not v.is_meta)
+    return HFSource(model, architecture, family, config, state, placeholders)
+
+
+def _state_shapes(config: ModelConfig) -> dict[str, torch.Tensor]:
+    from epochal.model.build import build_model
+
+    with torch.device("meta"):
+        return dict(build_model(config).state_dict())
+
+
+def optimizer_groups(source: HFSource, optimizer: torch.optim.Optimizer) -> dict[str, int]:
+    """Epochal parameter name -> index of the user's optimizer group its weights come from.
+
+    Raises:
+        ModelPrepareError: a trainable parameter of the model is in no group, a
+            parameter of the optimizer is not the model's, more than 255 groups, or an
+            epochal parameter mixes weights of two groups.
+    """
+    group_of: dict[int, int] = {}
+    for index, group in enumerate(optimizer.param_groups):
+        for p in group["params"]:
+            group_of[id(p)] = index
+    if len(optimizer.param_groups) > 255:
+        raise ModelPrepareError("the optimizer has more than 255 parameter groups")
+    names = {}
+    for name, p in source.model.named_parameters(remove_duplicate=False):
+        names[name] = p
+    model_ids = {id(p) for p in names.values()}
+    strangers = [i for i in group_of if i not in model_ids]
+    if strangers:
+        raise ModelPrepareError(
+            f"the optimizer holds {len(strangers)} parameters that are not the model's; "
+            "build it from model.parameters() / model.named_parameters()"
+        )
+    missing = sorted(n for n, p in names.items() if p.requires_grad and id(p) not in group_of)
+    if missing:
+        raise ModelPrepareError(
+            f"the model's parameters {missing[:4]} are in no optimizer group; epochal trains "
+            "every parameter: put them in a group (weight_decay=0.0 for no decay)"
+        )
+    markers = {}
+    for name, tensor in source.model.state_dict().items():
+        mark = group_of[id(names[name])] + 1 if name in names else 0
+        markers[name] = torch.full(tuple(tensor.shape), mark, dtype=torch.uint8)
+    marked = IMPORTERS[source.architecture][1](markers, source.config, "optimizer groups")
+    out = {}
+    for name, tensor in marked.items():
+        values = [int(v) for v in torch.unique(tensor).tolist() if v != 0]
+        if len(values) > 1:
+            raise ModelPrepareError(
+                f"epochal's parameter {name} fuses weights of optimizer groups "
+                f"{[v - 1 for v in values]}; put those weights in one group"
+            )
+        if values:
+            out[name] = values[0] - 1
+    return out
+
+
+def weights_fingerprint(model: nn.Module) -> torch.Tensor:
+    """float64 ``[n]``: the sum of each parameter (compared over ranks: same weights everywhere)."""
+    sums = [p.detach().double().sum().cpu() for p in model.parameters() if not p.is_meta]
+    return torch.stack(sums) if sums else torch.zeros(1, dtype=torch.float64)

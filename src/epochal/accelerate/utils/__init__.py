@@ -1,0 +1,43 @@
+"""``epochal.accelerate.utils``: the names an Accelerate + Megatron-LM script imports from ``accelerate.utils``.
+
+``MegatronLMPlugin``, ``MegatronLMDummyScheduler`` (:mod:`epochal.accelerate.plugin`);
+``MegatronLMDummyDataLoader`` (Megatron's indexed GPT datasets, :mod:`epochal.accelerate.dummy_data`);
+the train steps ``GPTTrainStep``, ``BertTrainStep``, ``T5TrainStep`` and their base
+``AbstractTrainStep`` (epochal's :class:`~epochal.train.steps.TrainStep`, whose
+``get_batch_func`` / ``get_forward_step_func`` / ``get_loss_func`` factories a
+subclass may override, as in Accelerate's guide); ``avg_losses_across_data_parallel_group``
+and ``gather_across_data_parallel_groups`` (over the data-parallel group of the
+prepared run); ``set_seed``; ``DistributedType``.
+
+The train steps are epochal's own (:mod:`epochal.train.steps`): they read epochal's
+micro-batch keys (``tokens``, ``labels``, ``loss_mask``, ...), which the prepared
+model makes from the transformers batch (:mod:`epochal.accelerate.batches`).
+"""
+
+from epochal.accelerate.dummy_data import MegatronLMDummyDataLoader
+from epochal.accelerate.plugin import MegatronLMDummyScheduler, MegatronLMPlugin, PluginError
+from epochal.accelerate.seeding import set_seed
+from epochal.accelerate.state import DistributedType
+from epochal.train.steps import (
+    BertTrainStep,
+    GPTTrainStep,
+    T5TrainStep,
+    avg_losses_across_data_parallel_group,
+    gather_across_data_parallel_groups,
+)
+from epochal.train.steps import TrainStep as AbstractTrainStep
+
+__all__ = [
+    "AbstractTrainStep",
+    "BertTrainStep",
+    "DistributedType",
+    "GPTTrainStep",
+    "MegatronLMDummyDataLoader",
+    "MegatronLMDummyScheduler",
+    "MegatronLMPlugin",
+    "PluginError",
+    "T5TrainStep",
+    "avg_losses_across_data_parallel_group",
+    "gather_across_data_parallel_groups",
+    "set_seed",
+]

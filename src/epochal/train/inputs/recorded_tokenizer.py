@@ -1,0 +1,162 @@
+"""The tokenizer of ``data.data_path``: the one ``epochal preprocess`` recorded, or a clear error.
+
+Every prefix of the data paths (``data.data_path``, ``train/valid/test_data_path``)
+may have a tokenizer record (:mod:`epochal.data.indexed.tokenizer_record`):
+
+- :func:`with_recorded_tokenizer`: ``data.tokenizer_type = ""`` (the default: no
+  tokenizer given) takes the recorded tokenizer and its files (options the
+  configuration sets explicitly are kept); without a record it is
+  ``GPT2BPETokenizer``, Megatron's default, as before. Prefixes recorded with
+  different tokenizers are refused (naming ``data.data_path``).
+- :func:`check_recorded_tokenizer`: the tokenizer the run built must give the
+  recorded ids (same fingerprint: vocabulary size, end-of-document id and the ids
+  of a probe text), else a ``ConfigError`` naming ``data.tokenizer_type`` and both
+  tokenizers; a corpus preprocessed with ``--tokenizer-type bytes`` then never trains
+  with GPT-2's vocabulary and end-of-document id.
+
+Prefixes without a record (Megatron's own files) are not checked.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from epochal.data.datasets.dataset_builder import parse_blend
+from epochal.data.indexed.tokenizer import canonical_tokenizer_type
+from epochal.data.indexed.tokenizer_record import (
+    OPTIONS,
+    TokenizerRecordError,
+    read_tokenizer_record,
+    record_path,
+    tokenizer_fingerprint,
+)
+from epochal.model.config import ConfigError
+
+__all__ = [
+    "DEFAULT_TOKENIZER",
+    "check_recorded_tokenizer",
+    "effective_tokenizer_type",
+    "recorded_tokenizers",
+    "with_recorded_tokenizer",
+    "with_resolved_tokenizer",
+]
+
+#: What ``data.tokenizer_type = ""`` means for data without a record (Megatron's default).
+DEFAULT_TOKENIZER = "GPT2BPETokenizer"
+_PATH_OPTIONS = ("data_path", "train_data_path", "valid_data_path", "test_data_path")
+
+
+def recorded_tokenizers(data: Any) -> dict[str, dict[str, Any]]:
+    """``{prefix: record}`` of the data paths' prefixes that have a tokenizer record.
+
+    Raises:
+        ConfigError: a malformed record (naming the data-path option and the file).
+    """
+    out: dict[str, dict[str, Any]] = {}
+    for option in _PATH_OPTIONS:
+        try:
+            blend = parse_blend(getattr(data, option, None) or None, option)
+        except ValueError:
+            continue  # the data builder reports a malformed blend
+        for prefix in blend[0] if blend else []:
+            try:
+                record = read_tokenizer_record(prefix)
+            except TokenizerRecordError as exc:
+                raise ConfigError(f"data.{option}", str(exc)) from None
+            if record is not None:
+                out[prefix] = record
+    return out
+
+
+def _describe(record: dict[str, Any]) -> str:
+    files = [
+        f"{k}={record[k]}" for k in ("vocab_file", "merge_file", "tokenizer_model") if record.get(k)
+    ]
+    return (
+        f"{record['tokenizer_type']}{' (' + ', '.join(files) + ')' if files else ''}, "
+        f"{record.get('vocab_size')} ids, end-of-document id {record.get('eod')}"
+    )
+
+
+def with_recorded_tokenizer(data: Any) -> Any:
+    """``data`` (a ``DataConfig``) with ``tokenizer_type`` resolved (see the module docstring).
+
+    Raises:
+        ConfigError: prefixes recorded with different tokenizers, or a malformed record.
+    """
+    if data.tokenizer_type:
+        return data
+    records = recorded_tokenizers(data)
+    if not records:
+        return dataclasses.replace(data, tokenizer_type=DEFAULT_TOKENIZER)
+    (first, record), *others = records.items()
+    for prefix, other in others:
+        if other["fingerprint"] != record["fingerprint"]:
+            raise ConfigError(
+                "data.data_path",
+                f"mixes corpora preprocessed with different tokenizers: {first} with "
+                f"{_describe(record)}, {prefix} with {_describe(other)}; preprocess them "
+                "with one tokenizer",
+            )
+    changes: dict[str, Any] = {"tokenizer_type": record["tokenizer_type"]}
+    for name in ("vocab_file", "merge_file", "tokenizer_model", "vocab_extra_ids"):
+        if name in OPTIONS and not getattr(data, name) and record.get(name):
+            changes[name] = record[name]
+    return dataclasses.replace(data, **changes)
+
+
+def with_resolved_tokenizer(config: Any) -> Any:
+    """``config`` (a ``TrainConfig``) whose ``data.tokenizer_type`` names the tokenizer used, so
+    that the run's saved ``config.toml`` does: ESM-2's for ``model.type = "esm"``, else
+    :func:`with_recorded_tokenizer`'s."""
+    if config.data.tokenizer_type:
+        return config
+    if config.model.type == "esm":
+        data = dataclasses.replace(config.data, tokenizer_type="ESM2Tokenizer")
+    else:
+        data = with_recorded_tokenizer(config.data)
+    return dataclasses.replace(config, data=data)
+
+
+def effective_tokenizer_type(config: Any) -> str:
+    """The canonical tokenizer type a ``TrainConfig`` trains with (``""`` resolved as the trainer does).
+
+    So that ``""`` and the name it resolves to are the same run (a run's saved
+    ``config.toml`` names the resolved one).
+    """
+    name = with_resolved_tokenizer(config).data.tokenizer_type
+    return canonical_tokenizer_type(name) or name
+
+
+def check_recorded_tokenizer(
+    data: Any, tokenizer: Any, *, option: str = "data.tokenizer_type", fix: str = ""
+) -> None:
+    """Refuse ``tokenizer`` if a data-path prefix was preprocessed with another one.
+
+    Args:
+        data: the ``[data]`` section naming the prefixes.
+        tokenizer: the tokenizer about to be used.
+        option: the option the error names (``epochal generate``: ``--tokenizer-type``).
+        fix: what to do instead (default: leave ``data.tokenizer_type`` unset, or set the
+            recorded one).
+
+    Raises:
+        ConfigError: naming ``option``, the prefix's record and both tokenizers.
+    """
+    records = recorded_tokenizers(data)
+    if not records:
+        return
+    ours = tokenizer_fingerprint(tokenizer)
+    for prefix, record in records.items():
+        if record["fingerprint"] != ours:
+            advice = fix or (
+                "leave data.tokenizer_type unset to use the recorded one, or set "
+                f"data.tokenizer_type={record['tokenizer_type']!r} and its files"
+            )
+            raise ConfigError(
+                option,
+                f"{prefix} was preprocessed with {_describe(record)} ({record_path(prefix)}), "
+                f"but the tokenizer given is {type(tokenizer).__name__} "
+                f"({tokenizer.vocab_size} ids, end-of-document id {tokenizer.eod}); {advice}",
+            )

@@ -1,0 +1,91 @@
+"""The commands to try after a run, for the kind of model it trained.
+
+``epochal train`` ends with them (:func:`next_commands`), so a first run shows
+where to go: sample from a GPT or T5 (``epochal generate``), fill masks of a BERT
+or ESM-2 (``epochal fill-mask``), embed or predict with an encoder
+(``epochal embed``), take the model to Hugging Face (``epochal convert``), plot the
+loss (``epochal plot``), and train further (a larger ``training.train_iters``).
+"""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+from typing import Any
+
+__all__ = ["next_commands"]
+
+#: A masked sentence per tokenizer family of :func:`next_commands`' fill-mask line.
+_MASKED_TEXT = {
+    "esm": "MKTAYIAKQR<mask>ISFVKSHFSRQLEERLGLIEVQ",
+    "bert": "the cat sat on the [MASK] .",
+}
+
+
+def _prompt(config: Any) -> str:
+    return "def main(" if config.data.corpus == "stdlib" else "The"
+
+
+def _new_tokens(config: Any) -> int:
+    """40 tokens, or half of what the model's positions hold (the prompt takes the rest)."""
+    from epochal.train.config.model import position_length
+
+    if config.model.type == "t5":  # the decoder's positions
+        positions = config.data.seq_length_decoder
+    else:
+        positions = config.model.max_position_embeddings or position_length(config)
+    return max(1, min(40, positions // 2))
+
+
+def _table(config: Any) -> str:
+    """The labelled table a fine-tuned run can predict: its validation table, else its training one."""
+    return config.finetune.valid_file or config.finetune.train_file
+
+
+def next_commands(config: Any, run_dir: str | Path, *, final_step: int) -> list[str]:
+    """Command lines worth trying after training ``config`` in ``run_dir``.
+
+    Args:
+        config: the run's ``TrainConfig``.
+        run_dir: where it trained.
+        final_step: the step the run reached; a finished run (``training.train_iters``
+            reached) also gets the hint to train further, to twice that step.
+
+    Returns:
+        Shell-quoted command lines, most useful first (the last may be that hint).
+    """
+    run = shlex.quote(str(run_dir))
+    m = config.model
+    name = Path(run_dir).name or "model"
+    cmds: list[str] = []
+    if m.head != "mlm":  # a fine-tuned encoder: predictions of its head
+        table = shlex.quote(_table(config))
+        cmds.append(
+            f"epochal embed --checkpoint {run} --input {table} --output predictions.parquet "
+            "--predictions"
+        )
+    elif m.type in ("gpt", "t5"):
+        # mock data has no tokenizer: prompts are token ids then
+        prompt = (
+            "--prompt-ids 1,2,3" if config.data.mock else f"--prompt {shlex.quote(_prompt(config))}"
+        )
+        cmds.append(
+            f"epochal generate --checkpoint {run} {prompt} --max-new-tokens {_new_tokens(config)}"
+        )
+    else:  # BERT / ESM masked LM
+        text = shlex.quote(_MASKED_TEXT["esm" if m.type == "esm" else "bert"])
+        cmds.append(f"epochal fill-mask --checkpoint {run} --text {text} --top-k 5")
+        proteins = config.data.protein_path
+        if m.type == "esm" and proteins:
+            cmds.append(
+                f"epochal embed --checkpoint {run} --input {shlex.quote(proteins)} "
+                "--output embeddings.safetensors"
+            )
+    cmds.append(f"epochal convert {run} {shlex.quote(f'hf/{name}')} --to hf")
+    cmds.append(f"epochal plot {run}")
+    if final_step >= config.training.train_iters:  # finished (a stopped run resumes as it is)
+        cmds.append(
+            f"train further: the same epochal train command with "
+            f"--training.train_iters={max(2 * final_step, 1)}"
+        )
+    return cmds
