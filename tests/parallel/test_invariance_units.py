@@ -16,7 +16,12 @@ from epochal.parallel.dropout_keys import (
     seed_micro_batch,
     step_seeds,
 )
-from epochal.parallel.exact_norm import clip_grad_norm_exact, exact_grad_norm, row_square_sums
+from epochal.parallel.exact_norm import (
+    clip_grad_norm_exact,
+    exact_grad_norm,
+    exact_sum,
+    row_square_sums,
+)
 from epochal.parallel.global_order import _interleave, sequential_sum
 from epochal.parallel.pipeline import split_stage_module
 from epochal.parallel.recompute import apply_recompute
@@ -140,6 +145,20 @@ def test_the_exact_norm_does_not_depend_on_how_rows_are_split():
     true = torch.cat([t.double().flatten() for t in grads]).square().sum().sqrt()
     assert whole.item() == pytest.approx(true.item(), rel=1e-6)
     assert torch.equal(row_square_sums(torch.tensor(3.0)), torch.tensor([9.0], dtype=torch.float64))
+
+
+def test_the_exact_sum_is_fsums_correctly_rounded_sum_in_any_order():
+    g = torch.Generator().manual_seed(2)
+    scales = torch.tensor(10.0, dtype=torch.float64) ** torch.randint(
+        -300, 300, (500,), generator=g
+    )
+    values = torch.rand(500, dtype=torch.float64, generator=g) * scales
+    values = torch.cat([values, torch.tensor([0.0, 5e-324, 1e300], dtype=torch.float64)])
+    want = math.fsum(values.tolist())
+    assert exact_sum(values) == want
+    assert exact_sum(values[torch.randperm(len(values), generator=g)]) == want
+    assert exact_sum(values[:0]) == 0.0
+    assert exact_sum(torch.tensor([1e308, 1e308], dtype=torch.float64)) == math.inf
 
 
 def test_exact_clipping_scales_like_torch_and_skips_non_finite_norms():

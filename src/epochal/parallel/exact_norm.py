@@ -10,9 +10,9 @@ whole:
    in float64 (a float32 squared is exact in float64) by the same kernel
    whatever the number of rows (a lone row is padded with a zero row, so the
    reduction never splits one row over threads);
-2. every rank's row sums are gathered and added with :func:`math.fsum`, which
-   rounds the exact sum once, so the order (which rank, which shard) is
-   irrelevant;
+2. all rows of all ranks are added exactly (:func:`exact_sum`: integer mantissas
+   summed per binary exponent, one integer all-reduce) and rounded once, so the
+   order (which rank, which shard) is irrelevant;
 3. ``norm = float32(sqrt(total))``.
 
 Replicated gradients are counted once (by the rank at coordinate 0 of each
@@ -25,13 +25,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
+from fractions import Fraction
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
-__all__ = ["clip_grad_norm_exact", "exact_grad_norm", "row_square_sums"]
+__all__ = ["clip_grad_norm_exact", "exact_grad_norm", "exact_sum", "row_square_sums"]
 
 
 def row_square_sums(grad: torch.Tensor) -> torch.Tensor:
@@ -65,17 +66,53 @@ def _counted(grad: torch.Tensor, coords: Mapping[str, int]) -> bool:
     return True
 
 
-def _gather_sums(local: torch.Tensor, group: dist.ProcessGroup | None) -> list[float]:
-    values = local.cpu()
-    if group is None or dist.get_world_size(group) == 1:
-        return values.tolist()
-    sizes: list[int] = [0] * dist.get_world_size(group)
-    dist.all_gather_object(sizes, int(values.numel()), group=group)
-    padded = torch.zeros(max(sizes), dtype=torch.float64)
-    padded[: values.numel()] = values
-    parts = [torch.empty_like(padded) for _ in sizes]
-    dist.all_gather(parts, padded, group=group)
-    return [v for part, n in zip(parts, sizes) for v in part[:n].tolist()]
+_BINS = 2100  # float64 binary exponents (frexp: -1073 .. 1024), offset by _OFFSET
+_OFFSET = 1075
+_HALF = 27  # a 53-bit mantissa as two halves: sums of 2**36 of them still fit in int64
+
+
+def exact_sum(values: torch.Tensor, group: dist.ProcessGroup | None = None) -> float:
+    """The exact sum of non-negative float64 ``values`` over every rank of ``group``, rounded once.
+
+    Each value is split into its binary exponent and integer mantissa (two 27-bit
+    halves); the halves are added as integers per exponent (exact in any order)
+    and the bins of all ranks with one integer all-reduce; the total is then
+    rebuilt as a Python integer and rounded to float64 once. So the result is the
+    correctly rounded sum whatever the order, the sharding or the number of ranks.
+
+    Args:
+        values: float64 ``[n]``, each ``>= 0`` or not finite, on any device.
+        group: the ranks to sum over (None: this process).
+
+    Returns:
+        The sum (``inf`` if a value is infinite, ``nan`` if one is nan).
+    """
+    x = values.detach().double().flatten().cpu()
+    finite = torch.isfinite(x)
+    bins = torch.zeros(2 * _BINS + 2, dtype=torch.int64)
+    bins[-2] = int(torch.isinf(x).sum())
+    bins[-1] = int(torch.isnan(x).sum())
+    m, e = torch.frexp(x[finite])
+    mantissa = torch.ldexp(m, torch.tensor(53.0, dtype=torch.float64)).to(torch.int64)  # exact
+    index = (e.to(torch.int64) + _OFFSET) * 2
+    bins.index_add_(0, index, mantissa >> _HALF)
+    bins.index_add_(0, index + 1, mantissa & ((1 << _HALF) - 1))
+    if group is not None and dist.get_world_size(group) > 1:
+        dist.all_reduce(bins, group=group)
+    counts = bins.tolist()
+    if counts[-1]:
+        return math.nan
+    if counts[-2]:
+        return math.inf
+    total = 0
+    for b in range(_BINS):
+        hi, lo = counts[2 * b], counts[2 * b + 1]
+        if hi or lo:  # value * 2**(exponent - 53), kept as an integer over 2**(_OFFSET + 53)
+            total += ((hi << _HALF) + lo) << b
+    try:
+        return float(Fraction(total, 1 << (_OFFSET + 53)))
+    except OverflowError:  # beyond float64's range
+        return math.inf
 
 
 def exact_grad_norm(
@@ -111,12 +148,8 @@ def exact_grad_norm(
         if _counted(g, coords or {}):
             sums.append(row_square_sums(local))
     local_sums = torch.cat(sums) if sums else torch.zeros(0, dtype=torch.float64)
-    values = _gather_sums(local_sums, group)
-    if all(math.isfinite(v) for v in values):
-        total = math.sqrt(math.fsum(values))
-    else:
-        total = math.nan if any(math.isnan(v) for v in values) else math.inf
-    return torch.tensor(total, dtype=torch.float32, device=device)
+    total = exact_sum(local_sums, group)
+    return torch.tensor(math.sqrt(total), dtype=torch.float32, device=device)
 
 
 @torch.no_grad()
