@@ -23,10 +23,11 @@ the shard's gradient (``dp_sharding`` ``optimizer``/``full``) or is all-gathered
 into the full gradient (``none``). The traffic per micro-batch equals one
 reduce-scatter; with gradient accumulation that is once per micro-batch
 instead of once per step. Each exchange runs in the background while the
-backward pass and the next micro-batch compute (it is waited for, and added,
-before the unit's next one starts), so its time hides behind the computation
-where the hardware allows; the memory it adds is a send and a receive buffer per
-unit in flight.
+rest of the backward pass (or the next micro-batch) computes and is added before
+the next exchange starts, so its time hides behind the computation
+where the hardware allows; one exchange is in flight at a time, so the memory it
+adds is one bucket's send and receive buffers (a unit, cut at parameter
+boundaries into buckets of at most ``bucket_numel`` elements).
 
 Pipeline parallelism: the reducer runs after each stage's backward of each
 micro-batch. The two copies of a tied embedding (stage 0's input embedding, the
@@ -254,6 +255,8 @@ class OrderedGradReducer:
             pipeline parallelism (``"first"`` on stage 0, ``"last"`` on the last
             stage), or None.
         tied_group: the two-rank group of the tied copies (None without them).
+        bucket_numel: a unit larger than this many elements is exchanged in several
+            buckets (at parameter boundaries), which bounds the buffers in flight.
     """
 
     def __init__(
@@ -264,6 +267,7 @@ class OrderedGradReducer:
         replicate: bool,
         tied: tuple[str, torch.Tensor] | None = None,
         tied_group: dist.ProcessGroup | None = None,
+        bucket_numel: int = 1 << 22,
     ) -> None:
         self.dp_group = dp_group
         self.dp = dist.get_world_size(dp_group) if dp_group is not None else 1
@@ -275,12 +279,13 @@ class OrderedGradReducer:
         self.buckets: list[list[_Bucket]] = []
         self._tied_part: int | None = None
         self._hooked = self._armed = False
+        self._in_flight: _Bucket | None = None
         for index, part in enumerate(parts):
             groups = _fsdp_groups(part) if self.dp > 1 else []
             if not groups and tied_param is not None and _holds(part, tied_param):
                 groups = [[_Slot(tied_param)]]
             buckets = []
-            for slots in groups:
+            for slots in _split(groups, bucket_numel):
                 kept = []
                 for slot in slots:
                     if tied_param is not None and slot.param is tied_param:
@@ -384,8 +389,14 @@ class OrderedGradReducer:
         return buf.to(device) if staged else buf
 
     def _exchange(self, bucket: _Bucket, grads: list[torch.Tensor | None]) -> None:
-        """Start the all-to-all of one micro-batch's gradients (the previous one is added first)."""
-        self._drain(bucket)
+        """Start the all-to-all of one micro-batch's gradients of ``bucket``.
+
+        The exchange in flight (of any bucket) is finished and added first, so one
+        bucket's buffers at most are in flight (FSDP2 also keeps one reduction in flight).
+        """
+        if self._in_flight is not None:
+            self._drain(self._in_flight)
+        self._in_flight = bucket
         ref = next((g for g in grads if g is not None), None)
         device = ref.device if ref is not None else _device(bucket.slots[0].param)
         dtype = ref.dtype if ref is not None else bucket.slots[0].param.dtype
@@ -428,9 +439,9 @@ class OrderedGradReducer:
         for work, _ in self._pending:
             work.wait()
         self._pending = []
-        for buckets in self.buckets:
-            for bucket in buckets:
-                self._drain(bucket)
+        if self._in_flight is not None:
+            self._drain(self._in_flight)
+            self._in_flight = None
         self._agree_on_seen()
         tied_piece: torch.Tensor | None = None
         for buckets in self.buckets:
@@ -528,6 +539,24 @@ def _device(param: torch.Tensor) -> torch.device:
 
 def _holds(part: nn.Module, param: torch.Tensor) -> bool:
     return any(p is param for p in part.parameters())
+
+
+def _split(groups: list[list[_Slot]], numel: int) -> list[list[_Slot]]:
+    """Each group cut into runs of consecutive slots of at most ``numel`` elements (one slot may exceed it)."""
+    out: list[list[_Slot]] = []
+    for slots in groups:
+        run: list[_Slot] = []
+        size = 0
+        for slot in slots:
+            n = slot.rows * slot.row_numel
+            if run and size + n > numel:
+                out.append(run)
+                run, size = [], 0
+            run.append(slot)
+            size += n
+        if run:
+            out.append(run)
+    return out
 
 
 def _fsdp_groups(part: nn.Module) -> list[list[_Slot]]:
