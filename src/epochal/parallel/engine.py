@@ -161,7 +161,7 @@ class ParallelEngine(PipelineSteps):
         custom_loss: bool = False,
         bf16: bool = False,
         fp16: bool = False,
-        layout_invariant: bool = True,
+        layout_invariant: bool = False,
     ) -> None:
         self.config = config
         self.layout_invariant = layout_invariant

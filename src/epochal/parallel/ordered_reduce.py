@@ -495,9 +495,9 @@ class OrderedGradReducer:
             return None
         staged = _staged(acc, self.dp_group)
         src = acc.cpu() if staged else acc
-        parts = [torch.empty_like(src) for _ in range(self.dp)]
-        dist.all_gather(parts, src, group=self.dp_group)
-        return torch.stack(parts).to(acc.device)
+        out = src.new_empty(self.dp, src.numel())
+        dist.all_gather_single(out.view(-1), src, group=self.dp_group)
+        return out.to(acc.device)
 
     def _share_tied(self, piece: torch.Tensor | None) -> None:
         """Stage 0 sends the tied gradient it installed to the last stage, which installs it too."""
