@@ -44,7 +44,8 @@ def test_every_line_bad_or_empty_is_an_error_and_keeps_the_old_corpus(tmp_path, 
     good = tmp_path / "good.jsonl"
     good.write_text(json.dumps({"text": "hello"}) + "\n")
     assert run_cli(tmp_path, "--input", str(good)) == 0
-    before = [(tmp_path / f"out_text_document.{s}").read_bytes() for s in ("bin", "idx")]
+    kept = ("bin", "idx", "tokenizer.json")  # the corpus and its tokenizer record
+    before = [(tmp_path / f"out_text_document.{s}").read_bytes() for s in kept]
     capsys.readouterr()
     bad = tmp_path / "bad.jsonl"
     bad.write_text('not json\n{"title": "no text"}\n[1, 2]\n')
@@ -54,9 +55,9 @@ def test_every_line_bad_or_empty_is_an_error_and_keeps_the_old_corpus(tmp_path, 
     empty_docs.write_text('{"text": ""}\n{"text": []}\nnot json\n')
     assert run_cli(tmp_path, "--input", str(empty_docs), "--skip-bad-lines") == 1
     assert "all 2 documents are empty (1 bad lines skipped)" in capsys.readouterr().err
-    after = [(tmp_path / f"out_text_document.{s}").read_bytes() for s in ("bin", "idx")]
+    after = [(tmp_path / f"out_text_document.{s}").read_bytes() for s in kept]
     assert after == before  # the earlier corpus is untouched, no temporary left
-    assert outputs(tmp_path) == ["out_text_document.bin", "out_text_document.idx"]
+    assert outputs(tmp_path) == [f"out_text_document.{s}" for s in kept]
 
 
 def huge_line_file(tmp_path, size):

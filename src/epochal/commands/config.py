@@ -181,7 +181,7 @@ def questions(output: str = DEFAULT_OUTPUT) -> list[Question]:
         ),
         Question(
             "data",
-            "Data: 'stdlib', a .jsonl file, Megatron prefixes (space-separated) or 'mock'",
+            "Data: 'stdlib', a .jsonl or .txt file, Megatron prefixes (space-separated) or 'mock'",
             _default_data,
             _data_answer,
         ),

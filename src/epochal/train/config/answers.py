@@ -84,7 +84,7 @@ def answers_overrides(answers: dict[str, Any]) -> list[str]:
         d = a["data"]
         if d == "mock":
             values["data.mock"] = True
-        elif d == "stdlib" or d.endswith(".jsonl"):
+        elif d == "stdlib" or d.endswith((".jsonl", ".txt")):
             values["data.corpus"] = d
         else:
             values["data.data_path"] = d.replace(",", " ").split()

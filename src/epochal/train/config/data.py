@@ -43,7 +43,8 @@ class DataConfig:
             ``model.vocab_size``, default 8192); for ESM, synthetic protein families.
         corpus: if set, tokenize this corpus first (cached) and train on it:
             ``"stdlib"`` (Python's standard-library sources, a deterministic
-            subset in sorted path order) or a ``.jsonl`` path.
+            subset in sorted path order), a ``.jsonl`` path (a document per line) or a
+            ``.txt`` path (documents separated by blank lines).
         corpus_max_bytes: how much of the ``stdlib`` corpus to use (bytes of source).
         json_keys: JSON keys holding the text of a JSONL corpus.
         tokenizer_type: Megatron's names: ``GPT2BPETokenizer`` (local GPT-2 files by

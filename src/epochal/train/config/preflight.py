@@ -8,11 +8,12 @@
   against the device's (:func:`~epochal.train.config.limits.check_sizes`);
 - the data files named by ``data.data_path`` (and the per-split paths) exist and are
   readable;
-- the attention kernel, the process-group backend, the training state's memory and
-  an explicit tokenizer against the data's record
-  (:func:`~epochal.train.run_checks.check_before_run`);
+- the process-group backend and the attention kernel
+  (:func:`~epochal.train.run_checks.check_device_options`);
 - the parallel layout against the options (and, when ``epochal train`` launches the
   processes itself, against this machine's devices or cores);
+- the training state's memory (per process of the layout) and an explicit tokenizer
+  against the data's record (:func:`~epochal.train.run_checks.check_before_run`);
 - the run directory holds no other run
   (:func:`~epochal.train.state.run_dir.check_run_dir_holds`).
 
@@ -63,16 +64,17 @@ def preflight(config: Any, *, relaunching: bool) -> None:
     """
     from epochal.parallel.launch import under_launcher
     from epochal.train.config.limits import check_sizes
+    from epochal.train.device import resolve_device
     from epochal.train.inputs.gpt import check_data_files
     from epochal.train.parallel_trainer import check_layout, wants_parallel
-    from epochal.train.run_checks import check_before_run
+    from epochal.train.run_checks import check_before_run, check_device_options
     from epochal.train.state.run_dir import check_run_dir_holds
 
     check_device(config)
     check_sizes(config)
     if not (config.data.corpus or config.data.mock):
         check_data_files(config.data)
-    check_before_run(config)  # kernels, process-group backend, memory, tokenizer record
+    check_device_options(config, resolve_device(config.training.device))  # backend, kernels
     if relaunching:
         from epochal.parallel.launch import check_launchable
 
@@ -86,4 +88,6 @@ def preflight(config: Any, *, relaunching: bool) -> None:
         )
     elif under_launcher() or wants_parallel(config):
         check_layout(config, int(os.environ.get("WORLD_SIZE", "1")))
+    # after the layout: the state's memory is per process of the layout
+    check_before_run(config, device_options=False)  # memory, tokenizer record
     check_run_dir_holds(config)

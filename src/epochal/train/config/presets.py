@@ -44,8 +44,8 @@ merged over it. ``epochal train --preset NAME --print-config`` shows the result.
   vocabulary 50304 = GPT-2's padded), 2048 tokens, micro-batch 4 x 8 = 32 sequences
   per step, bfloat16 autocast, compiled blocks with the loss compiled, fused AdamW;
   on Megatron's mock corpus unless ``data.data_path`` (GPT-2 BPE ``.bin``/``.idx``,
-  with ``data.vocab_file`` / ``data.merge_file``) is given. Issue 25's recipe; its
-  throughput is ``benchmarks/bench_gpu.py``'s ``epochal train`` row.
+  with ``data.vocab_file`` / ``data.merge_file``) is given. Its throughput is
+  ``benchmarks/bench_gpu.py``'s ``epochal train`` row.
 """
 
 from __future__ import annotations

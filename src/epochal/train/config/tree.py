@@ -150,7 +150,7 @@ class TrainConfig:
             d.has_paths or d.mock or bool(d.corpus) or d.has_proteins,
             "data.data_path",
             "no data: set data.data_path (Megatron-style prefixes), data.corpus ('stdlib' or a "
-            ".jsonl), data.mock=true, or for ESM data.protein_path / data.train_cluster_path",
+            ".jsonl or .txt), data.mock=true, or for ESM data.protein_path / data.train_cluster_path",
         )
 
     @property

@@ -11,6 +11,9 @@ Two corpora:
   (Its content depends on the Python version, which is part of the cache key: tests
   that need a fixed corpus pass a JSONL file.)
 - a JSONL file: one document per line, the text under ``data.json_keys[0]``.
+- a ``.txt`` file (UTF-8): documents separated by blank lines (one or more lines
+  holding only whitespace), each document's own line breaks kept; a file without
+  blank lines is one document.
 
 With ``data.split_sentences`` every document becomes its list of sentences (one
 sequence each, no end-of-document token: Megatron's ``--split-sentences``, which
@@ -131,7 +134,12 @@ def _read_documents(cfg: DataConfig) -> tuple[list[str], str]:
         )
     path = Path(cfg.corpus)
     if not path.is_file():
-        raise ConfigError("data.corpus", f"{path} is neither 'stdlib' nor an existing JSONL file")
+        raise ConfigError(
+            "data.corpus", f"{path} is neither 'stdlib' nor an existing .jsonl or .txt file"
+        )
+    if path.suffix == ".txt":
+        docs = _read_text_documents(path)
+        return docs, f"{len(docs)} documents from {path}"
     key = cfg.json_keys[0]
     docs = []
     with open(path, encoding="utf-8") as f:
@@ -153,6 +161,30 @@ def _read_documents(cfg: DataConfig) -> tuple[list[str], str]:
     if not docs:
         raise ValueError(f"{path}: no documents")
     return docs, f"{len(docs)} documents from {path}"
+
+
+def _read_text_documents(path: Path) -> list[str]:
+    """The documents of a ``.txt`` corpus: blocks of text between blank lines.
+
+    Raises:
+        ValueError: the file is not UTF-8 (names the byte offset) or holds no text.
+    """
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{path}: not UTF-8 text (byte {exc.start})") from None
+    docs, lines = [], []
+    for line in text.splitlines(keepends=True):
+        if line.strip():
+            lines.append(line)
+        elif lines:
+            docs.append("".join(lines).rstrip("\n"))
+            lines = []
+    if lines:
+        docs.append("".join(lines).rstrip("\n"))
+    if not docs:
+        raise ValueError(f"{path}: no documents (the file holds only blank lines)")
+    return docs
 
 
 def tokenizer_from_config(cfg: DataConfig) -> Tokenizer:

@@ -47,12 +47,13 @@ def check_device_options(config: Any, device: torch.device) -> None:
     check_attention_backend(config, preflight_model(config), device)
 
 
-def check_before_run(config: Any) -> None:
+def check_before_run(config: Any, *, device_options: bool = True) -> None:
     """What ``epochal train`` checks before it launches or prepares anything.
 
-    The device's options and kernels, the training state's memory (the vocabulary as
-    far as the configuration says), and an explicit ``data.tokenizer_type`` against
-    the data's tokenizer record.
+    The device's options and kernels (unless ``device_options`` is False: the caller
+    checked them already), the training state's memory (the vocabulary as far as the
+    configuration says), and an explicit ``data.tokenizer_type`` against the data's
+    tokenizer record.
 
     Raises:
         ConfigError: naming the option to change.
@@ -61,7 +62,8 @@ def check_before_run(config: Any) -> None:
     from epochal.train.inputs.recorded_tokenizer import recorded_tokenizers
 
     device = resolve_device(config.training.device)
-    check_device_options(config, device)
+    if device_options:
+        check_device_options(config, device)
     check_state_memory(config, preflight_model(config), device)
     if config.data.tokenizer_type and recorded_tokenizers(config.data):
         from epochal.train.inputs.corpus import tokenizer_from_config
