@@ -12,6 +12,15 @@ this data-parallel rank; gradients are averaged over data-parallel ranks. The
 step loss returned by :meth:`ParallelEngine.forward_backward` is the mean over
 the whole global batch, the same on every rank.
 
+``layout_invariant``: the same numbers under every data-parallel size and
+accumulation (see ``docs/concepts/layout-invariance.md``): each micro-batch's
+loss is divided by the global number of micro-batches (the same value), the
+gradients are accumulated in the global micro-batch order
+(:mod:`epochal.parallel.ordered_reduce`), the step loss and logged values are
+summed in that order (:mod:`epochal.parallel.global_order`), the gradient norm is
+exact (:mod:`epochal.parallel.exact_norm`) and dropout is keyed by the sample
+(:mod:`epochal.parallel.dropout_keys`).
+
 Batches: every rank of a data-parallel group (all its tensor-parallel and
 pipeline ranks) reads the same micro-batches — the data layer is deterministic
 per ``(seed, sample index, data-parallel rank)``, so no broadcast is needed.
@@ -38,23 +47,30 @@ from epochal.model.config import ModelConfig
 from epochal.parallel.config import ParallelConfig
 from epochal.parallel.data_parallel import apply_data_parallel, set_gradient_sync
 from epochal.parallel.dims import ParallelDims
+from epochal.parallel.dropout_keys import (
+    install_keyed_dropout,
+    preserved_rng,
+    seed_micro_batch,
+)
+from epochal.parallel.exact_norm import clip_grad_norm_exact
+from epochal.parallel.global_order import gather_in_order, sequential_sum
 from epochal.parallel.grad_clip import clip_grad_norm_parallel
-from epochal.parallel.logged import reduce_logged
+from epochal.parallel.logged import ordered_logged, reduce_logged
 from epochal.parallel.loss import masked_mean_loss_parallel
 from epochal.parallel.model_support import check_model_layout
+from epochal.parallel.ordered_reduce import OrderedGradReducer, finalize_partial_grads
 from epochal.parallel.pipeline import (
     EmbeddingGroup,
-    build_schedule,
     split_stage_module,
     stage_indices,
     stage_layer_counts,
     stage_layer_ranges,
 )
+from epochal.parallel.pipeline_step import PipelineSteps
 from epochal.parallel.recompute import recompute_part
 from epochal.parallel.step_model import (
     LogitsObserver,
     StepModel,
-    observe_logits,
     run_train_step,
 )
 from epochal.parallel.tensor_parallel import apply_tensor_parallel
@@ -111,7 +127,7 @@ def _autocast_forward(module: nn.Module, dtype: torch.dtype, device_type: str) -
     module.forward = wrapped  # instance attribute: parameters and names unchanged
 
 
-class ParallelEngine:
+class ParallelEngine(PipelineSteps):
     """The model of one rank under a parallel layout, and how to run a step on it.
 
     Args:
@@ -128,6 +144,8 @@ class ParallelEngine:
         bf16: run forwards under bfloat16 autocast (pipeline stages wrap their
             forward; otherwise :meth:`forward_backward` does).
         fp16: the same with float16 (the trainer scales the loss: :attr:`grad_scale`).
+        layout_invariant: compute bit-identical results under any data-parallel
+            size and accumulation (module docstring; ``training.layout_invariant``).
     """
 
     def __init__(
@@ -143,8 +161,10 @@ class ParallelEngine:
         custom_loss: bool = False,
         bf16: bool = False,
         fp16: bool = False,
+        layout_invariant: bool = False,
     ) -> None:
         self.config = config
+        self.layout_invariant = layout_invariant
         self.model_config = model_config
         self.dims = dims
         self.mesh = mesh
@@ -195,7 +215,12 @@ class ParallelEngine:
         self._pp_logged: dict[int, dict[str, Any]] = {}
         self._pp_on_logits: LogitsObserver | None = None
         self._pp_logits: dict[int, list[torch.Tensor]] = {}
+        self._pp_losses: dict[int, torch.Tensor] = {}
+        self._pp_n = 0
         self.logged: list[dict[str, Any]] = []
+        #: layout_invariant: the last call's per-micro-batch losses, global order, every rank.
+        self.micro_batch_losses: list[float] = []
+        self.reducer = self._build_reducer() if layout_invariant else None
 
     # ------------------------------------------------------------------ building
     @property
@@ -258,12 +283,42 @@ class ParallelEngine:
         unit_keys = recompute_part(part, pc)
         if self.compile:
             compile_part(part, unit_keys, tensor_parallel=self.dims.tp > 1)
+        if self.layout_invariant:
+            install_keyed_dropout(part)
         if self.autocast_dtype is not None and self.dims.pp > 1:
             _autocast_forward(part, self.autocast_dtype, self.device.type)
         if self.dims.dp > 1:
             assert self.mesh is not None
             part = apply_data_parallel(part, self.mesh["dp"], pc.dp_sharding, unit_keys=unit_keys)
         return part
+
+    def _build_reducer(self) -> OrderedGradReducer | None:
+        """The ordered gradient reduction (data parallelism, tied pipeline copies), or None."""
+        tied = None
+        if self.tied and self.has_first_stage:
+            tied = ("first", self.model_parts[self.stage_ids.index(0)].tok_embeddings.weight)
+        elif self.tied and self.has_last_stage:
+            last = self.model_parts[self.stage_ids.index(self.dims.num_stages - 1)]
+            tied = ("last", last.output.weight)
+        reducer = OrderedGradReducer(
+            self.model_parts,
+            self.dp_group,
+            replicate=self.config.dp_sharding == "none",
+            tied=tied,
+            tied_group=self.embedding_group.group,
+        )
+        if not reducer.active:
+            return None
+        for index, stage in enumerate(self.stages):  # after each stage's backward of a micro-batch
+            backward = stage.backward_one_chunk
+
+            def hooked(*args: Any, _b: Any = backward, _i: int = index, **kwargs: Any) -> Any:
+                out = _b(*args, **kwargs)
+                reducer.after_backward(_i)
+                return out
+
+            stage.backward_one_chunk = hooked  # type: ignore[method-assign]
+        return reducer
 
     # -------------------------------------------------------------------- loss
     def _loss(
@@ -293,34 +348,6 @@ class ParallelEngine:
         self.logged.append(logged)
         return loss
 
-    def _pipeline_loss(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        if self._step is not None:
-            # target holds the micro-batch's index (one value per sample).
-            index = int(target[0].item())
-            mb = self._pp_micro_batches[index]
-            captured: list[torch.Tensor] = []
-            model = StepModel.replay(
-                output,
-                loss_group=self.loss_group,
-                training=self._pp_training,
-                on_logits=captured.append if self._pp_on_logits is not None else None,
-            )
-            loss, logged = run_train_step(self._step, mb, model)
-            # By index: the schedule's set-up also calls this once for micro-batch 0.
-            self._pp_logged[index] = logged
-            self._pp_logits[index] = captured
-            return loss * self._loss_scale
-        labels = target[..., 0].long()
-        mask = target[..., 1].float()
-        return self._loss(self._loss_fn, labels, output, mask) * self._loss_scale
-
-    def _schedule(self, n_microbatches: int) -> Any:
-        if n_microbatches not in self._schedules:
-            self._schedules[n_microbatches] = build_schedule(
-                self.config.pipeline_schedule, self.stages, n_microbatches, self._pipeline_loss
-            )
-        return self._schedules[n_microbatches]
-
     def _autocast(self) -> contextlib.AbstractContextManager:
         """bf16 / fp16 autocast for the unpipelined forward (pipeline stages wrap their own)."""
         if self.autocast_dtype is not None:
@@ -345,6 +372,7 @@ class ParallelEngine:
         loss_fn: LossFn | None = None,
         per_document: bool = False,
         step: Any = None,
+        micro_batch_seeds: Sequence[int] | None = None,
     ) -> torch.Tensor:
         """Forward and backward over this rank's micro-batches of one step; gradients are final after it.
 
@@ -361,6 +389,10 @@ class ParallelEngine:
                 (output, loss_func)``, see ``epochal.train.steps``) run for every
                 micro-batch instead of ``loss_fn``; its logged values of the step
                 are then in :attr:`logged` (see :meth:`reduce_logged`).
+            micro_batch_seeds: with ``layout_invariant``, the dropout seed of each
+                of this rank's micro-batches
+                (:func:`~epochal.parallel.dropout_keys.step_seeds`); None keeps the
+                running random stream.
 
         Returns:
             The step loss (mean of the micro-batch losses over the global batch),
@@ -370,94 +402,44 @@ class ParallelEngine:
         if n < 1:
             raise ValueError("forward_backward needs at least one micro-batch")
         self.logged = []
-        if self.dims.pp > 1:
-            total = self._pipeline_step(
-                micro_batches, n, loss_fn, per_document, train=True, step=step
-            )
-        else:
-            total = torch.zeros((), device=self.device)
-            part = self.model_parts[0]
-            model = StepModel(part, loss_group=self.loss_group, module=part)
-            for i, mb in enumerate(micro_batches):
-                set_gradient_sync(self.model_parts, i == n - 1)
-                with self._autocast():
-                    if step is not None:
-                        loss = self._step_loss(step, mb, model)
-                    else:
-                        logits = part(mb["tokens"], **self._forward_kwargs(mb, per_document))
-                        loss = self._loss(loss_fn, mb["labels"], logits, mb["loss_mask"])
-                scaled = loss / n
-                (scaled * self.grad_scale).backward()
-                total += scaled.detach().float()
+        invariant = self.layout_invariant
+        keyed = invariant and micro_batch_seeds is not None
+        with preserved_rng(self.device) if keyed else contextlib.nullcontext():
+            if self.dims.pp > 1:
+                total = self._pipeline_step(
+                    micro_batches, n, loss_fn, per_document, train=True, step=step,
+                    seeds=micro_batch_seeds if keyed else None,
+                )  # fmt: skip
+            else:
+                total = torch.zeros((), device=self.device)
+                part = self.model_parts[0]
+                model = StepModel(part, loss_group=self.loss_group, module=part)
+                divisor = n * self.dims.dp if invariant else n  # invariant: the global count
+                scaled_losses = []
+                for i, mb in enumerate(micro_batches):
+                    set_gradient_sync(self.model_parts, i == n - 1 and self.reducer is None)
+                    if keyed:
+                        seed_micro_batch(micro_batch_seeds[i], self.device)  # type: ignore[index]
+                    with self._autocast():
+                        if step is not None:
+                            loss = self._step_loss(step, mb, model)
+                        else:
+                            logits = part(mb["tokens"], **self._forward_kwargs(mb, per_document))
+                            loss = self._loss(loss_fn, mb["labels"], logits, mb["loss_mask"])
+                    scaled = loss / divisor
+                    if self.reducer is not None:
+                        self.reducer.arm()  # send each unit's gradients once complete
+                    (scaled * self.grad_scale).backward()
+                    if self.reducer is not None:
+                        self.reducer.after_backward(0)
+                    scaled_losses.append(scaled.detach().float())
+                    total += scaled_losses[-1]
+                if invariant:
+                    ordered = gather_in_order(torch.stack(scaled_losses), self.dp_group)
+                    self.micro_batch_losses = ordered.tolist()
+                    total = sequential_sum(ordered)
         self.finish_grads()
-        return self._average_over_dp(total)
-
-    def _pipeline_step(
-        self,
-        micro_batches: Sequence[dict[str, torch.Tensor]],
-        n: int,
-        loss_fn: LossFn | None,
-        per_document: bool,
-        *,
-        train: bool,
-        step: Any = None,
-        on_logits: LogitsObserver | None = None,
-    ) -> torch.Tensor:
-        self._loss_fn = loss_fn
-        self._pp_on_logits = on_logits
-        grad_scale = self.grad_scale if train else 1.0
-        self._loss_scale = grad_scale / n
-        self._step = step
-        self._pp_micro_batches = micro_batches
-        self._pp_training = train
-        self._pp_logged = {}
-        self._pp_logits = {}
-        schedule = self._schedule(n)
-        args: list[torch.Tensor] = []
-        kwargs: dict[str, torch.Tensor] = {}
-        target = None
-        if self.has_first_stage:
-            args.append(torch.cat([mb["tokens"] for mb in micro_batches]))
-        if step is not None and micro_batches:
-            # What every stage's forward takes besides tokens / hidden states.
-            per_mb = [step.stage_kwargs(mb) for mb in micro_batches]
-            for key in per_mb[0]:
-                kwargs[key] = torch.cat([kw[key] for kw in per_mb])
-        elif per_document and micro_batches:
-            for key in ("position_ids", "attention_mask"):
-                if key in micro_batches[0]:
-                    kwargs[key] = torch.cat([mb[key] for mb in micro_batches])
-        losses: list[torch.Tensor] | None = None
-        if self.has_last_stage and step is not None:
-            sizes = [int(mb["tokens"].shape[0]) for mb in micro_batches]
-            target = torch.repeat_interleave(
-                torch.arange(n, device=self.device), torch.tensor(sizes, device=self.device)
-            )
-            losses = []
-        elif self.has_last_stage:
-            labels = torch.cat([mb["labels"] for mb in micro_batches]).double()
-            mask = torch.cat([mb["loss_mask"] for mb in micro_batches]).double()
-            target = torch.stack([labels, mask], dim=-1)
-            losses = []
-        if train:
-            schedule.step(*args, target=target, losses=losses, return_outputs=False, **kwargs)
-        else:
-            schedule.eval(*args, target=target, losses=losses, **kwargs)
-        if on_logits is not None:  # in micro-batch order, once each
-            for i in sorted(self._pp_logged):
-                observe_logits(on_logits, micro_batches[i], self._pp_logits[i], self._pp_logged[i])
-        self.logged = [self._pp_logged[i] for i in sorted(self._pp_logged)]
-        self._step = None
-        self._pp_on_logits = None
-        self._pp_logits = {}
-        self._pp_micro_batches = ()
-        total = torch.zeros((), device=self.device)
-        if losses:  # the schedule's losses carry the fp16 loss scale (a power of two): exact
-            total = torch.stack([loss.detach().float() for loss in losses]).sum().to(self.device)
-            total = total / grad_scale
-        assert self.mesh is not None
-        dist.broadcast(total, group=self.pp_group, group_src=self.dims.pp - 1)
-        return total
+        return total if invariant else self._average_over_dp(total)
 
     def reduce_logged(self) -> dict[str, float]:
         """The last step's logged values, averaged over micro-batches and data-parallel ranks.
@@ -471,6 +453,13 @@ class ParallelEngine:
             pp_src=self.dims.pp - 1,
             dp_group=self.dp_group,
             device=self.device,
+            ordered=self.layout_invariant,
+        )
+
+    def ordered_logged(self) -> list[dict[str, float]]:
+        """The last step's logged values of every micro-batch, in global order (a collective)."""
+        return ordered_logged(
+            self.logged, pp_group=self.pp_group, pp_src=self.dims.pp - 1, dp_group=self.dp_group
         )
 
     def _average_over_dp(self, total: torch.Tensor) -> torch.Tensor:
@@ -482,6 +471,12 @@ class ParallelEngine:
 
     def finish_grads(self) -> None:
         """Sum tied-embedding gradients over the pipeline ends and reduce partial DTensor gradients."""
+        if self.layout_invariant:
+            if self.reducer is not None:
+                self.reducer.finish()
+            if self.dims.dp == 1:
+                finalize_partial_grads(self.model_parts)
+            return
         if self.dims.dp == 1:
             finalize_grads(self.model_parts)
         if self.tied:
@@ -528,6 +523,7 @@ class ParallelEngine:
             total = torch.zeros((), device=self.device)
             part = self.model_parts[0]
             model = StepModel(part, loss_group=self.loss_group, module=part)
+            losses = []
             for mb in micro_batches:
                 with self._autocast():
                     if step is not None:
@@ -535,8 +531,13 @@ class ParallelEngine:
                     else:
                         logits = part(mb["tokens"], **self._forward_kwargs(mb, per_document))
                         loss = self._loss(loss_fn, mb["labels"], logits, mb["loss_mask"])
+                    losses.append(loss.float())
                     total += loss.float() / n
-        return self._average_over_dp(total)
+            if self.layout_invariant:
+                ordered = gather_in_order(torch.stack(losses), self.dp_group)
+                self.micro_batch_losses = ordered.tolist()
+                return sequential_sum(ordered) / len(ordered)
+        return total if self.layout_invariant else self._average_over_dp(total)
 
     # -------------------------------------------------------------- gradients
     def parameters(self) -> list[torch.Tensor]:
@@ -558,6 +559,14 @@ class ParallelEngine:
 
     def clip_grad_norm(self, max_norm: float) -> torch.Tensor:
         """Clip all gradients to the global L2 norm ``max_norm`` (0 = measure only); return the norm."""
+        if self.layout_invariant:
+            return clip_grad_norm_exact(
+                self.parameters(),
+                max_norm,
+                group=dist.group.WORLD if self.mesh is not None else None,
+                exclude=self.duplicated_parameters(),
+                coords={"dp": self.dp_rank, "tp": self.tp_rank},
+            )
         return clip_grad_norm_parallel(
             self.parameters(),
             max_norm,

@@ -178,6 +178,7 @@ class ParallelTrainer(Trainer):
             custom_loss=self.custom_loss is not None,
             bf16=c.training.bf16,
             fp16=c.training.fp16,
+            layout_invariant=c.training.layout_invariant,
         )
         return self.engine.model_parts
 
@@ -270,6 +271,7 @@ class ParallelTrainer(Trainer):
             num_microbatches=n_mb,
             per_document=per_doc,
             step=self.train_step_handler,
+            micro_batch_seeds=self._step_seeds,
         )
 
     def reduce_logged(self) -> dict[str, float]:
@@ -307,6 +309,8 @@ class ParallelTrainer(Trainer):
         observer = self.eval_observer(on_logits)
         total = 0.0
         logged: list[dict[str, float]] = []
+        losses: list[float] = []  # layout-invariant: every micro-batch's, in global order
+        invariant = self.config.training.layout_invariant
         for n in sizes:
             mbs = [self.step_batch(next(it)) for _ in range(n)] if it is not None else []
             loss = self.engine.eval_loss(
@@ -316,13 +320,23 @@ class ParallelTrainer(Trainer):
                 step=self.train_step_handler,
                 on_logits=observer,
             )
-            logged.append(self.engine.reduce_logged())
+            if invariant:  # summed and averaged as one process does (Trainer.evaluate)
+                logged += self.engine.ordered_logged()
+                losses += self.engine.micro_batch_losses
+            else:
+                logged.append(self.engine.reduce_logged())
             total += float(loss.item())
         for part in self.model_parts:
             part.train()
         step = self.train_step_handler
         self.last_eval_logged = step.eval_summary(reduce_logged(logged))
-        return step.evaluation_loss(total / len(sizes), self.last_eval_logged)
+        mean = total / len(sizes)
+        if invariant:  # added in the global order and averaged per micro-batch, as one process
+            mean = 0.0
+            for value in losses:
+                mean += value
+            mean /= len(losses)
+        return step.evaluation_loss(mean, self.last_eval_logged)
 
     # ------------------------------------------------------------ checkpoints
     def app_state(self) -> dict[str, Any]:

@@ -24,11 +24,11 @@ Loss (Megatron's default, ``calculate_per_token_loss=False``): each micro-batch'
 loss (GPT: the mean over its tokens weighted by ``loss_mask``,
 ``sum(ce * loss_mask) / sum(loss_mask)``) is divided by the number of
 micro-batches and back-propagated; the step's reported loss is the sum of
-these, i.e. the mean of the micro-batch means. Because every micro-batch has the
-same weight, splitting the global batch over data-parallel ranks (gradients
-averaged) or pipeline micro-batches gives the same gradients as one process.
-The step's logged values are averaged over micro-batches (and data-parallel
-ranks) and logged by name. A custom ``loss_fn(labels, logits, loss_mask) ->
+these, i.e. the mean of the micro-batch means. The step's logged values are
+averaged over micro-batches and logged by name. With ``training.layout_invariant``
+(:mod:`epochal.train.state.dropout_seed`, :mod:`epochal.parallel.exact_norm`) the
+parallel trainer reproduces all of this bit for bit under any data-parallel
+size and accumulation. A custom ``loss_fn(labels, logits, loss_mask) ->
 scalar`` replaces the GPT per-micro-batch loss (``labels`` are the target ids
 ``[b, s]``, ``logits`` ``[b, s, padded_vocab]``, ``loss_mask`` float ``[b, s]``); the
 trainer still divides by the number of micro-batches.
@@ -56,6 +56,7 @@ from epochal._atomic import atomic_write
 from epochal.data.loading.packing import pack_padded_batch
 from epochal.model.build import build_model
 from epochal.model.config import ConfigError, ModelConfig
+from epochal.parallel.dropout_keys import install_keyed_dropout
 from epochal.parallel.engine import compile_part
 from epochal.parallel.logged import reduce_logged
 from epochal.parallel.recompute import recompute_part
@@ -68,6 +69,7 @@ from epochal.train.config import (
     to_toml,
 )
 from epochal.train.device import compute_context, resolve_device
+from epochal.train.inputs.device_batch import batch_on_device
 from epochal.train.inputs.loaders import DataBundle, build_data
 from epochal.train.inputs.recorded_tokenizer import with_resolved_tokenizer
 from epochal.train.losses import masked_token_mean_loss
@@ -82,6 +84,7 @@ from epochal.train.optim.optimizer import OptimizersContainer, adamw_from_config
 from epochal.train.result import TrainResult, skipped_line
 from epochal.train.run_checks import check_device_options, check_state_memory
 from epochal.train.state.checkpoint import Checkpointer
+from epochal.train.state.dropout_seed import KeyedDropoutSeams
 from epochal.train.state.preemption import Preemption
 from epochal.train.state.resume import CheckpointSeams
 from epochal.train.state.resume_notes import resume_notes
@@ -102,7 +105,7 @@ LossFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 StepCallback = Callable[["Trainer", int, dict[str, Any]], None]
 
 
-class Trainer(CheckpointSeams, EvalCallbackSeams):
+class Trainer(CheckpointSeams, EvalCallbackSeams, KeyedDropoutSeams):
     """Single-process GPT trainer (CPU or one GPU); see the module docstring.
 
     Args:
@@ -136,7 +139,7 @@ class Trainer(CheckpointSeams, EvalCallbackSeams):
         )
         seed_everything(self.global_seed())
         self.run_dir = Path(config.run_dir)
-        self.device = resolve_device(config.training.device)
+        self.device = resolve_device(t.device, deterministic=t.deterministic_kernels)
         check_device_options(config, self.device)  # before the data writes anything
         self.train_step_handler: TrainStep = self.build_train_step()
         if loss_fn is not None:
@@ -222,6 +225,8 @@ class Trainer(CheckpointSeams, EvalCallbackSeams):
             unit_keys = recompute_part(part, pc)
             if self.config.training.compile:
                 compile_part(part, unit_keys, tensor_parallel=False)
+            if self.config.training.layout_invariant:
+                install_keyed_dropout(part)
         return model_parts
 
     def build_optimizers(self) -> OptimizersContainer:
@@ -234,7 +239,8 @@ class Trainer(CheckpointSeams, EvalCallbackSeams):
 
     def clip_gradients(self) -> torch.Tensor:
         """Clip to ``optimizer.clip_grad`` (global L2 norm); return the norm before clipping."""
-        return clip_grad_norm(self.optimizers.parameters(), self.config.optimizer.clip_grad)
+        exact = self.config.training.layout_invariant
+        return clip_grad_norm(self.gradient_parameters(), self.config.optimizer.clip_grad, exact)
 
     def autocast(self) -> contextlib.AbstractContextManager:
         """bf16 / fp16 autocast (``training.bf16`` / ``fp16``) and ``training.attention_backend``."""
@@ -291,20 +297,11 @@ class Trainer(CheckpointSeams, EvalCallbackSeams):
                 pad_to_multiple_of=multiple,
                 per_sample_keys=self.train_step_handler.per_sample_keys,
             )
-        out = self._to_device(micro_batch)
+        out = batch_on_device(micro_batch, self.device)
         if not self.config.data.reset_position_ids:
             out.pop("position_ids", None)
         if not self.config.data.reset_attention_mask:
             out.pop("attention_mask", None)
-        return out
-
-    def _to_device(self, micro_batch: dict[str, Any]) -> dict[str, torch.Tensor]:
-        out = {}
-        for key, value in micro_batch.items():
-            if isinstance(value, torch.Tensor):
-                out[key] = value.to(self.device, non_blocking=True)
-        if "loss_mask" not in out:
-            out["loss_mask"] = torch.ones_like(out["labels"], dtype=torch.float32)
         return out
 
     def run_step(
@@ -326,6 +323,7 @@ class Trainer(CheckpointSeams, EvalCallbackSeams):
     ) -> torch.Tensor:
         """Forward and backward of ONE micro-batch; returns its detached ``loss / num_microbatches``."""
         mb = self.step_batch(micro_batch)
+        self.seed_next_micro_batch()
         with self.autocast():
             loss = self.run_step(mb)
         scaled = loss / num_microbatches
@@ -352,7 +350,8 @@ class Trainer(CheckpointSeams, EvalCallbackSeams):
             part.train()
         self.optimizers.zero_grad(set_to_none=True)
         self.logged = []
-        loss = self.forward_backward(batches, n_mb)
+        with self.keyed_step(n_mb):  # dropout seeds (training.layout_invariant)
+            loss = self.forward_backward(batches, n_mb)
         logged = self.reduce_logged()
         return {**self.optimizer_step(loss), **logged}
 

@@ -32,6 +32,8 @@ merged over it. ``epochal train --preset NAME --print-config`` shows the result.
   BioNeMo's recipe: Adam betas 0.9 / 0.98, eps 1e-8, lr 4e-4 (min 4e-5), weight decay
   0.01, linear warmup (2000 of 500,000 steps: a fraction of 0.004) then linear decay,
   clip 1.0. Needs a protein source.
+- Every preset trains layout-invariant (``training.layout_invariant``: the same bits
+  on any number of data-parallel processes and accumulation steps).
 - Warmup is a fraction of the decay (``scheduler.lr_warmup_fraction``: 30 of 300
   steps, 700 of 20000), so ``--training.train_iters=20`` shortens it with the run.
 - ``gpt2-small``: GPT-2 124M (learned positions, LayerNorm, tanh-GELU, tied
@@ -93,6 +95,7 @@ _STDLIB_WORDPIECE_DATA: dict[str, Any] = {
 #: The schedule, optimizer and bookkeeping of ``bert-tiny`` and ``t5-tiny``.
 _TINY_WORDPIECE_RECIPE: dict[str, Any] = {
     "training": {
+        "layout_invariant": True,
         "micro_batch_size": 8,
         "global_batch_size": 16,
         "train_iters": 300,
@@ -130,6 +133,7 @@ PRESETS: dict[str, dict[str, Any]] = {
             "split": "98,2,0",
         },
         "training": {
+            "layout_invariant": True,
             "micro_batch_size": 8,
             "global_batch_size": 16,
             "train_iters": 300,
@@ -212,6 +216,7 @@ PRESETS: dict[str, dict[str, Any]] = {
             "protein_valid_fraction": 0.05,
         },
         "training": {
+            "layout_invariant": True,
             "micro_batch_size": 8,
             "global_batch_size": 16,
             "train_iters": 200,
@@ -242,6 +247,7 @@ PRESETS: dict[str, dict[str, Any]] = {
             "protein_valid_fraction": 0.01,
         },
         "training": {
+            "layout_invariant": True,
             "micro_batch_size": 8,
             "global_batch_size": 256,
             "train_iters": 500000,
@@ -278,6 +284,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         },
         "data": {"mock": True, "tokenizer_type": "GPT2BPETokenizer", "seq_length": 2048},
         "training": {
+            "layout_invariant": True,
             "device": "cuda",
             "micro_batch_size": 4,
             "global_batch_size": 32,
@@ -314,6 +321,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         },
         "data": {"tokenizer_type": "GPT2BPETokenizer", "seq_length": 1024, "split": "969,30,1"},
         "training": {
+            "layout_invariant": True,
             "micro_batch_size": 8,
             "global_batch_size": 512,
             "train_iters": 20000,

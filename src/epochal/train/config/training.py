@@ -83,6 +83,16 @@ class TrainingConfig:
             called as ``fn(batch, logits) -> {name: number} | None`` for every
             validation micro-batch (see ``Trainer.add_eval_callback``); its values
             are logged with the evaluation under ``<name>``. Empty = none.
+        layout_invariant: the same bits under any data-parallel size and gradient
+            accumulation (micro-batch size fixed): gradients, losses and logged
+            values summed in the global micro-batch order, an exact gradient norm,
+            dropout keyed by the micro-batch (``docs/concepts/layout-invariance.md``).
+            On in every preset; off by default because the ordered reduction
+            exchanges gradients once per micro-batch (up to ~12% step time on CPU
+            data parallelism with small micro-batches, see ``BENCHMARKS.md``).
+        deterministic_kernels: ``torch.use_deterministic_algorithms(True)`` and
+            ``CUBLAS_WORKSPACE_CONFIG=:4096:8`` (GPU kernels that give the same
+            bits on every run, some slower; nothing changes on the CPU).
     """
 
     micro_batch_size: int = 4
@@ -112,6 +122,8 @@ class TrainingConfig:
     train_step_kwargs: dict[str, Any] = field(default_factory=dict)
     eval_callback: str = ""
     memory_check: bool = True
+    layout_invariant: bool = False
+    deterministic_kernels: bool = False
 
     def __post_init__(self) -> None:
         _require(

@@ -21,6 +21,8 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
+from epochal.parallel.exact_norm import clip_grad_norm_exact
+
 __all__ = [
     "CONFIG_GROUP_KEYS",
     "OptimizersContainer",
@@ -124,14 +126,21 @@ def build_adamw(
     )
 
 
-def clip_grad_norm(parameters: Iterable[torch.Tensor], max_norm: float) -> torch.Tensor:
+def clip_grad_norm(
+    parameters: Iterable[torch.Tensor], max_norm: float, exact: bool = False
+) -> torch.Tensor:
     """Clip gradients to a global L2 norm of ``max_norm`` (0 = only measure); return the norm.
+
+    ``exact``: the norm of :func:`epochal.parallel.exact_norm.exact_grad_norm` (the
+    same bits as under any parallel layout; ``training.layout_invariant``).
 
     Returns:
         The total gradient norm before clipping (float32 scalar tensor); ``inf``
         or ``nan`` if a gradient is non-finite (then nothing is scaled).
     """
     params = [p for p in parameters if p.grad is not None]
+    if exact:
+        return clip_grad_norm_exact(params, max_norm)
     if not params:
         return torch.zeros(())
     total = torch.nn.utils.get_total_norm([p.grad for p in params])

@@ -1,0 +1,165 @@
+"""The engine's pipeline-parallel step: the schedule, each micro-batch's loss, the step's losses.
+
+:class:`PipelineSteps` is a mixin of :class:`~epochal.parallel.engine.ParallelEngine`
+(its state is the engine's): :meth:`PipelineSteps._pipeline_step` runs one global
+batch of this data-parallel rank through a ``torch.distributed.pipelining``
+schedule (training or evaluation). The last stage computes each micro-batch's
+loss in :meth:`PipelineSteps._pipeline_loss` (the train step on a replay of the
+stage's output, or a plain loss function), divided by the number of
+micro-batches; the step loss is broadcast from the last stage to every
+pipeline rank. With ``layout_invariant`` the divisor is the global number of
+micro-batches and the losses are summed in the global micro-batch order
+(:mod:`epochal.parallel.global_order`); the micro-batch seeds of keyed dropout
+reach every stage as a keyword (:mod:`epochal.parallel.dropout_keys`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from epochal.parallel.dropout_keys import DROPOUT_SEED_KWARG
+from epochal.parallel.global_order import gather_in_order, sequential_sum
+from epochal.parallel.pipeline import build_schedule
+from epochal.parallel.step_model import LogitsObserver, StepModel, observe_logits, run_train_step
+
+__all__ = ["PipelineSteps"]
+
+
+class PipelineSteps:
+    """Pipeline schedule steps of :class:`~epochal.parallel.engine.ParallelEngine` (a mixin)."""
+
+    def _pipeline_loss(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        if self._step is not None:
+            # target holds the micro-batch's index (one value per sample).
+            index = int(target[0].item())
+            mb = self._pp_micro_batches[index]
+            captured: list[torch.Tensor] = []
+            model = StepModel.replay(
+                output,
+                loss_group=self.loss_group,
+                training=self._pp_training,
+                on_logits=captured.append if self._pp_on_logits is not None else None,
+            )
+            loss, logged = run_train_step(self._step, mb, model)
+            # By index: the schedule's set-up also calls this once for micro-batch 0.
+            self._pp_logged[index] = logged
+            self._pp_logits[index] = captured
+            return self._scale_pipeline_loss(loss, index)
+        labels = target[..., 0].long()
+        mask = target[..., 1].float()
+        loss = self._loss(self._loss_fn, labels, output, mask)
+        index = int(target[0, 0, 2].item()) if self.layout_invariant else 0  # see _pipeline_step
+        return self._scale_pipeline_loss(loss, index)
+
+    def _scale_pipeline_loss(self, loss: torch.Tensor, index: int) -> torch.Tensor:
+        """Plain: ``loss * grad_scale / n``; layout-invariant: ``(loss / M) * grad_scale``, as one process."""
+        if not self.layout_invariant:
+            return loss * self._loss_scale
+        scaled = loss / (self._pp_n * self.dims.dp)
+        self._pp_losses[index] = (scaled if self._pp_training else loss).detach().float()
+        return scaled * (self.grad_scale if self._pp_training else 1.0)
+
+    def _schedule(self, n_microbatches: int) -> Any:
+        if n_microbatches not in self._schedules:
+            self._schedules[n_microbatches] = build_schedule(
+                self.config.pipeline_schedule, self.stages, n_microbatches, self._pipeline_loss
+            )
+        return self._schedules[n_microbatches]
+
+    def _pipeline_step(
+        self,
+        micro_batches: Sequence[dict[str, torch.Tensor]],
+        n: int,
+        loss_fn: Any,
+        per_document: bool,
+        *,
+        train: bool,
+        step: Any = None,
+        on_logits: LogitsObserver | None = None,
+        seeds: Sequence[int] | None = None,
+    ) -> torch.Tensor:
+        self._loss_fn = loss_fn
+        self._pp_on_logits = on_logits
+        grad_scale = self.grad_scale if train else 1.0
+        self._loss_scale = grad_scale / n
+        self._pp_n, self._pp_losses = n, {}
+        self._step = step
+        self._pp_micro_batches = micro_batches
+        self._pp_training = train
+        self._pp_logged = {}
+        self._pp_logits = {}
+        schedule = self._schedule(n)
+        args: list[torch.Tensor] = []
+        kwargs: dict[str, torch.Tensor] = {}
+        target = None
+        if self.has_first_stage:
+            args.append(torch.cat([mb["tokens"] for mb in micro_batches]))
+        if step is not None and micro_batches:
+            # What every stage's forward takes besides tokens / hidden states.
+            per_mb = [step.stage_kwargs(mb) for mb in micro_batches]
+            for key in per_mb[0]:
+                kwargs[key] = torch.cat([kw[key] for kw in per_mb])
+        elif per_document and micro_batches:
+            for key in ("position_ids", "attention_mask"):
+                if key in micro_batches[0]:
+                    kwargs[key] = torch.cat([mb[key] for mb in micro_batches])
+        if seeds is not None:  # one per micro-batch; every stage keys its dropout with it
+            kwargs[DROPOUT_SEED_KWARG] = torch.tensor(list(seeds), device=self.device)
+        losses: list[torch.Tensor] | None = None
+        if self.has_last_stage and step is not None:
+            sizes = [int(mb["tokens"].shape[0]) for mb in micro_batches]
+            target = torch.repeat_interleave(
+                torch.arange(n, device=self.device), torch.tensor(sizes, device=self.device)
+            )
+            losses = []
+        elif self.has_last_stage:
+            labels = torch.cat([mb["labels"] for mb in micro_batches]).double()
+            mask = torch.cat([mb["loss_mask"] for mb in micro_batches]).double()
+            target = torch.stack([labels, mask], dim=-1)
+            if self.layout_invariant:  # a third channel: the micro-batch's index
+                rows = [int(mb["labels"].shape[0]) for mb in micro_batches]
+                index = torch.repeat_interleave(torch.arange(n), torch.tensor(rows)).double()
+                index = index.to(labels.device)[:, None].expand_as(labels)
+                target = torch.cat([target, index[..., None]], dim=-1)
+            losses = []
+        if train:
+            schedule.step(*args, target=target, losses=losses, return_outputs=False, **kwargs)
+        else:
+            schedule.eval(*args, target=target, losses=losses, **kwargs)
+        if on_logits is not None:  # in micro-batch order, once each
+            for i in sorted(self._pp_logged):
+                observe_logits(on_logits, micro_batches[i], self._pp_logits[i], self._pp_logged[i])
+        self.logged = [self._pp_logged[i] for i in sorted(self._pp_logged)]
+        self._step = None
+        self._pp_on_logits = None
+        self._pp_logits = {}
+        self._pp_micro_batches = ()
+        total = torch.zeros((), device=self.device)
+        if self.layout_invariant:
+            total = self._ordered_pipeline_losses(n, train)
+        elif losses:  # the schedule's losses carry the fp16 loss scale (a power of two): exact
+            total = torch.stack([loss.detach().float() for loss in losses]).sum().to(self.device)
+            total = total / grad_scale
+        assert self.mesh is not None
+        dist.broadcast(total, group=self.pp_group, group_src=self.dims.pp - 1)
+        return total
+
+    def _ordered_pipeline_losses(self, n: int, train: bool) -> torch.Tensor:
+        """Layout-invariant: the last stage's per-micro-batch losses in global order, on every stage.
+
+        Sets :attr:`micro_batch_losses`; returns the step loss (training: the
+        sequential sum of the scaled losses; evaluation: their mean).
+        """
+        values: list[float] = []
+        if self.has_last_stage:
+            mine = torch.stack([self._pp_losses[i] for i in range(n)]).to(self.device)
+            values = gather_in_order(mine, self.dp_group).tolist()
+        box: list[Any] = [values]
+        dist.broadcast_object_list(box, group=self.pp_group, group_src=self.dims.pp - 1)
+        self.micro_batch_losses = box[0]
+        ordered = torch.tensor(self.micro_batch_losses, dtype=torch.float32, device=self.device)
+        return sequential_sum(ordered) if train else sequential_sum(ordered) / len(ordered)

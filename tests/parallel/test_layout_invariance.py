@@ -1,0 +1,132 @@
+"""The same bits on 1, 2 or 4 data-parallel ranks: losses, evaluations, weights and optimizer state.
+
+Tiny GPT (dropout on), BERT (dropout on), T5 (dropout on) and ESM-2 models train
+30 steps with a global batch of four micro-batches of two samples: in one
+process (DP1 x GA4, the plain :class:`~epochal.train.trainer.Trainer`), on two
+data-parallel ranks (DP2 x GA2) and on four (DP4 x GA1), with every
+``dp_sharding`` mode and activation recompute spread over the runs; then
+pipeline parallelism (PP2 x DP2 against one process, tied embeddings) and
+tensor parallelism (TP2 x DP2 against TP2 x DP1). Every loss list is compared
+with ``==``, the final model and optimizer state by a digest of their full
+tensors. A checkpoint written on four ranks resumes in one process, and one
+written in one process resumes on two ranks, with the losses of the run that
+never stopped. A control run with ``training.layout_invariant=false`` shows that
+the comparison sees the drift of the plain reduction.
+
+Every process computes with one thread (the kernels' bits depend on the thread
+count). One launch per process count runs all its cases
+(:mod:`tests.parallel.invariance_worker`).
+"""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from epochal.train.state.checkpoint import step_folder_name
+from tests.dist_utils import run_gloo
+from tests.parallel import invariance_worker as W
+
+pytestmark = pytest.mark.distributed
+
+MODELS = ["gpt", "bert", "t5", "esm"]
+HALF = W.STEPS // 2
+SAVE = ["--checkpoint.save_interval=15"]
+RECOMPUTE = ["--parallel.recompute_granularity=full"]
+# (name, model, overrides): the sharding modes and recompute spread over the models
+TWO = [
+    ("dp2-gpt", "gpt", SAVE),
+    ("dp2-bert", "bert", ["--parallel.dp_sharding=optimizer"]),
+    ("dp2-t5", "t5", ["--parallel.dp_sharding=full"]),
+    ("dp2-esm", "esm", RECOMPUTE),
+    ("tp2", "gpt", ["--parallel.tensor_parallel=2"]),
+    ("dp2-plain", "gpt", ["--training.layout_invariant=false"]),
+]
+FOUR = [
+    ("dp4-gpt", "gpt", SAVE),
+    ("dp4-bert", "bert", ["--parallel.dp_sharding=full", *RECOMPUTE]),
+    ("dp4-t5", "t5", ["--parallel.dp_sharding=optimizer"]),
+    ("dp4-esm", "esm", []),
+    ("pp2-dp2", "gpt", ["--parallel.pipeline_parallel=2", *RECOMPUTE]),
+    ("tp2-dp2", "gpt", ["--parallel.tensor_parallel=2"]),
+]
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    """The runs' folder, with the T5 corpus written."""
+    path = tmp_path_factory.mktemp("invariance")
+    W.prepare(str(path / "data"))
+    return path
+
+
+@pytest.fixture(scope="module")
+def dp1(root):
+    """One process (DP1 x GA4) per model; the GPT run saves a checkpoint half-way."""
+    return {m: W.single(str(root), f"dp1-{m}", m, SAVE if m == "gpt" else []) for m in MODELS}
+
+
+@pytest.fixture(scope="module")
+def two(root, dp1):
+    """The two-rank cases, and the GPT run of one process resumed half-way on two ranks."""
+    checkpoint = root / "dp1-gpt" / "checkpoints" / step_folder_name(HALF)
+    resume = ("dp1-on-dp2", "gpt", [f"--checkpoint.resume={checkpoint}"])
+    return run_gloo(W.rank_main, 2, str(root), [*TWO, resume], timeout=900)[0]
+
+
+@pytest.fixture(scope="module")
+def four(root):
+    """The four-rank cases (the GPT run saves a checkpoint half-way)."""
+    return run_gloo(W.rank_main, 4, str(root), FOUR, timeout=900)[0]
+
+
+def assert_same(got: dict, want: dict) -> None:
+    assert got["losses"] == want["losses"]
+    assert got["eval"] == want["eval"] and len(want["eval"]) == 2
+    assert got["logged"] == want["logged"]
+    assert got["digest"] == want["digest"]
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_two_data_parallel_ranks_train_the_bits_of_one_process(dp1, two, model):
+    assert len(dp1[model]["losses"]) == W.STEPS
+    assert_same(two[f"dp2-{model}"], dp1[model])
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_four_data_parallel_ranks_train_the_bits_of_one_process(dp1, four, model):
+    assert_same(four[f"dp4-{model}"], dp1[model])
+
+
+def test_pipeline_and_data_parallel_equal_one_process(dp1, four):
+    assert_same(four["pp2-dp2"], dp1["gpt"])
+
+
+def test_tensor_parallel_keeps_data_parallel_invariance(dp1, two, four):
+    assert_same(four["tp2-dp2"], two["tp2"])
+    assert two["tp2"]["losses"] != dp1["gpt"]["losses"]  # TP changes the matrix products
+
+
+def test_the_comparison_sees_the_plain_reduction(dp1, two):
+    # without layout invariance two ranks drift from one process (and draw other masks)
+    assert two["dp2-plain"]["losses"] != dp1["gpt"]["losses"]
+    assert two["dp2-plain"]["digest"] != dp1["gpt"]["digest"]
+
+
+def test_a_one_process_checkpoint_continues_on_two_ranks(dp1, two):
+    resumed, reference = two["dp1-on-dp2"], dp1["gpt"]
+    assert resumed["losses"] == reference["losses"][HALF:]
+    assert resumed["eval"] == reference["eval"]  # the first one restored from the checkpoint
+    assert resumed["digest"] == reference["digest"]
+
+
+def test_a_four_rank_checkpoint_continues_in_one_process(root, dp1, four):
+    resumed = root / "dp4-on-dp1" / "checkpoints"
+    resumed.mkdir(parents=True)
+    name = step_folder_name(HALF)
+    shutil.copytree(root / "dp4-gpt" / "checkpoints" / name, resumed / name)
+    got, reference = W.single(str(root), "dp4-on-dp1", "gpt"), dp1["gpt"]
+    assert got["losses"] == reference["losses"][HALF:]
+    assert got["eval"] == reference["eval"]
+    assert got["digest"] == reference["digest"]
