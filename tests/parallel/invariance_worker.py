@@ -21,14 +21,14 @@ import hashlib
 import os
 from typing import Any
 
-STEPS = 30
+STEPS = 20
 BASE = [
     "--training.device=cpu",
     "--data.corpus=",
     "--training.micro_batch_size=2",
     "--training.global_batch_size=8",
     f"--training.train_iters={STEPS}",
-    "--training.eval_interval=15",
+    "--training.eval_interval=10",
     "--training.eval_iters=1",
     "--optimizer.lr=0.005",
     "--optimizer.clip_grad=0.3",  # clipping active: the norm's bits reach the weights

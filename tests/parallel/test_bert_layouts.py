@@ -30,9 +30,9 @@ INTERLEAVED = [
     "--parallel.pipeline_schedule=interleaved_1f1b",
 ]
 # name -> (model / data overrides shared with the reference, layout overrides)
+# (data parallelism with each sharding mode is checked bit for bit, BERT and ESM-2, by
+# tests/parallel/test_layout_invariance.py)
 LAYOUTS = {
-    "dp2": ([], DP2),
-    "dp2_full_shard": ([], [*DP2, "--parallel.dp_sharding=full"]),
     "dp2_recompute": ([], [*DP2, "--parallel.recompute_granularity=full"]),
     "tp2": ([], ["--parallel.tensor_parallel=2"]),
     "pairs_tp2_sp": (
@@ -44,7 +44,6 @@ LAYOUTS = {
 }
 
 ESM_LAYOUTS = {
-    "esm_dp2": DP2,
     "esm_dp2_recompute": [*DP2, "--parallel.recompute_granularity=full"],
     "esm_tp2": ["--parallel.tensor_parallel=2"],
     "esm_pp2": ["--parallel.pipeline_parallel=2"],

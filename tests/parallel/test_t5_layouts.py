@@ -21,13 +21,12 @@ pytestmark = pytest.mark.distributed
 DP2 = ["--parallel.data_parallel=2"]
 TP2 = ["--parallel.tensor_parallel=2"]
 # name -> (model overrides shared with the reference, layout overrides)
+# (plain TP2 is inside tp2_sp and tp2_recompute; data parallelism without sharding is
+# checked bit for bit by tests/parallel/test_layout_invariance.py)
 LAYOUTS = {
-    "dp2": ([], DP2),
     "dp2_full_shard": ([], [*DP2, "--parallel.dp_sharding=full"]),
-    "tp2": ([], TP2),
     "tp2_sp": ([], [*TP2, "--parallel.sequence_parallel=true"]),
     "tp2_recompute": ([], [*TP2, "--parallel.recompute_granularity=full"]),
-    "hf_style_tp2": (W.HF_STYLE, TP2),
     "hf_style_tp2_sp": (W.HF_STYLE, [*TP2, "--parallel.sequence_parallel=true"]),
     "hf_style_dp2_selective": (W.HF_STYLE, [*DP2, "--parallel.recompute_granularity=selective"]),
     # groups of two blocks recomputed as one, kept within each stack (2 encoder, 3 decoder)
