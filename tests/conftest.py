@@ -32,10 +32,18 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
-    """Tests marked ``gpu`` skip cleanly on a machine without CUDA."""
-    if torch.cuda.is_available():
-        return
-    skip = pytest.mark.skip(reason="needs CUDA (marked gpu)")
+    """Tests marked ``gpu`` skip cleanly without CUDA; ``slow`` ones unless EPOCHAL_SLOW_TESTS=1.
+
+    The ``slow`` tier (long multi-process runs: kill -9 under four ranks, two launchers,
+    the pty wizard, more layouts of what other tests check) keeps the default run within
+    CI's time; ``EPOCHAL_SLOW_TESTS=1 python -m pytest -q`` runs everything.
+    """
+    skips = []
+    if not torch.cuda.is_available():
+        skips.append(("gpu", pytest.mark.skip(reason="needs CUDA (marked gpu)")))
+    if os.environ.get("EPOCHAL_SLOW_TESTS", "") in ("", "0"):
+        skips.append(("slow", pytest.mark.skip(reason="slow: EPOCHAL_SLOW_TESTS=1 runs it")))
     for item in items:
-        if item.get_closest_marker("gpu") is not None:
-            item.add_marker(skip)
+        for marker, skip in skips:
+            if item.get_closest_marker(marker) is not None:
+                item.add_marker(skip)

@@ -83,7 +83,9 @@ def assert_imports_with_megatrons_logits(ck, tokens, reference, ckpt, tmp_path) 
     torch.testing.assert_close(theirs, reference[..., :100], atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize(("tp", "variant"), [(1, "gpt2"), (2, "llama")])
+@pytest.mark.parametrize(
+    ("tp", "variant"), [pytest.param(1, "gpt2", marks=pytest.mark.slow), (2, "llama")]
+)
 def test_our_torch_dist_export_loads_into_megatron_core(tmp_path, tp, variant):
     """`epochal convert --to megatron --ckpt-format torch_dist` -> Megatron-Core's
     dist_checkpointing.load into a real GPTModel (TP1 / TP2): Megatron's logits are ours."""

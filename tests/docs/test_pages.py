@@ -30,7 +30,13 @@ def test_blocks_follow_the_conventions(page):
             assert block.file.strip() and not block.file.startswith("/"), block.where
 
 
-@pytest.mark.parametrize("page", PER_PAGE)
+#: pages whose commands a test of their own also runs (tests/parallel/test_layout_invariance.py)
+SLOW_PAGES = {"concepts/layout-invariance.md"}
+
+
+@pytest.mark.parametrize(
+    "page", [pytest.param(p, marks=pytest.mark.slow) if p in SLOW_PAGES else p for p in PER_PAGE]
+)
 def test_page_runs(page, tmp_path_factory, make_runner):
     home = tmp_path_factory.getbasetemp() / "docs-home"  # one cache for these pages
     runner = make_runner(tmp_path_factory.mktemp("page"), home)

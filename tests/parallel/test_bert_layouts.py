@@ -69,7 +69,13 @@ def references(tmp_path_factory):
     return get
 
 
-@pytest.mark.parametrize("name", list(LAYOUTS))
+# plain TP2 is inside pairs_tp2_sp
+SLOW = {"tp2"}
+
+
+@pytest.mark.parametrize(
+    "name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW else n for n in LAYOUTS]
+)
 def test_bert_layout_equals_single_process(name, references, tmp_path):
     shared, layout = LAYOUTS[name]
     if (

@@ -46,7 +46,10 @@ def setup(tmp_path_factory):
     return get
 
 
-@pytest.mark.parametrize("layout", list(LAYOUTS))
+@pytest.mark.parametrize(
+    "layout",
+    [pytest.param(n, marks=pytest.mark.slow) if n == "pp2" else n for n in LAYOUTS],
+)
 @pytest.mark.parametrize("head", HEADS)
 def test_finetune_layout_equals_single_process(head, layout, setup, tmp_path):
     files, reference = setup(head)

@@ -18,7 +18,7 @@ from epochal.train.observe.metrics import read_metrics
 from tests.dist_utils import run_process
 from tests.train.test_checkpoint_integrity import flip
 
-pytestmark = pytest.mark.distributed
+pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
 WORKER = str(Path(__file__).with_name("train_worker.py"))
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}

@@ -16,7 +16,7 @@ import pytest
 from epochal.train.observe.metrics import read_metrics
 from tests.dist_utils import kill_tree, run_process, start_process
 
-pytestmark = pytest.mark.distributed
+pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
 WORKER = str(Path(__file__).with_name("train_worker.py"))
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}

@@ -84,6 +84,7 @@ def test_epochal_train_relaunches_itself_for_tensor_parallel(tmp_path):
     _check_run(run_dir, proc, "TP2 x PP1 x DP1", ["--model.num_layers=2"])
 
 
+@pytest.mark.slow
 def test_epochal_train_under_an_outer_torchrun_with_a_middle_stage(tmp_path):
     # three pipeline stages: the middle rank reads no data, only advances its position
     run_dir = tmp_path / "pp3"

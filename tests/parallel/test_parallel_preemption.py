@@ -133,7 +133,9 @@ def uninterrupted(tmp_path_factory) -> dict[int, float]:
     return _losses(run_dir)[0]
 
 
-@pytest.mark.parametrize("how", ["launcher", "rank1_under_torchrun"])
+@pytest.mark.parametrize(
+    "how", ["launcher", pytest.param("rank1_under_torchrun", marks=pytest.mark.slow)]
+)
 def test_sigterm_stops_every_rank_after_one_step_saves_exits_0_and_resumes_exactly(
     tmp_path, uninterrupted, how
 ):

@@ -50,7 +50,13 @@ def references(tmp_path_factory):
     return get
 
 
-@pytest.mark.parametrize("name", list(LAYOUTS))
+# recompute groups: the grouping of full recompute, also checked in one process
+SLOW = {"hf_style_tp2_recompute_groups"}
+
+
+@pytest.mark.parametrize(
+    "name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW else n for n in LAYOUTS]
+)
 def test_t5_layout_equals_single_process(name, references, tmp_path):
     shared, layout = LAYOUTS[name]
     reference = references(shared)

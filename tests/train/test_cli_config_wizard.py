@@ -118,6 +118,7 @@ def _train(config: Path, run_dir: Path, *extra: str) -> subprocess.CompletedProc
 
 
 @pytest.mark.distributed
+@pytest.mark.slow
 def test_wizard_through_a_pty_reasks_invalid_answers_and_writes_a_config_that_trains(tmp_path):
     out = tmp_path / "job.toml"
     term = _Pty(["config", "--output", str(out)], tmp_path)

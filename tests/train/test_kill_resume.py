@@ -37,7 +37,16 @@ def losses(run_dir: Path, kind: str = "train") -> dict[int, dict[int, float]]:
     return out
 
 
-@pytest.fixture(scope="module", params=["gpt", "bert", "t5", "esm", "finetune"])
+@pytest.fixture(
+    scope="module",
+    params=[
+        "gpt",
+        pytest.param("bert", marks=pytest.mark.slow),
+        pytest.param("t5", marks=pytest.mark.slow),
+        "esm",
+        "finetune",
+    ],
+)
 def runs(tmp_path_factory, request) -> dict[str, Path]:
     """Single-threaded worker processes, two at a time (one per core); bit-exactness holds regardless.
 
