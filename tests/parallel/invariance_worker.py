@@ -21,6 +21,8 @@ import hashlib
 import os
 from typing import Any
 
+from tests.tiny_gpt_args import TINY_GPT_ARGS
+
 STEPS = 20
 BASE = [
     "--training.device=cpu",
@@ -40,13 +42,7 @@ BASE = [
 ]
 DROPOUT = ["--model.hidden_dropout=0.1", "--model.attention_dropout=0.1"]
 GPT = [
-    "--data.mock=true",
-    "--data.seq_length=16",
-    "--model.hidden_size=32",
-    "--model.num_layers=2",
-    "--model.num_attention_heads=4",
-    "--model.num_query_groups=2",
-    "--model.ffn_hidden_size=64",
+    *TINY_GPT_ARGS,
     "--model.make_vocab_size_divisible_by=32",
     *DROPOUT,
 ]

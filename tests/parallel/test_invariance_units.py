@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from epochal.model import GPTModel, ModelConfig
+from epochal.model import GPTModel
 from epochal.parallel.dropout_keys import (
     DROPOUT_SEED_KWARG,
     install_keyed_dropout,
@@ -26,18 +26,16 @@ from epochal.parallel.global_order import _interleave, sequential_sum
 from epochal.parallel.pipeline import split_stage_module
 from epochal.parallel.recompute import apply_recompute
 from epochal.train.device import use_deterministic_kernels
+from tests.parallel.harness import tiny_config
 
 CPU = torch.device("cpu")
 
 
 def tiny_gpt(layers: int = 3) -> GPTModel:
-    config = ModelConfig(
+    config = tiny_config(
         vocab_size=64,
-        hidden_size=32,
         num_layers=layers,
-        num_attention_heads=4,
         max_position_embeddings=16,
-        make_vocab_size_divisible_by=64,
         hidden_dropout=0.3,
         attention_dropout=0.3,
     )

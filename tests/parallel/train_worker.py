@@ -23,18 +23,13 @@ from epochal.parallel.launch import init_distributed  # noqa: E402
 from epochal.train.config import build_config  # noqa: E402
 from epochal.train.inputs.loaders import make_loaders  # noqa: E402
 from epochal.train.parallel_trainer import ParallelTrainer  # noqa: E402
+from tests.tiny_gpt_args import TINY_GPT_ARGS  # noqa: E402
 from tests.train.synthetic import CountingDataset  # noqa: E402
 
 BASE = [
     "--training.device=cpu",  # compared with CPU references: the same with or without a GPU
     "--data.corpus=",
-    "--data.mock=true",
-    "--data.seq_length=16",
-    "--model.hidden_size=32",
-    "--model.num_layers=2",
-    "--model.num_attention_heads=4",
-    "--model.num_query_groups=2",
-    "--model.ffn_hidden_size=64",
+    *TINY_GPT_ARGS,
     "--model.hidden_dropout=0.1",
     "--model.attention_dropout=0.1",
     "--training.micro_batch_size=2",

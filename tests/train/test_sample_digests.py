@@ -21,18 +21,13 @@ from epochal.train.config import build_config
 from epochal.train.observe.metrics import read_metrics
 from epochal.train.trainer import Trainer
 from tests.dist_utils import run_gloo
+from tests.tiny_gpt_args import TINY_GPT_ARGS
 
 STEPS = 4
 GPT = [
     "--training.device=cpu",
     "--data.corpus=",
-    "--data.mock=true",
-    "--data.seq_length=16",
-    "--model.hidden_size=32",
-    "--model.num_layers=2",
-    "--model.num_attention_heads=4",
-    "--model.num_query_groups=2",
-    "--model.ffn_hidden_size=64",
+    *TINY_GPT_ARGS,
     "--model.vocab_size=128",  # the mock corpus's ids are taken modulo this
     "--training.global_batch_size=16",
     f"--training.train_iters={STEPS}",
