@@ -65,6 +65,7 @@ many times too long); with one micro-batch both agree.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -129,6 +130,14 @@ _ENV_FIELDS: dict[str, tuple[str, type, Any]] = {
     "recompute_num_layers": ("RECOMPUTE_NUM_LAYERS", int, None),
     "decoder_last_pipeline_num_layers": ("DECODER_LAST_PIPELINE_NUM_LAYERS", int, None),
 }
+
+
+def _where(name: str) -> str:
+    """`` (environment variable X='v')`` when the field's ``MEGATRON_LM_*`` variable is set."""
+    env = ENV_PREFIX + _ENV_FIELDS[name][0]
+    raw = os.environ.get(env)
+    return f" (environment variable {env}={raw!r})" if raw else ""
+
 
 #: field -> (value that changes nothing, why another value is refused).
 _REFUSED: dict[str, tuple[Any, str]] = {
@@ -268,10 +277,23 @@ class MegatronLMPlugin:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise PluginError(f"MegatronLMPlugin.{name} must be an integer >= 1, got {value!r}")
-        if self.gradient_clipping < 0:
+        if not math.isfinite(self.gradient_clipping) or self.gradient_clipping < 0:
             raise PluginError(
-                f"MegatronLMPlugin.gradient_clipping must be >= 0 (0 = off), got {self.gradient_clipping}"
+                f"MegatronLMPlugin.gradient_clipping{_where('gradient_clipping')} must be a finite "
+                f"number >= 0 (0 = off), got {self.gradient_clipping}"
             )
+        from epochal.parallel.config import RECOMPUTE_GRANULARITIES, RECOMPUTE_METHODS
+
+        for name, allowed in (
+            ("recompute_granularity", RECOMPUTE_GRANULARITIES),
+            ("recompute_method", RECOMPUTE_METHODS),
+        ):
+            value = getattr(self, name)
+            if value is not None and value not in allowed:
+                raise PluginError(
+                    f"MegatronLMPlugin.{name}{_where(name)} must be one of {', '.join(allowed)}, "
+                    f"got {value!r}"
+                )
         if self.lr_decay_style not in LR_DECAY_STYLES:
             raise PluginError(
                 f"MegatronLMPlugin.lr_decay_style must be one of {LR_DECAY_STYLES}, got {self.lr_decay_style!r}"

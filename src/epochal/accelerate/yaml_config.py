@@ -30,6 +30,12 @@ variables ``epochal launch`` sets for the script, the same as ``accelerate launc
 ``ACCELERATE_USE_CPU``), which :class:`~epochal.accelerate.plugin.MegatronLMPlugin`
 and :class:`~epochal.accelerate.Accelerator` read. :func:`to_yaml` writes such a file.
 
+Values are checked where they are read, not later in the script: a key given twice
+(YAML would keep the last silently) names its lines; ``megatron_lm_gradient_clipping``
+must be a finite number >= 0, the degrees and micro-batches integers >= 1,
+``megatron_lm_recompute_granularity`` / ``_method`` one of epochal's (Megatron's) names
+(:func:`check_megatron_value`, also applied to ``epochal launch``'s flags).
+
 ``distributed_type`` may be ``MEGATRON_LM``, ``NO``, ``MULTI_CPU`` or ``MULTI_GPU``
 (data parallelism, still run by epochal's Megatron-style engine); ``DEEPSPEED``,
 ``FSDP``, ``XLA`` and non-empty ``deepspeed_config`` / ``fsdp_config`` /
@@ -38,12 +44,20 @@ and :class:`~epochal.accelerate.Accelerator` read. :func:`to_yaml` writes such a
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["LaunchConfig", "YamlConfigError", "read_launch_config", "to_yaml"]
+__all__ = [
+    "LaunchConfig",
+    "YamlConfigError",
+    "check_megatron_value",
+    "duplicate_keys",
+    "read_launch_config",
+    "to_yaml",
+]
 
 #: ``megatron_lm_config`` key -> (type, ``MEGATRON_LM_*`` suffix)
 MEGATRON_KEYS: dict[str, tuple[type, str]] = {
@@ -155,6 +169,8 @@ class LaunchConfig:
         model = self.megatron.get("megatron_lm_tp_degree", 1) * self.megatron.get(
             "megatron_lm_pp_degree", 1
         )
+        for key, value in self.megatron.items():
+            check_megatron_value(key, value, source)
         if self.num_processes % model:
             raise bad(
                 "num_processes",
@@ -174,6 +190,69 @@ class LaunchConfig:
         if self.gpu_ids not in (None, "", "all"):
             env["CUDA_VISIBLE_DEVICES"] = str(self.gpu_ids)
         return env
+
+
+def check_megatron_value(key: str, value: Any, source: str) -> None:
+    """Check one ``megatron_lm_config`` value against its allowed range.
+
+    Raises:
+        YamlConfigError: naming ``source``, the key, the value and what is allowed.
+    """
+    from epochal.parallel.config import RECOMPUTE_GRANULARITIES, RECOMPUTE_METHODS
+
+    name = f"megatron_lm_config.{key}"
+    if key == "megatron_lm_gradient_clipping":
+        if not math.isfinite(value) or value < 0:
+            raise YamlConfigError(
+                f"{source}: {name}={value!r} must be a finite number >= 0 (0 = no clipping)"
+            )
+    elif key == "megatron_lm_recompute_granularity" and value not in RECOMPUTE_GRANULARITIES:
+        raise YamlConfigError(
+            f"{source}: {name}={value!r} must be one of {', '.join(RECOMPUTE_GRANULARITIES)}"
+        )
+    elif key == "megatron_lm_recompute_method" and value not in RECOMPUTE_METHODS:
+        raise YamlConfigError(
+            f"{source}: {name}={value!r} must be one of {', '.join(RECOMPUTE_METHODS)}"
+        )
+    elif MEGATRON_KEYS[key][0] is int:
+        low = 0 if key == "megatron_lm_decoder_last_pipeline_num_layers" else 1
+        if value < low:
+            raise YamlConfigError(f"{source}: {name}={value!r} must be an integer >= {low}")
+
+
+def duplicate_keys(text: str, source: str) -> None:
+    """Refuse a mapping that gives a key twice (YAML itself would keep the last silently).
+
+    Raises:
+        YamlConfigError: naming ``source``, the key and the lines it is on.
+    """
+    import yaml
+
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError:
+        return  # the loader words the syntax error
+    seen: set[int] = set()
+    stack = [(root, "")]
+    while stack:
+        node, path = stack.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        if isinstance(node, yaml.MappingNode):
+            lines: dict[str, list[int]] = {}
+            for key_node, value_node in node.value:
+                if isinstance(key_node, yaml.ScalarNode) and key_node.value != "<<":
+                    lines.setdefault(key_node.value, []).append(key_node.start_mark.line + 1)
+                stack.append((value_node, f"{path}{key_node.value}."))
+            for key, where in lines.items():
+                if len(where) > 1:
+                    raise YamlConfigError(
+                        f"{source}: key {path}{key} is given {len(where)} times (lines "
+                        f"{', '.join(map(str, where))}); keep one"
+                    )
+        elif isinstance(node, yaml.SequenceNode):
+            stack.extend((item, path) for item in node.value)
 
 
 def _typed(value: Any, kind: Any, source: str, key: str) -> Any:
@@ -198,10 +277,11 @@ def read_launch_config(path: str | os.PathLike) -> LaunchConfig:
     """
     import yaml
 
-    from epochal.convert.bounded_parse import ConfigFileError, load_yaml_file
+    from epochal.convert.bounded_parse import ConfigFileError, load_yaml_file, read_config_text
 
     source = str(path)
     try:
+        duplicate_keys(read_config_text(path, "Accelerate configuration"), source)
         doc = load_yaml_file(path, "Accelerate configuration")
     except (ConfigFileError, yaml.YAMLError) as exc:
         raise YamlConfigError(f"{source}: not a readable YAML file ({exc})") from None
@@ -270,8 +350,7 @@ def _megatron(block: Any, source: str) -> dict[str, Any]:
                 f"(supported: {', '.join(MEGATRON_KEYS)})"
             )
         out[key] = _typed(value, MEGATRON_KEYS[key][0], source, f"megatron_lm_config.{key}")
-        if MEGATRON_KEYS[key][0] is int and out[key] < (0 if "layers" in key else 1):
-            raise YamlConfigError(f"{source}: megatron_lm_config.{key} must be >= 1, got {value}")
+        check_megatron_value(key, out[key], source)
     return out
 
 

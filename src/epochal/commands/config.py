@@ -264,13 +264,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="write Hugging Face Accelerate's YAML (Megatron-LM layout) for epochal launch "
         "instead of a TOML training configuration (default output: accelerate_config.yaml)",
     )
+    from epochal.commands.config_accelerate import add_arguments as add_accelerate_arguments
+
+    add_accelerate_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
     """Ask, write ``args.output``, print the launch command; 0 on success, 1 on end of input."""
     from epochal._atomic import atomic_write
+    from epochal.commands.config_accelerate import FLAGS, given_flags
     from epochal.train.config import to_toml
 
+    if not getattr(args, "accelerate", False) and given_flags(args):
+        flags = ", ".join(FLAGS.get(k, (f"--{k}",))[0] for k in given_flags(args))
+        print(
+            f"epochal config: {flags} answer the --accelerate questions; add --accelerate",
+            file=sys.stderr,
+        )
+        return 2
     if getattr(args, "accelerate", False):
         from epochal.commands.config_accelerate import DEFAULT_YAML, run_accelerate
 

@@ -4,6 +4,7 @@
 
     epochal config --accelerate                          # asks, writes accelerate_config.yaml
     epochal config --accelerate -o megatron_gpt.yaml --defaults
+    epochal config --accelerate --defaults --tp 2 --num_processes 4 --cpu -o tp2.yaml
 
 The questions are those ``accelerate config`` asks for ``distributed_type:
 MEGATRON_LM`` (machines, the tensor / pipeline / data-parallel sizes, micro-batches,
@@ -12,6 +13,15 @@ precision, CPU); each answer is checked at once
 (:meth:`~epochal.accelerate.yaml_config.LaunchConfig.check`, the plugin's own
 rules) and asked again when invalid. The file is what ``epochal launch
 --config_file`` (and ``accelerate launch``) read.
+
+Every question has a flag (:data:`FLAGS`; ``accelerate launch``'s ``--megatron_lm_*``
+spellings work too, ``--num_processes`` gives the data-parallel size as processes /
+(tp x pp)); a flag answers its question, which is then not asked. With ``--defaults``
+the questions without a flag take their defaults, so a script gets the file without a
+prompt; the file is the one the same answers typed in would give. A flag that is
+invalid, or whose question does not apply to the other answers (``--sequence_parallelism``
+with tp 1, ``--machine_rank`` on one machine, ``--use_distributed_optimizer`` without data
+parallelism), is refused (exit status 2) naming the flag, and nothing is written.
 """
 
 from __future__ import annotations
@@ -31,7 +41,15 @@ from epochal.commands.wizard import (
     _yes_no,
 )
 
-__all__ = ["DEFAULT_YAML", "launch_config_from", "questions", "run_accelerate"]
+__all__ = [
+    "DEFAULT_YAML",
+    "FLAGS",
+    "add_arguments",
+    "given_flags",
+    "launch_config_from",
+    "questions",
+    "run_accelerate",
+]
 
 DEFAULT_YAML = "accelerate_config.yaml"
 
@@ -99,6 +117,73 @@ def questions() -> list[Question]:
     ]
 
 
+#: question -> its flags (the first is shown in messages; the others are aliases)
+FLAGS: dict[str, tuple[str, ...]] = {
+    "num_machines": ("--num_machines",),
+    "machine_rank": ("--machine_rank",),
+    "main_process_ip": ("--main_process_ip",),
+    "main_process_port": ("--main_process_port",),
+    "tp": ("--tp", "--megatron_lm_tp_degree"),
+    "sp": ("--sequence_parallelism", "--megatron_lm_sequence_parallelism"),
+    "pp": ("--pp", "--megatron_lm_pp_degree"),
+    "dp": ("--dp",),
+    "micro_batches": ("--num_micro_batches", "--megatron_lm_num_micro_batches"),
+    "recompute": ("--recompute_activations", "--megatron_lm_recompute_activations"),
+    "distributed_optimizer": (
+        "--use_distributed_optimizer",
+        "--megatron_lm_use_distributed_optimizer",
+    ),
+    "clip": ("--gradient_clipping", "--megatron_lm_gradient_clipping"),
+    "precision": ("--mixed_precision",),
+    "cpu": ("--cpu",),
+}
+_YES_NO = ("sp", "recompute", "distributed_optimizer", "cpu")
+_METAVARS = {"main_process_ip": "IP", "clip": "NORM", "precision": "{no,fp16,bf16}"}
+#: when a conditional question is asked
+_APPLIES = {
+    "machine_rank": "--num_machines > 1",
+    "main_process_ip": "--num_machines > 1",
+    "main_process_port": "--num_machines > 1",
+    "sp": "--tp > 1",
+    "distributed_optimizer": "a data-parallel size > 1 (--dp or --num_processes)",
+}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Register one flag per question (:data:`FLAGS`) and ``--num_processes``."""
+    group = parser.add_argument_group(
+        "answers for --accelerate (each answers its question; with --defaults nothing is asked)"
+    )
+    prompts = {q.key: q.prompt for q in questions()}
+    for key, flags in FLAGS.items():
+        options: dict[str, Any] = {"dest": f"accelerate_{key}", "help": prompts[key]}
+        if key in _YES_NO:
+            options.update(nargs="?", const="yes", metavar="yes|no")
+        else:
+            options["metavar"] = _METAVARS.get(key, "N")
+        group.add_argument(*flags, **options)
+    group.add_argument(
+        "--num_processes",
+        dest="accelerate_num_processes",
+        metavar="N",
+        help="processes over all machines (gives --dp = processes / (tp x pp))",
+    )
+
+
+def given_flags(args: argparse.Namespace) -> dict[str, str]:
+    """The answers given as flags: question key (or ``num_processes``) -> the flag's text."""
+    out = {}
+    for key in [*FLAGS, "num_processes"]:
+        value = getattr(args, f"accelerate_{key}", None)
+        if value is not None:
+            out[key] = str(value)
+    return out
+
+
+def _flag(key: str) -> str:
+    return FLAGS[key][0] if key in FLAGS else f"--{key}"
+
+
 def launch_config_from(answers: dict[str, Any]):
     """The checked :class:`~epochal.accelerate.yaml_config.LaunchConfig` of the answers so far.
 
@@ -154,19 +239,60 @@ def _ask(q: Question, answers: dict[str, Any], read: Callable[[str], str]) -> No
             print(f"  invalid: {exc}; please answer again", flush=True)
 
 
+def _answer_from_flag(q: Question, answers: dict[str, Any], given: dict[str, str]) -> bool:
+    """Answer ``q`` from its flag (True), or False when no flag gives it.
+
+    Raises:
+        _Invalid: an invalid value, or answers that do not fit together (the flag named).
+    """
+    text = given.get(q.key)
+    if text is None and q.key == "dp" and "num_processes" in given:
+        world = _positive_int(given["num_processes"])
+        model = answers["tp"] * answers["pp"]
+        if world % model:
+            raise _Invalid(f"--num_processes={world} is not a multiple of tp x pp = {model}")
+        text, flag = str(world // model), "--num_processes"
+    elif text is None:
+        return False
+    else:
+        flag = _flag(q.key)
+    try:
+        answers[q.key] = q.parse(text)
+        launch_config_from(answers)
+    except _Invalid as exc:
+        answers.pop(q.key, None)
+        raise _Invalid(f"{flag} {text}: {exc}") from None
+    return True
+
+
+def _collect(args: argparse.Namespace) -> dict[str, Any]:
+    given = given_flags(args)
+    if "dp" in given and "num_processes" in given:
+        raise _Invalid("give --dp or --num_processes, not both")
+    answers: dict[str, Any] = {}
+    for q in questions():
+        if not q.ask_if(answers):
+            if q.key in given:
+                raise _Invalid(f"{_flag(q.key)} applies only with {_APPLIES[q.key]}")
+            continue
+        if _answer_from_flag(q, answers, given):
+            continue
+        if args.defaults:
+            answers[q.key] = q.parse(q.default(answers))
+        else:
+            _ask(q, answers, input)
+    return answers
+
+
 def run_accelerate(args: argparse.Namespace, output: str) -> int:
-    """Ask (or take the defaults), write the YAML, print the launch command."""
+    """Ask (or take the flags and defaults), write the YAML, print the launch command."""
     from epochal.accelerate.yaml_config import write_yaml
 
-    answers: dict[str, Any] = {}
     try:
-        for q in questions():
-            if not q.ask_if(answers):
-                continue
-            if args.defaults:
-                answers[q.key] = q.parse(q.default(answers))
-            else:
-                _ask(q, answers, input)
+        answers = _collect(args)
+    except _Invalid as exc:
+        print(f"epochal config: {exc}; {output} not written", file=sys.stderr)
+        return 2
     except (EOFError, KeyboardInterrupt):
         print(f"\nepochal config: stopped; {output} not written", file=sys.stderr)
         return 1

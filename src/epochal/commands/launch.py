@@ -16,6 +16,13 @@ under ``torchrun`` (``--standalone`` on one machine; ``--nnodes``, ``--node-rank
 ``--master-addr``, ``--master-port`` on several: run the same command on every
 machine with its ``--machine_rank``). One process runs as ``python script.py``.
 Exit status: the script's (torchrun's).
+
+The processes per machine are bounded before any starts: on GPUs, one per visible GPU
+(``gpu_ids`` / ``CUDA_VISIBLE_DEVICES``; each process drives its own); on the CPU,
+:data:`PROCESSES_PER_CPU` per CPU core this process may use. More is refused (exit
+status 2) naming the option and the bound; ``--oversubscribe`` (Open MPI's name for
+the same choice) starts more CPU processes anyway, e.g. to test a layout on a small
+machine. Accelerate itself starts whatever it is given.
 """
 
 from __future__ import annotations
@@ -25,7 +32,10 @@ import os
 import subprocess
 import sys
 
-__all__ = ["add_arguments", "run"]
+__all__ = ["PROCESSES_PER_CPU", "add_arguments", "process_bound", "run"]
+
+#: CPU processes per core ``epochal launch`` starts without ``--oversubscribe``
+PROCESSES_PER_CPU = 4
 
 _MEGATRON_FLAGS = {
     "megatron_lm_tp_degree": int,
@@ -54,6 +64,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--use_megatron_lm",
         action="store_true",
         help="accepted (epochal always runs Megatron-style)",
+    )
+    parser.add_argument(
+        "--oversubscribe",
+        action="store_true",
+        help=f"start more CPU processes per machine than {PROCESSES_PER_CPU} per CPU core",
     )
     for flag, kind in _MEGATRON_FLAGS.items():
         metavar = "{true,false}" if kind is str else kind.__name__.upper()
@@ -98,6 +113,33 @@ def launch_config(args: argparse.Namespace):
     return spec
 
 
+def _cpu_count() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def process_bound(spec, oversubscribe: bool = False) -> tuple[int, str] | None:
+    """The most processes this machine runs for ``spec`` and why, or None (no bound).
+
+    On GPUs the visible GPUs (``spec.gpu_ids`` when set); on the CPU (``use_cpu`` or
+    no CUDA device) :data:`PROCESSES_PER_CPU` per usable core, None with ``oversubscribe``.
+    """
+    import torch
+
+    if not spec.use_cpu and torch.cuda.is_available():
+        ids = str(spec.gpu_ids or "all")
+        count = torch.cuda.device_count() if ids == "all" else len([i for i in ids.split(",") if i])
+        return count, f"one process per GPU, {count} visible"
+    if oversubscribe:
+        return None
+    cores = _cpu_count()
+    return PROCESSES_PER_CPU * cores, (
+        f"{PROCESSES_PER_CPU} per CPU core, {cores} usable; --oversubscribe starts them anyway"
+    )
+
+
 def run(args: argparse.Namespace) -> int:
     """Launch the script (see the module docstring)."""
     from epochal.accelerate.yaml_config import YamlConfigError
@@ -111,6 +153,20 @@ def run(args: argparse.Namespace) -> int:
         spec = launch_config(args)
     except (YamlConfigError, ValueError, FileNotFoundError) as exc:
         print(f"epochal launch: {exc}", file=sys.stderr)
+        return 2
+    bound = process_bound(spec, args.oversubscribe)
+    if bound is not None and spec.nproc_per_node > bound[0]:
+        option = (
+            "--num_processes"
+            if args.num_processes is not None
+            else f"num_processes in {args.config_file}"
+        )
+        per_node = "" if spec.num_machines == 1 else f" ({spec.nproc_per_node} per machine)"
+        print(
+            f"epochal launch: {option}={spec.num_processes}{per_node} is more processes than "
+            f"this machine runs: at most {bound[0]} ({bound[1]}); lower it",
+            file=sys.stderr,
+        )
         return 2
     os.environ.update(spec.environment())
     script_args = list(args.script_args)
