@@ -19,6 +19,7 @@ _EXPORTS = {
     "AcceleratorError": "accelerator",
     "DistributedType": "state",
     "AcceleratorState": "state",
+    "DataLoaderConfiguration": "configuration",
     "init_empty_weights": "seeding",
     "set_seed": "seeding",
     "MegatronLMPlugin": "plugin",

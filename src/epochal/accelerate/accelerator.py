@@ -19,7 +19,9 @@ GPUs) and builds the epochal run in ``prepare`` (:mod:`epochal.accelerate.prepar
 
 What it cannot do raises :class:`AcceleratorError` (or the named error of the
 part involved) instead of doing nothing: ``gradient_accumulation_steps > 1``
-(use ``num_micro_batches``), ``split_batches=True``, DeepSpeed / FSDP plugins,
+(use ``num_micro_batches``), ``split_batches=True`` (keyword or
+``DataLoaderConfiguration``, whose other fields are honoured or refused the same
+way: :mod:`epochal.accelerate.configuration`), DeepSpeed / FSDP plugins,
 ``torch.compile`` through ``dynamo_backend``, ``clip_grad_norm_`` with another
 norm than ``MegatronLMPlugin.gradient_clipping``, ``backward`` of a loss that has
 gradients (an extra loss term would be ignored), ``skip_first_batches`` (the
@@ -39,20 +41,21 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from epochal.accelerate import checkpointing, operations
+from epochal.accelerate import checkpointing, configuration, operations
 from epochal.accelerate.engine import MegatronEngine
 from epochal.accelerate.plugin import MegatronLMPlugin, env_bool
 from epochal.accelerate.preparation import Prepared, prepare_objects
-from epochal.accelerate.state import AcceleratorState, DistributedType, mixed_precision_from
+from epochal.accelerate.state import (
+    AcceleratorError,
+    AcceleratorState,
+    DistributedType,
+    mixed_precision_from,
+)
 from epochal.accelerate.trackers import Trackers, resolve_trackers
 from epochal.parallel.config import ParallelConfig
 from epochal.parallel.launch import init_distributed
 
 __all__ = ["Accelerator", "AcceleratorError"]
-
-
-class AcceleratorError(RuntimeError):
-    """Something an epochal-backed ``Accelerator`` cannot do (the message says what to use)."""
 
 
 _ACCEPTED_HANDLERS = ("DistributedDataParallelKwargs", "InitProcessGroupKwargs")
@@ -81,11 +84,14 @@ class Accelerator:
         megatron_lm_plugin: the layout and options (default: from ``MEGATRON_LM_*``).
         log_with: trackers for :meth:`init_trackers` (``"tensorboard"``, ``"wandb"``, ``"all"``).
         project_dir: where trackers write (and ``save_state()`` without a folder saves).
-        project_config: an ``accelerate.utils.ProjectConfiguration`` (its
-            ``project_dir`` / ``logging_dir``).
+        project_config: a ``ProjectConfiguration`` (ours or Accelerate's): ``project_dir``,
+            ``logging_dir``, ``automatic_checkpoint_naming``, ``total_limit``, ``iteration``
+            (:mod:`epochal.accelerate.configuration`).
+        dataloader_config: a ``DataLoaderConfiguration`` (ours or Accelerate's), each
+            field honoured or refused (:mod:`epochal.accelerate.configuration`).
         kwargs_handlers: ``InitProcessGroupKwargs(timeout=...)`` (the process group's
             timeout) and ``DistributedDataParallelKwargs`` (no effect) are accepted.
-        device_placement / rng_types / dataloader_config / step_scheduler_with_optimizer:
+        device_placement / rng_types / step_scheduler_with_optimizer:
             accepted (batches are always put on the device; loaders draw no global randomness).
 
     Raises:
@@ -125,9 +131,8 @@ class Accelerator:
                 "(megatron_lm_num_micro_batches in the YAML) instead"
             )
         if split_batches:
-            raise AcceleratorError(
-                "split_batches=True: the loaders' batch_size is the micro-batch size per device"
-            )
+            raise configuration.refuse_split_batches()
+        self.dataloader_config = configuration.check_dataloader_config(dataloader_config)
         for name, plugin in (("deepspeed_plugin", deepspeed_plugin), ("fsdp_plugin", fsdp_plugin)):
             if plugin is not None:
                 raise AcceleratorError(
@@ -159,8 +164,10 @@ class Accelerator:
             megatron_lm_plugin=plugin,
             backend=dist.get_backend() if dist.is_initialized() else None,
         )
-        self.project_dir = project_dir or getattr(project_config, "project_dir", None)
-        self.logging_dir = getattr(project_config, "logging_dir", None) or self.project_dir
+        world = self._dist.world_size
+        self.project_configuration = configuration.check_project_config(
+            project_config, project_dir, int(os.environ.get("LOCAL_WORLD_SIZE", world)), world
+        )
         self.trackers = Trackers(
             resolve_trackers(log_with),
             None if self.logging_dir is None else str(self.logging_dir),
@@ -171,6 +178,21 @@ class Accelerator:
         self._tensorboard = None
 
     # ---------------------------------------------------------------- the state
+    @property
+    def project_dir(self) -> str | None:
+        """``project_configuration.project_dir``."""
+        return self.project_configuration.project_dir
+
+    @property
+    def logging_dir(self) -> str | None:
+        """``project_configuration.logging_dir`` (default: ``project_dir``)."""
+        return self.project_configuration.logging_dir
+
+    @property
+    def save_iteration(self) -> int:
+        """The number of the next automatically named checkpoint."""
+        return self.project_configuration.iteration
+
     @property
     def distributed_type(self) -> DistributedType:
         """Always ``DistributedType.MEGATRON_LM``."""
@@ -465,20 +487,40 @@ class Accelerator:
     def save_state(self, output_dir: str | os.PathLike | None = None, **kwargs: Any) -> str:
         """Save the whole run into ``output_dir`` (:func:`~epochal.accelerate.checkpointing.save_state`).
 
+        With ``ProjectConfiguration(automatic_checkpoint_naming=True)`` the folder is
+        ``project_dir/checkpoints/checkpoint_<iteration>`` (``output_dir`` is ignored, as
+        in Accelerate) and ``total_limit`` prunes the oldest afterwards
+        (:func:`~epochal.accelerate.configuration.prune_checkpoints`).
+
         Returns:
-            ``output_dir`` as a string.
+            The folder written, as a string.
         """
-        directory = self._state_dir(output_dir, "save_state")
+        project = self.project_configuration
+        automatic = project.automatic_checkpoint_naming
+        directory = (
+            configuration.automatic_folder(project)
+            if automatic
+            else self._state_dir(output_dir, "save_state")
+        )
+        self.wait_for_everyone()  # every process checked the folder before any writes it
         checkpointing.save_state(self._engine().trainer, directory, self._custom)
+        if automatic and self.is_main_process:
+            configuration.prune_checkpoints(directory.parent, project.total_limit, directory)
+        self.wait_for_everyone()
+        project.iteration += 1
         return str(directory)
 
     def load_state(self, input_dir: str | os.PathLike | None = None, **kwargs: Any) -> None:
         """Restore the run from ``input_dir`` (:func:`~epochal.accelerate.checkpointing.load_state`)."""
         engine = self._engine()
+        project = self.project_configuration
+        if input_dir is None and project.automatic_checkpoint_naming:
+            input_dir = configuration.newest_folder(self._state_dir(None, "load_state"))
         checkpointing.load_state(
             engine.trainer, self._state_dir(input_dir, "load_state"), self._custom
         )
         engine.weights_pending = False
+        configuration.continue_numbering(project)
 
     # ------------------------------------------------------------ trackers
     def init_trackers(

@@ -166,6 +166,7 @@ def prepare_objects(acc: Any, args: tuple[Any, ...]) -> tuple[Any, ...]:
         done.micro_batch_size = _micro_batch_size(loaders, plugin)
         plugin.set_training_args(done.micro_batch_size, dp_size)
     results: dict[int, Any] = {}
+    loader_seed = acc.dataloader_config.data_seed  # DataLoaderConfiguration(data_seed=...)
     for dl in loaders:
         first = not done.loaders
         consumed = (plugin.consumed_samples or [0])[0] if first else 0
@@ -175,9 +176,10 @@ def prepare_objects(acc: Any, args: tuple[Any, ...]) -> tuple[Any, ...]:
             num_microbatches=plugin.num_micro_batches,
             dp_rank=dp_rank,
             dp_size=dp_size,
-            seed=done.seed,
+            seed=done.seed if loader_seed is None else loader_seed,
             train=first,
             device=acc.device,
+            non_blocking=acc.dataloader_config.non_blocking,
             consumed_samples=consumed,
         )
         if prepared.dropped_per_epoch and acc.is_main_process:

@@ -24,9 +24,16 @@ dataset, ``collate_fn`` and worker options and replaces its batching:
   so the same micro-batch gets the same masks on any layout, worker count or
   resume; the global random states are left as they were;
 - state: ``{"consumed_samples": p, "mode": "train"}`` (``state_dict`` /
-  ``load_state_dict``). A pass over the train loader yields the rest of the
-  current epoch from ``consumed_samples`` on (after ``load_state``: exactly the
-  steps the interrupted run had not trained yet); ``len(loader)`` is the number
+  ``load_state_dict``), ``p`` being the position after the last batch the train
+  loader yielded. Every ``iter()`` of the train loader starts an epoch at its first
+  sample, as PyTorch's and Accelerate's loaders do: a pass that ran to its end is
+  followed by the next epoch; a pass left early (a ``break``, or
+  ``next(iter(loader))`` before the loop) is followed by the same epoch again from
+  its first sample, in the same order (Accelerate's loaders advance their epoch
+  only at the end of a pass, too). The one exception is resumption: the first
+  pass after ``load_state`` (or after ``MegatronLMPlugin(consumed_samples=...)``)
+  starts at exactly ``consumed_samples``, i.e. yields the steps the interrupted run
+  had not trained yet, with no ``skip_first_batches``. ``len(loader)`` is the number
   of steps of a whole epoch. Evaluation loaders (every prepared loader but the
   first) start from their beginning on every pass.
 
@@ -79,14 +86,14 @@ class DataLoaderError(ValueError):
     """A data loader that cannot be prepared (the message says why and what to change)."""
 
 
-def send_to_device(value: Any, device: torch.device) -> Any:
+def send_to_device(value: Any, device: torch.device, non_blocking: bool = True) -> Any:
     """``value`` with every tensor inside (dicts, lists, tuples) moved to ``device``."""
     if isinstance(value, torch.Tensor):
-        return value.to(device, non_blocking=True)
+        return value.to(device, non_blocking=non_blocking)
     if isinstance(value, Mapping):
-        return type(value)({k: send_to_device(v, device) for k, v in value.items()})
+        return type(value)({k: send_to_device(v, device, non_blocking) for k, v in value.items()})
     if isinstance(value, (list, tuple)):
-        return type(value)(send_to_device(v, device) for v in value)
+        return type(value)(send_to_device(v, device, non_blocking) for v in value)
     return value
 
 
@@ -222,6 +229,8 @@ class PreparedDataLoader:
         seed: seed of the shuffle and of the ``collate_fn``'s randomness.
         train: the train loader (resumes at ``consumed_samples``) or an evaluation one.
         device: where batches are put.
+        non_blocking: copy batches to the device with ``non_blocking``
+            (``DataLoaderConfiguration.non_blocking``).
         consumed_samples: the train loader's start position.
 
     Raises:
@@ -240,6 +249,7 @@ class PreparedDataLoader:
         train: bool,
         device: torch.device,
         consumed_samples: int = 0,
+        non_blocking: bool = False,
     ) -> None:
         dataset = source.dataset
         if isinstance(dataset, IterableDataset):
@@ -273,6 +283,7 @@ class PreparedDataLoader:
         self.shuffle = isinstance(sampler, RandomSampler)
         self.mode = "train" if train else "validation"
         self.device = device
+        self.non_blocking = bool(non_blocking)
         self.seed = int(seed)
         n = len(dataset)
         self.samples_per_epoch = n // self.global_batch_size * self.global_batch_size
@@ -296,6 +307,8 @@ class PreparedDataLoader:
         if source.num_workers > 0:
             self._options["prefetch_factor"] = source.prefetch_factor
         self._consumed = int(consumed_samples) if train else 0
+        #: where the next pass starts: the resume position once, then an epoch's first sample
+        self._next_start = self._consumed
 
     # ------------------------------------------------------------------ shape
     @property
@@ -349,27 +362,31 @@ class PreparedDataLoader:
         if isinstance(consumed, bool) or not isinstance(consumed, int) or consumed < 0:
             raise DataLoaderError(f"consumed_samples must be an integer >= 0, got {consumed!r}")
         if self.mode == "train":
-            self._consumed = consumed
+            self._consumed = self._next_start = consumed
 
     def set_epoch(self, epoch: int) -> None:
         """Accepted for Accelerate's API; the epoch follows from ``consumed_samples``."""
 
     # --------------------------------------------------------------- reading
     def peek(self) -> dict[str, Any]:
-        """The batch the next pass starts with; the position does not move."""
-        saved = self._consumed
+        """The batch the next pass starts with; neither the position nor the next pass moves."""
+        saved = self._consumed, self._next_start
         try:
             return next(iter(self))
         finally:
-            self._consumed = saved
+            self._consumed, self._next_start = saved
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
-        start = self._consumed if self.mode == "train" else 0
+        start = self._next_start if self.mode == "train" else 0
         if self.mode == "train" and start % self.global_batch_size:
             raise DataLoaderError(
                 f"consumed_samples={start} is not a multiple of the global batch "
                 f"{self.global_batch_size}: load a state saved with this global batch size"
             )
+        if self.mode == "train":
+            # left early, the next pass starts this epoch over (see the module docstring)
+            self._next_start = start - start % self.samples_per_epoch
+            self._consumed = start
         loader = DataLoader(
             self._positions,
             batch_sampler=_MicroBatchPositions(self, start),
@@ -393,7 +410,9 @@ class PreparedDataLoader:
             steps += 1
             if self.mode == "train":
                 self._consumed = start + steps * self.global_batch_size
-            yield send_to_device(batch, self.device)
+            yield send_to_device(batch, self.device, self.non_blocking)
+        if self.mode == "train":
+            self._next_start = self._consumed  # a whole pass: the next epoch follows
 
     def __repr__(self) -> str:
         return (

@@ -21,7 +21,12 @@ import torch
 
 from epochal.accelerate.plugin import MegatronLMPlugin
 
-__all__ = ["MIXED_PRECISION", "AcceleratorState", "DistributedType"]
+__all__ = ["MIXED_PRECISION", "AcceleratorError", "AcceleratorState", "DistributedType"]
+
+
+class AcceleratorError(RuntimeError):
+    """Something an epochal-backed ``Accelerator`` cannot do (the message says what to use)."""
+
 
 MIXED_PRECISION = ("no", "fp16", "bf16")
 

@@ -7,13 +7,15 @@ the train steps ``GPTTrainStep``, ``BertTrainStep``, ``T5TrainStep`` and their b
 ``get_batch_func`` / ``get_forward_step_func`` / ``get_loss_func`` factories a
 subclass may override, as in Accelerate's guide); ``avg_losses_across_data_parallel_group``
 and ``gather_across_data_parallel_groups`` (over the data-parallel group of the
-prepared run); ``set_seed``; ``DistributedType``.
+prepared run); ``set_seed``; ``DistributedType``; ``DataLoaderConfiguration`` and
+``ProjectConfiguration`` (:mod:`epochal.accelerate.configuration`).
 
 The train steps are epochal's own (:mod:`epochal.train.steps`): they read epochal's
 micro-batch keys (``tokens``, ``labels``, ``loss_mask``, ...), which the prepared
 model makes from the transformers batch (:mod:`epochal.accelerate.batches`).
 """
 
+from epochal.accelerate.configuration import DataLoaderConfiguration, ProjectConfiguration
 from epochal.accelerate.dummy_data import MegatronLMDummyDataLoader
 from epochal.accelerate.plugin import MegatronLMDummyScheduler, MegatronLMPlugin, PluginError
 from epochal.accelerate.seeding import set_seed
@@ -30,12 +32,14 @@ from epochal.train.steps import TrainStep as AbstractTrainStep
 __all__ = [
     "AbstractTrainStep",
     "BertTrainStep",
+    "DataLoaderConfiguration",
     "DistributedType",
     "GPTTrainStep",
     "MegatronLMDummyDataLoader",
     "MegatronLMDummyScheduler",
     "MegatronLMPlugin",
     "PluginError",
+    "ProjectConfiguration",
     "T5TrainStep",
     "avg_losses_across_data_parallel_group",
     "gather_across_data_parallel_groups",
