@@ -158,3 +158,19 @@ def test_config_flags_that_do_not_fit_are_refused(tmp_path, capsys, flags, messa
     assert main(["config", "--accelerate", "--defaults", "-o", str(out), *flags]) == 2
     assert message in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_on_gpus_the_bound_is_one_process_per_visible_gpu(monkeypatch):
+    import torch
+
+    from epochal.accelerate.yaml_config import LaunchConfig
+    from epochal.commands.launch import process_bound
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert process_bound(LaunchConfig(num_processes=4))[0] == 2
+    assert process_bound(LaunchConfig(num_processes=4), oversubscribe=True)[0] == 2
+    assert process_bound(LaunchConfig(gpu_ids="1"))[0] == 1
+    cpu = process_bound(LaunchConfig(use_cpu=True))
+    assert cpu is not None and "CPU core" in cpu[1]
+    assert process_bound(LaunchConfig(use_cpu=True), oversubscribe=True) is None
