@@ -215,5 +215,5 @@ def test_fuzzed_tables_are_read_exactly_or_refused_naming_the_file(tmp_path, mon
 def test_a_bad_limit_is_named(tmp_path, monkeypatch, limit):
     monkeypatch.setenv(ENV_MAX_PROTEIN_LENGTH, limit)
     (tmp_path / "t.csv").write_text("sequence,label\nMKT,a\n")
-    with pytest.raises(ValueError, match=f"{ENV_MAX_PROTEIN_LENGTH} must be a positive integer"):
+    with pytest.raises(ValueError, match=f"{ENV_MAX_PROTEIN_LENGTH}='{limit}' is .* from 1 to"):
         read_labelled_table(tmp_path / "t.csv", "sequence_classification")

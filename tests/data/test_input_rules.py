@@ -180,7 +180,7 @@ def test_lines_cells_and_records_are_bounded(tmp_path, monkeypatch):
     with pytest.raises(LabelledDataError, match=rf"big.csv:2: a cell {limit}"):
         read_sequence_table(_write(tmp_path / "big.csv", f"sequence,label\n{'A' * 1001},x\n"))
     monkeypatch.setenv(ENV_MAX_PROTEIN_LENGTH, "lots")
-    with pytest.raises(ProteinInputError, match=f"{ENV_MAX_PROTEIN_LENGTH} must be a positive"):
+    with pytest.raises(ProteinInputError, match=f"{ENV_MAX_PROTEIN_LENGTH}=.lots. is not a whole"):
         list(read_proteins(ok))
 
 

@@ -212,3 +212,33 @@ def test_bad_inputs(tmp_path, gpt2, saved):
     with pytest.raises(PreprocessError, match="broken.parquet: cannot read as parquet"):
         preprocess(tmp_path / "broken.parquet", tmp_path / "bad", gpt2)
     assert not list(tmp_path.glob("bad*"))
+
+
+@pytest.mark.parametrize(
+    "how", ["from an empty dict", "filtered to nothing", "a DatasetDict split"]
+)
+def test_an_empty_saved_dataset_is_named_with_its_rows(tmp_path, capsys, how):
+    """0 rows: the folder, its split and columns are named (not "matches no file"), nothing
+    is written, the CLI exits 1."""
+    empty = datasets.Dataset.from_dict({"text": [], "title": []})
+    folder = tmp_path / "empty"
+    split = "no split name"
+    if how == "filtered to nothing":
+        rows = datasets.Dataset.from_dict({"text": ["a", "b"], "title": ["x", "y"]})
+        empty = rows.filter(lambda row: False)  # writes an .arrow file of 0 rows
+    if how == "a DatasetDict split":
+        datasets.DatasetDict({"train": empty}).save_to_disk(str(tmp_path / "dict"))
+        folder, split = tmp_path / "dict" / "train", "split 'train'"
+    else:
+        empty.save_to_disk(str(folder))
+    expected = (
+        f"input {folder}: the save_to_disk dataset at {folder} has 0 rows ({split}, "
+        "columns ['text', 'title']); nothing to preprocess, no output written"
+    )
+    with pytest.raises(PreprocessError) as caught:
+        preprocess(folder, tmp_path / "out", build_tokenizer("bytes"))
+    assert str(caught.value).startswith(expected)
+    args = ["preprocess", "--input", str(folder), "--tokenizer-type", "bytes"]
+    assert main([*args, "--output-prefix", str(tmp_path / "out"), "--no-progress"]) == 1
+    assert expected in capsys.readouterr().err
+    assert not list(tmp_path.glob("out*"))

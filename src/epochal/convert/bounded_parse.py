@@ -23,8 +23,11 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Any
+
+from epochal._env import env_int
 
 __all__ = [
     "MAX_DEPTH",
@@ -55,18 +58,17 @@ def max_config_bytes() -> int:
     """The size cap of configuration files: ``$EPOCHAL_MAX_CONFIG_BYTES`` or 8 MiB.
 
     Raises:
-        ConfigFileError: the environment variable is not a positive integer.
+        ConfigFileError: the environment variable is set but not an integer from 1 to
+            ``sys.maxsize`` (the message names it and the range).
     """
-    raw = os.environ.get(ENV_MAX_BYTES)
-    if raw is None or raw.strip() == "":
-        return DEFAULT_MAX_CONFIG_BYTES
-    try:
-        value = int(raw)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise ConfigFileError(f"{ENV_MAX_BYTES} must be a positive integer (bytes), got {raw!r}")
-    return value
+    return env_int(
+        ENV_MAX_BYTES,
+        DEFAULT_MAX_CONFIG_BYTES,
+        minimum=1,
+        maximum=sys.maxsize,
+        unit="bytes",
+        error=ConfigFileError,
+    )
 
 
 def read_config_text(path: str | os.PathLike, what: str = "configuration") -> str:

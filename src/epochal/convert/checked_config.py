@@ -17,10 +17,11 @@ run before any tensor is cut, padded or reshaped.
 from __future__ import annotations
 
 import math
-import os
+import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from epochal._env import env_int
 from epochal.convert.common import ConversionError
 
 __all__ = [
@@ -259,9 +260,20 @@ MAX_POSITIONS = 1 << 24
 
 
 def max_positions() -> int:
-    """The largest position count a checkpoint may declare: ``$EPOCHAL_MAX_POSITIONS`` or 2**24."""
-    raw = os.environ.get("EPOCHAL_MAX_POSITIONS", "")
-    return int(raw) if raw.strip().isdigit() and int(raw) > 0 else MAX_POSITIONS
+    """The largest position count a checkpoint may declare: ``$EPOCHAL_MAX_POSITIONS`` or 2**24.
+
+    Raises:
+        ConfigFieldError: the variable is set but not an integer from 1 to ``sys.maxsize``
+            (the message names it and the range).
+    """
+    return env_int(
+        "EPOCHAL_MAX_POSITIONS",
+        MAX_POSITIONS,
+        minimum=1,
+        maximum=sys.maxsize,
+        unit="positions",
+        error=ConfigFieldError,
+    )
 
 
 def check_positions(value: Any, source: str, field: str) -> None:

@@ -39,6 +39,8 @@ import sys
 import threading
 import time
 
+from epochal._env import env_int
+
 __all__ = [
     "GRACE_S",
     "LAUNCHER_PID_ENV",
@@ -99,10 +101,7 @@ def pid_alive(pid: int) -> bool:
 
 
 def _launcher_pid() -> int | None:
-    try:
-        pid = int(os.environ.get(LAUNCHER_PID_ENV, ""))
-    except ValueError:
-        return None
+    pid = env_int(LAUNCHER_PID_ENV, 0, minimum=0, maximum=2**31 - 1, unit="process id")
     return pid if pid > 1 and pid != os.getpid() else None
 
 

@@ -36,7 +36,12 @@ from typing import Any
 
 from epochal.data.indexed.indexed_builder import IndexedDatasetBuilder
 from epochal.data.indexed.indexed_format import get_bin_path, normalize_dtype, optimal_dtype
-from epochal.data.indexed.preprocess_arrow import is_arrow_file, read_arrow_chunks
+from epochal.data.indexed.preprocess_arrow import (
+    empty_dataset_message,
+    is_arrow_file,
+    is_saved_dataset,
+    read_arrow_chunks,
+)
 from epochal.data.indexed.preprocess_chunks import Chunk, PreprocessError, read_chunks
 from epochal.data.indexed.preprocess_encoding import (
     ChunkEncoder,
@@ -56,6 +61,12 @@ __all__ = [
 ]
 
 MAX_BAD_LINE_EXAMPLES = 20
+
+
+class _NoDocument(PreprocessError):
+    """Nothing to write because the inputs hold no document (no row, no line)."""
+
+
 # Tokenizing one line takes about 13x its size in memory (GPT-2 BPE) to 20x (byte-level;
 # measured on a 64 MiB line: 0.8 and 1.3 GB), so 32 MiB bounds a worker at about 0.4-0.7 GB.
 DEFAULT_MAX_LINE_BYTES = 32 << 20
@@ -187,7 +198,8 @@ def preprocess(
         FileNotFoundError: an input matches no file (a dataset name: not in the local cache).
         PreprocessError: a bad line or row (``file:line: reason``) without ``skip_bad_lines``, an
             unreadable gzip file, or no document at all to write (empty input, or every
-            line bad). No output file is left behind on error.
+            line bad; a ``save_to_disk`` dataset of 0 rows is named with its split and
+            columns). No output file is left behind on error.
         ValueError: a ``dtype`` that is not an integer dtype or does not hold the ids, a
             non-positive ``max_line_bytes``/``max_documents``/``log_interval``.
     """
@@ -215,29 +227,41 @@ def preprocess(
             else:
                 yield from read_chunks(path, index, chunk_bytes, max_line_bytes, skip_bad_lines)
 
-    summary = _run(
-        chunks(),
-        files,
-        outputs,
-        tokenizer,
-        keys,
-        append_eod=append_eod,
-        workers=workers,
-        skip_bad_lines=skip_bad_lines,
-        dtype=dtype,
-        progress=progress,
-        progress_total=total_bytes,
-        mp_context=mp_context,
-        splitter=splitter,
-        max_line_bytes=max_line_bytes,
-        max_documents=max_documents,
-        log_interval=log_interval,
-        where=", ".join(files)
-        if len(files) <= 3
-        else f"{files[0]} and {len(files) - 1} more files",
-    )
+    try:
+        summary = _run(
+            chunks(),
+            files,
+            outputs,
+            tokenizer,
+            keys,
+            append_eod=append_eod,
+            workers=workers,
+            skip_bad_lines=skip_bad_lines,
+            dtype=dtype,
+            progress=progress,
+            progress_total=total_bytes,
+            mp_context=mp_context,
+            splitter=splitter,
+            max_line_bytes=max_line_bytes,
+            max_documents=max_documents,
+            log_interval=log_interval,
+            where=", ".join(files)
+            if len(files) <= 3
+            else f"{files[0]} and {len(files) - 1} more files",
+        )
+    except _NoDocument:
+        given = [os.fspath(item) for item in _as_list(inputs)]
+        saved = [item for item in given if os.path.isdir(item) and is_saved_dataset(item)]
+        if not saved:
+            raise
+        others = "; the other inputs hold no document either" if len(given) > 1 else ""
+        raise PreprocessError(empty_dataset_message(saved[0]) + others) from None
     summary.files = len(files)
     return summary
+
+
+def _as_list(inputs: Any) -> list[Any]:
+    return [inputs] if isinstance(inputs, (str, os.PathLike)) else list(inputs)
 
 
 def preprocess_documents(
@@ -441,7 +465,8 @@ def _run(
                 reason = f"every line was bad ({skipped})"
             else:
                 reason = "the input holds no document"
-            raise PreprocessError(f"{where}: nothing to write: {reason}; no output written")
+            error = _NoDocument if reason == "the input holds no document" else PreprocessError
+            raise error(f"{where}: nothing to write: {reason}; no output written")
         for builder in builders:
             builder.finalize()
     summary.seconds = time.perf_counter() - started

@@ -21,6 +21,7 @@ imported only when such an input is given (``pip install epochal[hf]``).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from collections.abc import Iterator, Sequence
@@ -43,8 +44,9 @@ def saved_dataset_files(folder: str) -> list[str] | None:
     """The ``.arrow`` files of a ``save_to_disk`` folder in row order, or ``None`` if it is not one.
 
     Raises:
-        PreprocessError: a ``DatasetDict`` folder (names its splits), or an unreadable
-            ``state.json``.
+        PreprocessError: a ``DatasetDict`` folder (names its splits), an unreadable
+            ``state.json``, or a dataset of 0 rows (``save_to_disk`` of an empty dataset
+            writes no ``.arrow`` file; the message names the folder, split and columns).
     """
     dict_file = os.path.join(folder, "dataset_dict.json")
     if os.path.isfile(dict_file):
@@ -66,11 +68,46 @@ def saved_dataset_files(folder: str) -> list[str] | None:
         names = [entry["filename"] for entry in state["_data_files"]]
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise PreprocessError(f"{state_file}: not a datasets save_to_disk state ({exc})") from exc
+    if not names:
+        raise PreprocessError(empty_dataset_message(folder))
     files = [os.path.join(folder, name) for name in names]
     for path in files:
         if not os.path.isfile(path):
             raise PreprocessError(f"{state_file} lists {path}, which does not exist")
     return files
+
+
+def is_saved_dataset(folder: str) -> bool:
+    """Whether ``folder`` is one split written by ``save_to_disk`` (it has a ``state.json``)."""
+    return os.path.isfile(os.path.join(folder, "state.json"))
+
+
+def empty_dataset_message(folder: str) -> str:
+    """The error for a ``save_to_disk`` dataset of 0 rows: its folder, split and columns.
+
+    The split is ``state.json``'s, else the folder's name when the folder above is a
+    ``DatasetDict`` listing it (``datasets`` records no split for those).
+    """
+    split, columns = None, None
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        with open(os.path.join(folder, "state.json"), encoding="utf-8") as stream:
+            split = json.load(stream).get("_split")
+    parent, name = os.path.split(os.path.normpath(folder))
+    with contextlib.suppress(OSError, ValueError, AttributeError, TypeError):
+        with open(os.path.join(parent, "dataset_dict.json"), encoding="utf-8") as stream:
+            if not split and name in json.load(stream).get("splits", []):
+                split = name
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        with open(os.path.join(folder, "dataset_info.json"), encoding="utf-8") as stream:
+            columns = list(json.load(stream).get("features") or {})
+    what = [f"split {split!r}" if split else "no split name"]
+    if columns is not None:
+        what.append(f"columns {columns}")
+    return (
+        f"input {folder}: the save_to_disk dataset at {folder} has 0 rows ({', '.join(what)}); "
+        "nothing to preprocess, no output written: give a dataset with rows (check the "
+        "filter or split that produced it)"
+    )
 
 
 def hub_cache_dir() -> str:

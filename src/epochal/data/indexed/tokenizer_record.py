@@ -15,7 +15,9 @@ null: the tokenizer's built-in files). ``fingerprint`` identifies the tokenizer'
 ids whatever its files are called: a SHA-256 of its vocabulary size, end-of-document
 id and the ids of a fixed probe text (:func:`tokenizer_fingerprint`), so the same
 type with another vocabulary differs. Corpora without a record (Megatron's own
-files, older ones) are read as before.
+files, older ones) are read as before; a record name that exists but holds no
+readable record (a dangling link, a directory, an empty, truncated or malformed
+file) is an error naming it, never read as "no record".
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from epochal._atomic import atomic_write
+from epochal.data.indexed.tokenizer import canonical_tokenizer_type
 
 __all__ = [
     "RECORD_SUFFIX",
@@ -101,29 +104,97 @@ def write_tokenizer_record(
     return path
 
 
+#: the most bytes a record may have (one is a few hundred bytes).
+MAX_RECORD_BYTES = 1 << 20
+_FIX = (
+    "rewrite it by preprocessing the corpus again with epochal preprocess, or remove it and "
+    "set data.tokenizer_type (and its files) to the tokenizer that wrote the corpus"
+)
+
+
 def read_tokenizer_record(prefix: str | os.PathLike) -> dict[str, Any] | None:
-    """The record of ``prefix``, or None when it has none.
+    """The record of ``prefix``, or None when no file of that name exists.
+
+    A name that exists but is no readable record is an error, never taken as "no record"
+    (which would mean GPT-2's tokenizer for a corpus written with another): a dangling
+    symbolic link, a directory, a file that cannot be read, an empty or truncated file,
+    JSON that is not an object, fields of the wrong type (``tokenizer_type`` not a
+    tokenizer epochal knows, ``vocab_size`` not a positive integer, ``fingerprint`` not
+    64 hex digits, a file option not a string, ...), a newer format.
 
     Raises:
-        TokenizerRecordError: an unreadable, malformed or newer-format record (named).
+        TokenizerRecordError: the message names the file, what is wrong with it and what
+            to do.
     """
     path = record_path(prefix)
-    if not path.is_file():
+    if not os.path.lexists(path):
         return None
+
+    def refuse(what: str) -> TokenizerRecordError:
+        return TokenizerRecordError(f"{path}: {what}; {_FIX}")
+
+    if path.is_symlink() and not path.exists():
+        raise refuse(f"a symbolic link to {os.readlink(path)}, which does not exist")
+    if path.is_dir():
+        raise refuse("a directory, not a tokenizer record file")
+    if not path.is_file():
+        raise refuse("not a regular file (a tokenizer record is a small JSON file)")
     try:
-        record = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise TokenizerRecordError(f"{path}: not a readable tokenizer record ({exc})") from None
-    if (
-        not isinstance(record, dict)
-        or not isinstance(record.get("tokenizer_type"), str)
-        or not isinstance(record.get("fingerprint"), str)
-    ):
+        with path.open("rb") as stream:
+            data = stream.read(MAX_RECORD_BYTES + 1)
+    except OSError as exc:
+        raise refuse(f"cannot be read ({exc.strerror or exc})") from None
+    if not data.strip():
+        raise refuse("empty, not a tokenizer record")
+    if len(data) > MAX_RECORD_BYTES:
+        raise refuse(f"over {MAX_RECORD_BYTES:,} bytes, not a tokenizer record")
+    try:
+        record = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise refuse(f"not a tokenizer record: not valid JSON ({exc})") from None
+    if not isinstance(record, dict):
+        raise refuse(f"not a tokenizer record: a JSON {type(record).__name__}, not an object")
+    if "format" in record and record["format"] != FORMAT:
         raise TokenizerRecordError(
-            f"{path}: not a tokenizer record (no tokenizer_type/fingerprint)"
+            f"{path}: tokenizer record format {record['format']!r}; this epochal reads "
+            f"{FORMAT}: preprocess the corpus again with this epochal, or use the epochal "
+            "that wrote it"
         )
-    if record.get("format") != FORMAT:
-        raise TokenizerRecordError(
-            f"{path}: tokenizer record format {record.get('format')!r}; this epochal reads {FORMAT}"
-        )
+    problem = _field_problem(record)
+    if problem:
+        raise refuse(f"not a tokenizer record: {problem}")
     return record
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _field_problem(record: dict[str, Any]) -> str | None:
+    """What is wrong with a record's fields (first problem found), or None."""
+    for name in ("format", "tokenizer_type", "fingerprint", "vocab_size"):
+        if name not in record:
+            return f"no {name!r} field"
+    kind = record["tokenizer_type"]
+    if not isinstance(kind, str) or canonical_tokenizer_type(kind) is None:
+        return f"tokenizer_type {kind!r} is not a tokenizer epochal knows"
+    fingerprint = record["fingerprint"]
+    if not (
+        isinstance(fingerprint, str)
+        and len(fingerprint) == 64
+        and all(c in "0123456789abcdef" for c in fingerprint)
+    ):
+        return f"fingerprint {fingerprint!r} is not a SHA-256 (64 hex digits)"
+    if not _is_int(record["vocab_size"]) or record["vocab_size"] < 1:
+        return f"vocab_size {record['vocab_size']!r} is not a positive integer"
+    eod = record.get("eod")
+    if eod is not None and (not _is_int(eod) or not 0 <= eod < record["vocab_size"]):
+        return f"eod {eod!r} is not an id below vocab_size {record['vocab_size']}"
+    for name in OPTIONS:
+        value = record.get(name)
+        if name == "vocab_extra_ids":
+            if value is not None and (not _is_int(value) or value < 0):
+                return f"vocab_extra_ids {value!r} is not a non-negative integer"
+        elif value is not None and not isinstance(value, str):
+            return f"{name} {value!r} is not a string or null"
+    return None

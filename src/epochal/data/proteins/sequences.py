@@ -30,8 +30,9 @@ Databases in BioNeMo's layout hold sequences already normalised: they are checke
 
 from __future__ import annotations
 
-import os
 import re
+
+from epochal._env import env_int
 
 __all__ = [
     "DEFAULT_MAX_PROTEIN_LENGTH",
@@ -52,6 +53,9 @@ PROTEIN_RESIDUES = "ACDEFGHIKLMNPQRSTVWY" + "XBZUO"
 DEFAULT_MAX_PROTEIN_LENGTH = 1_000_000
 #: the environment variable that overrides :data:`DEFAULT_MAX_PROTEIN_LENGTH`.
 ENV_MAX_PROTEIN_LENGTH = "EPOCHAL_MAX_PROTEIN_LENGTH"
+#: the largest value it accepts: a line of that many characters, and a table row of one
+#: such cell per column, still fit the readers' machine-sized line and cell limits.
+MAX_PROTEIN_LENGTH_LIMIT = 2**31 - 1
 
 _SPACES = " \t\n\r\f\v"
 _WHITESPACE = re.compile(f"[{_SPACES}]+")
@@ -69,17 +73,17 @@ def max_protein_length() -> int:
     ``$EPOCHAL_MAX_PROTEIN_LENGTH`` when set, else :data:`DEFAULT_MAX_PROTEIN_LENGTH`.
 
     Raises:
-        ProteinInputError: the variable is set but not a positive integer.
+        ProteinInputError: the variable is set but not an integer from 1 to
+            :data:`MAX_PROTEIN_LENGTH_LIMIT` (the message names it and the range).
     """
-    raw = os.environ.get(ENV_MAX_PROTEIN_LENGTH, "").strip()
-    if not raw:
-        return DEFAULT_MAX_PROTEIN_LENGTH
-    value = int(raw) if raw.isdigit() else 0
-    if value < 1:
-        raise ProteinInputError(
-            f"{ENV_MAX_PROTEIN_LENGTH} must be a positive integer (characters), got {raw!r}"
-        )
-    return value
+    return env_int(
+        ENV_MAX_PROTEIN_LENGTH,
+        DEFAULT_MAX_PROTEIN_LENGTH,
+        minimum=1,
+        maximum=MAX_PROTEIN_LENGTH_LIMIT,
+        unit="characters",
+        error=ProteinInputError,
+    )
 
 
 def too_long(where: str, what: str, limit: int) -> str:

@@ -69,13 +69,57 @@ def recorded_tokenizers(data: Any) -> dict[str, dict[str, Any]]:
     return out
 
 
-def _describe(record: dict[str, Any]) -> str:
-    files = [
-        f"{k}={record[k]}" for k in ("vocab_file", "merge_file", "tokenizer_model") if record.get(k)
-    ]
+#: the class names of tokenizers whose canonical type name differs.
+_CLASS_TYPES = {"TiktokenTokenizer": "TikTokenizer"}
+
+
+def _recorded(record: dict[str, Any]) -> dict[str, Any]:
+    """A record's tokenizer as :func:`_describe` and :func:`_differences` read it."""
+    files = [record[k] for k in ("vocab_file", "merge_file", "tokenizer_model") if record.get(k)]
+    kind = record["tokenizer_type"]
+    return {
+        "type": canonical_tokenizer_type(kind) or kind,
+        "files": " + ".join(files) or "its built-in files",  # as a tokenizer's ``source``
+        "vocab_size": record.get("vocab_size"),
+        "eod": record.get("eod"),
+        "fingerprint": record["fingerprint"],
+    }
+
+
+def _given(tokenizer: Any) -> dict[str, Any]:
+    """A built tokenizer as :func:`_describe` and :func:`_differences` read it."""
+    kind = type(tokenizer).__name__
+    if kind == "BertWordPieceTokenizer":
+        kind = "BertWordPieceLowerCase" if tokenizer.lower_case else "BertWordPieceCase"
+    source = getattr(tokenizer, "source", None)
+    return {
+        "type": _CLASS_TYPES.get(kind, kind),
+        "files": str(source) if source else "its built-in files",
+        "vocab_size": tokenizer.vocab_size,
+        "eod": tokenizer.eod,
+        "fingerprint": tokenizer_fingerprint(tokenizer),
+    }
+
+
+def _describe(tok: dict[str, Any]) -> str:
+    files = "" if tok["files"] == "its built-in files" else f" ({tok['files']})"
     return (
-        f"{record['tokenizer_type']}{' (' + ', '.join(files) + ')' if files else ''}, "
-        f"{record.get('vocab_size')} ids, end-of-document id {record.get('eod')}"
+        f"{tok['type']}{files}, {tok['vocab_size']} ids, end-of-document id {tok['eod']}, "
+        f"fingerprint {tok['fingerprint'][:12]}"
+    )
+
+
+def _differences(a: dict[str, Any], b: dict[str, Any]) -> str:
+    """What tells tokenizers ``a`` and ``b`` (fingerprints differ) apart, in words."""
+    names = {"type": "type", "vocab_size": "vocabulary size", "eod": "end-of-document id"}
+    differ = [label for key, label in names.items() if a[key] != b[key]]
+    if differ:
+        return "they differ in " + " and ".join(differ)
+    files = "" if a["files"] == b["files"] else f" ({a['files']} against {b['files']})"
+    return (
+        "they have the same type, vocabulary size and end-of-document id but give other ids "
+        f"for the same text: another vocabulary or merges{files} (the fingerprint is the "
+        "SHA-256 of the vocabulary size, end-of-document id and the ids of a probe text)"
     )
 
 
@@ -93,11 +137,13 @@ def with_recorded_tokenizer(data: Any) -> Any:
     (first, record), *others = records.items()
     for prefix, other in others:
         if other["fingerprint"] != record["fingerprint"]:
+            a, b = _recorded(record), _recorded(other)
             raise ConfigError(
                 "data.data_path",
                 f"mixes corpora preprocessed with different tokenizers: {first} with "
-                f"{_describe(record)}, {prefix} with {_describe(other)}; preprocess them "
-                "with one tokenizer",
+                f"{_describe(a)} ({record_path(first)}), {prefix} with {_describe(b)} "
+                f"({record_path(prefix)}); {_differences(a, b)}; preprocess them with one "
+                "tokenizer",
             )
     changes: dict[str, Any] = {"tokenizer_type": record["tokenizer_type"]}
     for name in ("vocab_file", "merge_file", "tokenizer_model", "vocab_extra_ids"):
@@ -147,16 +193,22 @@ def check_recorded_tokenizer(
     records = recorded_tokenizers(data)
     if not records:
         return
-    ours = tokenizer_fingerprint(tokenizer)
+    given = _given(tokenizer)
     for prefix, record in records.items():
-        if record["fingerprint"] != ours:
+        if record["fingerprint"] != given["fingerprint"]:
+            recorded = _recorded(record)
+            files = [
+                f"data.{k}={record[k]!r}"
+                for k in ("vocab_file", "merge_file", "tokenizer_model")
+                if record.get(k)
+            ]
             advice = fix or (
-                "leave data.tokenizer_type unset to use the recorded one, or set "
-                f"data.tokenizer_type={record['tokenizer_type']!r} and its files"
+                "leave data.tokenizer_type and its files unset to use the recorded one, or set "
+                + " ".join([f"data.tokenizer_type={record['tokenizer_type']!r}", *files])
             )
             raise ConfigError(
                 option,
-                f"{prefix} was preprocessed with {_describe(record)} ({record_path(prefix)}), "
-                f"but the tokenizer given is {type(tokenizer).__name__} "
-                f"({tokenizer.vocab_size} ids, end-of-document id {tokenizer.eod}); {advice}",
+                f"{prefix} was preprocessed with {_describe(recorded)} "
+                f"({record_path(prefix)}), but the tokenizer given is {_describe(given)}; "
+                f"{_differences(recorded, given)}; {advice}",
             )
