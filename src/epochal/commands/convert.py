@@ -137,11 +137,19 @@ def run(args: argparse.Namespace) -> int:
     ``CheckpointError``, ``ConfigError``, missing files, an existing output).
     """
     t0 = time.perf_counter()
+    from epochal._ownership import CONVERTED, CONVERTED_RUN, check_writable
     from epochal._paths import check_output_apart
 
     try:
         # before anything is read or written: replacing the output must never delete the input
         check_output_apart(args.input, args.output)
+        # nor replace (even with --overwrite) or write into another run's or command's output
+        check_writable(
+            args.output,
+            writer="convert",
+            option="output",
+            own=frozenset({CONVERTED, CONVERTED_RUN}),
+        )
         ck = load_checkpoint(
             args.input,
             args.source,

@@ -151,6 +151,7 @@ def run(args: argparse.Namespace) -> int:
     """
     import torch.distributed as dist
 
+    from epochal._ownership import check_writable
     from epochal._paths import check_output_apart
     from epochal.train.embed import embed_sequences, load_encoder
 
@@ -163,6 +164,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         check_output_apart(args.input, out, source_name="--input", output_name="--output")
         check_output_apart(args.checkpoint, out, source_name="--checkpoint", output_name="--output")
+        # an earlier embedding may be replaced; another run's or command's file may not
+        check_writable(out, writer="embed", option="--output")
     except ValueError as exc:
         print(f"epochal embed: error: {exc}", file=sys.stderr)
         return 2
