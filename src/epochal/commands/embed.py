@@ -14,7 +14,9 @@ table (``--sequence-column``, ``--id-column``), read with the protein rules and 
 of training (:mod:`epochal.data.proteins.readers`: upper-cased, characters outside the
 alphabet refused, at most ``EPOCHAL_MAX_PROTEIN_LENGTH`` residues). Proteins are cut to
 ``--max-length`` tokens before they are tokenized. The output may not be, contain or
-lie inside the input or the checkpoint. Output (:mod:`epochal.train.embed`):
+lie inside the input or the checkpoint, nor lie inside a run directory, a checkpoint or a
+converted model, nor be a ``.safetensors`` file ``epochal convert`` wrote
+(:mod:`epochal._ownership`); an earlier embedding is replaced. Output (:mod:`epochal.train.embed`):
 
 - ``.safetensors``: ``embeddings`` float32 ``[n, hidden]``, ``lengths`` / ``offsets``
   and the requested ``residue_embeddings`` / ``logits`` / ``predictions``; the ids (and
