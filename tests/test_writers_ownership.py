@@ -250,3 +250,19 @@ def test_run_dir_naming_a_file_says_so(tmp_path, capsys):
     err = capsys.readouterr().err
     assert f"run_dir: {path} is a file, not a directory" in err and "--run_dir=DIR" in err
     assert "Errno" not in err and path.read_text() == "mine\n"
+
+
+def test_the_trainer_itself_refuses_a_run_dir_inside_a_checkpoint(made, tmp_path):
+    """Library use (Trainer(config).train()) is refused too, before anything is written."""
+    from epochal.model import ConfigError
+    from epochal.train import Trainer, build_config
+
+    victims = tmp_path / "victims"
+    shutil.copytree(made / "victims", victims)
+    before = _snapshot(victims)
+    inside = victims / "run" / "checkpoints" / "step_0000002"
+    config = build_config(preset="tiny", overrides=[f"--run_dir={inside}", *TINY])
+    with pytest.raises(ConfigError, match="a checkpoint of the epochal train run") as exc:
+        Trainer(config).train()
+    assert str(inside) in str(exc.value)
+    assert _snapshot(victims) == before

@@ -290,7 +290,13 @@ def check_writable(
         )
     made_by = file_writer(target)
     if made_by is not None and not (replace_files and made_by == writer):
+        who = (
+            "a .bin/.idx pair without a tokenizer record (epochal merge's output, or another "
+            "tool's)"
+            if made_by == "merge"
+            else f"a file {_writer(made_by)} wrote"
+        )
         raise OwnedPathError(
-            f"{option} {path} is a file {_writer(made_by)} wrote; {_writer(writer)} does not "
-            "replace it: choose another path (or delete that file first)"
+            f"{option} {path} is {who}; {_writer(writer)} does not replace it: choose another "
+            "path (or delete that file first)"
         )

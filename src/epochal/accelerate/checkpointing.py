@@ -33,7 +33,7 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
 from epochal._atomic import atomic_write
-from epochal._ownership import STATE, check_writable
+from epochal._ownership import STATE, OwnedPathError, check_writable
 from epochal.model.init import canonical_name
 from epochal.train.state.checkpoint import Checkpointer, CheckpointError
 
@@ -67,9 +67,10 @@ def check_state_folder(output_dir: str | Path) -> None:
     Raises:
         OwnedPathError: (a ``ValueError``) naming the folder and its owner.
     """
-    check_writable(
-        output_dir, writer="save_state", option="save_state folder", own=frozenset({STATE})
-    )
+    path = Path(output_dir)
+    if path.exists() and not path.is_dir():
+        raise OwnedPathError(f"save_state folder {output_dir} is a file; give a folder")
+    check_writable(path, writer="save_state", option="save_state folder", own=frozenset({STATE}))
 
 
 def save_state(trainer: Any, output_dir: str | Path, custom: list[Any]) -> Path:

@@ -330,6 +330,9 @@ def run(args: argparse.Namespace) -> int:
     except (EOFError, KeyboardInterrupt):
         print(f"\nepochal config: stopped; {args.output} not written", file=sys.stderr)
         return 1
+    except _Invalid as exc:  # --defaults: a default the machine or the disk refuses
+        print(f"epochal config: error: {exc}; {args.output} not written", file=sys.stderr)
+        return 2
     config = _check(answers)
     atomic_write(args.output, f"{CONFIG_MARKER}\n{to_toml(config)}")
     world = answers_world_size(answers)

@@ -46,6 +46,7 @@ from epochal._ownership import (
     check_writable,
     file_writer,
     owned_inside,
+    owner_above,
 )
 from epochal.model.config import ConfigError
 from epochal.train.config import DataConfig, TrainConfig, config_from_saved, position_length
@@ -217,7 +218,7 @@ def check_run_dir_holds(config: TrainConfig) -> None:
         )
 
 
-def check_run_dir_place(run_dir: str | os.PathLike) -> None:
+def check_run_dir_place(run_dir: str | os.PathLike, *, strict: bool = True) -> None:
     """Refuse a run directory that is a file, or lies in or around what another writer owns.
 
     Refused (:mod:`epochal._ownership`): ``run_dir`` naming a file; ``run_dir`` inside
@@ -228,7 +229,11 @@ def check_run_dir_place(run_dir: str | os.PathLike) -> None:
     not counted); ``run_dir/config.toml`` that is not a run's record (a file ``epochal
     config`` wrote, or one that is not an epochal configuration), which training would
     replace. A run directory of its own (an earlier run to resume) or a model-only run
-    directory ``epochal convert`` wrote is accepted.
+    directory ``epochal convert`` wrote is accepted. ``strict=False`` (the trainer's
+    own check when it starts, for library use; ``epochal train`` checks strictly before
+    anything is prepared) refuses only what loses data: a file, a path in a checkpoint,
+    a checkpoints folder or a converted model; a run inside another run's directory
+    (which that run's saves never touch) and folders below ``run_dir`` pass.
 
     Raises:
         ConfigError: (``run_dir``) naming the path, what owns it and how to go on.
@@ -240,11 +245,15 @@ def check_run_dir_place(run_dir: str | os.PathLike) -> None:
             f"{run_dir} is a file, not a directory; pass --run_dir=DIR naming a directory "
             "(new or an earlier run's), or leave run_dir unset",
         )
+    above = owner_above(path)
     try:
-        check_writable(path, writer="train", option="run_dir", own=frozenset({RUN, CONVERTED_RUN}))
+        if strict or (above is not None and above.kind not in (RUN, CONVERTED_RUN)):
+            ours = frozenset({RUN, CONVERTED_RUN})
+            check_writable(path, writer="train", option="run_dir", own=ours)
     except OwnedPathError as exc:
         raise ConfigError("run_dir", f"{str(exc).removeprefix('run_dir ')}") from None
-    inner = owned_inside(path, skip=frozenset({"checkpoints", "tensorboard", "profile"}))
+    skip = frozenset({"checkpoints", "tensorboard", "profile"})
+    inner = owned_inside(path, skip=skip) if strict else None
     if inner is not None:
         raise ConfigError(
             "run_dir",
