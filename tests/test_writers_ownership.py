@@ -130,6 +130,7 @@ CASES = {
         "save_state": ["state/e.safetensors", "state/step_0000002/e.parquet"],
         "convert": ["hf/model.safetensors", "hf/e.parquet"],
         "preprocess": ["corpus_text_document.bin"],
+        "merge": ["m_text_document.idx"],
         "config": ["job.toml"],
     },
     "merge": {

@@ -26,6 +26,14 @@ train`` resuming its run directory, ``save_state`` replacing its own checkpoint,
 replaced only by the writer that made it. Refusals raise :class:`OwnedPathError`
 naming the path, its owner and what to do, before anything is written.
 
+Markers are read, not written (apart from ``epochal config``'s first line), so a
+Hugging Face model folder another tool wrote counts as a converted model, and a
+``.bin``/``.idx`` pair Megatron-LM wrote (no tokenizer record) as ``epochal merge``'s.
+Folders below a path are looked for only by ``epochal train`` (a run directory may not
+contain another run), three levels deep. The library functions (``preprocess()``,
+``merge_indexed_datasets``, ``Checkpointer``) do not ask; the commands, ``save_state``
+and ``Trainer.train`` do.
+
 This module imports nothing from epochal (every layer uses it).
 """
 
@@ -69,7 +77,7 @@ _WHAT = {
     CHECKPOINTS: "the checkpoints folder of an epochal train run",
     STATE: "a checkpoint folder of accelerator.save_state",
     CHECKPOINT: "a checkpoint",
-    CONVERTED: "a model written by epochal convert",
+    CONVERTED: "a Hugging Face or Megatron model folder, as epochal convert writes them",
     CONVERTED_RUN: "a model-only run directory written by epochal convert",
 }
 
