@@ -82,7 +82,7 @@ def test_fresh_start_moves_the_earlier_history_aside(tmp_path, capsys):
     assert train(run, "--checkpoint.save_interval=0", "--checkpoint.save_final=false") == 0
     old = (run / "metrics.jsonl").read_text()
     capsys.readouterr()
-    assert train(run, "--training.seed=5") == 0  # nothing to resume: a new run, any config
+    assert train(run) == 0  # nothing to resume, the same configuration: it starts over
     out = capsys.readouterr().out
     assert "has metrics from an earlier run but no checkpoint" in out
     archived = sorted(run.glob("metrics.*.jsonl"))
@@ -90,11 +90,25 @@ def test_fresh_start_moves_the_earlier_history_aside(tmp_path, capsys):
     assert len(list(run.glob("config.*.toml"))) == 1
     segs = segments(run)
     assert [(s["segment"], s["start_step"], s["resumed_from"]) for s in segs] == [(0, 0, None)]
-    assert "seed = 5" in (run / "config.toml").read_text()
     # a second archive in the same second does not overwrite the first
     (run / "checkpoints").rename(tmp_path / "elsewhere")
-    assert train(run, "--training.seed=6") == 0
+    assert train(run) == 0
     assert len(list(run.glob("metrics.*.jsonl"))) == 2
+
+
+def test_a_record_without_checkpoint_identifies_the_run(tmp_path, capsys):
+    """A directory with another run's config.toml and metrics.jsonl but no checkpoint yet
+    is not taken over by a different configuration: refused, naming the options and path."""
+    run = tmp_path / "run"
+    assert train(run, "--checkpoint.save_interval=0", "--checkpoint.save_final=false") == 0
+    before = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
+    capsys.readouterr()
+    assert train(run, "--training.seed=5", "--model.num_layers=1") == 2
+    err = capsys.readouterr().err
+    assert err.startswith("epochal train: error: run_dir: ") and str(run / "config.toml") in err
+    assert "training.seed: 1234 -> 5" in err and "model.num_layers: 2 -> 1" in err
+    assert "--run_dir=NEW_DIR" in err
+    assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()} == before
 
 
 def test_config_changes_classifies_options(tmp_path):

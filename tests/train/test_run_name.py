@@ -98,3 +98,13 @@ def test_the_options_that_keep_the_name_exist():
     assert not defines_run("run_dir") and not defines_run("training.train_iters")
     assert defines_run("checkpoint.init_from") and defines_run("parallel.tensor_parallel")
     assert {f.name for f in dataclasses.fields(TrainConfig)} >= set(NOT_RUN_DEFINING) - {""}
+
+
+@pytest.mark.parametrize(
+    "switch", ["--training.memory_check=false", "--training.deterministic_kernels=true"]
+)
+def test_check_switches_keep_the_run_name(switch):
+    """A switch that only checks (memory_check) or pins GPU kernels does not start another run."""
+    assert _dir("tiny", switch) == "runs/tiny"
+    assert _dir("tiny", "--training.seed=7", switch) == _dir("tiny", "--training.seed=7")
+    assert not defines_run(switch.removeprefix("--").partition("=")[0])

@@ -6,6 +6,11 @@ optimizer as sharded DCP files every layout can load, the learning-rate
 schedule, every RNG of every rank, the step and the train loader's
 ``consumed_samples`` (:meth:`~epochal.train.state.resume.CheckpointSeams.save_checkpoint`),
 written to a temporary folder and renamed when complete, with checksums.
+``save_state`` writes only a folder of its own: a folder another writer owns (an
+``epochal train`` run's directory or ``checkpoints/``, a checkpoint, a converted
+model, anything inside one) is refused before anything is written
+(:func:`check_state_folder`), since replacing its ``step_*`` and ``latest`` would
+delete that run's checkpoints.
 ``load_state(dir)`` (``dir`` as saved, or its step folder) restores all of it on any
 data-parallel size; the train loader then continues at the next sample, so a
 script that saves, is killed and loads again computes the uninterrupted run's
@@ -28,10 +33,11 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
 from epochal._atomic import atomic_write
+from epochal._ownership import STATE, OwnedPathError, check_writable
 from epochal.model.init import canonical_name
 from epochal.train.state.checkpoint import Checkpointer, CheckpointError
 
-__all__ = ["full_state", "load_state", "save_state"]
+__all__ = ["check_state_folder", "full_state", "load_state", "save_state"]
 
 
 def _all_gather(obj: Any) -> list[Any]:
@@ -52,8 +58,28 @@ def _checkpointer(trainer: Any, directory: Path) -> Checkpointer:
     )
 
 
+def check_state_folder(output_dir: str | Path) -> None:
+    """Refuse a ``save_state`` folder that another writer owns (:mod:`epochal._ownership`).
+
+    A new folder, one without any writer's marks, or an earlier ``save_state`` folder
+    (not a run's ``checkpoints/``) is accepted.
+
+    Raises:
+        OwnedPathError: (a ``ValueError``) naming the folder and its owner.
+    """
+    path = Path(output_dir)
+    if path.exists() and not path.is_dir():
+        raise OwnedPathError(f"save_state folder {output_dir} is a file; give a folder")
+    check_writable(path, writer="save_state", option="save_state folder", own=frozenset({STATE}))
+
+
 def save_state(trainer: Any, output_dir: str | Path, custom: list[Any]) -> Path:
-    """Save the run into ``output_dir`` (see the module docstring); returns the step folder."""
+    """Save the run into ``output_dir`` (see the module docstring); returns the step folder.
+
+    Raises:
+        OwnedPathError: ``output_dir`` belongs to another writer (:func:`check_state_folder`).
+    """
+    check_state_folder(output_dir)
     directory = Path(output_dir)
     previous = trainer.checkpointer
     trainer.checkpointer = _checkpointer(trainer, directory)

@@ -379,9 +379,11 @@ def to_yaml(spec: LaunchConfig) -> str:
 
 
 def write_yaml(spec: LaunchConfig, path: str | os.PathLike) -> Path:
-    """Write :func:`to_yaml` to ``path`` atomically."""
+    """Write :func:`to_yaml` to ``path`` atomically, after ``epochal config``'s marker line
+    (:data:`epochal._ownership.CONFIG_MARKER`, a YAML comment)."""
     from epochal._atomic import atomic_write
+    from epochal._ownership import CONFIG_MARKER
 
     spec.check(str(path))
-    atomic_write(path, to_yaml(spec))
+    atomic_write(path, f"{CONFIG_MARKER}\n{to_yaml(spec)}")
     return Path(path)

@@ -6,6 +6,7 @@ In the spirit of ``accelerate config``::
     epochal config --output job.toml     # another file
     epochal config --defaults            # writes the defaults without asking
     epochal config --accelerate          # Accelerate's YAML for epochal launch instead
+    epochal config -o job.toml --overwrite   # replace job.toml whoever wrote it
 
 Each question shows its default in brackets (Enter keeps it). Every answer is
 checked at once with the trainer's own rules (:func:`~epochal.train.config.build_config`
@@ -21,6 +22,13 @@ Precision: ``no``, ``fp16`` (Megatron's dynamic loss scaling, ``training.fp16``)
 ``bf16``. The last question is the run directory (default ``runs/<file name>``, the
 name ``epochal train --config FILE`` derives for the file alone); a directory that
 holds another run is refused and asked again.
+
+An existing output file is replaced only if ``epochal config`` wrote it (its first
+line is :data:`~epochal._ownership.CONFIG_MARKER`), or with ``--overwrite``; anything
+else (a Python script, a configuration written by hand or by ``accelerate config``) is
+refused before the first question, naming the file. A file inside a run directory,
+a checkpoint or a converted model is refused even with ``--overwrite``
+(:mod:`epochal._ownership`).
 """
 
 from __future__ import annotations
@@ -259,6 +267,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--defaults", action="store_true", help="write the default configuration without asking"
     )
     parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace an existing output file that epochal config did not write (without it, "
+        "only a file it wrote earlier is replaced)",
+    )
+    parser.add_argument(
         "--accelerate",
         action="store_true",
         help="write Hugging Face Accelerate's YAML (Megatron-LM layout) for epochal launch "
@@ -269,9 +283,34 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_accelerate_arguments(parser)
 
 
+def check_output(output: str, *, overwrite: bool = False) -> str | None:
+    """Why ``output`` may not be written (None: it may), checked before any question.
+
+    An existing file is replaced only if ``epochal config`` wrote it, or with
+    ``overwrite``; a folder, a file another epochal command wrote, or a path inside
+    what another run or command owns, never.
+    """
+    from epochal._ownership import OwnedPathError, check_writable, file_writer
+
+    path = Path(output)
+    if path.is_dir():
+        return f"--output {output} is a directory; name a file"
+    try:
+        check_writable(path, writer="config", option="--output")
+    except OwnedPathError as exc:
+        return str(exc)
+    if path.exists() and file_writer(path) != "config" and not overwrite:
+        return (
+            f"--output {output} already exists and epochal config did not write it; "
+            "choose another --output, or add --overwrite to replace it"
+        )
+    return None
+
+
 def run(args: argparse.Namespace) -> int:
     """Ask, write ``args.output``, print the launch command; 0 on success, 1 on end of input."""
     from epochal._atomic import atomic_write
+    from epochal._ownership import CONFIG_MARKER
     from epochal.commands.config_accelerate import FLAGS, given_flags
     from epochal.train.config import to_toml
 
@@ -282,10 +321,18 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    output = args.output
     if getattr(args, "accelerate", False):
-        from epochal.commands.config_accelerate import DEFAULT_YAML, run_accelerate
+        from epochal.commands.config_accelerate import DEFAULT_YAML
 
         output = DEFAULT_YAML if args.output == DEFAULT_OUTPUT else args.output
+    error = check_output(output, overwrite=getattr(args, "overwrite", False))
+    if error:
+        print(f"epochal config: error: {error}", file=sys.stderr)
+        return 2
+    if getattr(args, "accelerate", False):
+        from epochal.commands.config_accelerate import run_accelerate
+
         return run_accelerate(args, output)
     if not args.defaults:
         print("epochal config: press Enter to keep the default in brackets.", flush=True)
@@ -294,8 +341,11 @@ def run(args: argparse.Namespace) -> int:
     except (EOFError, KeyboardInterrupt):
         print(f"\nepochal config: stopped; {args.output} not written", file=sys.stderr)
         return 1
+    except _Invalid as exc:  # --defaults: a default the machine or the disk refuses
+        print(f"epochal config: error: {exc}; {args.output} not written", file=sys.stderr)
+        return 2
     config = _check(answers)
-    atomic_write(args.output, to_toml(config))
+    atomic_write(args.output, f"{CONFIG_MARKER}\n{to_toml(config)}")
     world = answers_world_size(answers)
     print(
         f"epochal config: wrote {args.output} ({plural(world, 'process')} on "

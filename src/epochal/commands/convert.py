@@ -19,7 +19,11 @@ format of ``export_consolidated``, plus the config, step and run configuration
 in its metadata, so ``epochal generate`` and ``convert`` read it on its own).
 Outputs are written to a temporary name and renamed when complete; an existing
 output is only replaced with ``--overwrite``, and an output that is the input, contains
-it or lies inside it is refused (replacing it would delete the input). Exit status 0 on success, 2 on a
+it or lies inside it is refused (replacing it would delete the input). ``--overwrite``
+replaces only an earlier output of ``epochal convert`` (a Hugging Face or Megatron
+folder, a model-only run directory, a consolidated file): another run's directory, a
+checkpoint, a ``save_state`` folder, a path inside one of them, or a file another
+command wrote is refused (:mod:`epochal._ownership`). Exit status 0 on success, 2 on a
 bad input or option (the message names the file or option).
 """
 
@@ -126,7 +130,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="HF output: pad_token_id in config.json (default: the tokenizer's pad token, else eos)",
     )
-    group.add_argument("--overwrite", action="store_true", help="replace an existing output")
+    group.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace an existing output that epochal convert wrote",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -137,11 +145,19 @@ def run(args: argparse.Namespace) -> int:
     ``CheckpointError``, ``ConfigError``, missing files, an existing output).
     """
     t0 = time.perf_counter()
+    from epochal._ownership import CONVERTED, CONVERTED_RUN, check_writable
     from epochal._paths import check_output_apart
 
     try:
         # before anything is read or written: replacing the output must never delete the input
         check_output_apart(args.input, args.output)
+        # nor replace (even with --overwrite) or write into another run's or command's output
+        check_writable(
+            args.output,
+            writer="convert",
+            option="output",
+            own=frozenset({CONVERTED, CONVERTED_RUN}),
+        )
         ck = load_checkpoint(
             args.input,
             args.source,

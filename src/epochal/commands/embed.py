@@ -14,7 +14,9 @@ table (``--sequence-column``, ``--id-column``), read with the protein rules and 
 of training (:mod:`epochal.data.proteins.readers`: upper-cased, characters outside the
 alphabet refused, at most ``EPOCHAL_MAX_PROTEIN_LENGTH`` residues). Proteins are cut to
 ``--max-length`` tokens before they are tokenized. The output may not be, contain or
-lie inside the input or the checkpoint. Output (:mod:`epochal.train.embed`):
+lie inside the input or the checkpoint, nor lie inside a run directory, a checkpoint or a
+converted model, nor be a ``.safetensors`` file ``epochal convert`` wrote
+(:mod:`epochal._ownership`); an earlier embedding is replaced. Output (:mod:`epochal.train.embed`):
 
 - ``.safetensors``: ``embeddings`` float32 ``[n, hidden]``, ``lengths`` / ``offsets``
   and the requested ``residue_embeddings`` / ``logits`` / ``predictions``; the ids (and
@@ -151,6 +153,7 @@ def run(args: argparse.Namespace) -> int:
     """
     import torch.distributed as dist
 
+    from epochal._ownership import check_writable
     from epochal._paths import check_output_apart
     from epochal.train.embed import embed_sequences, load_encoder
 
@@ -163,6 +166,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         check_output_apart(args.input, out, source_name="--input", output_name="--output")
         check_output_apart(args.checkpoint, out, source_name="--checkpoint", output_name="--output")
+        # an earlier embedding may be replaced; another run's or command's file may not
+        check_writable(out, writer="embed", option="--output")
     except ValueError as exc:
         print(f"epochal embed: error: {exc}", file=sys.stderr)
         return 2

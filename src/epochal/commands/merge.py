@@ -42,12 +42,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _check_apart(prefixes: list[str], output_prefix: str) -> None:
-    """Refuse an output ``.bin``/``.idx`` that is an input's file (or lies in an input folder).
+    """Refuse an output ``.bin``/``.idx`` that is an input's file (or lies in an input folder),
+    lies inside a run directory, checkpoint or converted model, or is a pair ``epochal
+    preprocess`` wrote (it has a tokenizer record); an earlier merge's output is replaced
+    (:mod:`epochal._ownership`).
 
     Raises:
-        UnsafePathError: naming both files.
+        UnsafePathError / OwnedPathError: naming the files.
     """
+    from epochal._ownership import check_writable
     from epochal._paths import check_output_apart
+
+    for suffix in (".bin", ".idx"):
+        check_writable(output_prefix + suffix, writer="merge", option="--output-prefix file")
 
     for prefix in prefixes:
         for suffix in (".bin", ".idx"):

@@ -218,16 +218,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _check_apart(args: argparse.Namespace) -> None:
-    """Refuse an output file that is an input file (or holds an input folder).
+    """Refuse an output file that is an input file (or holds an input folder), or another's.
 
     An output inside an input folder is allowed: only ``.jsonl``/``.parquet``/``.arrow``
-    files are read from folders, never the ``.bin``/``.idx`` written there.
+    files are read from folders, never the ``.bin``/``.idx`` written there. An output
+    inside a run directory, a checkpoint or a converted model, or a ``.bin``/``.idx`` pair
+    that ``epochal merge`` (or another tool: no tokenizer record beside it) wrote, is
+    refused; an earlier ``epochal preprocess`` output is replaced (:mod:`epochal._ownership`).
 
     Raises:
-        UnsafePathError: naming both paths.
+        UnsafePathError / OwnedPathError: naming the paths.
     """
     from pathlib import Path
 
+    from epochal._ownership import check_writable
     from epochal._paths import check_output_apart
 
     levels = ("sentence", "document") if args.split_sentences else ("document",)
@@ -237,6 +241,8 @@ def _check_apart(args: argparse.Namespace) -> None:
         for level in levels
         for suffix in (".bin", ".idx")
     ]
+    for out in outputs:
+        check_writable(out, writer="preprocess", option="output file")
     for source in map(Path, args.input):
         if not source.exists():
             continue  # a glob or a dataset name: its files are read-only inputs of other names

@@ -89,7 +89,11 @@ from epochal.train.state.preemption import Preemption
 from epochal.train.state.resume import CheckpointSeams
 from epochal.train.state.resume_notes import resume_notes
 from epochal.train.state.rng import seed_everything
-from epochal.train.state.run_dir import archive_previous_history, check_resume_config
+from epochal.train.state.run_dir import (
+    archive_previous_history,
+    check_resume_config,
+    check_run_dir_place,
+)
 from epochal.train.state.run_lock import hold_run_dir
 from epochal.train.steps import (
     LossFnStep,
@@ -448,7 +452,10 @@ class Trainer(CheckpointSeams, EvalCallbackSeams, KeyedDropoutSeams):
         Raises:
             RunDirLocked: another live process trains in ``run_dir``
                 (:mod:`epochal.train.state.run_lock`).
+            ConfigError: ``run_dir`` is a file or lies inside a checkpoint, a checkpoints
+                folder or a converted model (:func:`check_run_dir_place`).
         """
+        check_run_dir_place(self.run_dir, strict=False)  # not a file, nor in a checkpoint
         lock = hold_run_dir(
             self.run_dir, rank=self.rank, any_rank=self.max_over_ranks, log=self.log
         )

@@ -17,7 +17,9 @@ Run-defining means every option except those of :data:`NOT_RUN_DEFINING`: how
 long it trains (``training.train_iters``, the ``exit_*`` options), evaluation,
 checkpointing (except ``checkpoint.init_from``), logging, the device, the speed
 levers that give the same results (compile, fused AdamW, attention kernels, loss
-chunks), data-loader workers and cache, and the launcher's settings. So the same
+chunks), the checks that only refuse or allow a start (``training.memory_check``)
+or pin GPU kernels to one of the results they may give (``training.deterministic_kernels``:
+nothing changes on the CPU), data-loader workers and cache, and the launcher's settings. So the same
 command resumes its run, a larger ``--training.train_iters`` continues it, and a
 command that changes the model, data, seed, batch sizes, optimizer, schedule,
 precision, parallel layout or fine-tuning table trains in a directory of its own.
@@ -54,6 +56,8 @@ NOT_RUN_DEFINING: dict[str, frozenset[str]] = {
             "exit_signal_handler",
             "exit_duration_mins",
             "exit_interval",
+            "memory_check",
+            "deterministic_kernels",
         }
     ),
     "checkpoint": frozenset({"save_interval", "save_final", "keep_last", "resume"}),

@@ -16,11 +16,17 @@
   ``checkpoint``, ``logging``, the ``parallel`` layout (checkpoints reshard),
   ``data.num_workers`` and ``data.cache_dir``; the changes are reported.
 - **Starting fresh** in a directory that has ``metrics.jsonl`` but nothing to
-  resume (an earlier run that stopped before its first checkpoint, or another
-  run's directory): the earlier ``metrics.jsonl``, ``config.toml`` and
-  ``tensorboard/`` are renamed to ``<name>.<UTC time>`` (nothing is deleted)
-  and the new run's history starts at segment 0, so ``epochal plot`` does not
-  call it "resumed".
+  resume (an earlier run that stopped before its first checkpoint): the run
+  directory is identified by its recorded ``config.toml`` too, so a configuration
+  that differs from it in what cannot change on resume (the options above and the
+  model) is refused, naming the options; the same configuration starts over and the
+  earlier ``metrics.jsonl``, ``config.toml`` and ``tensorboard/`` are renamed to
+  ``<name>.<UTC time>`` (nothing is deleted) and the new run's history starts at
+  segment 0, so ``epochal plot`` does not call it "resumed".
+- **Where** a run directory may be (:func:`check_run_dir_place`): not a file, not
+  inside another run's directory, a checkpoint, an ``accelerator.save_state`` folder
+  or a converted model, and not around another run's directory
+  (:mod:`epochal._ownership`).
 """
 
 from __future__ import annotations
@@ -33,6 +39,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from epochal._ownership import (
+    CONVERTED_RUN,
+    RUN,
+    OwnedPathError,
+    check_writable,
+    file_writer,
+    owned_inside,
+    owner_above,
+)
 from epochal.model.config import ConfigError
 from epochal.train.config import DataConfig, TrainConfig, config_from_saved, position_length
 from epochal.train.config.run_name import flat_options
@@ -45,6 +60,7 @@ __all__ = [
     "archive_previous_history",
     "check_resume_config",
     "check_run_dir_holds",
+    "check_run_dir_place",
     "config_changes",
 ]
 
@@ -168,10 +184,12 @@ def check_run_dir_holds(config: TrainConfig) -> None:
         ConfigError: (``run_dir``) naming each option that differs, with both values and
             how to go on; (``checkpoint.resume``) ``"never"`` with checkpoints present.
     """
+    check_run_dir_place(config.run_dir)
     checkpointer = Checkpointer(Path(config.run_dir) / "checkpoints", checksums=False)
     try:
         folder = checkpointer.latest()
         if folder is None:
+            _check_recorded_config(config)
             return
         if config.checkpoint.resume == "never":
             raise ConfigError(
@@ -197,6 +215,88 @@ def check_run_dir_holds(config: TrainConfig) -> None:
             "--run_dir=NEW_DIR (or leave run_dir unset: each configuration then gets a "
             "directory of its own, see epochal train --help); to continue that run, set "
             "these options back",
+        )
+
+
+def check_run_dir_place(run_dir: str | os.PathLike, *, strict: bool = True) -> None:
+    """Refuse a run directory that is a file, or lies in or around what another writer owns.
+
+    Refused (:mod:`epochal._ownership`): ``run_dir`` naming a file; ``run_dir`` inside
+    another run's directory, a checkpoint (``runs/a/checkpoints/step_0000003``), a
+    checkpoints folder (a run's or ``accelerator.save_state``'s) or a converted Hugging
+    Face / Megatron model; ``run_dir`` containing another run's directory or checkpoints
+    (up to three levels down, its own ``checkpoints``, ``tensorboard`` and ``profile``
+    not counted); ``run_dir/config.toml`` that is not a run's record (a file ``epochal
+    config`` wrote, or one that is not an epochal configuration), which training would
+    replace. A run directory of its own (an earlier run to resume) or a model-only run
+    directory ``epochal convert`` wrote is accepted. ``strict=False`` (the trainer's
+    own check when it starts, for library use; ``epochal train`` checks strictly before
+    anything is prepared) refuses only what loses data: a file, a path in a checkpoint,
+    a checkpoints folder or a converted model; a run inside another run's directory
+    (which that run's saves never touch) and folders below ``run_dir`` pass.
+
+    Raises:
+        ConfigError: (``run_dir``) naming the path, what owns it and how to go on.
+    """
+    path = Path(run_dir)
+    if path.exists() and not path.is_dir():
+        raise ConfigError(
+            "run_dir",
+            f"{run_dir} is a file, not a directory; pass --run_dir=DIR naming a directory "
+            "(new or an earlier run's), or leave run_dir unset",
+        )
+    above = owner_above(path)
+    try:
+        if strict or (above is not None and above.kind not in (RUN, CONVERTED_RUN)):
+            ours = frozenset({RUN, CONVERTED_RUN})
+            check_writable(path, writer="train", option="run_dir", own=ours)
+    except OwnedPathError as exc:
+        raise ConfigError("run_dir", f"{str(exc).removeprefix('run_dir ')}") from None
+    skip = frozenset({"checkpoints", "tensorboard", "profile"})
+    inner = owned_inside(path, skip=skip) if strict else None
+    if inner is not None:
+        raise ConfigError(
+            "run_dir",
+            f"{run_dir} contains {inner.describe()}; a run directory may not hold another "
+            "run's files: choose a directory outside it",
+        )
+    record = path / "config.toml"
+    if record.is_file() and file_writer(record) == "config":
+        raise ConfigError(
+            "run_dir",
+            f"{run_dir} holds {record}, a configuration epochal config wrote, which training "
+            "would replace with the run's record; train with --config "
+            f"{record} --run_dir=ANOTHER_DIR, or move the file",
+        )
+
+
+def _check_recorded_config(config: TrainConfig) -> None:
+    """A run directory without a checkpoint but with a recorded ``config.toml``: the same run only.
+
+    Raises:
+        ConfigError: (``run_dir``) naming each option that cannot change on resume and
+            differs from the recorded configuration, or the unreadable record.
+    """
+    record = Path(config.run_dir) / "config.toml"
+    if not record.is_file():
+        return
+    try:
+        saved = config_from_saved(tomllib.loads(record.read_text(encoding="utf-8")))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError, ConfigError) as exc:
+        raise ConfigError(
+            "run_dir",
+            f"{config.run_dir} holds {record}, which is not a run's readable record ({exc}); "
+            "training would replace it: use another --run_dir, or move the file",
+        ) from None
+    defining, other = config_changes(saved, config)
+    changes = defining + [line for line in other if line.startswith("model.")]
+    if changes:
+        raise ConfigError(
+            "run_dir",
+            f"{config.run_dir} holds another run (its record {record} has no checkpoint yet "
+            f"-> this configuration: {'; '.join(changes)}). To train this configuration, pass "
+            "--run_dir=NEW_DIR (or leave run_dir unset); to start that run again, set these "
+            "options back",
         )
 
 
