@@ -46,7 +46,9 @@ def trained(steps: int = 2, **plugin: object):
 
 def greedy(model) -> list[list[int]]:
     """Greedy tokens of :data:`PROMPTS` (no stop token: every row fills the buffer)."""
-    return model.megatron_generate(PROMPTS, MASK, max_new_tokens=6, top_k=1, stop_token=None).tolist()
+    return model.megatron_generate(
+        PROMPTS, MASK, max_new_tokens=6, top_k=1, stop_token=None
+    ).tolist()
 
 
 def main() -> None:
@@ -55,7 +57,7 @@ def main() -> None:
     for name, plugin in (("tp2", {"tp_degree": 2}), ("pp2", {"pp_degree": 2})):
         _, model = trained(**plugin)
         (out / f"{name}_rank{rank}.json").write_text(json.dumps(greedy(model)))
-    _, model = trained(steps=1)  # two processes, one model each: data parallel
+    _, model = trained()  # two processes, one model each: data parallel
     try:
         greedy(model)
         error = None

@@ -46,10 +46,9 @@ def test_greedy_equals_transformers_on_prompts_of_different_lengths(prepared):
     tokens = torch.tensor(greedy(model))
     # Megatron's buffer: 5 + 6 rounded up to a multiple of 4; every row fills it
     assert tokens.shape == (3, 12)
-    for row, n in zip(tokens.tolist(), _lengths()):
-        prompt = row[:n]
-        assert prompt == PROMPTS[len(prompt) and _lengths().index(n)][:n].tolist()
-        assert row == _hf(hf, prompt, 12 - n, do_sample=False, eos_token_id=None)
+    for i, (row, n) in enumerate(zip(tokens.tolist(), _lengths())):
+        assert row[:n] == PROMPTS[i, :n].tolist()
+        assert row == _hf(hf, row[:n], 12 - n, do_sample=False, eos_token_id=None)
 
 
 def test_greedy_stops_at_the_stop_token_and_pads(prepared):
@@ -95,13 +94,20 @@ def test_beam_search_one_beam_is_greedy_and_more_beams_are_transformers(prepared
     for i, n in enumerate(_lengths()):
         prompt = PROMPTS[i : i + 1, :n]
         beam = model.megatron_generate(prompt, max_new_tokens=6, num_beams=1, stop_token=None)
-        width = 4 * -(-(n + 6) // 4)
         one = model.megatron_generate(prompt, max_new_tokens=6, top_k=1, stop_token=None)
-        assert beam.tolist() == one.tolist()
-        assert beam[0].tolist()[: 12] == free[i][: width] or width != 12
+        width = 4 * -(-(n + 6) // 4)  # alone, the buffer is the prompt's own
+        assert beam.tolist() == one.tolist() == [free[i][:width]]
     prompt = PROMPTS[:1]
     beams = model.megatron_generate(prompt, max_new_tokens=6, num_beams=3, length_penalty=0.5)
-    peer = _hf(hf, prompt[0].tolist(), 7, num_beams=3, length_penalty=0.5, eos_token_id=EOS, do_sample=False)
+    peer = _hf(
+        hf,
+        prompt[0].tolist(),
+        7,
+        num_beams=3,
+        length_penalty=0.5,
+        eos_token_id=EOS,
+        do_sample=False,
+    )
     assert beams.shape == (1, 12)
     assert beams[0].tolist()[: len(peer)] == peer
     assert set(beams[0].tolist()[len(peer) :]) <= {EOS}
@@ -109,7 +115,9 @@ def test_beam_search_one_beam_is_greedy_and_more_beams_are_transformers(prepared
 
 def test_add_bos_prepends_the_end_of_document_id(prepared):
     model, hf = prepared
-    tokens = model.megatron_generate(PROMPTS, MASK, max_new_tokens=6, top_k=1, add_BOS=True, stop_token=None)
+    tokens = model.megatron_generate(
+        PROMPTS, MASK, max_new_tokens=6, top_k=1, add_BOS=True, stop_token=None
+    )
     assert tokens.shape == (3, 12)  # 5 + 1 + 6
     for row, n in zip(tokens.tolist(), _lengths()):
         assert row[0] == EOS
@@ -162,14 +170,46 @@ def test_tp2_and_pp2_give_one_process_tokens_and_dp2_is_refused(prepared, tmp_pa
     reference = greedy(model)
     (tmp_path / "tp2.yaml").write_text(TP2_YAML)
     cmd = [
-        sys.executable, "-m", "epochal.cli", "launch", "--config_file", str(tmp_path / "tp2.yaml"),
-        str(HERE / "generate_worker.py"), str(tmp_path),
+        sys.executable,
+        "-m",
+        "epochal.cli",
+        "launch",
+        "--config_file",
+        str(tmp_path / "tp2.yaml"),
+        str(HERE / "generate_worker.py"),
+        str(tmp_path),
     ]
-    proc = run_process(cmd, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"}, cwd=str(tmp_path))
+    proc = run_process(
+        cmd, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"}, cwd=str(tmp_path)
+    )
     assert proc.returncode == 0, f"{proc.stdout}\n{proc.stderr}"
     for layout in ("tp2", "pp2"):
         for rank in (0, 1):
-            assert json.loads((tmp_path / f"{layout}_rank{rank}.json").read_text()) == reference, layout
+            assert json.loads((tmp_path / f"{layout}_rank{rank}.json").read_text()) == reference, (
+                layout
+            )
     for rank in (0, 1):
         error = json.loads((tmp_path / f"dp2_rank{rank}.json").read_text())
         assert error is not None and "data-parallel size 1" in error
+
+
+def test_vocab_file_gives_the_end_of_document_id(prepared, tmp_path):
+    """``other_megatron_args["vocab_file"]``: its ``<|endoftext|>`` is the default stop token."""
+    from epochal.accelerate.utils import MegatronLMPlugin
+
+    model, hf = prepared
+    stop = greedy(model)[0][6]
+    vocab = tmp_path / "vocab.json"
+    vocab.write_text(json.dumps({"a": 0, "<|endoftext|>": stop}))
+    MegatronLMPlugin(other_megatron_args={"vocab_file": str(vocab), "merge_file": "merges.txt"})
+    model.vocab_file = str(vocab)
+    try:
+        tokens = model.megatron_generate(PROMPTS[:1], max_new_tokens=6, top_k=1)
+        (tmp_path / "bad.json").write_text("{}")
+        model.vocab_file = str(tmp_path / "bad.json")
+        with pytest.raises(GenerateError, match="vocab_file"):
+            model.megatron_generate(PROMPTS[:1], max_new_tokens=6, top_k=1)
+    finally:
+        model.vocab_file = None
+    peer = _hf(hf, PROMPTS[0].tolist(), 7, do_sample=False, eos_token_id=stop)
+    assert tokens[0].tolist() == peer and peer[-1] == stop

@@ -108,7 +108,8 @@ def _prompts(inputs: Any, attention_mask: Any) -> list[list[int]]:
         return ids.tolist()
     mask = torch.as_tensor(attention_mask).detach().long().cpu()
     _check(
-        mask.shape == ids.shape, f"attention_mask: shape {tuple(mask.shape)} != inputs' {tuple(ids.shape)}"
+        mask.shape == ids.shape,
+        f"attention_mask: shape {tuple(mask.shape)} != inputs' {tuple(ids.shape)}",
     )
     lengths = mask.sum(dim=-1)
     expected = (torch.arange(ids.shape[1])[None, :] < lengths[:, None]).long()
@@ -267,4 +268,3 @@ def _pack(rows: list[list[int]], width: int, pad: int, device: torch.device) -> 
     for i, row in enumerate(rows):
         out[i, : len(row)] = torch.tensor(row[:width], dtype=torch.long)
     return out.to(device)
-
