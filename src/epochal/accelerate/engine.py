@@ -79,6 +79,8 @@ class MegatronEngine(nn.Module):
         self.last_metrics: dict[str, Any] = {}
         #: the model has no weights yet (``init_empty_weights``): ``load_state`` must come first
         self.weights_pending = trainer.source.state is None
+        #: ``other_megatron_args["vocab_file"]``: its ``<|endoftext|>`` ends ``megatron_generate``
+        self.vocab_file: str | None = None
 
     @property
     def config(self) -> Any:
@@ -146,10 +148,19 @@ class MegatronEngine(nn.Module):
         return int(batch["input_ids"].shape[1])
 
     def generate(self, *args: Any, **kwargs: Any) -> Any:
-        """Refused: generate with ``accelerator.unwrap_model(model).generate(...)``."""
+        """Refused: use :meth:`megatron_generate` or ``accelerator.unwrap_model(model).generate(...)``."""
         raise EngineError(
-            "the prepared model trains; generate with accelerator.unwrap_model(model).generate(...) "
-            "or epochal generate on a checkpoint (tensor parallel)"
+            "the prepared model trains; generate with model.megatron_generate(...) (as with "
+            "Accelerate's Megatron-LM engine) or accelerator.unwrap_model(model).generate(...)"
         )
 
-    megatron_generate = generate
+    def megatron_generate(self, inputs: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        """Accelerate's ``megatron_generate`` (:mod:`epochal.accelerate.generation`; a collective)."""
+        from epochal.accelerate.generation import megatron_generate
+
+        if self.weights_pending:
+            raise EngineError(
+                "the model was built without weights (init_empty_weights): call "
+                "accelerator.load_state(...) before generating"
+            )
+        return megatron_generate(self, inputs, *args, **kwargs)

@@ -180,6 +180,8 @@ _ALLOWED_OTHER_ARGS = {
     "pipeline_schedule": "'gpipe', '1f1b' or 'interleaved_1f1b'",
     "loss_parallel": "vocabulary-parallel cross-entropy under tensor parallelism",
     "dataloader_num_workers": "worker processes of the prepared loaders",
+    "vocab_file": "a GPT-2 vocab.json: its <|endoftext|> ends and starts megatron_generate's rows",
+    "merge_file": "the GPT-2 merges.txt beside vocab_file (accepted; the model's ids are used)",
 }
 
 LR_DECAY_STYLES = ("constant", "linear", "cosine", "inverse-square-root", "WSD")

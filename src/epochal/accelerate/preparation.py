@@ -340,4 +340,5 @@ def _build_engine(
     engine = MegatronEngine(
         trainer, adapter, return_logits=plugin.return_logits, on_step=acc._on_step
     )
+    engine.vocab_file = plugin.other("vocab_file")
     return engine, iterators

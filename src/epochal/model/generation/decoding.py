@@ -65,6 +65,7 @@ __all__ = [
     "GenerationConfig",
     "GenerationConfigError",
     "GenerationOutput",
+    "beam_search",
     "candidates",
     "filter_logits",
     "generate",
@@ -110,5 +111,27 @@ def generate(
         if cfg.num_beams > 1:
             return _beam_search(model, rows, cfg, vocab)
         return _sample_or_greedy(model, rows, cfg, vocab)
+    finally:
+        model.train(was_training)
+
+
+@torch.no_grad()
+def beam_search(
+    model: nn.Module, prompts: Sequence[Sequence[int]], config: GenerationConfig
+) -> GenerationOutput:
+    """Beam search with ``config.num_beams`` beams, one beam included (Megatron-LM's ``beam_width=1``).
+
+    :func:`generate` decodes ``num_beams=1`` greedily, as Hugging Face does; this runs
+    the beam search itself for any ``num_beams >= 1`` (a single beam still keeps
+    finished hypotheses and may continue past a stop token when a longer
+    continuation scores better). Decoder-only models; arguments as :func:`generate`'s.
+    """
+    if config.do_sample:
+        raise GenerationConfigError("do_sample: beam search does not sample")
+    rows, vocab, _ = _prepare(model, prompts, config)
+    was_training = model.training
+    model.eval()
+    try:
+        return _beam_search(model, rows, config, vocab)
     finally:
         model.train(was_training)
