@@ -289,11 +289,14 @@ def _train(config) -> int:
         f"run: {result.run_dir}; checkpoints: {ckpt if ckpt else 'none'}; plot: {plot or 'none'}"
     )
     if not result.losses:
+        from epochal.train.next_steps import train_further_command
+
+        further = train_further_command(config, result.run_dir, final_step=result.final_step)
         say(
             f"nothing to do: {result.run_dir} is already at step {result.final_step} "
-            f"(training.train_iters={t.train_iters}). To train further, run the same command "
-            f"with --training.train_iters={2 * max(result.final_step, 1)}; to start another run, "
-            "add --run_dir=NEW_DIR"
+            f"(training.train_iters={t.train_iters}). To train further, its learning-rate "
+            f"schedule kept: {further}; to start another run, add --run_dir=NEW_DIR to this "
+            "command"
         )
         say(where)
         return 0
