@@ -15,8 +15,8 @@ on the next; blank lines and ``#`` comment lines are skipped), ```` ```python ``
 blocks run in one namespace per page, and every other language is shown only.
 
 A python line may state what it prints in a trailing ``# -> TEXT`` comment
-(``print(x.shape)  # -> torch.Size([2, 32])``); the tests check those too, in order,
-against the block's output.
+(``print(x.shape)  # -> torch.Size([2, 32])``), or a comment line of its own below it (a
+long line); the tests check those too, in order, against the block's output.
 
 A stated output matches when it appears in the printed output in order, with every run
 of whitespace (line breaks included, so a long line may be wrapped) standing for any
@@ -144,13 +144,8 @@ def command_lines(code: str) -> list[str]:
 
 
 def stated_prints(code: str) -> list[str]:
-    """The ``# -> TEXT`` comments of a python block's lines, in order (comment lines excluded)."""
-    stated = []
-    for line in code.splitlines():
-        match = _STATED_PRINT.search(line)
-        if match and line.strip() and not line.lstrip().startswith("#"):
-            stated.append(match["text"])
-    return stated
+    """The ``# -> TEXT`` comments of a python block, in order (trailing or on a line of their own)."""
+    return [m["text"] for m in map(_STATED_PRINT.search, code.splitlines()) if m]
 
 
 def _pattern(stated: str) -> re.Pattern[str]:

@@ -86,7 +86,8 @@ STATED = """# Stated outputs
 import torch
 
 print(torch.zeros(1, 24, 33).shape)  # -> {shape}
-print(348, "docstrings")             # -> 348 docstrings
+print(348, "docstrings")
+# -> 348 docstrings
 ```
 
 ```bash
