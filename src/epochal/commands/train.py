@@ -3,10 +3,9 @@
     epochal train                                   # the tiny preset: a CPU demo, no downloads
     epochal train --config my.toml                  # a real configuration
     epochal train --preset gpt2-small --data.data_path='["/data/owt_text_document"]'
-    epochal train --config runs/tiny/config.toml --run_dir=runs/tiny \
-        --training.train_iters=600 --scheduler.lr_decay_iters=300
-                                                    # train the finished tiny run further,
-                                                    # its learning-rate schedule kept
+    epochal train --config runs/tiny/config.toml --run_dir=runs/tiny --training.train_iters=600 --scheduler.lr_decay_iters=300
+                                                    # train the finished tiny run further, its
+                                                    # learning-rate schedule kept
     epochal train --print-config                    # show the resolved configuration (TOML)
     epochal train --list-options training           # every option of a section, with its meaning
 
