@@ -12,6 +12,11 @@
   its own would leave them); any other line runs with ``bash -c`` in the folder.
   Every command must exit 0.
 
+What a page states a block prints is checked against what it printed (see
+:mod:`.markdown_blocks`): an ``<!-- output -->`` block against the output of the
+nearest block above it that ran, and a python line's ``# -> TEXT`` against its own
+block's output (python blocks' output is captured for this).
+
 Each command's output is returned so that callers can check it.
 """
 
@@ -27,7 +32,13 @@ from pathlib import Path
 import torch
 
 from tests.dist_utils import run_process
-from tests.docs.markdown_blocks import Block, command_lines, page_blocks
+from tests.docs.markdown_blocks import (
+    Block,
+    command_lines,
+    page_blocks,
+    stated_output_missing,
+    stated_prints,
+)
 
 __all__ = ["CommandResult", "PageRunner", "is_plain_epochal"]
 
@@ -79,6 +90,15 @@ def _split_quotes(command: str) -> list[str]:
     return pieces
 
 
+def _check_stated(block: Block, stated: list[str], printed: str) -> None:
+    """Assert that ``printed`` has what ``block`` states (an output block, ``# ->`` comments)."""
+    missing = stated_output_missing(stated, printed)
+    assert not missing, (
+        f"{block.where}: the page states an output that was not printed: {missing}\n"
+        f"printed:\n{printed[-6000:]}"
+    )
+
+
 @dataclass
 class CommandResult:
     """One command: where it came from, its exit status and its output (stdout + stderr)."""
@@ -113,14 +133,19 @@ class PageRunner:
     def run_page(self, page: Path, namespace: dict | None = None) -> Iterator[CommandResult]:
         """Run every block of ``page``; yield each command's result (after asserting exit 0)."""
         namespace = {"__name__": "docs_page"} if namespace is None else namespace
+        printed = ""  # what the last block that ran printed
         for block in page_blocks(page):
             if block.file is not None:
                 target = self.folder / block.file
                 target.parent.mkdir(parents=True, exist_ok=True)
                 target.write_text(block.code)
+            elif block.output:
+                _check_stated(block, [block.code], printed)
             elif block.runs and block.lang == "python":
-                self._python(block, namespace)
+                printed = self._python(block, namespace)
+                _check_stated(block, stated_prints(block.code), printed)
             elif block.runs:
+                printed = ""
                 for line in command_lines(block.code):
                     result = self._command(block, self.rewrite(line))
                     self.results.append(result)
@@ -128,18 +153,22 @@ class PageRunner:
                         f"{result.where}: `{result.command}` exited {result.returncode}\n"
                         f"{result.output[-6000:]}"
                     )
+                    printed += result.output
                     yield result
 
-    def _python(self, block: Block, namespace: dict) -> None:
-        """Run a python block as ``python`` would in the folder: it is the cwd and on sys.path."""
+    def _python(self, block: Block, namespace: dict) -> str:
+        """Run a python block as ``python`` would in the folder (the cwd, on sys.path); its output."""
         cwd = os.getcwd()
         os.chdir(self.folder)
         sys.path.insert(0, str(self.folder))
+        self.read_output()  # drop what came before
         try:
             exec(compile(block.code, f"{block.where} (python)", "exec"), namespace)  # noqa: S102
         finally:
             sys.path.remove(str(self.folder))
             os.chdir(cwd)
+        out, err = self.read_output()
+        return out + err
 
     def _command(self, block: Block, line: str) -> CommandResult:
         plain = _plain_epochal(line)

@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
-from tests.docs.markdown_blocks import command_lines, page_blocks
-from tests.docs.page_runner import _plain_epochal
+from tests.docs.markdown_blocks import (
+    command_lines,
+    page_blocks,
+    stated_output_missing,
+    stated_prints,
+)
+from tests.docs.page_runner import PageRunner, _plain_epochal
 
 PAGE = """# A page
 
@@ -71,3 +78,78 @@ def test_a_marker_away_from_a_fence_is_an_error(tmp_path):
 )
 def test_which_lines_run_in_process(line, plain):
     assert _plain_epochal(line) == plain
+
+
+STATED = """# Stated outputs
+
+```python
+import torch
+
+print(torch.zeros(1, 24, 33).shape)  # -> {shape}
+print(348, "docstrings")
+# -> 348 docstrings
+```
+
+```bash
+printf 'data: 948 documents, 12 tokens\\nmodel: 1 layer\\n'
+```
+
+Prose between a block and its output.
+
+<!-- output -->
+```text
+data: {documents} documents, ...
+model: 1 layer
+```
+"""
+
+
+def _runner(tmp_path, capfd) -> PageRunner:
+    return PageRunner(folder=tmp_path, env=dict(os.environ), read_output=capfd.readouterr)
+
+
+def test_stated_outputs_are_read_from_the_page(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text(STATED.format(shape="torch.Size([1, 24, 33])", documents=948))
+    python, bash, output = page_blocks(page)
+    assert python.runs and bash.runs and not output.runs and output.output
+    assert stated_prints(python.code) == ["torch.Size([1, 24, 33])", "348 docstrings"]
+    page.write_text("<!-- output -->\n```text\n1\n```\n")
+    with pytest.raises(ValueError, match="page.md:1: an 'output' marker needs a block that runs"):
+        page_blocks(page)
+
+
+@pytest.mark.parametrize(
+    ("stated", "printed", "missing"),
+    [
+        (["348 docstrings"], "348 docstrings\n", []),
+        (["48 docstrings"], "348 docstrings\n", ["48 docstrings"]),  # whole words only
+        (["a long line\nwrapped"], "x\na long line wrapped\n", []),  # whitespace is any
+        (["data: ... tokens"], "data: 9 documents, 7 tokens\n", []),
+        (["first\n...\nlast"], "first\nmiddle\nlast\n", []),
+        (["b", "a"], "a\nb\n", ["a"]),  # in order
+        (["[1, 28, 33]"], "torch.Size([1, 24, 33])", ["[1, 28, 33]"]),
+    ],
+)
+def test_what_a_stated_output_matches(stated, printed, missing):
+    assert stated_output_missing(stated, printed) == missing
+
+
+@pytest.mark.parametrize(
+    ("shape", "documents", "wrong"),
+    [
+        ("torch.Size([1, 24, 33])", 948, None),
+        ("torch.Size([1, 28, 33])", 948, "torch.Size([1, 28, 33])"),
+        ("torch.Size([1, 24, 33])", 348, "data: 348 documents"),
+    ],
+)
+def test_a_page_whose_stated_output_differs_fails(tmp_path, capfd, shape, documents, wrong):
+    page = tmp_path / "page.md"
+    page.write_text(STATED.format(shape=shape, documents=documents))
+    run = _runner(tmp_path, capfd).run_page(page)
+    if wrong is None:
+        assert [r.output for r in run] == ["data: 948 documents, 12 tokens\nmodel: 1 layer\n"]
+        return
+    with pytest.raises(AssertionError, match="the page states an output that was not printed") as e:
+        list(run)
+    assert wrong in str(e.value) and "page.md:" in str(e.value)

@@ -58,7 +58,9 @@ def test_quick_start_then_parallel_command_and_print_config_do_not_collide(
         nxt[0] == f"  epochal generate --checkpoint {quick} --prompt-ids 1,2,3 --max-new-tokens 8"
     )
     assert f"  epochal plot {quick}" in nxt
-    assert "  train further: the same epochal train command with --training.train_iters=4" in nxt
+    further = f"epochal train --config {quick}/config.toml --run_dir={quick} "
+    further += "--training.train_iters=4 --scheduler.lr_decay_iters=2"
+    assert f"  train further (learning-rate schedule kept): {further}" in nxt
     assert cli_main(shlex.split(nxt[0])[1:]) == 0
     assert cli_main(["plot", quick]) == 0
     capsys.readouterr()
@@ -67,7 +69,8 @@ def test_quick_start_then_parallel_command_and_print_config_do_not_collide(
     assert cli_main(["train", *QUICK]) == 0
     out = capsys.readouterr().out
     assert f"nothing to do: {quick} is already at step 2" in out
-    assert "--training.train_iters=4" in out and "--run_dir=NEW_DIR" in out
+    assert f"To train further, its learning-rate schedule kept: {further};" in out
+    assert "--run_dir=NEW_DIR" in out
 
     # a parallel command (torchrun is launched by `epochal train` itself) gets its own run
     parallel = _run_dir(*QUICK, "--parallel.data_parallel=2")
@@ -101,6 +104,53 @@ def test_quick_start_then_parallel_command_and_print_config_do_not_collide(
         monkeypatch.setenv("RANK", rank)
         assert cli_main(["train", *other]) == 2
         assert ("holds another run" in capsys.readouterr().err) is says
+
+
+def _train_records(run_dir) -> dict[int, dict]:
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    records = [json.loads(line) for line in lines]
+    return {r["step"]: r for r in records if r.get("kind") == "train"}
+
+
+def test_the_train_further_command_continues_the_learning_rate_schedule(
+    tmp_path, monkeypatch, capsys
+):
+    """The printed command, run, goes on along the finished run's schedule.
+
+    The reference is a run that never stopped, trained to the new length with the
+    decay ending where the first run's did (Megatron's fixed ``--lr-decay-iters``): the
+    resumed run's learning rate equals it at every step (the finished run's own rates
+    up to its last step, ``min_lr`` after), and so do its samples and losses.
+    """
+    monkeypatch.chdir(tmp_path)
+    schedule = [
+        "--optimizer.lr=0.01",
+        "--optimizer.min_lr=0.001",
+        "--scheduler.lr_warmup_fraction=0.25",
+    ]
+    first = [*QUICK, *schedule, "--training.train_iters=4", "--run_dir=runs/a"]
+    assert cli_main(["train", *first]) == 0
+    nxt = capsys.readouterr().out.split("\nnext:\n", 1)[1].splitlines()
+    label = "  train further (learning-rate schedule kept): "
+    further = [line.removeprefix(label) for line in nxt if line.startswith(label)]
+    assert len(further) == 1 and "--training.train_iters=8" in further[0]
+    finished = _train_records(tmp_path / "runs" / "a")
+    assert cli_main(shlex.split(further[0])[1:]) == 0
+    out = capsys.readouterr().out
+    assert "trained steps 5-8 (resumed from step 4)" in out
+    assert "schedule is recomputed" not in out
+    straight = [*QUICK, *schedule, "--training.train_iters=8", "--scheduler.lr_decay_iters=4"]
+    assert cli_main(["train", *straight, "--run_dir=runs/straight"]) == 0
+    resumed = _train_records(tmp_path / "runs" / "a")
+    reference = _train_records(tmp_path / "runs" / "straight")
+    assert sorted(resumed) == sorted(reference) == list(range(1, 9))
+    for step in range(1, 9):
+        assert resumed[step]["lr"] == reference[step]["lr"], step
+        for key in ("loss", "sample_digest"):
+            assert resumed[step][key] == reference[step][key], (step, key)
+    assert [finished[k]["lr"] for k in range(1, 5)] == [resumed[k]["lr"] for k in range(1, 5)]
+    assert len({resumed[k]["lr"] for k in range(1, 5)}) == 4  # warmup then decay
+    assert [resumed[k]["lr"] for k in range(5, 9)] == [pytest.approx(0.001)] * 4
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")

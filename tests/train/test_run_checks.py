@@ -130,7 +130,8 @@ def test_extending_a_finished_run_says_the_schedule_is_recomputed(tmp_path, caps
     trainer.train()
     out = capsys.readouterr().out
     assert "the learning-rate schedule is recomputed for this configuration" in out
-    assert "lr_decay_steps 2 -> 6" in out and "--scheduler.lr_decay_iters=2" in out
+    assert "lr_decay_steps 2 -> 6" in out
+    assert f"--scheduler.lr_decay_iters=2 --run_dir={tmp_path}" in out
     assert f"was {first[-1]:.3g} at step 2 and is {lrs[0]:.3g} at step 3" in out
     assert lrs[0] > first[-1]  # back up
     # keeping the earlier horizon: nothing to say, and the rate stays at its minimum

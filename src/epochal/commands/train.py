@@ -3,7 +3,9 @@
     epochal train                                   # the tiny preset: a CPU demo, no downloads
     epochal train --config my.toml                  # a real configuration
     epochal train --preset gpt2-small --data.data_path='["/data/owt_text_document"]'
-    epochal train --training.train_iters=600        # continue the tiny run to step 600
+    epochal train --config runs/tiny/config.toml --run_dir=runs/tiny --training.train_iters=600 --scheduler.lr_decay_iters=300
+                                                    # train the finished tiny run further, its
+                                                    # learning-rate schedule kept
     epochal train --print-config                    # show the resolved configuration (TOML)
     epochal train --list-options training           # every option of a section, with its meaning
 
@@ -290,11 +292,14 @@ def _train(config) -> int:
         f"run: {result.run_dir}; checkpoints: {ckpt if ckpt else 'none'}; plot: {plot or 'none'}"
     )
     if not result.losses:
+        from epochal.train.next_steps import train_further_command
+
+        further = train_further_command(config, result.run_dir, final_step=result.final_step)
         say(
             f"nothing to do: {result.run_dir} is already at step {result.final_step} "
-            f"(training.train_iters={t.train_iters}). To train further, run the same command "
-            f"with --training.train_iters={2 * max(result.final_step, 1)}; to start another run, "
-            "add --run_dir=NEW_DIR"
+            f"(training.train_iters={t.train_iters}). To train further, its learning-rate "
+            f"schedule kept: {further}; to start another run, add --run_dir=NEW_DIR to this "
+            "command"
         )
         say(where)
         return 0

@@ -4,7 +4,20 @@
 where to go: sample from a GPT or T5 (``epochal generate``), fill masks of a BERT
 or ESM-2 (``epochal fill-mask``), embed or predict with an encoder
 (``epochal embed``), take the model to Hugging Face (``epochal convert``), plot the
-loss (``epochal plot``), and train further (a larger ``training.train_iters``).
+loss (``epochal plot``), and train further (:func:`train_further_command`).
+
+Training further means continuing the run, as Megatron-LM does when ``--train-iters``
+is raised and ``--lr-decay-iters`` kept: the same weights, optimizer state and data
+position, a larger ``training.train_iters``, and ``scheduler.lr_decay_iters`` pinned to
+the run's decay length, so the learning rate goes on along the schedule it followed
+(past the end of the decay it stays at ``optimizer.min_lr``) instead of being
+recomputed over the new length (``lr_decay_iters`` defaults to ``train_iters``; the
+recomputed decay would put the rate of a finished run back near its peak). A
+``scheduler.lr_warmup_fraction`` is a fraction of that decay length, so the warmup
+stays as it was too. The command names the run's own ``config.toml`` and
+``run_dir``: ``scheduler.lr_decay_iters`` is part of a run's identity (another
+schedule is another run), so the preset's command with it added would name a new
+run directory instead of continuing this one.
 """
 
 from __future__ import annotations
@@ -13,7 +26,7 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-__all__ = ["next_commands"]
+__all__ = ["next_commands", "train_further_command"]
 
 #: A masked sentence per tokenizer family of :func:`next_commands`' fill-mask line.
 _MASKED_TEXT = {
@@ -42,6 +55,31 @@ def _table(config: Any) -> str:
     return config.finetune.valid_file or config.finetune.train_file
 
 
+def train_further_command(config: Any, run_dir: str | Path, *, final_step: int) -> str:
+    """The command that continues a finished run to twice its step, its LR schedule kept.
+
+    Args:
+        config: the run's ``TrainConfig`` (its resolved configuration is
+            ``RUN/config.toml``).
+        run_dir: where it trained.
+        final_step: the step the run reached.
+
+    Returns:
+        ``epochal train --config RUN/config.toml --run_dir=RUN
+        --training.train_iters=2*final_step --scheduler.lr_decay_iters=DECAY``, shell-quoted,
+        where ``DECAY`` is the run's decay length (``scheduler.lr_decay_iters``, or its
+        ``training.train_iters`` when unset). Run from the folder the run was started in
+        (relative paths are the configuration's).
+    """
+    run = Path(run_dir)
+    return (
+        f"epochal train --config {shlex.quote(str(run / 'config.toml'))} "
+        f"--run_dir={shlex.quote(str(run))} "
+        f"--training.train_iters={max(2 * final_step, 1)} "
+        f"--scheduler.lr_decay_iters={config.lr_decay_iters}"
+    )
+
+
 def next_commands(config: Any, run_dir: str | Path, *, final_step: int) -> list[str]:
     """Command lines worth trying after training ``config`` in ``run_dir``.
 
@@ -49,7 +87,7 @@ def next_commands(config: Any, run_dir: str | Path, *, final_step: int) -> list[
         config: the run's ``TrainConfig``.
         run_dir: where it trained.
         final_step: the step the run reached; a finished run (``training.train_iters``
-            reached) also gets the hint to train further, to twice that step.
+            reached) also gets the command to train further (:func:`train_further_command`).
 
     Returns:
         Shell-quoted command lines, most useful first (the last may be that hint).
@@ -84,8 +122,6 @@ def next_commands(config: Any, run_dir: str | Path, *, final_step: int) -> list[
     cmds.append(f"epochal convert {run} {shlex.quote(f'hf/{name}')} --to hf")
     cmds.append(f"epochal plot {run}")
     if final_step >= config.training.train_iters:  # finished (a stopped run resumes as it is)
-        cmds.append(
-            f"train further: the same epochal train command with "
-            f"--training.train_iters={max(2 * final_step, 1)}"
-        )
+        further = train_further_command(config, run_dir, final_step=final_step)
+        cmds.append(f"train further (learning-rate schedule kept): {further}")
     return cmds

@@ -9,7 +9,9 @@ peak). :func:`schedule_note` says so at resume, with the learning rate before an
 after, and how to keep the earlier schedule instead: ``scheduler.lr_decay_iters``
 set to the earlier horizon (a ``scheduler.lr_warmup_fraction`` is a fraction of it,
 so the warmup stays too), after which the rate stays at ``optimizer.min_lr``, as
-Megatron's schedule does past its decay.
+Megatron's schedule does past its decay. The note names the run directory too: the
+schedule is part of a run's identity, so without ``--run_dir`` the added option
+would name another (new) run directory.
 
 :func:`profile_note` says when ``logging.profile_steps`` lies wholly before the
 resumed step (nothing will be profiled).
@@ -17,6 +19,7 @@ resumed step (nothing will be profiled).
 
 from __future__ import annotations
 
+import shlex
 from types import SimpleNamespace
 from typing import Any
 
@@ -62,7 +65,8 @@ def schedule_note(saved: dict[str, Any], config: Any) -> str | None:
     return (
         f"{note}. To keep the earlier schedule instead (its decay to step "
         f"{old['lr_decay_steps']}, then optimizer.min_lr), resume with "
-        f"--scheduler.lr_decay_iters={old['lr_decay_steps']}"
+        f"--scheduler.lr_decay_iters={old['lr_decay_steps']} "
+        f"--run_dir={shlex.quote(str(config.run_dir))}"
     )
 
 
