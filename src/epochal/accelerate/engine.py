@@ -172,8 +172,9 @@ class MegatronEngine(nn.Module):
         if any(c is not None for c in custom):
             raise EngineError(
                 "num_items_in_batch with MegatronLMPlugin's custom_train_step_class / "
-                "custom_loss_function / custom_get_batch_function: the custom loss decides its own normalisation; leave "
-                "num_items_in_batch out (or divide by it in the custom loss)"
+                "custom_loss_function / custom_get_batch_function: the custom loss decides its "
+                "own normalisation; leave num_items_in_batch out (or divide by it in the "
+                "custom loss)"
             )
         return batch, float(num_items), as_tuple
 
