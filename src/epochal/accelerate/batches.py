@@ -6,7 +6,8 @@ engine splits it into micro-batches and turns each into the keys of epochal's
 train steps (:mod:`epochal.train.steps`), so that the step's loss (a token mean
 under ``loss_mask``) is the one the transformers model reports:
 
-- **causal** (GPT-2, Llama): ``tokens = input_ids``; the targets are ``labels``
+- **causal** (GPT-2, Llama): ``tokens = input_ids``, ``position_ids`` when the batch
+  has them (the model's positions, as transformers uses them); the targets are ``labels``
   (``input_ids`` when the batch has none, as Accelerate's Megatron backend does)
   shifted left by one, the last position without a target, so position ``t``
   predicts label ``t + 1``; ``loss_mask`` is 1 where that label is not -100.
@@ -24,6 +25,12 @@ under ``loss_mask``) is the one the transformers model reports:
   start token (-100 read as the pad id), ``dec_mask = decoder_attention_mask`` (ones
   when absent: transformers masks no decoder position then), ``labels``, ``loss_mask``.
 
+A key a family does not take raises :class:`BatchError` naming it (nothing is
+dropped): GPT-2's ``token_type_ids`` (added through its token embedding; epochal's
+causal models have no token types), ``position_ids`` of masked and
+sequence-to-sequence models, ``token_type_ids`` of a model without token types, and
+any key transformers' model does not take.
+
 Under pipeline parallelism every micro-batch is padded to one length (the
 pipeline's buffers have one shape), and under sequence parallelism to a multiple
 of the tensor-parallel size; padded positions carry no loss and, for encoders,
@@ -37,9 +44,38 @@ from typing import Any
 
 import torch
 
-__all__ = ["BatchAdapter", "BatchError"]
+__all__ = ["LOSS_SCALE_KEY", "BatchAdapter", "BatchError"]
 
 IGNORE = -100
+
+#: a micro-batch's loss multiplier per row (``num_items_in_batch``; see the engine)
+LOSS_SCALE_KEY = "num_items_loss_scale"
+
+#: the batch keys each family's transformers models take
+_KEYS = {
+    "causal": {"input_ids", "labels", "attention_mask", "position_ids"},
+    "masked": {"input_ids", "labels", "attention_mask", "token_type_ids", "next_sentence_label"},
+    "seq2seq": {
+        "input_ids",
+        "attention_mask",
+        "labels",
+        "decoder_input_ids",
+        "decoder_attention_mask",
+    },
+}
+
+#: why a key a model of the family might get cannot be honoured, and what to do
+_REFUSED = {
+    ("causal", "token_type_ids"): (
+        "epochal's causal models have no token-type embeddings (GPT-2 adds token_type_ids "
+        "through its token embedding); leave them out of the batch (tokenizer(..., "
+        "return_token_type_ids=False) or remove the column)"
+    ),
+    ("masked", "position_ids"): (
+        "the prepared model uses the default positions 0..s-1; leave position_ids out"
+    ),
+    ("seq2seq", "position_ids"): "T5 has no position_ids (relative attention); leave them out",
+}
 
 
 class BatchError(ValueError):
@@ -105,6 +141,7 @@ class BatchAdapter:
         """
         if not isinstance(batch, Mapping) or not batch:
             raise BatchError("model(**batch) needs keyword tensors (input_ids=..., labels=...)")
+        self._check_keys(batch)
         first = _need(batch, "tokens" if self.family == "megatron" else "input_ids", self.family)
         rows = first.shape[0]
         n = self.num_microbatches
@@ -129,6 +166,29 @@ class BatchAdapter:
         return [
             convert({k: v[i * size : (i + 1) * size] for k, v in tensors.items()}) for i in range(n)
         ]
+
+    def _check_keys(self, batch: Mapping[str, Any]) -> None:
+        if self.family == "megatron":  # epochal's own GPT keys, as the dummy loader yields them
+            return
+        allowed = _KEYS[self.family]
+        for key, value in batch.items():
+            if value is None:
+                continue
+            reason = _REFUSED.get((self.family, key))
+            if key == "token_type_ids" and self.family == "masked" and not self.uses_token_types:
+                reason = "the model has no token-type embeddings; leave token_type_ids out"
+            if reason is None and key not in allowed:
+                reason = (
+                    f"a {self.family} model takes {sorted(allowed)}; remove the key from the "
+                    "batch (e.g. dataset.remove_columns) or compute what it is for separately"
+                )
+            if reason is not None:
+                raise BatchError(f"batch[{key!r}] cannot be used: {reason}")
+            if not isinstance(value, torch.Tensor):
+                raise BatchError(
+                    f"batch[{key!r}] is a {type(value).__name__}, not a tensor: collate it into "
+                    "a tensor (transformers.default_data_collator / DataCollatorWithPadding)"
+                )
 
     def _length(self, actual: int, fixed: int | None, what: str) -> int:
         if fixed is not None:
@@ -162,11 +222,20 @@ class BatchAdapter:
                     "labels to -100 (DataCollatorForLanguageModeling(mlm=False) does)"
                 )
         length = self._length(tokens.shape[1], self.fixed_length, "sequence")
-        return {
+        out = {
             "tokens": _pad_right(tokens, length, 0),
             "labels": _pad_right(targets.clamp(min=0), length, 0),
             "loss_mask": _pad_right(mask.float(), length, 0.0),
         }
+        if "position_ids" in b:
+            positions = b["position_ids"].long()
+            if positions.shape != tokens.shape:
+                raise BatchError(
+                    f"batch['position_ids'] has shape {tuple(positions.shape)}, input_ids "
+                    f"{tuple(tokens.shape)}: give one position per token"
+                )
+            out["position_ids"] = _pad_right(positions, length, 0)
+        return out
 
     def _masked(self, b: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         tokens = b["input_ids"].long()

@@ -18,7 +18,24 @@ holding the last pipeline stage; None on the others).
 
 Outputs are transformers' output classes (``CausalLMOutputWithCrossAttentions``,
 ``MaskedLMOutput``, ``Seq2SeqLMOutput``): ``outputs.loss``, ``outputs["loss"]`` and
-``outputs[0]`` all work.
+``outputs[0]`` all work (``return_dict=False``: the tuple).
+
+The model keywords transformers takes beside the batch:
+
+- ``num_items_in_batch`` (causal language models, whose transformers loss uses it):
+  the loss is the sum of the token cross-entropies divided by it, as transformers
+  defines it; it counts the targets of the whole step (every micro-batch and every
+  data-parallel rank: the global batch), so the step's loss and gradient are the
+  global batch's token sum over it, the same on every rank. Masked and
+  sequence-to-sequence models refuse it (their transformers loss is the token mean),
+  and so does a custom train step or loss (it decides its own normalisation).
+- ``use_cache`` / ``output_attentions`` / ``output_hidden_states`` false or None:
+  nothing to do; true is refused (the prepared model returns no cache, attention
+  probabilities or hidden states: run ``accelerator.unwrap_model(model)`` for them).
+- ``return_dict``: False gives the output as a tuple.
+
+Any other keyword, and any batch key the model family does not take
+(:mod:`epochal.accelerate.batches`), raises an error naming it: nothing is dropped.
 """
 
 from __future__ import annotations
@@ -28,7 +45,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from epochal.accelerate.batches import BatchAdapter
+from epochal.accelerate.batches import LOSS_SCALE_KEY, BatchAdapter
 from epochal.accelerate.trainer import AccelerateTrainer
 
 __all__ = ["EngineError", "MegatronEngine"]
@@ -81,6 +98,8 @@ class MegatronEngine(nn.Module):
         self.weights_pending = trainer.source.state is None
         #: ``other_megatron_args["vocab_file"]``: its ``<|endoftext|>`` ends ``megatron_generate``
         self.vocab_file: str | None = None
+        # the batches' own positions reach the model (GPT datasets' arange ones do not)
+        trainer.keep_position_ids = adapter.family == "causal"
 
     @property
     def config(self) -> Any:
@@ -99,13 +118,70 @@ class MegatronEngine(nn.Module):
                 "the model was built without weights (init_empty_weights): call "
                 "accelerator.load_state(...) before running it"
             )
-        if self.training:
-            return self._train_step(batch)
-        return self._eval_step(batch)
-
-    def _train_step(self, batch: dict[str, Any]) -> Any:
-        trainer = self.trainer
+        batch, num_items, as_tuple = self._keywords(batch)
         micro_batches = self.adapter.split(batch)
+        if num_items is not None:
+            # each micro-batch's token mean becomes its token sum / num_items; the step
+            # divides by the micro-batches and averages over data-parallel ranks
+            factor = len(micro_batches) * self.trainer.dims.dp / num_items
+            for mb in micro_batches:
+                rows = int(next(iter(mb.values())).shape[0])
+                mb[LOSS_SCALE_KEY] = torch.full((rows,), factor, dtype=torch.float64)
+        out = (
+            self._train_step(micro_batches)
+            if self.training
+            else self._eval_step(batch, micro_batches)
+        )
+        return out.to_tuple() if as_tuple else out
+
+    def _keywords(self, batch: dict[str, Any]) -> tuple[dict[str, Any], float | None, bool]:
+        """The batch without transformers' model keywords; ``num_items_in_batch``; ``return_dict=False``."""
+        batch = dict(batch)
+        for key in ("use_cache", "output_attentions", "output_hidden_states"):
+            value = batch.pop(key, None)
+            if value is not None and bool(value):
+                what = {
+                    "use_cache": "a key/value cache",
+                    "output_attentions": "attention probabilities",
+                    "output_hidden_states": "hidden states",
+                }[key]
+                raise EngineError(
+                    f"model(..., {key}=True): the prepared model returns no {what}; leave "
+                    f"{key} out (or False), and run accelerator.unwrap_model(model)(..., "
+                    f"{key}=True) on the trained transformers model for them"
+                )
+        as_tuple = batch.pop("return_dict", None) is False
+        num_items = batch.pop("num_items_in_batch", None)
+        if num_items is None:
+            return batch, None, as_tuple
+        if isinstance(num_items, torch.Tensor):
+            if num_items.numel() != 1:
+                raise EngineError(
+                    f"num_items_in_batch must be one number, got a tensor of shape "
+                    f"{tuple(num_items.shape)}"
+                )
+            num_items = num_items.item()
+        if isinstance(num_items, bool) or not isinstance(num_items, int | float) or num_items <= 0:
+            raise EngineError(f"num_items_in_batch must be a positive count, got {num_items!r}")
+        family = self.adapter.family
+        if family not in ("causal", "megatron"):
+            raise EngineError(
+                f"num_items_in_batch: {type(self.trainer.source.model).__name__}'s transformers "
+                "loss is the token mean and does not use it; leave it out"
+            )
+        trainer = self.trainer
+        custom = (trainer.step_class, trainer.custom_loss_func, trainer.custom_get_batch)
+        if any(c is not None for c in custom):
+            raise EngineError(
+                "num_items_in_batch with MegatronLMPlugin's custom_train_step_class / "
+                "custom_loss_function / custom_get_batch_function: the custom loss decides its "
+                "own normalisation; leave num_items_in_batch out (or divide by it in the "
+                "custom loss)"
+            )
+        return batch, float(num_items), as_tuple
+
+    def _train_step(self, micro_batches: list[dict[str, torch.Tensor]]) -> Any:
+        trainer = self.trainer
         metrics = trainer.train_step(iter(micro_batches))
         trainer.step += 1
         samples = trainer.config.training.global_batch_size
@@ -117,9 +193,9 @@ class MegatronEngine(nn.Module):
         return _output(self.adapter.family, loss=loss)
 
     @torch.no_grad()
-    def _eval_step(self, batch: dict[str, Any]) -> Any:
+    def _eval_step(self, batch: dict[str, Any], split: list[dict[str, torch.Tensor]]) -> Any:
         trainer = self.trainer
-        micro_batches = [trainer.step_batch(mb) for mb in self.adapter.split(batch)]
+        micro_batches = [trainer.step_batch(mb) for mb in split]
         kept: list[torch.Tensor] = []
         vocab = trainer.model_config.vocab_size
 

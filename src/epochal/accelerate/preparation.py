@@ -34,7 +34,8 @@ from epochal.accelerate.prepare_data import PreparedDataLoader
 from epochal.accelerate.prepare_model import (
     ModelPrepareError,
     convert_hf_model,
-    optimizer_groups,
+    fresh_optimizer,
+    parameter_roles,
     weights_fingerprint,
 )
 from epochal.accelerate.run_config import RunShape, build_train_config
@@ -207,7 +208,9 @@ def prepare_objects(acc: Any, args: tuple[Any, ...]) -> tuple[Any, ...]:
         done.engine = engine
         results[id(models[0])] = engine
         if optimizer is not None:
-            done.optimizer = results[id(optimizer)] = AcceleratedOptimizer(engine, optimizer)
+            done.optimizer = results[id(optimizer)] = AcceleratedOptimizer(
+                engine, optimizer, lr_scheduled=scheduler is not None
+            )
         if scheduler is not None:
             done.scheduler = results[id(scheduler)] = AcceleratedScheduler(engine, scheduler)
     out = []
@@ -245,14 +248,12 @@ def _build_engine(
     )
     if source.state is not None:
         _check_same_weights(acc, model)
-    groups = None
-    if optimizer is not None:
-        if optimizer.state:
-            raise PrepareError(
-                "the optimizer already has state (it stepped or was loaded); prepare a fresh "
-                "one and restore a run with accelerator.load_state"
-            )
-        groups = optimizer_groups(source, optimizer)
+    if optimizer is not None and not fresh_optimizer(optimizer):
+        raise PrepareError(
+            f"the {type(optimizer).__name__} optimizer already has state (it stepped or was "
+            "loaded); prepare a fresh one and restore a run with accelerator.load_state"
+        )
+    roles = parameter_roles(source, optimizer)
     family = source.family
     if dummy is None:
         enc, dec = _lengths(acc, family, done.loaders[0].peek())
@@ -316,7 +317,8 @@ def _build_engine(
             config,
             source=source,
             optimizer=optimizer,
-            groups=groups,
+            groups=roles.groups,
+            frozen=roles.frozen,
             step_class=plugin.custom_train_step_class,
             step_kwargs=plugin.custom_train_step_kwargs,
             get_batch=plugin.custom_get_batch_function,

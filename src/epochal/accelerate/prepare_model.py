@@ -8,10 +8,12 @@ weights, random or pretrained, under epochal's names (vocabulary padded with zer
 rows). A model built under ``init_empty_weights`` (parameters on the meta device)
 converts its configuration only; its weights must come from ``load_state``.
 
-:func:`optimizer_groups` tells, for every epochal parameter, which of the user's
-optimizer groups its Hugging Face source is in: the converters are run once more
-on a copy of the state where each tensor holds its group's number (one byte per
-element), so fused, split and transposed tensors carry their group along.
+:func:`parameter_roles` tells, for every epochal parameter, which of the user's
+optimizer groups its Hugging Face source is in, or that it is not trained (frozen
+with ``requires_grad_(False)``, or in no group of the optimizer): the converters
+are run once more on a copy of the state where each tensor holds its group's
+number (one byte per element), so fused, split and transposed tensors carry their
+group along.
 
 :class:`HFSource.write_back` copies epochal weights (full tensors) into the user's
 model through the exporters (:data:`epochal.convert.hf.io.EXPORTERS`), which is
@@ -21,6 +23,7 @@ what ``accelerator.unwrap_model`` returns.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -37,7 +40,9 @@ __all__ = [
     "HFSource",
     "ModelPrepareError",
     "convert_hf_model",
-    "optimizer_groups",
+    "fresh_optimizer",
+    "ParameterRoles",
+    "parameter_roles",
     "weights_fingerprint",
 ]
 
@@ -197,23 +202,50 @@ def _state_shapes(config: ModelConfig) -> dict[str, torch.Tensor]:
         return dict(build_model(config).state_dict())
 
 
-def optimizer_groups(source: HFSource, optimizer: torch.optim.Optimizer) -> dict[str, int]:
-    """Epochal parameter name -> index of the user's optimizer group its weights come from.
+@dataclass(frozen=True)
+class ParameterRoles:
+    """What becomes of each epochal parameter in training (:func:`parameter_roles`).
+
+    Attributes:
+        groups: epochal parameter name -> the index of the user's optimizer group its
+            weights come from (names of untrained parameters left out).
+        frozen: epochal parameter names that are not trained: their Hugging Face
+            weights have ``requires_grad=False`` or are in no group of the optimizer.
+    """
+
+    groups: dict[str, int]
+    frozen: frozenset[str]
+
+
+#: marker values of :func:`parameter_roles` (a user group ``g`` is ``_FIRST_GROUP + g``)
+_NOT_A_PARAMETER, _UNTRAINED, _FIRST_GROUP = 0, 1, 2
+
+
+def parameter_roles(source: HFSource, optimizer: torch.optim.Optimizer | None) -> ParameterRoles:
+    """The optimizer group of every trained epochal parameter, and the untrained ones.
+
+    As in PyTorch, a weight is trained when it has ``requires_grad`` and, with an
+    ``optimizer``, is in one of its groups: a frozen weight
+    (``requires_grad_(False)`` before ``prepare``) and a weight the optimizer does
+    not hold keep their values. epochal's parameter of an untrained weight gets
+    ``requires_grad=False`` (it gets no gradient, so it is also left out of the
+    gradient norm that clipping uses, as Megatron's optimizer leaves it out).
 
     Raises:
-        ModelPrepareError: a trainable parameter of the model is in no group, a
-            parameter of the optimizer is not the model's, more than 255 groups, or an
-            epochal parameter mixes weights of two groups.
+        ModelPrepareError: a parameter of the optimizer is not the model's, more than
+            254 groups, or an epochal parameter fuses weights of two groups, or
+            trained and untrained weights (named, with what to change).
     """
     group_of: dict[int, int] = {}
-    for index, group in enumerate(optimizer.param_groups):
+    groups = optimizer.param_groups if optimizer is not None else []
+    if len(groups) > 255 - _FIRST_GROUP:
+        raise ModelPrepareError(
+            f"the optimizer has more than {255 - _FIRST_GROUP} parameter groups"
+        )
+    for index, group in enumerate(groups):
         for p in group["params"]:
             group_of[id(p)] = index
-    if len(optimizer.param_groups) > 255:
-        raise ModelPrepareError("the optimizer has more than 255 parameter groups")
-    names = {}
-    for name, p in source.model.named_parameters(remove_duplicate=False):
-        names[name] = p
+    names = dict(source.model.named_parameters(remove_duplicate=False))
     model_ids = {id(p) for p in names.values()}
     strangers = [i for i in group_of if i not in model_ids]
     if strangers:
@@ -221,28 +253,100 @@ def optimizer_groups(source: HFSource, optimizer: torch.optim.Optimizer) -> dict
             f"the optimizer holds {len(strangers)} parameters that are not the model's; "
             "build it from model.parameters() / model.named_parameters()"
         )
-    missing = sorted(n for n, p in names.items() if p.requires_grad and id(p) not in group_of)
-    if missing:
-        raise ModelPrepareError(
-            f"the model's parameters {missing[:4]} are in no optimizer group; epochal trains "
-            "every parameter: put them in a group (weight_decay=0.0 for no decay)"
-        )
+
+    def mark(p: torch.Tensor) -> int:
+        if not p.requires_grad or (optimizer is not None and id(p) not in group_of):
+            return _UNTRAINED
+        return _FIRST_GROUP + group_of.get(id(p), 0)
+
     markers = {}
     for name, tensor in source.model.state_dict().items():
-        mark = group_of[id(names[name])] + 1 if name in names else 0
-        markers[name] = torch.full(tuple(tensor.shape), mark, dtype=torch.uint8)
+        value = mark(names[name]) if name in names else _NOT_A_PARAMETER
+        markers[name] = torch.full(tuple(tensor.shape), value, dtype=torch.uint8)
     marked = IMPORTERS[source.architecture][1](markers, source.config, "optimizer groups")
-    out = {}
+    out: dict[str, int] = {}
+    frozen: set[str] = set()
     for name, tensor in marked.items():
-        values = [int(v) for v in torch.unique(tensor).tolist() if v != 0]
+        values = [int(v) for v in torch.unique(tensor).tolist() if v != _NOT_A_PARAMETER]
+        if _UNTRAINED in values and len(values) > 1:
+            sources = _hf_sources(source, name)
+            raise ModelPrepareError(
+                f"epochal's parameter {name} fuses the weights {sources}, of which some are "
+                "frozen (requires_grad=False) or in no optimizer group and some are trained; "
+                "epochal cannot train part of it: freeze all of them or none, and give the "
+                "optimizer all of them or none"
+            )
         if len(values) > 1:
             raise ModelPrepareError(
                 f"epochal's parameter {name} fuses weights of optimizer groups "
-                f"{[v - 1 for v in values]}; put those weights in one group"
+                f"{[v - _FIRST_GROUP for v in values]}; put those weights in one group"
             )
-        if values:
-            out[name] = values[0] - 1
-    return out
+        if values == [_UNTRAINED]:
+            frozen.add(name)
+        elif values:
+            out[name] = values[0] - _FIRST_GROUP
+    return ParameterRoles(out, frozenset(frozen))
+
+
+def _hf_sources(source: HFSource, name: str) -> list[str]:
+    """The Hugging Face weights that make epochal's parameter ``name`` (each marked by its index)."""
+    state = source.model.state_dict()
+    keys = list(state)
+    markers = {
+        k: torch.full(tuple(v.shape), i + 1, dtype=torch.int32)
+        for i, (k, v) in enumerate(state.items())
+    }
+    marked = IMPORTERS[source.architecture][1](markers, source.config, "optimizer groups")
+    return [keys[int(v) - 1] for v in torch.unique(marked[name]).tolist() if v > 0]
+
+
+def _same_as_initial(value: Any, initial: Any) -> bool:
+    if isinstance(initial, torch.Tensor):
+        if not isinstance(value, torch.Tensor) or value.dtype != initial.dtype:
+            return False
+        if initial.numel() == 1:
+            return bool((value == initial.reshape(())).all())
+        return value.shape == initial.shape and bool((value == initial).all())
+    return type(value) is type(initial) and value == initial
+
+
+def fresh_optimizer(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether ``optimizer`` has not stepped: no state, or only what its constructor makes.
+
+    Some optimizers fill their state when built (``Adagrad``: ``step`` 0 and ``sum``
+    = ``initial_accumulator_value``). The same class is built again with each
+    group's options (and the defaults its constructor takes) over a one-element stand-in of every parameter; the state is
+    fresh when each parameter's has the same keys and values (a stand-in's single
+    value filling the parameter-shaped tensors). An optimizer that cannot be built
+    that way counts as not fresh.
+    """
+    if not optimizer.state:
+        return True
+    params: list[torch.Tensor] = []
+    stand_ins: list[torch.Tensor] = []
+    groups = []
+    for group in optimizer.param_groups:
+        mine = [
+            torch.zeros(1, dtype=p.dtype, device=p.device, requires_grad=p.requires_grad)
+            for p in group["params"]
+        ]
+        params += group["params"]
+        stand_ins += mine
+        groups.append({**{k: v for k, v in group.items() if k != "params"}, "params": mine})
+    known = inspect.signature(type(optimizer).__init__).parameters
+    accepted = {k: v for k, v in optimizer.defaults.items() if k in known}
+    try:
+        rebuilt = type(optimizer)(groups, **accepted)
+    except Exception:  # an optimizer whose constructor needs more than its groups
+        return False
+    for p, stand_in in zip(params, stand_ins):
+        state = optimizer.state.get(p, {})
+        initial = rebuilt.state.get(stand_in, {})
+        if set(state) != set(initial):
+            return False
+        if not all(_same_as_initial(state[k], initial[k]) for k in state):
+            return False
+    return True
 
 
 def weights_fingerprint(model: nn.Module) -> torch.Tensor:

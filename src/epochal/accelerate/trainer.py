@@ -10,8 +10,9 @@ from the script's objects:
   ``-inf``: they never enter the softmax, so the loss is the transformers model's
   (:func:`mask_padded_vocab`);
 - :meth:`build_optimizers`: the user's optimizer class and per-group options
-  (learning rate, betas, eps, weight decay, ...) over epochal's parameters, each
-  in the group its Hugging Face source was in; the schedule writes each group's
+  (learning rate, betas, eps, weight decay, ...) over epochal's trained parameters,
+  each in the group its Hugging Face source was in (``frozen`` ones, built with
+  ``requires_grad=False``, are in none); the schedule writes each group's
   learning rate and weight decay from its own values (``max_lr`` / ``start_wd``...);
 - :meth:`build_train_step`: ``custom_train_step_class`` (with its kwargs) or the
   model type's step, with ``custom_get_batch_function`` / ``custom_loss_function``
@@ -31,6 +32,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from epochal.accelerate.batches import LOSS_SCALE_KEY
 from epochal.accelerate.prepare_model import HFSource
 from epochal.model.init import canonical_name
 from epochal.train.optim.optimizer import OptimizersContainer
@@ -66,6 +68,37 @@ def mask_padded_vocab(part: nn.Module, vocab_size: int, padded: int, tp_rank: in
     part.register_forward_hook(hook)
 
 
+def _token_sum(forward_step: Callable[..., Any]) -> Callable[..., Any]:
+    """``forward_step`` whose loss is ``token sum x scale`` for a micro-batch with ``LOSS_SCALE_KEY``.
+
+    The step's loss is the token mean under ``loss_mask``; times the micro-batch's
+    target count it is the token sum (``num_items_in_batch``: see
+    :mod:`epochal.accelerate.engine`).
+    """
+
+    def wrapped(data_iterator: Any, model: Any) -> tuple[Any, Callable[..., Any]]:
+        seen: list[dict[str, torch.Tensor]] = []
+
+        def tap() -> Any:
+            for mb in data_iterator:
+                seen.append(mb)
+                yield mb
+
+        output, loss_func = forward_step(tap(), model)
+        scale = seen[0].get(LOSS_SCALE_KEY) if seen else None
+        if scale is None:
+            return output, loss_func
+        factor = seen[0]["loss_mask"].sum(dtype=torch.float64) * scale.reshape(-1)[0]
+
+        def scaled(output_tensor: Any) -> Any:
+            loss, logged = loss_func(output_tensor)
+            return loss * factor.to(loss.dtype), logged
+
+        return output, scaled
+
+    return wrapped
+
+
 class AccelerateTrainer(ParallelTrainer):
     """:class:`ParallelTrainer` built from a prepared script (see the module docstring).
 
@@ -74,6 +107,7 @@ class AccelerateTrainer(ParallelTrainer):
         source: the converted transformers model.
         optimizer: the user's optimizer (its class and groups), or None (AdamW from the config).
         groups: epochal parameter name -> the user's group index (with ``optimizer``).
+        frozen: epochal parameter names that are not trained (``requires_grad=False``).
         step_class / step_kwargs: ``custom_train_step_class`` and its kwargs, or None.
         get_batch / loss_func: ``custom_get_batch_function`` / ``custom_loss_function``.
         **kwargs: :class:`ParallelTrainer`'s (``data``, ``dist_info``, ``log``).
@@ -86,6 +120,7 @@ class AccelerateTrainer(ParallelTrainer):
         source: HFSource,
         optimizer: torch.optim.Optimizer | None = None,
         groups: dict[str, int] | None = None,
+        frozen: frozenset[str] = frozenset(),
         step_class: type[TrainStep] | None = None,
         step_kwargs: dict[str, Any] | None = None,
         get_batch: Callable[..., Any] | None = None,
@@ -95,6 +130,9 @@ class AccelerateTrainer(ParallelTrainer):
         self.source = source
         self.user_optimizer = optimizer
         self.groups = groups or {}
+        self.frozen = frozen
+        #: the micro-batches' ``position_ids`` go to the model (set by the engine)
+        self.keep_position_ids = False
         self.step_class = step_class
         self.step_kwargs = dict(step_kwargs or {})
         self.custom_get_batch = get_batch
@@ -114,7 +152,16 @@ class AccelerateTrainer(ParallelTrainer):
             step.get_batch = self.custom_get_batch  # type: ignore[method-assign]
         if self.custom_loss_func is not None:
             step.loss_func = self.custom_loss_func  # type: ignore[method-assign]
+        step.forward_step = _token_sum(step.forward_step)  # type: ignore[method-assign]
         return step
+
+    def step_batch(self, micro_batch: dict[str, Any]) -> dict[str, torch.Tensor]:
+        """The trainer's, keeping the batch's ``position_ids`` (a causal model's own positions)."""
+        out = super().step_batch(micro_batch)
+        positions = micro_batch.get("position_ids")
+        if self.keep_position_ids and isinstance(positions, torch.Tensor):
+            out["position_ids"] = positions.to(self.device, non_blocking=True)
+        return out
 
     def build_model_parts(self) -> list[nn.Module]:
         """The engine's parts with the transformers weights and the padded-vocabulary mask."""
@@ -152,9 +199,9 @@ class AccelerateTrainer(ParallelTrainer):
             groups = []
             for options, members in zip(template, params):
                 group = {**options, "params": members}
-                lr = float(options.get("lr", default_lr))
-                if lr != default_lr:
-                    group["max_lr"] = lr
+                # the group's own peak: a learning rate written into the prepared
+                # optimizer's group later lands here, saved and restored with the run
+                group["max_lr"] = float(options.get("lr", default_lr))
                 wd = float(options.get("weight_decay", default_wd))
                 if constant_wd:
                     group["start_wd"] = group["end_wd"] = wd

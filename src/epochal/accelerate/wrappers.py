@@ -8,17 +8,76 @@ learning rate in use), ``optimizer.step_was_skipped`` (an fp16 overflow or a
 non-finite gradient skipped the last step), ``lr_scheduler.get_last_lr()``.
 Their state is saved and restored by ``accelerator.save_state`` /
 ``load_state``; loading it any other way raises :class:`WrapperError`.
+
+``optimizer.param_groups[i]`` is the user's group ``i`` (over epochal's parameters
+of every model part). Writing an option there works as in PyTorch: the next step
+uses it. A learning rate or weight decay that nothing schedules sticks (e.g. a
+step decay ``g["lr"] *= 0.1`` at an epoch boundary, saved and restored with the
+run); where a schedule drives the value -- a ``MegatronLMDummyScheduler``
+prepared with the optimizer for the learning rate, a
+``weight_decay_incr_style`` other than constant for the weight decay -- the
+schedule writes its own value after the next step, as a PyTorch scheduler does
+at its ``step()``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator, MutableMapping
 from typing import Any
 
-__all__ = ["AcceleratedOptimizer", "AcceleratedScheduler", "WrapperError"]
+__all__ = ["AcceleratedOptimizer", "AcceleratedScheduler", "ParamGroup", "WrapperError"]
 
 
 class WrapperError(RuntimeError):
     """An optimizer / scheduler operation that would bypass the prepared training."""
+
+
+class ParamGroup(MutableMapping):
+    """The user's parameter group ``index``: epochal's groups of that index in every model part.
+
+    Reading gives the first part's value (``"params"``: every part's parameters);
+    writing sets every part's (see the module docstring for what sticks).
+    """
+
+    def __init__(self, optimizer: AcceleratedOptimizer, index: int) -> None:
+        self._optimizer = optimizer
+        self._index = index
+
+    def _groups(self) -> list[dict[str, Any]]:
+        opts = self._optimizer._engine.trainer.optimizers.optimizers
+        return [opt.param_groups[self._index] for opt in opts]
+
+    def __getitem__(self, key: str) -> Any:
+        groups = self._groups()
+        if key == "params":
+            return [p for g in groups for p in g["params"]]
+        return groups[0][key]
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        if key == "params":
+            raise WrapperError(
+                "the parameters of a prepared optimizer's groups are fixed at prepare(): build "
+                "the optimizer with the groups you want before preparing it"
+            )
+        for group in self._groups():
+            group[key] = value
+            if key == "lr" and not self._optimizer.lr_scheduled:
+                group["max_lr"] = float(value)  # what the constant schedule writes back
+            if key == "weight_decay" and not self._optimizer.wd_scheduled:
+                group["start_wd"] = group["end_wd"] = float(value)
+
+    def __delitem__(self, key: str) -> None:
+        raise WrapperError(f"a prepared optimizer's group keeps its option {key!r}")
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._groups()[0])
+
+    def __len__(self) -> int:
+        return len(self._groups()[0])
+
+    def __repr__(self) -> str:
+        shown = {k: v for k, v in self._groups()[0].items() if k != "params"}
+        return f"ParamGroup({self._index}, {shown})"
 
 
 class AcceleratedOptimizer:
@@ -27,16 +86,22 @@ class AcceleratedOptimizer:
     Args:
         engine: the prepared model (:class:`~epochal.accelerate.engine.MegatronEngine`).
         optimizer: the user's optimizer object (kept as ``.optimizer``).
+        lr_scheduled: a scheduler prepared with it drives the learning rate.
     """
 
-    def __init__(self, engine: Any, optimizer: Any) -> None:
+    def __init__(self, engine: Any, optimizer: Any, *, lr_scheduled: bool = False) -> None:
         self._engine = engine
         self.optimizer = optimizer
+        self.lr_scheduled = lr_scheduled
+        style = engine.trainer.config.scheduler.weight_decay_incr_style
+        #: the weight decay follows MegatronLMPlugin's schedule (start -> end weight decay)
+        self.wd_scheduled = style != "constant"
 
     @property
-    def param_groups(self) -> list[dict[str, Any]]:
-        """epochal's parameter groups (their ``lr`` is the one the last step used next)."""
-        return self._engine.trainer.optimizers.param_groups
+    def param_groups(self) -> list[ParamGroup]:
+        """The user's groups over epochal's parameters (``lr``: the one the next step uses)."""
+        count = len(self._engine.trainer.optimizers.optimizers[0].param_groups)
+        return [ParamGroup(self, i) for i in range(count)]
 
     @property
     def defaults(self) -> dict[str, Any]:

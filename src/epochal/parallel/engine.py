@@ -44,6 +44,7 @@ from torch.distributed.tensor import DTensor
 
 from epochal.model.build import build_model
 from epochal.model.config import ModelConfig
+from epochal.model.init import canonical_name
 from epochal.parallel.config import ParallelConfig
 from epochal.parallel.data_parallel import apply_data_parallel, set_gradient_sync
 from epochal.parallel.dims import ParallelDims
@@ -146,6 +147,8 @@ class ParallelEngine(PipelineSteps):
         fp16: the same with float16 (the trainer scales the loss: :attr:`grad_scale`).
         layout_invariant: compute bit-identical results under any data-parallel
             size and accumulation (module docstring; ``training.layout_invariant``).
+        frozen: parameter names (canonical) that are not trained: they get
+            ``requires_grad=False`` before data parallelism wraps the parts.
     """
 
     def __init__(
@@ -162,8 +165,10 @@ class ParallelEngine(PipelineSteps):
         bf16: bool = False,
         fp16: bool = False,
         layout_invariant: bool = False,
+        frozen: frozenset[str] = frozenset(),
     ) -> None:
         self.config = config
+        self.frozen = frozen
         self.layout_invariant = layout_invariant
         self.model_config = model_config
         self.dims = dims
@@ -280,6 +285,9 @@ class ParallelEngine(PipelineSteps):
                 sequence_parallel=pc.sequence_parallel,
                 loss_parallel=self.loss_parallel,
             )
+        for name, param in part.named_parameters():
+            if canonical_name(name, cfg) in self.frozen:
+                param.requires_grad_(False)
         unit_keys = recompute_part(part, pc)
         if self.compile:
             compile_part(part, unit_keys, tensor_parallel=self.dims.tp > 1)

@@ -111,6 +111,10 @@ class ParallelTrainer(Trainer):
             batch sizes (the message names the option).
     """
 
+    #: parameter names (canonical) that are not trained (``requires_grad=False``); a
+    #: front end sets it before building (``epochal.accelerate``: frozen weights)
+    frozen: frozenset[str] = frozenset()
+
     def __init__(
         self,
         config: TrainConfig,
@@ -179,6 +183,7 @@ class ParallelTrainer(Trainer):
             bf16=c.training.bf16,
             fp16=c.training.fp16,
             layout_invariant=c.training.layout_invariant,
+            frozen=self.frozen,
         )
         return self.engine.model_parts
 
