@@ -24,7 +24,7 @@ WORKER = str(Path(__file__).with_name("blend_worker.py"))
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 
-def _cmd(ranks: int, run_dir: Path, cache: Path, corpora, *extra: str) -> list[str]:
+def _cmd(ranks: int, run_dir: Path, cache: Path, prefixes, *extra: str) -> list[str]:
     return [
         sys.executable,
         "-m",
@@ -34,7 +34,7 @@ def _cmd(ranks: int, run_dir: Path, cache: Path, corpora, *extra: str) -> list[s
         WORKER,
         str(run_dir),
         *extra,
-        *options(corpora, run_dir, cache),
+        *options(prefixes, run_dir, cache),
         "--training.micro_batch_size=2",
     ]
 
