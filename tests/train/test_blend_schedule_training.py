@@ -144,3 +144,16 @@ def test_a_changed_past_is_refused(runs, corpora, tmp_path):
     at_23 = f"--checkpoint.resume={run / 'checkpoints' / 'step_0000023'}"
     with pytest.raises(ConfigError, match=r"data.blend_schedule.*the weights at step 16 differ"):
         train(*options(corpora, run, runs["cache"], PAST, at_23))
+
+
+def test_plot_mix_draws_the_realised_mix(runs, capsys):
+    from epochal.train.observe.metrics import read_metrics as read
+    from epochal.train.observe.mix_plot import realised_mix
+
+    steps, counts, resumes = realised_mix(read(runs["changed"] / "metrics.jsonl"))
+    assert steps == list(range(1, STEPS + 1)) and resumes == [24]
+    assert counts[23:] == [records(runs["changed"])[s]["sources"] for s in range(24, STEPS + 1)]
+    capsys.readouterr()
+    assert main(["plot", str(runs["changed"]), "--mix"]) == 0
+    out = capsys.readouterr().out.strip()
+    assert out.endswith("mix.png") and (runs["changed"] / "mix.png").stat().st_size > 1000

@@ -72,8 +72,11 @@ class CheckpointSeams:
             out["blend"] = blend.blend_state()
         return out
 
-    def resume_blend(self, saved: dict[str, Any]) -> None:
+    def resume_blend(self, saved: dict[str, Any]) -> int | None:
         """Continue the checkpoint's blend schedule (a changed future), or refuse a changed past.
+
+        Returns:
+            The global sample from which a changed schedule reads other samples, or None.
 
         Raises:
             ConfigError: (``data.blend_schedule``) the schedule changes a step the
@@ -91,8 +94,11 @@ class CheckpointSeams:
                 raise ConfigError(
                     "data.blend_schedule", str(exc).removeprefix("data.blend_schedule ")
                 ) from None
-            if note and self.log and self.rank == 0:
+            if note is None:
+                return None
+            if self.log and self.rank == 0:
                 print(note, flush=True)
+            return loader.consumed_samples
         elif isinstance(recorded, dict) and any(
             "schedule" in r for r in recorded.get("revisions", [])
         ):
@@ -101,6 +107,7 @@ class CheckpointSeams:
                 "is not set, but the checkpoint's run followed one; keep its "
                 "data.blend_schedule (changing only steps after the resume point)",
             )
+        return None
 
     def _sample_digests(self) -> dict[str, Any]:
         """The digests of the last and next steps' samples (:mod:`~epochal.train.state.sample_check`)."""
@@ -232,7 +239,16 @@ class CheckpointSeams:
         except (KeyError, TypeError, ValueError) as exc:
             raise CheckpointError(f"{folder}/trainer_state.json: malformed ({exc})") from exc
         set_rng_state(rng)
-        self.resume_blend(state)
+        changed_from = self.resume_blend(state)
+        if changed_from is not None:  # the new schedule's samples are meant to differ
+            state = {
+                **state,
+                "sample_digests": [
+                    e
+                    for e in state.get("sample_digests") or []
+                    if int(e.get("first_sample", 0)) + int(e.get("samples", 0)) <= changed_from
+                ],
+            }
         self.sample_check = resume_sample_check(state, self.data.train_loader.dataset)
         if self.log and self.sample_check and self.sample_check.startswith("warning"):
             print(self.sample_check, flush=True)  # now, not only in the summary at the end
