@@ -157,3 +157,52 @@ def test_plot_mix_draws_the_realised_mix(runs, capsys):
     assert main(["plot", str(runs["changed"]), "--mix"]) == 0
     out = capsys.readouterr().out.strip()
     assert out.endswith("mix.png") and (runs["changed"] / "mix.png").stat().st_size > 1000
+
+
+@pytest.mark.parametrize(
+    "schedule, interpolation, message",
+    [
+        ("[{step=0, weights=[1, 1]}]", "step", "point 0 (step 0): needs 3 weights"),
+        ("[{step=0, weights=[1, -1, 1]}]", "step", "weights must be numbers >= 0"),
+        ("[{step=0, weights=[0, 0, 0]}]", "step", "at least one weight must be > 0"),
+        (
+            "[{step=5, weights=[1, 1, 1]}, {step=4, weights=[1, 1, 1]}]",
+            "step",
+            "point 1: steps must increase",
+        ),
+        (
+            "[{step=5, weights=[1, 1, 1]}, {step=5, weights=[1, 0, 1]}, {step=5, weights=[1, 1, 0]}]",
+            "linear",
+            "got step 5 after step 5 twice",
+        ),
+        ("[{step=0}]", "step", "point 0 must be {step = S, weights = [...]}"),
+        ("[{step=0, weights=[1, 1, 1]}]", "cubic", "must be 'step' or 'linear'"),
+    ],
+)
+def test_a_bad_schedule_is_refused_naming_the_option(schedule, interpolation, message):
+    paths = json.dumps(["1", "a", "1", "b", "1", "c"])
+    with pytest.raises(ConfigError) as err:
+        build_config(
+            preset="tiny",
+            overrides=[
+                "--data.corpus=",
+                f"--data.data_path={paths}",
+                f"--data.blend_schedule={schedule}",
+                f"--data.blend_schedule_interpolation={interpolation}",
+            ],
+        )
+    option = "blend_schedule_interpolation" if interpolation == "cubic" else "blend_schedule"
+    assert str(err.value).startswith(f"data.{option}: ")
+    assert message in str(err.value)
+
+
+def test_a_schedule_needs_a_blend():
+    with pytest.raises(ConfigError, match="data.blend_schedule: needs a blend of at least two"):
+        build_config(
+            preset="tiny",
+            overrides=[
+                "--data.corpus=",
+                "--data.data_path=['a']",
+                "--data.blend_schedule=[{step=0, weights=[1]}]",
+            ],
+        )
