@@ -247,3 +247,57 @@ def test_a_run_without_schedule_continues_with_one(corpora):
     wrong = [(0, [0.5, 0.3, 0.2]), (30, [0, 0, 1])]
     with pytest.raises(BlendScheduleChangeError, match="global sample 0 "):
         gpt_blend(corpora, linear_schedule(wrong), weights=weights).resume(None, cut)
+
+
+@pytest.mark.parametrize("kind", ["bert", "t5"])
+def test_bert_and_t5_blends_follow_a_schedule(tmp_path, kind):
+    """The masked datasets' train blend takes the schedule; a source grows by extra epochs."""
+    pytest.importorskip("transformers")
+    from epochal.data import BERTDatasetConfig, build_bert_datasets
+    from epochal.data.datasets.t5_builder import T5DatasetConfig, build_t5_datasets
+    from epochal.data.indexed.tokenizer_wordpiece import BertWordPieceTokenizer
+    from tests.data.bert_corpus import (
+        BertVocabTokenizer,
+        random_sentence_documents,
+        write_sentence_corpus,
+        write_vocab,
+    )
+
+    directory = str(tmp_path)
+    if kind == "t5":
+        tokenizer = BertWordPieceTokenizer(write_vocab(directory), vocab_extra_ids=100)
+    else:
+        tokenizer = BertVocabTokenizer(write_vocab(directory))
+    prefixes = [
+        write_sentence_corpus(directory, f"c{i}", random_sentence_documents(10 + i, 30), False)
+        for i in range(2)
+    ]
+    schedule = BlendSchedule([(0, [1, 0]), (40, [1, 0]), (40, [0, 1])], "step", [0, 5, 5])
+    paths = ["1", prefixes[0], "1", prefixes[1]]
+    if kind == "bert":
+        config = BERTDatasetConfig(
+            seq_length=24,
+            tokenizer=tokenizer,
+            data_path=paths,
+            split="100,0,0",
+            blend_schedule=schedule,
+        )
+        train = build_bert_datasets(config, [400, 0, 0])[0]
+    else:
+        config = T5DatasetConfig(
+            seq_length=24,
+            seq_length_decoder=12,
+            tokenizer=tokenizer,
+            data_path=paths,
+            split="100,0,0",
+            blend_schedule=schedule,
+        )
+        train = build_t5_datasets(config, [400, 0, 0])[0]
+    assert isinstance(train, ScheduledBlendedDataset)
+    assert train.source_counts(40) == [40, 0]
+    assert train.source_counts(400, 40) == [0, 360]
+    source = train.datasets[1]
+    assert source.num_epochs > 1  # grown by extra epochs for what the schedule asks
+    seen = [repr(train.sample_identity(n)) for n in range(40, 400)]
+    assert len(set(seen)) == len(seen)
+    assert train[100]["dataset_id"] == 1

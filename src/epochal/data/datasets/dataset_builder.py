@@ -242,7 +242,7 @@ class _Builder:
         sizes: list[int | None],
         open_indexed: Callable[[str], Any],
         group: Any,
-        make: Callable[[Any, np.ndarray, int | None, int], Any] | None = None,
+        make: Callable[..., Any] | None = None,
     ) -> None:
         self.config = config
         self.make = make or self.gpt
@@ -373,7 +373,7 @@ class _Builder:
         """The splits with a :class:`ScheduledBlendedDataset` train split (the others as usual)."""
         if sizes[0] is None:
             raise ValueError("a blend schedule needs a sample count for the train split, got None")
-        raw = self.config.blend_schedule_weights
+        raw = getattr(self.config, "blend_schedule_weights", None)
         surplus = self.config.mid_level_dataset_surplus
         if schedule.is_constant():  # Megatron's sizes for the schedule's weights
             w = raw or [float(x) for x in schedule.shares[0]]
@@ -401,9 +401,7 @@ class _Builder:
             documents = np.arange(train_range[0], train_range[1], dtype=np.int32)
 
             def make_epoch(e: int, low: Any = low, documents: np.ndarray = documents) -> Any:
-                if self.make != self.gpt:
-                    raise ValueError("a blend schedule's extra epochs are built for GPT data only")
-                return self.gpt(low, documents, None, 0, seed=epoch_seed(self.config.seed, e))
+                return self.make(low, documents, None, 0, seed=epoch_seed(self.config.seed, e))
 
             datasets.append(SourceEpochs(first, make_epoch, str(getattr(first, "name", prefix))))
         rest[0] = ScheduledBlendedDataset(

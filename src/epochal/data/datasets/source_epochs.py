@@ -21,8 +21,11 @@ __all__ = ["SourceEpochs", "epoch_seed"]
 
 
 def epoch_seed(seed: int, epoch: int) -> int:
-    """The shuffle seed of extra epoch ``epoch`` (0-based) of a source of seed ``seed``."""
-    return (int(seed) + 0x9E3779B1 * (int(epoch) + 1)) % 2**32
+    """The shuffle seed of extra epoch ``epoch`` (0-based) of a source of seed ``seed``.
+
+    Below ``2**31 - 1``, the bound of the masked datasets' seeds (Megatron's C ``int``).
+    """
+    return (int(seed) + 0x9E3779B1 * (int(epoch) + 1)) % (2**31 - 1)
 
 
 class SourceEpochs:
