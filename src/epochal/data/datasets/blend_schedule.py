@@ -216,66 +216,88 @@ class BlendSchedule:
         )
 
 
-class _Node:
-    """Prefix sums of one tree node's shares (a contiguous range of sources) per segment."""
+def _common_denominator(schedule: BlendSchedule) -> int:
+    """The least common multiple of the denominators of every segment's ``a`` and ``b``."""
+    q = 1
+    for _, a, b in schedule.segments:
+        for x in (*a, *b):
+            q = math.lcm(q, x.denominator)
+    return q
 
-    def __init__(self, schedule: BlendSchedule, lo: int, hi: int, origin: int) -> None:
-        self.lo, self.hi = lo, hi
+
+class _Node:
+    """Prefix sums of one tree node's shares (a contiguous range of sources) per segment.
+
+    Every quantity is an integer numerator over the schedule's common denominator
+    ``q`` (exact, and much faster than :class:`~fractions.Fraction`, which reduces
+    every result).
+    """
+
+    def __init__(self, schedule: BlendSchedule, lo: int, hi: int, origin: int, q: int) -> None:
+        self.lo, self.hi, self.q = lo, hi, q
         self.starts = [s for s, _, _ in schedule.segments]
-        self.a = [sum(a[lo:hi]) for _, a, _ in schedule.segments]
-        self.b = [sum(b[lo:hi]) for _, _, b in schedule.segments]
-        self.base: list[Fraction] = []  # T_v at each segment start
-        total = Fraction(0)
+        self.a = [int(sum(a[lo:hi]) * q) for _, a, _ in schedule.segments]
+        self.b = [int(sum(b[lo:hi]) * q) for _, _, b in schedule.segments]
+        self.base: list[int] = []  # T_v at each segment start (numerators)
+        total = 0
         for k, start in enumerate(self.starts):
             self.base.append(total)
             if k + 1 < len(self.starts):
                 total += self._series(k, self.starts[k + 1] - start)
         self.at_origin = self.at(origin)
 
-    def _series(self, k: int, j: int) -> Fraction:
+    def _series(self, k: int, j: int) -> int:
         return self.a[k] * j + self.b[k] * (j * (j - 1) // 2)
 
     def segment_of(self, i: int) -> int:
         return bisect.bisect_right(self.starts, i) - 1
 
-    def at(self, i: int) -> Fraction:
-        """``T_v(i)`` for an integer sample ``i``."""
+    def at(self, i: int) -> int:
+        """``T_v(i)`` for an integer sample ``i`` (numerator)."""
         k = self.segment_of(i)
         return self.base[k] + self._series(k, i - self.starts[k])
 
-    def rate(self, i: int) -> Fraction:
+    def rate(self, i: int) -> int:
+        """The node's share of sample ``i`` (numerator)."""
         k = self.segment_of(i)
         return self.a[k] + self.b[k] * (i - self.starts[k])
 
-    def reach(self, target: Fraction) -> int | None:
-        """The smallest sample ``i`` with ``T_v(i + 1) >= target`` (``target > T_v(0)``), or
-        None when ``T_v`` never gets there."""
+    def reach(self, target: int) -> int | None:
+        """The smallest sample ``i`` with ``T_v(i + 1) >= target`` (a numerator above
+        ``T_v(0)``), or None when ``T_v`` never gets there."""
         k = bisect.bisect_left(self.base, target) - 1
         last = k + 1 == len(self.starts)
-        if last and self.a[k] == 0 and self.b[k] == 0:
-            return None
         c, a, b = self.base[k], self.a[k], self.b[k]
+        if last and a == 0 and b == 0:
+            return None
         limit = None if last else self.starts[k + 1] - self.starts[k]
 
-        def f(j: int) -> Fraction:
+        def f(j: int) -> int:
             return c + a * j + b * (j * (j - 1) // 2)
 
         # first guess: the root of b/2 J^2 + (a - b/2) J + (c - target) = 0, in floats
-        qa, qb, qc = float(b) / 2, float(a) - float(b) / 2, float(c - target)
+        q = self.q
+        qa, qb, qc = b / (2 * q), (2 * a - b) / (2 * q), (c - target) / q
         disc = max(qb * qb - 4 * qa * qc, 0.0)
         denom = qb + math.sqrt(disc)
         guess = math.ceil(-2 * qc / denom) if denom > 0 else 1
-        lo_j, hi_j = 1, limit if limit is not None else max(2, guess * 2 + 2)
-        while limit is None and f(hi_j) < target:
-            hi_j *= 2
-        guess = min(max(guess, lo_j), hi_j)
-        # settle exactly: the smallest J in [lo_j, hi_j] with f(J) >= target
+        top = limit if limit is not None else max(guess, 1) + 1
+        while limit is None and f(top) < target:
+            top *= 2
+        guess = min(max(guess, 1), top)
+        # settle exactly: the smallest J in [1, top] with f(J) >= target, galloping from the guess
         if f(guess) >= target:
-            if guess == lo_j or f(guess - 1) < target:
-                return self.starts[k] + guess - 1
-            hi_j = guess - 1
+            hi_j, step = guess, 1
+            while hi_j - step >= 1 and f(hi_j - step) >= target:
+                hi_j -= step
+                step *= 2
+            lo_j = max(1, hi_j - step + 1)
         else:
-            lo_j = guess + 1
+            lo_j, step = guess + 1, 1
+            while lo_j + step - 1 < top and f(lo_j + step - 1) < target:
+                lo_j += step
+                step *= 2
+            hi_j = min(top, lo_j + step - 1)
         while lo_j < hi_j:
             mid = (lo_j + hi_j) // 2
             if f(mid) >= target:
@@ -300,6 +322,7 @@ class BlendSelector:
         self.origin = int(origin)
         self.k = schedule.sources
         # tree: node id -> (lo, hi, left id, right id); built breadth-first from the root
+        self._q = _common_denominator(schedule)
         self._nodes: list[_Node] = []
         self._children: list[tuple[int, int] | None] = []
         self._add(0, self.k)
@@ -307,7 +330,7 @@ class BlendSelector:
 
     def _add(self, lo: int, hi: int) -> int:
         node_id = len(self._nodes)
-        self._nodes.append(_Node(self.schedule, lo, hi, self.origin))
+        self._nodes.append(_Node(self.schedule, lo, hi, self.origin, self._q))
         self._children.append(None)
         if hi - lo > 1:
             mid = (lo + hi) // 2
@@ -317,26 +340,33 @@ class BlendSelector:
         return node_id
 
     def _left_count(self, node_id: int, m: int) -> int:
-        """Of node ``node_id``'s first ``m`` samples, how many its left child serves."""
+        """Of node ``node_id``'s first ``m`` samples, how many its left child serves.
+
+        ``floor(g + 1/2)`` with ``g`` the left child's target when the node's reaches ``m``,
+        in integers: ``g = num / den``.
+        """
         if m <= 0:
             return 0
         node = self._nodes[node_id]
         left = self._nodes[self._children[node_id][0]]  # type: ignore[index]
-        target = node.at_origin + m
+        q = self._q
+        target = node.at_origin + m * q
         i = node.reach(target)
         if i is None:  # beyond everything the node will ever be owed: keep its final ratio
             i_last = node.starts[-1]
             owed = node.at(i_last) - node.at_origin
             got = left.at(i_last) - left.at_origin
-            ratio = got / owed if owed > 0 else Fraction(1, 2)
-            g = got + (m - owed) * ratio
+            num, den = (got * m, owed) if owed > 0 else (m, 2)
         else:
             i = max(i, self.origin)
-            g = left.at(i) - left.at_origin
             rate = node.rate(i)
+            got = left.at(i) - left.at_origin
             if rate > 0:
-                g += left.rate(i) * (target - node.at(i)) / rate
-        return min(m, max(0, math.floor(g + Fraction(1, 2))))
+                num = got * rate + left.rate(i) * (target - node.at(i))
+                den = q * rate
+            else:
+                num, den = got, q
+        return min(m, max(0, (2 * num + den) // (2 * den)))
 
     def locate(self, n: int) -> tuple[int, int]:
         """``(source, its sample number counted from this selector's origin)`` of global sample ``n``."""
