@@ -206,3 +206,27 @@ def test_a_schedule_needs_a_blend():
                 "--data.blend_schedule=[{step=0, weights=[1]}]",
             ],
         )
+
+
+def test_steps_become_samples_under_a_batch_size_rampup():
+    """Point ``step = S`` holds from the sample after the first S steps of the ramp."""
+    from epochal.data.loading.microbatches import build_num_microbatches_calculator
+    from epochal.train.inputs.gpt import blend_schedule_from_config, sample_to_step
+
+    config = build_config(
+        preset="tiny",
+        overrides=[
+            "--data.corpus=",
+            "--data.data_path=['1', 'a', '1', 'b']",
+            "--training.global_batch_size=8",
+            "--training.micro_batch_size=2",
+            "--training.rampup_batch_size=[2, 2, 40]",
+            "--data.blend_schedule=[{step=0, weights=[1, 0]}, {step=5, weights=[1, 1]}]",
+        ],
+    )
+    schedule, first_weights = blend_schedule_from_config(config)
+    calc = build_num_microbatches_calculator(8, 2, 1, [2, 2, 40])
+    assert schedule.samples == [0, calc.consumed_samples_after(5)] and first_weights == [1, 0]
+    step_of = sample_to_step(config)
+    assert step_of(calc.consumed_samples_after(5)) == 6
+    assert step_of(calc.consumed_samples_after(5) - 1) == 5

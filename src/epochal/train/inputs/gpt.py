@@ -102,10 +102,10 @@ def sample_to_step(config: TrainConfig) -> Any:
     calc = _step_samples(config)
 
     def step_of(sample: int) -> int:
-        step, first = 0, 0
         gbs = config.training.global_batch_size
         if config.training.rampup_batch_size is None:
             return sample // gbs + 1
+        step = 0
         for first, _size in calc.iter_global_batches():
             if first > sample:
                 return step
