@@ -42,7 +42,10 @@ class DataConfig:
             ``data_path`` (or ``train_data_path``) in order, steps increasing (two
             points at the same step make a jump there, also under ``"linear"``), weights
             ``>= 0`` with one positive per point (a source may enter with weight 0 and
-            rise later). The weights replace ``data_path``'s for the train split
+            rise later). Point ``step = S`` holds from global sample ``S *
+            global_batch_size`` (the samples of the first ``S`` steps under
+            ``training.rampup_batch_size``), i.e. from step ``S + 1`` on. The weights
+            replace ``data_path``'s for the train split
             (validation keeps ``data_path``'s blend). Each point's weights are
             normalized; before the first point its weights hold, after the last the
             last's. A constant schedule reads exactly Megatron's blend of those weights.
