@@ -320,12 +320,18 @@ class ScheduledBlendedDataset(Dataset):
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        state["_selectors"] = None  # rebuilt (lazily cached functions do not pickle)
+        # selectors are rebuilt (their caches do not pickle); Megatron indices travel as they are
+        state["_selectors"] = [
+            None if isinstance(sel, BlendSelector) else sel for sel in self._selectors
+        ]
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        self._setup()
+        self._selectors = [
+            BlendSelector(rev["schedule"], rev["first_sample"]) if sel is None else sel
+            for rev, sel in zip(self._revisions, self._selectors)
+        ]
 
     def __repr__(self) -> str:
         return (
