@@ -267,6 +267,38 @@ BUILDER_CASES = {
 }
 
 
+def test_constant_blend_schedule_equals_megatron(world_of_one, corpora, tmp_path):
+    """A constant ``blend_schedule`` (two equal points) reads Megatron-Core's weighted blend."""
+    from megatron.core.datasets.utils import get_blend_from_list
+
+    from epochal.data.datasets.blend_schedule import BlendSchedule
+    from epochal.data.datasets.scheduled_blend import ScheduledBlendedDataset
+
+    paths = ["0.3", corpora["a"], "0.7", corpora["b"]]
+    sizes = [400, 60, 10]
+    blend = get_blend_from_list(paths)
+    theirs = _megatron_build(
+        sizes, cache=str(tmp_path / "m"), seq=12, seed=77, blend=blend, split="90,8,2"
+    )
+    config = GPTDatasetConfig(
+        seq_length=12,
+        seed=77,
+        eod_token_id=EOD,
+        create_attention_mask=True,
+        path_to_cache=str(tmp_path / "ours"),
+        data_path=paths,
+        split="90,8,2",
+        blend_schedule=BlendSchedule([(0, [0.3, 0.7]), (80, [3, 7])], "linear"),
+        blend_schedule_weights=[0.3, 0.7],
+    )
+    ours = build_gpt_datasets(config, sizes)
+    assert isinstance(ours[0], ScheduledBlendedDataset)
+    for a, b in zip(ours, theirs):
+        assert_same_samples(a, b, check_indices=False)
+    counts = np.bincount(theirs[0].dataset_index, minlength=2).tolist()
+    assert ours[0].source_counts(len(ours[0])) == counts
+
+
 @pytest.mark.parametrize("case", list(BUILDER_CASES))
 def test_builder_equals_megatron(world_of_one, corpora, tmp_path, case):
     spec = dict(BUILDER_CASES[case])

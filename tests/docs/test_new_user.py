@@ -44,6 +44,9 @@ EXPECTED = [
     ("train-gpt-on-your-text.md", "--data.corpus=my-text.txt", "documents from my-text.txt"),
     ("parallel-layouts.md", "tensor_parallel=2", "trained steps 1-5"),
     ("deterministic-dataset.md", "pytest", "1 passed"),
+    ("change-the-data-mix.md", "--data.blend_schedule=", "changed from step 11 on"),
+    ("change-the-data-mix.md", "--data.blend_schedule=", "sample digests match the checkpoint"),
+    ("change-the-data-mix.md", "--sources", "next starts at"),
 ]
 
 

@@ -22,6 +22,12 @@ scheduler or the plugin) and ``eval_iters x global batch`` validation samples
 no rank gets ``None``. The train iterator's ``consumed_samples`` is saved by
 ``save_state`` and restored by ``load_state`` (Accelerate's backend restarts at 0).
 For causal language models only (epochal's GPT datasets).
+
+``blend_schedule=[{"step": S, "weights": [...]}, ...]`` (and
+``blend_schedule_interpolation``) give a weighted ``data_path`` blend weights that change
+over training, as ``data.blend_schedule`` does for ``epochal train``. ``save_state``
+keeps only the position, so a resume continues exactly with the same schedule; a
+changed schedule at a resume is for ``epochal train``, whose checkpoints record it.
 """
 
 from __future__ import annotations
@@ -54,6 +60,9 @@ DATA_ARGS = {
     "eod_mask_loss": "eod_mask_loss",
     "num_workers": "num_workers",
     "data_cache_path": "cache_dir",
+    # epochal's own: blend weights that change over training (no Megatron argument)
+    "blend_schedule": "blend_schedule",
+    "blend_schedule_interpolation": "blend_schedule_interpolation",
 }
 
 

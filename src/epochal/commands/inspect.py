@@ -6,10 +6,13 @@ are decoded when a tokenizer is given (same flags as ``preprocess``), else shown
 A run directory (it holds the ``config.toml`` a run saves) is inspected by step: the
 step's global samples, rebuilt from the run's configuration and data
 (:mod:`epochal.train.inputs.run_samples`), and their digest, which equals the step's
-``sample_digest`` in ``metrics.jsonl`` when the data is unchanged. Examples::
+``sample_digest`` in ``metrics.jsonl`` when the data is unchanged. ``--sources`` prints
+the ledger of a blended run's newest checkpoint: per source, the samples it served,
+the epoch it is in and where its next sample starts. Examples::
 
     epochal inspect data/corpus_text_document --tokenizer-type gpt2 --samples 3
     epochal inspect runs/tiny --step 20
+    epochal inspect runs/tiny --sources
 """
 
 from __future__ import annotations
@@ -44,6 +47,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="of a run directory: list the samples of this optimizer step (1-based) and their digest",
     )
     parser.add_argument(
+        "--sources",
+        action="store_true",
+        help="of a run directory with a blend: per source, the samples consumed, its epoch and "
+        "where its next sample starts (at the newest checkpoint)",
+    )
+    parser.add_argument(
         "--samples", type=int, default=3, help="sequences to show, evenly spaced (default 3)"
     )
     parser.add_argument(
@@ -63,6 +72,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``epochal inspect``; returns 0, or 1 after printing the error."""
+    if args.sources:
+        from epochal.commands.inspect_run import run_sources
+
+        return run_sources(args)
     if args.step is not None or (Path(args.prefix) / "config.toml").is_file():  # a run directory
         from epochal.commands.inspect_run import run_step
 

@@ -15,7 +15,70 @@ import argparse
 import json
 import sys
 
-__all__ = ["run_step"]
+__all__ = ["run_sources", "run_step"]
+
+
+def run_sources(args: argparse.Namespace) -> int:
+    """Print the blend ledger of the newest checkpoint of run ``args.prefix``; 0, or 1 after the error."""
+    from pathlib import Path
+
+    from epochal.train.state.checkpoint import Checkpointer
+
+    run_dir = Path(args.prefix)
+    folder = run_dir / "checkpoints"
+    latest = Checkpointer(folder).latest() if folder.is_dir() else None
+    if latest is None:
+        print(
+            f"epochal inspect: error: {run_dir} has no checkpoint to read a ledger from",
+            file=sys.stderr,
+        )
+        return 1
+    state = Checkpointer(folder).read_trainer_state(latest)
+    ledger = state.get("blend_ledger")
+    if not isinstance(ledger, list):
+        print(
+            f"epochal inspect: error: {latest} records no blend ledger (the run does not blend "
+            "several data paths, or was saved by an older epochal)",
+            file=sys.stderr,
+        )
+        return 1
+    step, consumed = int(state.get("step", 0)), int(state.get("consumed_train_samples", 0))
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "run_dir": str(run_dir),
+                    "checkpoint": str(latest),
+                    "step": step,
+                    "consumed_samples": consumed,
+                    "sources": ledger,
+                }
+            )
+        )
+        return 0
+    print(f"{run_dir} after step {step} ({consumed:,} global samples; checkpoint {latest.name})")
+    rows = []
+    for entry in ledger:
+        docs = (entry.get("next") or {}).get("documents") or []
+        where = f"document {docs[0][0]}, token {docs[0][1]}" if docs else "-"
+        share = entry["samples"] / consumed if consumed else 0.0
+        rows.append(
+            {
+                "source": str(entry["source"]),
+                "samples": f"{entry['samples']:,}",
+                "share": f"{share:.3f}",
+                "epoch": str(entry["epoch"]),
+                "next sample": f"{entry['next_sample']:,}",
+                "next starts at": where,
+                "name": str(entry["name"]),
+            }
+        )
+    columns = list(rows[0]) if rows else []
+    width = {c: max(len(c), *(len(r[c]) for r in rows)) for c in columns}
+    print("  ".join(c.ljust(width[c]) for c in columns).rstrip())
+    for r in rows:
+        print("  ".join(r[c].ljust(width[c]) for c in columns).rstrip())
+    return 0
 
 
 def run_step(args: argparse.Namespace) -> int:

@@ -1,4 +1,8 @@
-"""``epochal plot RUN_DIR``: write the run's loss curves (train, validation, resumed segments) to PNG."""
+"""``epochal plot RUN_DIR``: write the run's loss curves (train, validation, resumed segments) to PNG.
+
+``--mix``: instead, the realised mix of a blended run (each source's share per step,
+from the ledger in ``metrics.jsonl``; :mod:`epochal.train.observe.mix_plot`).
+"""
 
 from __future__ import annotations
 
@@ -14,6 +18,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-o", "--output", default=None, help="PNG path (default RUN_DIR/loss.png)")
     parser.add_argument(
         "--smooth", type=int, default=0, help="running-mean window for train loss (0 = auto)"
+    )
+    parser.add_argument(
+        "--mix",
+        action="store_true",
+        help="plot a blended run's realised mix per step instead (default RUN_DIR/mix.png)",
     )
 
 
@@ -33,7 +42,12 @@ def run(args: argparse.Namespace) -> int:
                 source_name="the metrics",
                 output_name="--output",
             )
-        out = plot_run(args.run_dir, args.output, smooth=args.smooth)
+        if args.mix:
+            from epochal.train.observe.mix_plot import plot_mix
+
+            out = plot_mix(args.run_dir, args.output, smooth=args.smooth)
+        else:
+            out = plot_run(args.run_dir, args.output, smooth=args.smooth)
     except (FileNotFoundError, ValueError) as exc:
         print(f"epochal plot: {exc}", file=sys.stderr)
         return 1

@@ -48,6 +48,8 @@ _EXPORTS = {
     # GPT packing and blending
     "GPTDataset": "datasets.gpt_dataset",
     "BlendedDataset": "datasets.blended_dataset",
+    "BlendSchedule": "datasets.blend_schedule",
+    "ScheduledBlendedDataset": "datasets.scheduled_blend",
     "GPTDatasetConfig": "datasets.dataset_builder",
     "build_gpt_datasets": "datasets.dataset_builder",
     "parse_blend": "datasets.dataset_builder",

@@ -72,6 +72,8 @@ class BERTDatasetConfig:
         masking_use_geometric_distribution: draw N from Geometric(0.2) (SpanBERT).
         classification_head: two segments per sample with the next-sentence label
             ``is_random`` (needs documents of >= 2 sentences).
+        blend_schedule / blend_schedule_weights: the train split's blend over a
+            schedule, as :class:`~epochal.data.datasets.dataset_builder.GPTDatasetConfig`.
 
     Raises:
         ValueError: an invalid option (the message names it).
@@ -96,6 +98,8 @@ class BERTDatasetConfig:
     masking_use_longer_ngrams: bool = False
     masking_use_geometric_distribution: bool = False
     classification_head: bool = True
+    blend_schedule: Any = None
+    blend_schedule_weights: list[float] | None = None
 
     def __post_init__(self) -> None:
         _check_int(self.seq_length, "seq_length", 5)
@@ -181,13 +185,19 @@ def build_bert_datasets(
         FileNotFoundError / OSError: a missing or unreadable ``.bin``/``.idx`` pair.
     """
 
-    def make(low: Any, documents: np.ndarray, num_samples: int | None, split_index: int) -> Any:
+    def make(
+        low: Any,
+        documents: np.ndarray,
+        num_samples: int | None,
+        split_index: int,
+        seed: int | None = None,
+    ) -> Any:
         return BERTDataset(
             low,
             documents,
             num_samples,
             config.seq_length,
-            config.seed,
+            config.seed if seed is None else seed,
             tokenizer=config.tokenizer,
             masking=config.masking,
             short_sequence_probability=config.short_sequence_probability,
@@ -213,7 +223,8 @@ def build_masked_datasets(
     Args:
         config: a :class:`BERTDatasetConfig` (or subclass).
         sizes: ``(train, valid, test)`` sample counts; ``None`` = one epoch of the split.
-        make: ``(indexed, document ids, num_samples, split index) -> dataset``.
+        make: ``(indexed, document ids, num_samples, split index, seed=None) -> dataset``
+            (``seed``: another shuffle seed, for a blend schedule's extra epochs).
         open_indexed, group: as :func:`build_bert_datasets`.
     """
     sizes_list = _sizes(sizes)

@@ -447,6 +447,11 @@ class BlendedDataset(Dataset):
             raise IndexError(f"sample {int(idx)} out of range for BlendedDataset of length {n}")
         return int(self.dataset_index[i]), int(self.dataset_sample_index[i])
 
+    def source_counts(self, n: int, start: int = 0) -> list[int]:
+        """Samples each blended dataset serves among blend samples ``start .. n - 1``."""
+        used = self.dataset_index[max(0, int(start)) : max(0, int(n))]
+        return np.bincount(used, minlength=len(self.datasets)).tolist()
+
     def sample_identity(self, idx: int | EpochIndex) -> dict[str, Any]:
         """``{"corpus": k, **identity}``: the blended dataset ``k`` serving sample ``idx`` (0-based,
         in blend order) and that dataset's ``sample_identity`` of its sample (``{"index": j}``

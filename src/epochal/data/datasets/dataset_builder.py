@@ -38,6 +38,8 @@ import numpy as np
 from epochal.data.datasets.blended_dataset import BlendedDataset, normalize_weights
 from epochal.data.datasets.gpt_dataset import SPLIT_NAMES, GPTDataset
 from epochal.data.datasets.mock_gpt import MockGPTLowLevelDataset
+from epochal.data.datasets.scheduled_blend import ScheduledBlendedDataset
+from epochal.data.datasets.source_epochs import SourceEpochs, epoch_seed
 from epochal.data.datasets.splits import parse_split, split_document_ranges, split_matrix
 
 
@@ -133,6 +135,16 @@ class GPTDatasetConfig:
         mid_level_dataset_surplus: extra fraction of samples built per corpus of a
             weighted blend (Megatron: 0.005).
         mmap: open ``.bin`` files with mmap (else ``pread``, "lazy" mode).
+        blend_schedule: the train split's blend shares over global sample numbers
+            (:class:`~epochal.data.datasets.blend_schedule.BlendSchedule`, one weight per
+            prefix of ``data_path`` / ``train_data_path``): the train split is then a
+            :class:`~epochal.data.datasets.scheduled_blend.ScheduledBlendedDataset` whose
+            sources are the datasets a run without the schedule builds (Megatron's sizes;
+            a constant schedule: its weights' sizes), grown by whole extra epochs where
+            the schedule needs more (:mod:`~epochal.data.datasets.source_epochs`);
+            validation and test keep the paths' blend.
+        blend_schedule_weights: with a constant schedule, its weights as written
+            (Megatron normalizes them in float64; default the schedule's shares).
 
     Raises:
         ValueError: an invalid option (the message names it).
@@ -158,6 +170,8 @@ class GPTDatasetConfig:
     drop_last_partial_validation_sequence: bool = True
     mid_level_dataset_surplus: float = 0.005
     mmap: bool = True
+    blend_schedule: Any = None
+    blend_schedule_weights: list[float] | None = None
 
     def __post_init__(self) -> None:
         if (
@@ -228,7 +242,7 @@ class _Builder:
         sizes: list[int | None],
         open_indexed: Callable[[str], Any],
         group: Any,
-        make: Callable[[Any, np.ndarray, int | None, int], Any] | None = None,
+        make: Callable[..., Any] | None = None,
     ) -> None:
         self.config = config
         self.make = make or self.gpt
@@ -238,7 +252,12 @@ class _Builder:
         self._opened: dict[str, Any] = {}
 
     def gpt(
-        self, low: Any, documents: np.ndarray, num_samples: int | None, split_index: int
+        self,
+        low: Any,
+        documents: np.ndarray,
+        num_samples: int | None,
+        split_index: int,
+        seed: int | None = None,
     ) -> GPTDataset:
         c = self.config
         split = SPLIT_NAMES[split_index]
@@ -247,7 +266,7 @@ class _Builder:
             documents,
             num_samples,
             c.seq_length,
-            c.seed,
+            c.seed if seed is None else seed,
             split=split,
             add_extra_token_to_sequence=c.add_extra_token_to_sequence,
             drop_last_partial_sequence=c.drop_last_partial_validation_sequence
@@ -291,6 +310,14 @@ class _Builder:
         single_ignores_weight: bool = False,
     ) -> list[Any]:
         lows = [self.low_level(p) for p in prefixes]
+        schedule = getattr(self.config, "blend_schedule", None) if present[0] else None
+        if schedule is not None:
+            if schedule.sources != len(prefixes):
+                raise ValueError(
+                    f"blend_schedule has {schedule.sources} weights per point but the train "
+                    f"blend has {len(prefixes)} prefixes"
+                )
+            return self.scheduled(prefixes, weights, ranges_of, sizes, present, schedule)
         if len(prefixes) == 1 and (weights is None or single_ignores_weight):
             return self.splits_of(lows[0], ranges_of(lows[0]), sizes)
         if weights is not None:
@@ -333,6 +360,61 @@ class _Builder:
                 group=self.group,
             )
         return out
+
+    def scheduled(
+        self,
+        prefixes: list[str],
+        weights: list[float] | None,
+        ranges_of: Callable[[Any], list[tuple[int, int] | None]],
+        sizes: list[int | None],
+        present: list[bool],
+        schedule: Any,
+    ) -> list[Any]:
+        """The splits with a :class:`ScheduledBlendedDataset` train split (the others as usual)."""
+        if sizes[0] is None:
+            raise ValueError("a blend schedule needs a sample count for the train split, got None")
+        raw = getattr(self.config, "blend_schedule_weights", None)
+        surplus = self.config.mid_level_dataset_surplus
+        if schedule.is_constant():  # Megatron's sizes for the schedule's weights
+            w = raw or [float(x) for x in schedule.shares[0]]
+            base = _size_per_dataset(normalize_weights(w), sizes[0], surplus)
+        elif weights is not None:  # the sources a run without the schedule builds
+            base = _size_per_dataset(normalize_weights(weights), sizes[0], surplus)
+        else:
+            base = [None] * len(prefixes)
+        rest: list[Any] = [None, None, None]
+        if any(present[1:]):  # validation and test: the paths' own blend, without the train split
+            rest = self.blend(
+                prefixes,
+                weights,
+                lambda low: [None, *ranges_of(low)[1:]],
+                [0, sizes[1], sizes[2]],
+                [False, *present[1:]],
+            )
+        datasets = []
+        for j, prefix in enumerate(prefixes):
+            low = self.low_level(prefix)
+            train_range = ranges_of(low)[0]
+            first = self.splits_of(low, [train_range, None, None], [base[j], 0, 0])[0]
+            if first is None or train_range is None:
+                raise ValueError(f"blend_schedule: {prefix} has no documents in the train split")
+            documents = np.arange(train_range[0], train_range[1], dtype=np.int32)
+
+            def make_epoch(e: int, low: Any = low, documents: np.ndarray = documents) -> Any:
+                return self.make(low, documents, None, 0, seed=epoch_seed(self.config.seed, e))
+
+            datasets.append(SourceEpochs(first, make_epoch, str(getattr(first, "name", prefix))))
+        rest[0] = ScheduledBlendedDataset(
+            datasets,
+            schedule,
+            sizes[0],
+            weights=raw,
+            split=SPLIT_NAMES[0],
+            cache_dir=self.config.path_to_cache,
+            group=self.group,
+            past_weights=weights,
+        )
+        return rest
 
 
 def _open_indexed(mmap: bool, cache_dir: str | None) -> Callable[[str], Any]:

@@ -85,14 +85,20 @@ def build_t5_datasets(
         FileNotFoundError / OSError: a missing or unreadable ``.bin``/``.idx`` pair.
     """
 
-    def make(low: Any, documents: np.ndarray, num_samples: int | None, split_index: int) -> Any:
+    def make(
+        low: Any,
+        documents: np.ndarray,
+        num_samples: int | None,
+        split_index: int,
+        seed: int | None = None,
+    ) -> Any:
         return T5Dataset(
             low,
             documents,
             num_samples,
             config.seq_length,
             config.seq_length_decoder,
-            config.seed,
+            config.seed if seed is None else seed,
             tokenizer=config.tokenizer,
             masking=config.masking,
             short_sequence_probability=config.short_sequence_probability,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 from epochal.data.datasets.dataset_builder import parse_blend
 from epochal.data.indexed.tokenizer_wordpiece import MAX_VOCAB_EXTRA_IDS
@@ -36,6 +37,23 @@ class DataConfig:
         data_path: Megatron-style blend: ``["prefix"]`` or
             ``["w1", "prefix1", "w2", "prefix2", ...]`` (prefixes of ``.bin``/``.idx``).
         split: Megatron's train/valid/test split of ``data_path``, e.g. ``"969,30,1"``.
+        blend_schedule: training blend weights that change over the run: a list of
+            ``{step = S, weights = [w1, w2, ...]}`` points, one weight per prefix of
+            ``data_path`` (or ``train_data_path``) in order, steps increasing (two
+            points at the same step make a jump there, also under ``"linear"``), weights
+            ``>= 0`` with one positive per point (a source may enter with weight 0 and
+            rise later). Point ``step = S`` holds from global sample ``S *
+            global_batch_size`` (the samples of the first ``S`` steps under
+            ``training.rampup_batch_size``), i.e. from step ``S + 1`` on. The weights
+            replace ``data_path``'s for the train split
+            (validation keeps ``data_path``'s blend). Each point's weights are
+            normalized; before the first point its weights hold, after the last the
+            last's. A constant schedule reads exactly Megatron's blend of those weights.
+            On resume, later points may change; earlier ones may not (refused, naming the
+            step). See :mod:`epochal.data.datasets.scheduled_blend`.
+        blend_schedule_interpolation: ``"step"`` (each point's weights hold until the
+            next point) or ``"linear"`` (the normalized weights ramp linearly, sample by
+            sample, between points).
         train_data_path / valid_data_path / test_data_path: a separate blend per split
             (Megatron's ``--train-data-path`` ...), instead of ``data_path`` + ``split``.
         seq_length: tokens per sample (>= 1).
@@ -119,6 +137,8 @@ class DataConfig:
 
     data_path: list[str] = field(default_factory=list)
     split: str = "969,30,1"
+    blend_schedule: list[dict[str, Any]] = field(default_factory=list)
+    blend_schedule_interpolation: str = "step"
     train_data_path: list[str] = field(default_factory=list)
     valid_data_path: list[str] = field(default_factory=list)
     test_data_path: list[str] = field(default_factory=list)
@@ -220,6 +240,7 @@ class DataConfig:
             "give data_path (+ split) or train/valid/test_data_path, not both",
         )
         self._check_proteins()
+        self._check_blend_schedule()
         sources = [name for name in ("corpus", "mock", "protein_path") if getattr(self, name)]
         if self.train_cluster_path:
             sources.append("train_cluster_path")
@@ -231,6 +252,69 @@ class DataConfig:
                 f"is {getattr(self, sources[0])!r} and data.{sources[1]} is also set; set one data source "
                 "(data.corpus, data.mock, data.data_path / data.train_data_path ..., "
                 "data.protein_path or data.train_cluster_path)",
+            )
+
+    def _check_blend_schedule(self) -> None:
+        """``blend_schedule``: points ``{step, weights}``, as many weights as the blend's prefixes."""
+        _require(
+            self.blend_schedule_interpolation in ("step", "linear"),
+            "blend_schedule_interpolation",
+            f"must be 'step' or 'linear', got {self.blend_schedule_interpolation!r}",
+        )
+        if not self.blend_schedule:
+            return
+        paths = self.data_path or self.train_data_path
+        blend = parse_blend(paths, "data_path") if paths else None
+        _require(
+            blend is not None and len(blend[0]) >= 2,
+            "blend_schedule",
+            "needs a blend of at least two prefixes in data.data_path or data.train_data_path "
+            "(one schedule weight per prefix)",
+        )
+        width = len(blend[0]) if blend else 0
+        last, repeats = -1, 0
+        for p, point in enumerate(self.blend_schedule):
+            where = f"point {p}"
+            _require(
+                isinstance(point, dict) and set(point) == {"step", "weights"},
+                "blend_schedule",
+                f"{where} must be {{step = S, weights = [...]}}, got {point!r}",
+            )
+            step, weights = point["step"], point["weights"]
+            _require(
+                isinstance(step, int) and not isinstance(step, bool) and step >= 0,
+                "blend_schedule",
+                f"{where}: step must be an integer >= 0, got {step!r}",
+            )
+            _require(
+                step > last or (step == last and repeats < 1),
+                "blend_schedule",
+                f"{where}: steps must increase (two points at one step make a jump), "
+                f"got step {step} after step {last}" + (" twice" if step == last else ""),
+            )
+            repeats = repeats + 1 if step == last else 0
+            last = step
+            _require(
+                isinstance(weights, list) and len(weights) == width,
+                "blend_schedule",
+                f"{where} (step {step}): needs {width} weights, one per prefix of the blend, "
+                f"got {weights!r}",
+            )
+            _require(
+                all(
+                    isinstance(w, int | float)
+                    and not isinstance(w, bool)
+                    and math.isfinite(w)
+                    and w >= 0
+                    for w in weights
+                ),
+                "blend_schedule",
+                f"{where} (step {step}): weights must be numbers >= 0, got {weights!r}",
+            )
+            _require(
+                sum(weights) > 0,
+                "blend_schedule",
+                f"{where} (step {step}): at least one weight must be > 0, got {weights!r}",
             )
 
     def _check_proteins(self) -> None:

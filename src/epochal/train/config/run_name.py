@@ -75,7 +75,9 @@ NOT_RUN_DEFINING: dict[str, frozenset[str]] = {
             "profile_steps",
         }
     ),
-    "data": frozenset({"num_workers", "cache_dir"}),
+    "data": frozenset(
+        {"num_workers", "cache_dir", "blend_schedule", "blend_schedule_interpolation"}
+    ),
     "parallel": frozenset({"nproc_per_node", "backend", "timeout_minutes"}),
 }
 

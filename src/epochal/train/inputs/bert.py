@@ -27,6 +27,7 @@ from epochal.data.datasets.bert_builder import BERTDatasetConfig, build_bert_dat
 from epochal.model.config import ConfigError
 from epochal.train.config import TrainConfig
 from epochal.train.inputs.corpus import default_cache_dir, prepare_corpus, tokenizer_from_config
+from epochal.train.inputs.gpt import blend_schedule_from_config
 
 __all__ = ["build_bert_train_datasets", "masked_data_sources", "masking_options"]
 
@@ -110,6 +111,7 @@ def build_bert_train_datasets(
             split=d.split,
             path_to_cache=str(cache / "bert-index"),
             **masking_options(d),
+            **schedule_options(config),
             classification_head=config.model.bert_binary_head,
             **paths,
         )
@@ -130,3 +132,11 @@ def build_bert_train_datasets(
         + f", {d.seq_length} tokens each"
     )
     return train, valid, tokenizer.vocab_size, tokenizer, description
+
+
+def schedule_options(config: TrainConfig) -> dict[str, Any]:
+    """``data.blend_schedule`` for the data layer's config (nothing without one)."""
+    scheduled = blend_schedule_from_config(config)
+    if scheduled is None:
+        return {}
+    return {"blend_schedule": scheduled[0], "blend_schedule_weights": scheduled[1]}

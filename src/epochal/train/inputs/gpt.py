@@ -18,13 +18,21 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from epochal.data.datasets.blend_schedule import BlendSchedule
 from epochal.data.datasets.dataset_builder import GPTDatasetConfig, parse_blend
 from epochal.data.datasets.dataset_builder import build_gpt_datasets as build_datasets
+from epochal.data.loading.microbatches import build_num_microbatches_calculator
 from epochal.model.config import ConfigError
 from epochal.train.config import DataConfig, TrainConfig
 from epochal.train.inputs.corpus import default_cache_dir, prepare_corpus, tokenizer_from_config
 
-__all__ = ["MOCK_VOCAB_SIZE", "build_gpt_datasets", "check_data_files"]
+__all__ = [
+    "MOCK_VOCAB_SIZE",
+    "blend_schedule_from_config",
+    "build_gpt_datasets",
+    "check_data_files",
+    "sample_to_step",
+]
 
 MOCK_VOCAB_SIZE = 8192
 
@@ -52,6 +60,59 @@ def check_data_files(data: DataConfig) -> None:
                         f"{path} does not exist (prefix {prefix!r} needs {prefix}.bin and "
                         f"{prefix}.idx, as written by epochal preprocess)",
                     )
+
+
+def _step_samples(config: TrainConfig) -> Any:
+    """Samples consumed before each step (ramp-up aware, whatever the data-parallel size)."""
+    t = config.training
+    return build_num_microbatches_calculator(
+        t.global_batch_size, t.micro_batch_size, 1, t.rampup_batch_size
+    )
+
+
+def blend_schedule_from_config(config: TrainConfig) -> tuple[BlendSchedule, list[float]] | None:
+    """``data.blend_schedule`` over global sample numbers, with its first point's weights.
+
+    Step ``S`` of a point is the global sample consumed before step ``S + 1``:
+    ``S * global_batch_size``, or under ``training.rampup_batch_size`` the samples of
+    the first ``S`` steps of the ramp (the micro-batch calculator's count, which does
+    not depend on the number of data-parallel ranks).
+
+    Raises:
+        ConfigError: (``data.blend_schedule``) a point the data layer rejects.
+    """
+    d = config.data
+    if not d.blend_schedule:
+        return None
+    calc = _step_samples(config)
+    steps = [int(p["step"]) for p in d.blend_schedule]
+    points = [
+        (calc.consumed_samples_after(s), list(p["weights"]))
+        for s, p in zip(steps, d.blend_schedule)
+    ]
+    try:
+        schedule = BlendSchedule(points, d.blend_schedule_interpolation, steps)
+    except ValueError as exc:
+        raise ConfigError("data.blend_schedule", str(exc)) from None
+    return schedule, [float(w) for w in d.blend_schedule[0]["weights"]]
+
+
+def sample_to_step(config: TrainConfig) -> Any:
+    """``step_of(global sample)``: the (1-based) step whose global batch holds that sample."""
+    calc = _step_samples(config)
+
+    def step_of(sample: int) -> int:
+        gbs = config.training.global_batch_size
+        if config.training.rampup_batch_size is None:
+            return sample // gbs + 1
+        step = 0
+        for first, _size in calc.iter_global_batches():
+            if first > sample:
+                return step
+            step += 1
+        return step  # pragma: no cover - the generator is endless
+
+    return step_of
 
 
 def build_gpt_datasets(
@@ -103,6 +164,7 @@ def build_gpt_datasets(
         source = ", ".join(f"{k}={v}" for k, v in paths.items() if v)
     train_samples = t.train_iters * t.global_batch_size
     valid_samples = t.eval_iters * t.global_batch_size
+    scheduled = blend_schedule_from_config(config)
     try:
         gcfg = GPTDatasetConfig(
             seq_length=d.seq_length,
@@ -116,6 +178,8 @@ def build_gpt_datasets(
             eod_mask_loss=d.eod_mask_loss,
             create_attention_mask=d.reset_attention_mask,
             eod_token_id=eod,
+            blend_schedule=scheduled[0] if scheduled else None,
+            blend_schedule_weights=scheduled[1] if scheduled else None,
             **paths,
         )
         train, valid, _test = build_datasets(gcfg, [train_samples, valid_samples, 0], group=group)

@@ -21,7 +21,7 @@ from typing import Any
 from epochal.data.datasets.t5_builder import T5DatasetConfig, build_t5_datasets
 from epochal.model.config import ConfigError
 from epochal.train.config import TrainConfig
-from epochal.train.inputs.bert import masked_data_sources, masking_options
+from epochal.train.inputs.bert import masked_data_sources, masking_options, schedule_options
 from epochal.train.inputs.corpus import default_cache_dir
 
 __all__ = ["build_t5_train_datasets"]
@@ -58,6 +58,7 @@ def build_t5_train_datasets(
             split=d.split,
             path_to_cache=str(cache / "t5-index"),
             **masking_options(d),
+            **schedule_options(config),
             **paths,
         )
         train, valid, _test = build_t5_datasets(

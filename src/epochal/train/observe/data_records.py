@@ -8,6 +8,9 @@ On the logging rank, for each optimizer step that consumed the global samples
   samples (every dataset epochal builds does); two runs read the same samples at a
   step exactly when their digests there are equal, whatever their data-parallel
   size, micro-batch size or accumulation;
+- ``"sources"``: the ledger of a blend: how many of the step's samples each source
+  served (in the order of the blend's prefixes), whether its weights are fixed or follow
+  ``data.blend_schedule``;
 - ``"epoch"`` and the ``{"kind": "epoch"}`` records of multi-epoch data
   (:mod:`epochal.train.inputs.epoch_evidence`).
 """
@@ -17,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from epochal.data.datasets.scheduled_blend import find_blend
 from epochal.train.inputs.epoch_evidence import epoch_recorder
 from epochal.train.inputs.sample_identity import has_identities, identity_digest, sample_identities
 
@@ -35,6 +39,7 @@ class DataRecords:
         self.dataset = dataset
         self.digests = has_identities(dataset)
         self.epochs = epoch_recorder(dataset, micro_batch_size)
+        self.blend = find_blend(dataset)
 
     def annotate(
         self,
@@ -52,6 +57,8 @@ class DataRecords:
             record["sample_digest"] = identity_digest(
                 sample_identities(self.dataset, before, after)
             )
+        if self.blend is not None:
+            record["sources"] = self.blend.source_counts(after, before)
         if self.epochs is not None:
             record["epoch"] = self.epochs.epochs(after)
             for k in self.epochs.starts_between(before, after):

@@ -10,6 +10,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from epochal.data.datasets.scheduled_blend import (
+    BlendScheduleChangeError,
+    ScheduledBlendedDataset,
+    blend_ledger,
+    find_blend,
+)
 from epochal.model.config import ConfigError
 from epochal.train.config import to_toml
 from epochal.train.state.checkpoint import Checkpointer, CheckpointError
@@ -52,7 +58,56 @@ class CheckpointSeams:
                 else {}
             ),
             **self._sample_digests(),
+            **self._blend_state(),
         }
+
+    def _blend_state(self) -> dict[str, Any]:
+        """A blend's ledger (``"blend_ledger"``) and a scheduled blend's revisions (``"blend"``)."""
+        loader = self.data.train_loader
+        blend = find_blend(loader.dataset)
+        if blend is None:
+            return {}
+        out: dict[str, Any] = {"blend_ledger": blend_ledger(blend, loader.consumed_samples)}
+        if isinstance(blend, ScheduledBlendedDataset):
+            out["blend"] = blend.blend_state()
+        return out
+
+    def resume_blend(self, saved: dict[str, Any]) -> int | None:
+        """Continue the checkpoint's blend schedule (a changed future), or refuse a changed past.
+
+        Returns:
+            The global sample from which a changed schedule reads other samples, or None.
+
+        Raises:
+            ConfigError: (``data.blend_schedule``) the schedule changes a step the
+                checkpoint already trained, or the run had a schedule and now has none.
+        """
+        loader = self.data.train_loader
+        blend = find_blend(loader.dataset)
+        recorded = saved.get("blend")
+        if isinstance(blend, ScheduledBlendedDataset):
+            from epochal.train.inputs.gpt import sample_to_step
+
+            try:
+                note = blend.resume(recorded, loader.consumed_samples, sample_to_step(self.config))
+            except BlendScheduleChangeError as exc:
+                raise ConfigError(
+                    "data.blend_schedule", str(exc).removeprefix("data.blend_schedule ")
+                ) from None
+            if note is None:
+                return None
+            if self.log and self.rank == 0:
+                print(note, flush=True)
+            return loader.consumed_samples
+        elif isinstance(recorded, dict) and any(
+            "schedule" in r for r in recorded.get("revisions", [])
+        ):
+            raise ConfigError(
+                "data.blend_schedule",
+                "is not set, but the checkpoint's run followed one; keep its "
+                "data.blend_schedule (changing only steps after the resume point)",
+            )
+        return None
 
     def _sample_digests(self) -> dict[str, Any]:
         """The digests of the last and next steps' samples (:mod:`~epochal.train.state.sample_check`)."""
@@ -184,6 +239,16 @@ class CheckpointSeams:
         except (KeyError, TypeError, ValueError) as exc:
             raise CheckpointError(f"{folder}/trainer_state.json: malformed ({exc})") from exc
         set_rng_state(rng)
+        changed_from = self.resume_blend(state)
+        if changed_from is not None:  # the new schedule's samples are meant to differ
+            state = {
+                **state,
+                "sample_digests": [
+                    e
+                    for e in state.get("sample_digests") or []
+                    if int(e.get("first_sample", 0)) + int(e.get("samples", 0)) <= changed_from
+                ],
+            }
         self.sample_check = resume_sample_check(state, self.data.train_loader.dataset)
         if self.log and self.sample_check and self.sample_check.startswith("warning"):
             print(self.sample_check, flush=True)  # now, not only in the summary at the end

@@ -14,7 +14,8 @@
   Everything else may change on resume: ``training.train_iters``,
   evaluation, device, ``bf16``, ``compile``, ``optimizer``, ``scheduler``,
   ``checkpoint``, ``logging``, the ``parallel`` layout (checkpoints reshard),
-  ``data.num_workers`` and ``data.cache_dir``; the changes are reported.
+  ``data.num_workers``, ``data.cache_dir`` and ``data.blend_schedule`` (whose past
+  the train dataset checks against the checkpoint's); the changes are reported.
 - **Starting fresh** in a directory that has ``metrics.jsonl`` but nothing to
   resume (an earlier run that stopped before its first checkpoint): the run
   directory is identified by its recorded ``config.toml`` too, so a configuration
@@ -68,7 +69,11 @@ __all__ = [
 # model is compared resolved, by Trainer.check_model_config
 RUN_DEFINING: dict[str, frozenset[str] | None] = {
     "data": frozenset(
-        f.name for f in dataclasses.fields(DataConfig) if f.name not in ("num_workers", "cache_dir")
+        f.name
+        for f in dataclasses.fields(DataConfig)
+        # a blend schedule may change its future on resume; the dataset refuses a changed past
+        if f.name
+        not in ("num_workers", "cache_dir", "blend_schedule", "blend_schedule_interpolation")
     ),
     "training": frozenset({"seed", "micro_batch_size", "global_batch_size", "rampup_batch_size"}),
     # which rows train and which validate (``head_lr`` may change)
