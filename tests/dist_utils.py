@@ -16,7 +16,9 @@ workers orphaned by a dead ``torchrun`` are no longer its children, so neither
 the process group nor the parent link finds them all). Tests call
 ``kill_tree`` in a ``finally``; an ``atexit`` hook kills whatever is still alive,
 and ``tests/conftest.py`` turns SIGTERM into ``KeyboardInterrupt`` so both run.
-``run_gloo``'s spawned ranks are killed the same way.
+``run_gloo``'s spawned ranks are killed the same way. A started command gets
+SIGINT (and SIGQUIT, SIGTERM, SIGHUP) back at its default even when pytest was
+started with it ignored (``pytest &`` in a script), so a test's Ctrl-C reaches it.
 """
 
 from __future__ import annotations
@@ -39,15 +41,54 @@ _MARK = "EPOCHAL_TEST_TREE"
 _LIVE: dict[int, str] = {}  # pid of a started command -> its marker
 
 
+#: Signals a shell may hand a command ignored: a non-interactive shell starts ``cmd &``
+#: with SIGINT and SIGQUIT ignored, ``nohup`` ignores SIGHUP. An ignored disposition
+#: survives ``exec``, and Python keeps SIGINT ignored instead of raising KeyboardInterrupt.
+_RESET_SIGNALS = (signal.SIGINT, signal.SIGQUIT, signal.SIGTERM, signal.SIGHUP)
+
+
+def _ignored_signals() -> list[signal.Signals]:
+    """The :data:`_RESET_SIGNALS` this process ignores (as Python and, on Linux, the kernel say)."""
+    mask = 0
+    with contextlib.suppress(OSError, ValueError, StopIteration):
+        with open("/proc/self/status") as f:
+            mask = int(next(line for line in f if line.startswith("SigIgn:")).split()[1], 16)
+    return [
+        sig
+        for sig in _RESET_SIGNALS
+        if signal.getsignal(sig) == signal.SIG_IGN or mask >> (sig - 1) & 1
+    ]
+
+
+def _default_signals(ignored: list[signal.Signals], then: Callable[[], Any] | None):
+    """A ``preexec_fn`` that sets ``ignored`` back to their defaults in the child, then runs ``then``."""
+
+    def preexec() -> None:
+        for sig in ignored:
+            signal.signal(sig, signal.SIG_DFL)
+        if then is not None:
+            then()
+
+    return preexec
+
+
 def start_process(cmd: Sequence[str], *, env: dict[str, str] | None = None, **kwargs: Any):
     """``subprocess.Popen(cmd)`` in a new session, tracked for :func:`kill_tree` (text output).
 
     stdout and stderr are captured together unless ``stdout``/``stderr`` are given.
+
+    The command starts with SIGINT, SIGQUIT, SIGTERM and SIGHUP at their defaults,
+    as from a terminal, even when this pytest was started with them ignored (a suite
+    run as ``pytest &`` from a script, or by a tool that starts commands so, ignores
+    SIGINT, and every child inherited that): a test that sends the command SIGINT
+    means Ctrl-C, and an inherited ``SIG_IGN`` made such a test wait forever.
     """
     mark = uuid.uuid4().hex
     kwargs.setdefault("stdout", subprocess.PIPE)
     kwargs.setdefault("stderr", subprocess.STDOUT)
     kwargs.setdefault("text", True)
+    if ignored := _ignored_signals():  # only then: a preexec_fn costs a full fork
+        kwargs["preexec_fn"] = _default_signals(ignored, kwargs.get("preexec_fn"))
     proc = subprocess.Popen(
         list(cmd), env={**(env or os.environ), _MARK: mark}, start_new_session=True, **kwargs
     )
@@ -79,8 +120,12 @@ def tree_pids(proc: subprocess.Popen) -> list[int]:
 
 
 def kill_tree(proc: subprocess.Popen) -> None:
-    """SIGKILL ``proc`` (from :func:`start_process`), its process group and all its descendants."""
-    mark = _LIVE.pop(proc.pid, None)
+    """SIGKILL ``proc`` (from :func:`start_process`), its process group and all its descendants.
+
+    The command stays registered for the ``atexit`` hook until it is dead: a second
+    Ctrl-C that interrupts this still leaves its tree to that hook.
+    """
+    mark = _LIVE.get(proc.pid)
     for _ in range(3):  # a dying parent may still be starting a child: look again
         victims = set(_marked(mark)) if mark else set()
         if proc.poll() is None:
@@ -96,6 +141,7 @@ def kill_tree(proc: subprocess.Popen) -> None:
             proc.wait(timeout=10)
     with contextlib.suppress(subprocess.TimeoutExpired):
         proc.communicate(timeout=10)  # reap and close the pipes
+    _LIVE.pop(proc.pid, None)
 
 
 def run_process(

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import dist_utils
 from tests.cleanup import sleepy_worker
 from tests.dist_utils import kill_tree, run_torchrun, start_process
 
@@ -23,6 +24,7 @@ pytestmark = pytest.mark.distributed
 
 REPO = Path(__file__).resolve().parents[2]
 TARGET = Path(__file__).with_name("interrupt_target.py")
+SLEEPER = "import time; print('ready', flush=True); time.sleep(120)"
 
 
 def _alive(pid: int) -> bool:
@@ -102,3 +104,55 @@ def test_a_timed_out_torchrun_leaves_no_worker_behind(tmp_path):
         for pid in pids:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+
+
+def _ignored(pid: int) -> int:
+    """The process's mask of ignored signals (``SigIgn`` in ``/proc/PID/status``)."""
+    with open(f"/proc/{pid}/status") as f:
+        return int(next(line for line in f if line.startswith("SigIgn:")).split()[1], 16)
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs Linux /proc")
+def test_a_started_command_gets_ctrl_c_even_when_pytest_ignores_it():
+    """``pytest &`` from a script ignores SIGINT and SIGQUIT, and ``exec`` keeps that.
+
+    The interrupted-pytest test above then waited forever on a child that ignored
+    its Ctrl-C (so it failed in suites started that way, and passed when run alone).
+    """
+    shell_ignores = (signal.SIGINT, signal.SIGQUIT)
+    previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in shell_ignores}
+    try:
+        proc = start_process([sys.executable, "-I", "-c", SLEEPER])
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    try:
+        assert proc.stdout.readline() == "ready\n"
+        assert not [s.name for s in shell_ignores if _ignored(proc.pid) >> (s - 1) & 1]
+        os.killpg(proc.pid, signal.SIGINT)
+        try:
+            out, _ = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            pytest.fail("the started command ignored Ctrl-C (SIGINT)")
+        assert proc.returncode == -signal.SIGINT and "KeyboardInterrupt" in out
+    finally:
+        kill_tree(proc)
+
+
+def test_a_second_ctrl_c_during_cleanup_leaves_the_command_to_the_exit_hook(monkeypatch):
+    proc = start_process([sys.executable, "-I", "-c", SLEEPER])
+    try:
+        assert proc.stdout.readline() == "ready\n"
+
+        def second_ctrl_c(*args: object) -> None:
+            raise KeyboardInterrupt
+
+        with monkeypatch.context() as m:
+            m.setattr(os, "killpg", second_ctrl_c)
+            with pytest.raises(KeyboardInterrupt):
+                kill_tree(proc)
+        assert proc.poll() is None
+        assert proc.pid in dist_utils._LIVE  # so the atexit hook still kills it
+    finally:
+        kill_tree(proc)
+    assert proc.poll() is not None and proc.pid not in dist_utils._LIVE
