@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from epochal._atomic import atomic_path
 from epochal.train.observe.metrics import read_metrics
 
 __all__ = ["plot_mix", "realised_mix"]
@@ -87,12 +86,6 @@ def plot_mix(
     ax.set_ylabel("share of the step's samples" + (f" (over {window} steps)" if window > 1 else ""))
     ax.set_title(f"{run.resolve().name}: realised mix (dashed: cumulative)")
     ax.legend(loc="upper left", fontsize=8)
-    fig.tight_layout()
-    out = Path(output) if output is not None else run / "mix.png"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        with atomic_path(out) as tmp:
-            fig.savefig(tmp)
-    finally:
-        plt.close(fig)
-    return out
+    from epochal.train.observe.plot import save_figure
+
+    return save_figure(fig, Path(output) if output is not None else run / "mix.png")

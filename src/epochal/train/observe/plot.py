@@ -108,8 +108,17 @@ def plot_run(
     ax.set_title(f"{run.resolve().name}: loss")
     ax.grid(alpha=0.3)
     ax.legend()
+    return save_figure(fig, Path(output) if output is not None else run / "loss.png")
+
+
+def save_figure(fig, out: Path) -> Path:
+    """Write ``fig`` to ``out`` (PNG) whole or not at all, close it, and return ``out``.
+
+    The folder is made if missing; the file is written to a temporary name and renamed.
+    """
+    import matplotlib.pyplot as plt
+
     fig.tight_layout()
-    out = Path(output) if output is not None else run / "loss.png"
     out.parent.mkdir(parents=True, exist_ok=True)
     try:
         with atomic_path(out) as tmp:
