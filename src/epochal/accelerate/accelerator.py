@@ -45,6 +45,7 @@ from epochal.accelerate import checkpointing, configuration, operations
 from epochal.accelerate.engine import MegatronEngine
 from epochal.accelerate.plugin import MegatronLMPlugin, env_bool
 from epochal.accelerate.preparation import Prepared, prepare_objects
+from epochal.accelerate.schedulers import PreparedTorchScheduler
 from epochal.accelerate.state import (
     AcceleratorError,
     AcceleratorState,
@@ -477,6 +478,10 @@ class Accelerator:
                 )
             self._custom.append(obj)
 
+    def _torch_scheduler(self) -> Any:
+        scheduler = self._prepared.scheduler
+        return scheduler if isinstance(scheduler, PreparedTorchScheduler) else None
+
     def _state_dir(self, given: str | os.PathLike | None, what: str) -> Path:
         if given is not None:
             return Path(given)
@@ -503,7 +508,9 @@ class Accelerator:
             else self._state_dir(output_dir, "save_state")
         )
         self.wait_for_everyone()  # every process checked the folder before any writes it
-        checkpointing.save_state(self._engine().trainer, directory, self._custom)
+        checkpointing.save_state(
+            self._engine().trainer, directory, self._custom, self._torch_scheduler()
+        )
         if automatic and self.is_main_process:
             configuration.prune_checkpoints(directory.parent, project.total_limit, directory)
         self.wait_for_everyone()
@@ -517,7 +524,10 @@ class Accelerator:
         if input_dir is None and project.automatic_checkpoint_naming:
             input_dir = configuration.newest_folder(self._state_dir(None, "load_state"))
         checkpointing.load_state(
-            engine.trainer, self._state_dir(input_dir, "load_state"), self._custom
+            engine.trainer,
+            self._state_dir(input_dir, "load_state"),
+            self._custom,
+            self._torch_scheduler(),
         )
         engine.weights_pending = False
         configuration.continue_numbering(project)
