@@ -24,9 +24,9 @@ part involved) instead of doing nothing: ``gradient_accumulation_steps > 1``
 way: :mod:`epochal.accelerate.configuration`), DeepSpeed / FSDP plugins,
 ``torch.compile`` through ``dynamo_backend``, ``clip_grad_norm_`` with another
 norm than ``MegatronLMPlugin.gradient_clipping``, ``backward`` of a loss that has
-gradients (an extra loss term would be ignored), ``skip_first_batches`` (the
-train loader resumes by itself after ``load_state``), ``prepare_model`` and the
-other single-object prepares.
+gradients (an extra loss term would be ignored), ``skip_first_batches`` of
+another position than the one the train loader resumes at by itself after
+``load_state``, ``prepare_model`` and the other single-object prepares.
 """
 
 from __future__ import annotations
@@ -344,11 +344,25 @@ class Accelerator:
         )
 
     def skip_first_batches(self, dataloader: Any, num_batches: int = 0) -> Any:
-        """Refused: after ``load_state`` the train loader already starts at the next sample."""
-        raise AcceleratorError(
-            "skip_first_batches: after accelerator.load_state the prepared train loader "
-            "continues at the exact next sample by itself; iterate it without skipping"
-        )
+        """``dataloader`` itself when it already starts at step ``num_batches`` of its epoch.
+
+        After ``load_state`` the prepared train loader continues at the exact next
+        sample by itself, so the script's ``skip_first_batches(loader, resume_step)``
+        is checked and changes nothing.
+
+        Raises:
+            AcceleratorError: another loader, or another number of batches (named).
+        """
+        at = getattr(dataloader, "resume_step", None)
+        if at is None or not any(dataloader is d for d in self._prepared.loaders):
+            raise AcceleratorError("skip_first_batches: give a loader returned by prepare()")
+        if int(num_batches) != at:
+            raise AcceleratorError(
+                f"skip_first_batches(dataloader, {num_batches}): the prepared loader starts at "
+                f"step {at} of its epoch (after load_state it continues at the exact next "
+                "sample by itself); iterate it without skipping"
+            )
+        return dataloader
 
     def _single(self, name: str) -> None:
         raise AcceleratorError(

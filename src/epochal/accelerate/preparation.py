@@ -29,6 +29,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from epochal.accelerate.batches import BatchAdapter
+from epochal.accelerate.deepspeed import deepspeed_refusal
 from epochal.accelerate.dummy_data import MegatronLMDummyDataLoader, StepIterator
 from epochal.accelerate.engine import MegatronEngine
 from epochal.accelerate.plugin import MegatronLMDummyScheduler, PluginError
@@ -131,6 +132,10 @@ def prepare_objects(acc: Any, args: tuple[Any, ...]) -> tuple[Any, ...]:
     plugin = acc.state.megatron_lm_plugin
     models = [a for a in args if isinstance(a, torch.nn.Module)]
     optimizers = [a for a in args if isinstance(a, torch.optim.Optimizer)]
+    for obj in args:
+        refusal = deepspeed_refusal(obj)
+        if refusal is not None:
+            raise PrepareError(refusal)
     dummy_schedulers = [a for a in args if isinstance(a, MegatronLMDummyScheduler)]
     torch_schedulers = [
         a for a in args if is_torch_scheduler(a) and not isinstance(a, MegatronLMDummyScheduler)
