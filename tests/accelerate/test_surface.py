@@ -119,8 +119,8 @@ def test_causal_batches_padded_on_the_left_are_refused():
 
 
 def test_what_cannot_be_done_raises():
-    with pytest.raises(AcceleratorError, match="num_micro_batches"):
-        Accelerator(gradient_accumulation_steps=2)
+    with pytest.raises(AcceleratorError, match="give 1 or more"):
+        Accelerator(gradient_accumulation_steps=0)
     with pytest.raises(PluginError, match="context parallelism"):
         MegatronLMPlugin(context_parallel_size=2)
     with pytest.raises(PluginError, match="other_megatron_args"):

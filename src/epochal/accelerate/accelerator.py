@@ -18,8 +18,9 @@ without a launcher; under ``epochal launch`` / ``torchrun`` the layout of
 GPUs) and builds the epochal run in ``prepare`` (:mod:`epochal.accelerate.preparation`).
 
 What it cannot do raises :class:`AcceleratorError` (or the named error of the
-part involved) instead of doing nothing: ``gradient_accumulation_steps > 1``
-(use ``num_micro_batches``), ``split_batches=True`` (keyword or
+part involved) instead of doing nothing: ``gradient_accumulation_steps`` that
+disagrees with ``num_micro_batches`` (:mod:`epochal.accelerate.accumulation`),
+``split_batches=True`` (keyword or
 ``DataLoaderConfiguration``, whose other fields are honoured or refused the same
 way: :mod:`epochal.accelerate.configuration`), DeepSpeed / FSDP plugins,
 ``torch.compile`` through ``dynamo_backend``, ``clip_grad_norm_`` with another
@@ -42,6 +43,7 @@ import torch
 import torch.distributed as dist
 
 from epochal.accelerate import checkpointing, configuration, operations
+from epochal.accelerate.accumulation import apply_gradient_accumulation
 from epochal.accelerate.engine import MegatronEngine
 from epochal.accelerate.plugin import MegatronLMPlugin, env_bool
 from epochal.accelerate.preparation import Prepared, prepare_objects
@@ -80,7 +82,7 @@ class Accelerator:
 
     Args:
         mixed_precision: ``"no"``, ``"fp16"`` or ``"bf16"`` (default ``$ACCELERATE_MIXED_PRECISION``).
-        gradient_accumulation_steps: must be 1 (micro-batches are ``num_micro_batches``).
+        gradient_accumulation_steps: micro-batches per step (sets ``num_micro_batches``).
         cpu: run on the CPU (default ``$ACCELERATE_USE_CPU``, or no CUDA device).
         megatron_lm_plugin: the layout and options (default: from ``MEGATRON_LM_*``).
         log_with: trackers for :meth:`init_trackers` (``"tensorboard"``, ``"wandb"``, ``"all"``).
@@ -124,13 +126,6 @@ class Accelerator:
             raise AcceleratorError(
                 f"Accelerator options {sorted(unsupported)} have no epochal equivalent"
             )
-        steps = getattr(gradient_accumulation_plugin, "num_steps", gradient_accumulation_steps)
-        if steps != 1:
-            raise AcceleratorError(
-                f"gradient_accumulation_steps={steps}: a Megatron-style step accumulates its "
-                "micro-batches itself; set MegatronLMPlugin(num_micro_batches=...) "
-                "(megatron_lm_num_micro_batches in the YAML) instead"
-            )
         if split_batches:
             raise configuration.refuse_split_batches()
         self.dataloader_config = configuration.check_dataloader_config(dataloader_config)
@@ -148,6 +143,9 @@ class Accelerator:
         self.mixed_precision = mixed_precision_from(mixed_precision)
         use_cpu = cpu or env_bool("ACCELERATE_USE_CPU", False) or not torch.cuda.is_available()
         plugin = megatron_lm_plugin or MegatronLMPlugin()
+        apply_gradient_accumulation(
+            plugin, gradient_accumulation_steps, gradient_accumulation_plugin
+        )
         self._dist = init_distributed(
             ParallelConfig(
                 tensor_parallel=plugin.tp_degree,
@@ -241,13 +239,13 @@ class Accelerator:
 
     @property
     def sync_gradients(self) -> bool:
-        """Always True: every ``model(**batch)`` is a whole optimizer step."""
+        """Always True: every ``model(**batch)`` is a whole optimizer step (its last micro-batch's)."""
         return True
 
     @property
     def gradient_accumulation_steps(self) -> int:
-        """1 (the step's micro-batches are ``MegatronLMPlugin.num_micro_batches``)."""
-        return 1
+        """The micro-batches of one step (:mod:`epochal.accelerate.accumulation`)."""
+        return int(self.state.megatron_lm_plugin.num_micro_batches or 1)
 
     @property
     def optimizer_step_was_skipped(self) -> bool:
