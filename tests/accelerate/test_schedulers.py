@@ -123,3 +123,35 @@ def test_scheduler_of_another_optimizer_is_refused():
     loader = DataLoader(blocks(8), batch_size=4, collate_fn=default_data_collator)
     with pytest.raises(PrepareError, match="same prepare"):
         Accelerator().prepare(model, optimizer, loader, scheduler)
+
+
+def test_one_step_advances_once_per_data_parallel_replica_unless_skipped():
+    """As Accelerate's AcceleratedScheduler (split_batches=False): num_processes steps per update."""
+    from types import SimpleNamespace
+
+    from epochal.accelerate.schedulers import PreparedTorchScheduler
+
+    weight = torch.nn.Parameter(torch.zeros(1))
+    user = torch.optim.SGD([weight], lr=1.0)
+    plain_opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    plain = transformers.get_linear_schedule_with_warmup(plain_opt, 2, 10)
+    engine = SimpleNamespace(last_metrics={})
+    groups = [{"lr": None}]
+    prepared = PreparedTorchScheduler(
+        engine,
+        SimpleNamespace(param_groups=groups),
+        transformers.get_linear_schedule_with_warmup(user, 2, 10),
+        steps_per_update=2,
+    )
+    prepared.step()
+    plain_opt.step()
+    plain.step()
+    plain.step()
+    assert (
+        groups[0]["lr"] == plain.get_last_lr()[0] == 1.0
+    )  # two steps: the end of the warmup (one would give 0.5)
+    engine.last_metrics = {"skipped": 1}  # an fp16 overflow skipped the update
+    prepared.step()
+    assert (
+        groups[0]["lr"] == 1.0
+    )  # two steps: the end of the warmup (one would give 0.5) and prepared.last_epoch == 2
