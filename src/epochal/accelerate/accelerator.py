@@ -18,15 +18,16 @@ without a launcher; under ``epochal launch`` / ``torchrun`` the layout of
 GPUs) and builds the epochal run in ``prepare`` (:mod:`epochal.accelerate.preparation`).
 
 What it cannot do raises :class:`AcceleratorError` (or the named error of the
-part involved) instead of doing nothing: ``gradient_accumulation_steps > 1``
-(use ``num_micro_batches``), ``split_batches=True`` (keyword or
+part involved) instead of doing nothing: ``gradient_accumulation_steps`` that
+disagrees with ``num_micro_batches`` (:mod:`epochal.accelerate.accumulation`),
+``split_batches=True`` (keyword or
 ``DataLoaderConfiguration``, whose other fields are honoured or refused the same
 way: :mod:`epochal.accelerate.configuration`), DeepSpeed / FSDP plugins,
 ``torch.compile`` through ``dynamo_backend``, ``clip_grad_norm_`` with another
 norm than ``MegatronLMPlugin.gradient_clipping``, ``backward`` of a loss that has
-gradients (an extra loss term would be ignored), ``skip_first_batches`` (the
-train loader resumes by itself after ``load_state``), ``prepare_model`` and the
-other single-object prepares.
+gradients (an extra loss term would be ignored), ``skip_first_batches`` of
+another position than the one the train loader resumes at by itself after
+``load_state``, ``prepare_model`` and the other single-object prepares.
 """
 
 from __future__ import annotations
@@ -42,9 +43,11 @@ import torch
 import torch.distributed as dist
 
 from epochal.accelerate import checkpointing, configuration, operations
+from epochal.accelerate.accumulation import apply_gradient_accumulation
 from epochal.accelerate.engine import MegatronEngine
 from epochal.accelerate.plugin import MegatronLMPlugin, env_bool
 from epochal.accelerate.preparation import Prepared, prepare_objects
+from epochal.accelerate.schedulers import PreparedTorchScheduler
 from epochal.accelerate.state import (
     AcceleratorError,
     AcceleratorState,
@@ -79,7 +82,7 @@ class Accelerator:
 
     Args:
         mixed_precision: ``"no"``, ``"fp16"`` or ``"bf16"`` (default ``$ACCELERATE_MIXED_PRECISION``).
-        gradient_accumulation_steps: must be 1 (micro-batches are ``num_micro_batches``).
+        gradient_accumulation_steps: micro-batches per step (sets ``num_micro_batches``).
         cpu: run on the CPU (default ``$ACCELERATE_USE_CPU``, or no CUDA device).
         megatron_lm_plugin: the layout and options (default: from ``MEGATRON_LM_*``).
         log_with: trackers for :meth:`init_trackers` (``"tensorboard"``, ``"wandb"``, ``"all"``).
@@ -123,13 +126,6 @@ class Accelerator:
             raise AcceleratorError(
                 f"Accelerator options {sorted(unsupported)} have no epochal equivalent"
             )
-        steps = getattr(gradient_accumulation_plugin, "num_steps", gradient_accumulation_steps)
-        if steps != 1:
-            raise AcceleratorError(
-                f"gradient_accumulation_steps={steps}: a Megatron-style step accumulates its "
-                "micro-batches itself; set MegatronLMPlugin(num_micro_batches=...) "
-                "(megatron_lm_num_micro_batches in the YAML) instead"
-            )
         if split_batches:
             raise configuration.refuse_split_batches()
         self.dataloader_config = configuration.check_dataloader_config(dataloader_config)
@@ -147,6 +143,9 @@ class Accelerator:
         self.mixed_precision = mixed_precision_from(mixed_precision)
         use_cpu = cpu or env_bool("ACCELERATE_USE_CPU", False) or not torch.cuda.is_available()
         plugin = megatron_lm_plugin or MegatronLMPlugin()
+        apply_gradient_accumulation(
+            plugin, gradient_accumulation_steps, gradient_accumulation_plugin
+        )
         self._dist = init_distributed(
             ParallelConfig(
                 tensor_parallel=plugin.tp_degree,
@@ -240,13 +239,13 @@ class Accelerator:
 
     @property
     def sync_gradients(self) -> bool:
-        """Always True: every ``model(**batch)`` is a whole optimizer step."""
+        """Always True: every ``model(**batch)`` is a whole optimizer step (its last micro-batch's)."""
         return True
 
     @property
     def gradient_accumulation_steps(self) -> int:
-        """1 (the step's micro-batches are ``MegatronLMPlugin.num_micro_batches``)."""
-        return 1
+        """The micro-batches of one step (:mod:`epochal.accelerate.accumulation`)."""
+        return int(self.state.megatron_lm_plugin.num_micro_batches or 1)
 
     @property
     def optimizer_step_was_skipped(self) -> bool:
@@ -343,11 +342,25 @@ class Accelerator:
         )
 
     def skip_first_batches(self, dataloader: Any, num_batches: int = 0) -> Any:
-        """Refused: after ``load_state`` the train loader already starts at the next sample."""
-        raise AcceleratorError(
-            "skip_first_batches: after accelerator.load_state the prepared train loader "
-            "continues at the exact next sample by itself; iterate it without skipping"
-        )
+        """``dataloader`` itself when it already starts at step ``num_batches`` of its epoch.
+
+        After ``load_state`` the prepared train loader continues at the exact next
+        sample by itself, so the script's ``skip_first_batches(loader, resume_step)``
+        is checked and changes nothing.
+
+        Raises:
+            AcceleratorError: another loader, or another number of batches (named).
+        """
+        at = getattr(dataloader, "resume_step", None)
+        if at is None or not any(dataloader is d for d in self._prepared.loaders):
+            raise AcceleratorError("skip_first_batches: give a loader returned by prepare()")
+        if int(num_batches) != at:
+            raise AcceleratorError(
+                f"skip_first_batches(dataloader, {num_batches}): the prepared loader starts at "
+                f"step {at} of its epoch (after load_state it continues at the exact next "
+                "sample by itself); iterate it without skipping"
+            )
+        return dataloader
 
     def _single(self, name: str) -> None:
         raise AcceleratorError(
@@ -477,6 +490,10 @@ class Accelerator:
                 )
             self._custom.append(obj)
 
+    def _torch_scheduler(self) -> Any:
+        scheduler = self._prepared.scheduler
+        return scheduler if isinstance(scheduler, PreparedTorchScheduler) else None
+
     def _state_dir(self, given: str | os.PathLike | None, what: str) -> Path:
         if given is not None:
             return Path(given)
@@ -503,7 +520,9 @@ class Accelerator:
             else self._state_dir(output_dir, "save_state")
         )
         self.wait_for_everyone()  # every process checked the folder before any writes it
-        checkpointing.save_state(self._engine().trainer, directory, self._custom)
+        checkpointing.save_state(
+            self._engine().trainer, directory, self._custom, self._torch_scheduler()
+        )
         if automatic and self.is_main_process:
             configuration.prune_checkpoints(directory.parent, project.total_limit, directory)
         self.wait_for_everyone()
@@ -517,7 +536,10 @@ class Accelerator:
         if input_dir is None and project.automatic_checkpoint_naming:
             input_dir = configuration.newest_folder(self._state_dir(None, "load_state"))
         checkpointing.load_state(
-            engine.trainer, self._state_dir(input_dir, "load_state"), self._custom
+            engine.trainer,
+            self._state_dir(input_dir, "load_state"),
+            self._custom,
+            self._torch_scheduler(),
         )
         engine.weights_pending = False
         configuration.continue_numbering(project)

@@ -16,7 +16,8 @@ data-parallel size; the train loader then continues at the next sample, so a
 script that saves, is killed and loads again computes the uninterrupted run's
 losses (bit for bit on the same layout and machine). Objects given to
 ``register_for_checkpointing`` are saved beside it as ``custom_checkpoint_<i>.pt``
-(read back with ``weights_only=True``: tensors, numbers, strings, containers).
+(read back with ``weights_only=True``: tensors, numbers, strings, containers), and a
+prepared PyTorch learning-rate scheduler's state as ``scheduler.bin`` (Accelerate's name).
 
 :func:`full_state` gathers the whole model (all pipeline stages, tensor-parallel and
 data-parallel shards) on every rank, by epochal's parameter names.
@@ -37,7 +38,10 @@ from epochal._ownership import STATE, OwnedPathError, check_writable
 from epochal.model.init import canonical_name
 from epochal.train.state.checkpoint import Checkpointer, CheckpointError
 
-__all__ = ["check_state_folder", "full_state", "load_state", "save_state"]
+__all__ = ["SCHEDULER_FILE", "check_state_folder", "full_state", "load_state", "save_state"]
+
+#: the prepared PyTorch scheduler's state beside the checkpoint
+SCHEDULER_FILE = "scheduler.bin"
 
 
 def _all_gather(obj: Any) -> list[Any]:
@@ -73,7 +77,9 @@ def check_state_folder(output_dir: str | Path) -> None:
     check_writable(path, writer="save_state", option="save_state folder", own=frozenset({STATE}))
 
 
-def save_state(trainer: Any, output_dir: str | Path, custom: list[Any]) -> Path:
+def save_state(
+    trainer: Any, output_dir: str | Path, custom: list[Any], scheduler: Any = None
+) -> Path:
     """Save the run into ``output_dir`` (see the module docstring); returns the step folder.
 
     Raises:
@@ -92,6 +98,10 @@ def save_state(trainer: Any, output_dir: str | Path, custom: list[Any]) -> Path:
             buf = io.BytesIO()
             torch.save(obj.state_dict(), buf)
             atomic_write(directory / f"custom_checkpoint_{i}.pt", buf.getvalue())
+        if scheduler is not None:
+            buf = io.BytesIO()
+            torch.save(scheduler.state_dict(), buf)
+            atomic_write(directory / SCHEDULER_FILE, buf.getvalue())
     if dist.is_initialized():
         dist.barrier()
     return folder
@@ -112,7 +122,9 @@ def find_state(input_dir: str | Path) -> Path:
     return found
 
 
-def load_state(trainer: Any, input_dir: str | Path, custom: list[Any]) -> Path:
+def load_state(
+    trainer: Any, input_dir: str | Path, custom: list[Any], scheduler: Any = None
+) -> Path:
     """Restore the run from ``input_dir`` (see the module docstring); returns the step folder.
 
     Raises:
@@ -132,6 +144,14 @@ def load_state(trainer: Any, input_dir: str | Path, custom: list[Any]) -> Path:
         if not path.is_file():
             raise CheckpointError(f"{path}: missing (registered object {i})")
         obj.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
+    if scheduler is not None:
+        path = base / SCHEDULER_FILE
+        if not path.is_file():
+            raise CheckpointError(
+                f"{path}: missing (the run was saved without the learning-rate scheduler "
+                "prepared now)"
+            )
+        scheduler.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
     return folder
 
 

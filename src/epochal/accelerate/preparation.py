@@ -9,8 +9,10 @@ they were prepared before, since their batch size is the micro-batch size):
 - a transformers model -> :class:`~epochal.accelerate.engine.MegatronEngine`;
 - a ``torch.optim.Optimizer`` -> :class:`~epochal.accelerate.wrappers.AcceleratedOptimizer`;
 - a :class:`~epochal.accelerate.plugin.MegatronLMDummyScheduler` ->
-  :class:`~epochal.accelerate.wrappers.AcceleratedScheduler`; any other learning-rate
-  scheduler raises (Accelerate's Megatron-LM backend refuses them too);
+  :class:`~epochal.accelerate.wrappers.AcceleratedScheduler` (Megatron's schedule from
+  the plugin); any PyTorch learning-rate scheduler of the optimizer prepared in the same
+  call -> :class:`~epochal.accelerate.schedulers.PreparedTorchScheduler` (it drives the
+  learning rate as in plain PyTorch);
 - a :class:`~epochal.accelerate.dummy_data.MegatronLMDummyDataLoader` (given three
   times, as in the guide) -> the train, validation and test iterators of Megatron's
   indexed GPT datasets;
@@ -27,6 +29,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from epochal.accelerate.batches import BatchAdapter
+from epochal.accelerate.deepspeed import deepspeed_refusal
 from epochal.accelerate.dummy_data import MegatronLMDummyDataLoader, StepIterator
 from epochal.accelerate.engine import MegatronEngine
 from epochal.accelerate.plugin import MegatronLMDummyScheduler, PluginError
@@ -39,6 +42,7 @@ from epochal.accelerate.prepare_model import (
     weights_fingerprint,
 )
 from epochal.accelerate.run_config import RunShape, build_train_config
+from epochal.accelerate.schedulers import PreparedTorchScheduler, is_torch_scheduler
 from epochal.accelerate.trainer import AccelerateTrainer
 from epochal.accelerate.wrappers import AcceleratedOptimizer, AcceleratedScheduler
 from epochal.data.loading.data_sampler import MegatronDataSampler
@@ -70,15 +74,9 @@ class Prepared:
     loaders: list[PreparedDataLoader] = field(default_factory=list)
     engine: MegatronEngine | None = None
     optimizer: AcceleratedOptimizer | None = None
-    scheduler: AcceleratedScheduler | None = None
+    scheduler: AcceleratedScheduler | PreparedTorchScheduler | None = None
     seed: int | None = None
     micro_batch_size: int | None = None
-
-
-def _is_scheduler(obj: Any) -> bool:
-    return isinstance(obj, torch.optim.lr_scheduler.LRScheduler) or (
-        hasattr(obj, "step") and hasattr(obj, "get_last_lr") and hasattr(obj, "optimizer")
-    )
 
 
 def _dims(acc: Any) -> tuple[ParallelDims, int, int]:
@@ -134,15 +132,22 @@ def prepare_objects(acc: Any, args: tuple[Any, ...]) -> tuple[Any, ...]:
     plugin = acc.state.megatron_lm_plugin
     models = [a for a in args if isinstance(a, torch.nn.Module)]
     optimizers = [a for a in args if isinstance(a, torch.optim.Optimizer)]
-    schedulers = [a for a in args if isinstance(a, MegatronLMDummyScheduler)]
+    for obj in args:
+        refusal = deepspeed_refusal(obj)
+        if refusal is not None:
+            raise PrepareError(refusal)
+    dummy_schedulers = [a for a in args if isinstance(a, MegatronLMDummyScheduler)]
+    torch_schedulers = [
+        a for a in args if is_torch_scheduler(a) and not isinstance(a, MegatronLMDummyScheduler)
+    ]
+    schedulers = dummy_schedulers + torch_schedulers
     loaders = [a for a in args if isinstance(a, DataLoader)]
     dummies = [a for a in args if isinstance(a, MegatronLMDummyDataLoader)]
-    for obj in args:
-        if _is_scheduler(obj) and not isinstance(obj, MegatronLMDummyScheduler):
+    for obj in torch_schedulers:
+        if not optimizers or obj.optimizer is not optimizers[0]:
             raise PrepareError(
-                f"{type(obj).__name__} cannot drive a Megatron-style run: use "
-                "epochal.accelerate.utils.MegatronLMDummyScheduler(optimizer, total_num_steps, "
-                "warmup_num_steps) (its schedule comes from MegatronLMPlugin)"
+                f"the {type(obj).__name__} scheduler must be built on the optimizer prepared in "
+                "the same prepare() call: prepare(model, optimizer, ..., lr_scheduler) together"
             )
     for kind, found in (("model", models), ("optimizer", optimizers), ("scheduler", schedulers)):
         if len(found) > 1 or (found and getattr(done, "engine" if kind == "model" else kind)):
@@ -201,7 +206,7 @@ def prepare_objects(acc: Any, args: tuple[Any, ...]) -> tuple[Any, ...]:
                 "the micro-batch size"
             )
         optimizer = optimizers[0] if optimizers else None
-        scheduler = schedulers[0] if schedulers else None
+        scheduler = dummy_schedulers[0] if dummy_schedulers else None
         engine, iterators = _build_engine(
             acc, models[0], optimizer, scheduler, dp_rank, dp_size, dummies[0] if dummies else None
         )
@@ -213,6 +218,10 @@ def prepare_objects(acc: Any, args: tuple[Any, ...]) -> tuple[Any, ...]:
             )
         if scheduler is not None:
             done.scheduler = results[id(scheduler)] = AcceleratedScheduler(engine, scheduler)
+        for user_scheduler in torch_schedulers:  # one: checked above
+            done.scheduler = results[id(user_scheduler)] = PreparedTorchScheduler(
+                engine, done.optimizer, user_scheduler, steps_per_update=dp_size
+            )
     out = []
     for obj in args:  # the dummy loader's occurrences: train, validation, test
         out.append(

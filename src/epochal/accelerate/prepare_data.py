@@ -364,6 +364,11 @@ class PreparedDataLoader:
         if self.mode == "train":
             self._consumed = self._next_start = consumed
 
+    @property
+    def resume_step(self) -> int:
+        """The step of its epoch at which the next pass starts (after ``load_state``: the restored one)."""
+        return (self._next_start % self.samples_per_epoch) // self.global_batch_size
+
     def set_epoch(self, epoch: int) -> None:
         """Accepted for Accelerate's API; the epoch follows from ``consumed_samples``."""
 

@@ -72,6 +72,11 @@ class AcceleratorState:
     backend: str | None = None
 
     @property
+    def deepspeed_plugin(self) -> None:
+        """``None``: no DeepSpeed (as Accelerate without DeepSpeed)."""
+        return None
+
+    @property
     def distributed_type(self) -> DistributedType:
         """Always ``DistributedType.MEGATRON_LM``."""
         return DistributedType.MEGATRON_LM

@@ -8,7 +8,9 @@ the train steps ``GPTTrainStep``, ``BertTrainStep``, ``T5TrainStep`` and their b
 subclass may override, as in Accelerate's guide); ``avg_losses_across_data_parallel_group``
 and ``gather_across_data_parallel_groups`` (over the data-parallel group of the
 prepared run); ``set_seed``; ``DistributedType``; ``DataLoaderConfiguration`` and
-``ProjectConfiguration`` (:mod:`epochal.accelerate.configuration`).
+``ProjectConfiguration`` (:mod:`epochal.accelerate.configuration`);
+``find_executable_batch_size`` / ``release_memory`` (:mod:`epochal.accelerate.utils.memory`);
+``DummyOptim`` / ``DummyScheduler`` (refused at ``prepare``: :mod:`epochal.accelerate.deepspeed`).
 
 The train steps are epochal's own (:mod:`epochal.train.steps`): they read epochal's
 micro-batch keys (``tokens``, ``labels``, ``loss_mask``, ...), which the prepared
@@ -16,10 +18,12 @@ model makes from the transformers batch (:mod:`epochal.accelerate.batches`).
 """
 
 from epochal.accelerate.configuration import DataLoaderConfiguration, ProjectConfiguration
+from epochal.accelerate.deepspeed import DummyOptim, DummyScheduler
 from epochal.accelerate.dummy_data import MegatronLMDummyDataLoader
 from epochal.accelerate.plugin import MegatronLMDummyScheduler, MegatronLMPlugin, PluginError
 from epochal.accelerate.seeding import set_seed
 from epochal.accelerate.state import DistributedType
+from epochal.accelerate.utils.memory import find_executable_batch_size, release_memory
 from epochal.train.steps import (
     BertTrainStep,
     GPTTrainStep,
@@ -34,6 +38,8 @@ __all__ = [
     "BertTrainStep",
     "DataLoaderConfiguration",
     "DistributedType",
+    "DummyOptim",
+    "DummyScheduler",
     "GPTTrainStep",
     "MegatronLMDummyDataLoader",
     "MegatronLMDummyScheduler",
@@ -42,6 +48,8 @@ __all__ = [
     "ProjectConfiguration",
     "T5TrainStep",
     "avg_losses_across_data_parallel_group",
+    "find_executable_batch_size",
     "gather_across_data_parallel_groups",
+    "release_memory",
     "set_seed",
 ]
