@@ -10,8 +10,9 @@ one, else to ``epochal.x``; relative imports as Python resolves them.
 
 The direction (DESIGN.md, "Dependencies point one way"): a file's *layer* is its
 top-level package under ``epochal/`` (``data``, ``model``, ...) or, for a top-level
-module, its name (``cli``); the private helpers ``_atomic``, ``_checksum``, ``_lazy``, ``_paths``, ``_text``, ``_dcp``
-and ``epochal/__init__.py`` are the *base* that every layer may use, and import no
+module, its name (``cli``); the private helpers ``_atomic``, ``_checksum``, ``_lazy``, ``_paths``,
+``_text``, ``_dcp``, ``_env`` (checked numeric environment variables), ``_ownership`` (which
+writer owns a path) and ``epochal/__init__.py`` are the *base* that every layer may use, and import no
 layer. Each layer may import itself, the base and:
 
     data      nothing else (usable on its own under Megatron-Core, NeMo, Lightning)
@@ -46,7 +47,9 @@ import pytest
 SRC = Path(__file__).resolve().parents[1] / "src" / "epochal"
 MAX_LINES = 600
 
-BASE = frozenset({"epochal", "_atomic", "_checksum", "_lazy", "_paths", "_text", "_dcp"})
+BASE = frozenset(
+    {"epochal", "_atomic", "_checksum", "_lazy", "_paths", "_text", "_dcp", "_env", "_ownership"}
+)
 #: layer -> the other layers it may import (itself and the base are always allowed).
 ALLOWED: dict[str, frozenset[str]] = {
     "data": frozenset(),
