@@ -2,8 +2,10 @@
 
 The train step (``model(**batch)``) already zeroed the gradients, stepped the
 optimizer and advanced the learning-rate schedule, as in Accelerate's Megatron-LM
-backend, so ``optimizer.step()``, ``optimizer.zero_grad()`` and
-``lr_scheduler.step()`` do nothing. Reading works: ``optimizer.param_groups`` (the
+backend, so ``optimizer.step()``, ``optimizer.zero_grad()`` and the ``step()`` of a
+prepared ``MegatronLMDummyScheduler`` do nothing. (A ``torch.optim.lr_scheduler``
+scheduler is the exception: its ``step()`` drives the learning rate, see
+:mod:`epochal.accelerate.schedulers`.) Reading works: ``optimizer.param_groups`` (the
 learning rate in use), ``optimizer.step_was_skipped`` (an fp16 overflow or a
 non-finite gradient skipped the last step), ``lr_scheduler.get_last_lr()``.
 Their state is saved and restored by ``accelerator.save_state`` /
