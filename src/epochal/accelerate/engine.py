@@ -26,7 +26,15 @@ The model keywords transformers takes beside the batch:
   the loss is the sum of the token cross-entropies divided by it, as transformers
   defines it; it counts the targets of the whole step (every micro-batch and every
   data-parallel rank: the global batch), so the step's loss and gradient are the
-  global batch's token sum over it, the same on every rank. Masked and
+  global batch's token sum over it, the same on every rank. The returned
+  ``.loss`` is that loss divided by the number of processes, each process's share
+  as under DDP, where each rank's transformers loss is its rows' token sum over
+  ``num_items_in_batch``: their sum over processes
+  (``accelerator.gather(loss).sum()``) is the step's loss, and a script that
+  multiplies the loss by ``num_processes`` (as Accelerate's
+  ``gradient_accumulation_for_autoregressive_models.py`` does) prints the same
+  numbers on every layout. (The processes' shares are equal here, not each rank's
+  own rows' sum.) Masked and
   sequence-to-sequence models refuse it (their transformers loss is the token mean),
   and so does a custom train step or loss (it decides its own normalisation).
 - ``use_cache`` / ``output_attentions`` / ``output_hidden_states`` false or None:
@@ -190,6 +198,10 @@ class MegatronEngine(nn.Module):
         if self.on_step is not None:
             self.on_step(trainer.step, metrics)
         loss = torch.tensor(float(metrics["loss"]), device=trainer.device)
+        if LOSS_SCALE_KEY in micro_batches[0]:
+            # num_items_in_batch: each process returns its share of the step's loss, so
+            # the sum over processes is the loss (what transformers' loss gives under DDP)
+            loss = loss / trainer.dims.world_size
         return _output(self.adapter.family, loss=loss)
 
     @torch.no_grad()
