@@ -63,7 +63,12 @@ _OUTPUTS = {
     "megatron": "CausalLMOutputWithCrossAttentions",
     "masked": "MaskedLMOutput",
     "seq2seq": "Seq2SeqLMOutput",
+    "sequence": "SequenceClassifierOutput",
+    "token": "TokenClassifierOutput",
 }
+
+#: the classification families (:mod:`epochal.accelerate.heads`)
+_CLASSIFIERS = ("sequence", "token")
 
 
 class EngineError(RuntimeError):
@@ -127,6 +132,17 @@ class MegatronEngine(nn.Module):
                 "accelerator.load_state(...) before running it"
             )
         batch, num_items, as_tuple = self._keywords(batch)
+        has_labels = isinstance(batch.get("labels"), torch.Tensor)
+        if self.adapter.family in _CLASSIFIERS:
+            if self.training and not has_labels:
+                raise EngineError(
+                    f"{type(self.trainer.source.model).__name__} in training mode needs labels "
+                    "in the batch (model(**batch) runs the train step); call model.eval() to "
+                    "get logits without labels"
+                )
+            if has_labels and self.adapter.family == "sequence":
+                kind = self.adapter.decide_problem_type(batch["labels"])
+                self.trainer.train_step_handler.problem_type = kind
         micro_batches = self.adapter.split(batch)
         if num_items is not None:
             # each micro-batch's token mean becomes its token sum / num_items; the step
@@ -138,7 +154,7 @@ class MegatronEngine(nn.Module):
         out = (
             self._train_step(micro_batches)
             if self.training
-            else self._eval_step(batch, micro_batches)
+            else self._eval_step(batch, micro_batches, has_labels)
         )
         return out.to_tuple() if as_tuple else out
 
@@ -205,27 +221,60 @@ class MegatronEngine(nn.Module):
         return _output(self.adapter.family, loss=loss)
 
     @torch.no_grad()
-    def _eval_step(self, batch: dict[str, Any], split: list[dict[str, torch.Tensor]]) -> Any:
+    def _eval_step(
+        self, batch: dict[str, Any], split: list[dict[str, torch.Tensor]], has_labels: bool = True
+    ) -> Any:
         trainer = self.trainer
         micro_batches = [trainer.step_batch(mb) for mb in split]
         kept: list[torch.Tensor] = []
-        vocab = trainer.model_config.vocab_size
+        classifier = self.adapter.family in _CLASSIFIERS
+        vocab = None if classifier else trainer.model_config.vocab_size
 
         def keep(mb: dict[str, torch.Tensor], logits: torch.Tensor) -> None:
-            kept.append(logits[..., :vocab])
+            kept.append(logits if vocab is None else logits[..., :vocab])
 
         loss = trainer.engine.eval_loss(
             micro_batches,
             num_microbatches=len(micro_batches),
             step=trainer.train_step_handler,
-            on_logits=keep if self.return_logits else None,
+            on_logits=keep if self.return_logits or classifier else None,
         )
         trainer.engine.reduce_logged()  # every rank takes part in the logged values' reduction
         logits = None
-        if self.return_logits and kept:
+        if classifier:
+            logits = self._classifier_logits(batch, kept)
+        elif self.return_logits and kept:
             length = self._length(batch)
             logits = torch.cat([x[:, :length] for x in kept])
-        return _output(self.adapter.family, loss=loss.float(), logits=logits)
+        return _output(
+            self.adapter.family, loss=loss.float() if has_labels else None, logits=logits
+        )
+
+    def _classifier_logits(self, batch: dict[str, Any], kept: list[torch.Tensor]) -> torch.Tensor:
+        """A classifier's logits of this rank's rows, on every pipeline stage (a collective).
+
+        ``[rows, num_labels]`` (sequence) or ``[rows, s, num_labels]`` (token, the batch's
+        length): the last stage computed them and sends them to the other stages, so the
+        script's metrics run on every rank, as with transformers.
+        """
+        trainer = self.trainer
+        engine = trainer.engine
+        rows = int(batch["input_ids"].shape[0])
+        n = int(trainer.model_config.num_labels)
+        length = int(batch["input_ids"].shape[1])
+        shape = (rows, n) if self.adapter.family == "sequence" else (rows, length, n)
+        if kept:
+            logits = torch.cat(kept).float()
+            if logits.dim() == 3:
+                logits = logits[:, :length]
+            logits = logits.to(trainer.device).contiguous()
+        else:
+            logits = torch.empty(shape, dtype=torch.float32, device=trainer.device)
+        if engine.dims.pp > 1:
+            import torch.distributed as dist
+
+            dist.broadcast(logits, group=engine.pp_group, group_src=engine.dims.pp - 1)
+        return logits
 
     def _length(self, batch: dict[str, Any]) -> int:
         if self.adapter.family == "megatron":

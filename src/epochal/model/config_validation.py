@@ -12,7 +12,7 @@ import dataclasses
 import math
 from typing import Any
 
-from epochal.model.head_options import HEAD_FIELDS, validate_head
+from epochal.model.head_options import CLASSIFIER_HEADS, HEAD_FIELDS, validate_head
 
 POSITION_EMBEDDING_TYPES = ("learned_absolute", "rope", "alibi", "none", "relative")
 NORMALIZATIONS = ("LayerNorm", "RMSNorm")
@@ -234,7 +234,10 @@ class ModelConfigChecks:
             f"got model.type={self.type!r}",
         )
         if self.type == "gpt":
+            classifier = self.head in CLASSIFIER_HEADS
             for f in dataclasses.fields(self):
+                if classifier and f.name in HEAD_FIELDS:
+                    continue
                 if f.name in ENCODER_FIELDS and f.name != "type":
                     _require(
                         getattr(self, f.name) == f.default,
@@ -242,6 +245,8 @@ class ModelConfigChecks:
                         f"is an encoder option: set model.type='bert' or 'esm' (this config's "
                         f"is 'gpt'), or leave it at {f.default!r}; got {getattr(self, f.name)!r}",
                     )
+            if classifier:
+                validate_head(self, _require)
             return
         _require(
             self.position_embedding_type in ("learned_absolute", "rope"),

@@ -61,6 +61,7 @@ from torch import nn
 from epochal.model.base import TransformerModel
 from epochal.model.config import ModelConfig
 from epochal.model.generation.kv_cache import KVCache
+from epochal.model.heads import build_head
 from epochal.model.layers.block import TransformerBlock
 from epochal.model.layers.norms import build_norm
 
@@ -77,6 +78,8 @@ class GPTModel(TransformerModel):
     Raises:
         ValueError: ``config.type`` is not ``"gpt"``.
     """
+
+    LAST_STAGE_MODULES = ("norm", "output", "head")
 
     def __init__(self, config: ModelConfig, *, seed: int = 0) -> None:
         if config.type != "gpt":
@@ -96,7 +99,11 @@ class GPTModel(TransformerModel):
             {str(i): TransformerBlock(config, i) for i in range(config.num_layers)}
         )
         self.norm: nn.Module | None = build_norm(config)
-        self.output: nn.Linear | None = nn.Linear(h, config.padded_vocab_size, bias=False)
+        #: a classifier head (``config.head``, :class:`~epochal.model.heads.ClassifierHead`)
+        self.head: nn.Module | None = build_head(config)
+        self.output: nn.Linear | None = (
+            nn.Linear(h, config.padded_vocab_size, bias=False) if self.head is None else None
+        )
         self._register_rope()
         self.tie_weights()
 
@@ -108,6 +115,7 @@ class GPTModel(TransformerModel):
         attention_mask: torch.Tensor | None = None,
         kv_cache: KVCache | None = None,
         logits_to_keep: int | None = None,
+        residue_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Run the (stage of the) model.
 
@@ -127,6 +135,8 @@ class GPTModel(TransformerModel):
             logits_to_keep: if set, only the last ``logits_to_keep`` positions go
                 through the final norm and output head (the output then has
                 that many positions); ignored on stages without ``output``.
+            residue_mask: a classifier head's positions ``[b, s]`` (``"pooled_classifier"``:
+                1 at the one position each sequence is classified by); default every position.
 
         Returns:
             Logits ``[b, s, padded_vocab_size]`` (dtype of the output layer, e.g.
@@ -166,6 +176,10 @@ class GPTModel(TransformerModel):
             h = h[:, -logits_to_keep:]
         if self.norm is not None:
             h = self.norm(h)
+        if self.head is not None:
+            return self.head(
+                h, torch.ones_like(h[..., 0]) if residue_mask is None else residue_mask
+            )
         if self.output is not None:
             h = self.output(h)
         return h

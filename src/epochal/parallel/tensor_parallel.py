@@ -255,6 +255,13 @@ def _gpt_top_plan(
             output_layouts=Shard(-1) if loss_parallel else Replicate(),
             use_local_output=True,
         )
+    if sequence_parallel and getattr(model, "head", None) is not None:
+        # a classifier head (replicated) reads its pooled position / every position whole
+        top["head"] = PrepareModuleInput(
+            input_layouts=(seq, None),
+            desired_input_layouts=(Replicate(), None),
+            use_local_output=True,
+        )
     return top
 
 
