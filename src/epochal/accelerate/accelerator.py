@@ -42,7 +42,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from epochal.accelerate import checkpointing, configuration, operations
+from epochal.accelerate import checkpointing, configuration, operations, refusals
 from epochal.accelerate.accumulation import apply_gradient_accumulation
 from epochal.accelerate.engine import MegatronEngine
 from epochal.accelerate.plugin import MegatronLMPlugin, env_bool
@@ -122,6 +122,7 @@ class Accelerator:
         dynamo_backend: Any = None,
         **unsupported: Any,
     ) -> None:
+        refusals.install()  # a refusal reaching the top prints as one line, not a traceback
         if unsupported:
             raise AcceleratorError(
                 f"Accelerator options {sorted(unsupported)} have no epochal equivalent"

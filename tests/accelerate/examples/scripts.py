@@ -3,8 +3,8 @@
 The scripts are not part of this repository: they are read from
 ``EPOCHAL_UPSTREAM_EXAMPLES`` (default ``~/.cache/epochal/upstream-examples``), a folder
 holding ``accelerate/examples/...`` from huggingface/accelerate at :data:`ACCELERATE_COMMIT`
-and ``transformers/examples/pytorch/language-modeling/...`` from transformers 4.57
-(each file is checked against its SHA-256 below, so a different version is not run
+and ``transformers/examples/pytorch/language-modeling/run_{clm,mlm}_no_trainer.py`` as
+of transformers 4.57 (each file is checked against its SHA-256 below, so a different version is not run
 by mistake). The tests skip without them.
 
 :func:`epochal_text` applies the one change a user makes (``from accelerate...`` ->
@@ -37,7 +37,7 @@ class Script:
     sha256: str
     args: tuple[str, ...] = ()
     #: ``EPOCHAL_EXAMPLE_ROWS`` (train,validation rows of the stand-in data)
-    rows: str = "64,32"
+    rows: str = "64,64"
     #: a line of the output that shows the run reached its end (a regex)
     done: str = ""
     #: the regex whose first group is the evaluation loss (language models)
@@ -99,6 +99,62 @@ SCRIPTS = {
         rows="480,64",
         done=r"epoch 2:: eval perplexity",
         eval_loss=r"epoch 2:: eval perplexity: \S+ eval_loss: ([0-9.]+)",
+    ),
+    "run_clm_no_trainer": Script(
+        _T + "run_clm_no_trainer.py",
+        "6491cd60ef74eb77dc86e1e13668b8312894b7bb6da0a25281c82bf34d9ed9ec",
+        (
+            "--dataset_name",
+            "wikitext",
+            "--dataset_config_name",
+            "wikitext-2-raw-v1",
+            "--model_name_or_path",
+            "gpt2",
+            "--block_size",
+            "32",
+            "--learning_rate",
+            "1e-3",
+            "--per_device_train_batch_size",
+            "4",
+            "--per_device_eval_batch_size",
+            "4",
+            "--num_train_epochs",
+            "1",
+            "--seed",
+            "42",
+            "--output_dir",
+            "out",
+        ),  # fmt: skip
+        done=r"epoch 0: perplexity",
+        eval_loss=r"epoch 0: perplexity: \S+ eval_loss: ([0-9.]+)",
+    ),
+    "run_mlm_no_trainer": Script(
+        _T + "run_mlm_no_trainer.py",
+        "52200e1f460202050d3e32e2ab006967ceed1d647811e50e976df9425b2290f1",
+        (
+            "--dataset_name",
+            "wikitext",
+            "--dataset_config_name",
+            "wikitext-2-raw-v1",
+            "--model_name_or_path",
+            "bert-base-cased",
+            "--max_seq_length",
+            "32",
+            "--learning_rate",
+            "1e-3",
+            "--per_device_train_batch_size",
+            "4",
+            "--per_device_eval_batch_size",
+            "4",
+            "--num_train_epochs",
+            "1",
+            "--seed",
+            "42",
+            "--output_dir",
+            "out",
+        ),  # fmt: skip
+        done=r"epoch 0: perplexity",
+        eval_loss=r"epoch 0: perplexity: \S+ eval_loss: ([0-9.]+)",
     ),
 }
 
@@ -195,11 +251,22 @@ def environment(script: Script) -> dict[str, str]:
     return env
 
 
-def run(name: str, layout: str, folder: Path, *, peer: bool = False, timeout: float = 300):
+def run(
+    name: str,
+    layout: str,
+    folder: Path,
+    *,
+    peer: bool = False,
+    env: dict[str, str] | None = None,
+    args: tuple[str, ...] | None = None,
+    timeout: float = 300,
+):
     """Run script ``name`` in ``folder``: epochal's text (or, ``peer``, the unmodified one).
 
     ``layout`` is ``"one"`` (``python script.py``) or a key of :data:`LAYOUTS`
-    (``epochal launch --config_file`` that layout). The peer runs in one process.
+    (``epochal launch --config_file`` that layout). The peer runs in one process;
+    ``env`` is added to the run's environment (e.g. ``MEGATRON_LM_NUM_MICRO_BATCHES``);
+    ``args`` replace the script's arguments.
     Returns the ``subprocess.CompletedProcess`` (stdout and stderr as text).
     """
     script = SCRIPTS[name]
@@ -208,13 +275,16 @@ def run(name: str, layout: str, folder: Path, *, peer: bool = False, timeout: fl
     folder.mkdir(parents=True, exist_ok=True)
     file = folder / Path(script.path).name
     file.write_text(text if peer else epochal_text(text))
+    argv = script.args if args is None else args
     if layout == "one":
-        cmd = [sys.executable, str(file), *script.args]
+        cmd = [sys.executable, str(file), *argv]
     else:
         assert not peer, "the reference runs in one process"
         launch = [sys.executable, "-m", "epochal.cli", "launch"]
-        cmd = [*launch, "--config_file", str(_yaml(folder, layout)), str(file), *script.args]
-    return run_process(cmd, env=environment(script), timeout=timeout, cwd=str(folder))
+        cmd = [*launch, "--config_file", str(_yaml(folder, layout)), str(file), *argv]
+    return run_process(
+        cmd, env={**environment(script), **(env or {})}, timeout=timeout, cwd=str(folder)
+    )
 
 
 def eval_loss(name: str, output: str) -> float:

@@ -43,7 +43,7 @@ WORDS = [
 
 
 def _rows() -> tuple[int, int]:
-    text = os.environ.get("EPOCHAL_EXAMPLE_ROWS", "64,32")
+    text = os.environ.get("EPOCHAL_EXAMPLE_ROWS", "64,64")
     train, validation = (int(x) for x in text.split(","))
     return train, validation
 
