@@ -259,7 +259,7 @@ def run(
     peer: bool = False,
     env: dict[str, str] | None = None,
     args: tuple[str, ...] | None = None,
-    timeout: float = 300,
+    timeout: float = 600,
 ):
     """Run script ``name`` in ``folder``: epochal's text (or, ``peer``, the unmodified one).
 
