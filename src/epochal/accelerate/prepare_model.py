@@ -179,6 +179,11 @@ def convert_hf_model(
     family = _family(model)
     hf_config = config_obj.to_dict()
     architecture = hf_config.get("model_type")
+    if family in ("sequence", "token"):
+        try:
+            head_layout(model, family, architecture)
+        except ValueError as exc:
+            raise ModelPrepareError(str(exc)) from None
     if architecture not in IMPORTERS:
         raise ModelPrepareError(
             f"prepare() got a {type(model).__name__} (model_type={architecture!r}); epochal "
