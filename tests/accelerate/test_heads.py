@@ -5,7 +5,7 @@ Peer: transformers itself. From a tiny model with random weights (2 layers, hidd
 batch; its losses over a few steps are those of plain PyTorch training of the
 transformers model with the same AdamW, schedule and gradient clipping (1.0, the
 plugin's default); evaluation returns transformers' logits (with and without
-labels); ``unwrap_model(model).save_pretrained`` and ``accelerator.save_model``
+labels); ``unwraptiny_classifier(model).save_pretrained`` and ``accelerator.save_model``
 write folders transformers loads as the same class, with the trained logits.
 """
 
@@ -19,134 +19,7 @@ from torch.utils.data import DataLoader
 from epochal.accelerate import Accelerator, set_seed
 from epochal.accelerate.batches import BatchError
 from epochal.accelerate.prepare_model import ModelPrepareError
-
-VOCAB = 203
-PAD = 0
-LENGTH = 16
-
-
-def _model(arch: str, family: str, num_labels: int, problem_type: str | None):
-    common = dict(num_labels=num_labels, problem_type=problem_type)
-    if arch == "bert":
-        config = transformers.BertConfig(
-            num_hidden_layers=2,
-            hidden_size=64,
-            num_attention_heads=4,
-            intermediate_size=128,
-            vocab_size=VOCAB,
-            max_position_embeddings=32,
-            hidden_dropout_prob=0.0,
-            attention_probs_dropout_prob=0.0,
-            pad_token_id=PAD,
-            **common,
-        )
-    elif arch == "gpt2":
-        config = transformers.GPT2Config(
-            n_layer=2,
-            n_embd=64,
-            n_head=4,
-            vocab_size=VOCAB,
-            n_positions=32,
-            resid_pdrop=0.0,
-            embd_pdrop=0.0,
-            attn_pdrop=0.0,
-            classifier_dropout=0.0,
-            pad_token_id=PAD,
-            bos_token_id=1,
-            eos_token_id=1,
-            **common,
-        )
-    elif arch == "llama":
-        config = transformers.LlamaConfig(
-            num_hidden_layers=2,
-            hidden_size=64,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            intermediate_size=128,
-            vocab_size=VOCAB,
-            max_position_embeddings=32,
-            classifier_dropout=0.0,
-            pad_token_id=PAD,
-            bos_token_id=1,
-            eos_token_id=1,
-            **common,
-        )
-    else:
-        config = transformers.EsmConfig(
-            num_hidden_layers=2,
-            hidden_size=64,
-            num_attention_heads=4,
-            intermediate_size=128,
-            vocab_size=33,
-            max_position_embeddings=40,
-            pad_token_id=1,
-            mask_token_id=32,
-            position_embedding_type="rotary",
-            token_dropout=False,
-            hidden_dropout_prob=0.0,
-            attention_probs_dropout_prob=0.0,
-            **common,
-        )
-    auto = (
-        transformers.AutoModelForSequenceClassification
-        if family == "sequence"
-        else transformers.AutoModelForTokenClassification
-    )
-    return auto.from_config(config)
-
-
-def _rows(arch: str, family: str, num_labels: int, problem_type: str, n: int = 12) -> list[dict]:
-    """``n`` rows of different lengths (padded on the right by the collator)."""
-    g = torch.Generator().manual_seed(7)
-    low, high = (4, 33) if arch == "esm" else (5, VOCAB)
-    rows = []
-    for i in range(n):
-        length = int(torch.randint(6, LENGTH, (1,), generator=g))
-        ids = torch.randint(low, high, (length,), generator=g)
-        row = {"input_ids": ids}
-        if arch == "bert":
-            row["token_type_ids"] = (torch.arange(length) > length // 2).long()
-        if family == "token":
-            labels = torch.randint(0, num_labels, (length,), generator=g)
-            labels[0] = -100  # e.g. a special token
-            row["labels"] = labels
-        elif problem_type == "regression":
-            row["labels"] = torch.randn(num_labels, generator=g).squeeze(0)
-        elif problem_type == "multi_label_classification":
-            row["labels"] = torch.randint(0, 2, (num_labels,), generator=g).float()
-        else:
-            row["labels"] = torch.tensor(i % num_labels)
-        rows.append(row)
-    return rows
-
-
-def _collate(pad: int):
-    def collate(rows: list[dict]) -> dict[str, torch.Tensor]:
-        width = max(len(r["input_ids"]) for r in rows)
-        ids = torch.full((len(rows), width), pad, dtype=torch.long)
-        mask = torch.zeros_like(ids)
-        out = {"input_ids": ids, "attention_mask": mask}
-        if "token_type_ids" in rows[0]:
-            out["token_type_ids"] = torch.zeros_like(ids)
-        token_labels = rows[0]["labels"].dim() == 1 and len(rows[0]["labels"]) == len(
-            rows[0]["input_ids"]
-        )
-        if token_labels:
-            out["labels"] = torch.full_like(ids, -100)
-        for i, r in enumerate(rows):
-            n = len(r["input_ids"])
-            ids[i, :n] = r["input_ids"]
-            mask[i, :n] = 1
-            if "token_type_ids" in r:
-                out["token_type_ids"][i, :n] = r["token_type_ids"]
-            if token_labels:
-                out["labels"][i, :n] = r["labels"]
-        if not token_labels:
-            out["labels"] = torch.stack([r["labels"] for r in rows])
-        return out
-
-    return collate
-
+from tests.accelerate.heads_script import PAD, collate_rows, labelled_rows, tiny_classifier
 
 #: (architecture, family, num_labels, problem_type)
 CASES = [
@@ -168,15 +41,15 @@ def _train(arch, family, num_labels, problem_type, steps=3):
     # transformers decides the problem type from num_labels and the labels' dtype, except
     # a regression of several values (float labels read as multi-label otherwise)
     explicit = problem_type if problem_type == "regression" and num_labels > 1 else None
-    model = _model(arch, family, num_labels, explicit)
+    model = tiny_classifier(arch, family, num_labels, explicit)
     reference = copy.deepcopy(model)
-    rows = _rows(arch, family, num_labels, problem_type or "single_label_classification")
-    collate = _collate(1 if arch == "esm" else PAD)
+    rows = labelled_rows(arch, family, num_labels, problem_type or "single_label_classification")
+    collate = collate_rows(1 if arch == "esm" else PAD)
     accelerator = Accelerator()
     loader = DataLoader(rows, batch_size=4, collate_fn=collate)
     evaluation = DataLoader(rows[:8], batch_size=4, collate_fn=collate)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.01)
-    schedule = transformers.get_linear_schedule_with_warmup(optimizer, 1, steps)
+    schedule = transformers.get_linear_schedule_with_warmup(optimizer, 0, 10)
     prepared = accelerator.prepare(model, optimizer, loader, evaluation, schedule)
     model, optimizer, loader, evaluation, schedule = prepared
     ours = []
@@ -188,7 +61,7 @@ def _train(arch, family, num_labels, problem_type, steps=3):
         schedule.step()
         optimizer.zero_grad()
     ref_optimizer = torch.optim.AdamW(reference.parameters(), lr=1e-2, weight_decay=0.01)
-    ref_schedule = transformers.get_linear_schedule_with_warmup(ref_optimizer, 1, steps)
+    ref_schedule = transformers.get_linear_schedule_with_warmup(ref_optimizer, 0, 10)
     theirs = []
     for batch in list(DataLoader(rows, batch_size=4, collate_fn=collate))[:steps]:
         loss = reference(**batch).loss
@@ -239,9 +112,9 @@ def test_saved_folder_loads_as_the_same_class(tmp_path, arch, family):
     batch = next(iter(evaluation))
     with torch.no_grad():
         trained = model(**batch).logits
-    unwrapped = accelerator.unwrap_model(model)
+    unwrapped = accelerator.unwraptiny_classifier(model)
     unwrapped.save_pretrained(tmp_path / "pretrained")
-    accelerator.save_model(model, tmp_path / "saved")
+    accelerator.savetiny_classifier(model, tmp_path / "saved")
     for folder in ("pretrained", "saved"):
         loaded = type(unwrapped).from_pretrained(tmp_path / folder).eval()
         assert type(loaded) is type(unwrapped)
@@ -270,10 +143,10 @@ def test_unsupported_classifier_is_refused_naming_it():
 def test_last_token_pooling_needs_a_pad_token_id():
     """transformers refuses rows > 1 without ``pad_token_id``; so does the prepared model."""
     set_seed(0)
-    model = _model("gpt2", "sequence", 2, None)
+    model = tiny_classifier("gpt2", "sequence", 2, None)
     model.config.pad_token_id = None
-    rows = _rows("gpt2", "sequence", 2, "single_label_classification", n=4)
-    loader = DataLoader(rows, batch_size=2, collate_fn=_collate(PAD))
+    rows = labelled_rows("gpt2", "sequence", 2, "single_label_classification", n=4)
+    loader = DataLoader(rows, batch_size=2, collate_fn=collate_rows(PAD))
     accelerator = Accelerator()
     model, loader = accelerator.prepare(model, loader)
     with pytest.raises(BatchError, match="pad_token_id"):
