@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from epochal.data.sft import rows_from_records, shift_labels, sft_loss, tokenize_sft_rows
+from epochal.data.sft import rows_from_records, sft_loss, shift_labels, tokenize_sft_rows
 from tests.data.sft.tiny_chat import (
     CONVERSATIONAL_PC_ROWS,
     MESSAGES_ROWS,
@@ -111,7 +111,9 @@ def test_token_mean_loss_equals_trl_evaluate(records, loss_on, config, tmp_path)
     for i, example in enumerate(ours.examples):
         ids[i, : len(example)] = torch.from_numpy(example.input_ids)
         mask[i, : len(example)] = torch.from_numpy(example.loss_mask)
-    attention = (torch.arange(width)[None, :] < torch.tensor([len(e) for e in ours.examples])[:, None])
+    attention = (
+        torch.arange(width)[None, :] < torch.tensor([len(e) for e in ours.examples])[:, None]
+    )
     with torch.no_grad():
         logits = model(input_ids=ids, attention_mask=attention.long()).logits
     labels = shift_labels(ids, mask)
@@ -138,7 +140,11 @@ def test_loss_equals_transformers_causal_lm_loss(tmp_path):
         hf_labels = torch.where(torch.from_numpy(example.loss_mask)[None], ids, -100)
         with torch.no_grad():
             logits = model(input_ids=ids).logits
-        theirs += ForCausalLMLoss(logits, hf_labels, len(tokenizer), num_items_in_batch=total).item()
-        mine += sft_loss(logits, shift_labels(ids, torch.from_numpy(example.loss_mask)[None]), total).item()
+        theirs += ForCausalLMLoss(
+            logits, hf_labels, len(tokenizer), num_items_in_batch=total
+        ).item()
+        mine += sft_loss(
+            logits, shift_labels(ids, torch.from_numpy(example.loss_mask)[None]), total
+        ).item()
     assert abs(mine - theirs) < 1e-5
     assert np.isfinite(mine)

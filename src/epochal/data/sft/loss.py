@@ -45,7 +45,9 @@ def shift_labels(input_ids: np.ndarray | torch.Tensor, loss_mask: np.ndarray | t
         )
     if isinstance(input_ids, torch.Tensor):
         mask = torch.as_tensor(loss_mask, device=input_ids.device).bool()
-        labels = torch.full(input_ids.shape, IGNORE_INDEX, dtype=torch.long, device=input_ids.device)
+        labels = torch.full(
+            input_ids.shape, IGNORE_INDEX, dtype=torch.long, device=input_ids.device
+        )
         nxt = input_ids[..., 1:].long()
         labels[..., :-1] = torch.where(mask[..., 1:], nxt, torch.full_like(nxt, IGNORE_INDEX))
         return labels
@@ -72,9 +74,7 @@ def sft_loss_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         ValueError: the leading shapes differ.
     """
     if tuple(logits.shape[:-1]) != tuple(labels.shape):
-        raise ValueError(
-            f"logits {tuple(logits.shape)} do not match labels {tuple(labels.shape)}"
-        )
+        raise ValueError(f"logits {tuple(logits.shape)} do not match labels {tuple(labels.shape)}")
     return torch.nn.functional.cross_entropy(
         logits.reshape(-1, logits.shape[-1]).float(),
         labels.reshape(-1).to(logits.device),

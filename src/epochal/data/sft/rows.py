@@ -126,9 +126,7 @@ def read_sft_rows(path: str | os.PathLike, *, split: str | None = None) -> list[
     return rows
 
 
-def rows_from_records(
-    records: Iterable[tuple[int | None, Any]], *, source: str
-) -> list[SFTRow]:
+def rows_from_records(records: Iterable[tuple[int | None, Any]], *, source: str) -> list[SFTRow]:
     """Validate records (``(line or None, dict)`` pairs) into :class:`SFTRow` objects.
 
     Args:
@@ -244,9 +242,7 @@ def _parquet_records(path: str) -> Iterator[tuple[int | None, Any]]:
     try:
         import pyarrow.parquet as pq
     except ImportError as exc:  # pragma: no cover - pyarrow is a dependency of the sft extra
-        raise ImportError(
-            f"reading {path} needs pyarrow: pip install 'epochal[sft]'"
-        ) from exc
+        raise ImportError(f"reading {path} needs pyarrow: pip install 'epochal[sft]'") from exc
     try:
         table = pq.read_table(path)
     except Exception as exc:  # pyarrow raises ArrowInvalid / OSError subclasses

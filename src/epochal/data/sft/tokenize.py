@@ -280,7 +280,9 @@ def tokenize_sft_row(
         return _completion_masked(prompt_ids, ids, loss_on)
     _check_template(tokenizer, row)
     if kind == CONVERSATIONAL_PROMPT_COMPLETION:
-        prompt_ids = _render(tokenizer, list(row.prompt), row, add_generation_prompt=True)["input_ids"]
+        prompt_ids = _render(tokenizer, list(row.prompt), row, add_generation_prompt=True)[
+            "input_ids"
+        ]
         ids = _render(tokenizer, list(row.prompt) + list(row.completion), row)["input_ids"]
         return _completion_masked(prompt_ids, ids, loss_on)
     assert kind == MESSAGES
@@ -343,6 +345,5 @@ def _render(tokenizer: Any, messages: list[dict[str, str]], row: SFTRow, **kwarg
         return tokenizer.apply_chat_template(messages, tokenize=True, return_dict=True, **kwargs)
     except Exception as exc:  # jinja2 TemplateError / UndefinedError / TypeError, ...
         raise SFTDataError(
-            f"{row.where}: the chat template does not render this row "
-            f"({type(exc).__name__}: {exc})"
+            f"{row.where}: the chat template does not render this row ({type(exc).__name__}: {exc})"
         ) from None
