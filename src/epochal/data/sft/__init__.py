@@ -3,7 +3,8 @@
 :func:`read_sft_rows` reads JSONL / Parquet / ``save_to_disk`` rows,
 :func:`tokenize_sft_rows` turns them into ``input_ids`` and ``loss_mask`` equal to
 TRL's ``SFTTrainer``'s, :func:`sft_loss` is the token-mean loss over them, and
-:func:`pack_examples` packs them into fixed-length rows with per-row attention.
+:class:`PackedSFTDataset` packs them into fixed-length samples with per-row attention
+(:class:`SFTDataset`: one row a sample).
 Names are loaded lazily from their defining modules.
 """
 
@@ -29,6 +30,11 @@ _EXPORTS = {
     "shift_labels": "loss",
     "sft_loss": "loss",
     "sft_loss_sum": "loss",
+    "PackedSFTDataset": "packing",
+    "PackingReport": "packing",
+    "SFTDataset": "packing",
+    "best_fit_bins": "packing",
+    "collate_packed": "packing",
 }
 
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
