@@ -140,3 +140,17 @@ def test_missing_split_of_a_dataset_dict_folder_names_the_splits(tmp_path):
 def test_rows_from_records_uses_the_given_source_name():
     rows = rows_from_records([(None, PROMPT_COMPLETION_ROWS[0])], source="memory")
     assert rows[0].where == "memory row 0" and rows[0].kind == "prompt_completion"
+
+
+def test_split_gives_every_row_to_exactly_one_part_as_megatron_core():
+    from epochal.data import split_document_ranges, split_sft_rows
+
+    records = [{"prompt": f"p{i}", "completion": f"c{i}"} for i in range(50)]
+    rows = rows_from_records([(None, r) for r in records], source="pc.jsonl")
+    train, valid, test = split_sft_rows(rows, "90,8,2")
+    assert train + valid + test == rows
+    ranges = split_document_ranges("90,8,2", 50)
+    assert [len(train), len(valid), len(test)] == [end - beg for beg, end in ranges]
+    assert split_sft_rows(rows, "98,2")[2] == []
+    with pytest.raises(ValueError):
+        split_sft_rows(rows, "-1,2")

@@ -16,6 +16,7 @@ _EXPORTS = {
     "SFTRow": "rows",
     "read_sft_rows": "rows",
     "rows_from_records": "rows",
+    "split_sft_rows": "rows",
     "LOSS_ON": "tokenize",
     "OVERLENGTH": "tokenize",
     "SFTExample": "tokenize",

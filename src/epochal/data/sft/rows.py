@@ -31,6 +31,7 @@ __all__ = [
     "SFTRow",
     "read_sft_rows",
     "rows_from_records",
+    "split_sft_rows",
 ]
 
 #: the message roles a row may use
@@ -273,3 +274,29 @@ def _folder_records(path: str, split: str | None) -> Iterator[tuple[int | None, 
     elif split is not None:
         raise SFTDataError(f"{path}: split={split!r} given, but the folder holds one Dataset")
     return ((None, row) for row in data)
+
+
+def split_sft_rows(rows: list[SFTRow], split: str) -> tuple[list[SFTRow], list[SFTRow], list[SFTRow]]:
+    """Train / validation / test rows of one file by a Megatron split string.
+
+    ``"98,2"`` gives the first 98% of the rows (in file order) to training and the
+    rest to validation, with Megatron-Core's ranges
+    (:func:`~epochal.data.datasets.splits.split_document_ranges`): contiguous, the
+    same in every process, every row in exactly one part.
+
+    Args:
+        rows: the file's rows.
+        split: one to three non-negative weights, e.g. ``"98,2"`` or ``"90,5,5"``.
+
+    Returns:
+        ``(train, valid, test)``; an absent part is empty.
+
+    Raises:
+        ValueError: an invalid split string.
+    """
+    from epochal.data.datasets.splits import split_document_ranges
+
+    parts = []
+    for bounds in split_document_ranges(split, len(rows)):
+        parts.append([] if bounds is None else rows[bounds[0] : bounds[1]])
+    return parts[0], parts[1], parts[2]
