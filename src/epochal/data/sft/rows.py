@@ -276,7 +276,9 @@ def _folder_records(path: str, split: str | None) -> Iterator[tuple[int | None, 
     return ((None, row) for row in data)
 
 
-def split_sft_rows(rows: list[SFTRow], split: str) -> tuple[list[SFTRow], list[SFTRow], list[SFTRow]]:
+def split_sft_rows(
+    rows: list[SFTRow], split: str
+) -> tuple[list[SFTRow], list[SFTRow], list[SFTRow]]:
     """Train / validation / test rows of one file by a Megatron split string.
 
     ``"98,2"`` gives the first 98% of the rows (in file order) to training and the
