@@ -114,6 +114,8 @@ _EXPORTS = {
     "PackingReport": "sft.packing",
     "best_fit_bins": "sft.packing",
     "collate_packed": "sft.packing",
+    "SFTDatasets": "sft.build",
+    "build_sft_datasets": "sft.build",
 }
 
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

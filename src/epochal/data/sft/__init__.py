@@ -31,6 +31,8 @@ _EXPORTS = {
     "shift_labels": "loss",
     "sft_loss": "loss",
     "sft_loss_sum": "loss",
+    "SFTDatasets": "build",
+    "build_sft_datasets": "build",
     "PackedSFTDataset": "packing",
     "PackingReport": "packing",
     "SFTDataset": "packing",
