@@ -68,5 +68,6 @@ def test_valid_file_and_errors(tmp_path):
         build_sft_datasets(train, tokenizer, seq_length=96, split="99,1")
     with pytest.raises(SFTDataError, match="no train row is left"):
         build_sft_datasets(train, tokenizer, seq_length=20, overlength="skip")
-    with pytest.raises(SFTDataError, match=r"train\.jsonl row 0 \(line 1\): 54 tokens, over"):
-        build_sft_datasets(train, tokenizer, seq_length=40)
+    first = len(tokenize_sft_rows(read_sft_rows(train)[:1], tokenizer)[0])
+    with pytest.raises(SFTDataError, match=rf"train\.jsonl row 0 \(line 1\): {first} tokens, over"):
+        build_sft_datasets(train, tokenizer, seq_length=first - 1)

@@ -34,18 +34,34 @@ def test_generation_markers_are_found_in_every_trim_form():
     assert not has_generation_markers(None)
 
 
-def test_a_template_without_generation_markers_is_an_error_for_assistant_loss():
-    tokenizer = tiny_chat_tokenizer(PLAIN_TEMPLATE)
-    with pytest.raises(SFTDataError) as info:
-        tokenize_sft_rows(_rows(MESSAGES_ROWS), tokenizer)
-    text = str(info.value)
-    assert text.startswith("chat.jsonl row 0 (line 1): ")
-    assert "{% generation %}" in text and "loss_on to 'all'" in text
-    # every token is a target instead: allowed, and the ids are the marked template's
-    plain = tokenize_sft_rows(_rows(MESSAGES_ROWS), tokenizer, loss_on="all")
-    marked = tokenize_sft_rows(_rows(MESSAGES_ROWS), tiny_chat_tokenizer(), loss_on="all")
+def test_without_generation_markers_assistant_turns_come_from_rendered_prefixes():
+    """The same template without markers: the same masks, found by rendering, and reported."""
+    plain = tokenize_sft_rows(_rows(MESSAGES_ROWS), tiny_chat_tokenizer(PLAIN_TEMPLATE))
+    marked = tokenize_sft_rows(_rows(MESSAGES_ROWS), tiny_chat_tokenizer())
     assert [e.input_ids.tolist() for e in plain] == [e.input_ids.tolist() for e in marked]
-    assert all(e.loss_mask.all() for e in plain)
+    assert [e.loss_mask.tolist() for e in plain] == [e.loss_mask.tolist() for e in marked]
+    assert not all(e.loss_mask.all() for e in plain)
+    assert plain.report.prefix_masked == 3 and marked.report.prefix_masked == 0
+    assert "assistant turns of 3 rows found by rendering prefixes" in plain.report.summary()
+
+
+def test_a_template_that_renders_earlier_turns_differently_is_an_error():
+    """A template whose last turn differs from earlier ones (no prefix): error, names the row."""
+    template = PLAIN_TEMPLATE.replace(
+        "{{ message['content'] }}<|eot|>",
+        "{{ message['content'] }}{% if loop.last %}<|eot|>{% endif %}",
+    )
+    with pytest.raises(SFTDataError) as info:
+        tokenize_sft_rows(_rows(MESSAGES_ROWS), tiny_chat_tokenizer(template))
+    text = str(info.value)
+    # row 0 ends on its only assistant turn; row 1's first one is not rendered as later
+    assert text.startswith("chat.jsonl row 1 (line 2): the chat template has no {% generation %}")
+    assert "messages[1] does not render as the start of the whole" in text
+    assert "loss_on to 'all'" in text
+    assert (
+        len(tokenize_sft_rows(_rows(MESSAGES_ROWS), tiny_chat_tokenizer(template), loss_on="all"))
+        == 3
+    )
 
 
 def test_a_template_that_does_not_render_names_the_row():

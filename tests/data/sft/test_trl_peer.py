@@ -28,8 +28,8 @@ trl = pytest.importorskip("trl")
 datasets = pytest.importorskip("datasets")
 
 
-def _trainer(records, tmp_path, *, eval_records=None, **config):
-    tokenizer = tiny_chat_tokenizer()
+def _trainer(records, tmp_path, *, eval_records=None, tokenizer=None, **config):
+    tokenizer = tokenizer or tiny_chat_tokenizer()
     model = tiny_llama(len(tokenizer))
     args = trl.SFTConfig(
         output_dir=str(tmp_path / "trl"),
@@ -49,9 +49,9 @@ def _trainer(records, tmp_path, *, eval_records=None, **config):
         )
 
 
-def _ours(records, **kwargs):
+def _ours(records, tokenizer=None, **kwargs):
     rows = rows_from_records([(None, r) for r in records], source="rows.jsonl")
-    return tokenize_sft_rows(rows, tiny_chat_tokenizer(), **kwargs)
+    return tokenize_sft_rows(rows, tokenizer or tiny_chat_tokenizer(), **kwargs)
 
 
 def _assert_same(ours, trainer):
@@ -94,6 +94,28 @@ def test_truncation_equals_trl_keep_start_and_is_counted(tmp_path):
     assert report.truncated_tokens == sum(n - 40 for n in full if n > 40)
     assert report.dropped_no_loss == 1 and report.examples == len(trainer.train_dataset) == 2
     assert "truncated to 40 tokens" in report.summary()
+
+
+def test_llama3_template_without_markers_gives_trl_training_template_masks(tmp_path):
+    """Llama 3's own template has no generation markers: TRL swaps in its marked training
+    copy, epochal renders prefixes; the ids and assistant masks are the same."""
+    from trl.chat_template_utils import has_generation_markers, llama3_chat_template
+
+    assert not has_generation_markers(llama3_chat_template)
+    ours = _ours(
+        MESSAGES_ROWS, tiny_chat_tokenizer(llama3_chat_template, llama3=True), max_length=128
+    )
+    assert ours.report.prefix_masked == len(MESSAGES_ROWS)
+    trainer = _trainer(
+        MESSAGES_ROWS,
+        tmp_path,
+        tokenizer=tiny_chat_tokenizer(llama3_chat_template, llama3=True),
+        max_length=128,
+        assistant_only_loss=True,
+    )
+    assert has_generation_markers(trainer.chat_template)  # TRL's training copy
+    _assert_same(ours, trainer)
+    assert not all(e.loss_mask.all() for e in ours.examples)
 
 
 @pytest.mark.parametrize(("records", "loss_on", "config"), CASES[::2], ids=IDS[::2])

@@ -20,6 +20,8 @@ LINES = [
     "hello world, how are you today?",
 ]
 SPECIAL = ["<s>", "</s>", "<pad>", "<|start|>", "<|sep|>", "<|eot|>"]
+#: Llama 3's chat tokens, for its own template
+LLAMA3_SPECIAL = ["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]
 
 TEMPLATE = (
     "{{ bos_token }}{% for message in messages %}{% if message['role'] == 'assistant' %}"
@@ -86,7 +88,7 @@ def _backend():
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=320,
-        special_tokens=SPECIAL,
+        special_tokens=SPECIAL + LLAMA3_SPECIAL,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
@@ -98,15 +100,18 @@ def _backend():
     return tok.to_str()
 
 
-def tiny_chat_tokenizer(template: str | None = TEMPLATE):
-    """A fresh ``PreTrainedTokenizerFast`` (callers may mutate it, e.g. TRL sets pad)."""
+def tiny_chat_tokenizer(template: str | None = TEMPLATE, *, llama3: bool = False):
+    """A fresh ``PreTrainedTokenizerFast`` (callers may mutate it, e.g. TRL sets pad).
+
+    ``llama3=True``: Llama 3's BOS and end-of-turn tokens (for its chat template).
+    """
     from tokenizers import Tokenizer
     from transformers import PreTrainedTokenizerFast
 
     return PreTrainedTokenizerFast(
         tokenizer_object=Tokenizer.from_str(_backend()),
-        bos_token="<s>",
-        eos_token="</s>",
+        bos_token="<|begin_of_text|>" if llama3 else "<s>",
+        eos_token="<|eot_id|>" if llama3 else "</s>",
         pad_token="<pad>",
         chat_template=template,
     )

@@ -20,10 +20,16 @@ predicts token ``i`` from the tokens before it, so ``loss_mask[0]`` never counts
 - **messages**: ``apply_chat_template(messages)``; ``loss_on="completion"`` trains on
   the assistant turns, which the template marks with ``{% generation %}`` ...
   ``{% endgeneration %}`` (TRL's ``assistant_only_loss``, transformers'
-  ``return_assistant_tokens_mask``). A template without these markers is an error:
-  epochal does not guess where assistant turns start (TRL swaps in its own copy of a
-  few known templates instead); add the markers to the template, or use
-  ``loss_on="all"``.
+  ``return_assistant_tokens_mask``). For a template without these markers (Llama 3's,
+  Qwen2.5's, Mistral's as shipped) the assistant turns are found by rendering the
+  conversation's prefixes: turn ``k`` is what ``render(messages[:k + 1])`` adds to
+  ``render(messages[:k], add_generation_prompt=True)``, i.e. what the model generates
+  after the generation prompt, end-of-turn tokens included. This needs a template
+  that renders a conversation's start as the start of the whole (an error naming the
+  row otherwise: add the markers, or use ``loss_on="all"``), and the report counts the
+  rows masked so. TRL instead swaps in its own marked copy of a few known templates:
+  for Llama 3's the masks are the same; Qwen2.5's marked copy also trains the newline
+  after ``assistant`` that the generation prompt already holds.
 - ``loss_on="all"``: every token is a target (TRL's default for ``messages`` rows).
 
 Rows longer than ``max_length`` tokens are an error by default; ``overlength="skip"``
@@ -114,6 +120,8 @@ class SFTReport:
         tokens: tokens of the kept rows.
         loss_tokens: their training targets (``sum(loss_mask[1:])`` over the rows).
         max_length: the limit, or ``None``.
+        prefix_masked: kept ``messages`` rows whose assistant turns were found by
+            rendering prefixes (a template without generation markers).
     """
 
     rows: int
@@ -125,6 +133,7 @@ class SFTReport:
     tokens: int
     loss_tokens: int
     max_length: int | None
+    prefix_masked: int = 0
 
     def summary(self) -> str:
         """One line, e.g. ``"100 rows -> 98 examples (2 over 512 tokens skipped), ..."``."""
@@ -138,6 +147,11 @@ class SFTReport:
             )
         if self.dropped_no_loss:
             parts.append(f"{self.dropped_no_loss:,} left without loss tokens by truncation dropped")
+        if self.prefix_masked:
+            parts.append(
+                f"assistant turns of {self.prefix_masked:,} rows found by rendering prefixes "
+                "(the chat template has no generation markers)"
+            )
         parts.append(f"{self.tokens:,} tokens, {self.loss_tokens:,} loss tokens")
         return ", ".join(parts)
 
@@ -210,7 +224,8 @@ def tokenize_sft_rows(
         ValueError: an invalid ``loss_on``, ``overlength`` or ``max_length``.
         SFTDataError: a row over ``max_length`` (``overlength="error"``), a template
             that does not render a row, a ``messages`` row without assistant tokens,
-            a template without generation markers for ``loss_on="completion"``, a
+            a template without generation markers that does not render the start of a
+            conversation as the start of the whole (``loss_on="completion"``), a
             tokenizer without chat template or EOS token; the message names the file
             and row and the fix.
     """
@@ -222,6 +237,9 @@ def tokenize_sft_rows(
         raise ValueError(f"max_length must be a positive int or None, got {max_length!r}")
     examples: list[SFTExample] = []
     counts = dict(rows=0, skipped=0, truncated=0, truncated_tokens=0, dropped=0)
+    by_prefix = loss_on == "completion" and not has_generation_markers(
+        getattr(tokenizer, "chat_template", None)
+    )
     for row in rows:
         counts["rows"] += 1
         ids, mask = tokenize_sft_row(row, tokenizer, loss_on=loss_on)
@@ -244,6 +262,7 @@ def tokenize_sft_rows(
                 counts["dropped"] += 1
                 continue
         examples.append(SFTExample(ids, mask, row.source, row.index, cut))
+        counts["prefix"] = counts.get("prefix", 0) + int(by_prefix and row.kind == MESSAGES)
     report = SFTReport(
         rows=counts["rows"],
         examples=len(examples),
@@ -254,6 +273,7 @@ def tokenize_sft_rows(
         tokens=sum(len(e) for e in examples),
         loss_tokens=sum(e.num_loss_tokens for e in examples),
         max_length=max_length,
+        prefix_masked=counts.get("prefix", 0),
     )
     return SFTTokenized(examples, report)
 
@@ -290,12 +310,7 @@ def tokenize_sft_row(
         ids = _render(tokenizer, list(row.messages), row)["input_ids"]
         return _ids(ids), np.ones(len(ids), dtype=bool)
     if not has_generation_markers(tokenizer.chat_template):
-        raise SFTDataError(
-            f"{row.where}: loss on the assistant turns needs a chat template that marks them "
-            "with {% generation %} ... {% endgeneration %}, and this tokenizer's template has "
-            "none; add the markers around the assistant content (and its end-of-turn token) "
-            "in the template, or set loss_on to 'all'"
-        )
+        return _assistant_turns_by_prefix(tokenizer, row)
     out = _render(tokenizer, list(row.messages), row, return_assistant_tokens_mask=True)
     mask = np.asarray(out["assistant_masks"], dtype=bool)
     if not mask.any():
@@ -304,6 +319,42 @@ def tokenize_sft_row(
             "assistant turn inside {% generation %} ... {% endgeneration %})"
         )
     return _ids(out["input_ids"]), mask
+
+
+def _assistant_turns_by_prefix(tokenizer: Any, row: SFTRow) -> tuple[np.ndarray, np.ndarray]:
+    """Assistant masks of a template without generation markers, from rendered prefixes.
+
+    Turn ``k`` (an assistant message) spans from the end of
+    ``render(messages[:k], add_generation_prompt=True)`` (the common prefix with the
+    next rendering, as TRL finds a completion) to the end of
+    ``render(messages[:k + 1])``: what the model generates after the generation
+    prompt, the end-of-turn tokens included.
+    """
+    messages = list(row.messages)
+    full = _ids(_render(tokenizer, messages, row)["input_ids"])
+    mask = np.zeros(full.shape[0], dtype=bool)
+    for k, message in enumerate(messages):
+        if message["role"] != "assistant":
+            continue
+        before = _ids(
+            _render(tokenizer, messages[:k], row, add_generation_prompt=True)["input_ids"]
+        )
+        through = _ids(_render(tokenizer, messages[: k + 1], row)["input_ids"])
+        end = through.shape[0]
+        if end > full.shape[0] or not np.array_equal(full[:end], through):
+            raise SFTDataError(
+                f"{row.where}: the chat template has no {{% generation %}} markers, and the "
+                f"conversation up to messages[{k}] does not render as the start of the whole "
+                "one, so its assistant turns cannot be found; mark them with "
+                "{% generation %} ... {% endgeneration %} in the template, or set loss_on "
+                "to 'all'"
+            )
+        n = min(before.shape[0], end)
+        differ = np.flatnonzero(before[:n] != through[:n])
+        mask[int(differ[0]) if differ.size else n : end] = True
+    if not mask.any():
+        raise SFTDataError(f"{row.where}: no assistant tokens in this row (loss_on='completion')")
+    return full, mask
 
 
 def _ids(values: Sequence[int]) -> np.ndarray:
