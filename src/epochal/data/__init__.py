@@ -114,6 +114,7 @@ _EXPORTS = {
     "PackingReport": "sft.packing",
     "best_fit_bins": "sft.packing",
     "collate_packed": "sft.packing",
+    "cu_seqlens_from_positions": "sft.packing",
     "SFTDatasets": "sft.build",
     "build_sft_datasets": "sft.build",
 }

@@ -6,12 +6,19 @@ import numpy as np
 import pytest
 import torch
 
-from epochal.data.sft import rows_from_records, sft_loss, tokenize_sft_rows
+from epochal.data.sft import (
+    rows_from_records,
+    sft_loss,
+    sft_loss_sum,
+    shift_labels,
+    tokenize_sft_rows,
+)
 from epochal.data.sft.packing import (
     PackedSFTDataset,
     SFTDataset,
     best_fit_bins,
     collate_packed,
+    cu_seqlens_from_positions,
 )
 from epochal.data.sft.tokenize import SFTExample
 from tests.data.sft.tiny_chat import (
@@ -117,7 +124,7 @@ def test_packed_samples_restart_positions_and_mask_row_ends():
     packed = PackedSFTDataset(examples, 128, pad_token_id=tokenizer.pad_token_id)
     seen = []
     for b, sample in zip(packed.bins, (packed[i] for i in range(len(packed)))):
-        cu = sample["cu_seqlens"].tolist()
+        cu = cu_seqlens_from_positions(sample["position_ids"]).tolist()
         assert cu[0] == 0 and cu[-1] == 128
         for k, i in enumerate(b):
             start, end = cu[k], cu[k + 1]
@@ -145,3 +152,45 @@ def test_an_example_longer_than_the_sample_is_an_error_naming_it():
         PackedSFTDataset([long], 8)
     with pytest.raises(ValueError, match="samples of one length"):
         collate_packed([SFTDataset([long], 9)[0], SFTDataset([long], 10)[0]])
+
+
+def test_attention_masks_and_stacked_samples_through_epochal_gpt_give_the_rows_loss():
+    """Packed samples with GPTDataset's attention_mask, default-collated, through epochal's
+    GPT (rope): the loss of every row alone, within 1e-5; the mask equals cu_seqlens'."""
+    from torch.utils.data import default_collate
+
+    from epochal.model import GPTModel, ModelConfig
+
+    examples, tokenizer = _examples()
+    config = ModelConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        num_layers=2,
+        num_attention_heads=4,
+        max_position_embeddings=128,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        position_embedding_type="rope",
+    )
+    torch.manual_seed(0)
+    model = GPTModel(config).eval()
+    packed = PackedSFTDataset(examples, 128, pad_token_id=0, create_attention_mask=True)
+    batch = default_collate([packed[i] for i in range(len(packed))])
+    assert batch["attention_mask"].shape == (len(packed), 1, 128, 128)
+    for i in range(len(packed)):
+        cu = cu_seqlens_from_positions(batch["position_ids"][i])
+        assert torch.equal(batch["attention_mask"][i, 0], ~_block_causal(cu, 128)[0, 0])
+    with torch.no_grad():
+        logits = model(batch["tokens"], batch["position_ids"], batch["attention_mask"]).float()
+    labels = torch.where(batch["loss_mask"].bool(), batch["labels"], -100)
+    packed_loss = sft_loss(logits, labels)
+    total, count = 0.0, 0
+    for e in examples:
+        ids = torch.from_numpy(e.input_ids)[None]
+        with torch.no_grad():
+            row_logits = model(ids).float()
+        row_labels = shift_labels(ids, torch.from_numpy(e.loss_mask)[None])
+        total += sft_loss_sum(row_logits, row_labels).item()
+        count += e.num_loss_tokens
+    assert int((labels != -100).sum()) == count
+    assert abs(packed_loss.item() - total / count) < 1e-5

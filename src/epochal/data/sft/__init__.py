@@ -38,6 +38,7 @@ _EXPORTS = {
     "SFTDataset": "packing",
     "best_fit_bins": "packing",
     "collate_packed": "packing",
+    "cu_seqlens_from_positions": "packing",
 }
 
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

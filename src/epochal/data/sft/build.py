@@ -63,6 +63,7 @@ def build_sft_datasets(
     packing: bool = False,
     overlength: str = "error",
     pad_token_id: int | None = None,
+    create_attention_mask: bool = False,
 ) -> SFTDatasets:
     """Read, split, tokenize and (optionally) pack fine-tuning data.
 
@@ -77,6 +78,8 @@ def build_sft_datasets(
         packing: pack rows (:class:`PackedSFTDataset`) instead of one row a sample.
         pad_token_id: padding id; default the tokenizer's pad token, else its EOS
             (TRL's choice).
+        create_attention_mask: samples carry ``attention_mask`` ``[1, S, S]`` (for
+            models without ``cu_seqlens`` attention; see :mod:`epochal.data.sft.packing`).
 
     Returns:
         :class:`SFTDatasets`.
@@ -131,5 +134,10 @@ def build_sft_datasets(
                 f"{part[0].source}: no {name} row is left ({tokenized.report.summary()})"
             )
         reports[name] = tokenized.report
-        datasets[name] = kind(tokenized.examples, seq_length, pad_token_id=pad_token_id)
+        datasets[name] = kind(
+            tokenized.examples,
+            seq_length,
+            pad_token_id=pad_token_id,
+            create_attention_mask=create_attention_mask,
+        )
     return SFTDatasets(datasets["train"], datasets["valid"], datasets["test"], reports)

@@ -4,9 +4,13 @@ Both datasets give the keys :class:`~epochal.data.GPTDataset` gives, for sequenc
 length ``S``: ``tokens`` int64 ``[S]``, ``labels`` int64 ``[S]`` (the next token),
 ``loss_mask`` float32 ``[S]`` (1 where ``labels`` is a training target: the row's
 ``loss_mask`` shifted by one, see :func:`~epochal.data.sft.loss.shift_labels`) and
-``position_ids`` int64 ``[S]``, plus ``cu_seqlens`` int32 ``[n + 1]``, where each of
-the ``n`` sequences of the sample (its rows, then the padding, if any, as one more)
-starts and ends. Targets never cross a row's end: a row's last position has none.
+``position_ids`` int64 ``[S]``, restarting at 0 where each of the sample's sequences
+starts (its rows, then the padding, if any, as one more), and with
+``create_attention_mask=True`` GPTDataset's ``attention_mask`` bool ``[1, S, S]``
+(True = masked out: a later position, or another sequence). Targets never cross a
+row's end: a row's last position has none. All samples have the same shapes, so any
+collate function stacks them; :func:`cu_seqlens_from_positions` gives the sequences'
+boundaries.
 
 - :class:`SFTDataset`: one example a sample, padded with ``pad_token_id`` (loss 0).
 - :class:`PackedSFTDataset`: examples packed into samples of ``S`` tokens by
@@ -17,7 +21,7 @@ starts and ends. Targets never cross a row's end: a row's last position has none
   the packing efficiency.
 
 :func:`collate_packed` turns a list of samples into one THD micro-batch (``[1, b*S]``
-per-token tensors and one ``cu_seqlens``), the layout
+per-token tensors and their ``cu_seqlens``), the layout
 :func:`~epochal.data.loading.packing.pack_padded_batch` gives BERT and ESM batches.
 Everything is a pure function of the examples and ``S``: the same in every process.
 """
@@ -40,6 +44,7 @@ __all__ = [
     "SFTDataset",
     "best_fit_bins",
     "collate_packed",
+    "cu_seqlens_from_positions",
 ]
 
 
@@ -142,35 +147,65 @@ def _check(examples: Sequence[SFTExample], seq_length: int) -> None:
             )
 
 
+def cu_seqlens_from_positions(position_ids: torch.Tensor) -> torch.Tensor:
+    """Where the sequences of packed positions start and end.
+
+    Args:
+        position_ids: int ``[T]`` (or ``[1, T]``), restarting at 0 for each sequence.
+
+    Returns:
+        int32 ``[n + 1]``: ``0, l_0, l_0 + l_1, ..., T`` for the ``n`` sequences.
+
+    Raises:
+        ValueError: ``position_ids`` is not one row, or does not start at 0.
+    """
+    positions = (
+        position_ids.reshape(-1)
+        if position_ids.dim() == 2 and position_ids.shape[0] == 1
+        else position_ids
+    )
+    if positions.dim() != 1 or positions.numel() == 0 or int(positions[0]) != 0:
+        raise ValueError(
+            f"position_ids must be one row starting at 0, got shape {tuple(position_ids.shape)}"
+        )
+    starts = torch.nonzero(positions == 0).reshape(-1)
+    end = torch.tensor([positions.numel()], dtype=starts.dtype)
+    return torch.cat([starts, end]).to(torch.int32)
+
+
 def _fill(
-    examples: Sequence[SFTExample], seq_length: int, pad_token_id: int
+    examples: Sequence[SFTExample], seq_length: int, pad_token_id: int, attention_mask: bool
 ) -> dict[str, torch.Tensor]:
     """One sample holding ``examples`` back to back, then padding."""
     tokens = np.full(seq_length, pad_token_id, dtype=np.int64)
     labels = np.full(seq_length, pad_token_id, dtype=np.int64)
     loss_mask = np.zeros(seq_length, dtype=np.float32)
     position_ids = np.zeros(seq_length, dtype=np.int64)
-    bounds = [0]
+    segment = np.zeros(seq_length, dtype=np.int64)
     at = 0
-    for example in examples:
+    for number, example in enumerate(examples):
         n = len(example)
         ids = example.input_ids
         tokens[at : at + n] = ids
         labels[at : at + n - 1] = ids[1:]
         loss_mask[at : at + n - 1] = example.loss_mask[1:]
         position_ids[at : at + n] = np.arange(n)
+        segment[at : at + n] = number
         at += n
-        bounds.append(at)
     if at < seq_length:
         position_ids[at:] = np.arange(seq_length - at)
-        bounds.append(seq_length)
-    return {
+        segment[at:] = len(examples)
+    sample = {
         "tokens": torch.from_numpy(tokens),
         "labels": torch.from_numpy(labels),
         "loss_mask": torch.from_numpy(loss_mask),
         "position_ids": torch.from_numpy(position_ids),
-        "cu_seqlens": torch.tensor(bounds, dtype=torch.int32),
     }
+    if attention_mask:
+        blocked = np.triu(np.ones((seq_length, seq_length), dtype=bool), 1)
+        blocked |= segment[:, None] != segment[None, :]
+        sample["attention_mask"] = torch.from_numpy(blocked[None])
+    return sample
 
 
 class SFTDataset(torch.utils.data.Dataset):
@@ -180,25 +215,34 @@ class SFTDataset(torch.utils.data.Dataset):
         examples: tokenized rows (e.g. :class:`~epochal.data.sft.tokenize.SFTTokenized`).
         seq_length: ``S``; every example must fit (``1 <= len <= S``).
         pad_token_id: the id of padding tokens and of the labels without target.
+        create_attention_mask: add ``attention_mask`` ``[1, S, S]`` (True = masked).
 
     Raises:
         ValueError: ``seq_length < 2`` or an example longer than it (named).
     """
 
     def __init__(
-        self, examples: Sequence[SFTExample], seq_length: int, *, pad_token_id: int = 0
+        self,
+        examples: Sequence[SFTExample],
+        seq_length: int,
+        *,
+        pad_token_id: int = 0,
+        create_attention_mask: bool = False,
     ) -> None:
         _check(examples, seq_length)
         self.examples = list(examples)
         self.seq_length = seq_length
         self.pad_token_id = pad_token_id
+        self.create_attention_mask = create_attention_mask
 
     def __len__(self) -> int:
         return len(self.examples)
 
     def __getitem__(self, idx: int) -> dict[str, torch.Tensor]:
-        """Sample ``idx``: the keys of the module docstring, ``[S]`` each (``cu_seqlens`` ``[n+1]``)."""
-        return _fill([self.examples[idx]], self.seq_length, self.pad_token_id)
+        """Sample ``idx``: the keys of the module docstring, ``[S]`` each."""
+        return _fill(
+            [self.examples[idx]], self.seq_length, self.pad_token_id, self.create_attention_mask
+        )
 
 
 class PackedSFTDataset(torch.utils.data.Dataset):
@@ -212,12 +256,18 @@ class PackedSFTDataset(torch.utils.data.Dataset):
     """
 
     def __init__(
-        self, examples: Sequence[SFTExample], seq_length: int, *, pad_token_id: int = 0
+        self,
+        examples: Sequence[SFTExample],
+        seq_length: int,
+        *,
+        pad_token_id: int = 0,
+        create_attention_mask: bool = False,
     ) -> None:
         _check(examples, seq_length)
         self.examples = list(examples)
         self.seq_length = seq_length
         self.pad_token_id = pad_token_id
+        self.create_attention_mask = create_attention_mask
         self.bins = best_fit_bins([len(e) for e in self.examples], seq_length)
         self.report = PackingReport(
             rows=len(self.examples),
@@ -232,14 +282,15 @@ class PackedSFTDataset(torch.utils.data.Dataset):
     def __getitem__(self, idx: int) -> dict[str, torch.Tensor]:
         """Packed sample ``idx``: the keys of the module docstring."""
         rows = [self.examples[i] for i in self.bins[idx]]
-        return _fill(rows, self.seq_length, self.pad_token_id)
+        return _fill(rows, self.seq_length, self.pad_token_id, self.create_attention_mask)
 
 
 def collate_packed(samples: Sequence[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
     """Samples of :class:`SFTDataset` / :class:`PackedSFTDataset` as one THD micro-batch.
 
     Args:
-        samples: ``b`` samples of the same length ``S``.
+        samples: ``b`` samples of the same length ``S`` (an ``attention_mask`` is dropped:
+            ``cu_seqlens`` says the same).
 
     Returns:
         ``tokens``, ``labels``, ``loss_mask``, ``position_ids`` ``[1, b*S]`` (samples
@@ -257,8 +308,5 @@ def collate_packed(samples: Sequence[dict[str, torch.Tensor]]) -> dict[str, torc
         key: torch.cat([s[key] for s in samples])[None]
         for key in ("tokens", "labels", "loss_mask", "position_ids")
     }
-    bounds = [samples[0]["cu_seqlens"]]
-    for i, sample in enumerate(samples[1:], start=1):
-        bounds.append(sample["cu_seqlens"][1:] + i * length)
-    out["cu_seqlens"] = torch.cat(bounds).to(torch.int32)
+    out["cu_seqlens"] = cu_seqlens_from_positions(out["position_ids"][0])
     return out
