@@ -7,7 +7,8 @@ A row is one training example in one of the dataset formats TRL documents:
 - **prompt-completion**: ``{"prompt": str, "completion": str}``;
 - **conversational prompt-completion**: ``{"prompt": [messages], "completion": [messages]}``.
 
-Other columns (``id``, ``source``, ...) are ignored. Every row of one file has the
+Other columns (``id``, ``source``, ...) are ignored, and so are message keys other
+than ``role`` and ``content`` (``name``, ``tool_calls``: tool use is not supported). Every row of one file has the
 same format (a row in another format is an error naming it), because the format
 decides which tokens carry the loss (see :mod:`epochal.data.sft.tokenize`).
 
