@@ -31,15 +31,15 @@ datasets = pytest.importorskip("datasets")
 def _trainer(records, tmp_path, *, eval_records=None, tokenizer=None, **config):
     tokenizer = tokenizer or tiny_chat_tokenizer()
     model = tiny_llama(len(tokenizer))
-    args = trl.SFTConfig(
-        output_dir=str(tmp_path / "trl"),
-        report_to=[],
-        use_cpu=True,
-        per_device_eval_batch_size=64,
-        **config,
-    )
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
+        warnings.simplefilter("ignore")  # TRL's own deprecated-argument notices
+        args = trl.SFTConfig(
+            output_dir=str(tmp_path / "trl"),
+            report_to=[],
+            use_cpu=True,
+            per_device_eval_batch_size=64,
+            **config,
+        )
         return trl.SFTTrainer(
             model=model,
             args=args,
