@@ -17,7 +17,7 @@ import torch
 
 from epochal.cli import main
 from epochal.convert.common import ConversionError
-from epochal.convert.hf.io import load_hf_checkpoint, save_hf_checkpoint
+from epochal.convert.hf.io import load_hf_checkpoint, load_hf_config, save_hf_checkpoint
 from epochal.convert.hf.llama import llama_config_from_ours
 from epochal.convert.megatron.args import megatron_args_from_config
 from epochal.model import GPTModel
@@ -67,6 +67,7 @@ def test_family_in_and_out_through_epochal_convert(tmp_path, case, capsys):
     assert cfg.head_dim == options.get("head_dim", 16)
     assert cfg.tie_embeddings == options.get("tie_word_embeddings", False)
     assert cfg.sliding_window == (7 if "window" in case else None)
+    assert load_hf_config(tmp_path / "hf") == cfg  # the same, without reading the weights
     mine = _ours_from(cfg, ck.state)
     torch.testing.assert_close(logits_of(mine), ref, rtol=0, atol=1e-4)
     if cfg.sliding_window is not None:  # the window changes these logits: it is really applied

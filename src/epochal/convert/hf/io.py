@@ -58,6 +58,7 @@ __all__ = [
     "HFModel",
     "hf_architecture_for",
     "load_hf_checkpoint",
+    "load_hf_config",
     "save_hf_checkpoint",
 ]
 
@@ -317,6 +318,42 @@ def load_hf_checkpoint(
             f"{folder}: the weights do not fit config.json ({type(exc).__name__}: {exc})"
         ) from exc
     return HFModel(config=config, state=state, hf_config=hf_config, architecture=hf_type)
+
+
+#: ``model_type``s whose configuration reader also looks at the weights (BERT's binary
+#: head, T5's tied head); the others' configuration is ``config.json`` alone.
+_CONFIG_FROM_WEIGHTS = ("bert", "megatron-bert", "t5", "mt5")
+
+
+def load_hf_config(
+    folder: str | os.PathLike, *, make_vocab_size_divisible_by: int = 128
+) -> ModelConfig:
+    """The model configuration of a Hugging Face folder, reading the weights only where needed.
+
+    The same configuration :func:`load_hf_checkpoint` returns, without loading a
+    decoder's (or ESM's) weights: for a run that only needs the model's shape.
+
+    Raises:
+        FileNotFoundError: the folder or ``config.json`` is missing.
+        ConversionError: unsupported ``model_type`` or option (named).
+    """
+    folder = Path(folder)
+    hf_config = _read_json(folder / "config.json")
+    hf_type = hf_config.get("model_type")
+    if not isinstance(hf_type, str) or hf_type not in IMPORTERS:
+        raise ConversionError(
+            f"{folder / 'config.json'}: model_type={hf_type!r} is not supported "
+            f"(one of {sorted(IMPORTERS)})"
+        )
+    if hf_type in _CONFIG_FROM_WEIGHTS:
+        return load_hf_checkpoint(
+            folder, make_vocab_size_divisible_by=make_vocab_size_divisible_by
+        ).config
+    check_hf_config(hf_config, {}, folder / "config.json")
+    try:
+        return IMPORTERS[hf_type][0](hf_config, {}, make_vocab_size_divisible_by)
+    except ConfigError as exc:
+        raise ConversionError(f"{folder / 'config.json'}: {exc}") from exc
 
 
 def hf_architecture_for(config: ModelConfig) -> Architecture:

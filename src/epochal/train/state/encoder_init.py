@@ -159,7 +159,19 @@ def _hf_model_overrides(init: str | Path, given: dict[str, Any]) -> list[str]:
     """
     import json
 
-    source, _, _ = read_encoder(init)
+    from epochal.convert.bounded_parse import load_json_file
+    from epochal.convert.common import ConversionError
+    from epochal.convert.hf.encoder import ENCODER_LAYOUTS
+    from epochal.convert.hf.io import load_hf_config
+
+    config_json = Path(init) / "config.json"
+    try:
+        if load_json_file(config_json, config_json.name).get("model_type") in ENCODER_LAYOUTS:
+            source = read_encoder(init)[0]  # bare encoders too
+        else:
+            source = load_hf_config(init)  # the shape only: a decoder's weights are not read
+    except (ConversionError, FileNotFoundError) as exc:
+        raise CheckpointError(f"checkpoint.init_from={str(init)!r}: {exc}") from exc
     theirs = {f.name: getattr(source, f.name) for f in dataclasses.fields(source)}
     clash = [
         f"model.{k}={v!r} (the folder's is {theirs[k]!r})"
