@@ -369,6 +369,8 @@ class Attention(nn.Module):
                 "packed sequences take no attention_mask, position_bias or kv_cache "
                 "(attention is confined to each sequence)"
             )
+        if self.sliding_window is not None:
+            raise ValueError("packed sequences do not apply a sliding_window (unpack them)")
         b, s, _ = x.shape
         q, k, v = self._self_qkv(x, rope)
         k, v = _repeat_kv(q, k, v)
