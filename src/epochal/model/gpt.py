@@ -10,6 +10,8 @@ converters and the checkpoints use them)::
     layers.{i}.attention.wk.weight    [groups * head_dim, hidden]  (+ .bias if qkv_bias)
     layers.{i}.attention.wv.weight    [groups * head_dim, hidden]  (+ .bias if qkv_bias)
     layers.{i}.attention.wo.weight    [hidden, heads * head_dim]   (+ .bias if add_bias_linear)
+    layers.{i}.attention.q_layernorm.weight / .k_layernorm.weight
+                                      [head_dim]  (qk_layernorm only; + .bias with LayerNorm)
     layers.{i}.ffn_norm.weight        [hidden]   (+ .bias with LayerNorm)
     layers.{i}.mlp.fc1.weight / .fc2.weight          (gelu, gelu_tanh)
     layers.{i}.mlp.w1 / .w3 / .w2 (gate, up, down)   (swiglu)   (+ biases if add_bias_linear)
