@@ -72,6 +72,23 @@ def tiny_classifier(arch: str, family: str, num_labels: int, problem_type: str |
             eos_token_id=1,
             **common,
         )
+    elif arch in ("qwen2", "qwen3", "mistral"):
+        config = transformers.AutoConfig.for_model(
+            arch,
+            num_hidden_layers=2,
+            hidden_size=64,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            intermediate_size=128,
+            vocab_size=VOCAB,
+            max_position_embeddings=32,
+            classifier_dropout=0.0,
+            pad_token_id=PAD,
+            bos_token_id=1,
+            eos_token_id=1,
+            **common,
+        )
     else:
         config = transformers.EsmConfig(
             num_hidden_layers=2,

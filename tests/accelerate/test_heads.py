@@ -1,7 +1,8 @@
 """Sequence and token classification models through ``accelerator.prepare`` (one process).
 
 Each problem type (regression, single- and multi-label) and each architecture (BERT,
-GPT-2, Llama, ESM) is covered by some case; Llama's token classifier by the saving test.
+GPT-2, Llama, Qwen3, ESM) is trained by some case, Llama's token classifier by the saving
+test; Qwen2 and Mistral (converted as Llama) by the weight round trip.
 
 Peer: transformers itself. From a tiny model with random weights (2 layers, hidden
 64), the prepared run's first loss is the transformers model's loss on the same
@@ -21,7 +22,7 @@ from torch.utils.data import DataLoader
 
 from epochal.accelerate import Accelerator, set_seed
 from epochal.accelerate.batches import BatchError
-from epochal.accelerate.prepare_model import ModelPrepareError
+from epochal.accelerate.prepare_model import ModelPrepareError, convert_hf_model
 from tests.accelerate.heads_script import PAD, collate_rows, labelled_rows, tiny_classifier
 
 #: (architecture, family, num_labels, problem_type)
@@ -30,6 +31,7 @@ CASES = [
     ("bert", "sequence", 1, "regression"),
     ("gpt2", "sequence", 3, "multi_label_classification"),
     ("llama", "sequence", 3, "single_label_classification"),
+    ("qwen3", "sequence", 2, "single_label_classification"),
     ("esm", "sequence", 3, "single_label_classification"),
     ("bert", "token", 3, None),
     ("gpt2", "token", 3, None),
@@ -127,6 +129,23 @@ def test_saved_folder_loads_as_the_same_class(tmp_path, arch, family):
         else:
             trained_real = trained
         assert torch.allclose(logits, trained_real, atol=1e-5), (logits - trained_real).abs().max()
+
+
+@pytest.mark.parametrize("family", ["sequence", "token"])
+@pytest.mark.parametrize("arch", ["bert", "gpt2", "llama", "qwen2", "qwen3", "mistral", "esm"])
+def test_weights_convert_both_ways(arch, family):
+    """Every classifier's weights become epochal's and come back unchanged (the head included)."""
+    model = tiny_classifier(arch, family, 3, None)
+    source = convert_hf_model(model)
+    assert source.config.head == (
+        "pooled_classifier" if family == "sequence" else "token_classifier"
+    )
+    assert any(name.startswith("head.out.") for name in source.state)
+    back = source.hf_state(source.state)
+    own = model.state_dict()
+    assert set(back) == set(own) - source.placeholders - {"esm.rotary_embeddings.inv_freq"}
+    for name, tensor in back.items():
+        assert torch.equal(tensor, own[name]), name
 
 
 def test_unsupported_classifier_is_refused_naming_it():
