@@ -1,9 +1,9 @@
 """Classification models under ``epochal launch``: TP2, PP2 and DP2 on CPU agree with one process.
 
 One ``epochal launch`` (two gloo ranks) runs ``heads_script.py`` three times:
-BERT sequence classification with TP2 and sequence parallelism, GPT-2 sequence
-classification (last-token pooling) with PP2, Llama token classification with
-DP2. Each must reproduce the one-process run (DP2: the same global batch as two
+GPT-2 sequence classification (last-token pooling) with TP2 and sequence
+parallelism, BERT sequence classification (token types, the pooler on the last
+stage) with PP2, Llama token classification with DP2. Each must reproduce the one-process run (DP2: the same global batch as two
 micro-batches): the train losses, the evaluation loss, the predictions gathered
 with ``gather_for_metrics`` and the logits' sum.
 """
@@ -26,12 +26,12 @@ pytestmark = pytest.mark.distributed
 #: (name, script arguments, MEGATRON_LM_* of the run, micro-batches of the reference)
 RUNS = [
     (
-        "bert_sequence_tp2",
-        ["--arch", "bert", "--family", "sequence"],
+        "gpt2_sequence_tp2",
+        ["--arch", "gpt2", "--family", "sequence"],
         {"TP_DEGREE": "2", "SEQUENCE_PARALLELISM": "true"},
         1,
     ),
-    ("gpt2_sequence_pp2", ["--arch", "gpt2", "--family", "sequence"], {"PP_DEGREE": "2"}, 1),
+    ("bert_sequence_pp2", ["--arch", "bert", "--family", "sequence"], {"PP_DEGREE": "2"}, 1),
     ("llama_token_dp2", ["--arch", "llama", "--family", "token", "--num_labels", "3"], {}, 2),
 ]
 
