@@ -78,3 +78,18 @@ def test_pooler_transform_is_berts() -> None:
 def test_configuration_errors_name_the_option(options, option) -> None:
     with pytest.raises(ConfigError, match=option):
         ModelConfig(**GPT, **options)
+
+
+def test_the_trainer_refuses_a_classifier_head_naming_what_to_use(tmp_path) -> None:
+    """The classifier heads are for models prepared by epochal.accelerate, not labelled tables."""
+    from epochal.train import build_config
+
+    with pytest.raises(ConfigError, match="model.head.*sequence_classification"):
+        build_config(
+            preset="tiny",
+            overrides=[
+                f"--run_dir={tmp_path}",
+                "--model.head=pooled_classifier",
+                "--data.mock=true",
+            ],
+        )
