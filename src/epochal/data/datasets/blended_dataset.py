@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 from torch.utils.data import Dataset
 
+from epochal.data.datasets import blend_two
 from epochal.data.datasets.index_cache import cached_arrays, pickle_arrays, unpickle_arrays
 from epochal.data.epochs.epoch_index import EpochIndex
 
@@ -86,6 +87,8 @@ def build_blending_indices(weights: Sequence[float], size: int) -> tuple[np.ndar
         raise ValueError(f"size must be >= 0, got {size}")
     if w.size == 1:
         return np.zeros(size, dtype=np.int16), np.arange(size, dtype=np.int64)
+    if blend_two.applies(w, int(size)):
+        return blend_two.two_dataset_blend(w, int(size))
     if size < _SCAN_FROM:
         return _greedy_loop(w.tolist(), int(size))
     return _greedy_scan(w, int(size))
@@ -117,9 +120,12 @@ def build_exhaustive_blending_indices(sizes: Sequence[int]) -> tuple[np.ndarray,
     if total == 0:
         return np.zeros(0, dtype=np.int16), np.zeros(0, dtype=np.int64)
     weights = np.array([c / float(total) for c in counts], dtype=np.float64)
-    if total < _SCAN_FROM:
+    if total < _SCAN_FROM and not blend_two.applies(weights, total):
         return _greedy_loop(weights.tolist(), total, caps=counts)
-    dataset_index, sample_index = _greedy_scan(weights, total)
+    if blend_two.applies(weights, total):
+        dataset_index, sample_index = blend_two.two_dataset_blend(weights, total)
+    else:
+        dataset_index, sample_index = _greedy_scan(weights, total)
     over = np.flatnonzero(sample_index >= np.asarray(counts, dtype=np.int64)[dataset_index])
     if over.size:  # finish from the first pick of a used-up dataset with the exhaustive rule
         start = int(over[0])
