@@ -18,6 +18,13 @@ under ``loss_mask``) is the one the transformers model reports:
   token_type_ids`` (zeros when absent, as transformers), ``labels`` with
   ``loss_mask = labels != -100``; ``next_sentence_label`` becomes the binary head's
   ``is_random``.
+- **sequence** / **token** (classifiers, :mod:`epochal.accelerate.heads`): ``tokens``,
+  ``padding_mask = attention_mask``, ``types = token_type_ids`` (BERT), ``residue_mask``
+  (a sequence classifier: 1 at the position it classifies by: the first token, or for
+  GPT-2 / Llama the last one that is not ``pad_token_id``, transformers' rule) and
+  ``labels`` (token classifiers: padded with -100; sequence classifiers: int64 for
+  single-label classification, float otherwise). Evaluation batches may leave
+  ``labels`` out. A causal body needs right padding, as above.
 - **megatron** (``MegatronLMDummyDataLoader``'s batches): already epochal's GPT keys
   (``tokens``, ``labels``, ``loss_mask``, ...), split only.
 - **seq2seq** (T5): ``text_enc = input_ids``, ``enc_mask = attention_mask``,
@@ -113,12 +120,13 @@ class BatchAdapter:
     """Turns transformers batches into epochal micro-batches for one model family.
 
     Args:
-        family: ``"causal"``, ``"masked"`` or ``"seq2seq"``.
+        family: ``"causal"``, ``"masked"``, ``"seq2seq"``, ``"sequence"`` or ``"token"``.
         num_microbatches: micro-batches per step (the batch is split evenly).
         uses_token_types: masked models with token-type embeddings.
         fixed_length: pad every micro-batch to this length (pipeline parallelism), or None.
         multiple_of: pad lengths to a multiple of this (sequence parallelism).
         decoder_start_token_id / pad_token_id: T5's decoder inputs from ``labels``.
+        classifier: a classifier's options (see the attribute).
     """
 
     def __init__(

@@ -16,8 +16,16 @@ averaged the same way, and with ``MegatronLMPlugin.return_logits`` the logits
 ``[rows, s, vocab]`` of this rank's samples (the transformers vocabulary, on ranks
 holding the last pipeline stage; None on the others).
 
+A classifier (``*ForSequenceClassification`` / ``*ForTokenClassification``,
+:mod:`epochal.accelerate.heads`) trains the same way, with transformers' loss for
+its ``problem_type`` (:mod:`epochal.train.steps.classifier`); its evaluation always
+returns the logits (``[rows, num_labels]`` / ``[rows, s, num_labels]``, on every
+rank: the last pipeline stage sends them to the others) and the loss when the batch
+has ``labels`` (``None`` without). Training needs ``labels``.
+
 Outputs are transformers' output classes (``CausalLMOutputWithCrossAttentions``,
-``MaskedLMOutput``, ``Seq2SeqLMOutput``): ``outputs.loss``, ``outputs["loss"]`` and
+``MaskedLMOutput``, ``Seq2SeqLMOutput``, ``SequenceClassifierOutput``,
+``TokenClassifierOutput``): ``outputs.loss``, ``outputs["loss"]`` and
 ``outputs[0]`` all work (``return_dict=False``: the tuple).
 
 The model keywords transformers takes beside the batch:
@@ -190,8 +198,9 @@ class MegatronEngine(nn.Module):
         family = self.adapter.family
         if family not in ("causal", "megatron"):
             raise EngineError(
-                f"num_items_in_batch: {type(self.trainer.source.model).__name__}'s transformers "
-                "loss is the token mean and does not use it; leave it out"
+                f"num_items_in_batch: {type(self.trainer.source.model).__name__} trains on the "
+                "mean loss of each batch here (epochal honours num_items_in_batch for causal "
+                "language models only); leave it out"
             )
         trainer = self.trainer
         custom = (trainer.step_class, trainer.custom_loss_func, trainer.custom_get_batch)

@@ -1,7 +1,7 @@
 """transformers' classification models given to ``prepare``: their heads on epochal's models.
 
 ``AutoModelForSequenceClassification`` and ``AutoModelForTokenClassification`` of
-BERT, GPT-2, Llama and ESM become epochal models with a classifier head
+BERT, GPT-2, Llama (and the decoders converted like it: Qwen2, Qwen3, Mistral) and ESM become epochal models with a classifier head
 (:class:`~epochal.model.heads.ClassifierHead`, ``model.head`` ``"pooled_classifier"`` /
 ``"token_classifier"``) that computes what the transformers class computes:
 
@@ -52,7 +52,15 @@ HEAD_FAMILIES = (
 )
 
 #: model_type -> the body's prefix in the classification model
-_BODY = {"bert": "bert.", "gpt2": "transformer.", "llama": "model.", "esm": "esm."}
+_BODY = {
+    "bert": "bert.",
+    "gpt2": "transformer.",
+    "llama": "model.",
+    "qwen2": "model.",
+    "qwen3": "model.",
+    "mistral": "model.",
+    "esm": "esm.",
+}
 #: names of epochal's language-model head, absent from a classifier model
 _LM_ONLY = ("lm_head.", "output.", "pooler.", "binary_head.")
 
@@ -198,7 +206,7 @@ def head_layout(model: torch.nn.Module, family: str, architecture: str) -> HeadL
         raise ValueError(
             f"prepare() got a {name} (model_type={architecture!r}); epochal trains "
             "AutoModelForSequenceClassification / AutoModelForTokenClassification of BERT, "
-            "GPT-2, Llama and ESM (bert, gpt2, llama, esm): use one of those, or its "
+            "GPT-2, Llama, Qwen2, Qwen3, Mistral and ESM: use one of those, or its "
             "language model (AutoModelForCausalLM / AutoModelForMaskedLM)"
         )
     state = model.state_dict()
@@ -232,7 +240,7 @@ def head_layout(model: torch.nn.Module, family: str, architecture: str) -> HeadL
                 drop,
             )
         return HeadLayout(architecture, family, "every", "none", None, "classifier", True, drop)
-    # gpt2, llama
+    # gpt2 and the Llama-style decoders (llama, qwen2, qwen3, mistral)
     if family == "sequence":
         return HeadLayout(architecture, family, "last", "none", None, "score", False, 0.0)
     drop = _dropout(hf, "classifier_dropout", "hidden_dropout")

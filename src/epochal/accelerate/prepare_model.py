@@ -2,7 +2,8 @@
 
 :func:`convert_hf_model` reads a ``GPT2LMHeadModel``, ``LlamaForCausalLM``,
 ``BertForMaskedLM`` / ``BertForPreTraining`` (``megatron-bert`` too),
-``EsmForMaskedLM`` or ``T5ForConditionalGeneration`` in memory through epochal's
+``EsmForMaskedLM`` or ``T5ForConditionalGeneration`` (or a sequence / token
+classifier of BERT, GPT-2, Llama or ESM: :mod:`epochal.accelerate.heads`) in memory through epochal's
 Hugging Face converters (:data:`epochal.convert.hf.io.IMPORTERS`): the same
 weights, random or pretrained, under epochal's names (vocabulary padded with zero
 rows). A model built under ``init_empty_weights`` (parameters on the meta device)
@@ -66,7 +67,7 @@ class HFSource:
     Attributes:
         model: the user's ``transformers`` model (kept; :meth:`write_back` fills it).
         architecture: its ``config.model_type`` (a key of ``IMPORTERS``).
-        family: ``"causal"``, ``"masked"`` or ``"seq2seq"``.
+        family: ``"causal"``, ``"masked"``, ``"seq2seq"``, ``"sequence"`` or ``"token"``.
         config: epochal's model configuration.
         state: epochal's full state dict (CPU), or None for a model without weights.
         placeholders: names the exporter fills without epochal weights (left alone on
@@ -179,6 +180,11 @@ def convert_hf_model(
     family = _family(model)
     hf_config = config_obj.to_dict()
     architecture = hf_config.get("model_type")
+    if family in ("sequence", "token"):
+        try:
+            head_layout(model, family, architecture)
+        except ValueError as exc:
+            raise ModelPrepareError(str(exc)) from None
     if architecture not in IMPORTERS:
         raise ModelPrepareError(
             f"prepare() got a {type(model).__name__} (model_type={architecture!r}); epochal "

@@ -97,6 +97,26 @@ _EXPORTS = {
     "PaddedDataset": "loading.padding",
     "DataExhaustedError": "loading.loader",
     "LoaderStateError": "loading.loader",
+    # supervised fine-tuning: chat / prompt-completion rows, loss masks, packing
+    "SFTRow": "sft.rows",
+    "SFTDataError": "sft.rows",
+    "read_sft_rows": "sft.rows",
+    "split_sft_rows": "sft.rows",
+    "SFTExample": "sft.tokenize",
+    "SFTReport": "sft.tokenize",
+    "SFTTokenized": "sft.tokenize",
+    "tokenize_sft_rows": "sft.tokenize",
+    "load_chat_tokenizer": "sft.tokenize",
+    "shift_labels": "sft.loss",
+    "sft_loss": "sft.loss",
+    "SFTDataset": "sft.packing",
+    "PackedSFTDataset": "sft.packing",
+    "PackingReport": "sft.packing",
+    "best_fit_bins": "sft.packing",
+    "collate_packed": "sft.packing",
+    "cu_seqlens_from_positions": "sft.packing",
+    "SFTDatasets": "sft.build",
+    "build_sft_datasets": "sft.build",
 }
 
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -116,7 +116,20 @@ class ModelConfig(ModelConfigChecks):
             layout as SwiGLU).
         add_bias_linear: biases on every linear layer except the output head.
         add_qkv_bias: biases on the q/k/v projections. ``None`` = follow
-            ``add_bias_linear`` (Megatron's ``--add-qkv-bias`` sets it alone).
+            ``add_bias_linear`` (Megatron's ``--add-qkv-bias`` sets it alone;
+            Qwen2 / Qwen2.5: ``add_qkv_bias=True`` with ``add_bias_linear=False``).
+        qk_layernorm: GPT only: normalize each head's query and key over its
+            ``head_dim`` channels before the rotary embedding, with the norm
+            ``normalization`` names (weights ``attention.q_layernorm.weight`` /
+            ``attention.k_layernorm.weight`` of ``[head_dim]``, shared by every head;
+            epsilon ``norm_epsilon``). Megatron-Core's ``--qk-layernorm``; Qwen3's
+            ``q_norm`` / ``k_norm``.
+        sliding_window: GPT only: sliding-window causal attention: each query
+            attends to itself and the ``sliding_window - 1`` tokens before it
+            (Hugging Face Mistral's / Qwen2's ``sliding_window``; Megatron-Core's
+            ``window_size=(sliding_window - 1, 0)``), in every layer. ``None``
+            (default) = full causal attention. >= 1; a sequence no longer than the
+            window attends exactly as without one.
         untie_embeddings_and_output_weights: ``False`` (default, GPT-2) shares
             the input embedding matrix with the output head.
         hidden_dropout: dropout probability after the embeddings and after the
@@ -210,6 +223,8 @@ class ModelConfig(ModelConfigChecks):
     activation: Literal["gelu", "gelu_tanh", "swiglu", "relu", "gated_gelu"] = "gelu"
     add_bias_linear: bool = True
     add_qkv_bias: bool | None = None
+    qk_layernorm: bool = False
+    sliding_window: int | None = None
     untie_embeddings_and_output_weights: bool = False
     hidden_dropout: float = 0.1
     attention_dropout: float = 0.1

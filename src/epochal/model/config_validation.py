@@ -176,7 +176,28 @@ class ModelConfigChecks:
             "add_qkv_bias",
             f"must be true, false or None, got {self.add_qkv_bias!r}",
         )
+        self._validate_attention_variants()
         self._validate_model_type()
+
+    def _validate_attention_variants(self) -> None:
+        _require(
+            isinstance(self.qk_layernorm, bool),
+            "qk_layernorm",
+            f"must be true or false, got {self.qk_layernorm!r}",
+        )
+        w = self.sliding_window
+        _require(
+            w is None or (isinstance(w, int) and not isinstance(w, bool) and w >= 1),
+            "sliding_window",
+            f"must be None (full causal attention) or an integer >= 1 (tokens), got {w!r}",
+        )
+        for name, default in (("qk_layernorm", False), ("sliding_window", None)):
+            _require(
+                self.type == "gpt" or getattr(self, name) == default,
+                name,
+                f"is a GPT option (model.type='gpt'); model.type={self.type!r} must leave it "
+                f"at {default!r}, got {getattr(self, name)!r}",
+            )
 
     def _validate_model_type(self) -> None:
         _require(

@@ -10,11 +10,16 @@ converters and the checkpoints use them)::
     layers.{i}.attention.wk.weight    [groups * head_dim, hidden]  (+ .bias if qkv_bias)
     layers.{i}.attention.wv.weight    [groups * head_dim, hidden]  (+ .bias if qkv_bias)
     layers.{i}.attention.wo.weight    [hidden, heads * head_dim]   (+ .bias if add_bias_linear)
+    layers.{i}.attention.q_layernorm.weight / .k_layernorm.weight
+                                      [head_dim]  (qk_layernorm only; + .bias with LayerNorm)
     layers.{i}.ffn_norm.weight        [hidden]   (+ .bias with LayerNorm)
     layers.{i}.mlp.fc1.weight / .fc2.weight          (gelu, gelu_tanh)
     layers.{i}.mlp.w1 / .w3 / .w2 (gate, up, down)   (swiglu)   (+ biases if add_bias_linear)
     norm.weight                       [hidden]   (+ .bias with LayerNorm)
     output.weight                     [padded_vocab, hidden]       nn.Linear, no bias
+    head.*                            a classifier head instead of ``output`` (``config.head``
+                                      ``"pooled_classifier"`` / ``"token_classifier"``,
+                                      :class:`~epochal.model.heads.ClassifierHead`; last stage)
 
 ``layers`` is an ``nn.ModuleDict`` keyed ``"0" .. "L-1"``; a pipeline stage deletes
 the keys it does not own (names stay global).
@@ -140,7 +145,8 @@ class GPTModel(TransformerModel):
 
         Returns:
             Logits ``[b, s, padded_vocab_size]`` (dtype of the output layer, e.g.
-            bf16 under autocast) when ``output`` is present, else hidden states
+            bf16 under autocast) when ``output`` is present; a classifier head's logits
+            (``[b, num_labels]`` or ``[b, s, num_labels]``); else hidden states
             ``[b, s, hidden]``.
 
         Raises:

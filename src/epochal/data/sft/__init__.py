@@ -1,0 +1,45 @@
+"""Supervised fine-tuning data: chat and prompt-completion rows, loss masks, packing.
+
+:func:`read_sft_rows` reads JSONL / Parquet / ``save_to_disk`` rows,
+:func:`tokenize_sft_rows` turns them into ``input_ids`` and ``loss_mask`` equal to
+TRL's ``SFTTrainer``'s, :func:`sft_loss` is the token-mean loss over them, and
+:class:`PackedSFTDataset` packs them into fixed-length samples with per-row attention
+(:class:`SFTDataset`: one row a sample).
+Names are loaded lazily from their defining modules.
+"""
+
+from epochal._lazy import lazy_exports
+
+_EXPORTS = {
+    "ROLES": "rows",
+    "SFTDataError": "rows",
+    "SFTRow": "rows",
+    "read_sft_rows": "rows",
+    "rows_from_records": "rows",
+    "split_sft_rows": "rows",
+    "LOSS_ON": "tokenize",
+    "OVERLENGTH": "tokenize",
+    "SFTExample": "tokenize",
+    "SFTReport": "tokenize",
+    "SFTTokenized": "tokenize",
+    "has_generation_markers": "tokenize",
+    "load_chat_tokenizer": "tokenize",
+    "tokenize_sft_row": "tokenize",
+    "tokenize_sft_rows": "tokenize",
+    "IGNORE_INDEX": "loss",
+    "count_loss_tokens": "loss",
+    "shift_labels": "loss",
+    "sft_loss": "loss",
+    "sft_loss_sum": "loss",
+    "SFTDatasets": "build",
+    "build_sft_datasets": "build",
+    "PackedSFTDataset": "packing",
+    "PackingReport": "packing",
+    "SFTDataset": "packing",
+    "best_fit_bins": "packing",
+    "collate_packed": "packing",
+    "cu_seqlens_from_positions": "packing",
+}
+
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+__all__ = sorted(_EXPORTS)
