@@ -16,8 +16,10 @@ import Accelerator``; a third side trains the same model and batches with
 Every run is a fresh process with ``torch.set_num_threads(--threads)`` (and
 ``OMP_NUM_THREADS``); the sides alternate (A, B, C, B, A, C, ...: each repeat
 reverses the order, so drift hits all alike), each run times its steps after
-the warm-up by the wall clock and by the process's CPU time, and the table gives
-each side's median tokens/s, the spread (min-max) and the ratio of medians.
+the warm-up by the wall clock (all steps) and by the process's CPU time (the median
+step: other processes' bursts on a shared machine hit single steps), and the table
+gives each side's median tokens/s over the runs, the spread (min-max), the ratio of
+medians, and the ratio within each repeat.
 
     python benchmarks/bench_accelerate.py                   # about 5 minutes on 2 cores
     python benchmarks/bench_accelerate.py --repeats 7 --steps 60 --sides accelerate,epochal
@@ -91,10 +93,12 @@ def make_config(args: argparse.Namespace, run_dir: str):
 
 
 def rate(stamps: list[tuple[float, float]], warmup: int, tokens: int) -> dict[str, float]:
-    """Tokens/s by the wall clock and by CPU time over the steps after the warm-up."""
-    (w0, c0), (w1, c1) = stamps[warmup - 1], stamps[-1]
+    """Tokens/s over the steps after the warm-up: wall clock over all of them; CPU time of
+    the median step (robust to the bursts of other processes on a shared machine)."""
+    (w0, _), (w1, _) = stamps[warmup - 1], stamps[-1]
     steps = len(stamps) - warmup
-    return {"wall": steps * tokens / (w1 - w0), "cpu": steps * tokens / (c1 - c0)}
+    cpu = [stamps[i][1] - stamps[i - 1][1] for i in range(warmup, len(stamps))]
+    return {"wall": steps * tokens / (w1 - w0), "cpu": tokens / statistics.median(cpu)}
 
 
 def stamp() -> tuple[float, float]:
@@ -124,8 +128,9 @@ def script_run(args: argparse.Namespace, run_dir: str, backend: str) -> dict[str
     from epochal.train.config import model_config_from_section
 
     if backend == "accelerate":
-        from accelerate import Accelerator
         from accelerate.utils import set_seed
+
+        from accelerate import Accelerator
     else:
         from epochal.accelerate import Accelerator
         from epochal.accelerate.utils import set_seed
@@ -245,12 +250,21 @@ def main() -> None:
         f"| ratio to {base} (wall / CPU) |"
     )
     print("|---|---|---|---|")
-    med = {s: {c: statistics.median(x[c] for x in results[s]) for c in ("wall", "cpu")} for s in sides}
+    med = {
+        s: {c: statistics.median(x[c] for x in results[s]) for c in ("wall", "cpu")} for s in sides
+    }
     for side in sides:
         wall = [x["wall"] for x in results[side]]
         cpu = [x["cpu"] for x in results[side]]
         ratio = f"{med[side]['wall'] / med[base]['wall']:.3f} / {med[side]['cpu'] / med[base]['cpu']:.3f}"
         print(f"| {SIDES[side]} | {spread(wall)} | {spread(cpu)} | {ratio} |", flush=True)
+    for side in sides[1:]:  # the ratio within each repeat (the runs next to each other)
+        pairs = [x["cpu"] / y["cpu"] for x, y in zip(results[side], results[base])]
+        print(
+            f"{SIDES[side]} / {SIDES[base]}, CPU time, per repeat: "
+            + ", ".join(f"{r:.3f}" for r in pairs)
+            + f" (median {statistics.median(pairs):.3f})"
+        )
 
 
 if __name__ == "__main__":
