@@ -1,40 +1,49 @@
-"""Overhead of ``epochal.accelerate``: the same tiny model through an Accelerate script vs ``epochal train``.
+"""Throughput of one Accelerate training script on Hugging Face Accelerate and on ``epochal.accelerate``.
 
-The model is the ``tiny`` preset's GPT (Llama-style); the Accelerate side starts
-from the transformers ``LlamaForCausalLM`` that epochal's exporter makes of it, so
-``accelerator.prepare`` converts it back into the very same model. Both sides
-train with AdamW, the same micro-batch and global batch (two micro-batches per
-step), clipping and a schedule, on in-memory random tokens:
+The script is the usual Accelerate causal-LM loop (what ``run_clm_no_trainer.py``
+and Accelerate's GPT examples do): a transformers ``LlamaForCausalLM`` (the
+``tiny`` preset's shape: 4 layers, hidden 128, GQA, SwiGLU, RoPE, vocabulary
+4096, made by epochal's exporter), AdamW with a no-decay group, transformers'
+cosine ``get_scheduler``, a shuffled ``DataLoader`` of in-memory random tokens
+(16 x 128 tokens a step), and per step ``model(**batch).loss``,
+``accelerator.backward``, ``accelerator.clip_grad_norm_(..., 1.0)``,
+``optimizer.step``, ``lr_scheduler.step``, ``optimizer.zero_grad`` and
+``loss.item()``. It runs word for word twice, once with ``from accelerate import
+Accelerator`` (plain PyTorch, one process) and once with ``from epochal.accelerate
+import Accelerator``; a third side trains the same model and batches with
+``epochal train``'s :class:`~epochal.train.trainer.Trainer` (``--sides`` picks).
 
-- ``epochal train``: :class:`~epochal.train.trainer.Trainer` with its loaders
-  (``make_loaders``), timed between steps by a step callback;
-- ``epochal.accelerate``: a script loop (``model(**batch)``, ``accelerator.backward``,
-  ``optimizer.step``, ``lr_scheduler.step``) over the prepared loader, timed between steps.
+Every run is a fresh process with ``torch.set_num_threads(--threads)`` (and
+``OMP_NUM_THREADS``); the sides alternate (A, B, C, B, A, C, ...: each repeat
+reverses the order, so drift hits all alike), each run times its steps after
+the warm-up by the wall clock (all steps) and by the process's CPU time (the median
+step: other processes' bursts on a shared machine hit single steps), and the table
+gives each side's median tokens/s over the runs, the spread (min-max), the ratio of
+medians, and the ratio within each repeat.
 
-Runs alternate (trainer, accelerate, trainer, ...) and the median tokens/s of each
-side is reported, so machine noise hits both alike (the target: within 5%).
-
-    python benchmarks/bench_accelerate.py              # CPU, about 1-2 minutes
-    python benchmarks/bench_accelerate.py --steps 40 --repeats 5 --threads 1 --clock cpu
+    python benchmarks/bench_accelerate.py                   # about 5 minutes on 2 cores
+    python benchmarks/bench_accelerate.py --repeats 7 --steps 60 --sides accelerate,epochal
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 
 import torch
 
-from epochal.convert.hf.io import EXPORTERS
-from epochal.model import GPTModel
-from epochal.train.config import build_config, model_config_from_section
-from epochal.train.inputs.loaders import make_loaders
-from epochal.train.trainer import Trainer
-
-CLOCK = time.perf_counter
 VOCAB = 4096
+SIDES = {
+    "accelerate": "accelerate (Hugging Face)",
+    "epochal": "epochal.accelerate",
+    "train": "epochal train",
+}
 
 
 class RandomTokens:
@@ -50,12 +59,15 @@ class RandomTokens:
 
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
         row = self.data[int(i)]
-        if self.hf:  # transformers shifts inside the loss: seq + 1 ids give seq targets
-            return {"input_ids": row[:-1], "labels": row[:-1]}
+        if self.hf:  # transformers shifts inside the loss
+            ids = row[:-1]
+            return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids}
         return {"tokens": row[:-1], "labels": row[1:], "loss_mask": torch.ones(self.seq)}
 
 
 def make_config(args: argparse.Namespace, run_dir: str):
+    from epochal.train.config import build_config
+
     return build_config(
         preset="tiny",
         overrides=[
@@ -63,6 +75,9 @@ def make_config(args: argparse.Namespace, run_dir: str):
             "--data.corpus=",
             "--data.mock=true",
             f"--training.train_iters={args.steps + args.warmup}",
+            f"--training.micro_batch_size={args.batch}",
+            f"--training.global_batch_size={args.batch}",
+            "--training.layout_invariant=false",
             "--training.eval_interval=0",
             "--training.eval_iters=0",
             "--training.device=cpu",
@@ -77,96 +92,179 @@ def make_config(args: argparse.Namespace, run_dir: str):
     )
 
 
-def trainer_loop(cfg, args: argparse.Namespace) -> float:
-    """``epochal train``'s trainer; tokens/s over the steps after the warm-up."""
-    n = (args.steps + args.warmup) * cfg.training.global_batch_size
-    data = make_loaders(cfg, RandomTokens(n, cfg.data.seq_length, hf=False), None, vocab_size=VOCAB)
+def rate(stamps: list[tuple[float, float]], warmup: int, tokens: int) -> dict[str, float]:
+    """Tokens/s over the steps after the warm-up: wall clock over all of them; CPU time of
+    the median step (robust to the bursts of other processes on a shared machine)."""
+    (w0, _), (w1, _) = stamps[warmup - 1], stamps[-1]
+    steps = len(stamps) - warmup
+    cpu = [stamps[i][1] - stamps[i - 1][1] for i in range(warmup, len(stamps))]
+    return {"wall": steps * tokens / (w1 - w0), "cpu": tokens / statistics.median(cpu)}
+
+
+def stamp() -> tuple[float, float]:
+    return time.perf_counter(), time.process_time()
+
+
+def trainer_run(args: argparse.Namespace, run_dir: str) -> dict[str, float]:
+    """``epochal train``'s trainer on the same model and batch shape."""
+    from epochal.train.inputs.loaders import make_loaders
+    from epochal.train.trainer import Trainer
+
+    cfg = make_config(args, run_dir)
+    n = (args.steps + args.warmup) * args.batch
+    data = make_loaders(cfg, RandomTokens(n, args.seq, hf=False), None, vocab_size=VOCAB)
     trainer = Trainer(cfg, data=data, log=False)
-    stamps: list[float] = []
-    trainer.add_callback(lambda tr, step, rec: stamps.append(CLOCK()))
+    stamps: list[tuple[float, float]] = []
+    trainer.add_callback(lambda tr, step, rec: stamps.append(stamp()))
     trainer.train()
-    tokens = cfg.training.global_batch_size * cfg.data.seq_length
-    return (len(stamps) - args.warmup) * tokens / (stamps[-1] - stamps[args.warmup - 1])
+    return rate(stamps, args.warmup, args.batch * args.seq)
 
 
-def accelerate_loop(cfg, args: argparse.Namespace) -> float:
-    """The same model through an Accelerate script on ``epochal.accelerate``; tokens/s."""
+def script_run(args: argparse.Namespace, run_dir: str, backend: str) -> dict[str, float]:
+    """The Accelerate script; only the ``Accelerator`` import differs between the backends."""
     import transformers
 
-    from epochal.accelerate import Accelerator, set_seed
-    from epochal.accelerate.utils import MegatronLMDummyScheduler, MegatronLMPlugin
+    from epochal.convert.hf.io import EXPORTERS
+    from epochal.train.config import model_config_from_section
 
-    mc = model_config_from_section(cfg.model, vocab_size=VOCAB, seq_length=cfg.data.seq_length)
+    if backend == "accelerate":
+        from accelerate.utils import set_seed
+
+        from accelerate import Accelerator
+    else:
+        from epochal.accelerate import Accelerator
+        from epochal.accelerate.utils import set_seed
+
+    cfg = make_config(args, run_dir)
+    mc = model_config_from_section(cfg.model, vocab_size=VOCAB, seq_length=args.seq)
     hf_config = transformers.LlamaConfig(**EXPORTERS["llama"][0](mc))
-    set_seed(cfg.training.seed)
+    # ---- from here on: the user's script
+    accelerator = Accelerator(cpu=True)
+    set_seed(1234)
     model = transformers.LlamaForCausalLM(hf_config)
-    mbs, gbs = cfg.training.micro_batch_size, cfg.training.global_batch_size
-    n = (args.steps + args.warmup) * gbs
+    total_steps = args.steps + args.warmup
     loader = torch.utils.data.DataLoader(
-        RandomTokens(n, cfg.data.seq_length, hf=True), batch_size=mbs
+        RandomTokens(total_steps * args.batch, args.seq, hf=True),
+        batch_size=args.batch,
+        shuffle=True,
     )
-    o = cfg.optimizer
+    no_decay = ("bias", "norm.weight")
     named = list(model.named_parameters())
     optimizer = torch.optim.AdamW(
         [
-            {"params": [p for _, p in named if p.dim() >= 2], "weight_decay": o.weight_decay},
-            {"params": [p for _, p in named if p.dim() < 2], "weight_decay": 0.0},
+            {"params": [p for n, p in named if not n.endswith(no_decay)], "weight_decay": 0.1},
+            {"params": [p for n, p in named if n.endswith(no_decay)], "weight_decay": 0.0},
         ],
-        lr=o.lr,
-        betas=(o.adam_beta1, o.adam_beta2),
-        eps=o.adam_eps,
+        lr=2e-3,
+        betas=(0.9, 0.95),
     )
-    plugin = MegatronLMPlugin(
-        num_micro_batches=gbs // mbs, gradient_clipping=o.clip_grad, lr_decay_style="cosine"
+    lr_scheduler = transformers.get_scheduler(
+        "cosine", optimizer, num_warmup_steps=total_steps // 10, num_training_steps=total_steps
     )
-    accelerator = Accelerator(cpu=True, megatron_lm_plugin=plugin)
-    scheduler = MegatronLMDummyScheduler(
-        optimizer, total_num_steps=(args.steps + args.warmup) * gbs // mbs
+    model, optimizer, loader, lr_scheduler = accelerator.prepare(
+        model, optimizer, loader, lr_scheduler
     )
-    model, optimizer, loader, scheduler = accelerator.prepare(model, optimizer, loader, scheduler)
     model.train()
-    stamps: list[float] = []
+    stamps: list[tuple[float, float]] = []
+    losses: list[float] = []
     for batch in loader:
-        loss = model(**batch).loss
+        outputs = model(**batch)
+        loss = outputs.loss
         accelerator.backward(loss)
+        if accelerator.sync_gradients:
+            accelerator.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
-        scheduler.step()
+        lr_scheduler.step()
         optimizer.zero_grad()
-        loss.item()
-        stamps.append(CLOCK())
-    tokens = gbs * cfg.data.seq_length
-    return (len(stamps) - args.warmup) * tokens / (stamps[-1] - stamps[args.warmup - 1])
+        losses.append(loss.item())
+        stamps.append(stamp())
+    accelerator.end_training()
+    out = rate(stamps, args.warmup, args.batch * args.seq)
+    out["first_loss"], out["last_loss"] = losses[0], losses[-1]
+    return out
+
+
+def worker(args: argparse.Namespace) -> None:
+    torch.set_num_threads(args.threads)
+    with tempfile.TemporaryDirectory() as tmp:
+        if args.worker == "train":
+            out = trainer_run(args, tmp)
+        else:
+            out = script_run(args, tmp, args.worker)
+    print("RESULT " + json.dumps(out), flush=True)
+
+
+def run_side(side: str, args: argparse.Namespace) -> dict[str, float]:
+    """One fresh process for one run of ``side``."""
+    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), MKL_NUM_THREADS=str(args.threads))
+    for key in [k for k in env if k.startswith(("ACCELERATE_", "MEGATRON_LM_"))]:
+        del env[key]  # no launcher configuration leaks into either side
+    command = [sys.executable, os.path.abspath(__file__), "--worker", side]
+    for key in ("steps", "warmup", "threads", "batch", "seq"):
+        command += [f"--{key}", str(getattr(args, key))]
+    proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=1800)
+    lines = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
+    if proc.returncode or not lines:
+        raise RuntimeError(f"{side} run failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
+    return json.loads(lines[-1][len("RESULT ") :])
+
+
+def spread(values: list[float]) -> str:
+    return f"{statistics.median(values):,.0f} ({min(values):,.0f}-{max(values):,.0f})"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=30, help="timed optimizer steps per run")
+    parser.add_argument("--steps", type=int, default=40, help="timed optimizer steps per run")
     parser.add_argument("--warmup", type=int, default=5, help="untimed steps first")
-    parser.add_argument("--repeats", type=int, default=3, help="alternating runs per side")
-    parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = leave)")
-    parser.add_argument("--clock", choices=("wall", "cpu"), default="wall")
+    parser.add_argument("--repeats", type=int, default=5, help="runs per side, interleaved")
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads per process")
+    parser.add_argument("--batch", type=int, default=16, help="samples per step")
+    parser.add_argument("--seq", type=int, default=128, help="tokens per sample")
+    parser.add_argument("--sides", default="accelerate,epochal,train", help="comma-separated")
+    parser.add_argument("--worker", choices=tuple(SIDES), help=argparse.SUPPRESS)
     args = parser.parse_args()
-    global CLOCK
-    if args.clock == "cpu":
-        CLOCK = time.process_time
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    ours, theirs = [], []
-    with tempfile.TemporaryDirectory() as tmp:
-        for r in range(args.repeats):
-            ours.append(trainer_loop(make_config(args, f"{tmp}/train{r}"), args))
-            theirs.append(accelerate_loop(make_config(args, f"{tmp}/acc{r}"), args))
-        cfg = make_config(args, tmp)
-    mc = model_config_from_section(cfg.model, vocab_size=VOCAB, seq_length=cfg.data.seq_length)
-    with torch.device("meta"):
-        n_params = GPTModel(mc).num_parameters()
-    train, acc = statistics.median(ours), statistics.median(theirs)
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} CPU threads, {args.clock} clock")
-    print("| model | tokens/step | epochal train tok/s | epochal.accelerate tok/s | ratio |")
-    print("|---|---|---|---|---|")
-    model = f"{n_params / 1e6:.1f}M, L{mc.num_layers} h{mc.hidden_size} s{cfg.data.seq_length}"
-    tokens = cfg.training.global_batch_size * cfg.data.seq_length
-    print(f"| {model} | {tokens} | {train:,.0f} | {acc:,.0f} | {acc / train:.3f} |", flush=True)
+    if args.worker:
+        worker(args)
+        return
+    sides = [s.strip() for s in args.sides.split(",") if s.strip()]
+    unknown = sorted(set(sides) - set(SIDES))
+    if unknown or not sides:
+        parser.error(f"--sides: {unknown or 'nothing'}; choose from {', '.join(SIDES)}")
+    results: dict[str, list[dict[str, float]]] = {s: [] for s in sides}
+    for r in range(args.repeats):
+        for side in sides if r % 2 == 0 else sides[::-1]:
+            results[side].append(run_side(side, args))
+            got = results[side][-1]
+            print(
+                f"# repeat {r + 1} {side}: {got['wall']:,.0f} tok/s wall, {got['cpu']:,.0f} CPU",
+                flush=True,
+            )
+    base = sides[0]
+    print(
+        f"\ntorch {torch.__version__}, {args.threads} thread(s) per process, {args.repeats} "
+        f"interleaved runs per side, {args.steps} timed steps of {args.batch} x {args.seq} tokens"
+    )
+    print(
+        f"| side | tok/s wall: median (min-max) | tok/s CPU time: median (min-max) "
+        f"| ratio to {base} (wall / CPU) |"
+    )
+    print("|---|---|---|---|")
+    med = {
+        s: {c: statistics.median(x[c] for x in results[s]) for c in ("wall", "cpu")} for s in sides
+    }
+    for side in sides:
+        wall = [x["wall"] for x in results[side]]
+        cpu = [x["cpu"] for x in results[side]]
+        ratio = f"{med[side]['wall'] / med[base]['wall']:.3f} / {med[side]['cpu'] / med[base]['cpu']:.3f}"
+        print(f"| {SIDES[side]} | {spread(wall)} | {spread(cpu)} | {ratio} |", flush=True)
+    for side in sides[1:]:  # the ratio within each repeat (the runs next to each other)
+        pairs = [x["cpu"] / y["cpu"] for x, y in zip(results[side], results[base])]
+        print(
+            f"{SIDES[side]} / {SIDES[base]}, CPU time, per repeat: "
+            + ", ".join(f"{r:.3f}" for r in pairs)
+            + f" (median {statistics.median(pairs):.3f})"
+        )
 
 
 if __name__ == "__main__":

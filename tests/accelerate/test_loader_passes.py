@@ -82,3 +82,42 @@ def test_the_first_pass_after_load_state_resumes_at_the_exact_sample():
         uninterrupted[2] + uninterrupted[3],
         uninterrupted[4] + uninterrupted[5],
     ]
+
+
+class _Batched(torch.utils.data.Dataset):
+    """A dataset with ``__getitems__`` (as Hugging Face ``datasets`` has) that records its calls."""
+
+    def __init__(self, n):
+        self.n, self.calls = n, []
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        self.calls.append(("item", i))
+        return i
+
+    def __getitems__(self, indices):
+        self.calls.append(("items", list(indices)))
+        return list(indices)
+
+
+def test_a_micro_batch_is_read_at_once_in_the_permuted_order_of_single_reads():
+    from epochal.data import permute
+
+    n = 12
+    batched = _Batched(n)
+    ours = _prepared(batched, shuffle=True)
+    epochs = [_take(ours) for _ in range(2)]
+    # one __getitems__ call per micro-batch (as the user's DataLoader reads it), none per item
+    assert batched.calls and all(kind == "items" for kind, _ in batched.calls)
+    assert len(batched.calls) == 2 * n // 2
+    # the same samples, in the same order, as the per-sample permutation gives
+    positions = ours._positions
+    expected = [
+        [permute(p % n, n, (5 * 1_000_003 + p // n) % 2**64) for p in range(s, s + 2)]
+        for s in range(0, 2 * n, 2)
+    ]
+    assert [b for e in epochs for b in e] == expected
+    assert [positions.index(p) for p in range(2 * n)] == [x for b in expected for x in b]
+    assert epochs[0] != epochs[1]  # a fresh permutation each epoch

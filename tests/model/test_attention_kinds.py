@@ -150,3 +150,37 @@ def test_build_model_dispatches_on_type():
     a, b = build_model(cfg(), seed=3), GPTModel(cfg(), seed=3)
     for (na, pa), (nb, pb) in zip(a.state_dict().items(), b.state_dict().items(), strict=True):
         assert na == nb and torch.equal(pa, pb)
+
+
+def test_grouped_causal_attention_on_the_cpu_reads_kv_heads_without_repeating_them(monkeypatch):
+    """The training path hands SDPA the grouped keys/values (``enable_gqa``), as transformers
+    does; outputs equal the repeated-heads computation bit for bit, gradients to rounding."""
+    import torch.nn.functional as F
+
+    from epochal.model.layers import attention as attention_module
+
+    config = ModelConfig(
+        num_layers=1, hidden_size=64, num_attention_heads=4, num_query_groups=2,
+        vocab_size=32, max_position_embeddings=16, attention_dropout=0.0,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    attn = Attention(config)
+    x = torch.randn(2, 16, 64)
+    seen = []
+    sdpa = F.scaled_dot_product_attention
+
+    def spy(q, k, v, **kw):
+        seen.append((q.shape[1], k.shape[1], kw.get("enable_gqa", False)))
+        return sdpa(q, k, v, **kw)
+
+    monkeypatch.setattr(attention_module.F, "scaled_dot_product_attention", spy)
+    out = attn(x)
+    assert seen == [(4, 2, True)]
+    grads = torch.autograd.grad(out.square().sum(), list(attn.parameters()))
+    monkeypatch.setattr(attention_module, "_native_gqa", lambda q, k: False)
+    ref = attn(x)
+    assert seen[-1] == (4, 4, False)
+    ref_grads = torch.autograd.grad(ref.square().sum(), list(attn.parameters()))
+    assert torch.equal(out, ref)
+    for g, r in zip(grads, ref_grads):
+        torch.testing.assert_close(g, r, rtol=1e-5, atol=1e-6)

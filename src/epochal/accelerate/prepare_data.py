@@ -51,7 +51,7 @@ from __future__ import annotations
 
 import contextlib
 import random
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -178,17 +178,36 @@ class _PositionedDataset(torch.utils.data.Dataset):
 
     def index(self, position: int) -> int:
         """The dataset index read at run position ``position``."""
-        epoch, within = divmod(int(position), self.per_epoch)
-        if not self.shuffle:
+        return self.indices([position])[0]
+
+    def indices(self, positions: Sequence[int]) -> list[int]:
+        """The dataset indices read at run positions ``positions`` (one vectorized permutation)."""
+        split = [divmod(int(p), self.per_epoch) for p in positions]
+        within = [w for _, w in split]
+        if not self.shuffle or not split:
             return within
-        seed = (self.seed * 1_000_003 + epoch) % 2**64
-        return int(permute_array(np.asarray([within]), self.length, seed)[0])
+        seeds = np.asarray(
+            [(self.seed * 1_000_003 + epoch) % 2**64 for epoch, _ in split], dtype=np.uint64
+        )
+        return permute_array(np.asarray(within, dtype=np.int64), self.length, seeds).tolist()
 
     def __len__(self) -> int:
         return self.length
 
     def __getitem__(self, position: int) -> tuple[int, Any]:
         return position, self.dataset[self.index(position)]
+
+    def __getitems__(self, positions: list[int]) -> list[tuple[int, Any]]:
+        """A micro-batch's samples at once, as PyTorch's fetcher asks for them.
+
+        The indices come from one vectorized permutation; a dataset with its own
+        ``__getitems__`` (Hugging Face ``datasets``) is read with it, as the user's
+        ``DataLoader`` would have read it.
+        """
+        indices = self.indices(positions)
+        batched = getattr(self.dataset, "__getitems__", None)
+        samples = batched(indices) if callable(batched) else [self.dataset[i] for i in indices]
+        return list(zip(positions, samples))
 
 
 class _SeededCollate:

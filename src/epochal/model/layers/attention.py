@@ -233,7 +233,17 @@ class Attention(nn.Module):
         window = self._window_mask_out(s, s_k, q.device)
         if window is not None:
             attention_mask = window if attention_mask is None else attention_mask | window
-        k, v = _repeat_kv(q, k, v)
+        # plain causal attention on the CPU: the kernel reads each key/value head for its
+        # query heads itself (as transformers' SDPA path does), no repeated copies
+        gqa = (
+            past == 0
+            and attention_mask is None
+            and position_bias is None
+            and not self.use_alibi
+            and _native_gqa(q, k)
+        )
+        if not gqa:
+            k, v = _repeat_kv(q, k, v)
         dropout_p = self.dropout_p if self.training else 0.0
         scale = self.softmax_scale
         if position_bias is not None:
@@ -258,7 +268,7 @@ class Attention(nn.Module):
             )
         elif past == 0:
             out = F.scaled_dot_product_attention(
-                q, k, v, dropout_p=dropout_p, is_causal=True, scale=scale
+                q, k, v, dropout_p=dropout_p, is_causal=True, scale=scale, enable_gqa=gqa
             )
         elif s == 1:  # one new token sees every cached key
             out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, scale=scale)
@@ -388,6 +398,16 @@ class Attention(nn.Module):
         if masked_out is not None:
             bias = bias.masked_fill(masked_out, float("-inf"))
         return bias
+
+
+def _native_gqa(q: torch.Tensor, k: torch.Tensor) -> bool:
+    """Grouped keys/values go to SDPA as they are (``enable_gqa``): CPU kernels only.
+
+    On CUDA the memory-efficient kernel (fp32, or flash disabled) does not take
+    ``enable_gqa`` and would fall back to the math kernel, so keys and values are
+    repeated there as before.
+    """
+    return q.device.type == "cpu" and q.shape[1] != k.shape[1] and q.shape[1] % k.shape[1] == 0
 
 
 def _repeat_kv(
