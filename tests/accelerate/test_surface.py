@@ -286,3 +286,12 @@ def test_megatron_indexed_datasets_train_and_resume(tmp_path):
     _, _, model2, _, _, train2, _, _ = _dummy_run(tmp_path / "cache", tmp_path / "state")
     assert train2.consumed_samples == 2
     assert model2(**next(train2)).loss.item() == after
+
+
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_prepare_says_when_the_shuffle_order_differs_and_what_is_left_out(shuffle, capsys):
+    data = [{"x": torch.tensor(i)} for i in range(7)]  # batch 2: 3 whole batches, 1 left out
+    Accelerator().prepare(DataLoader(data, batch_size=2, shuffle=shuffle))
+    out = capsys.readouterr().out
+    assert "the train loader reads 6 of 7 samples per pass" in out
+    assert ("shuffles with Megatron's per-epoch permutation" in out) is shuffle

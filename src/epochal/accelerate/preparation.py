@@ -210,6 +210,13 @@ def prepare_objects(acc: Any, args: tuple[Any, ...]) -> tuple[Any, ...]:
                 f"{prepared.global_batch_size}); {prepared.dropped_per_epoch} are left out",
                 flush=True,
             )
+        if first and prepared.shuffle and acc.is_main_process:
+            print(
+                "epochal.accelerate: the train loader shuffles with Megatron's per-epoch "
+                "permutation (the same order on any number of processes), not torch's "
+                "RandomSampler: another order than Accelerate's, the same samples",
+                flush=True,
+            )
         done.loaders.append(prepared)
         results[id(dl)] = prepared
     iterators: list[Any] = []
