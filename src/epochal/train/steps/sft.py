@@ -79,7 +79,7 @@ def token_mean_step(trainer: Any, num_microbatches: int) -> Iterator[None]:
     x dp`` samples from the train loader's ``consumed_samples``. Nothing happens for
     another step or data that does not count its loss tokens.
     """
-    step, counter = trainer.train_step_handler, trainer.data.loss_tokens
+    step, counter = trainer.train_step_handler, getattr(trainer.data, "loss_tokens", None)
     if counter is None or not isinstance(step, SFTTrainStep):
         yield
         return
