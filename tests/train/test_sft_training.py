@@ -118,6 +118,9 @@ def test_sft_tiny_preset_trains_end_to_end(tmp_path, capsys):
     assert (run / "checkpoints").is_dir()
     saved = (run / "config.toml").read_text()
     assert "[sft]" in saved and str(CHAT_FILE) in saved
+    # the run names its tokenizer, so generate and convert rebuild it from config.toml
+    assert f'tokenizer_model = "{TOKENIZER_DIR}"' in saved
+    assert 'tokenizer_type = "HuggingFaceTokenizer"' in saved
 
 
 @pytest.mark.parametrize(
