@@ -14,7 +14,7 @@ merged over it. ``epochal train --preset NAME --print-config`` shows the result.
   conversations, arithmetic, weekdays, opposites, colours, capitals, counting) with a
   512-id byte-level BPE tokenizer trained on them whose chat template marks the
   assistant turns (``examples/tokenizer``); loss on the assistant turns, rows packed
-  into 128 tokens, the last 10% of the rows validate; 100 steps, under a minute
+  into 128 tokens, the last 10% of the rows validate; 100 steps of 8 x 128 tokens
   on a CPU (from random weights: ``checkpoint.init_from`` starts from a model). Give
   your own rows with ``--sft.train_file`` (and ``--sft.tokenizer``).
 - ``bert-tiny``: a 4-layer, 128-wide Megatron-style BERT (pre-LN, learned
@@ -401,7 +401,7 @@ PRESETS: dict[str, dict[str, Any]] = {
 #: One line per preset, shown by ``epochal train --help`` (a test requires one for each preset).
 PRESET_SUMMARIES: dict[str, str] = {
     "tiny": "a 4-layer Llama-style GPT on Python's standard library, 300 steps; CPU, minutes",
-    "sft-tiny": "the tiny GPT fine-tuned on chat rows shipped with the package, packed; CPU, seconds",
+    "sft-tiny": "the tiny GPT fine-tuned on chat rows shipped with the package, packed; CPU",
     "bert-tiny": "a 4-layer BERT (masked LM + next sentence) on the standard library's sentences",
     "t5-tiny": "a 2+2-layer T5 with Megatron's span corruption on the same sentences",
     "esm-tiny": "a 2-layer ESM-2 on synthetic protein families (or --data.protein_path=FILE)",
