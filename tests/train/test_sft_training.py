@@ -166,3 +166,22 @@ def test_unusable_sft_inputs_are_refused_naming_the_option(tmp_path, overrides, 
     with pytest.raises(ConfigError) as info:
         Trainer(cfg, log=False)
     assert info.value.option == option and text in str(info.value)
+
+
+def test_a_resumed_sft_run_continues_exactly(tmp_path):
+    """2 steps, a checkpoint, a new process's trainer resuming for 2 more: the losses of the
+    uninterrupted 4-step run, bit for bit (the loss tokens are counted from the resumed
+    consumed_samples)."""
+    train = W.write_rows(tmp_path, 0, 30, "train.jsonl")
+    common = [
+        f"--sft.train_file={train}",
+        "--sft.split=",
+        "--training.micro_batch_size=2",
+        "--training.global_batch_size=4",
+        "--scheduler.lr_decay_iters=4",
+        "--checkpoint.save_interval=2",
+    ]
+    straight = W.single(str(tmp_path / "straight"), [*common, "--training.train_iters=4"])
+    first = W.single(str(tmp_path / "resumed"), [*common, "--training.train_iters=2"])
+    second = W.single(str(tmp_path / "resumed"), [*common, "--training.train_iters=4"])
+    assert first["losses"] + second["losses"] == straight["losses"]
