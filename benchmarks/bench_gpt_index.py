@@ -7,15 +7,18 @@ Prints one table. Rows:
   for one epoch and for several epochs (with a separated final epoch);
 - ``sample index only``: ``build_sample_index`` vs Megatron's C++ ``build_sample_idx``
   (both gather the lengths of the shuffled documents);
-- ``blend indices``: the greedy blend of ``--blend-size`` samples over 2 and 5 datasets,
-  and over ``--blend-datasets`` random weights when given (a vectorized numpy scan here,
-  a C++ loop in Megatron);
+- ``blend indices``: the greedy blend of ``--blend-size`` samples over 2 datasets (two
+  weight pairs: one whose products hit whole numbers every tenth sample, one that does
+  not), 5 datasets and ``--blend-datasets`` random weights (a closed form for two
+  datasets and a vectorized numpy scan for more here, a C++ loop in Megatron);
 - ``samples/s read``: random samples read through each ``GPTDataset`` from the same
   ``.bin``/``.idx`` files (epochal's reader vs Megatron's).
 
-Every epochal result is checked equal to Megatron-Core's. Times are the best of
-``--repeats`` runs that alternate between the two implementations (wall clock; the
-ratio is what to compare across machines).
+Every epochal result is checked equal to Megatron-Core's. Each row runs the two
+implementations ``--repeats`` times, alternating (so both see the same load on a shared
+machine); it prints each side's median time (wall clock, or CPU time with ``--clock
+cpu``), the median of the per-repeat speedups and their range (the ratio is what to
+compare across machines).
 
 Run: ``python benchmarks/bench_gpt_index.py`` (defaults: 10M documents, ~2 minutes);
 ``--only blend --blend-datasets 100 --blend-size 100000000`` times a large blend alone.
@@ -54,22 +57,54 @@ class DuckTokenizer:
     unique_identifiers = {"class": "DuckTokenizer"}
 
 
-def compare(repeats: int, ours_fn, theirs_fn):
-    """Run both ``repeats`` times, alternating (so both see the same load); best seconds.
+class Timing:
+    """The seconds of ``repeats`` alternating runs of both sides."""
 
-    The best run is the one least disturbed by other processes, which on a shared
-    machine is the closest to what each implementation costs.
+    def __init__(self, ours: list[float], theirs: list[float]) -> None:
+        self.ours, self.theirs = np.array(ours), np.array(theirs)
+
+    @property
+    def ours_median(self) -> float:
+        return float(np.median(self.ours))
+
+    @property
+    def theirs_median(self) -> float:
+        return float(np.median(self.theirs))
+
+    def speedup(self) -> str:
+        """Median of the per-repeat ratios ``theirs / ours``, and their range."""
+        ratios = self.theirs / self.ours
+        return f"{np.median(ratios):.2f}x ({ratios.min():.2f}-{ratios.max():.2f})"
+
+
+#: The clock of every timing: wall clock, or this process's CPU time (``--clock cpu``: on a
+#: machine shared with other jobs it leaves out the time spent waiting for a core).
+CLOCK = time.perf_counter
+
+
+def compare(repeats: int, ours_fn, theirs_fn):
+    """Run both ``repeats`` times, alternating, so that both see the same load.
+
+    Each result is freed before the other side runs (the last repeat's are kept for the
+    equality checks): otherwise the side that runs second would be the one allocating
+    fresh memory, whose page faults can cost as much as a small blend.
+
+    Returns ``(timing, ours, theirs)``: the :class:`Timing` and the last results.
     """
     ours_times, theirs_times, ours, theirs = [], [], None, None
-    for _ in range(repeats):
-        ours = theirs = None  # free the previous results first
-        t = time.perf_counter()
+    for r in range(repeats):
+        keep = r == repeats - 1
+        t = CLOCK()
         theirs = theirs_fn()
-        theirs_times.append(time.perf_counter() - t)
-        t = time.perf_counter()
+        theirs_times.append(CLOCK() - t)
+        if not keep:
+            theirs = None
+        t = CLOCK()
         ours = ours_fn()
-        ours_times.append(time.perf_counter() - t)
-    return float(np.min(ours_times)), ours, float(np.min(theirs_times)), theirs
+        ours_times.append(CLOCK() - t)
+        if not keep:
+            ours = None
+    return Timing(ours_times, theirs_times), ours, theirs
 
 
 def megatron_config(seq_length: int, seed: int):
@@ -102,7 +137,7 @@ def bench_build(args, rows):
     per_epoch = (tokens - 1) // args.seq_length
     config = megatron_config(args.seq_length, 1234)
     for label, num_samples in (("1 epoch", None), ("2.5 epochs", int(per_epoch * 2.5))):
-        ours_t, ours, theirs_t, theirs = compare(
+        timing, ours, theirs = compare(
             args.repeats,
             lambda n=num_samples: GPTDataset(corpus, documents, n, args.seq_length, 1234),
             lambda n=num_samples: MGPTDataset(corpus, None, documents, n, Split.train, config),
@@ -112,9 +147,9 @@ def bench_build(args, rows):
         rows.append(
             (
                 f"GPTDataset index build, {args.documents / 1e6:g}M docs, {label}",
-                f"{ours_t:.2f} s",
-                f"{theirs_t:.2f} s",
-                f"{theirs_t / ours_t:.2f}x",
+                f"{timing.ours_median:.2f} s",
+                f"{timing.theirs_median:.2f} s",
+                timing.speedup(),
             )
         )
         if num_samples is None:
@@ -122,7 +157,7 @@ def bench_build(args, rows):
             epochs = 1
         del ours, theirs
     sizes = lengths.copy()
-    ours_t, ours, theirs_t, theirs = compare(
+    timing, ours, theirs = compare(
         args.repeats,
         lambda: build_sample_index(sizes, doc_index, args.seq_length, epochs, tokens, True, True),
         lambda: helpers.build_sample_idx(
@@ -133,9 +168,9 @@ def bench_build(args, rows):
     rows.append(
         (
             "sample index only (1 epoch)",
-            f"{ours_t:.2f} s",
-            f"{theirs_t:.2f} s",
-            f"{theirs_t / ours_t:.2f}x",
+            f"{timing.ours_median:.2f} s",
+            f"{timing.theirs_median:.2f} s",
+            timing.speedup(),
         )
     )
 
@@ -145,10 +180,10 @@ def bench_blend(args, rows):
 
     from epochal.data.datasets.blended_dataset import build_blending_indices, normalize_weights
 
-    blends = [[0.3, 0.7], [5, 1, 2, 0.5, 3]]
+    blends = [[0.3, 0.7], [0.31234, 0.68766], [5, 1, 2, 0.5, 3]]
     if args.blend_datasets:
         blends.append((np.random.default_rng(2).random(args.blend_datasets) + 0.01).tolist())
-    for weights in blends if args.blend_datasets <= 5 else blends[2:]:
+    for weights in blends:
         w = normalize_weights(weights)
 
         def theirs_fn(w=w):
@@ -158,16 +193,17 @@ def bench_blend(args, rows):
             return ds, sample
 
         repeats = args.repeats if args.blend_size * len(w) <= 10**8 else 1
-        ours_t, ours, theirs_t, theirs = compare(
+        timing, ours, theirs = compare(
             repeats, lambda w=w: build_blending_indices(w, args.blend_size), theirs_fn
         )
         assert np.array_equal(ours[0], theirs[0]) and np.array_equal(ours[1], theirs[1])
+        shown = ", ".join(f"{x:g}" for x in weights) if len(w) <= 5 else "random weights"
         rows.append(
             (
-                f"blend indices, {len(w)} datasets, {args.blend_size / 1e6:g}M samples",
-                f"{ours_t:.3f} s",
-                f"{theirs_t:.3f} s",
-                f"{theirs_t / ours_t:.2f}x",
+                f"blend indices, {len(w)} datasets ({shown}), {args.blend_size / 1e6:g}M samples",
+                f"{timing.ours_median:.3f} s",
+                f"{timing.theirs_median:.3f} s",
+                timing.speedup(),
             )
         )
 
@@ -201,7 +237,7 @@ def bench_read(args, rows):
             assert np.array_equal(
                 ours_ds[int(i)]["tokens"].numpy(), theirs_ds[int(i)]["tokens"].numpy()
             )
-        ours_t, _, theirs_t, _ = compare(
+        timing, _, _ = compare(
             args.repeats,
             lambda: [ours_ds[int(i)] for i in order],
             lambda: [theirs_ds[int(i)] for i in order],
@@ -209,9 +245,9 @@ def bench_read(args, rows):
         rows.append(
             (
                 f"samples/s read, seq {args.seq_length}, random order",
-                f"{len(order) / ours_t:,.0f}/s",
-                f"{len(order) / theirs_t:,.0f}/s",
-                f"{theirs_t / ours_t:.2f}x",
+                f"{len(order) / timing.ours_median:,.0f}/s",
+                f"{len(order) / timing.theirs_median:,.0f}/s",
+                timing.speedup(),
             )
         )
 
@@ -237,7 +273,9 @@ def main() -> None:
         "--mean-length", type=int, default=500, help="mean document length (tokens)"
     )
     parser.add_argument("--seq-length", type=int, default=2048)
-    parser.add_argument("--repeats", type=int, default=5, help="best of this many alternating runs")
+    parser.add_argument(
+        "--repeats", type=int, default=5, help="alternating runs per row (medians are shown)"
+    )
     parser.add_argument(
         "--blend-size", type=int, default=1_000_000, help="samples of the blend benchmark"
     )
@@ -248,20 +286,31 @@ def main() -> None:
     parser.add_argument(
         "--blend-datasets",
         type=int,
-        default=0,
-        help="also blend this many datasets (random weights); above 5 only that blend runs",
+        default=100,
+        help="also blend this many datasets with random weights (0: only the 2- and 5-dataset rows)",
     )
     parser.add_argument(
         "--only", choices=("build", "blend", "read"), action="append", help="run these parts only"
     )
+    parser.add_argument(
+        "--clock",
+        choices=("wall", "cpu"),
+        default="wall",
+        help="time by the wall clock, or by this process's CPU time (steadier on a shared machine)",
+    )
     args = parser.parse_args()
-    print(f"machine: {cpu_model()}, {os.cpu_count()} cores; numpy {np.__version__}")
+    global CLOCK
+    CLOCK = time.process_time if args.clock == "cpu" else time.perf_counter
+    print(
+        f"machine: {cpu_model()}, {os.cpu_count()} cores; numpy {np.__version__}; "
+        f"{args.clock} clock, {args.repeats} alternating repeats"
+    )
     rows: list[tuple[str, str, str, str]] = []
     parts = {"build": bench_build, "blend": bench_blend, "read": bench_read}
     for name, run in parts.items():
         if not args.only or name in args.only:
             run(args, rows)
-    header = ("benchmark", "epochal", "megatron-core", "speedup")
+    header = ("benchmark", "epochal", "megatron-core", "speedup (range)")
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(4)]
     for row in [header, tuple("-" * w for w in widths), *rows]:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)))

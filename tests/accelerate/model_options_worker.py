@@ -59,7 +59,8 @@ def run(micro_batches: int) -> dict:
         if step == 1:
             optimizer.param_groups[0]["lr"] = 0.1
         # a count of the global batch (both steps' targets over two: any divisor will do)
-        out["losses"].append(model(**batch, num_items_in_batch=targets // 2).loss.item())
+        loss = model(**batch, num_items_in_batch=targets // 2).loss
+        out["losses"].append(loss.item() * accelerator.num_processes)  # each process's share
         out["grad_norms"].append(model.last_metrics["grad_norm"])
     unwrapped = accelerator.unwrap_model(model)
     out["frozen_kept"] = bool(torch.equal(unwrapped.transformer.h[0].attn.c_attn.weight, frozen))

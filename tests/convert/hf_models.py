@@ -88,6 +88,38 @@ def hf_llama(
     return randomize(model, seed).eval()
 
 
+#: family -> (transformers config class, model class) of the Llama-shaped decoders people fine-tune.
+DECODER_FAMILIES = {
+    "llama": ("LlamaConfig", "LlamaForCausalLM"),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM"),
+    "mistral": ("MistralConfig", "MistralForCausalLM"),
+}
+
+
+def hf_decoder(family: str, *, seed: int = 0, vocab: int = 100, **kw):
+    """A tiny random Qwen2 / Qwen3 / Mistral / Llama (2 layers, hidden 64, 4 heads, 2 KV groups)."""
+    import transformers
+
+    config_name, model_name = DECODER_FAMILIES[family]
+    options = dict(
+        vocab_size=vocab,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        rope_theta=500.0,
+        bos_token_id=0,
+        eos_token_id=1,
+    )
+    cfg = getattr(transformers, config_name)(**{**options, **kw})
+    with torch.random.fork_rng():
+        model = getattr(transformers, model_name)(cfg)
+    return randomize(model, seed).eval()
+
+
 def ours(config: ModelConfig, seed: int = 0) -> GPTModel:
     """Our model with randomized weights (same recipe as the HF ones)."""
     return randomize(GPTModel(config, seed=seed), seed).eval()

@@ -301,3 +301,22 @@ def test_bert_and_t5_blends_follow_a_schedule(tmp_path, kind):
     seen = [repr(train.sample_identity(n)) for n in range(40, 400)]
     assert len(set(seen)) == len(seen)
     assert train[100]["dataset_id"] == 1
+
+
+def test_a_step_of_a_constant_blend_counts_only_its_own_samples(corpora, monkeypatch):
+    """A step's ledger of a blend built as Megatron's index reads that step's samples only."""
+    from epochal.data.datasets import scheduled_blend
+
+    blend = gpt_blend(corpora, BlendSchedule([(0, [1, 2, 1])]))
+    corpus = np.array([blend.sample_identity(i)["corpus"] for i in range(len(blend))])
+    read = []
+    bincount = np.bincount
+    monkeypatch.setattr(
+        scheduled_blend.np, "bincount", lambda x, **kw: read.append(len(x)) or bincount(x, **kw)
+    )
+    for start, end in ((0, GBS), (17 * GBS, 18 * GBS), (40 * GBS, 59 * GBS + 3)):
+        read.clear()
+        expected = np.bincount(corpus[start:end], minlength=3).tolist()
+        assert blend.source_counts(end, start) == expected
+        assert max(read) <= end - start
+    assert blend.source_counts(len(blend)) == np.bincount(corpus, minlength=3).tolist()

@@ -176,3 +176,45 @@ def test_exhaustive_blend_finishes_with_the_exhaustive_rule(monkeypatch):
     slow = _greedy_loop([c / total for c in sizes], total, caps=sizes)
     np.testing.assert_array_equal(ds, slow[0])
     np.testing.assert_array_equal(sample, slow[1])
+
+
+@pytest.mark.parametrize(
+    "weights",
+    [[0.5, 0.5], [0.3, 0.7], [0.7, 0.3], [1 / 3, 2 / 3], [0.999, 0.001], [1e-9, 1], [1, 0], [0, 1]],
+)
+def test_two_datasets_in_closed_form_equal_the_step_by_step_rule(monkeypatch, weights):
+    from epochal.data.datasets import blend_two
+
+    monkeypatch.setattr(blend_two, "_BLOCK", 777)  # many blocks, a partial last one
+    w = normalize_weights(weights)
+    assert blend_two.applies(np.asarray(w), 20_000)
+    for size in (0, 1, 2, 3, 777, 778, 20_000):
+        fast = build_blending_indices(w, size)
+        slow = _greedy_loop(w, size)
+        assert fast[0].dtype == np.int16 and fast[1].dtype == np.int64
+        np.testing.assert_array_equal(fast[0], slow[0])
+        np.testing.assert_array_equal(fast[1], slow[1])
+
+
+def test_two_dataset_closed_form_needs_weights_summing_to_one():
+    from epochal.data.datasets import blend_two
+
+    assert not blend_two.applies(np.array([2.0, 1.0]), 10)  # Megatron's rule on raw weights
+    assert not blend_two.applies(np.array([0.2, 0.3, 0.5]), 10)
+    fast = build_blending_indices([2.0, 1.0], 5000)  # the general path, still Megatron's rule
+    slow = _greedy_loop([2.0, 1.0], 5000)
+    np.testing.assert_array_equal(fast[0], slow[0])
+    np.testing.assert_array_equal(fast[1], slow[1])
+
+
+def test_two_dataset_recurrence_repairs_a_broken_chain():
+    """Where u[t] - c[t] is not 0 or 1 the counts follow c[t + 1] = c[t] + (c[t] < u[t])."""
+    from epochal.data.datasets import blend_two
+
+    u = [1.0, 1.0, 3.0, 3.0, 2.0, 4.0, 5.0, 5.0]
+    c = np.array([0.0, *u])  # c[0] exact, c[1:] = u
+    blend_two._follow_recurrence(c, 1)
+    expected = [0.0, 1.0]
+    for threshold in u[1:]:
+        expected.append(expected[-1] + (expected[-1] < threshold))
+    np.testing.assert_array_equal(c, expected)

@@ -383,6 +383,9 @@ def test_blending_indices_equal_megatron_helpers(num_datasets):
         [0.3, 0.5, 0.2],
         [5, 1, 2, 0.5, 3],
         [1e-5, 0.3, 0.3, 0.4, 0.01, 0.02, 0.05, 0.1, 0.2, 0.9],
+        [1, 1e-12],  # two datasets: the closed form, with near-ties on every step
+        [0, 1],
+        [0.6180339887, 1],
     ],
 )
 def test_blend_equals_megatron_helpers_at_scale(weights):
@@ -396,8 +399,25 @@ def test_blend_equals_megatron_helpers_at_scale(weights):
     np.testing.assert_array_equal(sample, ref_sample)
 
 
+@pytest.mark.parametrize("num_datasets", [2, 100])
+def test_blend_of_two_to_a_hundred_datasets_equals_megatron_helpers(num_datasets):
+    """Random weights (and uniform ones) at every size around the closed form's blocks."""
+    rng = np.random.default_rng(num_datasets)
+    for trial in range(3):
+        raw = rng.random(num_datasets) + 0.01 if trial else np.ones(num_datasets)
+        weights = (raw / np.sum(raw)).tolist()
+        sizes = (1, 2, 3, 1000, 32_768, 32_770, 200_000) if num_datasets == 2 else (1, 3, 200_000)
+        for size in sizes:
+            ref_ds = np.zeros(size, dtype=np.int16)
+            ref_sample = np.zeros(size, dtype=np.int64)
+            mhelpers.build_blending_indices(ref_ds, ref_sample, weights, num_datasets, size, False)
+            ds, sample = build_blending_indices(weights, size)
+            np.testing.assert_array_equal(ds, ref_ds)
+            np.testing.assert_array_equal(sample, ref_sample)
+
+
 def test_exhaustive_blending_indices_equal_megatron_helpers():
-    for sizes in ([5, 9], [100, 1, 33], [7, 7, 7, 7], [400_000, 3, 77_777, 123_457]):
+    for sizes in ([5, 9], [150_000, 77], [100, 1, 33], [7, 7, 7, 7], [400_000, 3, 77_777, 123_457]):
         total = sum(sizes)
         ref_ds = np.zeros(total, dtype=np.int16)
         ref_sample = np.zeros(total, dtype=np.int64)

@@ -48,6 +48,7 @@ def test_t5_tiny_preset_trains_on_the_corpus_and_resumes_exactly(tmp_path, monke
     assert loss[full][4] < loss[full][1]
 
 
+@pytest.mark.slow  # compiling costs about a minute; BERT's compiled run covers the option
 def test_compiled_t5_equals_eager(tmp_path):
     """``training.compile`` (each block compiled) gives the eager losses (relative bias, gated GELU)."""
     eager = W.single(str(tmp_path / "eager"), W.HF_STYLE)

@@ -42,7 +42,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from epochal.accelerate import checkpointing, configuration, operations
+from epochal.accelerate import checkpointing, configuration, operations, refusals
 from epochal.accelerate.accumulation import apply_gradient_accumulation
 from epochal.accelerate.engine import MegatronEngine
 from epochal.accelerate.plugin import MegatronLMPlugin, env_bool
@@ -122,6 +122,7 @@ class Accelerator:
         dynamo_backend: Any = None,
         **unsupported: Any,
     ) -> None:
+        refusals.install()  # a refusal reaching the top prints as one line, not a traceback
         if unsupported:
             raise AcceleratorError(
                 f"Accelerator options {sorted(unsupported)} have no epochal equivalent"
@@ -418,10 +419,25 @@ class Accelerator:
         return operations.gather(tensor, self.device)
 
     def gather_for_metrics(self, input_data: Any, use_gather_object: bool = False) -> Any:
-        """:meth:`gather` (the loaders read no sample twice, so nothing is dropped); objects by rank."""
+        """:meth:`gather` of each sample once (the loaders read no sample twice); objects by rank.
+
+        Under tensor or pipeline parallelism the processes of one data-parallel replica
+        hold the same samples (the prepared model returns a classifier's logits on every
+        stage): only the first process of each replica (tensor rank 0, first pipeline
+        stage) contributes, so the metrics see every sample once, as in one process.
+        """
         if use_gather_object or not isinstance(input_data, (torch.Tensor, dict, list, tuple)):
             return operations.gather_object(input_data)
-        return self.gather(input_data)
+        engine = self._prepared.engine
+        dims = None if engine is None else engine.trainer.dims
+        if dims is None or dims.tp * dims.pp == 1:
+            return self.gather(input_data)
+        ranks = [
+            r
+            for r in range(dims.world_size)
+            if dims.coords(r)["tp"] == 0 and dims.coords(r)["pp"] == 0
+        ]
+        return operations.gather(input_data, self.device, ranks)
 
     def reduce(self, tensor: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
         """Sum / average tensors over processes (:func:`~epochal.accelerate.operations.reduce`)."""

@@ -18,6 +18,13 @@ under ``loss_mask``) is the one the transformers model reports:
   token_type_ids`` (zeros when absent, as transformers), ``labels`` with
   ``loss_mask = labels != -100``; ``next_sentence_label`` becomes the binary head's
   ``is_random``.
+- **sequence** / **token** (classifiers, :mod:`epochal.accelerate.heads`): ``tokens``,
+  ``padding_mask = attention_mask``, ``types = token_type_ids`` (BERT), ``residue_mask``
+  (a sequence classifier: 1 at the position it classifies by: the first token, or for
+  GPT-2 / Llama the last one that is not ``pad_token_id``, transformers' rule) and
+  ``labels`` (token classifiers: padded with -100; sequence classifiers: int64 for
+  single-label classification, float otherwise). Evaluation batches may leave
+  ``labels`` out. A causal body needs right padding, as above.
 - **megatron** (``MegatronLMDummyDataLoader``'s batches): already epochal's GPT keys
   (``tokens``, ``labels``, ``loss_mask``, ...), split only.
 - **seq2seq** (T5): ``text_enc = input_ids``, ``enc_mask = attention_mask``,
@@ -55,6 +62,8 @@ LOSS_SCALE_KEY = "num_items_loss_scale"
 _KEYS = {
     "causal": {"input_ids", "labels", "attention_mask", "position_ids"},
     "masked": {"input_ids", "labels", "attention_mask", "token_type_ids", "next_sentence_label"},
+    "sequence": {"input_ids", "labels", "attention_mask", "token_type_ids"},
+    "token": {"input_ids", "labels", "attention_mask", "token_type_ids"},
     "seq2seq": {
         "input_ids",
         "attention_mask",
@@ -75,7 +84,16 @@ _REFUSED = {
         "the prepared model uses the default positions 0..s-1; leave position_ids out"
     ),
     ("seq2seq", "position_ids"): "T5 has no position_ids (relative attention); leave them out",
+    ("sequence", "position_ids"): (
+        "the prepared classifier uses the default positions 0..s-1; leave position_ids out"
+    ),
+    ("token", "position_ids"): (
+        "the prepared classifier uses the default positions 0..s-1; leave position_ids out"
+    ),
 }
+
+#: transformers' ``problem_type`` values (``config.problem_type``)
+PROBLEM_TYPES = ("regression", "single_label_classification", "multi_label_classification")
 
 
 class BatchError(ValueError):
@@ -102,12 +120,13 @@ class BatchAdapter:
     """Turns transformers batches into epochal micro-batches for one model family.
 
     Args:
-        family: ``"causal"``, ``"masked"`` or ``"seq2seq"``.
+        family: ``"causal"``, ``"masked"``, ``"seq2seq"``, ``"sequence"`` or ``"token"``.
         num_microbatches: micro-batches per step (the batch is split evenly).
         uses_token_types: masked models with token-type embeddings.
         fixed_length: pad every micro-batch to this length (pipeline parallelism), or None.
         multiple_of: pad lengths to a multiple of this (sequence parallelism).
         decoder_start_token_id / pad_token_id: T5's decoder inputs from ``labels``.
+        classifier: a classifier's options (see the attribute).
     """
 
     def __init__(
@@ -121,6 +140,7 @@ class BatchAdapter:
         multiple_of: int = 1,
         decoder_start_token_id: int = 0,
         pad_token_id: int = 0,
+        classifier: dict[str, Any] | None = None,
     ) -> None:
         self.family = family
         self.num_microbatches = num_microbatches
@@ -130,6 +150,10 @@ class BatchAdapter:
         self.multiple_of = multiple_of
         self.decoder_start_token_id = decoder_start_token_id
         self.pad_token_id = pad_token_id
+        #: classification models: ``pooling`` ("first" / "last" / "every"), ``causal`` (a
+        #: GPT body), ``pad_token_id`` (None allowed), ``hf_config`` (``problem_type``,
+        #: ``num_labels``)
+        self.classifier = classifier or {}
 
     # ------------------------------------------------------------------ split
     def split(self, batch: Mapping[str, Any]) -> list[dict[str, torch.Tensor]]:
@@ -151,6 +175,16 @@ class BatchAdapter:
                 "prepared loader's batches to model(**batch)"
             )
         size = rows // n
+        if (
+            self.classifier.get("pooling") == "last"
+            and self.classifier.get("pad_token_id") is None
+            and rows != 1
+        ):
+            raise BatchError(
+                "the model's config has no pad_token_id, so the last token of each row cannot "
+                "be told from padding (transformers refuses batches of more than one row then): "
+                "set model.config.pad_token_id = tokenizer.pad_token_id"
+            )
         tensors = {k: v for k, v in batch.items() if isinstance(v, torch.Tensor)}
         for key, value in tensors.items():
             if value.dim() == 0 or value.shape[0] != rows:
@@ -161,6 +195,8 @@ class BatchAdapter:
             "causal": self._causal,
             "masked": self._masked,
             "seq2seq": self._seq2seq,
+            "sequence": self._classify,
+            "token": self._classify,
             "megatron": dict,
         }[self.family]
         return [
@@ -175,8 +211,13 @@ class BatchAdapter:
             if value is None:
                 continue
             reason = _REFUSED.get((self.family, key))
-            if key == "token_type_ids" and self.family == "masked" and not self.uses_token_types:
+            encoder = self.family == "masked" or (
+                self.family in ("sequence", "token") and not self.classifier.get("causal")
+            )
+            if key == "token_type_ids" and encoder and not self.uses_token_types:
                 reason = "the model has no token-type embeddings; leave token_type_ids out"
+            if key == "token_type_ids" and self.classifier.get("causal"):
+                reason = _REFUSED[("causal", key)]
             if reason is None and key not in allowed:
                 reason = (
                     f"a {self.family} model takes {sorted(allowed)}; remove the key from the "
@@ -278,3 +319,99 @@ class BatchAdapter:
             "labels": _pad_right(labels, dec_len, IGNORE),
             "loss_mask": _pad_right((labels != IGNORE).float(), dec_len, 0.0),
         }
+
+    # -------------------------------------------------------- classification
+    @property
+    def problem_type(self) -> str | None:
+        """transformers' ``config.problem_type`` (None until a labelled batch decided it)."""
+        hf = self.classifier.get("hf_config")
+        return None if hf is None else getattr(hf, "problem_type", None)
+
+    def decide_problem_type(self, labels: torch.Tensor) -> str:
+        """transformers' rule: ``config.problem_type``, or set from ``num_labels`` / the labels' dtype.
+
+        As transformers' models do at their first labelled forward, the decision is
+        written into the model's ``config.problem_type`` (``save_pretrained`` keeps it).
+
+        Raises:
+            BatchError: a ``problem_type`` transformers does not know.
+        """
+        hf = self.classifier["hf_config"]
+        kind = getattr(hf, "problem_type", None)
+        if kind is None:
+            n = int(hf.num_labels)
+            if n == 1:
+                kind = "regression"
+            elif labels.dtype in (torch.long, torch.int):
+                kind = "single_label_classification"
+            else:
+                kind = "multi_label_classification"
+            hf.problem_type = kind
+        if kind not in PROBLEM_TYPES:
+            raise BatchError(f"config.problem_type must be one of {PROBLEM_TYPES}, got {kind!r}")
+        return kind
+
+    def _pool_positions(self, tokens: torch.Tensor, length: int) -> torch.Tensor:
+        """int64 ``[b, length]``: 1 at the position each row is classified by (or 1 everywhere)."""
+        pooling = self.classifier.get("pooling", "every")
+        rows, s = tokens.shape
+        if pooling == "every":
+            return torch.ones((rows, length), dtype=torch.long)
+        out = torch.zeros((rows, length), dtype=torch.long)
+        if pooling == "first":
+            out[:, 0] = 1
+            return out
+        pad = self.classifier.get("pad_token_id")
+        if pad is None:  # transformers: the last position (one row only: see split)
+            out[:, s - 1] = 1
+            return out
+        positions = torch.arange(s, device=tokens.device)
+        last = (positions * (tokens != pad).long()).argmax(-1)
+        out[torch.arange(rows), last.cpu()] = 1
+        return out
+
+    def _classify(self, b: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        tokens = b["input_ids"].long()
+        attention = b.get("attention_mask")
+        padding = torch.ones_like(tokens) if attention is None else attention.long()
+        if self.classifier.get("causal") and not bool(padding.bool().all()):
+            real = padding.bool()
+            if bool((real[:, 1:] & ~real[:, :-1]).any()):
+                raise BatchError(
+                    "attention_mask has padding before real tokens (left padding or holes); "
+                    "a causal model's batches must be padded on the right "
+                    "(tokenizer.padding_side='right')"
+                )
+        length = self._length(tokens.shape[1], self.fixed_length, "sequence")
+        out = {
+            "tokens": _pad_right(tokens, length, 0),
+            "padding_mask": _pad_right(padding, length, 0),
+            "residue_mask": self._pool_positions(tokens, length).to(tokens.device),
+        }
+        labels = b.get("labels")
+        if self.family == "token":
+            if labels is None:
+                labels = torch.full_like(tokens, IGNORE)
+            if labels.shape != tokens.shape:
+                raise BatchError(
+                    f"a token classifier's labels have one class per token: shape "
+                    f"{tuple(tokens.shape)} like input_ids, got {tuple(labels.shape)}"
+                )
+            out["labels"] = _pad_right(labels.long(), length, IGNORE)
+        else:
+            kind = self.problem_type or "single_label_classification"
+            if labels is None:
+                n = int(self.classifier["hf_config"].num_labels)
+                labels = (
+                    torch.zeros(tokens.shape[0], dtype=torch.long)
+                    if kind == "single_label_classification"
+                    else torch.zeros((tokens.shape[0], n))
+                )
+            out["labels"] = (
+                labels.long() if kind == "single_label_classification" else labels.float()
+            )
+        if self.uses_token_types:
+            types = b.get("token_type_ids")
+            types = torch.zeros_like(tokens) if types is None else types.long()
+            out["types"] = _pad_right(types, length, 0)
+        return out

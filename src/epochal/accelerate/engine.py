@@ -16,8 +16,16 @@ averaged the same way, and with ``MegatronLMPlugin.return_logits`` the logits
 ``[rows, s, vocab]`` of this rank's samples (the transformers vocabulary, on ranks
 holding the last pipeline stage; None on the others).
 
+A classifier (``*ForSequenceClassification`` / ``*ForTokenClassification``,
+:mod:`epochal.accelerate.heads`) trains the same way, with transformers' loss for
+its ``problem_type`` (:mod:`epochal.train.steps.classifier`); its evaluation always
+returns the logits (``[rows, num_labels]`` / ``[rows, s, num_labels]``, on every
+rank: the last pipeline stage sends them to the others) and the loss when the batch
+has ``labels`` (``None`` without). Training needs ``labels``.
+
 Outputs are transformers' output classes (``CausalLMOutputWithCrossAttentions``,
-``MaskedLMOutput``, ``Seq2SeqLMOutput``): ``outputs.loss``, ``outputs["loss"]`` and
+``MaskedLMOutput``, ``Seq2SeqLMOutput``, ``SequenceClassifierOutput``,
+``TokenClassifierOutput``): ``outputs.loss``, ``outputs["loss"]`` and
 ``outputs[0]`` all work (``return_dict=False``: the tuple).
 
 The model keywords transformers takes beside the batch:
@@ -26,7 +34,15 @@ The model keywords transformers takes beside the batch:
   the loss is the sum of the token cross-entropies divided by it, as transformers
   defines it; it counts the targets of the whole step (every micro-batch and every
   data-parallel rank: the global batch), so the step's loss and gradient are the
-  global batch's token sum over it, the same on every rank. Masked and
+  global batch's token sum over it, the same on every rank. The returned
+  ``.loss`` is that loss divided by the number of processes, each process's share
+  as under DDP, where each rank's transformers loss is its rows' token sum over
+  ``num_items_in_batch``: their sum over processes
+  (``accelerator.gather(loss).sum()``) is the step's loss, and a script that
+  multiplies the loss by ``num_processes`` (as Accelerate's
+  ``gradient_accumulation_for_autoregressive_models.py`` does) prints the same
+  numbers on every layout. (The processes' shares are equal here, not each rank's
+  own rows' sum.) Masked and
   sequence-to-sequence models refuse it (their transformers loss is the token mean),
   and so does a custom train step or loss (it decides its own normalisation).
 - ``use_cache`` / ``output_attentions`` / ``output_hidden_states`` false or None:
@@ -55,7 +71,12 @@ _OUTPUTS = {
     "megatron": "CausalLMOutputWithCrossAttentions",
     "masked": "MaskedLMOutput",
     "seq2seq": "Seq2SeqLMOutput",
+    "sequence": "SequenceClassifierOutput",
+    "token": "TokenClassifierOutput",
 }
+
+#: the classification families (:mod:`epochal.accelerate.heads`)
+_CLASSIFIERS = ("sequence", "token")
 
 
 class EngineError(RuntimeError):
@@ -119,6 +140,17 @@ class MegatronEngine(nn.Module):
                 "accelerator.load_state(...) before running it"
             )
         batch, num_items, as_tuple = self._keywords(batch)
+        has_labels = isinstance(batch.get("labels"), torch.Tensor)
+        if self.adapter.family in _CLASSIFIERS:
+            if self.training and not has_labels:
+                raise EngineError(
+                    f"{type(self.trainer.source.model).__name__} in training mode needs labels "
+                    "in the batch (model(**batch) runs the train step); call model.eval() to "
+                    "get logits without labels"
+                )
+            if has_labels and self.adapter.family == "sequence":
+                kind = self.adapter.decide_problem_type(batch["labels"])
+                self.trainer.train_step_handler.problem_type = kind
         micro_batches = self.adapter.split(batch)
         if num_items is not None:
             # each micro-batch's token mean becomes its token sum / num_items; the step
@@ -130,7 +162,7 @@ class MegatronEngine(nn.Module):
         out = (
             self._train_step(micro_batches)
             if self.training
-            else self._eval_step(batch, micro_batches)
+            else self._eval_step(batch, micro_batches, has_labels)
         )
         return out.to_tuple() if as_tuple else out
 
@@ -166,8 +198,9 @@ class MegatronEngine(nn.Module):
         family = self.adapter.family
         if family not in ("causal", "megatron"):
             raise EngineError(
-                f"num_items_in_batch: {type(self.trainer.source.model).__name__}'s transformers "
-                "loss is the token mean and does not use it; leave it out"
+                f"num_items_in_batch: {type(self.trainer.source.model).__name__} trains on the "
+                "mean loss of each batch here (epochal honours num_items_in_batch for causal "
+                "language models only); leave it out"
             )
         trainer = self.trainer
         custom = (trainer.step_class, trainer.custom_loss_func, trainer.custom_get_batch)
@@ -190,30 +223,67 @@ class MegatronEngine(nn.Module):
         if self.on_step is not None:
             self.on_step(trainer.step, metrics)
         loss = torch.tensor(float(metrics["loss"]), device=trainer.device)
+        if LOSS_SCALE_KEY in micro_batches[0]:
+            # num_items_in_batch: each process returns its share of the step's loss, so
+            # the sum over processes is the loss (what transformers' loss gives under DDP)
+            loss = loss / trainer.dims.world_size
         return _output(self.adapter.family, loss=loss)
 
     @torch.no_grad()
-    def _eval_step(self, batch: dict[str, Any], split: list[dict[str, torch.Tensor]]) -> Any:
+    def _eval_step(
+        self, batch: dict[str, Any], split: list[dict[str, torch.Tensor]], has_labels: bool = True
+    ) -> Any:
         trainer = self.trainer
         micro_batches = [trainer.step_batch(mb) for mb in split]
         kept: list[torch.Tensor] = []
-        vocab = trainer.model_config.vocab_size
+        classifier = self.adapter.family in _CLASSIFIERS
+        vocab = None if classifier else trainer.model_config.vocab_size
 
         def keep(mb: dict[str, torch.Tensor], logits: torch.Tensor) -> None:
-            kept.append(logits[..., :vocab])
+            kept.append(logits if vocab is None else logits[..., :vocab])
 
         loss = trainer.engine.eval_loss(
             micro_batches,
             num_microbatches=len(micro_batches),
             step=trainer.train_step_handler,
-            on_logits=keep if self.return_logits else None,
+            on_logits=keep if self.return_logits or classifier else None,
         )
         trainer.engine.reduce_logged()  # every rank takes part in the logged values' reduction
         logits = None
-        if self.return_logits and kept:
+        if classifier:
+            logits = self._classifier_logits(batch, kept)
+        elif self.return_logits and kept:
             length = self._length(batch)
             logits = torch.cat([x[:, :length] for x in kept])
-        return _output(self.adapter.family, loss=loss.float(), logits=logits)
+        return _output(
+            self.adapter.family, loss=loss.float() if has_labels else None, logits=logits
+        )
+
+    def _classifier_logits(self, batch: dict[str, Any], kept: list[torch.Tensor]) -> torch.Tensor:
+        """A classifier's logits of this rank's rows, on every pipeline stage (a collective).
+
+        ``[rows, num_labels]`` (sequence) or ``[rows, s, num_labels]`` (token, the batch's
+        length): the last stage computed them and sends them to the other stages, so the
+        script's metrics run on every rank, as with transformers.
+        """
+        trainer = self.trainer
+        engine = trainer.engine
+        rows = int(batch["input_ids"].shape[0])
+        n = int(trainer.model_config.num_labels)
+        length = int(batch["input_ids"].shape[1])
+        shape = (rows, n) if self.adapter.family == "sequence" else (rows, length, n)
+        if kept:
+            logits = torch.cat(kept).float()
+            if logits.dim() == 3:
+                logits = logits[:, :length]
+            logits = logits.to(trainer.device).contiguous()
+        else:
+            logits = torch.empty(shape, dtype=torch.float32, device=trainer.device)
+        if engine.dims.pp > 1:
+            import torch.distributed as dist
+
+            dist.broadcast(logits, group=engine.pp_group, group_src=engine.dims.pp - 1)
+        return logits
 
     def _length(self, batch: dict[str, Any]) -> int:
         if self.adapter.family == "megatron":

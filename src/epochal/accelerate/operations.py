@@ -34,8 +34,10 @@ def _world() -> int:
     return dist.get_world_size() if dist.is_initialized() else 1
 
 
-def gather(data: Any, device: torch.device) -> Any:
+def gather(data: Any, device: torch.device, ranks: list[int] | None = None) -> Any:
     """Every process's tensors concatenated along dim 0, by rank (see the module docstring).
+
+    ``ranks``: keep only those processes' parts (all processes still take part).
 
     Raises:
         ValueError: the processes' tensors differ beyond dim 0 (pad them first:
@@ -59,7 +61,12 @@ def gather(data: Any, device: torch.device) -> Any:
         padded[: t.shape[0]] = t
         parts = [torch.empty_like(padded) for _ in range(_world())]
         dist.all_gather(parts, padded)
-        return torch.cat([p[: int(s[0])] for p, s in zip(parts, shapes)])
+        kept = [
+            p[: int(s[0])]
+            for rank, (p, s) in enumerate(zip(parts, shapes))
+            if ranks is None or rank in ranks
+        ]
+        return torch.cat(kept)
 
     return _apply(one, data)
 

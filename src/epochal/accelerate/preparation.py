@@ -126,6 +126,20 @@ def _check_same_weights(acc: Any, model: torch.nn.Module) -> None:
         )
 
 
+def _classifier_options(source: Any) -> dict[str, Any] | None:
+    """The batch adapter's options of a classification model (None for a language model)."""
+    if source.layout is None:
+        return None
+    hf = source.hf_config
+    pad = getattr(hf, "pad_token_id", None)
+    return {
+        "pooling": source.layout.pooling,
+        "causal": source.config.type == "gpt",
+        "pad_token_id": None if pad is None else int(pad),
+        "hf_config": hf,
+    }
+
+
 def prepare_objects(acc: Any, args: tuple[Any, ...]) -> tuple[Any, ...]:
     """Prepare ``args`` for ``acc`` (see the module docstring); same order as given."""
     done: Prepared = acc._prepared
@@ -288,6 +302,7 @@ def _build_engine(
         multiple_of=multiple,
         decoder_start_token_id=int(getattr(hf, "decoder_start_token_id", None) or 0),
         pad_token_id=int(getattr(hf, "pad_token_id", None) or 0),
+        classifier=_classifier_options(source),
     )
     rounded = -(-enc // multiple) * multiple
     shape = RunShape(

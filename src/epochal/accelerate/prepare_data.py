@@ -104,15 +104,30 @@ def _pad_dim1(tensor: torch.Tensor, length: int, value: int, key: str) -> torch.
     return torch.cat([tensor, pad], dim=1)
 
 
-def concat_micro_batches(parts: list[Mapping[str, Any]]) -> dict[str, Any]:
+def _same_kind(like: Mapping[str, Any], data: dict[str, Any]) -> Any:
+    """``data`` as the collate_fn's mapping type (transformers' ``BatchEncoding`` keeps ``.to``)."""
+    kind = type(like)
+    if kind is dict:
+        return data
+    try:
+        return kind(data)
+    except (TypeError, ValueError):  # a mapping type not built from a dict: a plain dict
+        return data
+
+
+def concat_micro_batches(parts: list[Mapping[str, Any]]) -> Any:
     """One batch from collated micro-batches: tensors padded on dim 1 and concatenated on dim 0.
+
+    The batch is of the collate_fn's mapping type where it can be built from a dict
+    (a ``BatchEncoding`` from ``tokenizer.pad`` stays one, so ``batch.to(device)``
+    works as with Accelerate's loaders), else a ``dict``.
 
     Raises:
         DataLoaderError: a key missing in some micro-batch, or lengths that differ for
             a key without a known padding value.
     """
     if len(parts) == 1:
-        return dict(parts[0])
+        return _same_kind(parts[0], dict(parts[0]))
     out: dict[str, Any] = {}
     for key in parts[0]:
         values = [p.get(key) for p in parts]
@@ -133,7 +148,7 @@ def concat_micro_batches(parts: list[Mapping[str, Any]]) -> dict[str, Any]:
             out[key] = [x for v in values for x in v]
         else:
             out[key] = values[0]
-    return out
+    return _same_kind(parts[0], out)
 
 
 @contextlib.contextmanager

@@ -2,7 +2,8 @@
 
 :func:`convert_hf_model` reads a ``GPT2LMHeadModel``, ``LlamaForCausalLM``,
 ``BertForMaskedLM`` / ``BertForPreTraining`` (``megatron-bert`` too),
-``EsmForMaskedLM`` or ``T5ForConditionalGeneration`` in memory through epochal's
+``EsmForMaskedLM`` or ``T5ForConditionalGeneration`` (or a sequence / token
+classifier of BERT, GPT-2, Llama or ESM: :mod:`epochal.accelerate.heads`) in memory through epochal's
 Hugging Face converters (:data:`epochal.convert.hf.io.IMPORTERS`): the same
 weights, random or pretrained, under epochal's names (vocabulary padded with zero
 rows). A model built under ``init_empty_weights`` (parameters on the meta device)
@@ -31,6 +32,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from epochal.accelerate.heads import HEAD_FAMILIES, HeadLayout, head_layout
 from epochal.convert.common import ConversionError
 from epochal.convert.hf.io import EXPORTERS, IMPORTERS
 from epochal.model.config import ModelConfig
@@ -65,11 +67,14 @@ class HFSource:
     Attributes:
         model: the user's ``transformers`` model (kept; :meth:`write_back` fills it).
         architecture: its ``config.model_type`` (a key of ``IMPORTERS``).
-        family: ``"causal"``, ``"masked"`` or ``"seq2seq"``.
+        family: ``"causal"``, ``"masked"``, ``"seq2seq"``, ``"sequence"`` or ``"token"``.
         config: epochal's model configuration.
         state: epochal's full state dict (CPU), or None for a model without weights.
         placeholders: names the exporter fills without epochal weights (left alone on
             write-back, e.g. ESM's contact head).
+        layout: a classification model's head (:mod:`epochal.accelerate.heads`), or None.
+        lm_config: the body's language-model configuration (classification models: what
+            the converters read and write; else ``config``).
     """
 
     model: nn.Module
@@ -78,6 +83,22 @@ class HFSource:
     config: ModelConfig
     state: dict[str, torch.Tensor] | None
     placeholders: frozenset[str]
+    layout: HeadLayout | None = None
+    lm_config: ModelConfig | None = None
+
+    def import_state(
+        self, hf_state: Mapping[str, torch.Tensor], source: str
+    ) -> dict[str, torch.Tensor]:
+        """epochal's full state of the Hugging Face ``hf_state`` (any tensor type)."""
+        if self.layout is not None:
+            return self.layout.import_state(hf_state, self.lm_config or self.config, source)
+        return IMPORTERS[self.architecture][1](dict(hf_state), self.config, source)
+
+    def export_state(self, state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Hugging Face names and tensors of epochal's full ``state`` (placeholders included)."""
+        if self.layout is not None:
+            return self.layout.export_state(state, self.lm_config or self.config)
+        return EXPORTERS[self.architecture][1](dict(state), self.config)
 
     @property
     def vocab_size(self) -> int:
@@ -91,7 +112,7 @@ class HFSource:
 
     def hf_state(self, state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Hugging Face names and tensors of epochal's full ``state`` (placeholders left out)."""
-        out = EXPORTERS[self.architecture][1](dict(state), self.config)
+        out = self.export_state(state)
         return {k: v for k, v in out.items() if k not in self.placeholders}
 
     @torch.no_grad()
@@ -118,14 +139,16 @@ class HFSource:
 
 def _family(model: nn.Module) -> str:
     name = type(model).__name__
-    for endings, family in FAMILIES:
+    for endings, family in (*FAMILIES, *HEAD_FAMILIES):
         if name.endswith(endings):
             return family
     raise ModelPrepareError(
         f"prepare() got a {name}; epochal trains transformers language models with their head: "
         "GPT2LMHeadModel, LlamaForCausalLM, BertForMaskedLM / BertForPreTraining, "
         "EsmForMaskedLM, T5ForConditionalGeneration (AutoModelForCausalLM / "
-        "AutoModelForMaskedLM / AutoModelForSeq2SeqLM)"
+        "AutoModelForMaskedLM / AutoModelForSeq2SeqLM), and the sequence and token "
+        "classification models of BERT, GPT-2, Llama and ESM "
+        "(AutoModelForSequenceClassification / AutoModelForTokenClassification)"
     )
 
 
@@ -157,16 +180,24 @@ def convert_hf_model(
     family = _family(model)
     hf_config = config_obj.to_dict()
     architecture = hf_config.get("model_type")
+    if family in ("sequence", "token"):
+        try:
+            head_layout(model, family, architecture)
+        except ValueError as exc:
+            raise ModelPrepareError(str(exc)) from None
     if architecture not in IMPORTERS:
         raise ModelPrepareError(
             f"prepare() got a {type(model).__name__} (model_type={architecture!r}); epochal "
             f"converts {sorted(IMPORTERS)}"
         )
-    read_config, read_state = IMPORTERS[architecture]
+    read_config = IMPORTERS[architecture][0]
     hf_state = model.state_dict()
     has_weights = not any(t.is_meta for t in hf_state.values())
     source = f"{type(model).__name__} given to prepare()"
+    layout = None
     try:
+        if family in ("sequence", "token"):
+            layout = head_layout(model, family, architecture)
         # the config readers look at the weights only for their presence and shapes
         config = read_config(
             hf_config,
@@ -183,16 +214,22 @@ def convert_hf_model(
         }
         if changes:
             config = dataclasses.replace(config, **changes)
+        lm_config = config
+        if layout is not None:
+            config = layout.model_config(lm_config, int(config_obj.num_labels))
+        convert = HFSource(
+            model, architecture, family, config, None, frozenset(), layout, lm_config
+        )
         state = (
-            read_state({k: v.detach().cpu() for k, v in hf_state.items()}, config, source)
+            convert.import_state({k: v.detach().cpu() for k, v in hf_state.items()}, source)
             if has_weights
             else None
         )
-        exported = EXPORTERS[architecture][1](_meta_like(_state_shapes(config)), config)
+        exported = convert.export_state(_meta_like(_state_shapes(config)))
     except (ConversionError, ValueError) as exc:
         raise ModelPrepareError(f"{source}: {exc}") from exc
     placeholders = frozenset(k for k, v in exported.items() if not v.is_meta)
-    return HFSource(model, architecture, family, config, state, placeholders)
+    return dataclasses.replace(convert, state=state, placeholders=placeholders)
 
 
 def _state_shapes(config: ModelConfig) -> dict[str, torch.Tensor]:
@@ -263,7 +300,7 @@ def parameter_roles(source: HFSource, optimizer: torch.optim.Optimizer | None) -
     for name, tensor in source.model.state_dict().items():
         value = mark(names[name]) if name in names else _NOT_A_PARAMETER
         markers[name] = torch.full(tuple(tensor.shape), value, dtype=torch.uint8)
-    marked = IMPORTERS[source.architecture][1](markers, source.config, "optimizer groups")
+    marked = source.import_state(markers, "optimizer groups")
     out: dict[str, int] = {}
     frozen: set[str] = set()
     for name, tensor in marked.items():
@@ -296,7 +333,7 @@ def _hf_sources(source: HFSource, name: str) -> list[str]:
         k: torch.full(tuple(v.shape), i + 1, dtype=torch.int32)
         for i, (k, v) in enumerate(state.items())
     }
-    marked = IMPORTERS[source.architecture][1](markers, source.config, "optimizer groups")
+    marked = source.import_state(markers, "optimizer groups")
     return [keys[int(v) - 1] for v in torch.unique(marked[name]).tolist() if v > 0]
 
 

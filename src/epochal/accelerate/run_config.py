@@ -154,6 +154,8 @@ def build_train_config(
         else {"lr": 0.0, "clip_grad": float(plugin.gradient_clipping)}
     )
     parallel = plugin.parallel_options()
+    if model_config.head != "mlm":  # a classifier's few logits: no vocabulary to shard
+        parallel["loss_parallel"] = False
     chunks = plugin.virtual_pipeline(model_config.num_layers)
     if chunks > 1:
         parallel.update(virtual_pipeline=chunks, pipeline_schedule="interleaved_1f1b")

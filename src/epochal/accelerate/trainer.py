@@ -170,7 +170,7 @@ class AccelerateTrainer(ParallelTrainer):
             for part in parts:
                 copy_full_state(part, self.source.state)
         engine = self.engine
-        if engine.has_last_stage:
+        if engine.has_last_stage and self.model_config.head == "mlm":
             last = parts[engine.stage_ids.index(engine.dims.num_stages - 1)]
             cfg = self.model_config
             mask_padded_vocab(last, cfg.vocab_size, cfg.padded_vocab_size, engine.tp_rank)

@@ -84,9 +84,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("output options")
     group.add_argument(
         "--hf-architecture",
-        choices=("gpt2", "llama", "bert", "megatron-bert", "esm", "t5", "mt5"),
+        choices=(
+            "gpt2",
+            "llama",
+            "qwen2",
+            "qwen3",
+            "mistral",
+            "bert",
+            "megatron-bert",
+            "esm",
+            "t5",
+            "mt5",
+        ),
         default=None,
-        help="HF output class (default: GPT -> gpt2 for learned positions, llama for RoPE; "
+        help="HF output class (default: GPT -> gpt2 for learned positions; with RoPE qwen3 "
+        "for QK-norm, qwen2 for biases on q/k/v only, mistral for a sliding window, else llama; "
         "BERT -> bert (post-LN) or megatron-bert (pre-LN); ESM -> esm; T5 -> t5 (or mt5))",
     )
     group.add_argument(

@@ -142,7 +142,8 @@ def run(args: argparse.Namespace) -> int:
         overrides = _split_overrides(args, getattr(args, "_unknown", []))
         if getattr(args, "list_options", None) is not None:
             return _list_options(args, overrides)
-        # A fine-tuning head with checkpoint.init_from: the encoder's shape comes from the checkpoint.
+        # A fine-tuning head with checkpoint.init_from, or init_from a Hugging Face folder:
+        # the model's shape comes from the checkpoint.
         encoder = finetune_overrides(args.config, overrides)
         preset = args.preset or (None if args.config or encoder else "tiny")
         config = build_config(

@@ -73,6 +73,10 @@ FRACTION: Kind = ("a number in (0, 1]", lambda v: _is_real(v) and 0 < v <= 1)
 BOOL: Kind = ("true or false", lambda v: isinstance(v, bool))
 STR: Kind = ("a string", lambda v: isinstance(v, str))
 MAPPING: Kind = ("a mapping", lambda v: isinstance(v, Mapping))
+STR_LIST: Kind = (
+    "a list of strings",
+    lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v),
+)
 TOKEN_IDS: Kind = (
     "an integer >= 0 or a list of them",
     lambda v: (
@@ -108,6 +112,28 @@ _HF_ENCODER: dict[str, tuple[Kind, bool]] = {
     "position_embedding_type": (STR, False),
 }
 
+#: the fields Llama-shaped decoders (Llama, Qwen2, Qwen3, Mistral) share.
+_HF_DECODER: dict[str, tuple[Kind, bool]] = {
+    **_HF_COMMON,
+    "hidden_size": (POS_INT, True),
+    "num_hidden_layers": (POS_INT, True),
+    "num_attention_heads": (POS_INT, True),
+    "num_key_value_heads": (POS_INT, False),
+    "head_dim": (POS_INT, False),
+    "intermediate_size": (POS_INT, True),
+    "max_position_embeddings": (POS_INT, False),
+    "rms_norm_eps": (POS_FLOAT, False),
+    "rope_theta": (POS_FLOAT, False),
+    "attention_dropout": (PROB, False),
+    "hidden_act": (STR, False),
+}
+#: sliding-window fields (Mistral: ``sliding_window``; Qwen2/3 also the per-layer keys).
+_HF_WINDOW: dict[str, tuple[Kind, bool]] = {
+    "sliding_window": (POS_INT, False),
+    "max_window_layers": (NONNEG_INT, False),
+    "layer_types": (STR_LIST, False),
+}
+
 #: Hugging Face ``model_type`` -> the ``config.json`` fields its reader uses.
 HF_SCHEMAS: dict[str, Schema] = {
     "gpt2": {
@@ -138,6 +164,14 @@ HF_SCHEMAS: dict[str, Schema] = {
         "mlp_bias": (BOOL, False),
         "pretraining_tp": (POS_INT, False),
     },
+    "qwen2": {**_HF_DECODER, "use_sliding_window": (BOOL, False), **_HF_WINDOW},
+    "qwen3": {
+        **_HF_DECODER,
+        "attention_bias": (BOOL, False),
+        "use_sliding_window": (BOOL, False),
+        **_HF_WINDOW,
+    },
+    "mistral": {**_HF_DECODER, **_HF_WINDOW},
     "bert": _HF_ENCODER,
     "megatron-bert": _HF_ENCODER,
     "esm": {**_HF_ENCODER, "token_dropout": (BOOL, False), "rope_theta": (POS_FLOAT, False)},

@@ -116,7 +116,20 @@ class ModelConfig(ModelConfigChecks):
             layout as SwiGLU).
         add_bias_linear: biases on every linear layer except the output head.
         add_qkv_bias: biases on the q/k/v projections. ``None`` = follow
-            ``add_bias_linear`` (Megatron's ``--add-qkv-bias`` sets it alone).
+            ``add_bias_linear`` (Megatron's ``--add-qkv-bias`` sets it alone;
+            Qwen2 / Qwen2.5: ``add_qkv_bias=True`` with ``add_bias_linear=False``).
+        qk_layernorm: GPT only: normalize each head's query and key over its
+            ``head_dim`` channels before the rotary embedding, with the norm
+            ``normalization`` names (weights ``attention.q_layernorm.weight`` /
+            ``attention.k_layernorm.weight`` of ``[head_dim]``, shared by every head;
+            epsilon ``norm_epsilon``). Megatron-Core's ``--qk-layernorm``; Qwen3's
+            ``q_norm`` / ``k_norm``.
+        sliding_window: GPT only: sliding-window causal attention: each query
+            attends to itself and the ``sliding_window - 1`` tokens before it
+            (Hugging Face Mistral's / Qwen2's ``sliding_window``; Megatron-Core's
+            ``window_size=(sliding_window - 1, 0)``), in every layer. ``None``
+            (default) = full causal attention. >= 1; a sequence no longer than the
+            window attends exactly as without one.
         untie_embeddings_and_output_weights: ``False`` (default, GPT-2) shares
             the input embedding matrix with the output head.
         hidden_dropout: dropout probability after the embeddings and after the
@@ -147,13 +160,21 @@ class ModelConfig(ModelConfigChecks):
             (:mod:`epochal.model.heads`): ``"sequence_regression"`` /
             ``"sequence_classification"`` (mean of the last hidden states over the
             residues, then BioNeMo's MLP ``hidden -> head_hidden_size -> num_labels``)
-            or ``"residue_classification"`` (per token, ``residue_head``).
+            or ``"residue_classification"`` (per token, ``residue_head``); or, for
+            encoders and GPT models, a Hugging Face classifier head
+            (:class:`~epochal.model.heads.ClassifierHead`): ``"pooled_classifier"`` (one
+            position per sequence, ``*ForSequenceClassification``) or ``"token_classifier"``
+            (every position, ``*ForTokenClassification``).
         num_labels: fine-tuning heads: regression targets or classes (>= 1; >= 2 to classify).
         head_hidden_size: the head's hidden width; ``None`` = BioNeMo's (256 for the
             sequence MLP, 32 channels for the residue convolution).
         head_dropout: the head's dropout in [0, 1) (BioNeMo: 0.25).
         residue_head: ``"conv"`` (BioNeMo's ``MegatronConvNetHead``: two 7-wide
             convolutions along the sequence) or ``"linear"``.
+        head_transform: classifier heads: ``"none"`` (dropout, then the classifier
+            ``Linear(hidden, num_labels)``), ``"pooler"`` (BERT's ``tanh(dense)``, dropout,
+            classifier) or ``"dense_tanh"`` (ESM's: dropout, ``tanh(dense)``, dropout, classifier).
+        head_bias: classifier heads: the classifier has a bias (GPT-2 / Llama's ``score``: none).
         freeze_encoder: fine-tuning heads: only the head (and LoRA adapters) train.
         lora_rank: LoRA adapters of this rank on ``lora_target_modules`` (0 = none;
             the encoder is then frozen: only adapters and head train).
@@ -202,6 +223,8 @@ class ModelConfig(ModelConfigChecks):
     activation: Literal["gelu", "gelu_tanh", "swiglu", "relu", "gated_gelu"] = "gelu"
     add_bias_linear: bool = True
     add_qkv_bias: bool | None = None
+    qk_layernorm: bool = False
+    sliding_window: int | None = None
     untie_embeddings_and_output_weights: bool = False
     hidden_dropout: float = 0.1
     attention_dropout: float = 0.1
@@ -214,12 +237,19 @@ class ModelConfig(ModelConfigChecks):
     mask_token_id: int | None = None
     pad_token_id: int | None = None
     head: Literal[
-        "mlm", "sequence_regression", "sequence_classification", "residue_classification"
+        "mlm",
+        "sequence_regression",
+        "sequence_classification",
+        "residue_classification",
+        "pooled_classifier",
+        "token_classifier",
     ] = "mlm"
     num_labels: int = 1
     head_hidden_size: int | None = None
     head_dropout: float = 0.25
     residue_head: Literal["conv", "linear"] = "conv"
+    head_transform: Literal["none", "pooler", "dense_tanh"] = "none"
+    head_bias: bool = True
     freeze_encoder: bool = False
     lora_rank: int = 0
     lora_alpha: float = 16.0

@@ -12,7 +12,7 @@ import dataclasses
 import math
 from typing import Any
 
-from epochal.model.head_options import HEAD_FIELDS, validate_head
+from epochal.model.head_options import CLASSIFIER_HEADS, HEAD_FIELDS, validate_head
 
 POSITION_EMBEDDING_TYPES = ("learned_absolute", "rope", "alibi", "none", "relative")
 NORMALIZATIONS = ("LayerNorm", "RMSNorm")
@@ -176,7 +176,28 @@ class ModelConfigChecks:
             "add_qkv_bias",
             f"must be true, false or None, got {self.add_qkv_bias!r}",
         )
+        self._validate_attention_variants()
         self._validate_model_type()
+
+    def _validate_attention_variants(self) -> None:
+        _require(
+            isinstance(self.qk_layernorm, bool),
+            "qk_layernorm",
+            f"must be true or false, got {self.qk_layernorm!r}",
+        )
+        w = self.sliding_window
+        _require(
+            w is None or (isinstance(w, int) and not isinstance(w, bool) and w >= 1),
+            "sliding_window",
+            f"must be None (full causal attention) or an integer >= 1 (tokens), got {w!r}",
+        )
+        for name, default in (("qk_layernorm", False), ("sliding_window", None)):
+            _require(
+                self.type == "gpt" or getattr(self, name) == default,
+                name,
+                f"is a GPT option (model.type='gpt'); model.type={self.type!r} must leave it "
+                f"at {default!r}, got {getattr(self, name)!r}",
+            )
 
     def _validate_model_type(self) -> None:
         _require(
@@ -234,7 +255,10 @@ class ModelConfigChecks:
             f"got model.type={self.type!r}",
         )
         if self.type == "gpt":
+            classifier = self.head in CLASSIFIER_HEADS
             for f in dataclasses.fields(self):
+                if classifier and f.name in HEAD_FIELDS:
+                    continue
                 if f.name in ENCODER_FIELDS and f.name != "type":
                     _require(
                         getattr(self, f.name) == f.default,
@@ -242,6 +266,8 @@ class ModelConfigChecks:
                         f"is an encoder option: set model.type='bert' or 'esm' (this config's "
                         f"is 'gpt'), or leave it at {f.default!r}; got {getattr(self, f.name)!r}",
                     )
+            if classifier:
+                validate_head(self, _require)
             return
         _require(
             self.position_embedding_type in ("learned_absolute", "rope"),

@@ -10,11 +10,16 @@ converters and the checkpoints use them)::
     layers.{i}.attention.wk.weight    [groups * head_dim, hidden]  (+ .bias if qkv_bias)
     layers.{i}.attention.wv.weight    [groups * head_dim, hidden]  (+ .bias if qkv_bias)
     layers.{i}.attention.wo.weight    [hidden, heads * head_dim]   (+ .bias if add_bias_linear)
+    layers.{i}.attention.q_layernorm.weight / .k_layernorm.weight
+                                      [head_dim]  (qk_layernorm only; + .bias with LayerNorm)
     layers.{i}.ffn_norm.weight        [hidden]   (+ .bias with LayerNorm)
     layers.{i}.mlp.fc1.weight / .fc2.weight          (gelu, gelu_tanh)
     layers.{i}.mlp.w1 / .w3 / .w2 (gate, up, down)   (swiglu)   (+ biases if add_bias_linear)
     norm.weight                       [hidden]   (+ .bias with LayerNorm)
     output.weight                     [padded_vocab, hidden]       nn.Linear, no bias
+    head.*                            a classifier head instead of ``output`` (``config.head``
+                                      ``"pooled_classifier"`` / ``"token_classifier"``,
+                                      :class:`~epochal.model.heads.ClassifierHead`; last stage)
 
 ``layers`` is an ``nn.ModuleDict`` keyed ``"0" .. "L-1"``; a pipeline stage deletes
 the keys it does not own (names stay global).
@@ -61,6 +66,7 @@ from torch import nn
 from epochal.model.base import TransformerModel
 from epochal.model.config import ModelConfig
 from epochal.model.generation.kv_cache import KVCache
+from epochal.model.heads import build_head
 from epochal.model.layers.block import TransformerBlock
 from epochal.model.layers.norms import build_norm
 
@@ -77,6 +83,8 @@ class GPTModel(TransformerModel):
     Raises:
         ValueError: ``config.type`` is not ``"gpt"``.
     """
+
+    LAST_STAGE_MODULES = ("norm", "output", "head")
 
     def __init__(self, config: ModelConfig, *, seed: int = 0) -> None:
         if config.type != "gpt":
@@ -96,7 +104,11 @@ class GPTModel(TransformerModel):
             {str(i): TransformerBlock(config, i) for i in range(config.num_layers)}
         )
         self.norm: nn.Module | None = build_norm(config)
-        self.output: nn.Linear | None = nn.Linear(h, config.padded_vocab_size, bias=False)
+        #: a classifier head (``config.head``, :class:`~epochal.model.heads.ClassifierHead`)
+        self.head: nn.Module | None = build_head(config)
+        self.output: nn.Linear | None = (
+            nn.Linear(h, config.padded_vocab_size, bias=False) if self.head is None else None
+        )
         self._register_rope()
         self.tie_weights()
 
@@ -108,6 +120,7 @@ class GPTModel(TransformerModel):
         attention_mask: torch.Tensor | None = None,
         kv_cache: KVCache | None = None,
         logits_to_keep: int | None = None,
+        residue_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Run the (stage of the) model.
 
@@ -127,10 +140,13 @@ class GPTModel(TransformerModel):
             logits_to_keep: if set, only the last ``logits_to_keep`` positions go
                 through the final norm and output head (the output then has
                 that many positions); ignored on stages without ``output``.
+            residue_mask: a classifier head's positions ``[b, s]`` (``"pooled_classifier"``:
+                1 at the one position each sequence is classified by); default every position.
 
         Returns:
             Logits ``[b, s, padded_vocab_size]`` (dtype of the output layer, e.g.
-            bf16 under autocast) when ``output`` is present, else hidden states
+            bf16 under autocast) when ``output`` is present; a classifier head's logits
+            (``[b, num_labels]`` or ``[b, s, num_labels]``); else hidden states
             ``[b, s, hidden]``.
 
         Raises:
@@ -166,6 +182,10 @@ class GPTModel(TransformerModel):
             h = h[:, -logits_to_keep:]
         if self.norm is not None:
             h = self.norm(h)
+        if self.head is not None:
+            return self.head(
+                h, torch.ones_like(h[..., 0]) if residue_mask is None else residue_mask
+            )
         if self.output is not None:
             h = self.output(h)
         return h

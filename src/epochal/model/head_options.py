@@ -6,10 +6,29 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["HEADS", "HEAD_FIELDS", "LORA_TARGETS", "validate_head"]
+__all__ = [
+    "CLASSIFIER_HEADS",
+    "HEADS",
+    "HEAD_FIELDS",
+    "HEAD_TRANSFORMS",
+    "LORA_TARGETS",
+    "validate_head",
+]
 
 #: Encoder heads: the masked-LM head (pretraining) or a fine-tuning head (:mod:`epochal.model.heads`).
-HEADS = ("mlm", "sequence_regression", "sequence_classification", "residue_classification")
+HEADS = (
+    "mlm",
+    "sequence_regression",
+    "sequence_classification",
+    "residue_classification",
+    "pooled_classifier",
+    "token_classifier",
+)
+#: Hugging Face's classification heads (:class:`epochal.model.heads.ClassifierHead`); GPT models
+#: take them too.
+CLASSIFIER_HEADS = ("pooled_classifier", "token_classifier")
+#: ``head_transform`` values: what a classifier head does before its last linear layer.
+HEAD_TRANSFORMS = ("none", "pooler", "dense_tanh")
 #: Projections LoRA adapters may wrap (:mod:`epochal.model.lora`).
 LORA_TARGETS = ("wq", "wk", "wv", "wo", "fc1", "fc2")
 #: Encoder fields of the fine-tuning heads and LoRA (:mod:`epochal.model.heads`).
@@ -19,6 +38,8 @@ HEAD_FIELDS = (
     "head_hidden_size",
     "head_dropout",
     "residue_head",
+    "head_transform",
+    "head_bias",
     "freeze_encoder",
     "lora_rank",
     "lora_alpha",
@@ -50,6 +71,28 @@ def validate_head(self: Any, _require: Callable[[bool, str, str], None]) -> None
         "residue_head",
         f"must be 'conv' or 'linear', got {self.residue_head!r}",
     )
+    _require(
+        self.head_transform in HEAD_TRANSFORMS,
+        "head_transform",
+        f"must be one of {HEAD_TRANSFORMS}, got {self.head_transform!r}",
+    )
+    _require(isinstance(self.head_bias, bool), "head_bias", "must be true or false")
+    if self.head not in CLASSIFIER_HEADS:
+        for name, default in (("head_transform", "none"), ("head_bias", True)):
+            _require(
+                getattr(self, name) == default,
+                name,
+                f"is an option of the classifier heads {CLASSIFIER_HEADS}, not head={self.head!r}",
+            )
+    if self.type == "gpt":
+        _require(
+            self.head in ("mlm", *CLASSIFIER_HEADS),
+            "head",
+            f"a GPT model takes head='mlm' (its language-model output) or one of "
+            f"{CLASSIFIER_HEADS}, got {self.head!r}",
+        )
+        for name in ("freeze_encoder", "lora_rank"):
+            _require(not getattr(self, name), name, "is an encoder option (model.type 'bert')")
     _require(self.lora_rank >= 0, "lora_rank", f"must be >= 0, got {self.lora_rank!r}")
     _require(_is_real(self.lora_alpha) and self.lora_alpha > 0, "lora_alpha", "must be > 0")
     targets = self.lora_targets

@@ -35,7 +35,13 @@ from torch import nn
 from epochal.model.config import ModelConfig
 from epochal.model.layers.packing import PackedSequences
 
-__all__ = ["ResidueHead", "SequenceHead", "build_head", "mean_over_residues"]
+__all__ = [
+    "ClassifierHead",
+    "ResidueHead",
+    "SequenceHead",
+    "build_head",
+    "mean_over_residues",
+]
 
 #: BioNeMo's widths: the sequence MLP's hidden layer and the convolution's channels.
 SEQUENCE_HIDDEN = 256
@@ -130,10 +136,58 @@ class ResidueHead(nn.Module):
         return self.conv2(x).squeeze(-1).permute(0, 2, 1)
 
 
+class ClassifierHead(nn.Module):
+    """Hugging Face's classification heads: ``*ForSequenceClassification`` / ``*ForTokenClassification``.
+
+    ``head="pooled_classifier"`` picks one position per sequence: the hidden states
+    averaged over ``residue_mask`` ``[b, s]``, which the caller sets at that one
+    position (BERT / ESM: the first token; GPT-2 / Llama: the last non-padding
+    token), so the average is that position's hidden state exactly; output
+    ``[b, num_labels]``. ``head="token_classifier"`` classifies every position:
+    ``[b, s, num_labels]``. Before the classifier ``out`` (``Linear(hidden,
+    num_labels)``, bias per ``head_bias``), ``head_transform`` does what the
+    transformers class does:
+
+    - ``"none"``: ``out(dropout(x))`` (BERT / GPT-2 / ESM token classification; GPT-2 /
+      Llama sequence classification with ``head_dropout=0``);
+    - ``"pooler"``: ``out(dropout(tanh(dense(x))))`` (BERT's pooler, then its classifier);
+    - ``"dense_tanh"``: ``out(dropout(tanh(dense(dropout(x)))))`` (ESM's classification head).
+
+    Parameters: ``dense.*`` ``[hidden, hidden]`` (with a transform), ``out.*``.
+    """
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        h = config.hidden_size
+        self.pooled = config.head == "pooled_classifier"
+        self.transform = config.head_transform
+        self.dropout = nn.Dropout(config.head_dropout)
+        self.dense = nn.Linear(h, h) if self.transform != "none" else None
+        self.out = nn.Linear(h, config.num_labels, bias=config.head_bias)
+
+    def forward(
+        self,
+        hidden: torch.Tensor,
+        residue_mask: torch.Tensor,
+        cu_seqlens: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Logits ``[b, num_labels]`` (pooled) or ``[b, s, num_labels]`` of ``hidden`` ``[b, s, h]``."""
+        x = mean_over_residues(hidden, residue_mask, cu_seqlens) if self.pooled else hidden
+        if self.transform == "pooler":
+            x = self.dropout(torch.tanh(self.dense(x)))
+        elif self.transform == "dense_tanh":
+            x = self.dropout(torch.tanh(self.dense(self.dropout(x))))
+        else:
+            x = self.dropout(x)
+        return self.out(x)
+
+
 def build_head(config: ModelConfig) -> nn.Module | None:
     """The fine-tuning head ``config.head`` names, or None for the masked-LM head."""
     if config.head == "mlm":
         return None
+    if config.head in ("pooled_classifier", "token_classifier"):
+        return ClassifierHead(config)
     if config.head == "residue_classification":
         return ResidueHead(config)
     return SequenceHead(config)

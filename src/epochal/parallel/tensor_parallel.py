@@ -14,6 +14,9 @@ module                                 without sequence parallel   with sequence
 ``attention.wq``                       column-parallel             all-gather (seq) + column-parallel
 ``attention.wk``/``wv``                column-parallel, or         same
                                        replicated (see below)
+``attention.q_layernorm``/             replicated weight, each     same
+``k_layernorm`` (QK-norm)              rank's heads; gradient
+                                       summed over the group
 ``attention.wo``                       row-parallel, all-reduce    row-parallel, reduce-scatter (seq)
 ``mlp.fc1``/``w1``/``w3``              column-parallel             all-gather (seq) + column-parallel
 ``mlp.fc2``/``w2``                     row-parallel, all-reduce    row-parallel, reduce-scatter (seq)
@@ -37,6 +40,15 @@ group). Their gradients are made correct by declaring the kept output's
 gradient ``Partial`` (each rank back-propagates only its heads' share), so
 DTensor sums the shares over the tensor-parallel group, as Megatron does for
 sequence-parallel norm weights. ALiBi slopes are sliced to the local heads.
+
+QK-norm (``qk_layernorm``): the ``[head_dim]`` norm weights are ``Replicate``
+DTensors and each rank's query/key heads enter as a shard of the head dimension
+(torch's ``SequenceParallel`` style on dimension 2 of ``[b, s, heads, head_dim]``),
+so every rank normalizes its own heads and DTensor sums the weight gradients over
+the tensor-parallel group. With replicated key/value projections, ranks that share
+a group each normalize the same keys and contribute their own heads' share of the
+gradient, which the same sum completes. A sliding window needs nothing here: it
+masks keys along the sequence, which tensor parallelism does not split inside attention.
 
 Output head: with ``loss_parallel`` the logits stay sharded over the vocabulary
 (``[b, s, V/tp]`` local tensors) for
@@ -211,6 +223,11 @@ def _block_plan(
     else:
         plan["attention.wk"] = ColwiseParallel()
         plan["attention.wv"] = ColwiseParallel()
+    if config.qk_layernorm:
+        # each rank normalizes its own heads ([b, s, heads/tp, head_dim], "sharded" on dim 2)
+        # with the whole [head_dim] weight; its gradient is summed over the group
+        plan["attention.q_layernorm"] = SequenceParallel(sequence_dim=2, use_local_output=True)
+        plan["attention.k_layernorm"] = SequenceParallel(sequence_dim=2, use_local_output=True)
     plan["attention.wo"] = RowwiseParallel(output_layouts=row_out)
     if cross:  # a decoder block's cross-attention (T5): sharded by heads like the self-attention
         if sequence_parallel:
@@ -253,6 +270,13 @@ def _gpt_top_plan(
         top["output"] = ColwiseParallel(
             input_layouts=seq if sequence_parallel else Replicate(),
             output_layouts=Shard(-1) if loss_parallel else Replicate(),
+            use_local_output=True,
+        )
+    if sequence_parallel and getattr(model, "head", None) is not None:
+        # a classifier head (replicated) reads its pooled position / every position whole
+        top["head"] = PrepareModuleInput(
+            input_layouts=(seq, None),
+            desired_input_layouts=(Replicate(), None),
             use_local_output=True,
         )
     return top

@@ -7,11 +7,12 @@ requested dtype), written into a temporary folder that is renamed into place
 when complete. ``transformers`` is not needed for either.
 
 The architecture is chosen by ``config.json``'s ``model_type`` on import
-(:data:`IMPORTERS`: ``gpt2``, ``llama``, ``bert``, ``megatron-bert``, ``esm``, ``t5``,
-``mt5``) and on
+(:data:`IMPORTERS`: ``gpt2``, ``llama``, ``qwen2``, ``qwen3``, ``mistral``, ``bert``,
+``megatron-bert``, ``esm``, ``t5``, ``mt5``) and on
 export by the model (:func:`hf_architecture_for`; or named explicitly): a GPT with
-learned absolute positions -> ``GPT2LMHeadModel``, with RoPE ->
-``LlamaForCausalLM``; a BERT -> ``BertForMaskedLM`` / ``BertForPreTraining``
+learned absolute positions -> ``GPT2LMHeadModel``, with RoPE -> ``Qwen3ForCausalLM``
+(QK-norm), ``Qwen2ForCausalLM`` (biases on q/k/v only), ``MistralForCausalLM``
+(a sliding window) or ``LlamaForCausalLM``; a BERT -> ``BertForMaskedLM`` / ``BertForPreTraining``
 (post-LN) or ``MegatronBertForMaskedLM`` / ``MegatronBertForPreTraining``
 (pre-LN); an ESM -> ``EsmForMaskedLM``; a T5 -> ``T5ForConditionalGeneration`` (or
 ``MT5ForConditionalGeneration`` when ``mt5`` is named).
@@ -43,6 +44,9 @@ from epochal.convert.hf import bert as hf_bert
 from epochal.convert.hf import esm as hf_esm
 from epochal.convert.hf import gpt2 as hf_gpt2
 from epochal.convert.hf import llama as hf_llama
+from epochal.convert.hf import mistral as hf_mistral
+from epochal.convert.hf import qwen2 as hf_qwen2
+from epochal.convert.hf import qwen3 as hf_qwen3
 from epochal.convert.hf import t5 as hf_t5
 from epochal.convert.hf.tokenizer import hf_tokenizer_files
 from epochal.convert.safe_load import load_safetensors, safe_torch_load
@@ -54,10 +58,15 @@ __all__ = [
     "HFModel",
     "hf_architecture_for",
     "load_hf_checkpoint",
+    "load_hf_config",
     "save_hf_checkpoint",
 ]
 
-Architecture = Literal["gpt2", "llama", "bert", "megatron-bert", "esm", "t5", "mt5"]
+Architecture = Literal[
+    "gpt2", "llama", "qwen2", "qwen3", "mistral", "bert", "megatron-bert", "esm", "t5", "mt5"
+]
+#: the Hugging Face architectures of a GPT (``model.type="gpt"``).
+GPT_ARCHITECTURES = ("gpt2", "llama", "qwen2", "qwen3", "mistral")
 ConfigReader = Callable[[dict[str, Any], dict[str, torch.Tensor], int], ModelConfig]
 StateReader = Callable[[dict[str, torch.Tensor], ModelConfig, str], dict[str, torch.Tensor]]
 
@@ -72,6 +81,18 @@ IMPORTERS: dict[str, tuple[ConfigReader, StateReader]] = {
     "llama": (
         lambda hf, w, m: hf_llama.ours_config_from_llama(hf, make_vocab_size_divisible_by=m),
         lambda w, c, src: hf_llama.ours_state_from_llama(w, c, source=src),
+    ),
+    "qwen2": (
+        lambda hf, w, m: hf_qwen2.ours_config_from_qwen2(hf, make_vocab_size_divisible_by=m),
+        lambda w, c, src: hf_qwen2.ours_state_from_qwen2(w, c, source=src),
+    ),
+    "qwen3": (
+        lambda hf, w, m: hf_qwen3.ours_config_from_qwen3(hf, make_vocab_size_divisible_by=m),
+        lambda w, c, src: hf_qwen3.ours_state_from_qwen3(w, c, source=src),
+    ),
+    "mistral": (
+        lambda hf, w, m: hf_mistral.ours_config_from_mistral(hf, make_vocab_size_divisible_by=m),
+        lambda w, c, src: hf_mistral.ours_state_from_mistral(w, c, source=src),
     ),
     "bert": (
         lambda hf, w, m: hf_bert.ours_config_from_bert(
@@ -105,6 +126,9 @@ EXPORTERS: dict[
 ] = {
     "gpt2": (hf_gpt2.gpt2_config_from_ours, hf_gpt2.gpt2_state_from_ours),
     "llama": (hf_llama.llama_config_from_ours, hf_llama.llama_state_from_ours),
+    "qwen2": (hf_qwen2.qwen2_config_from_ours, hf_qwen2.qwen2_state_from_ours),
+    "qwen3": (hf_qwen3.qwen3_config_from_ours, hf_qwen3.qwen3_state_from_ours),
+    "mistral": (hf_mistral.mistral_config_from_ours, hf_mistral.mistral_state_from_ours),
     "bert": (hf_bert.bert_config_from_ours, hf_bert.bert_state_from_ours),
     "megatron-bert": (hf_bert.bert_config_from_ours, hf_bert.bert_state_from_ours),
     "esm": (hf_esm.esm_config_from_ours, hf_esm.esm_state_from_ours),
@@ -251,7 +275,8 @@ def load_hf_checkpoint(
 
     Args:
         folder: the model folder (``config.json`` + weights) of a ``GPT2LMHeadModel``,
-            ``LlamaForCausalLM``, ``BertForMaskedLM`` / ``BertForPreTraining``,
+            ``LlamaForCausalLM``, ``Qwen2ForCausalLM``, ``Qwen3ForCausalLM``,
+            ``MistralForCausalLM``, ``BertForMaskedLM`` / ``BertForPreTraining``,
             ``MegatronBertForMaskedLM`` / ``MegatronBertForPreTraining``, ``EsmForMaskedLM``,
             ``T5ForConditionalGeneration`` or ``MT5ForConditionalGeneration``.
         make_vocab_size_divisible_by: our vocabulary padding multiple.
@@ -295,10 +320,49 @@ def load_hf_checkpoint(
     return HFModel(config=config, state=state, hf_config=hf_config, architecture=hf_type)
 
 
+#: ``model_type``s whose configuration reader also looks at the weights (BERT's binary
+#: head, T5's tied head); the others' configuration is ``config.json`` alone.
+_CONFIG_FROM_WEIGHTS = ("bert", "megatron-bert", "t5", "mt5")
+
+
+def load_hf_config(
+    folder: str | os.PathLike, *, make_vocab_size_divisible_by: int = 128
+) -> ModelConfig:
+    """The model configuration of a Hugging Face folder, reading the weights only where needed.
+
+    The same configuration :func:`load_hf_checkpoint` returns, without loading a
+    decoder's (or ESM's) weights: for a run that only needs the model's shape.
+
+    Raises:
+        FileNotFoundError: the folder or ``config.json`` is missing.
+        ConversionError: unsupported ``model_type`` or option (named).
+    """
+    folder = Path(folder)
+    hf_config = _read_json(folder / "config.json")
+    hf_type = hf_config.get("model_type")
+    if not isinstance(hf_type, str) or hf_type not in IMPORTERS:
+        raise ConversionError(
+            f"{folder / 'config.json'}: model_type={hf_type!r} is not supported "
+            f"(one of {sorted(IMPORTERS)})"
+        )
+    if hf_type in _CONFIG_FROM_WEIGHTS:
+        return load_hf_checkpoint(
+            folder, make_vocab_size_divisible_by=make_vocab_size_divisible_by
+        ).config
+    check_hf_config(hf_config, {}, folder / "config.json")
+    try:
+        return IMPORTERS[hf_type][0](hf_config, {}, make_vocab_size_divisible_by)
+    except ConfigError as exc:
+        raise ConversionError(f"{folder / 'config.json'}: {exc}") from exc
+
+
 def hf_architecture_for(config: ModelConfig) -> Architecture:
     """The default Hugging Face architecture of ``config``.
 
-    GPT: ``"gpt2"`` for learned absolute positions, ``"llama"`` for RoPE. BERT:
+    GPT: ``"gpt2"`` for learned absolute positions; with RoPE ``"qwen3"`` when it has
+    QK-norm, ``"qwen2"`` with biases on q/k/v but not on the other linears,
+    ``"mistral"`` with a sliding window, else ``"llama"`` (each exporter then refuses
+    what its class cannot hold, naming it). BERT:
     ``"bert"`` (post-LN) or ``"megatron-bert"`` (pre-LN). ESM: ``"esm"``. T5: ``"t5"``.
 
     Raises:
@@ -313,6 +377,12 @@ def hf_architecture_for(config: ModelConfig) -> Architecture:
     if config.position_embedding_type == "learned_absolute":
         return "gpt2"
     if config.position_embedding_type == "rope":
+        if config.qk_layernorm:
+            return "qwen3"
+        if config.qkv_bias and not config.add_bias_linear:
+            return "qwen2"
+        if config.sliding_window is not None:
+            return "mistral"
         return "llama"
     raise ConversionError(
         f"position_embedding_type={config.position_embedding_type!r} has no Hugging Face export "
@@ -378,8 +448,10 @@ def save_hf_checkpoint(
     if arch not in EXPORTERS:
         raise ConversionError(f"architecture={arch!r} is not one of {sorted(EXPORTERS)}")
     write_config, write_state = EXPORTERS[arch]
-    if config.type != "gpt" or arch not in ("gpt2", "llama"):
-        expected = hf_architecture_for(config) if config.type != "gpt" else "gpt2' or 'llama"
+    if config.type != "gpt" or arch not in GPT_ARCHITECTURES:
+        expected = (
+            hf_architecture_for(config) if config.type != "gpt" else "', '".join(GPT_ARCHITECTURES)
+        )
         if arch != expected and not (expected == "t5" and arch == "mt5"):
             raise ConversionError(
                 f"architecture={arch!r} does not fit model.type={config.type!r} "

@@ -59,6 +59,11 @@ from epochal.convert.common import (
 from epochal.model.config import ModelConfig
 
 __all__ = [
+    "decoder_config",
+    "decoder_export_problems",
+    "decoder_json",
+    "decoder_state_from_ours",
+    "decoder_state_to_ours",
     "llama_config_from_ours",
     "llama_state_from_ours",
     "ours_config_from_llama",
@@ -75,6 +80,9 @@ _LAYER_MAP = {
     "mlp.gate_proj": "mlp.w1",
     "mlp.up_proj": "mlp.w3",
     "mlp.down_proj": "mlp.w2",
+    # QK-norm (Qwen3): present only in families that have it
+    "self_attn.q_norm": "attention.q_layernorm",
+    "self_attn.k_norm": "attention.k_layernorm",
 }
 _IGNORED_SUFFIXES = (".rotary_emb.inv_freq",)
 
@@ -96,7 +104,7 @@ def _rope_type(params: Mapping[str, Any]) -> str:
     return "default" if kind is None else kind
 
 
-def _rope_fields(hf: Mapping[str, Any]) -> dict[str, Any]:
+def _rope_fields(hf: Mapping[str, Any], family: str = "Llama") -> dict[str, Any]:
     """``rotary_base`` and the ``rope_scaling_*`` fields of our config from a Llama ``config.json``.
 
     ``rope_scaling`` (4.x) takes precedence over ``rope_parameters`` (5.x) as in
@@ -128,7 +136,10 @@ def _rope_fields(hf: Mapping[str, Any]) -> dict[str, Any]:
         )
     partial = source.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0))
     if partial not in (None, 1.0):
-        raise ConversionError("config.json: partial_rotary_factor != 1 is not supported for Llama")
+        raise ConversionError(
+            f"config.json: partial_rotary_factor={partial!r} is not supported for {family} "
+            "(only 1: RoPE over the whole head)"
+        )
     theta = source.get("rope_theta", hf.get("rope_theta", params.get("rope_theta", 10000.0)))
     fields: dict[str, Any] = {"rotary_base": float(theta)}
     if rope_type in _SCALING_KEYS:
@@ -160,31 +171,42 @@ def _rope_json(config: ModelConfig) -> dict[str, Any]:
     return out
 
 
-def ours_config_from_llama(
-    hf: Mapping[str, Any], *, make_vocab_size_divisible_by: int = 128
+def decoder_config(
+    hf: Mapping[str, Any],
+    *,
+    family: str,
+    add_bias_linear: bool,
+    add_qkv_bias: bool | None,
+    qk_layernorm: bool = False,
+    sliding_window: int | None = None,
+    default_head_dim: int | None = None,
+    make_vocab_size_divisible_by: int = 128,
 ) -> ModelConfig:
-    """Build our :class:`ModelConfig` from a Llama ``config.json`` dict.
+    """Our :class:`ModelConfig` from the ``config.json`` of a Llama-shaped decoder.
+
+    The fields Llama, Qwen2, Qwen3 and Mistral share (sizes, GQA, ``head_dim``,
+    RoPE and its scaling, RMSNorm epsilon, tying, dropout); the family's own
+    options (biases, QK-norm, sliding window) come as arguments.
+
+    Args:
+        family: the family's name, for messages.
+        default_head_dim: ``head_dim`` when ``config.json`` has none (Qwen3: 128);
+            ``None`` = ``hidden_size // num_attention_heads``.
 
     Raises:
-        ConversionError: an option our model cannot reproduce exactly.
+        ConversionError: ``hidden_act`` other than ``silu``, ``pretraining_tp != 1``,
+            or an unsupported RoPE option (named).
     """
     act = hf.get("hidden_act", "silu")
     if act != "silu":
         raise ConversionError(
-            f"config.json: hidden_act={act!r} is not supported (Llama's SwiGLU needs 'silu')"
-        )
-    attention_bias = bool(hf.get("attention_bias", False))
-    mlp_bias = bool(hf.get("mlp_bias", False))
-    if attention_bias != mlp_bias:
-        raise ConversionError(
-            f"config.json: attention_bias={attention_bias} with mlp_bias={mlp_bias} is not supported "
-            "(epochal's add_bias_linear covers o_proj and the MLP together)"
+            f"config.json: hidden_act={act!r} is not supported ({family}'s SwiGLU needs 'silu')"
         )
     if int(hf.get("pretraining_tp", 1) or 1) != 1:
         raise ConversionError("config.json: pretraining_tp != 1 is not supported")
     hidden = int(hf["hidden_size"])
     heads = int(hf["num_attention_heads"])
-    head_dim = hf.get("head_dim") or hidden // heads
+    head_dim = int(hf.get("head_dim") or default_head_dim or hidden // heads)
     kv_heads = int(hf.get("num_key_value_heads") or heads)
     config = ModelConfig(
         vocab_size=int(hf["vocab_size"]),
@@ -193,17 +215,19 @@ def ours_config_from_llama(
         num_layers=int(hf["num_hidden_layers"]),
         num_attention_heads=heads,
         num_query_groups=None if kv_heads == heads else kv_heads,
-        kv_channels=None if head_dim * heads == hidden else int(head_dim),
+        kv_channels=None if head_dim * heads == hidden else head_dim,
         ffn_hidden_size=int(hf["intermediate_size"]),
         max_position_embeddings=int(hf.get("max_position_embeddings", 2048)),
         position_embedding_type="rope",
         rotary_percent=1.0,
-        **_rope_fields(hf),
+        **_rope_fields(hf, family),
         normalization="RMSNorm",
         norm_epsilon=float(hf.get("rms_norm_eps", 1e-6)),
         activation="swiglu",
-        add_bias_linear=mlp_bias,
-        add_qkv_bias=None,  # equal to add_bias_linear (checked above)
+        add_bias_linear=add_bias_linear,
+        add_qkv_bias=add_qkv_bias,
+        qk_layernorm=qk_layernorm,
+        sliding_window=sliding_window,
         untie_embeddings_and_output_weights=not hf.get("tie_word_embeddings", False),
         hidden_dropout=0.0,
         attention_dropout=float(hf.get("attention_dropout", 0.0) or 0.0),
@@ -212,15 +236,35 @@ def ours_config_from_llama(
     return normalize_config(config)
 
 
-def llama_config_from_ours(
-    config: ModelConfig, *, dtype: torch.dtype = torch.float32
-) -> dict[str, Any]:
-    """A Llama ``config.json`` dict for ``config``.
+def ours_config_from_llama(
+    hf: Mapping[str, Any], *, make_vocab_size_divisible_by: int = 128
+) -> ModelConfig:
+    """Build our :class:`ModelConfig` from a Llama ``config.json`` dict.
 
     Raises:
-        ConversionError: ``config`` uses something Llama does not have.
+        ConversionError: an option our model cannot reproduce exactly.
     """
+    attention_bias = bool(hf.get("attention_bias", False))
+    mlp_bias = bool(hf.get("mlp_bias", False))
+    if attention_bias != mlp_bias:
+        raise ConversionError(
+            f"config.json: attention_bias={attention_bias} with mlp_bias={mlp_bias} is not supported "
+            "(epochal's add_bias_linear covers o_proj and the MLP together)"
+        )
+    return decoder_config(
+        hf,
+        family="Llama",
+        add_bias_linear=mlp_bias,
+        add_qkv_bias=None,  # equal to add_bias_linear (checked above)
+        make_vocab_size_divisible_by=make_vocab_size_divisible_by,
+    )
+
+
+def decoder_export_problems(config: ModelConfig) -> list[str]:
+    """What keeps ``config`` from being any Llama-shaped decoder (RoPE, RMSNorm, SwiGLU)."""
     problems = []
+    if config.type != "gpt":
+        problems.append(f"model.type={config.type!r} (needs a GPT decoder)")
     if config.position_embedding_type != "rope" or config.rotary_percent != 1.0:
         problems.append(
             f"position_embedding_type={config.position_embedding_type!r}, rotary_percent="
@@ -230,16 +274,16 @@ def llama_config_from_ours(
         problems.append(f"normalization={config.normalization!r} (needs RMSNorm)")
     if config.activation != "swiglu":
         problems.append(f"activation={config.activation!r} (needs swiglu)")
-    if config.qkv_bias != config.add_bias_linear:
-        problems.append(
-            f"add_qkv_bias={config.qkv_bias} differs from add_bias_linear={config.add_bias_linear} "
-            "(Llama's attention_bias covers q, k, v and o together)"
-        )
-    if problems:
-        raise ConversionError("cannot export to Llama: " + "; ".join(problems))
+    return problems
+
+
+def decoder_json(
+    config: ModelConfig, *, architecture: str, model_type: str, dtype: torch.dtype = torch.float32
+) -> dict[str, Any]:
+    """The ``config.json`` keys Llama-shaped decoders share (no validation: the caller's)."""
     return {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
+        "architectures": [architecture],
+        "model_type": model_type,
         "vocab_size": config.vocab_size,
         "hidden_size": config.hidden_size,
         "intermediate_size": config.ffn_size,
@@ -251,12 +295,9 @@ def llama_config_from_ours(
         "max_position_embeddings": config.max_position_embeddings,
         "rms_norm_eps": config.norm_epsilon,
         **_rope_json(config),
-        "attention_bias": config.qkv_bias,
-        "mlp_bias": config.add_bias_linear,
         "attention_dropout": config.attention_dropout,
         "initializer_range": config.init_method_std,
         "tie_word_embeddings": config.tie_embeddings,
-        "pretraining_tp": 1,
         "bos_token_id": None,
         "eos_token_id": None,
         "use_cache": True,
@@ -264,10 +305,55 @@ def llama_config_from_ours(
     }
 
 
+def llama_config_from_ours(
+    config: ModelConfig, *, dtype: torch.dtype = torch.float32
+) -> dict[str, Any]:
+    """A Llama ``config.json`` dict for ``config``.
+
+    Raises:
+        ConversionError: ``config`` uses something Llama does not have.
+    """
+    problems = decoder_export_problems(config)
+    if config.qkv_bias != config.add_bias_linear:
+        problems.append(
+            f"add_qkv_bias={config.qkv_bias} differs from add_bias_linear={config.add_bias_linear} "
+            "(Llama's attention_bias covers q, k, v and o together; export as qwen2)"
+        )
+    if config.qk_layernorm:
+        problems.append("qk_layernorm=True (Llama has no QK-norm; export as qwen3)")
+    if config.sliding_window is not None:
+        problems.append(
+            f"sliding_window={config.sliding_window} (Llama attends to every earlier token; "
+            "export as mistral)"
+        )
+    if problems:
+        raise ConversionError("cannot export to Llama: " + "; ".join(problems))
+    return {
+        **decoder_json(config, architecture="LlamaForCausalLM", model_type="llama", dtype=dtype),
+        "attention_bias": config.qkv_bias,
+        "mlp_bias": config.add_bias_linear,
+        "pretraining_tp": 1,
+    }
+
+
 def ours_state_from_llama(
     hf_state: Mapping[str, torch.Tensor], config: ModelConfig, *, source: str = "Llama checkpoint"
 ) -> dict[str, torch.Tensor]:
     """Convert a Llama state dict to our parameter names (vocabulary padded with zeros).
+
+    Raises:
+        ConversionError: a tensor is missing, unexpected or has the wrong shape.
+    """
+    return decoder_state_to_ours(hf_state, config, source=source)
+
+
+def decoder_state_to_ours(
+    hf_state: Mapping[str, torch.Tensor], config: ModelConfig, *, source: str
+) -> dict[str, torch.Tensor]:
+    """A Llama-shaped decoder's state dict (Llama, Qwen2, Qwen3, Mistral) in our names.
+
+    The vocabulary is padded with zeros; the tensors must be exactly those of
+    ``build_model(config)`` (a bias or QK-norm the config lacks is unexpected).
 
     Raises:
         ConversionError: a tensor is missing, unexpected or has the wrong shape.
@@ -305,6 +391,13 @@ def llama_state_from_ours(
 ) -> dict[str, torch.Tensor]:
     """Convert our state dict to Llama names (vocabulary cut to ``vocab_size``; no ``lm_head`` when tied)."""
     llama_config_from_ours(config)  # validates
+    return decoder_state_from_ours(state, config)
+
+
+def decoder_state_from_ours(
+    state: Mapping[str, torch.Tensor], config: ModelConfig
+) -> dict[str, torch.Tensor]:
+    """Our state dict in Llama-shaped names (no validation: the family's exporter checks first)."""
     inverse = {v: k for k, v in _LAYER_MAP.items()}
     v = config.vocab_size
     out: dict[str, torch.Tensor] = {

@@ -40,7 +40,7 @@ Decisions where Megatron's behaviour is implicit:
   GELU too, Megatron's the exact one. ESM models have no Megatron counterpart.
 - Unsupported features raise :class:`ConversionError`: mixture of experts,
   ``qk_layernorm``, ``apply_rope_fusion_scaling``, ALiBi (Megatron-Core has
-  none), squared ReLU.
+  none), squared ReLU; on export also our ``qk_layernorm`` and ``sliding_window``.
 """
 
 from __future__ import annotations
@@ -113,6 +113,16 @@ def megatron_args_from_config(
             )
     if config.position_embedding_type == "alibi":
         raise ConversionError("cannot export to Megatron: Megatron-Core GPT has no ALiBi positions")
+    if config.qk_layernorm:
+        raise ConversionError(
+            "cannot export to Megatron: qk_layernorm=True is not written to Megatron checkpoints "
+            "(export it to Hugging Face with --to hf: Qwen3ForCausalLM)"
+        )
+    if config.sliding_window is not None:
+        raise ConversionError(
+            f"cannot export to Megatron: sliding_window={config.sliding_window} is not written to "
+            "Megatron checkpoints (export it to Hugging Face with --to hf: MistralForCausalLM)"
+        )
     if config.add_bias_linear and not config.qkv_bias:
         raise ConversionError(
             "cannot export to Megatron: add_bias_linear=True with add_qkv_bias=False "

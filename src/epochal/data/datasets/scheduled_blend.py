@@ -208,7 +208,18 @@ class ScheduledBlendedDataset(Dataset):
         return {"corpus": s, **(inner(j) if inner is not None else {"index": j})}
 
     def source_counts(self, n: int, start: int = 0) -> list[int]:
-        """Samples each source serves among global samples ``start .. n - 1``."""
+        """Samples each source serves among global samples ``start .. n - 1``.
+
+        Costs ``O(n - start)`` where both ends lie in one revision built as Megatron's
+        index (a step's ledger does not recount the run so far), ``O(depth * log #points)``
+        with a lazy selector.
+        """
+        n, start = max(0, int(n)), max(0, int(start))
+        if start < n:
+            j = self._revision_of(n - 1)
+            sel = self._selectors[j]
+            if not isinstance(sel, BlendSelector) and start >= self._firsts[j]:
+                return np.bincount(sel[0][start:n], minlength=self.k).tolist()
         return [a - b for a, b in zip(self._counts(n), self._counts(start))]
 
     def _counts(self, n: int) -> list[int]:

@@ -18,7 +18,16 @@ converters rely on them):
 - ``wq``: ``nn.Linear(hidden, num_attention_heads * head_dim, bias=qkv_bias)``
 - ``wk``, ``wv``: ``nn.Linear(hidden, num_query_groups * head_dim, bias=qkv_bias)``
 - ``wo``: ``nn.Linear(num_attention_heads * head_dim, hidden, bias=add_bias_linear)``
+- ``q_layernorm``, ``k_layernorm`` (``qk_layernorm`` only): the config's norm over
+  ``head_dim`` channels, applied to every query / key head before the rotary
+  embedding (Qwen3's ``q_norm`` / ``k_norm``; Megatron-Core's names)
 - buffer ``alibi_slopes`` (ALiBi only, non-persistent): ``[heads computed here]``
+
+Sliding window (causal only, ``config.sliding_window = w``): query ``i`` (its
+position among the keys) sees keys ``i - w < j <= i``, as Hugging Face Mistral /
+Qwen2 do; with a KV cache the window is measured over the cached positions too
+(cached keys are kept, only masked). A sequence of at most ``w`` keys needs no
+window mask and runs the plain causal kernel.
 
 Tensor-parallel friendliness: head counts are derived in ``forward`` from the
 projected tensors' shapes (``view(b, s, -1, head_dim)``), and the GQA repeat
@@ -57,6 +66,7 @@ from torch import nn
 
 from epochal.model.config import ModelConfig
 from epochal.model.generation.kv_cache import CrossKVCache, LayerKVCache
+from epochal.model.layers.norms import build_norm
 from epochal.model.layers.packing import PackedSequences, packed_attention
 from epochal.model.layers.positions import alibi_bias, alibi_slopes, apply_rotary
 
@@ -134,6 +144,15 @@ class Attention(nn.Module):
         self.wv = nn.Linear(config.hidden_size, self.num_kv_heads * hd, bias=config.qkv_bias)
         self.wo = nn.Linear(self.num_heads * hd, config.hidden_size, bias=config.add_bias_linear)
         self.softmax_scale = config.softmax_scale
+        #: QK-norm (``config.qk_layernorm``): norms over each head's ``head_dim`` channels,
+        #: applied to queries and keys before the rotary embedding; ``None`` without.
+        self.q_layernorm: nn.Module | None = None
+        self.k_layernorm: nn.Module | None = None
+        if config.qk_layernorm:
+            self.q_layernorm = build_norm(config, hd)
+            self.k_layernorm = build_norm(config, hd)
+        #: causal only: each query sees itself and this many - 1 earlier keys (None: all).
+        self.sliding_window = config.sliding_window
         #: slice of the global heads this module computes, for ``position_bias``
         #: (tensor parallelism); ``None`` = all heads.
         self.bias_heads: slice | None = None
@@ -211,6 +230,9 @@ class Attention(nn.Module):
             past = kv_cache.offset
             k, v = kv_cache.update(k, v)  # [b, kv_heads, past + s, hd]
         s_k = past + s
+        window = self._window_mask_out(s, s_k, q.device)
+        if window is not None:
+            attention_mask = window if attention_mask is None else attention_mask | window
         k, v = _repeat_kv(q, k, v)
         dropout_p = self.dropout_p if self.training else 0.0
         scale = self.softmax_scale
@@ -276,6 +298,7 @@ class Attention(nn.Module):
         else:
             k = self.wk(kv_in).view(b, kv_in.shape[1], -1, hd)
             v = self.wv(kv_in).view(b, kv_in.shape[1], -1, hd)
+            q, k = self._qk_norm(q, k)
             if rope is not None:
                 cos, sin = rope
                 q = apply_rotary(q, cos, sin)
@@ -304,11 +327,30 @@ class Attention(nn.Module):
         q = self.wq(x).view(b, s, -1, hd)
         k = self.wk(x).view(b, s, -1, hd)
         v = self.wv(x).view(b, s, -1, hd)
+        q, k = self._qk_norm(q, k)
         if rope is not None:
             cos, sin = rope
             q = apply_rotary(q, cos, sin)
             k = apply_rotary(k, cos, sin)
         return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+
+    def _qk_norm(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """QK-norm of ``[b, s, heads, head_dim]`` queries and keys (unchanged without it)."""
+        if self.q_layernorm is None or self.k_layernorm is None:
+            return q, k
+        return self.q_layernorm(q), self.k_layernorm(k)
+
+    def _window_mask_out(self, s: int, s_k: int, device: torch.device) -> torch.Tensor | None:
+        """Bool ``[s, s_k]``, True where a key is ``sliding_window`` or more tokens back.
+
+        The queries are the last ``s`` of the ``s_k`` positions (as in
+        :func:`causal_mask_out`). ``None`` without a window, or when every key is
+        within it (``s_k <= sliding_window``): then attention is plain causal.
+        """
+        w = self.sliding_window
+        if w is None or s_k <= w:
+            return None
+        return torch.ones(s, s_k, dtype=torch.bool, device=device).tril(s_k - s - w)
 
     def _forward_packed(
         self,
@@ -327,6 +369,8 @@ class Attention(nn.Module):
                 "packed sequences take no attention_mask, position_bias or kv_cache "
                 "(attention is confined to each sequence)"
             )
+        if self.sliding_window is not None:
+            raise ValueError("packed sequences do not apply a sliding_window (unpack them)")
         b, s, _ = x.shape
         q, k, v = self._self_qkv(x, rope)
         k, v = _repeat_kv(q, k, v)

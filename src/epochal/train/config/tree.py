@@ -191,6 +191,13 @@ class TrainConfig:
             ConfigError: none of ``data.data_path`` (or the per-split paths),
                 ``data.corpus``, ``data.mock`` or a protein source is set.
         """
+        _require(
+            self.model.head not in ("pooled_classifier", "token_classifier"),
+            "model.head",
+            f"{self.model.head!r} is the head of a transformers classifier given to "
+            "epochal.accelerate's prepare(); to fine-tune on a labelled table use "
+            "'sequence_classification', 'sequence_regression' or 'residue_classification'",
+        )
         if self.sft.enabled:
             return
         if self.model.head != "mlm":

@@ -12,6 +12,13 @@ or bare encoder, :func:`epochal.convert.hf.encoder.load_hf_encoder`):
   the model has no use for (the masked-LM head), and names in one line the weights
   the checkpoint lacks: only the head's and the adapters' may be missing.
 
+A run without a fine-tuning head (``model.head = "mlm"``: a GPT, or an encoder that
+goes on pretraining) may name a Hugging Face folder of any class
+:func:`epochal.convert.hf.io.load_hf_checkpoint` reads (Llama, Qwen2 / Qwen2.5, Qwen3,
+Mistral, GPT-2, BERT, ESM-2, T5): its whole ``[model]`` configuration then comes from the
+folder's ``config.json`` (:func:`finetune_overrides`), a ``[model]`` option that
+contradicts it is refused, and the weights load through the same seam.
+
 Errors (:class:`~epochal.train.state.checkpoint.CheckpointError`): a checkpoint of
 another model type, an encoder weight the checkpoint lacks, a head weight whose shape
 differs from the checkpoint's (another ``num_labels`` or head kind).
@@ -66,10 +73,16 @@ def read_encoder(
 
     try:
         if is_hf_folder(path):
-            from epochal.convert.hf.encoder import load_hf_encoder
+            from epochal.convert.bounded_parse import load_json_file
+            from epochal.convert.hf.encoder import ENCODER_LAYOUTS, load_hf_encoder
+            from epochal.convert.hf.io import load_hf_checkpoint
 
-            hf, has_lm_head = load_hf_encoder(path)
-            return hf.config, hf.state, has_lm_head
+            config_json = Path(path) / "config.json"
+            if load_json_file(config_json, config_json.name).get("model_type") in ENCODER_LAYOUTS:
+                hf, has_lm_head = load_hf_encoder(path)
+                return hf.config, hf.state, has_lm_head
+            hf = load_hf_checkpoint(path)  # a decoder (Llama, Qwen2/3, Mistral, GPT-2) or T5
+            return hf.config, hf.state, True
         from epochal.train.state.epochal_ckpt import load_epochal_checkpoint
 
         ck = load_epochal_checkpoint(path)
@@ -79,18 +92,21 @@ def read_encoder(
 
 
 def finetune_overrides(config_file: str | None, overrides: list[str]) -> list[str] | None:
-    """``--model.<field>=<value>`` overrides giving a fine-tuning run its encoder's shape.
+    """``--model.<field>=<value>`` overrides giving a run the shape of its ``checkpoint.init_from``.
 
     When the config file and ``overrides`` (read as ``epochal train`` reads them) name a
     fine-tuning ``model.head`` and a ``checkpoint.init_from``, every ``[model]`` field of
     the checkpoint's encoder but the head / LoRA fields and the dropouts (unset ones
-    left out); to be placed *before* the user's overrides, which still win.
+    left out); to be placed *before* the user's overrides, which still win. Without a
+    fine-tuning head, when ``checkpoint.init_from`` is a Hugging Face folder: every
+    ``[model]`` field the user did not set, from the folder (see the module docstring).
 
     Returns:
-        The overrides, or None when the run is not such a fine-tuning run.
+        The overrides, or None when the run is neither.
 
     Raises:
-        CheckpointError: the checkpoint cannot be read, or holds no encoder (a GPT or T5 model).
+        CheckpointError: the checkpoint cannot be read, holds no encoder for a fine-tuning
+            head (a GPT or T5 model), or a ``[model]`` option contradicts a Hugging Face folder.
     """
     import json
     import tomllib
@@ -108,8 +124,10 @@ def finetune_overrides(config_file: str | None, overrides: list[str]) -> list[st
         values.setdefault(section, {}).update(given.get(section, {}))
     head = values["model"].get("head", "mlm")
     init = values["checkpoint"].get("init_from", "")
-    if head == "mlm" or not init:
+    if not init:
         return None
+    if head == "mlm":
+        return _hf_model_overrides(init, values["model"]) if is_hf_folder(init) else None
     source, _, _ = read_encoder(init)
     if not source.is_encoder:  # say so here, not as an option of the copied shape
         raise CheckpointError(
@@ -126,11 +144,61 @@ def finetune_overrides(config_file: str | None, overrides: list[str]) -> list[st
     return out
 
 
+def _hf_model_overrides(init: str | Path, given: dict[str, Any]) -> list[str]:
+    """The ``--model.*`` overrides of a run whose ``checkpoint.init_from`` is a Hugging Face folder.
+
+    Every ``[model]`` field comes from the folder's ``config.json`` (as
+    :func:`epochal.convert.hf.io.load_hf_checkpoint` reads it). The config file and
+    the command line may set the dropouts and the head / LoRA fields (:data:`KEPT_FIELDS`);
+    any other field they set must equal the folder's (Megatron-Bridge and NeMo take the
+    architecture from the Hugging Face model the same way).
+
+    Raises:
+        CheckpointError: the folder cannot be read, or a ``[model]`` option contradicts
+            it (each such option named, with both values).
+    """
+    import json
+
+    from epochal.convert.bounded_parse import load_json_file
+    from epochal.convert.common import ConversionError
+    from epochal.convert.hf.encoder import ENCODER_LAYOUTS
+    from epochal.convert.hf.io import load_hf_config
+
+    config_json = Path(init) / "config.json"
+    try:
+        if load_json_file(config_json, config_json.name).get("model_type") in ENCODER_LAYOUTS:
+            source = read_encoder(init)[0]  # bare encoders too
+        else:
+            source = load_hf_config(init)  # the shape only: a decoder's weights are not read
+    except (ConversionError, FileNotFoundError) as exc:
+        raise CheckpointError(f"checkpoint.init_from={str(init)!r}: {exc}") from exc
+    theirs = {f.name: getattr(source, f.name) for f in dataclasses.fields(source)}
+    clash = [
+        f"model.{k}={v!r} (the folder's is {theirs[k]!r})"
+        for k, v in given.items()
+        if k in theirs and k not in KEPT_FIELDS and v != theirs[k]
+    ]
+    if clash:
+        raise CheckpointError(
+            f"checkpoint.init_from={str(init)!r} is a Hugging Face folder: the model's "
+            "configuration comes from its config.json, and these options contradict it: "
+            + "; ".join(clash)
+            + " (leave them unset)"
+        )
+    out = []
+    for name, value in theirs.items():
+        if value is None or name in given:
+            continue
+        literal = json.dumps(value) if isinstance(value, (bool, str)) else repr(value)
+        out.append(f"--model.{name}={literal}")
+    return out
+
+
 def _check_type(source: ModelConfig, model_type: str, where: Any) -> None:
     if source.type != model_type:
         raise CheckpointError(
             f"checkpoint.init_from={str(where)!r} holds a {source.type!r} model, but "
-            f"model.type={model_type!r}; fine-tune a checkpoint of a {model_type!r} encoder"
+            f"model.type={model_type!r}; start from a checkpoint of a {model_type!r} model"
         )
 
 
@@ -164,7 +232,7 @@ def load_encoder_weights(
         if k in theirs and theirs[k] != v
     ]
     if diff:
-        raise CheckpointError(f"{folder} holds another encoder: " + "; ".join(diff))
+        raise CheckpointError(f"{folder} holds another model: " + "; ".join(diff))
     with torch.device("meta"):
         whole = build_model(model_config)
     shapes = {name: tuple(p.shape) for name, p in whole.state_dict().items()}

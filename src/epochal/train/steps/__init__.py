@@ -10,6 +10,7 @@ evaluation callback (``training.eval_callback``).
 
 from epochal.train.steps.base import TrainStep, load_eval_callback, load_train_step
 from epochal.train.steps.bert import BertTrainStep
+from epochal.train.steps.classifier import ClassifierStep
 from epochal.train.steps.finetune import (
     ResidueClassificationStep,
     SequenceClassificationStep,
@@ -28,6 +29,7 @@ from epochal.train.steps.t5 import T5TrainStep
 
 __all__ = [
     "BertTrainStep",
+    "ClassifierStep",
     "ResidueClassificationStep",
     "SequenceClassificationStep",
     "SequenceRegressionStep",
