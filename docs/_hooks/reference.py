@@ -193,7 +193,9 @@ def presets_page() -> str:
         out += [_markdown(described.get(name, "")), "", "```toml"]
         out += _toml_lines(values)
         out += ["```"]
-    return "\n".join(out) + "\n"
+    from epochal.train.config.presets import SFT_EXAMPLES  # package data: no machine's path
+
+    return "\n".join(out).replace(str(SFT_EXAMPLES), "<epochal>/data/sft/examples") + "\n"
 
 
 # ------------------------------------------------------------------------ cli

@@ -22,7 +22,7 @@ from tests.docs.site import (
 
 OPTION = re.compile(
     r"(?<![\w./-])(?:--)?((?:run_dir)|(?:model|data|training|optimizer|scheduler|checkpoint|"
-    r"logging|parallel|finetune)\.[a-z][a-z0-9_]*)(?![\w(*])"
+    r"logging|parallel|finetune|sft)\.[a-z][a-z0-9_]*)(?![\w(*])"
 )
 #: Python names the pages write like options (methods of a model or optimizer).
 NOT_OPTIONS = {

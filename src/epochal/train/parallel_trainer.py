@@ -216,8 +216,8 @@ class ParallelTrainer(Trainer):
             return build_model(self.model_config).num_parameters()
 
     def _per_document(self) -> bool:
-        d = self.config.data
-        return d.reset_position_ids or d.reset_attention_mask
+        c = self.config
+        return c.per_document_positions or c.per_document_attention
 
     def _every_stage_reads(self) -> bool:
         return self._per_document() or self.train_step_handler.every_stage_reads_batches

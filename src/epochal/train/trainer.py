@@ -31,7 +31,8 @@ parallel trainer reproduces all of this bit for bit under any data-parallel
 size and accumulation. A custom ``loss_fn(labels, logits, loss_mask) ->
 scalar`` replaces the GPT per-micro-batch loss (``labels`` are the target ids
 ``[b, s]``, ``logits`` ``[b, s, padded_vocab]``, ``loss_mask`` float ``[b, s]``); the
-trainer still divides by the number of micro-batches.
+trainer still divides by the number of micro-batches. Fine-tuning rows (``sft.train_file``):
+the global batch's token mean instead (:mod:`epochal.train.steps.sft`).
 
 Exact resumption: a checkpoint holds the model, optimizer (FQN-keyed), scheduler
 step, ``consumed_samples`` and every RNG state; data loaders get their own
@@ -97,9 +98,11 @@ from epochal.train.state.run_dir import (
 from epochal.train.state.run_lock import hold_run_dir
 from epochal.train.steps import (
     LossFnStep,
+    SFTTrainStep,
     TrainStep,
     load_eval_callback,
     load_train_step,
+    token_mean_step,
     train_step_class,
 )
 
@@ -186,7 +189,10 @@ class Trainer(CheckpointSeams, EvalCallbackSeams, KeyedDropoutSeams):
         spec = getattr(t, "train_step", "")
         kwargs = dict(getattr(t, "train_step_kwargs", {}) or {})
         m = self.config.model  # a fine-tuning head (model.head) has its own step
-        cls = load_train_step(spec) if spec else train_step_class(m.type, m.head)
+        if spec:
+            cls = load_train_step(spec)
+        else:  # fine-tuning rows (sft.train_file): a global token mean
+            cls = SFTTrainStep if self.config.sft.enabled else train_step_class(m.type, m.head)
         return cls(self.config, **kwargs)
 
     @property
@@ -287,8 +293,8 @@ class Trainer(CheckpointSeams, EvalCallbackSeams, KeyedDropoutSeams):
     def step_batch(self, micro_batch: dict[str, Any]) -> dict[str, torch.Tensor]:
         """A micro-batch on the device as the train step gets it.
 
-        ``position_ids`` / ``attention_mask`` are dropped unless the data resets
-        them per document (``data.reset_position_ids`` / ``reset_attention_mask``).
+        ``position_ids`` / ``attention_mask`` are dropped unless the data resets them per
+        document (``data.reset_position_ids`` / ``reset_attention_mask``) or row (``sft.packing``).
         With ``data.pack_sequences`` the samples are packed into one row first
         (:func:`~epochal.data.loading.packing.pack_padded_batch`; under sequence
         parallelism to a multiple of the tensor-parallel size).
@@ -302,9 +308,9 @@ class Trainer(CheckpointSeams, EvalCallbackSeams, KeyedDropoutSeams):
                 per_sample_keys=self.train_step_handler.per_sample_keys,
             )
         out = batch_on_device(micro_batch, self.device)
-        if not self.config.data.reset_position_ids:
+        if not self.config.per_document_positions:
             out.pop("position_ids", None)
-        if not self.config.data.reset_attention_mask:
+        if not self.config.per_document_attention:
             out.pop("attention_mask", None)
         return out
 
@@ -354,7 +360,7 @@ class Trainer(CheckpointSeams, EvalCallbackSeams, KeyedDropoutSeams):
             part.train()
         self.optimizers.zero_grad(set_to_none=True)
         self.logged = []
-        with self.keyed_step(n_mb):  # dropout seeds (training.layout_invariant)
+        with self.keyed_step(n_mb), token_mean_step(self, n_mb):  # dropout seeds; SFT's loss
             loss = self.forward_backward(batches, n_mb)
         logged = self.reduce_logged()
         return {**self.optimizer_step(loss), **logged}

@@ -11,6 +11,7 @@
       logging    LoggingConfig     progress bar, TensorBoard, log interval
       parallel   ParallelConfig    tensor/sequence/pipeline/data parallelism, recompute (epochal.parallel)
       finetune   FinetuneConfig    labelled tables of a fine-tuning run (model.head), head LR
+      sft        SFTConfig         chat / prompt-completion rows of a GPT fine-tuning run
 
 Sources, later ones winning: a preset (``tiny``, ``gpt2-small``), a TOML file
 (tables named like the sections), then ``--section.key=value`` overrides whose
@@ -40,6 +41,7 @@ from epochal.train.config.model import ModelSection, model_config_from_section, 
 from epochal.train.config.optimizer import OptimizerConfig
 from epochal.train.config.options import OptionInfo, describe_options
 from epochal.train.config.scheduler import SchedulerConfig
+from epochal.train.config.sft import SFTConfig
 from epochal.train.config.toml_io import (
     EXCLUSIVE_OPTIONS,
     build_config,
@@ -60,6 +62,7 @@ __all__ = [
     "ModelSection",
     "OptimizerConfig",
     "OptionInfo",
+    "SFTConfig",
     "SchedulerConfig",
     "TrainConfig",
     "TrainingConfig",

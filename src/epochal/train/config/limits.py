@@ -44,11 +44,11 @@ def device_memory_bytes(device_name: str) -> tuple[int, str] | None:
 
 
 def _materializes_masks(config: Any) -> bool:
-    m, d = config.model, config.data
+    m = config.model
     return (
         m.type in ("bert", "esm", "t5")
         or getattr(m, "position_embedding_type", None) in ("alibi", "relative")
-        or d.reset_attention_mask
+        or config.per_document_attention
     )
 
 

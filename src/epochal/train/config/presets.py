@@ -1,5 +1,5 @@
-"""Named configurations: ``tiny`` (the CPU demo), ``bert-tiny``, ``t5-tiny``, ``esm-tiny``,
-``esm2-8m``, ``gpt2-small``, ``gpu-1b``.
+"""Named configurations: ``tiny`` (the CPU demo), ``sft-tiny``, ``bert-tiny``, ``t5-tiny``,
+``esm-tiny``, ``esm2-8m``, ``gpt2-small``, ``gpu-1b``.
 
 A preset is a nested dict in the TOML layout of
 :class:`~epochal.train.config.TrainConfig`; a config file and overrides are
@@ -9,6 +9,14 @@ merged over it. ``epochal train --preset NAME --print-config`` shows the result.
   no biases, no dropout) trained for 300 steps on Python's standard-library
   sources with a 4096-id BPE tokenizer trained on them; about 2-4 minutes on 2
   CPU cores.
+- ``sft-tiny``: supervised fine-tuning of ``tiny``'s model shape on the chat rows
+  shipped with the package (``epochal/data/sft/examples/tiny_chat.jsonl``: 160 short
+  conversations, arithmetic, weekdays, opposites, colours, capitals, counting) with a
+  512-id byte-level BPE tokenizer trained on them whose chat template marks the
+  assistant turns (``examples/tokenizer``); loss on the assistant turns, rows packed
+  into 128 tokens, the last 10% of the rows validate; 100 steps of 8 x 128 tokens
+  on a CPU (from random weights: ``checkpoint.init_from`` starts from a model). Give
+  your own rows with ``--sft.train_file`` (and ``--sft.tokenizer``).
 - ``bert-tiny``: a 4-layer, 128-wide Megatron-style BERT (pre-LN, learned
   positions, token types, the binary head) trained on the standard-library
   sources split into sentences, with a 4096-id WordPiece vocabulary trained on
@@ -52,6 +60,7 @@ from __future__ import annotations
 
 import copy
 import difflib
+from pathlib import Path
 from typing import Any
 
 from epochal.model.config import ConfigError
@@ -109,6 +118,9 @@ _TINY_WORDPIECE_RECIPE: dict[str, Any] = {
     "logging": {"log_interval": 10},
 }
 
+#: The chat rows and tokenizer shipped with the package (``sft-tiny``).
+SFT_EXAMPLES = Path(__file__).resolve().parents[2] / "data" / "sft" / "examples"  # package data
+
 PRESETS: dict[str, dict[str, Any]] = {
     "tiny": {
         "model": {
@@ -150,6 +162,49 @@ PRESETS: dict[str, dict[str, Any]] = {
         },
         "scheduler": {"lr_decay_style": "cosine", "lr_warmup_fraction": 0.1},
         "checkpoint": {"save_interval": 100, "keep_last": 2},
+        "logging": {"log_interval": 10},
+    },
+    "sft-tiny": {
+        "model": {
+            "hidden_size": 128,
+            "num_layers": 4,
+            "num_attention_heads": 4,
+            "num_query_groups": 2,
+            "position_embedding_type": "rope",
+            "normalization": "RMSNorm",
+            "activation": "swiglu",
+            "ffn_hidden_size": 384,
+            "add_bias_linear": False,
+            "hidden_dropout": 0.0,
+            "attention_dropout": 0.0,
+            "make_vocab_size_divisible_by": 128,
+        },
+        "data": {"seq_length": 128},
+        "sft": {
+            "train_file": str(SFT_EXAMPLES / "tiny_chat.jsonl"),
+            "tokenizer": str(SFT_EXAMPLES / "tokenizer"),
+            "split": "90,10",
+            "loss_on": "completion",
+            "packing": True,
+        },
+        "training": {
+            "layout_invariant": True,
+            "micro_batch_size": 4,
+            "global_batch_size": 8,
+            "train_iters": 100,
+            "eval_interval": 50,
+            "eval_iters": 1,
+            "seed": 1234,
+        },
+        "optimizer": {
+            "lr": 2e-3,
+            "min_lr": 2e-4,
+            "weight_decay": 0.1,
+            "adam_beta2": 0.95,
+            "clip_grad": 1.0,
+        },
+        "scheduler": {"lr_decay_style": "cosine", "lr_warmup_fraction": 0.1},
+        "checkpoint": {"save_interval": 50, "keep_last": 2},
         "logging": {"log_interval": 10},
     },
     "bert-tiny": {
@@ -346,6 +401,7 @@ PRESETS: dict[str, dict[str, Any]] = {
 #: One line per preset, shown by ``epochal train --help`` (a test requires one for each preset).
 PRESET_SUMMARIES: dict[str, str] = {
     "tiny": "a 4-layer Llama-style GPT on Python's standard library, 300 steps; CPU, minutes",
+    "sft-tiny": "the tiny GPT fine-tuned on chat rows shipped with the package, packed; CPU",
     "bert-tiny": "a 4-layer BERT (masked LM + next sentence) on the standard library's sentences",
     "t5-tiny": "a 2+2-layer T5 with Megatron's span corruption on the same sentences",
     "esm-tiny": "a 2-layer ESM-2 on synthetic protein families (or --data.protein_path=FILE)",

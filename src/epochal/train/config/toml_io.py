@@ -217,6 +217,7 @@ EXCLUSIVE_OPTIONS: tuple[tuple[str, ...], ...] = (
         "data.train_database_path",
         "data.valid_cluster_path",
         "data.valid_database_path",
+        "sft.train_file",
     ),
     ("scheduler.lr_warmup_iters", "scheduler.lr_warmup_fraction"),
 )
@@ -236,6 +237,9 @@ def _drop_replaced_preset_options(preset: dict[str, Any], explicit: dict[str, An
             if _has_option(preset, option) and not _has_option(explicit, option):
                 section, _, key = option.rpartition(".")
                 del preset[section][key]
+    sft = preset.get("sft")
+    if isinstance(sft, dict) and "train_file" not in sft:
+        del preset["sft"]  # another data source replaced the preset's fine-tuning rows
 
 
 def _read_toml(path: Path) -> dict[str, Any]:

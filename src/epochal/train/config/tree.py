@@ -13,6 +13,7 @@ from epochal.train.config.log import LoggingConfig
 from epochal.train.config.model import ModelSection, model_config_from_section, position_length
 from epochal.train.config.optimizer import OptimizerConfig
 from epochal.train.config.scheduler import SchedulerConfig
+from epochal.train.config.sft import SFTConfig
 from epochal.train.config.training import TrainingConfig
 
 __all__ = [
@@ -49,6 +50,7 @@ class TrainConfig:
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     finetune: FinetuneConfig = field(default_factory=FinetuneConfig)
+    sft: SFTConfig = field(default_factory=SFTConfig)
 
     def __post_init__(self) -> None:
         _require(bool(self.run_dir), "run_dir", "must be a non-empty path")
@@ -56,6 +58,8 @@ class TrainConfig:
         model_config = model_config_from_section(
             self.model, vocab_size=self.model.vocab_size or 1, seq_length=position_length(self)
         )
+        if self.sft.enabled:
+            self._check_sft(model_config.type)
         if self.data.pack_sequences:
             _require(
                 model_config.is_encoder,
@@ -131,6 +135,55 @@ class TrainConfig:
                 "must equal start_weight_decay with scheduler.weight_decay_incr_style='constant'",
             )
 
+    def _check_sft(self, model_type: str) -> None:
+        """``sft.train_file`` against the options it cannot go with (each named)."""
+        _require(
+            model_type == "gpt",
+            "sft.train_file",
+            f"fine-tunes a GPT (model.type='gpt') on chat or prompt-completion rows, "
+            f"not model.type={model_type!r}",
+        )
+        _require(
+            self.model.head == "mlm",
+            "sft.train_file",
+            f"trains the language-model head; model.head={self.model.head!r} fine-tunes on "
+            "a labelled table (finetune.train_file): set one of them",
+        )
+        d = self.data
+        sources = [name for name in ("corpus", "mock", "protein_path") if getattr(d, name)]
+        if d.has_paths:
+            sources.append("data_path" if d.data_path else "train_data_path")
+        if d.train_cluster_path:
+            sources.append("train_cluster_path")
+        _require(
+            not sources,
+            "sft.train_file",
+            f"is the run's data, and data.{sources[0] if sources else ''} is also set; "
+            "set one data source",
+        )
+        for name, why in (
+            ("pack_sequences", "packs masked-LM samples of encoders; use sft.packing"),
+            ("reset_position_ids", "is for pretraining corpora; sft.packing restarts them per row"),
+            ("reset_attention_mask", "is for pretraining corpora; sft.packing confines attention"),
+            ("eod_mask_loss", "is for pretraining corpora; sft.loss_on chooses the loss tokens"),
+            ("blend_schedule", "is for pretraining blends"),
+        ):
+            _require(
+                not getattr(d, name),
+                f"data.{name}",
+                f"{why}; it cannot be set with sft.train_file",
+            )
+
+    @property
+    def per_document_positions(self) -> bool:
+        """Samples carry ``position_ids`` restarting per document or row (the model gets them)."""
+        return self.data.reset_position_ids or (self.sft.enabled and self.sft.packing)
+
+    @property
+    def per_document_attention(self) -> bool:
+        """Samples carry a bool ``attention_mask`` confining attention to each document or row."""
+        return self.data.reset_attention_mask or (self.sft.enabled and self.sft.packing)
+
     def check_data(self) -> None:
         """Require a data source (what training needs; printing a configuration does not).
 
@@ -145,6 +198,8 @@ class TrainConfig:
             "epochal.accelerate's prepare(); to fine-tune on a labelled table use "
             "'sequence_classification', 'sequence_regression' or 'residue_classification'",
         )
+        if self.sft.enabled:
+            return
         if self.model.head != "mlm":
             _require(
                 bool(self.finetune.train_file),

@@ -5,7 +5,8 @@
 1. tokenizer and data: ``data.corpus`` is tokenized first (cached, see
    :mod:`epochal.train.inputs.corpus`); otherwise ``data.data_path`` (Megatron-style
    prefixes / blend) with ``data.tokenizer_type``; or ``data.mock``; ESM runs read
-   proteins (:mod:`epochal.train.inputs.esm`);
+   proteins (:mod:`epochal.train.inputs.esm`); ``sft.train_file``: chat or
+   prompt-completion rows (:mod:`epochal.train.inputs.sft`);
 2. train / validation datasets from the data layer's GPT dataset builder, sized as
    Megatron does (train: ``train_iters * global_batch_size`` samples; validation:
    ``eval_iters * global_batch_size``, since every evaluation reads the validation
@@ -51,6 +52,10 @@ class DataBundle:
         whole_validation: every evaluation reads the whole validation loader (a
             fine-tuning table, :class:`~epochal.train.inputs.eval_rows.WholeTableRows`)
             instead of ``training.eval_iters`` global batches.
+        loss_tokens: ``loss_tokens(first, count) -> int``, the loss tokens of the
+            global train samples ``[first, first + count)``, when the train dataset
+            counts them (fine-tuning rows: the step's loss is their token mean);
+            else None.
     """
 
     train_loader: WrappedDataLoader
@@ -60,6 +65,7 @@ class DataBundle:
     tokenizer: Any = None
     description: str = ""
     whole_validation: bool = False
+    loss_tokens: Any = None
 
     def num_microbatches_at(self, consumed_samples: int) -> int:
         """Micro-batches per step at ``consumed_samples`` (gbs / (mbs * dp))."""
@@ -121,7 +127,8 @@ def make_loaders(
         else None
     )
     whole = isinstance(valid_dataset, WholeTableRows)
-    return DataBundle(train, valid, sampler, vocab_size, tokenizer, description, whole)
+    counter = getattr(train_dataset, "loss_tokens", None)
+    return DataBundle(train, valid, sampler, vocab_size, tokenizer, description, whole, counter)
 
 
 def _gpt(config: TrainConfig, **kwargs: Any) -> tuple[Any, Any, int, Any, str]:
@@ -146,6 +153,12 @@ def _finetune(config: TrainConfig, **kwargs: Any) -> tuple[Any, Any, int, Any, s
     from epochal.train.inputs.finetune import build_finetune_datasets
 
     return build_finetune_datasets(config, **kwargs)
+
+
+def _sft(config: TrainConfig, **kwargs: Any) -> tuple[Any, Any, int, Any, str]:
+    from epochal.train.inputs.sft import build_sft_train_datasets
+
+    return build_sft_train_datasets(config, **kwargs)
 
 
 def _esm(config: TrainConfig, **kwargs: Any) -> tuple[Any, Any, int, Any, str]:
@@ -189,7 +202,12 @@ def build_data(
         group: ``torch.distributed`` group whose rank 0 builds the index caches first.
     """
     head = getattr(config.model, "head", "mlm")
-    builder = FINETUNE_BUILDER if head != "mlm" else dataset_builder(config.model.type)
+    if config.sft.enabled:  # chat / prompt-completion rows of a GPT
+        builder = _sft
+    elif head != "mlm":
+        builder = FINETUNE_BUILDER
+    else:
+        builder = dataset_builder(config.model.type)
     train_ds, valid_ds, vocab_size, tokenizer, description = builder(config, log=log, group=group)
     return make_loaders(
         config,

@@ -155,7 +155,15 @@ def with_recorded_tokenizer(data: Any) -> Any:
 def with_resolved_tokenizer(config: Any) -> Any:
     """``config`` (a ``TrainConfig``) whose ``data.tokenizer_type`` names the tokenizer used, so
     that the run's saved ``config.toml`` does: ESM-2's for ``model.type = "esm"``, else
-    :func:`with_recorded_tokenizer`'s."""
+    :func:`with_recorded_tokenizer`'s; a fine-tuning run's (``sft.train_file``)
+    ``HuggingFaceTokenizer`` of its tokenizer folder."""
+    sft = getattr(config, "sft", None)
+    if sft is not None and sft.enabled:  # the folder the rows were tokenized with
+        folder = sft.tokenizer or config.checkpoint.init_from
+        data = dataclasses.replace(
+            config.data, tokenizer_type="HuggingFaceTokenizer", tokenizer_model=folder
+        )
+        return dataclasses.replace(config, data=data)
     if config.data.tokenizer_type:
         return config
     if config.model.type == "esm":

@@ -35,7 +35,7 @@ def attention_kinds(config: Any, model_config: ModelConfig) -> list[str]:
         return ["float"]
     if m.is_encoder:
         return ["none"] if d.pack_sequences else ["bool"]
-    return ["bool"] if d.reset_attention_mask else ["causal"]
+    return ["bool"] if config.per_document_attention else ["causal"]
 
 
 def _probe(kind: str, device: torch.device, dtype: torch.dtype, head_dim: int) -> None:

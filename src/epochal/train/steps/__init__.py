@@ -1,7 +1,8 @@
 """Train steps: what the trainer runs for each micro-batch (see :mod:`.base` for the contract).
 
 :class:`GPTTrainStep` (``model.type = "gpt"``), :class:`BertTrainStep`
-(``"bert"``, ``"esm"``) and :class:`T5TrainStep` (``"t5"``) are registered per model type; :func:`train_step_class`
+(``"bert"``, ``"esm"``) and :class:`T5TrainStep` (``"t5"``) are registered per model type
+(:class:`SFTTrainStep`: a GPT fine-tuning on ``sft.train_file``); :func:`train_step_class`
 looks one up. :func:`load_train_step` imports a user's class from
 ``package.module:Class`` (``training.train_step``), :func:`load_eval_callback` an
 evaluation callback (``training.eval_callback``).
@@ -23,6 +24,7 @@ from epochal.train.steps.reduce import (
     set_data_parallel_group,
 )
 from epochal.train.steps.registry import register_train_step, train_step_class
+from epochal.train.steps.sft import SFTTrainStep, token_mean_step
 from epochal.train.steps.t5 import T5TrainStep
 
 __all__ = [
@@ -32,6 +34,7 @@ __all__ = [
     "SequenceClassificationStep",
     "SequenceRegressionStep",
     "GPTTrainStep",
+    "SFTTrainStep",
     "LossFnStep",
     "T5TrainStep",
     "TrainStep",
@@ -42,5 +45,6 @@ __all__ = [
     "load_train_step",
     "register_train_step",
     "set_data_parallel_group",
+    "token_mean_step",
     "train_step_class",
 ]

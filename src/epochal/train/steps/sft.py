@@ -1,0 +1,93 @@
+"""``SFTTrainStep``: the GPT step of a fine-tuning run (``sft.train_file``), its loss a global token mean.
+
+A training step's loss is the sum of the cross-entropy over the loss tokens of the
+whole global batch divided by their number: ``transformers``' ``num_items_in_batch``
+(the loss TRL's ``SFTTrainer`` trains with) and Megatron-Core's
+``calculate_per_token_loss``. Before each step the trainer counts the global batch's
+loss tokens ``N`` from the data (no communication: every rank knows every sample's
+count) and sets :attr:`SFTTrainStep.loss_scale` to ``M / N``, ``M`` the micro-batches
+of the global batch (all data-parallel ranks). Each micro-batch's loss is then its
+summed cross-entropy times ``M / N``; the trainer divides it by ``M`` (its micro-batches
+times the data-parallel averaging of the gradients), so the step's loss and gradient
+are ``sum / N`` whatever the split over micro-batches and ranks, and the same numbers
+under ``training.layout_invariant`` bit for bit. A micro-batch's logged ``lm loss``
+averages to the step's loss.
+
+Evaluation (no :attr:`~SFTTrainStep.loss_scale`): each micro-batch logs its summed
+cross-entropy and its loss tokens, and the evaluation's loss is their ratio over the
+whole validation set (:meth:`SFTTrainStep.evaluation_loss`): the token mean over
+every loss token of the validation rows.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from epochal.train.steps.gpt import GPTTrainStep
+
+__all__ = ["SFTTrainStep", "token_mean_step"]
+
+_SUM, _COUNT = "sft loss sum", "sft loss tokens"
+
+
+class SFTTrainStep(GPTTrainStep):
+    """The GPT step with the fine-tuning loss of the module docstring.
+
+    Attributes:
+        loss_scale: during a training step, (micro-batches of the global batch) /
+            (its loss tokens), set by the trainer; None otherwise (evaluation).
+    """
+
+    loss_scale: float | None = None
+
+    def loss_func(
+        self, loss_mask: torch.Tensor, output_tensor: torch.Tensor
+    ) -> tuple[torch.Tensor, dict[str, Any]]:
+        """Summed cross-entropy times :attr:`loss_scale` (training), else the token mean."""
+        losses = output_tensor.float()
+        mask = loss_mask.reshape(-1).to(losses.dtype)
+        total = (losses.reshape(-1) * mask).sum()
+        if self.loss_scale is not None:
+            loss = total * self.loss_scale
+            return loss, {"lm loss": loss.detach()}
+        count = mask.sum()
+        loss = total / count.clamp(min=1.0)
+        return loss, {"lm loss": loss.detach(), _SUM: total.detach(), _COUNT: count.detach()}
+
+    def eval_summary(self, logged: dict[str, float]) -> dict[str, float]:
+        """``lm loss``: the token mean over every loss token of the evaluation."""
+        out = {k: v for k, v in logged.items() if k not in (_SUM, _COUNT)}
+        if float(logged.get(_COUNT, 0.0)) > 0:
+            out["lm loss"] = float(logged[_SUM]) / float(logged[_COUNT])
+        return out
+
+    def evaluation_loss(self, mean_loss: float, summary: dict[str, float]) -> float:
+        """The token mean over every loss token of the evaluation (not a mean of means)."""
+        return summary.get("lm loss", mean_loss)
+
+
+@contextlib.contextmanager
+def token_mean_step(trainer: Any, num_microbatches: int) -> Iterator[None]:
+    """Around one training step: set :attr:`SFTTrainStep.loss_scale` (module docstring).
+
+    ``trainer`` is the :class:`~epochal.train.Trainer` (its step, data and
+    data-parallel size); the global batch is the ``num_microbatches x micro_batch_size
+    x dp`` samples from the train loader's ``consumed_samples``. Nothing happens for
+    another step or data that does not count its loss tokens.
+    """
+    step, counter = trainer.train_step_handler, getattr(trainer.data, "loss_tokens", None)
+    if counter is None or not isinstance(step, SFTTrainStep):
+        yield
+        return
+    dp = trainer.data_parallel_info()["dp_size"]
+    samples = num_microbatches * trainer.config.training.micro_batch_size * dp
+    tokens = counter(trainer.data.train_loader.consumed_samples, samples)
+    step.loss_scale = num_microbatches * dp / max(tokens, 1)
+    try:
+        yield
+    finally:
+        step.loss_scale = None
