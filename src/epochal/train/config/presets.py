@@ -121,22 +121,25 @@ _TINY_WORDPIECE_RECIPE: dict[str, Any] = {
 #: The chat rows and tokenizer shipped with the package (``sft-tiny``).
 SFT_EXAMPLES = Path(__file__).resolve().parents[2] / "data" / "sft" / "examples"  # package data
 
+#: The tiny Llama-style model of ``tiny`` and ``sft-tiny`` (1.3M parameters).
+_TINY_MODEL: dict[str, Any] = {
+    "hidden_size": 128,
+    "num_layers": 4,
+    "num_attention_heads": 4,
+    "num_query_groups": 2,
+    "position_embedding_type": "rope",
+    "normalization": "RMSNorm",
+    "activation": "swiglu",
+    "ffn_hidden_size": 384,
+    "add_bias_linear": False,
+    "hidden_dropout": 0.0,
+    "attention_dropout": 0.0,
+    "make_vocab_size_divisible_by": 128,
+}
+
 PRESETS: dict[str, dict[str, Any]] = {
     "tiny": {
-        "model": {
-            "hidden_size": 128,
-            "num_layers": 4,
-            "num_attention_heads": 4,
-            "num_query_groups": 2,
-            "position_embedding_type": "rope",
-            "normalization": "RMSNorm",
-            "activation": "swiglu",
-            "ffn_hidden_size": 384,
-            "add_bias_linear": False,
-            "hidden_dropout": 0.0,
-            "attention_dropout": 0.0,
-            "make_vocab_size_divisible_by": 128,
-        },
+        "model": {**_TINY_MODEL},
         "data": {
             "corpus": "stdlib",
             "corpus_max_bytes": 3_000_000,
@@ -165,20 +168,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "logging": {"log_interval": 10},
     },
     "sft-tiny": {
-        "model": {
-            "hidden_size": 128,
-            "num_layers": 4,
-            "num_attention_heads": 4,
-            "num_query_groups": 2,
-            "position_embedding_type": "rope",
-            "normalization": "RMSNorm",
-            "activation": "swiglu",
-            "ffn_hidden_size": 384,
-            "add_bias_linear": False,
-            "hidden_dropout": 0.0,
-            "attention_dropout": 0.0,
-            "make_vocab_size_divisible_by": 128,
-        },
+        "model": {**_TINY_MODEL},
         "data": {"seq_length": 128},
         "sft": {
             "train_file": str(SFT_EXAMPLES / "tiny_chat.jsonl"),
