@@ -128,6 +128,7 @@ def test_normalize_weights_rejects_bad_input():
         [5, 1, 2, 0.5, 3],
         list(range(1, 12)),  # past the compare chain: row-wise max, then equality masks
         list(range(1, 21)),  # numpy's argmax
+        [1e-12 if i % 3 == 0 else i for i in range(1, 31)],  # argmax over a row per chunk
     ],
 )
 def test_vectorized_scan_equals_the_step_by_step_rule(weights):
@@ -166,6 +167,18 @@ def test_scan_repairs_chunks_that_start_wrong(monkeypatch, rounds):
         assert len(runs) > 1 and not calls
     else:  # one by one
         assert len(runs) == 1 and calls
+
+
+def test_scan_with_a_row_per_chunk_repairs_wrong_starts(monkeypatch):
+    """Many datasets: wrong chunk starts (no warm-up) are caught and redone, exactly."""
+    assert 26 >= blended._ROWS_FROM
+    w = np.asarray(normalize_weights([1e-12, 1e-3] + list(range(1, 25))))
+    for rounds in (0, 2):
+        monkeypatch.setattr(blended, "_REPAIR_ROUNDS", rounds)
+        fast = _greedy_scan(w, 60_000, warmup=0)
+        slow = _greedy_loop(w.tolist(), 60_000)
+        np.testing.assert_array_equal(fast[0], slow[0])
+        np.testing.assert_array_equal(fast[1], slow[1])
 
 
 def test_exhaustive_blend_finishes_with_the_exhaustive_rule(monkeypatch):

@@ -386,6 +386,7 @@ def test_blending_indices_equal_megatron_helpers(num_datasets):
         [1, 1e-12],  # two datasets: the closed form, with near-ties on every step
         [0, 1],
         [0.6180339887, 1],
+        [1e-12 if i % 4 == 0 else 1 + i % 7 for i in range(100)],  # a row of errors per chunk
     ],
 )
 def test_blend_equals_megatron_helpers_at_scale(weights):

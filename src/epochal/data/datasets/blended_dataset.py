@@ -11,8 +11,8 @@ tie-breaking) for any number of datasets. Two datasets take a closed form
 (:mod:`epochal.data.datasets.blend_two`: one evaluation of Megatron's comparison per
 sample, vectorized; about 1.2-1.4x the speed of Megatron's C++ loop, 9 ns per sample).
 More datasets take a vectorized scan that checks its own result (see
-:func:`_greedy_scan`): 0.3-0.5x Megatron's speed (about 0.03 us per sample for 5
-datasets, 0.3-0.5 us for 100). The indices are built once and cached (see
+:func:`_greedy_scan`): 0.4-0.5x Megatron's speed (about 0.03 us per sample for 5
+datasets, 0.2 us for 100). The indices are built once and cached (see
 :mod:`epochal.data.datasets.index_cache`).
 
 Each sample is ``{"dataset_id": i, **datasets[i][j]}``.
@@ -62,9 +62,11 @@ _MAX_CELLS = 1 << 22
 #: How each step finds the first dataset with the largest error (measured fastest):
 #: a chain of compares up to ``_CHAIN_MAX`` datasets, the row-wise maximum and a chain of
 #: equality masks up to ``_MASKED_MIN_MAX``, numpy's ``argmax(axis=0)`` above (with at most ``_STEP_CELLS``
-#: errors per step, where that argmax is still cache-resident).
+#: errors per step, where that argmax is still cache-resident), and from ``_ROWS_FROM``
+#: datasets ``argmax(axis=1)`` over one contiguous row of errors per chunk.
 _CHAIN_MAX = 4
 _MASKED_MIN_MAX = 16
+_ROWS_FROM = 24
 _STEP_CELLS = 1 << 16
 #: Vectorized rounds over the chunks whose start was wrong, before fixing the rest one by one.
 _REPAIR_ROUNDS = 2
@@ -258,6 +260,8 @@ def _advance(
     k, chunks = taken.shape
     if k == 2:
         return _advance_two(w, taken, t, skip, picks, positions)
+    if k >= _ROWS_FROM:
+        return _advance_rows(w, taken, t, skip, picks, positions)
     flat = taken.reshape(-1)
     columns = np.arange(chunks)
     x = t.astype(np.float64)
@@ -293,6 +297,49 @@ def _advance(
             picks[s - skip] = pick
             positions[s - skip] = before
         x += 1.0
+    return entries
+
+
+def _advance_rows(
+    w: np.ndarray,
+    taken: np.ndarray,
+    t: np.ndarray,
+    skip: int,
+    picks: np.ndarray,
+    positions: np.ndarray,
+) -> np.ndarray:
+    """:func:`_advance` for many datasets, with each chunk's errors in one contiguous row.
+
+    numpy's ``argmax(axis=1)`` over contiguous rows is about 2.5x faster than its
+    ``argmax(axis=0)`` across them (1.05x at 24 datasets, 1.4x at 100, up to 2.7x where
+    the column stride is a power of two); the float operations are the same
+    (``w * x - taken``, the first maximum wins).
+    """
+    k, chunks = taken.shape
+    rows = np.ascontiguousarray(taken.T)  # [chunks, k]
+    flat = rows.reshape(-1)
+    base = np.arange(chunks) * k
+    x = t.astype(np.float64)[:, None]
+    errors = np.empty((chunks, k))
+    entries = taken
+    for s in range(skip + picks.shape[0]):
+        if s == skip:
+            if skip:  # chunk 0 idles through the warm-up, then starts from nothing at t = 0
+                rows[0] = 0
+            entries = np.ascontiguousarray(rows.T)
+            np.multiply(np.maximum(x, 1.0), w, out=errors)  # t = 0 counts as 1
+        else:
+            np.multiply(x, w, out=errors)
+        errors -= rows
+        pick = errors.argmax(axis=1)
+        where = base + pick
+        before = flat[where]
+        flat[where] = before + 1
+        if s >= skip:
+            picks[s - skip] = pick
+            positions[s - skip] = before
+        x += 1.0
+    taken[:] = rows.T
     return entries
 
 
