@@ -356,8 +356,12 @@ class ModelConfig(ModelConfigChecks):
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> ModelConfig:
-        """Build from a dict, rejecting unknown keys with a :class:`ConfigError`."""
-        known = {f.name for f in dataclasses.fields(cls)}
+        """Build from a dict, rejecting unknown and missing required keys with a :class:`ConfigError`."""
+        fields = dataclasses.fields(cls)
+        known = {f.name for f in fields}
         for key in values:
             _require(key in known, str(key), f"unknown model option; known: {sorted(known)}")
+        for f in fields:
+            required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+            _require(not required or f.name in values, f.name, "missing (a required model option)")
         return cls(**values)
