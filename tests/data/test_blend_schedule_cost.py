@@ -72,3 +72,16 @@ def test_per_sample_cost_grows_at_most_logarithmically_with_the_points():
     cost1024 = (lookups1024 - exact1024) * math.log2(1024 + 1) + exact1024 * words1024
     assert exact1024 <= 3  # near-tie lookups are rare with irregular weights
     assert cost1024 <= 2 * math.log2(1024 + 1) / math.log2(2 + 1) * cost2
+
+
+@pytest.mark.parametrize("interpolation", ["step", "linear"])
+def test_float_path_holds_at_a_hundred_billion_samples(interpolation):
+    """Errors grow with the sample number: still exact, and still rarely left to exact."""
+    sched = irregular(5, 4, interpolation, 11, span=10**11)
+    fast, exact = BlendSelector(sched), BlendSelector(sched)
+    exact.fast = False
+    rng = random.Random(4)
+    for _ in range(150):
+        n = rng.randrange(12 * 10**10)
+        assert fast.locate(n) == exact.locate(n) and fast.locate(n + 1) == exact.locate(n + 1)
+    assert fast.exact_lookups <= 0.05 * fast._left.cache_info().misses

@@ -365,7 +365,7 @@ class BlendSelector:
         """:meth:`_left_exact` in floats, or None where rounding might decide it otherwise.
 
         Every float quantity is within ``2**-53`` relative error of its exact value per
-        operation (about 20 operations), so an error bound of ``2**-40`` times the sum of
+        operation (about 20 operations), so an error bound of ``2**-47`` times the sum of
         the magnitudes involved is safe; a comparison or rounding closer than that to its
         boundary (a tie, or a node whose share is nearly 0) goes to exact arithmetic.
         The cost is one bisection over the segments and O(1) float operations: it does
@@ -394,12 +394,14 @@ class BlendSelector:
         j2 = jj * (jj - 1) // 2
         mag = abs(base[k]) + m + 1.0 + abs(left.base_f[k])
         mag += (abs(a) + abs(left.a_f[k])) * j + (abs(b) + abs(left.b_f[k])) * (j2 + j)
-        tol = mag * 2.0**-40
+        tol = mag * 2.0**-47
         rate = a + b * jj
         owed = m - (base[k] + a * jj + b * j2)  # exactly in [0, rate] for the exact i
         # g is continuous in m with slope <= 1, so a neighbouring sample's piece extended
         # by tol is as good; farther off (a poor first guess) or a tiny rate: exact
-        if rate <= tol * 1024 or owed < -tol or owed > rate + tol:
+        # (the rate's own error is relative to its terms, not to the sample number)
+        rate_tol = (abs(a) + abs(b) * jj + abs(left.a_f[k]) + abs(left.b_f[k]) * jj) * 2.0**-47
+        if rate <= rate_tol * 1024 or owed < -2 * tol or owed > rate + 2 * tol:
             return None
         rate_left = left.a_f[k] + left.b_f[k] * jj
         got = left.base_f[k] + left.a_f[k] * jj + left.b_f[k] * j2
