@@ -25,7 +25,12 @@ goes to exactly one source, each source's samples are numbered ``0, 1, 2, ...``
 without gaps or repeats, and source ``s``'s count after ``n`` samples is within
 ``depth / 2`` of ``T_s(n)`` (depth = ``ceil(log2(#sources))``: below 1 for up to 4
 sources), at every ``n``: the error does not accumulate. Locating sample ``n`` costs
-``O(depth * log #points)`` rational operations; nothing is stored per sample.
+``O(depth * log #points)``; nothing is stored per sample. Each node's decision is made
+in floating point (one bisection over the segments, then O(1) operations) with an
+error bound; only a decision within that bound of its rounding boundary (an exact
+tie, frequent with small integer weights, whose denominators are then small too) is
+settled in exact integers over the schedule's common denominator, whose size grows
+with the number of points. Both give the same selection, sample for sample.
 
 A selector can start at any ``origin``: then it apportions ``T_s(origin + x) -
 T_s(origin)`` (how a resumed run continues with a changed future, see
@@ -245,6 +250,10 @@ class _Node:
             if k + 1 < len(self.starts):
                 total += self._series(k, self.starts[k + 1] - start)
         self.at_origin = self.at(origin)
+        # the same in floats, relative to the origin (the fast path of BlendSelector)
+        self.base_f = [float(Fraction(c - self.at_origin, q)) for c in self.base]
+        self.a_f = [float(Fraction(x, q)) for x in self.a]
+        self.b_f = [float(Fraction(x, q)) for x in self.b]
 
     def _series(self, k: int, j: int) -> int:
         return self.a[k] * j + self.b[k] * (j * (j - 1) // 2)
@@ -327,6 +336,8 @@ class BlendSelector:
         self._children: list[tuple[int, int] | None] = []
         self._add(0, self.k)
         self._left = lru_cache(maxsize=8192)(self._left_count)
+        self.exact_lookups = 0  # node lookups the float path left to exact arithmetic
+        self.fast = True  # False: always exact (the reference the fast path must equal)
 
     def _add(self, lo: int, hi: int) -> int:
         node_id = len(self._nodes)
@@ -340,6 +351,68 @@ class BlendSelector:
         return node_id
 
     def _left_count(self, node_id: int, m: int) -> int:
+        """Of node ``node_id``'s first ``m`` samples, how many its left child serves."""
+        if m <= 0:
+            return 0
+        if self.fast:
+            got = self._left_float(node_id, m)
+            if got is not None:
+                return got
+        self.exact_lookups += 1
+        return self._left_exact(node_id, m)
+
+    def _left_float(self, node_id: int, m: int) -> int | None:
+        """:meth:`_left_exact` in floats, or None where rounding might decide it otherwise.
+
+        Every float quantity is within ``2**-53`` relative error of its exact value per
+        operation (about 20 operations), so an error bound of ``2**-47`` times the sum of
+        the magnitudes involved is safe; a comparison or rounding closer than that to its
+        boundary (a tie, or a node whose share is nearly 0) goes to exact arithmetic.
+        The cost is one bisection over the segments and O(1) float operations: it does
+        not depend on the denominators of the schedule.
+        """
+        node = self._nodes[node_id]
+        left = self._nodes[self._children[node_id][0]]  # type: ignore[index]
+        base = node.base_f
+        k = bisect.bisect_left(base, m) - 1
+        last = k + 1 == len(base)
+        c, a, b = base[k] - m, node.a_f[k], node.b_f[k]
+        if last and a <= 0 and b <= 0:
+            return None  # beyond everything the node is owed
+        # the smallest J >= 1 with c + a J + b J (J - 1) / 2 >= 0 (first guess, floats)
+        qa, qb = b / 2, a - b / 2
+        denom = qb + math.sqrt(max(qb * qb - 4 * qa * c, 0.0))
+        if denom <= 0:
+            return None
+        j = max(1, math.ceil(-2 * c / denom))
+        if not last:
+            j = min(j, node.starts[k + 1] - node.starts[k])
+        jj = j - 1  # the node's target reaches m during sample i = start + jj
+        i = node.starts[k] + jj
+        if i < self.origin:
+            return None
+        j2 = jj * (jj - 1) // 2
+        mag = abs(base[k]) + m + 1.0 + abs(left.base_f[k])
+        mag += (abs(a) + abs(left.a_f[k])) * j + (abs(b) + abs(left.b_f[k])) * (j2 + j)
+        tol = mag * 2.0**-47
+        rate = a + b * jj
+        owed = m - (base[k] + a * jj + b * j2)  # exactly in [0, rate] for the exact i
+        # g is continuous in m with slope <= 1, so a neighbouring sample's piece extended
+        # by tol is as good; farther off (a poor first guess) or a tiny rate: exact
+        # (the rate's own error is relative to its terms, not to the sample number)
+        rate_tol = (abs(a) + abs(b) * jj + abs(left.a_f[k]) + abs(left.b_f[k]) * jj) * 2.0**-47
+        if rate <= rate_tol * 1024 or owed < -2 * tol or owed > rate + 2 * tol:
+            return None
+        rate_left = left.a_f[k] + left.b_f[k] * jj
+        got = left.base_f[k] + left.a_f[k] * jj + left.b_f[k] * j2
+        g = got + rate_left * (owed / rate) + 0.5
+        err = tol * (6.0 + 3.0 * abs(rate_left) / rate)
+        r = math.floor(g)
+        if g - r <= err or r + 1 - g <= err:
+            return None  # a tie or near one: exact
+        return min(m, max(0, r))
+
+    def _left_exact(self, node_id: int, m: int) -> int:
         """Of node ``node_id``'s first ``m`` samples, how many its left child serves.
 
         ``floor(g + 1/2)`` with ``g`` the left child's target when the node's reaches ``m``,
