@@ -24,13 +24,15 @@ OPTION = re.compile(
     r"(?<![\w./-])(?:--)?((?:run_dir)|(?:model|data|training|optimizer|scheduler|checkpoint|"
     r"logging|parallel|finetune|sft)\.[a-z][a-z0-9_]*)(?![\w(*])"
 )
-#: Python names the pages write like options (methods of a model or optimizer).
+#: Python names and file names the pages write like options (a model's or optimizer's methods, Accelerate's files).
 NOT_OPTIONS = {
     "optimizer.step",
     "optimizer.zero_grad",
     "model.generate",
     "optimizer.param_groups",
     "scheduler.bin",
+    "optimizer.bin",
+    "model.safetensors",
 }
 
 
