@@ -30,6 +30,7 @@ def _tries(decorator):
     return train(1), seen
 
 
+@pytest.mark.slow  # ~20 s of full collections between retries, as Accelerate's own decorator does
 def test_find_executable_batch_size_retries_as_accelerate():
     assert _tries(find_executable_batch_size) == _tries(accelerate_find)
     assert _tries(find_executable_batch_size)[1] == [64, 57, 51, 45, 40, 36, 32, 28, 25, 22, 19]

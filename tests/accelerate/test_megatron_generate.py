@@ -165,6 +165,7 @@ use_cpu: true
 
 
 @pytest.mark.distributed
+@pytest.mark.slow  # two launches; tests/model/test_generation_tp.py covers TP2 generation
 def test_tp2_and_pp2_give_one_process_tokens_and_dp2_is_refused(prepared, tmp_path):
     model, _ = prepared
     reference = greedy(model)

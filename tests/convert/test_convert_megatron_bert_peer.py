@@ -227,6 +227,7 @@ def test_megatron_core_bert_tp1_loads_our_export_and_we_load_its_weights(tmp_pat
 
 
 @pytest.mark.distributed
+@pytest.mark.slow  # the TP1 peer test and the torch_dist TP2 export test cover the default tier
 def test_megatron_core_bert_loads_our_tp2_and_pp2_exports(tmp_path):
     results = run_gloo(_parallel, 2, str(tmp_path))
     assert results == [

@@ -51,7 +51,7 @@ def references(tmp_path_factory):
 
 
 # recompute groups: the grouping of full recompute, also checked in one process
-SLOW = {"hf_style_tp2_recompute_groups"}
+SLOW = {"hf_style_tp2_recompute_groups", "tp2_recompute", "hf_style_dp2_selective"}
 
 
 @pytest.mark.parametrize(
