@@ -84,15 +84,15 @@ IMPORTERS: dict[str, tuple[ConfigReader, StateReader]] = {
     ),
     "qwen2": (
         lambda hf, w, m: hf_qwen2.ours_config_from_qwen2(hf, make_vocab_size_divisible_by=m),
-        lambda w, c, src: hf_qwen2.ours_state_from_qwen2(w, c, source=src),
+        lambda w, c, src: hf_llama.decoder_state_to_ours(w, c, source=src),
     ),
     "qwen3": (
         lambda hf, w, m: hf_qwen3.ours_config_from_qwen3(hf, make_vocab_size_divisible_by=m),
-        lambda w, c, src: hf_qwen3.ours_state_from_qwen3(w, c, source=src),
+        lambda w, c, src: hf_llama.decoder_state_to_ours(w, c, source=src),
     ),
     "mistral": (
         lambda hf, w, m: hf_mistral.ours_config_from_mistral(hf, make_vocab_size_divisible_by=m),
-        lambda w, c, src: hf_mistral.ours_state_from_mistral(w, c, source=src),
+        lambda w, c, src: hf_llama.decoder_state_to_ours(w, c, source=src),
     ),
     "bert": (
         lambda hf, w, m: hf_bert.ours_config_from_bert(
@@ -120,15 +120,31 @@ IMPORTERS: dict[str, tuple[ConfigReader, StateReader]] = {
     ),
 }
 
+
+def _decoder_writer(
+    config_writer: Callable[[ModelConfig], dict[str, Any]],
+) -> Callable[[dict[str, torch.Tensor], ModelConfig], dict[str, torch.Tensor]]:
+    """The state writer of a Llama-shaped family: its config writer validates, then Llama's names."""
+
+    def write(state: dict[str, torch.Tensor], config: ModelConfig) -> dict[str, torch.Tensor]:
+        config_writer(config)  # refuses what the family cannot hold
+        return hf_llama.decoder_state_from_ours(state, config)
+
+    return write
+
+
 #: architecture -> (``config.json`` writer, state writer), both from ``(config[, state])``.
 EXPORTERS: dict[
     str, tuple[Callable[..., dict[str, Any]], Callable[..., dict[str, torch.Tensor]]]
 ] = {
     "gpt2": (hf_gpt2.gpt2_config_from_ours, hf_gpt2.gpt2_state_from_ours),
     "llama": (hf_llama.llama_config_from_ours, hf_llama.llama_state_from_ours),
-    "qwen2": (hf_qwen2.qwen2_config_from_ours, hf_qwen2.qwen2_state_from_ours),
-    "qwen3": (hf_qwen3.qwen3_config_from_ours, hf_qwen3.qwen3_state_from_ours),
-    "mistral": (hf_mistral.mistral_config_from_ours, hf_mistral.mistral_state_from_ours),
+    "qwen2": (hf_qwen2.qwen2_config_from_ours, _decoder_writer(hf_qwen2.qwen2_config_from_ours)),
+    "qwen3": (hf_qwen3.qwen3_config_from_ours, _decoder_writer(hf_qwen3.qwen3_config_from_ours)),
+    "mistral": (
+        hf_mistral.mistral_config_from_ours,
+        _decoder_writer(hf_mistral.mistral_config_from_ours),
+    ),
     "bert": (hf_bert.bert_config_from_ours, hf_bert.bert_state_from_ours),
     "megatron-bert": (hf_bert.bert_config_from_ours, hf_bert.bert_state_from_ours),
     "esm": (hf_esm.esm_config_from_ours, hf_esm.esm_state_from_ours),

@@ -22,16 +22,12 @@ from epochal.convert.hf.llama import (
     decoder_config,
     decoder_export_problems,
     decoder_json,
-    decoder_state_from_ours,
-    decoder_state_to_ours,
 )
 from epochal.model.config import ModelConfig
 
 __all__ = [
     "mistral_config_from_ours",
-    "mistral_state_from_ours",
     "ours_config_from_mistral",
-    "ours_state_from_mistral",
 ]
 
 
@@ -82,22 +78,3 @@ def mistral_config_from_ours(
         ),
         "sliding_window": config.sliding_window,
     }
-
-
-def ours_state_from_mistral(
-    hf_state: Mapping[str, torch.Tensor], config: ModelConfig, *, source: str = "Mistral checkpoint"
-) -> dict[str, torch.Tensor]:
-    """A Mistral state dict in our names (vocabulary padded with zeros).
-
-    Raises:
-        ConversionError: a tensor is missing, unexpected or has the wrong shape.
-    """
-    return decoder_state_to_ours(hf_state, config, source=source)
-
-
-def mistral_state_from_ours(
-    state: Mapping[str, torch.Tensor], config: ModelConfig
-) -> dict[str, torch.Tensor]:
-    """Our state dict in Mistral names (vocabulary cut to ``vocab_size``; no ``lm_head`` when tied)."""
-    mistral_config_from_ours(config)  # validates
-    return decoder_state_from_ours(state, config)

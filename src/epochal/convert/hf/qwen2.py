@@ -29,17 +29,13 @@ from epochal.convert.hf.llama import (
     decoder_config,
     decoder_export_problems,
     decoder_json,
-    decoder_state_from_ours,
-    decoder_state_to_ours,
 )
 from epochal.model.config import ModelConfig
 
 __all__ = [
     "layer_window",
     "ours_config_from_qwen2",
-    "ours_state_from_qwen2",
     "qwen2_config_from_ours",
-    "qwen2_state_from_ours",
     "qwen_window_json",
 ]
 
@@ -134,22 +130,3 @@ def qwen2_config_from_ours(
         **decoder_json(config, architecture="Qwen2ForCausalLM", model_type="qwen2", dtype=dtype),
         **qwen_window_json(config),
     }
-
-
-def ours_state_from_qwen2(
-    hf_state: Mapping[str, torch.Tensor], config: ModelConfig, *, source: str = "Qwen2 checkpoint"
-) -> dict[str, torch.Tensor]:
-    """A Qwen2 state dict in our names (vocabulary padded with zeros).
-
-    Raises:
-        ConversionError: a tensor is missing, unexpected or has the wrong shape.
-    """
-    return decoder_state_to_ours(hf_state, config, source=source)
-
-
-def qwen2_state_from_ours(
-    state: Mapping[str, torch.Tensor], config: ModelConfig
-) -> dict[str, torch.Tensor]:
-    """Our state dict in Qwen2 names (vocabulary cut to ``vocab_size``; no ``lm_head`` when tied)."""
-    qwen2_config_from_ours(config)  # validates
-    return decoder_state_from_ours(state, config)

@@ -28,17 +28,13 @@ from epochal.convert.hf.llama import (
     decoder_config,
     decoder_export_problems,
     decoder_json,
-    decoder_state_from_ours,
-    decoder_state_to_ours,
 )
 from epochal.convert.hf.qwen2 import layer_window, qwen_window_json
 from epochal.model.config import ModelConfig
 
 __all__ = [
     "ours_config_from_qwen3",
-    "ours_state_from_qwen3",
     "qwen3_config_from_ours",
-    "qwen3_state_from_ours",
 ]
 
 #: transformers' ``Qwen3Config.head_dim`` default (used when config.json has none).
@@ -94,22 +90,3 @@ def qwen3_config_from_ours(
         "attention_bias": False,
         **qwen_window_json(config),
     }
-
-
-def ours_state_from_qwen3(
-    hf_state: Mapping[str, torch.Tensor], config: ModelConfig, *, source: str = "Qwen3 checkpoint"
-) -> dict[str, torch.Tensor]:
-    """A Qwen3 state dict in our names (vocabulary padded with zeros).
-
-    Raises:
-        ConversionError: a tensor is missing, unexpected or has the wrong shape.
-    """
-    return decoder_state_to_ours(hf_state, config, source=source)
-
-
-def qwen3_state_from_ours(
-    state: Mapping[str, torch.Tensor], config: ModelConfig
-) -> dict[str, torch.Tensor]:
-    """Our state dict in Qwen3 names (vocabulary cut to ``vocab_size``; no ``lm_head`` when tied)."""
-    qwen3_config_from_ours(config)  # validates
-    return decoder_state_from_ours(state, config)
