@@ -60,9 +60,9 @@ from __future__ import annotations
 
 import copy
 import difflib
-from pathlib import Path
 from typing import Any
 
+from epochal.data.sft.examples import CHAT_FILE, TOKENIZER_DIR
 from epochal.model.config import ConfigError
 
 __all__ = ["PRESETS", "PRESET_SUMMARIES", "preset_dict"]
@@ -118,8 +118,6 @@ _TINY_WORDPIECE_RECIPE: dict[str, Any] = {
     "logging": {"log_interval": 10},
 }
 
-#: The chat rows and tokenizer shipped with the package (``sft-tiny``).
-SFT_EXAMPLES = Path(__file__).resolve().parents[2] / "data" / "sft" / "examples"  # package data
 
 #: The tiny Llama-style model of ``tiny`` and ``sft-tiny`` (1.3M parameters).
 _TINY_MODEL: dict[str, Any] = {
@@ -171,8 +169,8 @@ PRESETS: dict[str, dict[str, Any]] = {
         "model": {**_TINY_MODEL},
         "data": {"seq_length": 128},
         "sft": {
-            "train_file": str(SFT_EXAMPLES / "tiny_chat.jsonl"),
-            "tokenizer": str(SFT_EXAMPLES / "tokenizer"),
+            "train_file": str(CHAT_FILE),
+            "tokenizer": str(TOKENIZER_DIR),
             "split": "90,10",
             "loss_on": "completion",
             "packing": True,
