@@ -193,9 +193,9 @@ def presets_page() -> str:
         out += [_markdown(described.get(name, "")), "", "```toml"]
         out += _toml_lines(values)
         out += ["```"]
-    from epochal.train.config.presets import SFT_EXAMPLES  # package data: no machine's path
+    from epochal.data.sft.examples import CHAT_FILE  # package data: no machine's path
 
-    return "\n".join(out).replace(str(SFT_EXAMPLES), "<epochal>/data/sft/examples") + "\n"
+    return "\n".join(out).replace(str(CHAT_FILE.parent), "<epochal>/data/sft/examples") + "\n"
 
 
 # ------------------------------------------------------------------------ cli
