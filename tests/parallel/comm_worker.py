@@ -1,0 +1,76 @@
+"""Ranks of the communication-ledger test: tiny GPT steps under the ledger (DP2 plain, DP2
+layout-invariant, TP2 with sequence parallelism)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from epochal.model import ModelConfig
+from epochal.parallel.comm_ledger import CommLedger
+from epochal.parallel.config import ParallelConfig
+from epochal.parallel.dims import ParallelDims
+from epochal.parallel.engine import ParallelEngine
+from epochal.train.optim.optimizer import OptimizersContainer, build_adamw
+
+SEQ, MBS = 32, 2
+
+
+def model_config() -> ModelConfig:
+    return ModelConfig(
+        vocab_size=256,
+        hidden_size=64,
+        num_layers=2,
+        num_attention_heads=4,
+        max_position_embeddings=SEQ,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+    )
+
+
+def _ledger_of(
+    world: int, fields: dict[str, Any], invariant: bool, micro_batches: int
+) -> list[list[tuple[str, str, int]]]:
+    """Every call of one counted step (after a warm-up step), in issue order."""
+    cfg = model_config()
+    pconf = ParallelConfig(**fields)
+    dims = ParallelDims.from_config(pconf, world)
+    mesh = dims.build_mesh("cpu")
+    engine = ParallelEngine(
+        pconf, cfg, dims, mesh, device=torch.device("cpu"), seed=0, layout_invariant=invariant
+    )
+    opts = OptimizersContainer(
+        engine.model_parts, lambda p: build_adamw([p], lr=1e-3, weight_decay=0.0)
+    )
+    g = torch.Generator().manual_seed(dist.get_rank())
+    data = torch.randint(0, cfg.vocab_size, (micro_batches, MBS, SEQ + 1), generator=g)
+    micro = [
+        {"tokens": d[:, :-1], "labels": d[:, 1:], "loss_mask": torch.ones(MBS, SEQ)} for d in data
+    ]
+
+    def step() -> None:
+        opts.zero_grad()
+        engine.forward_backward(micro)
+        engine.clip_grad_norm(1.0)
+        opts.step()
+
+    step()
+    names = [n for n in mesh.mesh_dim_names if mesh[n].size() > 1]
+    with CommLedger(groups={n: mesh.get_group(n) for n in names}) as ledger:
+        step()
+        ledger.end_step()
+    assert len(ledger.steps) == 1
+    return ledger.calls
+
+
+def rank_main(rank: int, world: int, micro_batches: int) -> dict[str, Any]:
+    torch.set_num_threads(1)
+    return {
+        "dp": _ledger_of(world, {}, False, micro_batches),
+        "dp_invariant": _ledger_of(world, {}, True, micro_batches),
+        "tp_sp": _ledger_of(
+            world, {"tensor_parallel": 2, "sequence_parallel": True}, False, micro_batches
+        ),
+    }
