@@ -68,7 +68,11 @@ LAYOUTS: dict[str, tuple[int, dict[str, Any], bool]] = {
     "dp2_tp2_sp": (4, {"tensor_parallel": 2, "sequence_parallel": True}, False),
     "dp2_tp2_sp_inv": (4, {"tensor_parallel": 2, "sequence_parallel": True}, True),
     "dp2_pp2": (4, {"pipeline_parallel": 2}, False),
-    "tp2_pp2": (4, {"tensor_parallel": 2, "sequence_parallel": True, "pipeline_parallel": 2}, False),
+    "tp2_pp2": (
+        4,
+        {"tensor_parallel": 2, "sequence_parallel": True, "pipeline_parallel": 2},
+        False,
+    ),
 }
 
 
@@ -172,8 +176,7 @@ def measure(rank: int, world: int, name: str, args: argparse.Namespace) -> dict[
         steps = [_split(c, small) for c in ledger.calls]
         keys = sorted({k for s in steps for k in s})
         per_count[m] = {
-            k: [sum(s.get(k, [0, 0])[i] for s in steps) / len(steps) for i in (0, 1)]
-            for k in keys
+            k: [sum(s.get(k, [0, 0])[i] for s in steps) / len(steps) for i in (0, 1)] for k in keys
         }
     return {
         "per_count": per_count,
