@@ -22,7 +22,8 @@ Not counted: collectives issued from a thread that did not enter the mode
 thread, so a training step's are all seen; CUDA backward runs on device threads
 that inherit the mode), traffic inside a backend that never reaches the
 dispatcher (the store's TCP traffic at start-up, NCCL's own protocol overhead),
-and anything a compiled graph (``torch.compile``) issues once captured. The
+anything a compiled graph (``torch.compile``) issues once captured, and
+the functional ``batch_p2p_ops`` (epochal does not use it). The
 ledger counts what is *issued*; whether it overlaps with compute is the
 projection's business (``docs/concepts/communication.md``).
 
