@@ -62,6 +62,9 @@ def _ledger_of(
         step()
         ledger.end_step()
     assert len(ledger.steps) == 1
+    for (kind, group), entry in ledger.per_step().items():  # the totals agree with the calls
+        sizes = [b for k, g, b in ledger.calls[0] if (k, g) == (kind, group)]
+        assert (entry.calls, entry.bytes) == (len(sizes), sum(sizes)), (kind, group)
     return ledger.calls
 
 
