@@ -49,7 +49,13 @@ def test_one_expert_top1_equals_the_dense_mlp_exactly(activation):
     torch.manual_seed(0)
     for p in moe.parameters():
         p.data.normal_(0, 0.1)
-    dense.load_state_dict({k.removeprefix("experts.0."): v for k, v in moe.state_dict().items() if k.startswith("experts.0.")})
+    dense.load_state_dict(
+        {
+            k.removeprefix("experts.0."): v
+            for k, v in moe.state_dict().items()
+            if k.startswith("experts.0.")
+        }
+    )
     x = torch.randn(2, 8, 64, requires_grad=True)
     x2 = x.detach().clone().requires_grad_(True)
     out, ref = moe(x), dense(x2)
@@ -88,7 +94,9 @@ def test_aux_loss_matches_transformers_switch_loss():
         torch.testing.assert_close(ours * k, peer, rtol=1e-6, atol=1e-7)
     balanced = torch.zeros(8, 4)
     _, experts, _, probs = route(balanced + torch.eye(4).repeat(2, 1) * 1e-3, 1)
-    assert switch_aux_loss(probs, torch.bincount(experts.reshape(-1), minlength=4), 1) == pytest.approx(1.0, rel=1e-3)
+    assert switch_aux_loss(
+        probs, torch.bincount(experts.reshape(-1), minlength=4), 1
+    ) == pytest.approx(1.0, rel=1e-3)
 
 
 def test_routing_renormalises_unless_pre_softmax():

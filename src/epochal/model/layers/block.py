@@ -34,9 +34,9 @@ from epochal.model.generation.kv_cache import KVCache
 from epochal.model.layers.attention import Attention
 from epochal.model.layers.mlp import MLP
 from epochal.model.layers.moe import MoEMLP
-from epochal.model.moe_options import is_moe_layer
 from epochal.model.layers.norms import build_norm
 from epochal.model.layers.packing import PackedSequences
+from epochal.model.moe_options import is_moe_layer
 
 __all__ = ["DecoderBlock", "TransformerBlock"]
 

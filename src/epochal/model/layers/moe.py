@@ -41,6 +41,7 @@ token fractions per expert for the records (:func:`pop_moe_stats`).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -113,7 +114,9 @@ class _AttachAuxLoss(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, None]:
-        scale = torch.full(ctx.aux_shape, ctx.layer.loss_scale, dtype=torch.float32, device=grad.device)
+        scale = torch.full(
+            ctx.aux_shape, ctx.layer.loss_scale, dtype=torch.float32, device=grad.device
+        )
         return grad, scale, None
 
 
@@ -194,17 +197,18 @@ class MoEMLP(nn.Module):
         }
 
 
-def set_moe_loss_scale(module: nn.Module, scale: float) -> None:
+def set_moe_loss_scale(module: nn.Module | Sequence[nn.Module], scale: float) -> None:
     """Set :attr:`MoEMLP.loss_scale` of every MoE layer in ``module`` (no-op for a dense model).
 
     Args:
-        module: a model or model part.
+        module: a model or model part, or a list of them.
         scale: the factor the main loss's gradient is scaled by in the backward
             (``grad_scale / micro-batches``).
     """
-    for sub in module.modules():
-        if isinstance(sub, MoEMLP):
-            sub.loss_scale = float(scale)
+    for part in [module] if isinstance(module, nn.Module) else module:
+        for sub in part.modules():
+            if isinstance(sub, MoEMLP):
+                sub.loss_scale = float(scale)
 
 
 def pop_moe_stats(module: nn.Module) -> dict[str, torch.Tensor]:
