@@ -109,3 +109,10 @@ def test_a_moe_model_is_not_exported_as_a_dense_family(tmp_path):
         save_hf_checkpoint(ck.config, ck.state, tmp_path / "out", architecture="llama")
     with pytest.raises(ConversionError, match="Qwen2-MoE has one"):
         save_hf_checkpoint(ck.config, ck.state, tmp_path / "out2", architecture="qwen2_moe")
+
+
+def test_accelerate_prepare_refuses_an_in_memory_moe_model_by_name():
+    from epochal.accelerate.prepare_model import ModelPrepareError, convert_hf_model
+
+    with pytest.raises(ModelPrepareError, match="MixtralForCausalLM: mixture-of-experts"):
+        convert_hf_model(hf_moe("mixtral"))
