@@ -198,3 +198,16 @@ def test_generate_on_a_moe_model_matches_the_full_forward():
             for _ in range(6):  # greedy without a cache: the whole sequence each time
                 seq.append(int(model(torch.tensor([seq]))[0, -1, :96].argmax()))
         assert list(new) == seq[len(prompt) :]
+
+
+def test_flops_count_the_active_experts_only():
+    from epochal.model.flops import matmul_parameters
+
+    dense = _config(num_experts=None, ffn_hidden_size=96)
+    # one expert of the dense width, top-1: the dense count plus the router
+    one = _config(num_experts=1, moe_router_topk=1, moe_ffn_hidden_size=96)
+    assert matmul_parameters(one) == matmul_parameters(dense) + 2 * 64 * 1
+    # eight experts, top-2: twice the dense MLP, not eight times
+    eight = _config(num_experts=8, moe_router_topk=2, moe_ffn_hidden_size=96)
+    mlp = 3 * 64 * 96
+    assert matmul_parameters(eight) == matmul_parameters(dense) + 2 * (mlp + 64 * 8)
