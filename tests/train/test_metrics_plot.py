@@ -61,3 +61,19 @@ def test_plot_and_cli(tmp_path, capsys):
     (tmp_path / "empty" / "metrics.jsonl").write_text("")
     with pytest.raises(ValueError, match="no training steps"):
         plot_run(tmp_path / "empty")
+
+
+def test_a_starving_expert_is_reported_once_and_per_block_records_stay_off_the_eval_line(
+    tmp_path, capsys
+):
+    m = MetricsLogger(tmp_path, total_steps=3, progress=False, tensorboard=False, verbose=True)
+    shares = {"tokens_per_expert/layer_0/expert_0": 1.0, "tokens_per_expert/layer_0/expert_1": 0.0}
+    for step in (1, 2):
+        m.log_train(step, {"loss": 1.0, "lr": 1e-3, **shares})
+    m.log_eval(2, 1.0, {"load_balancing_loss": 2.0, **shares})
+    m.close()
+    out = capsys.readouterr().out
+    assert out.count("layer_0/expert_1 received no tokens") == 1
+    assert "step 1: warning" in out
+    eval_line = next(line for line in out.splitlines() if "validation loss" in line)
+    assert "load_balancing_loss 2" in eval_line and "tokens_per_expert" not in eval_line

@@ -35,6 +35,7 @@ from torch import nn
 from epochal.accelerate.heads import HEAD_FAMILIES, HeadLayout, head_layout
 from epochal.convert.common import ConversionError
 from epochal.convert.hf.io import EXPORTERS, IMPORTERS
+from epochal.convert.hf.moe import MOE_FAMILIES
 from epochal.model.config import ModelConfig
 
 __all__ = [
@@ -185,6 +186,12 @@ def convert_hf_model(
             head_layout(model, family, architecture)
         except ValueError as exc:
             raise ModelPrepareError(str(exc)) from None
+    if architecture in MOE_FAMILIES:
+        raise ModelPrepareError(
+            f"prepare() got a {type(model).__name__}: mixture-of-experts models are not "
+            "converted in memory (transformers keeps their experts fused); convert the saved "
+            "folder with `epochal convert --to epochal` and train it with `epochal train`"
+        )
     if architecture not in IMPORTERS:
         raise ModelPrepareError(
             f"prepare() got a {type(model).__name__} (model_type={architecture!r}); epochal "

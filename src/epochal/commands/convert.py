@@ -90,6 +90,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             "qwen2",
             "qwen3",
             "mistral",
+            "mixtral",
+            "qwen2_moe",
+            "qwen3_moe",
             "bert",
             "megatron-bert",
             "esm",
@@ -97,7 +100,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             "mt5",
         ),
         default=None,
-        help="HF output class (default: GPT -> gpt2 for learned positions; with RoPE qwen3 "
+        help="HF output class (default: GPT -> gpt2 for learned positions; with RoPE and "
+        "experts qwen3_moe for QK-norm, qwen2_moe for a shared expert, else mixtral; with RoPE qwen3 "
         "for QK-norm, qwen2 for biases on q/k/v only, mistral for a sliding window, else llama; "
         "BERT -> bert (post-LN) or megatron-bert (pre-LN); ESM -> esm; T5 -> t5 (or mt5))",
     )

@@ -172,6 +172,24 @@ HF_SCHEMAS: dict[str, Schema] = {
         **_HF_WINDOW,
     },
     "mistral": {**_HF_DECODER, **_HF_WINDOW},
+    "mixtral": {
+        **_HF_DECODER,
+        **_HF_WINDOW,
+        "num_local_experts": (POS_INT, False),
+        "num_experts_per_tok": (POS_INT, False),
+    },
+    "qwen2_moe": {  # sliding_window: transformers writes 0 when use_sliding_window is false
+        **_HF_DECODER,
+        "use_sliding_window": (BOOL, False),
+        "max_window_layers": (NONNEG_INT, False),
+        "layer_types": (STR_LIST, False),
+        "num_experts": (POS_INT, False),
+        "num_local_experts": (POS_INT, False),  # transformers 5 writes Qwen3-MoE's so
+        "num_experts_per_tok": (POS_INT, False),
+        "moe_intermediate_size": (POS_INT, True),
+        "norm_topk_prob": (BOOL, False),
+        "decoder_sparse_step": (POS_INT, False),
+    },
     "bert": _HF_ENCODER,
     "megatron-bert": _HF_ENCODER,
     "esm": {**_HF_ENCODER, "token_dropout": (BOOL, False), "rope_theta": (POS_FLOAT, False)},
@@ -192,6 +210,7 @@ HF_SCHEMAS: dict[str, Schema] = {
     },
 }
 HF_SCHEMAS["mt5"] = HF_SCHEMAS["t5"]
+HF_SCHEMAS["qwen3_moe"] = {**HF_SCHEMAS["qwen2_moe"], "attention_bias": (BOOL, False)}
 #: fields inside ``rope_scaling`` / ``rope_parameters`` (Llama, ESM).
 HF_ROPE_SCHEMA: Schema = {
     "rope_type": (STR, False),

@@ -30,6 +30,7 @@ from epochal.model.config_validation import (
     _require,
 )
 from epochal.model.head_options import HEAD_FIELDS, HEADS, LORA_TARGETS
+from epochal.model.moe_options import MOE_FIELDS
 
 __all__ = [
     "ConfigError",
@@ -45,6 +46,7 @@ __all__ = [
     "HEADS",
     "LORA_TARGETS",
     "T5_FIELDS",
+    "MOE_FIELDS",
 ]
 
 
@@ -197,6 +199,34 @@ class ModelConfig(ModelConfigChecks):
         scale_decoder_output: T5: multiply the decoder's final hidden states by
             ``hidden_size ** -0.5`` before the output head (Hugging Face T5 does
             this when ``tie_word_embeddings`` is true).
+        num_experts: GPT only: ``None`` (default) = dense MLPs; otherwise the MoE
+            blocks (``moe_layer_freq``) replace their MLP by a router and this many
+            experts (:mod:`epochal.model.layers.moe`). Megatron's ``--num-experts``.
+        moe_router_topk: experts per token, in [1, num_experts] (``--moe-router-topk``; 2).
+        moe_ffn_hidden_size: each expert's inner width; ``None`` = ``ffn_hidden_size``'s
+            (``--moe-ffn-hidden-size``; Hugging Face's ``moe_intermediate_size``).
+        moe_shared_expert_intermediate_size: the inner width of a shared expert every
+            token goes through besides its routed ones; ``None`` = no shared expert
+            (``--moe-shared-expert-intermediate-size``; Qwen2-MoE's
+            ``shared_expert_intermediate_size``).
+        moe_shared_expert_gate: multiply the shared expert's output by
+            ``sigmoid(shared_expert_gate(x))`` (a ``[1, hidden]`` weight; Qwen2-MoE;
+            ``--moe-shared-expert-gate``).
+        moe_router_pre_softmax: ``False`` (default): the top-k probabilities are
+            renormalised to sum to 1 (Mixtral, Qwen3-MoE, Qwen2-MoE's
+            ``norm_topk_prob=True``); ``True``: the softmax over all experts is kept
+            as it is (Qwen2-MoE's ``norm_topk_prob=False``; ``--moe-router-pre-softmax``).
+        moe_aux_loss_coeff: weight of the load-balancing loss (Switch Transformer's,
+            Megatron's normalisation: 1.0 when perfectly balanced) of every MoE block,
+            >= 0 (``--moe-aux-loss-coeff``; 0 = off).
+        moe_z_loss_coeff: weight of the router z-loss ``mean(logsumexp(logits)^2)``
+            (ST-MoE), >= 0 (``--moe-z-loss-coeff``; 0 = off).
+        moe_expert_capacity_factor: ``None`` (default) = dropless; a number > 0 caps
+            each expert at ``ceil(tokens * topk / num_experts * factor)`` assignments
+            per micro-batch, the lowest-probability ones dropped
+            (``--moe-expert-capacity-factor``, Megatron's ``"probs"`` drop policy).
+        moe_layer_freq: ``k``: blocks ``0, k, 2k, ...`` are MoE blocks (default 1:
+            all); or a list of 0/1 per block (``--moe-layer-freq``).
     """
 
     vocab_size: int
@@ -262,6 +292,16 @@ class ModelConfig(ModelConfigChecks):
     softmax_scale: float | None = None
     output_bias: bool = False
     scale_decoder_output: bool = False
+    num_experts: int | None = None
+    moe_router_topk: int = 2
+    moe_ffn_hidden_size: int | None = None
+    moe_shared_expert_intermediate_size: int | None = None
+    moe_shared_expert_gate: bool = False
+    moe_router_pre_softmax: bool = False
+    moe_aux_loss_coeff: float = 0.0
+    moe_z_loss_coeff: float = 0.0
+    moe_expert_capacity_factor: float | None = None
+    moe_layer_freq: int | list[int] = 1
 
     def __post_init__(self) -> None:
         self.validate()
@@ -294,6 +334,11 @@ class ModelConfig(ModelConfigChecks):
         if self.activation == "swiglu":
             return max(64, int((4 * self.hidden_size * 2 / 3) / 64) * 64)
         return 4 * self.hidden_size
+
+    @property
+    def moe_ffn_size(self) -> int:
+        """Each routed expert's inner width (``moe_ffn_hidden_size`` or :attr:`ffn_size`)."""
+        return self.ffn_size if self.moe_ffn_hidden_size is None else self.moe_ffn_hidden_size
 
     @property
     def rotary_dim(self) -> int:
@@ -343,7 +388,8 @@ class ModelConfig(ModelConfigChecks):
 
         A GPT config omits ``type`` and the encoder-only fields (:data:`ENCODER_FIELDS`,
         all at their defaults), exactly as configs were written before encoders
-        existed; every type but T5 omits the T5 fields (:data:`T5_FIELDS`); :meth:`from_dict` reads such a dict back as ``type="gpt"``.
+        existed; every type but T5 omits the T5 fields (:data:`T5_FIELDS`); a dense model
+        omits the mixture-of-experts fields (:data:`MOE_FIELDS`); :meth:`from_dict` reads such a dict back as ``type="gpt"``.
         """
         values = dataclasses.asdict(self)
         if self.type == "gpt":
@@ -351,6 +397,9 @@ class ModelConfig(ModelConfigChecks):
                 del values[name]
         if self.type != "t5":
             for name in T5_FIELDS:
+                del values[name]
+        if self.num_experts is None:
+            for name in MOE_FIELDS:
                 del values[name]
         return values
 

@@ -13,6 +13,7 @@ import math
 from typing import Any
 
 from epochal.model.head_options import CLASSIFIER_HEADS, HEAD_FIELDS, validate_head
+from epochal.model.moe_options import validate_moe
 
 POSITION_EMBEDDING_TYPES = ("learned_absolute", "rope", "alibi", "none", "relative")
 NORMALIZATIONS = ("LayerNorm", "RMSNorm")
@@ -178,6 +179,7 @@ class ModelConfigChecks:
         )
         self._validate_attention_variants()
         self._validate_model_type()
+        validate_moe(self, _require)
 
     def _validate_attention_variants(self) -> None:
         _require(

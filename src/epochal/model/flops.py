@@ -4,7 +4,9 @@ Uses the PaLM convention (Chowdhery et al. 2022, appendix B): a training step
 costs ``6 * N + 12 * L * (heads * head_dim) * s`` FLOPs per token, where ``N``
 counts the parameters that take part in matrix multiplies (every block linear and
 the output head, plus an encoder's masked-LM transform ``lm_head.dense``; not the
-embedding lookups, norms, biases or the per-sequence pooler/binary head) and the second term
+embedding lookups, norms, biases or the per-sequence pooler/binary head; in a
+mixture-of-experts block the router and the ``moe_router_topk`` experts a token goes
+through, plus the shared expert: the active parameters) and the second term
 is the attention score/value products (not halved for causality).
 
 For T5 a "token" is one encoder token plus one decoder token (equal lengths
@@ -14,6 +16,7 @@ For T5 a "token" is one encoder token plus one decoder token (equal lengths
 from __future__ import annotations
 
 from epochal.model.config import ModelConfig
+from epochal.model.moe_options import moe_layer_pattern
 
 __all__ = ["matmul_parameters", "training_flops_per_token"]
 
@@ -27,6 +30,13 @@ def matmul_parameters(config: ModelConfig) -> int:
     head = h * config.padded_vocab_size + (h * h if config.is_encoder else 0)
     if config.type == "t5":  # encoder blocks + decoder blocks (with cross-attention)
         return config.num_blocks * (attn + mlp) + config.num_decoder_layers * attn + head
+    if config.num_experts is not None:  # MoE blocks: the router and the active experts only
+        moe = h * config.num_experts + config.moe_router_topk * n_mats * h * config.moe_ffn_size
+        if config.moe_shared_expert_intermediate_size is not None:
+            moe += n_mats * h * config.moe_shared_expert_intermediate_size
+            moe += h if config.moe_shared_expert_gate else 0
+        sparse = sum(moe_layer_pattern(config.moe_layer_freq, config.num_layers))
+        return config.num_layers * attn + sparse * moe + (config.num_layers - sparse) * mlp + head
     return config.num_layers * (attn + mlp) + head
 
 

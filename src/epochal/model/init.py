@@ -3,7 +3,8 @@
 Rules (Megatron-LM's ``init_method_normal`` / ``scaled_init_method_normal``):
 
 - every weight matrix and embedding: ``normal(0, init_method_std)``;
-- output projections of each block (``attention.wo``, ``mlp.fc2``, ``mlp.w2``):
+- output projections of each block (``attention.wo``, ``mlp.fc2``, ``mlp.w2``, and an
+  MoE block's experts' and shared expert's ``w2`` / ``fc2``):
   ``normal(0, init_method_std / sqrt(2 * num_layers))``;
 - every bias: 0; norm weights: 1; LoRA's ``lora_b``: 0 (an adapter starts as no change).
 
@@ -53,7 +54,7 @@ def init_std(config: ModelConfig, fqn: str) -> float | None:
         return None
     if _is_norm_weight(name):
         return None
-    if name.endswith(_SCALED_OUTPUT):
+    if name.endswith(_SCALED_OUTPUT) or _is_expert_output(name):
         return config.init_method_std / math.sqrt(2.0 * config.num_layers)
     return config.init_method_std
 
@@ -88,6 +89,17 @@ def initial_value(
     # model so) a bare torch.empty would land on the GPU and refuse the CPU generator.
     value = torch.empty(tuple(shape), dtype=torch.float32, device="cpu")
     return value.normal_(0.0, std, generator=gen)
+
+
+def _is_expert_output(name: str) -> bool:
+    """An MoE expert's (or shared expert's) output projection ``mlp.experts.{e}.w2.weight``."""
+    parts = name.split(".")
+    return (
+        len(parts) >= 3
+        and parts[-1] == "weight"
+        and parts[-2] in ("w2", "fc2")
+        and ("experts" in parts or "shared_expert" in parts)
+    )
 
 
 def _is_norm_weight(name: str) -> bool:

@@ -45,6 +45,7 @@ from torch.distributed.tensor import DTensor
 from epochal.model.build import build_model
 from epochal.model.config import ModelConfig
 from epochal.model.init import canonical_name
+from epochal.model.layers.moe import set_moe_loss_scale
 from epochal.parallel.config import ParallelConfig
 from epochal.parallel.data_parallel import apply_data_parallel, set_gradient_sync
 from epochal.parallel.dims import ParallelDims
@@ -423,6 +424,7 @@ class ParallelEngine(PipelineSteps):
                 part = self.model_parts[0]
                 model = StepModel(part, loss_group=self.loss_group, module=part)
                 divisor = n * self.dims.dp if invariant else n  # invariant: the global count
+                set_moe_loss_scale(part, self.grad_scale / divisor)  # the balance loss's gradient
                 scaled_losses = []
                 for i, mb in enumerate(micro_batches):
                     set_gradient_sync(self.model_parts, i == n - 1 and self.reducer is None)

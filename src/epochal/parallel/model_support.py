@@ -61,6 +61,12 @@ def check_model_layout(
             "is not supported with LoRA adapters (model.lora_rank > 0): the adapters of a "
             "column- or row-parallel projection are not sharded; use data and pipeline parallelism",
         )
+    if getattr(model_config, "num_experts", None) is not None and dims.tp > 1:
+        raise ConfigError(
+            "parallel.tensor_parallel",
+            "is not supported with mixture-of-experts layers (model.num_experts is set): the "
+            "experts and the router have no tensor-parallel plan; use data and pipeline parallelism",
+        )
     supported = SUPPORTED_DIMS.get(model_config.type, frozenset())
     used = (
         ("tensor_parallel", dims.tp > 1),

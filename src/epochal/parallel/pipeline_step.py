@@ -21,6 +21,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from epochal.model.layers.moe import set_moe_loss_scale
 from epochal.parallel.dropout_keys import DROPOUT_SEED_KWARG
 from epochal.parallel.global_order import gather_in_order, sequential_sum
 from epochal.parallel.pipeline import build_schedule
@@ -44,7 +45,8 @@ class PipelineSteps:
                 training=self._pp_training,
                 on_logits=captured.append if self._pp_on_logits is not None else None,
             )
-            loss, logged = run_train_step(self._step, mb, model)
+            last = self.model_parts[self.stage_ids.index(self.dims.num_stages - 1)]
+            loss, logged = run_train_step(self._step, mb, model, records_from=last)
             # By index: the schedule's set-up also calls this once for micro-batch 0.
             self._pp_logged[index] = logged
             self._pp_logits[index] = captured
@@ -86,6 +88,9 @@ class PipelineSteps:
         self._pp_on_logits = on_logits
         grad_scale = self.grad_scale if train else 1.0
         self._loss_scale = grad_scale / n
+        moe_scale = grad_scale / (n * self.dims.dp) if self.layout_invariant else grad_scale / n
+        for part in self.model_parts:
+            set_moe_loss_scale(part, moe_scale)
         self._pp_n, self._pp_losses = n, {}
         self._step = step
         self._pp_micro_batches = micro_batches

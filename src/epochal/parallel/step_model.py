@@ -29,6 +29,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from epochal.model.layers.moe import pop_moe_stats
 from epochal.parallel.logged import split_loss_output
 from epochal.parallel.loss import (
     gather_vocab_shards,
@@ -139,13 +140,18 @@ def run_train_step(
     micro_batch: dict[str, torch.Tensor],
     model: StepModel,
     on_logits: LogitsObserver | None = None,
+    *,
+    records_from: torch.nn.Module | None = None,
 ) -> tuple[torch.Tensor, dict[str, Any]]:
     """One micro-batch through a train step: ``(loss, logged)`` (Megatron's contract).
 
     ``output, loss_func = step.forward_step(iter([micro_batch]), model)``, then
     ``loss_func(output)`` checked by :func:`~epochal.parallel.logged.split_loss_output`.
     With ``on_logits``, the step's model call hands its logits to it (see
-    :func:`observe_logits`) and what it returns joins ``logged``.
+    :func:`observe_logits`) and what it returns joins ``logged``. The records of
+    the mixture-of-experts layers of ``records_from`` (default ``model.module``) join
+    ``logged`` too (:func:`~epochal.model.layers.moe.pop_moe_stats`: the balance and
+    z-losses, tokens per expert; nothing for a dense model).
 
     Raises:
         ValueError: the loss function returned no ``(loss, dict)`` pair.
@@ -158,6 +164,9 @@ def run_train_step(
     loss, logged = split_loss_output(loss_func(output))
     if on_logits is not None:
         observe_logits(on_logits, micro_batch, captured, logged)
+    source = records_from if records_from is not None else model.module
+    if source is not None:
+        logged.update(pop_moe_stats(source))
     return loss, logged
 
 

@@ -1,7 +1,6 @@
 """The trainer: Megatron's batch math and loss, AdamW, LR schedule, evaluation, exact resumption.
 
-Structure (torchtitan-like, so that parallelism is added by overriding a few
-methods rather than rewriting the loop):
+Structure (torchtitan-like: parallelism is added by overriding a few methods, not the loop):
 
 - :meth:`Trainer.build_model_parts` -> a list of ``nn.Module`` (one model of ``model.type`` here;
   pipeline stages later), then :meth:`Trainer.parallelize` (the seam where tensor /
@@ -20,26 +19,25 @@ methods rather than rewriting the loop):
 Every micro-batch goes through a train step (:mod:`epochal.train.steps`:
 ``forward_step(data_iterator, model) -> (output, loss_func)``, ``loss_func(output)
 -> (loss, {"name": value})``), chosen by ``model.type`` (or ``training.train_step``).
-Loss (Megatron's default, ``calculate_per_token_loss=False``): each micro-batch's
-loss (GPT: the mean over its tokens weighted by ``loss_mask``,
-``sum(ce * loss_mask) / sum(loss_mask)``) is divided by the number of
-micro-batches and back-propagated; the step's reported loss is the sum of
-these, i.e. the mean of the micro-batch means. The step's logged values are
-averaged over micro-batches and logged by name. With ``training.layout_invariant``
-(:mod:`epochal.train.state.dropout_seed`, :mod:`epochal.parallel.exact_norm`) the
-parallel trainer reproduces all of this bit for bit under any data-parallel
-size and accumulation. A custom ``loss_fn(labels, logits, loss_mask) ->
-scalar`` replaces the GPT per-micro-batch loss (``labels`` are the target ids
-``[b, s]``, ``logits`` ``[b, s, padded_vocab]``, ``loss_mask`` float ``[b, s]``); the
+Loss (Megatron's default, ``calculate_per_token_loss=False``): each micro-batch's loss
+(GPT: the mean over its tokens weighted by ``loss_mask``, ``sum(ce * loss_mask) /
+sum(loss_mask)``) is divided by the number of micro-batches and back-propagated (with
+a mixture of experts' balance losses, :mod:`epochal.model.layers.moe`); the step's
+reported loss is the sum of these, i.e. the mean of the micro-batch means. The step's
+logged values are averaged over micro-batches and logged by name. With
+``training.layout_invariant`` (:mod:`epochal.train.state.dropout_seed`,
+:mod:`epochal.parallel.exact_norm`) the parallel trainer reproduces all of this bit for
+bit under any data-parallel size and accumulation. A custom ``loss_fn(labels, logits,
+loss_mask) -> scalar`` replaces the GPT per-micro-batch loss (``labels`` are the target
+ids ``[b, s]``, ``logits`` ``[b, s, padded_vocab]``, ``loss_mask`` float ``[b, s]``); the
 trainer still divides by the number of micro-batches. Fine-tuning rows (``sft.train_file``):
 the global batch's token mean instead (:mod:`epochal.train.steps.sft`).
 
-Exact resumption: a checkpoint holds the model, optimizer (FQN-keyed), scheduler
-step, ``consumed_samples`` and every RNG state; data loaders get their own
-generators, so creating iterators never draws from the global RNG. Resuming from
-any checkpoint on the same machine type reproduces the uninterrupted run's loss at
-every later step bit for bit on CPU (same thread count; on GPU only with
-deterministic kernels).
+Exact resumption: a checkpoint holds the model, optimizer (FQN-keyed), scheduler step,
+``consumed_samples`` and every RNG state; data loaders get their own generators, so
+creating iterators never draws from the global RNG. Resuming from any checkpoint on the
+same machine type reproduces the uninterrupted run's loss at every later step bit for
+bit on CPU (same thread count; on GPU only with deterministic kernels).
 """
 
 from __future__ import annotations
@@ -57,6 +55,7 @@ from epochal._atomic import atomic_write
 from epochal.data.loading.packing import pack_padded_batch
 from epochal.model.build import build_model
 from epochal.model.config import ConfigError, ModelConfig
+from epochal.model.layers.moe import set_moe_loss_scale
 from epochal.parallel.dropout_keys import install_keyed_dropout
 from epochal.parallel.engine import compile_part
 from epochal.parallel.logged import reduce_logged
@@ -334,6 +333,7 @@ class Trainer(CheckpointSeams, EvalCallbackSeams, KeyedDropoutSeams):
         """Forward and backward of ONE micro-batch; returns its detached ``loss / num_microbatches``."""
         mb = self.step_batch(micro_batch)
         self.seed_next_micro_batch()
+        set_moe_loss_scale(self.model_parts, self.grad_scale() / num_microbatches)  # MoE balance
         with self.autocast():
             loss = self.run_step(mb)
         scaled = loss / num_microbatches

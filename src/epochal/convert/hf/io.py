@@ -7,7 +7,8 @@ requested dtype), written into a temporary folder that is renamed into place
 when complete. ``transformers`` is not needed for either.
 
 The architecture is chosen by ``config.json``'s ``model_type`` on import
-(:data:`IMPORTERS`: ``gpt2``, ``llama``, ``qwen2``, ``qwen3``, ``mistral``, ``bert``,
+(:data:`IMPORTERS`: ``gpt2``, ``llama``, ``qwen2``, ``qwen3``, ``mistral``, ``mixtral``,
+``qwen2_moe``, ``qwen3_moe``, ``bert``,
 ``megatron-bert``, ``esm``, ``t5``, ``mt5``) and on
 export by the model (:func:`hf_architecture_for`; or named explicitly): a GPT with
 learned absolute positions -> ``GPT2LMHeadModel``, with RoPE -> ``Qwen3ForCausalLM``
@@ -45,6 +46,7 @@ from epochal.convert.hf import esm as hf_esm
 from epochal.convert.hf import gpt2 as hf_gpt2
 from epochal.convert.hf import llama as hf_llama
 from epochal.convert.hf import mistral as hf_mistral
+from epochal.convert.hf import moe as hf_moe
 from epochal.convert.hf import qwen2 as hf_qwen2
 from epochal.convert.hf import qwen3 as hf_qwen3
 from epochal.convert.hf import t5 as hf_t5
@@ -63,10 +65,22 @@ __all__ = [
 ]
 
 Architecture = Literal[
-    "gpt2", "llama", "qwen2", "qwen3", "mistral", "bert", "megatron-bert", "esm", "t5", "mt5"
+    "gpt2",
+    "llama",
+    "qwen2",
+    "qwen3",
+    "mistral",
+    "mixtral",
+    "qwen2_moe",
+    "qwen3_moe",
+    "bert",
+    "megatron-bert",
+    "esm",
+    "t5",
+    "mt5",
 ]
 #: the Hugging Face architectures of a GPT (``model.type="gpt"``).
-GPT_ARCHITECTURES = ("gpt2", "llama", "qwen2", "qwen3", "mistral")
+GPT_ARCHITECTURES = ("gpt2", "llama", "qwen2", "qwen3", "mistral", *hf_moe.MOE_FAMILIES)
 ConfigReader = Callable[[dict[str, Any], dict[str, torch.Tensor], int], ModelConfig]
 StateReader = Callable[[dict[str, torch.Tensor], ModelConfig, str], dict[str, torch.Tensor]]
 
@@ -94,6 +108,17 @@ IMPORTERS: dict[str, tuple[ConfigReader, StateReader]] = {
         lambda hf, w, m: hf_mistral.ours_config_from_mistral(hf, make_vocab_size_divisible_by=m),
         lambda w, c, src: hf_llama.decoder_state_to_ours(w, c, source=src),
     ),
+    **{
+        kind: (
+            lambda hf, w, m, _k=kind: hf_moe.ours_config_from_moe(
+                hf, _k, make_vocab_size_divisible_by=m
+            ),
+            lambda w, c, src, _k=kind: hf_llama.decoder_state_to_ours(
+                w, c, source=src, moe_module=hf_moe.moe_module_to_ours(_k)
+            ),
+        )
+        for kind in hf_moe.MOE_FAMILIES
+    },
     "bert": (
         lambda hf, w, m: hf_bert.ours_config_from_bert(
             hf, pre_ln=False, binary_head=hf_bert.has_binary_head(w), make_vocab_size_divisible_by=m
@@ -133,6 +158,19 @@ def _decoder_writer(
     return write
 
 
+def _moe_exporter(kind: str) -> tuple[Callable[..., dict[str, Any]], Callable[..., Any]]:
+    """The (config writer, state writer) of a mixture-of-experts family."""
+
+    def config_writer(config: ModelConfig, **kwargs: Any) -> dict[str, Any]:
+        return hf_moe.moe_config_from_ours(config, kind, **kwargs)
+
+    def write(state: dict[str, torch.Tensor], config: ModelConfig) -> dict[str, torch.Tensor]:
+        config_writer(config)  # refuses what the family cannot hold
+        return hf_llama.decoder_state_from_ours(state, config, hf_moe.moe_module_from_ours(kind))
+
+    return config_writer, write
+
+
 #: architecture -> (``config.json`` writer, state writer), both from ``(config[, state])``.
 EXPORTERS: dict[
     str, tuple[Callable[..., dict[str, Any]], Callable[..., dict[str, torch.Tensor]]]
@@ -145,6 +183,7 @@ EXPORTERS: dict[
         hf_mistral.mistral_config_from_ours,
         _decoder_writer(hf_mistral.mistral_config_from_ours),
     ),
+    **{kind: _moe_exporter(kind) for kind in hf_moe.MOE_FAMILIES},
     "bert": (hf_bert.bert_config_from_ours, hf_bert.bert_state_from_ours),
     "megatron-bert": (hf_bert.bert_config_from_ours, hf_bert.bert_state_from_ours),
     "esm": (hf_esm.esm_config_from_ours, hf_esm.esm_state_from_ours),
@@ -375,7 +414,8 @@ def load_hf_config(
 def hf_architecture_for(config: ModelConfig) -> Architecture:
     """The default Hugging Face architecture of ``config``.
 
-    GPT: ``"gpt2"`` for learned absolute positions; with RoPE ``"qwen3"`` when it has
+    GPT: ``"gpt2"`` for learned absolute positions; with RoPE and experts ``"qwen3_moe"``
+    (QK-norm), ``"qwen2_moe"`` (a shared expert) or ``"mixtral"``; else ``"qwen3"`` when it has
     QK-norm, ``"qwen2"`` with biases on q/k/v but not on the other linears,
     ``"mistral"`` with a sliding window, else ``"llama"`` (each exporter then refuses
     what its class cannot hold, naming it). BERT:
@@ -393,6 +433,10 @@ def hf_architecture_for(config: ModelConfig) -> Architecture:
     if config.position_embedding_type == "learned_absolute":
         return "gpt2"
     if config.position_embedding_type == "rope":
+        if config.num_experts is not None:
+            if config.qk_layernorm:
+                return "qwen3_moe"
+            return "qwen2_moe" if config.moe_shared_expert_intermediate_size else "mixtral"
         if config.qk_layernorm:
             return "qwen3"
         if config.qkv_bias and not config.add_bias_linear:

@@ -44,7 +44,7 @@ Llama has no hidden dropout: imported models get ``hidden_dropout=0``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -181,6 +181,7 @@ def decoder_config(
     sliding_window: int | None = None,
     default_head_dim: int | None = None,
     make_vocab_size_divisible_by: int = 128,
+    moe: Mapping[str, Any] | None = None,
 ) -> ModelConfig:
     """Our :class:`ModelConfig` from the ``config.json`` of a Llama-shaped decoder.
 
@@ -192,6 +193,7 @@ def decoder_config(
         family: the family's name, for messages.
         default_head_dim: ``head_dim`` when ``config.json`` has none (Qwen3: 128);
             ``None`` = ``hidden_size // num_attention_heads``.
+        moe: the mixture-of-experts fields of our config (:mod:`epochal.convert.hf.moe`).
 
     Raises:
         ConversionError: ``hidden_act`` other than ``silu``, ``pretraining_tp != 1``,
@@ -232,6 +234,7 @@ def decoder_config(
         hidden_dropout=0.0,
         attention_dropout=float(hf.get("attention_dropout", 0.0) or 0.0),
         init_method_std=float(hf.get("initializer_range", 0.02)),
+        **(moe or {}),
     )
     return normalize_config(config)
 
@@ -260,9 +263,17 @@ def ours_config_from_llama(
     )
 
 
-def decoder_export_problems(config: ModelConfig) -> list[str]:
-    """What keeps ``config`` from being any Llama-shaped decoder (RoPE, RMSNorm, SwiGLU)."""
+def decoder_export_problems(config: ModelConfig, *, moe: bool = False) -> list[str]:
+    """What keeps ``config`` from being any Llama-shaped decoder (RoPE, RMSNorm, SwiGLU).
+
+    ``moe``: the target family has mixture-of-experts layers (else experts are a problem).
+    """
     problems = []
+    if config.num_experts is not None and not moe:
+        problems.append(
+            f"num_experts={config.num_experts} (a mixture of experts: export as mixtral, "
+            "qwen2_moe or qwen3_moe)"
+        )
     if config.type != "gpt":
         problems.append(f"model.type={config.type!r} (needs a GPT decoder)")
     if config.position_embedding_type != "rope" or config.rotary_percent != 1.0:
@@ -348,12 +359,18 @@ def ours_state_from_llama(
 
 
 def decoder_state_to_ours(
-    hf_state: Mapping[str, torch.Tensor], config: ModelConfig, *, source: str
+    hf_state: Mapping[str, torch.Tensor],
+    config: ModelConfig,
+    *,
+    source: str,
+    moe_module: Callable[[str], str | None] | None = None,
 ) -> dict[str, torch.Tensor]:
     """A Llama-shaped decoder's state dict (Llama, Qwen2, Qwen3, Mistral) in our names.
 
     The vocabulary is padded with zeros; the tensors must be exactly those of
     ``build_model(config)`` (a bias or QK-norm the config lacks is unexpected).
+    ``moe_module`` names a layer's mixture-of-experts modules in ours (None for
+    the others; :mod:`epochal.convert.hf.moe`).
 
     Raises:
         ConversionError: a tensor is missing, unexpected or has the wrong shape.
@@ -376,9 +393,10 @@ def decoder_state_to_ours(
         elif rest.startswith("layers."):
             _, idx, tail = rest.split(".", 2)
             module, _, kind = tail.rpartition(".")
-            if module not in _LAYER_MAP:
+            ours = _LAYER_MAP.get(module) or (moe_module(module) if moe_module else None)
+            if ours is None:
                 raise ConversionError(f"{source}: unexpected tensor {name!r}")
-            out[f"layers.{idx}.{_LAYER_MAP[module]}.{kind}"] = tensor
+            out[f"layers.{idx}.{ours}.{kind}"] = tensor
         else:
             raise ConversionError(f"{source}: unexpected tensor {name!r}")
     out = attach_output_head(config, out, head, source=source, head_name="lm_head.weight")
@@ -395,9 +413,14 @@ def llama_state_from_ours(
 
 
 def decoder_state_from_ours(
-    state: Mapping[str, torch.Tensor], config: ModelConfig
+    state: Mapping[str, torch.Tensor],
+    config: ModelConfig,
+    moe_module: Callable[[str], str | None] | None = None,
 ) -> dict[str, torch.Tensor]:
-    """Our state dict in Llama-shaped names (no validation: the family's exporter checks first)."""
+    """Our state dict in Llama-shaped names (no validation: the family's exporter checks first).
+
+    ``moe_module`` names our mixture-of-experts modules in the family's layout.
+    """
     inverse = {v: k for k, v in _LAYER_MAP.items()}
     v = config.vocab_size
     out: dict[str, torch.Tensor] = {
@@ -408,7 +431,8 @@ def decoder_state_from_ours(
             continue
         _, idx, tail = name.split(".", 2)
         module, _, kind = tail.rpartition(".")
-        out[f"model.layers.{idx}.{inverse[module]}.{kind}"] = tensor
+        theirs = inverse.get(module) or (moe_module(module) if moe_module else None)
+        out[f"model.layers.{idx}.{theirs}.{kind}"] = tensor
     out["model.norm.weight"] = state["norm.weight"]
     if not config.tie_embeddings:
         out["lm_head.weight"] = state["output.weight"][:v].contiguous()

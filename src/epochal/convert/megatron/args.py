@@ -118,6 +118,12 @@ def megatron_args_from_config(
             "cannot export to Megatron: qk_layernorm=True is not written to Megatron checkpoints "
             "(export it to Hugging Face with --to hf: Qwen3ForCausalLM)"
         )
+    if config.num_experts is not None:
+        raise ConversionError(
+            f"cannot export to Megatron: num_experts={config.num_experts} (mixture-of-experts "
+            "layers are not written to Megatron checkpoints; export it to Hugging Face with "
+            "--to hf: MixtralForCausalLM, Qwen2MoeForCausalLM or Qwen3MoeForCausalLM)"
+        )
     if config.sliding_window is not None:
         raise ConversionError(
             f"cannot export to Megatron: sliding_window={config.sliding_window} is not written to "

@@ -33,8 +33,10 @@ from epochal.model.config import ModelConfig
 from epochal.model.generation.kv_cache import KVCache
 from epochal.model.layers.attention import Attention
 from epochal.model.layers.mlp import MLP
+from epochal.model.layers.moe import MoEMLP
 from epochal.model.layers.norms import build_norm
 from epochal.model.layers.packing import PackedSequences
+from epochal.model.moe_options import is_moe_layer
 
 __all__ = ["DecoderBlock", "TransformerBlock"]
 
@@ -56,7 +58,8 @@ class TransformerBlock(nn.Module):
         self.attention_norm = build_norm(config)
         self.attention = Attention(config, mask_kind=mask_kind)
         self.ffn_norm = build_norm(config)
-        self.mlp = MLP(config)
+        #: the dense MLP, or the mixture of experts in the config's MoE blocks
+        self.mlp = MoEMLP(config, layer_id) if is_moe_layer(config, layer_id) else MLP(config)
         self.dropout = nn.Dropout(config.hidden_dropout)
 
     def forward(

@@ -30,11 +30,17 @@ _GATED = ("swiglu", "gated_gelu")
 
 
 class MLP(nn.Module):
-    """Position-wise feed-forward network over ``[..., hidden]``."""
+    """Position-wise feed-forward network over ``[..., hidden]``.
 
-    def __init__(self, config: ModelConfig) -> None:
+    Args:
+        config: the model config (activation, widths, biases).
+        ffn_size: the inner width; ``None`` = ``config.ffn_size`` (an MoE expert passes its own).
+    """
+
+    def __init__(self, config: ModelConfig, ffn_size: int | None = None) -> None:
         super().__init__()
-        h, f, bias = config.hidden_size, config.ffn_size, config.add_bias_linear
+        h, bias = config.hidden_size, config.add_bias_linear
+        f = config.ffn_size if ffn_size is None else ffn_size
         self.activation = config.activation
         if self.activation in _GATED:
             self.w1 = nn.Linear(h, f, bias=bias)

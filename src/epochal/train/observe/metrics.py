@@ -35,6 +35,8 @@ __all__ = ["MetricsLogger", "perplexity", "read_metrics"]
 
 #: Logged evaluation values the printed line leaves out: the loss or the perplexity again.
 _REPEATS_LOSS = frozenset({"lm loss", "ce loss", "mse loss", "mlm ppl", "lm ppl"})
+#: per-block mixture-of-experts records: in metrics.jsonl, not on the evaluation line
+_PER_LAYER = ("tokens_per_expert/", "load_balancing_loss/")
 
 
 def perplexity(loss: float) -> float:
@@ -108,6 +110,7 @@ class MetricsLogger:
         self._tb = None
         self._bar = None
         self._pending = 0
+        self._starved: set[str] = set()  # experts already reported as starving
         if not enabled:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -165,6 +168,7 @@ class MetricsLogger:
         if not self.enabled:
             return
         self._write({"kind": "train", "step": step, **metrics})
+        self._warn_starving(step, metrics)
         if self._wandb is not None:
             self._wandb.log({f"train/{k}": v for k, v in metrics.items()}, step)
         self._pending += 1
@@ -223,9 +227,28 @@ class MetricsLogger:
             for key, value in values.items():
                 if math.isfinite(value):
                     self._tb.add_scalar(f"eval/{key}", value, step)
-        shown = "".join(f", {k} {v:.4g}" for k, v in extra.items() if k not in _REPEATS_LOSS)
+        shown = "".join(
+            f", {k} {v:.4g}"
+            for k, v in extra.items()
+            if k not in _REPEATS_LOSS and not k.startswith(_PER_LAYER)
+        )
         shown = (f", perplexity {ppl:.2f}" if ppl is not None else "") + shown
         self.write_line(f"step {step}: validation loss {loss:.4f}{shown}")
+
+    def _warn_starving(self, step: int, metrics: dict[str, Any]) -> None:
+        """A line, once per expert, when a mixture-of-experts expert received no token in a step."""
+        starved = [
+            k
+            for k, v in metrics.items()
+            if k.startswith("tokens_per_expert/") and v == 0 and k not in self._starved
+        ]
+        if starved:
+            self._starved.update(starved)
+            names = ", ".join(k.removeprefix("tokens_per_expert/") for k in starved)
+            self.write_line(
+                f"step {step}: warning: {names} received no tokens (starving experts; "
+                "model.moe_aux_loss_coeff weighs the balance loss that spreads them)"
+            )
 
     def write_line(self, text: str) -> None:
         """Print a line without breaking the progress bar."""

@@ -1,0 +1,236 @@
+"""The mixture-of-experts MLP: a softmax top-k router, routed experts, an optional shared expert.
+
+Parameters (stable names, inside a block's ``mlp``)::
+
+    router.weight                     [num_experts, hidden]     (no bias)
+    experts.{e}.w1 / .w3 / .w2        one MLP per expert, inner width moe_ffn_size
+                                      (or .fc1 / .fc2 for GELU; + biases if add_bias_linear)
+    shared_expert.*                   an MLP of moe_shared_expert_intermediate_size (optional)
+    shared_expert_gate.weight         [1, hidden]  (moe_shared_expert_gate only)
+
+Routing (Mixtral / Qwen-MoE, Megatron-Core's ``TopKRouter`` with the softmax score):
+``probs = softmax(router(x))`` over all experts (float32), the ``moe_router_topk``
+largest per token are kept and, unless ``moe_router_pre_softmax``, renormalised to
+sum to 1. Each expert runs on the tokens routed to it (every expert runs, on no
+tokens if none, so every parameter has a gradient); token ``t``'s output is
+``sum_j w[t, j] * expert_{e[t, j]}(x_t)`` summed over its slots ``j = 0 .. k-1`` in that
+fixed order (no atomic scatter-add), so results do not depend on how tokens are
+grouped. The shared expert's output (times ``sigmoid(shared_expert_gate(x))``) is added.
+
+Capacity (``moe_expert_capacity_factor``, Megatron's ``"probs"`` drop policy): an
+expert takes at most ``ceil(T * k / E * factor)`` of a micro-batch's ``T`` tokens'
+assignments, those of highest probability (ties: the earlier token); a dropped
+assignment contributes nothing (the residual connection carries the token).
+
+Auxiliary losses, per MoE block and micro-batch, over all its tokens (padding included,
+as Megatron): the load-balancing loss of Switch Transformer in Megatron's normalisation,
+``E / (T^2 k) * sum_e P_e * N_e`` (``P_e`` = summed probability of expert ``e``,
+``N_e`` = its top-k assignments before any dropping; 1.0 when balanced; Hugging Face's
+``load_balancing_loss_func`` is ``k`` times this), and the router z-loss
+``mean_t(logsumexp(logits_t)^2)``. In training, ``moe_aux_loss_coeff * aux +
+moe_z_loss_coeff * z`` joins the objective as Megatron's ``MoEAuxLossAutoScaler``
+does: the layer's output carries it into the backward, where its gradient is
+scaled by :attr:`MoEMLP.loss_scale` (set with :func:`set_moe_loss_scale` to the
+factor the trainer scales the main loss's gradient by: ``1 / micro-batches``, times
+a loss scale). So it works under any schedule, pipeline stages included, and the
+reported language-model loss stays the cross-entropy alone (Megatron logs the
+balance loss apart). :attr:`MoEMLP.last_stats` holds the last forward's losses and
+token fractions per expert for the records (:func:`pop_moe_stats`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from epochal.model.config import ModelConfig
+from epochal.model.layers.mlp import MLP
+
+__all__ = ["MoEMLP", "pop_moe_stats", "route", "set_moe_loss_scale", "switch_aux_loss"]
+
+
+def switch_aux_loss(probs: torch.Tensor, counts: torch.Tensor, topk: int) -> torch.Tensor:
+    """Switch Transformer's load-balancing loss, Megatron's normalisation (1.0 when balanced).
+
+    Args:
+        probs: float32 ``[T, E]`` softmax probabilities over all experts.
+        counts: ``[E]`` top-k assignments per expert (sums to ``T * topk``).
+        topk: experts per token.
+    """
+    t, e = probs.shape
+    return (probs.sum(0) * counts.to(probs.dtype)).sum() * (e / (t * t * topk))
+
+
+def route(
+    logits: torch.Tensor,
+    topk: int,
+    *,
+    pre_softmax: bool = False,
+    capacity_factor: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Top-k softmax routing of ``T`` tokens.
+
+    Args:
+        logits: router logits ``[T, E]``.
+        topk: experts per token.
+        pre_softmax: keep the top-k probabilities as they are (no renormalisation).
+        capacity_factor: None (dropless) or the per-expert capacity factor.
+
+    Returns:
+        ``(weights [T, k] float32, experts [T, k] int64, keep [T, k] bool, probs [T, E] float32)``:
+        the weights are zero where ``keep`` is False (dropped assignments).
+    """
+    probs = torch.softmax(logits.float(), dim=-1)
+    weights, experts = probs.topk(topk, dim=-1)
+    if not pre_softmax:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    keep = torch.ones_like(experts, dtype=torch.bool)
+    if capacity_factor is not None:
+        t, e = probs.shape
+        capacity = math.ceil(t * topk / e * capacity_factor)
+        flat_e, flat_w = experts.reshape(-1), weights.detach().reshape(-1)
+        flat_keep = keep.reshape(-1)
+        for expert in range(e):
+            slots = (flat_e == expert).nonzero(as_tuple=True)[0]
+            if slots.numel() > capacity:
+                order = torch.sort(flat_w[slots], descending=True, stable=True).indices
+                flat_keep[slots[order[capacity:]]] = False
+        weights = weights * keep
+    return weights, experts, keep, probs
+
+
+class _AttachAuxLoss(torch.autograd.Function):
+    """Identity on ``output``; in the backward the auxiliary loss gets the gradient ``layer.loss_scale``."""
+
+    @staticmethod
+    def forward(ctx: Any, output: torch.Tensor, aux: torch.Tensor, layer: MoEMLP) -> torch.Tensor:
+        ctx.layer = layer
+        ctx.aux_shape = aux.shape
+        return output
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, None]:
+        scale = torch.full(
+            ctx.aux_shape, ctx.layer.loss_scale, dtype=torch.float32, device=grad.device
+        )
+        return grad, scale, None
+
+
+class MoEMLP(nn.Module):
+    """The MoE feed-forward block over ``[..., hidden]`` (see the module docstring).
+
+    Args:
+        config: the model config (``num_experts`` set).
+        layer_id: the block's index (names the records).
+    """
+
+    def __init__(self, config: ModelConfig, layer_id: int = 0) -> None:
+        super().__init__()
+        if config.num_experts is None:
+            raise ValueError("MoEMLP needs config.num_experts")
+        self.layer_id = layer_id
+        self.num_experts = config.num_experts
+        self.topk = config.moe_router_topk
+        self.pre_softmax = config.moe_router_pre_softmax
+        self.capacity_factor = config.moe_expert_capacity_factor
+        self.aux_loss_coeff = float(config.moe_aux_loss_coeff)
+        self.z_loss_coeff = float(config.moe_z_loss_coeff)
+        h = config.hidden_size
+        self.router = nn.Linear(h, config.num_experts, bias=False)
+        self.experts = nn.ModuleList(
+            MLP(config, ffn_size=config.moe_ffn_size) for _ in range(config.num_experts)
+        )
+        self.shared_expert: MLP | None = None
+        self.shared_expert_gate: nn.Linear | None = None
+        if config.moe_shared_expert_intermediate_size is not None:
+            self.shared_expert = MLP(config, ffn_size=config.moe_shared_expert_intermediate_size)
+            if config.moe_shared_expert_gate:
+                self.shared_expert_gate = nn.Linear(h, 1, bias=False)
+        #: the factor the trainer scales the main loss's gradient by (see :func:`set_moe_loss_scale`).
+        self.loss_scale = 1.0
+        #: the last forward's ``{"aux", "z", "tokens"}`` (detached; ``tokens`` = fraction per expert).
+        self.last_stats: dict[str, torch.Tensor] | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``[..., hidden] -> [..., hidden]``."""
+        shape = x.shape
+        tokens = x.reshape(-1, shape[-1])
+        logits = self.router(tokens)
+        weights, experts, keep, probs = route(
+            logits, self.topk, pre_softmax=self.pre_softmax, capacity_factor=self.capacity_factor
+        )
+        weights = weights.to(x.dtype)
+        slots = tokens.new_zeros((tokens.shape[0], self.topk, shape[-1]))
+        for e, expert in enumerate(self.experts):
+            token_idx, slot_idx = ((experts == e) & keep).nonzero(as_tuple=True)
+            y = expert(tokens[token_idx]) * weights[token_idx, slot_idx].unsqueeze(-1)
+            slots[token_idx, slot_idx] = y.to(slots.dtype)
+        out = slots[:, 0]
+        for j in range(1, self.topk):  # a fixed order of summation
+            out = out + slots[:, j]
+        if self.shared_expert is not None:
+            shared = self.shared_expert(tokens)
+            if self.shared_expert_gate is not None:
+                shared = torch.sigmoid(self.shared_expert_gate(tokens)) * shared
+            out = out + shared
+        out = out.reshape(shape)
+        counts = torch.bincount(experts.reshape(-1), minlength=self.num_experts).float()
+        aux = switch_aux_loss(probs, counts, self.topk)
+        z = torch.logsumexp(logits.float(), dim=-1).square().mean()
+        self._record(aux, z, counts)
+        objective = self.aux_loss_coeff * aux + self.z_loss_coeff * z
+        if torch.is_grad_enabled() and objective.requires_grad and self.training:
+            if self.aux_loss_coeff > 0 or self.z_loss_coeff > 0:
+                out = _AttachAuxLoss.apply(out, objective, self)
+        return out
+
+    @torch.compiler.disable
+    def _record(self, aux: torch.Tensor, z: torch.Tensor, counts: torch.Tensor) -> None:
+        self.last_stats = {
+            "aux": aux.detach(),
+            "z": z.detach(),
+            "tokens": counts / counts.sum().clamp(min=1.0),
+        }
+
+
+def set_moe_loss_scale(module: nn.Module | Sequence[nn.Module], scale: float) -> None:
+    """Set :attr:`MoEMLP.loss_scale` of every MoE layer in ``module`` (no-op for a dense model).
+
+    Args:
+        module: a model or model part, or a list of them.
+        scale: the factor the main loss's gradient is scaled by in the backward
+            (``grad_scale / micro-batches``).
+    """
+    for part in [module] if isinstance(module, nn.Module) else module:
+        for sub in part.modules():
+            if isinstance(sub, MoEMLP):
+                sub.loss_scale = float(scale)
+
+
+def pop_moe_stats(module: nn.Module) -> dict[str, torch.Tensor]:
+    """The records of the MoE layers' last forward in ``module`` (then cleared).
+
+    Returns:
+        ``{"load_balancing_loss": mean over layers, "z_loss": mean over layers,
+        "load_balancing_loss/layer_{i}", "tokens_per_expert/layer_{i}/expert_{e}"
+        (the fraction of the top-k assignments)}``; empty for a dense model.
+    """
+    out: dict[str, torch.Tensor] = {}
+    aux, z = [], []
+    for sub in module.modules():
+        if not isinstance(sub, MoEMLP) or sub.last_stats is None:
+            continue
+        stats, sub.last_stats = sub.last_stats, None
+        aux.append(stats["aux"])
+        z.append(stats["z"])
+        out[f"load_balancing_loss/layer_{sub.layer_id}"] = stats["aux"]
+        for e, fraction in enumerate(stats["tokens"].tolist()):
+            out[f"tokens_per_expert/layer_{sub.layer_id}/expert_{e}"] = torch.tensor(fraction)
+    if aux:
+        out["load_balancing_loss"] = torch.stack(aux).mean()
+        out["z_loss"] = torch.stack(z).mean()
+    return out

@@ -1,0 +1,88 @@
+"""A mixture-of-experts GPT under the parallel layouts: the bits of one process.
+
+The tiny GPT of the layout-invariance tests with 4 experts, top-2 routing, the
+balance and z-losses on (and dropout on) trains 20 steps in one process (DP1 x GA4),
+on two data-parallel ranks (DP2 x GA2) and on two pipeline stages (PP2 x GA4): the
+loss of every step and the final model and optimizer state are bit-identical. Tensor
+parallelism is refused by name.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from epochal.model.config import ConfigError
+from tests.dist_utils import run_gloo
+from tests.parallel import invariance_worker as W
+
+pytestmark = pytest.mark.distributed
+
+MOE = [
+    "--model.num_experts=4",
+    "--model.moe_router_topk=2",
+    "--model.moe_ffn_hidden_size=32",
+    "--model.moe_aux_loss_coeff=0.01",
+    "--model.moe_z_loss_coeff=0.001",
+    "--training.eval_interval=20",  # one evaluation, after the last step
+]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("moe-layouts")
+    one = W.single(str(root), "dp1", "gpt", MOE)
+    cases = [("dp2", "gpt", MOE), ("pp2", "gpt", [*MOE, "--parallel.pipeline_parallel=2"])]
+    two = run_gloo(W.rank_main, 2, str(root), cases, timeout=600)[0]
+    return root, one, two
+
+
+def test_moe_on_two_data_parallel_ranks_trains_the_bits_of_one_process(runs):
+    _, one, two = runs
+    assert len(one["losses"]) == W.STEPS
+    assert two["dp2"]["losses"] == one["losses"]
+    assert two["dp2"]["eval"] == one["eval"] and len(one["eval"]) == 1
+    assert two["dp2"]["logged"] == one["logged"]
+    assert two["dp2"]["digest"] == one["digest"]
+
+
+def test_moe_on_two_pipeline_stages_trains_the_bits_of_one_process(runs):
+    _, one, two = runs
+    assert two["pp2"]["losses"] == one["losses"]
+    assert two["pp2"]["digest"] == one["digest"]
+
+
+def test_the_records_hold_the_balance_loss_per_layer_and_tokens_per_expert(runs):
+    root, one, _ = runs
+    records = [
+        json.loads(line) for line in (root / "dp1" / "metrics.jsonl").read_text().splitlines()
+    ]
+    train = [r for r in records if r.get("kind") == "train"]
+    assert len(train) == W.STEPS
+    first = train[0]
+    assert first["load_balancing_loss"] > 0.9  # 1.0 when perfectly balanced
+    for layer in (0, 1):
+        assert f"load_balancing_loss/layer_{layer}" in first
+        shares = [first[f"tokens_per_expert/layer_{layer}/expert_{e}"] for e in range(4)]
+        assert sum(shares) == pytest.approx(1.0)
+    assert "z_loss" in first
+    assert "load_balancing_loss" in one["logged"]  # evaluations record it too
+
+
+def test_tensor_parallel_is_refused_by_name(tmp_path):
+    from epochal.model.config import ModelConfig
+    from epochal.parallel.dims import ParallelDims
+    from epochal.parallel.model_support import check_model_layout
+
+    cfg = ModelConfig(
+        vocab_size=64,
+        hidden_size=32,
+        num_layers=2,
+        num_attention_heads=4,
+        max_position_embeddings=16,
+        num_experts=2,
+    )
+    dims = ParallelDims(dp=1, tp=2, pp=1)
+    with pytest.raises(ConfigError, match="parallel.tensor_parallel.*mixture-of-experts"):
+        check_model_layout(cfg, dims)
