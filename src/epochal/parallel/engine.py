@@ -212,7 +212,8 @@ class ParallelEngine(PipelineSteps):
                 self.stages.append(
                     PipelineStage(part, idx, dims.num_stages, device, group=pp_group)
                 )
-        self._schedules: dict[int, Any] = {}
+        self._schedules: dict[tuple[int, bool], Any] = {}
+        self._eval_stages: list[PipelineStage] = []
         self._loss_fn: LossFn | None = None
         self._loss_scale = 1.0
         self._step: Any = None

@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed.pipelining import PipelineStage
 
 from epochal.model.layers.moe import set_moe_loss_scale
 from epochal.parallel.dropout_keys import DROPOUT_SEED_KWARG
@@ -65,12 +66,31 @@ class PipelineSteps:
         self._pp_losses[index] = (scaled if self._pp_training else loss).detach().float()
         return scaled * (self.grad_scale if self._pp_training else 1.0)
 
-    def _schedule(self, n_microbatches: int) -> Any:
-        if n_microbatches not in self._schedules:
-            self._schedules[n_microbatches] = build_schedule(
-                self.config.pipeline_schedule, self.stages, n_microbatches, self._pipeline_loss
+    def _schedule(self, n_microbatches: int, train: bool) -> Any:
+        """The schedule of ``n_microbatches`` for training or evaluation (each built once).
+
+        Evaluation runs on its own :class:`PipelineStage` objects over the same
+        modules: a schedule that switches one set of stages between training and
+        evaluation re-initialises them on every switch, and the training step after
+        an evaluation then computed different gradients than one process does.
+        """
+        key = (n_microbatches, train)
+        if key not in self._schedules:
+            if train:
+                stages = self.stages
+            else:
+                if not self._eval_stages:
+                    self._eval_stages = [
+                        PipelineStage(
+                            s.submod, s.stage_index, s.num_stages, s.device, group=s.group
+                        )
+                        for s in self.stages
+                    ]
+                stages = self._eval_stages
+            self._schedules[key] = build_schedule(
+                self.config.pipeline_schedule, stages, n_microbatches, self._pipeline_loss
             )
-        return self._schedules[n_microbatches]
+        return self._schedules[key]
 
     def _pipeline_step(
         self,
@@ -97,7 +117,7 @@ class PipelineSteps:
         self._pp_training = train
         self._pp_logged = {}
         self._pp_logits = {}
-        schedule = self._schedule(n)
+        schedule = self._schedule(n, train)
         args: list[torch.Tensor] = []
         kwargs: dict[str, torch.Tensor] = {}
         target = None
