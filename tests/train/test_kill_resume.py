@@ -45,7 +45,9 @@ def losses(run_dir: Path, kind: str = "train") -> dict[int, dict[int, float]]:
         pytest.param("t5", marks=pytest.mark.slow),
         "esm",
         "finetune",
-        "sft",
+        # ~50 s of CPU over its four processes; tests/train/test_sft_training.py resumes
+        # a fine-tuning run in process in the default tier
+        pytest.param("sft", marks=pytest.mark.slow),
     ],
 )
 def runs(tmp_path_factory, request) -> dict[str, Path]:
