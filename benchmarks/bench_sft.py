@@ -155,6 +155,8 @@ def trl_run(tmp: Path, base: Path, rows: Path, args, packing: bool) -> float:
         logging_strategy="no",
         report_to="none",
         use_cpu=True,
+        bf16=False,  # SFTConfig's default is bf16 autocast; both sides compute in fp32
+        fp16=False,
         dataloader_num_workers=0,
         seed=1234,
         disable_tqdm=True,
