@@ -19,8 +19,8 @@ row, so their lengths spread the way chat data does. tokens/s counts the real
 side's own batches; runs alternate (epochal, TRL, epochal, ...) and the medians are
 reported, so machine noise hits both alike.
 
-    python benchmarks/bench_sft.py                     # about 2 minutes on 2 CPU cores
-    python benchmarks/bench_sft.py --threads 1 --clock cpu --repeats 3   # a busy machine
+    python benchmarks/bench_sft.py
+    python benchmarks/bench_sft.py --rows 320 --repeats 3 --threads 1 --clock cpu   # a busy machine
 """
 
 from __future__ import annotations
