@@ -277,6 +277,8 @@ def test_generate_stops_at_the_hf_models_eos(tmp_path):
     config = json.loads((tmp_path / "hf" / "config.json").read_text())
     config["eos_token_id"] = [98, eos]
     (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
+    # transformers reads generation_config.json's eos ids first, config.json's without it
+    (tmp_path / "hf" / "generation_config.json").unlink(missing_ok=True)
     out = tmp_path / "out.jsonl"
     argv = ["generate", "--checkpoint", str(tmp_path / "hf"), "--prompt-ids", "5,6,7"]
     assert main([*argv, "--max-new-tokens", "6", "--output", str(out)]) == 0
@@ -285,6 +287,28 @@ def test_generate_stops_at_the_hf_models_eos(tmp_path):
     # and a conversion keeps the whole list
     assert main(["convert", str(tmp_path / "hf"), str(tmp_path / "hf2"), "--to", "hf"]) == 0
     assert json.loads((tmp_path / "hf2" / "config.json").read_text())["eos_token_id"] == [98, eos]
+
+
+def test_generate_stops_at_generation_config_eos_as_transformers(tmp_path):
+    """A Hugging Face folder's ``generation_config.json`` eos ids win over ``config.json``'s:
+    the tokens are those of transformers' ``generate()`` of the folder."""
+    transformers = pytest.importorskip("transformers")
+    hf = hf_gpt2(seed=3)
+    hf.save_pretrained(tmp_path / "hf")
+    prompt = torch.tensor([[5, 6, 7]])
+    free = hf.generate(prompt, max_new_tokens=6, do_sample=False, eos_token_id=[98])[0, 3:]
+    stop = int(free[1])
+    assert stop not in free[:1].tolist()
+    path = tmp_path / "hf" / "generation_config.json"
+    generation = json.loads(path.read_text())
+    path.write_text(json.dumps({**generation, "eos_token_id": [98, stop]}))
+    peer = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
+    want = peer.generate(prompt, max_new_tokens=6, do_sample=False)[0, 3:].tolist()
+    assert want == free[:2].tolist()
+    out = tmp_path / "out.jsonl"
+    argv = ["generate", "--checkpoint", str(tmp_path / "hf"), "--prompt-ids", "5,6,7"]
+    assert main([*argv, "--max-new-tokens", "6", "--output", str(out)]) == 0
+    assert json.loads(out.read_text())["tokens"] == want
 
 
 def test_generate_relaunch_command_line_parses_back():

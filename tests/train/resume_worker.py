@@ -1,6 +1,6 @@
 """Subprocess entry point for the kill-and-resume tests: train a tiny model on synthetic data.
 
-Usage: python resume_worker.py RUN_DIR TRAIN_ITERS [--bert | --t5 | --esm | --finetune] [--pause-after N] [override ...]
+Usage: python resume_worker.py RUN_DIR TRAIN_ITERS [--bert | --t5 | --esm | --finetune | --sft] [--pause-after N] [override ...]
 
 ``--bert``: a tiny BERT on masked data that gets fresh masks every epoch
 (``tests/parallel/bert_worker.py``: ``MaskedTokenDataset`` under
@@ -11,6 +11,8 @@ RUN_DIR), with dropout.
 ``--esm``: a tiny ESM-2 on ``epochal train``'s protein path (the synthetic FASTA of
 ``data.mock`` converted to BioNeMo's layout in ``esm-cache`` next to RUN_DIR; members
 and masks drawn per ``EpochIndex``), with dropout.
+``--sft``: the tiny GPT fine-tuned on packed chat rows (``[sft]``; the rows in ``sft``
+next to RUN_DIR, written by the test before the runs start), with dropout.
 
 With ``--pause-after N`` the process writes ``RUN_DIR/paused`` after step N (and
 after that step's evaluation/checkpoint) and then sleeps, so the test can kill it
@@ -75,7 +77,8 @@ def main(argv: list[str]) -> int:
     t5 = rest[:1] == ["--t5"]
     esm = rest[:1] == ["--esm"]
     finetune = rest[:1] == ["--finetune"]
-    rest = rest[1:] if bert or t5 or esm or finetune else rest
+    sft = rest[:1] == ["--sft"]
+    rest = rest[1:] if bert or t5 or esm or finetune or sft else rest
     if rest[:1] == ["--pause-after"]:
         pause_after, rest = int(rest[1]), rest[2:]
     if bert:
@@ -102,6 +105,27 @@ def main(argv: list[str]) -> int:
         ]
         cfg = finetune_worker.config(run_dir, files, head, overrides)
         data = None
+    elif sft:
+        from tests.parallel import sft_worker
+
+        rows = Path(run_dir).parent / "sft"
+        overrides = [
+            f"--sft.train_file={rows / 'train.jsonl'}",
+            f"--sft.valid_file={rows / 'valid.jsonl'}",
+            "--sft.split=",
+            "--sft.packing=true",
+            "--model.hidden_dropout=0.1",
+            "--model.attention_dropout=0.1",
+            *BASE_BERT,
+            "--scheduler.lr_warmup_iters=0",  # the preset's fraction warms up instead
+            "--scheduler.lr_warmup_fraction=0.2",
+            f"--training.train_iters={iters}",
+            "--logging.progress=false",
+            "--logging.tensorboard=false",
+            *rest,
+        ]
+        cfg = sft_worker.config(run_dir, overrides)
+        data = None  # epochal train's own fine-tuning path (epochal.train.inputs.sft)
     elif esm:
         from tests.parallel import bert_worker
 

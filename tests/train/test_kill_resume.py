@@ -45,6 +45,9 @@ def losses(run_dir: Path, kind: str = "train") -> dict[int, dict[int, float]]:
         pytest.param("t5", marks=pytest.mark.slow),
         "esm",
         "finetune",
+        # ~50 s of CPU over its four processes; tests/train/test_sft_training.py resumes
+        # a fine-tuning run in process in the default tier
+        pytest.param("sft", marks=pytest.mark.slow),
     ],
 )
 def runs(tmp_path_factory, request) -> dict[str, Path]:
@@ -53,6 +56,8 @@ def runs(tmp_path_factory, request) -> dict[str, Path]:
     ``bert``: a BERT on masked data with fresh masks every epoch (BioNeMo's way).
     ``t5``: a T5 on Megatron's span-corruption samples from files, with dropout.
     ``esm``: an ESM-2 on BioNeMo's samples from a FASTA file, with dropout.
+    ``sft``: the tiny GPT fine-tuned on packed chat rows (token-mean loss over each
+    global batch's loss tokens), with dropout.
     """
     mode = {
         "gpt": (),
@@ -60,12 +65,20 @@ def runs(tmp_path_factory, request) -> dict[str, Path]:
         "t5": ("--t5",),
         "esm": ("--esm",),
         "finetune": ("--finetune",),
+        "sft": ("--sft",),
     }[request.param]
     dirs = {name: tmp_path_factory.mktemp(name) for name in ("full", "killed", "older")}
     if request.param == "finetune":  # the encoder and tables, written before the runs start
         from tests.parallel.finetune_worker import prepare
 
         prepare(dirs["full"].parent / "finetune", "residue_classification")
+    if request.param == "sft":  # the chat rows, written before the runs start
+        from tests.parallel.sft_worker import write_rows
+
+        rows = dirs["full"].parent / "sft"
+        rows.mkdir(exist_ok=True)
+        write_rows(rows, 0, 40, "train.jsonl")
+        write_rows(rows, 40, 10, "valid.jsonl")
     if request.param == "t5":  # one corpus next to the run directories, written before they start
         from tests.parallel.t5_worker import write_corpus
 

@@ -185,3 +185,27 @@ def test_a_resumed_sft_run_continues_exactly(tmp_path):
     first = W.single(str(tmp_path / "resumed"), [*common, "--training.train_iters=2"])
     second = W.single(str(tmp_path / "resumed"), [*common, "--training.train_iters=4"])
     assert first["losses"] + second["losses"] == straight["losses"]
+
+
+def test_unpacked_micro_batches_drop_trailing_padding_with_the_same_losses(tmp_path):
+    """Without ``training.layout_invariant`` an unpacked micro-batch is cut after its last
+    loss token (a multiple of 8): narrower batches, the full-width run's losses (1e-5)."""
+    train = W.write_rows(tmp_path, 0, 16, "train.jsonl")
+    common = [
+        f"--sft.train_file={train}",
+        "--sft.split=",
+        "--sft.packing=false",
+        "--data.seq_length=128",
+        "--training.micro_batch_size=4",
+        "--training.global_batch_size=8",
+        "--training.train_iters=3",
+    ]
+    cut = Trainer(W.config(str(tmp_path / "cut"), [*common, "--training.layout_invariant=false"]))
+    assert cut.train_step_handler.trims_padding
+    batch = cut.train_step_handler.get_batch(iter(cut.data.train_loader))
+    tokens, _, loss_mask = batch[:3]
+    assert tokens.shape[1] % 8 == 0 and tokens.shape[1] < 128  # data.seq_length
+    assert loss_mask[:, -8:].any()  # nothing with loss was cut
+    whole = W.single(str(tmp_path / "whole"), [*common, "--training.layout_invariant=true"])
+    trimmed = W.single(str(tmp_path / "trimmed"), [*common, "--training.layout_invariant=false"])
+    assert trimmed["losses"] == pytest.approx(whole["losses"], abs=1e-5)

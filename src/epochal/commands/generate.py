@@ -20,6 +20,19 @@ the tokenizer's end-of-document token (Megatron's behaviour), unless
 ``--no-stop-at-eod``; ``--stop-token-id`` adds stop tokens. ``--add-bos``
 prepends the model's ``bos_token_id``, else the tokenizer's BOS.
 
+With ``--chat`` every ``--prompt`` is a user message (after ``--system``'s
+message when given; a ``--prompt-file`` line may also be JSON with a whole
+``messages`` list), rendered by the checkpoint's chat template with the
+generation prompt, exactly as ``transformers``' ``apply_chat_template(messages,
+add_generation_prompt=True)`` renders it; generation stops at the end of the
+assistant's turn (the template's EOS and end-of-turn tokens such as
+``<|im_end|>`` / ``<|eot_id|>``, a Hugging Face folder's ``generation_config.json``
+eos ids, ``--stop`` tokens) and only the assistant's reply is printed. The chat
+template is the fine-tuning run's tokenizer folder (``sft.tokenizer`` /
+``checkpoint.init_from``, recorded in its ``config.toml``), a Hugging Face
+folder's ``tokenizer_config.json`` / ``chat_template.jinja``, or the folder
+``--tokenizer-model`` names.
+
 With ``--tensor-parallel N`` the model is sharded over N processes
 (``epochal.parallel``'s tensor-parallel plan, gathered logits); every rank runs
 the same generation and rank 0 prints. Outside ``torchrun`` the command
@@ -64,6 +77,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     src.add_argument(
         "--prompt-ids", action="append", default=[], help="comma-separated token ids (repeatable)"
     )
+    src.add_argument(
+        "--chat",
+        action="store_true",
+        help="prompts are user messages, rendered by the chat template; print the reply",
+    )
+    src.add_argument("--system", default=None, help="--chat: a system message before each prompt")
     tok = parser.add_argument_group("tokenizer (default: the checkpoint's)")
     tok.add_argument(
         "--tokenizer-type",
@@ -97,6 +116,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         help="extra stop token (repeatable)",
+    )
+    dec.add_argument(
+        "--stop",
+        action="append",
+        default=[],
+        help="extra stop token as text, one token of the vocabulary, e.g. '<|im_end|>' (repeatable)",
     )
     dec.add_argument(
         "--no-stop-at-eod",
@@ -200,6 +225,22 @@ def _prompts(args: argparse.Namespace, tokenizer: Any) -> tuple[list[list[int]],
     return ids, shown
 
 
+def _stop_ids(texts: list[str], tokenizer: Any) -> list[int]:
+    """``--stop`` texts as ids: each must encode to one token of ``tokenizer``."""
+    if texts and tokenizer is None:
+        raise ValueError("--stop needs a tokenizer; give the id with --stop-token-id")
+    out = []
+    for text in texts:
+        ids = tokenizer.encode(text)
+        if len(ids) != 1:
+            raise ValueError(
+                f"--stop {text!r}: not one token of the tokenizer (it encodes to {ids}); "
+                "give one token, or its id with --stop-token-id"
+            )
+        out.append(int(ids[0]))
+    return out
+
+
 def run(args: argparse.Namespace) -> int:
     """Load the checkpoint, generate, print (rank 0) and optionally write JSONL."""
     from epochal.parallel.config import ParallelConfig
@@ -263,9 +304,16 @@ def _generate(args, parallel, init_distributed, is_logging_rank) -> int:
             f"{args.checkpoint} holds a {config.type!r} encoder, which does not generate text; "
             "use epochal fill-mask"
         )
-    ids, shown = _prompts(args, tokenizer)
-    stops = list(args.stop_token_id)
-    if not args.no_stop_at_eod:
+    chat = None
+    if args.chat:
+        from epochal.commands.generate_chat import chat_prompts
+
+        chat = chat_prompts(args, ck)
+        ids, shown, stops = chat.ids, chat.shown, chat.stops
+    else:
+        ids, shown = _prompts(args, tokenizer)
+        stops = list(args.stop_token_id) + _stop_ids(args.stop, tokenizer)
+    if not args.no_stop_at_eod and chat is None:
         # a Hugging Face model's own eos ids win (as in transformers), else the tokenizer's EOD
         eod = getattr(tokenizer, "eod", None)
         ends = ck.eos_token_ids or (() if eod is None else (eod,))
@@ -320,6 +368,8 @@ def _generate(args, parallel, init_distributed, is_logging_rank) -> int:
     seconds = time.perf_counter() - t1
     if not is_logging_rank():
         return 0
+    if chat is not None:
+        return chat.report(args, out, seconds, t_load)
     records = []
     per_prompt = gen_config.num_return_sequences if gen_config.num_beams > 1 else 1
     for j, tokens in enumerate(out.tokens):

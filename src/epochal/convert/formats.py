@@ -72,7 +72,8 @@ class LoadedCheckpoint:
         step: the training step / iteration recorded (0 when none).
         extra: what a writer may carry over: ``bos`` / ``eos`` / ``pad`` token ids,
             ``tokenizer_json`` (an epochal run's ``tokenizer.json``), ``tokenizer_files``
-            (other tokenizer files by name, e.g. ESM-2's ``vocab.txt``), ``run_config``.
+            (other tokenizer files by name, e.g. ESM-2's ``vocab.txt``; a fine-tuning
+            run's chat tokenizer folder and ``generation_config.json``), ``run_config``.
     """
 
     config: ModelConfig
@@ -132,7 +133,9 @@ def load_checkpoint(
     from epochal.train.state.epochal_ckpt import load_epochal_checkpoint
 
     ck = load_epochal_checkpoint(path, vocab_size=vocab_size)
-    extra = {**_run_tokenizer_info(ck), "run_config": ck.run_config}
+    chat = run_chat_folder(ck.run_config)
+    tokenizer = _chat_tokenizer_info(chat) if chat else _run_tokenizer_info(ck)
+    extra = {**tokenizer, "run_config": ck.run_config}
     if ck.config.head != "mlm":  # a classifier's class names go wherever its weights go
         from epochal.train.inputs.finetune import label_vocab_file
 
@@ -161,6 +164,45 @@ def _run_tokenizer_info(ck: Any) -> dict[str, Any]:
     if hasattr(tokenizer, "hf_tokenizer_files"):  # ESM-2: vocab.txt for EsmTokenizer
         info["tokenizer_files"] = tokenizer.hf_tokenizer_files()
     return info
+
+
+def _chat_tokenizer_info(folder: str) -> dict[str, Any]:
+    """What an export of a fine-tuning run carries of its chat tokenizer folder.
+
+    The folder's tokenizer files unchanged (``tokenizer_files``: the chat template and
+    special tokens with them, so ``AutoTokenizer`` of the export renders the ids the run
+    trained on), its BOS / EOS / PAD ids for ``config.json``, and a
+    ``generation_config.json`` whose ``eos_token_id`` lists the end-of-turn tokens
+    (:func:`epochal.data.sft.end_of_turn_ids`: EOS, the folder's own
+    ``generation_config.json`` ids, the template's end of turn), where ``transformers``'
+    ``generate()`` and chat pipeline stop.
+
+    Raises:
+        ConversionError: the folder's tokenizer cannot be loaded (names it).
+    """
+    import json
+
+    from epochal.convert.common import ConversionError
+    from epochal.data.sft import (
+        SFTDataError,
+        chat_tokenizer_files,
+        end_of_turn_ids,
+        load_chat_tokenizer,
+    )
+
+    try:
+        tokenizer = load_chat_tokenizer(folder)
+        files = chat_tokenizer_files(folder)
+    except SFTDataError as exc:
+        raise ConversionError(f"the run's chat tokenizer: {exc}") from None
+    stops = end_of_turn_ids(tokenizer, extra=generation_eos_ids(folder))
+    bos, pad = tokenizer.bos_token_id, tokenizer.pad_token_id
+    eos = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else (stops or [None])[0]
+    pad = eos if pad is None else pad
+    generation = {"bos_token_id": bos, "eos_token_id": stops or eos, "pad_token_id": pad}
+    generation = {k: v for k, v in generation.items() if v is not None}
+    files["generation_config.json"] = (json.dumps(generation, indent=2) + "\n").encode()
+    return {"bos": bos, "eos": eos, "pad": pad, "tokenizer_files": files}
 
 
 def merge_adapters(
@@ -305,6 +347,9 @@ class ModelCheckpoint:
         eos_token_ids: a Hugging Face model's ``eos_token_id`` (all of a list), else ().
         bos_token_id: a Hugging Face model's ``bos_token_id``, else None.
         run_config: an epochal run's saved ``config.toml`` (a dict), else None.
+        chat_folder: the Hugging Face tokenizer folder with the chat template: a
+            fine-tuning run's (``sft.tokenizer`` / ``checkpoint.init_from``), a Hugging
+            Face model folder holding ``tokenizer_config.json``; else None.
     """
 
     config: ModelConfig
@@ -313,6 +358,7 @@ class ModelCheckpoint:
     eos_token_ids: tuple[int, ...] = ()
     bos_token_id: int | None = None
     run_config: dict[str, Any] | None = None
+    chat_folder: str | None = None
 
 
 def load_model_checkpoint(
@@ -342,7 +388,10 @@ def load_model_checkpoint(
         from epochal.convert.hf.io import load_hf_checkpoint
 
         hf = load_hf_checkpoint(path)
-        out = ModelCheckpoint(hf.config, hf.state, None, tuple(hf.eos_token_ids), hf.bos_token_id)
+        eos = generation_eos_ids(path) or tuple(hf.eos_token_ids)
+        out = ModelCheckpoint(hf.config, hf.state, None, eos, hf.bos_token_id)
+        if (Path(path) / "tokenizer_config.json").is_file():
+            out.chat_folder = str(path)
         tok_file = Path(path) / "tokenizer.json"
         if with_tokenizer and tok_file.is_file():
             from epochal.data.indexed.tokenizer import HuggingFaceTokenizer
@@ -358,4 +407,49 @@ def load_model_checkpoint(
 
     ck = load_epochal_checkpoint(path, vocab_size=vocab_size)
     tokenizer = run_tokenizer(ck) if with_tokenizer else None
-    return ModelCheckpoint(ck.config, ck.state, tokenizer, run_config=ck.run_config)
+    return ModelCheckpoint(
+        ck.config,
+        ck.state,
+        tokenizer,
+        run_config=ck.run_config,
+        chat_folder=run_chat_folder(ck.run_config),
+    )
+
+
+def generation_eos_ids(folder: str | os.PathLike) -> tuple[int, ...]:
+    """``eos_token_id`` of a Hugging Face folder's ``generation_config.json`` (all of a list).
+
+    ``transformers``' ``generate()`` stops at these when the file exists (they win over
+    ``config.json``'s); empty without the file or the key.
+
+    Raises:
+        ConversionError: the file is not a JSON object, or the ids are not integers.
+    """
+    path = Path(folder) / "generation_config.json"
+    if not path.is_file():
+        return ()
+    from epochal.convert.bounded_parse import load_json_file
+    from epochal.convert.common import ConversionError
+
+    eos = load_json_file(path, path.name).get("eos_token_id")
+    eos = eos if isinstance(eos, list) else [] if eos is None else [eos]
+    if not all(isinstance(t, int) and not isinstance(t, bool) for t in eos):
+        raise ConversionError(f"{path}: eos_token_id must be an int or a list of ints, got {eos!r}")
+    return tuple(eos)
+
+
+def run_chat_folder(run_config: dict[str, Any] | None) -> str | None:
+    """The chat tokenizer folder of the fine-tuning run whose saved config is ``run_config``.
+
+    None for a run without ``[sft]`` rows, or whose folder is gone.
+    """
+    if not run_config or not (run_config.get("sft") or {}).get("train_file"):
+        return None
+    from epochal.train.config import config_from_saved
+    from epochal.train.inputs.sft import chat_tokenizer_folder
+
+    try:
+        folder = chat_tokenizer_folder(config_from_saved(run_config))
+    except (ValueError, TypeError):  # a config this version cannot read
+        return None
+    return folder if folder and Path(folder).is_dir() else None

@@ -462,7 +462,7 @@ def save_hf_checkpoint(
     pad_token_id: int | None = None,
     tokenizer_file: str | os.PathLike | None = None,
     overwrite: bool = False,
-    extra_files: dict[str, str] | None = None,
+    extra_files: dict[str, str | bytes] | None = None,
 ) -> Path:
     """Write ``config.json`` and ``model.safetensors`` for a Hugging Face class.
 
@@ -480,8 +480,9 @@ def save_hf_checkpoint(
             tokens of those ids (see :mod:`epochal.convert.hf.tokenizer`), so that
             ``AutoTokenizer`` agrees with ``config.json``.
         overwrite: replace an existing folder.
-        extra_files: ``{name: text}`` written too, e.g. an ESM-2 tokenizer's
-            ``vocab.txt`` (:meth:`~epochal.data.ESM2Tokenizer.hf_tokenizer_files`).
+        extra_files: ``{name: text or bytes}`` written too, e.g. an ESM-2 tokenizer's
+            ``vocab.txt`` (:meth:`~epochal.data.ESM2Tokenizer.hf_tokenizer_files`), a chat
+            tokenizer's files and ``generation_config.json``.
 
     Returns:
         The folder.
@@ -545,5 +546,8 @@ def save_hf_checkpoint(
         save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         (tmp / "config.json").write_text(json.dumps(hf_config, indent=2, sort_keys=True) + "\n")
         for name, text in {**tokenizer_files, **(extra_files or {})}.items():
-            (tmp / name).write_text(text, encoding="utf-8")
+            if isinstance(text, bytes):
+                (tmp / name).write_bytes(text)
+            else:
+                (tmp / name).write_text(text, encoding="utf-8")
     return Path(folder)

@@ -4,7 +4,8 @@
 :func:`tokenize_sft_rows` turns them into ``input_ids`` and ``loss_mask`` equal to
 TRL's ``SFTTrainer``'s, :func:`sft_loss` is the token-mean loss over them, and
 :class:`PackedSFTDataset` packs them into fixed-length samples with per-row attention
-(:class:`SFTDataset`: one row a sample).
+(:class:`SFTDataset`: one row a sample); :mod:`~epochal.data.sft.chat` renders a chat
+prompt and finds the end-of-turn tokens for generation.
 Names are loaded lazily from their defining modules.
 """
 
@@ -31,6 +32,13 @@ _EXPORTS = {
     "shift_labels": "loss",
     "sft_loss": "loss",
     "sft_loss_sum": "loss",
+    "CHAT_TOKENIZER_FILES": "chat",
+    "END_OF_TURN_TOKENS": "chat",
+    "chat_prompt_ids": "chat",
+    "chat_tokenizer_files": "chat",
+    "end_of_turn_ids": "chat",
+    "has_chat_template": "chat",
+    "token_ids": "chat",
     "SFTDatasets": "build",
     "build_sft_datasets": "build",
     "PackedSFTDataset": "packing",

@@ -41,9 +41,23 @@ from epochal.train.inputs.eval_rows import WholeTableRows
 __all__ = [
     "SFTTrainSamples",
     "build_sft_train_datasets",
+    "chat_tokenizer_folder",
     "loss_tokens_per_sample",
     "sft_tokenizer",
 ]
+
+
+def chat_tokenizer_folder(config: TrainConfig) -> str | None:
+    """The Hugging Face tokenizer folder a fine-tuning run tokenized its rows with, or None.
+
+    ``sft.tokenizer``, else ``checkpoint.init_from``, of a run with ``sft.train_file``
+    (what :func:`sft_tokenizer` loads); None for other runs. The folder's chat template
+    is the one ``epochal generate --chat`` applies and ``epochal convert --to hf``
+    ships with the weights.
+    """
+    if not config.sft.enabled:
+        return None
+    return config.sft.tokenizer or config.checkpoint.init_from or None
 
 
 def sft_tokenizer(config: TrainConfig) -> Any:

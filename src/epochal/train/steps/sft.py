@@ -44,6 +44,49 @@ class SFTTrainStep(GPTTrainStep):
 
     loss_scale: float | None = None
 
+    @property
+    def trims_padding(self) -> bool:
+        """Whether unpacked micro-batches lose their trailing loss-free columns (:meth:`get_batch`).
+
+        On one pipeline stage without tensor parallelism, ``torch.compile`` or
+        ``training.layout_invariant`` (whose bit-exactness across layouts wants every
+        micro-batch the same shape); data parallelism is fine.
+        """
+        config = self.args
+        if config is None or not hasattr(config, "training"):
+            return False
+        t, p = config.training, config.parallel
+        return not (
+            t.layout_invariant
+            or t.compile
+            or p.tensor_parallel > 1
+            or p.pipeline_parallel > 1
+            or getattr(p, "context_parallel", 1) > 1
+        )
+
+    def get_batch(self, data_iterator: Iterator[dict[str, torch.Tensor]]) -> tuple[Any, ...]:
+        """The GPT step's batch; unpacked rows cut after the micro-batch's last loss token.
+
+        One row a sample pads every row to ``data.seq_length``; with
+        :attr:`trims_padding` the columns after the last loss token of every row of the
+        micro-batch (rounded up to a multiple of 8) are dropped. Under causal attention
+        no earlier position sees them and none carries loss, so the loss and gradients
+        are those of the full width (up to float rounding) on less compute, as
+        ``transformers``' collators pad a batch to its longest row. Packed samples
+        (their ``attention_mask``) are left whole.
+        """
+        batch = super().get_batch(data_iterator)
+        tokens, labels, loss_mask, attention_mask, position_ids = batch
+        if attention_mask is not None or not self.trims_padding:
+            return batch
+        columns = torch.nonzero(loss_mask.reshape(-1, loss_mask.shape[-1]).any(0))
+        width = int(columns[-1]) + 1 if columns.numel() else 1
+        width = min(-(-width // 8) * 8, tokens.shape[-1])
+        if width == tokens.shape[-1]:
+            return batch
+        positions = None if position_ids is None else position_ids[..., :width]
+        return tokens[..., :width], labels[..., :width], loss_mask[..., :width], None, positions
+
     def loss_func(
         self, loss_mask: torch.Tensor, output_tensor: torch.Tensor
     ) -> tuple[torch.Tensor, dict[str, Any]]:
