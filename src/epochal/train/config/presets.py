@@ -12,7 +12,7 @@ merged over it. ``epochal train --preset NAME --print-config`` shows the result.
 - ``moe-tiny``: ``tiny``'s model with a mixture of experts in every block (4 experts
   of width 192, top-2 routing renormalised as Mixtral, balance loss 0.01, z-loss
   0.001), 100 steps on ``tiny``'s corpus and tokenizer; the balance loss and tokens
-  per expert of every block are in ``metrics.jsonl``. A minute or two on 2 CPU cores.
+  per expert of every block are in ``metrics.jsonl``. About three minutes on 2 CPU cores.
 - ``sft-tiny``: supervised fine-tuning of ``tiny``'s model shape on the chat rows
   shipped with the package (``epochal/data/sft/examples/tiny_chat.jsonl``: 160 short
   conversations, arithmetic, weekdays, opposites, colours, capitals, counting) with a
@@ -429,7 +429,7 @@ PRESETS: dict[str, dict[str, Any]] = {
 #: One line per preset, shown by ``epochal train --help`` (a test requires one for each preset).
 PRESET_SUMMARIES: dict[str, str] = {
     "tiny": "a 4-layer Llama-style GPT on Python's standard library, 300 steps; CPU, minutes",
-    "moe-tiny": "tiny with 4 experts, top-2, in every block, 100 steps; CPU, a minute or two",
+    "moe-tiny": "tiny with 4 experts, top-2, in every block, 100 steps; CPU, about three minutes",
     "sft-tiny": "the tiny GPT fine-tuned on chat rows shipped with the package, packed; CPU",
     "bert-tiny": "a 4-layer BERT (masked LM + next sentence) on the standard library's sentences",
     "t5-tiny": "a 2+2-layer T5 with Megatron's span corruption on the same sentences",
