@@ -1,0 +1,55 @@
+"""Context-parallel runs for the tests (module-level functions, importable by spawned ranks).
+
+Each rank compares its own run with the single-process reference and returns the
+differences (an empty list = equal), as :mod:`tests.parallel.groups` does.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from tests.parallel import harness
+
+STEPS = 5
+
+
+def gpt_config(**overrides: Any) -> Any:
+    """A 2-layer GPT (RoPE, grouped keys/values) with no dropout."""
+    values: dict[str, Any] = dict(num_layers=2, position_embedding_type="rope", num_query_groups=2)
+    values.update(overrides)
+    return harness.tiny_config(**values)
+
+
+def compare_layout(
+    rank: int,
+    world: int,
+    layout: dict[str, Any],
+    overrides: dict[str, Any],
+    steps: int = STEPS,
+    save_dir: str | None = None,
+) -> dict[str, Any]:
+    """Train ``steps`` steps of the tiny GPT under ``layout``; its losses and its differences
+    from one process (losses, evaluation loss, gradient norms, gradients, final weights)."""
+    batches = harness.global_batches(steps, 8)
+    config = gpt_config(**overrides)
+    ref = harness.reference_run(config, batches, 2)
+    got = harness.parallel_run(harness.layout(**layout), config, batches, 2, save_dir=save_dir)
+    return {"losses": got["losses"], "ref": ref["losses"], "problems": harness.compare(ref, got)}
+
+
+def resume_single(save_dir: str, steps: int) -> list[float]:
+    """One process: resume ``save_dir`` and train the next ``steps`` batches; the losses."""
+    batches = harness.global_batches(2 * steps, 8)[steps:]
+    return harness.single_process_run(gpt_config(), batches, 2, load_dir=save_dir)["losses"]
+
+
+def resume_layout(rank: int, world: int, layout: dict[str, Any], save_dir: str, steps: int) -> list:
+    """``world`` ranks under ``layout``: resume ``save_dir``, train the next ``steps`` batches."""
+    torch.manual_seed(0)
+    batches = harness.global_batches(2 * steps, 8)[steps:]
+    got = harness.parallel_run(
+        harness.layout(**layout), gpt_config(), batches, 2, load_dir=save_dir
+    )
+    return got["losses"]
