@@ -39,10 +39,16 @@ def compare_layout(
     return {"losses": got["losses"], "ref": ref["losses"], "problems": harness.compare(ref, got)}
 
 
+def step_folder(save_dir: str, steps: int) -> str:
+    """The checkpoint folder :func:`compare_layout` wrote after ``steps`` steps."""
+    return f"{save_dir}/step_{steps:07d}"
+
+
 def resume_single(save_dir: str, steps: int) -> list[float]:
     """One process: resume ``save_dir`` and train the next ``steps`` batches; the losses."""
     batches = harness.global_batches(2 * steps, 8)[steps:]
-    return harness.single_process_run(gpt_config(), batches, 2, load_dir=save_dir)["losses"]
+    folder = step_folder(save_dir, steps)
+    return harness.single_process_run(gpt_config(), batches, 2, load_dir=folder)["losses"]
 
 
 def resume_layout(rank: int, world: int, layout: dict[str, Any], save_dir: str, steps: int) -> list:
@@ -50,6 +56,30 @@ def resume_layout(rank: int, world: int, layout: dict[str, Any], save_dir: str, 
     torch.manual_seed(0)
     batches = harness.global_batches(2 * steps, 8)[steps:]
     got = harness.parallel_run(
-        harness.layout(**layout), gpt_config(), batches, 2, load_dir=save_dir
+        harness.layout(**layout), gpt_config(), batches, 2, load_dir=step_folder(save_dir, steps)
     )
     return got["losses"]
+
+
+def two_rank_checks(rank: int, world: int, tmp: str) -> dict[str, Any]:
+    """The 2-rank context-parallel checks in one launch (every rank returns its own).
+
+    ``gpt``: tiny GPT (causal, RoPE, grouped keys/values) at CP2 against one process,
+    writing a checkpoint to ``tmp/cp2``; ``esm``: the trainer on a tiny ESM-2
+    (bidirectional, padded batches of different lengths) at CP2.
+    """
+    from tests.parallel import bert_worker
+
+    out = {"gpt": compare_layout(rank, world, {"context_parallel": 2}, {}, save_dir=f"{tmp}/cp2")}
+    extra = [*bert_worker.ESM, "--model.token_dropout=false", "--parallel.context_parallel=2"]
+    out["esm"] = bert_worker.rank_main(rank, world, f"{tmp}/esm_cp2", extra, variable=True)
+    return out
+
+
+def four_rank_checks(rank: int, world: int, tmp: str) -> dict[str, Any]:
+    """The 4-rank checks in one launch: CP4, CP2 x DP2, and the CP2 checkpoint resumed on CP4."""
+    return {
+        "cp4": compare_layout(rank, world, {"context_parallel": 4}, {}),
+        "cp2_dp2": compare_layout(rank, world, {"context_parallel": 2}, {}),
+        "resume_cp4": resume_layout(rank, world, {"context_parallel": 4}, f"{tmp}/cp2", STEPS),
+    }

@@ -44,10 +44,18 @@ not shard weights). The data-parallel reduction (averaging) is unchanged.
 Supported: GPT (causal) and BERT / ESM-2 (bidirectional, padded batches), with
 data parallelism (any ``dp_sharding``) and tensor parallelism. Refused by name
 (:func:`check_context_parallel`, :meth:`ContextParallel.check_training`):
-pipeline parallelism, T5, ALiBi, sliding windows, the BERT binary head and
-fine-tuning heads, packed sequences (``cu_seqlens``), per-document attention
-masks, a custom ``loss_fn`` (it would see local logits) and
-``training.layout_invariant``.
+pipeline parallelism, T5, ALiBi, sliding windows, ESM's token dropout, the BERT
+binary head and fine-tuning heads, packed sequences (``cu_seqlens``), per-document attention
+masks and a custom ``loss_fn`` (it would see local logits).
+
+``training.layout_invariant``: every rank accumulates its gradients in the global
+micro-batch order over its data-parallel group (the ranks with its
+context-parallel coordinate), then the sums are summed over the chunks; so with
+``context_parallel`` fixed, data-parallel and accumulation changes stay
+bit-identical, while changing ``context_parallel`` changes the sums (like
+``tensor_parallel``; within 1e-5 of one process). The exact gradient norm counts
+each replicated gradient once (context-parallel rank 0); keyed dropout seeds get
+the rank folded in (:func:`context_seed`).
 """
 
 from __future__ import annotations
@@ -62,6 +70,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.distributed.tensor import DTensor
 
+from epochal.data.epochs.permutation import derive_seed
 from epochal.model.config import ConfigError, ModelConfig
 
 __all__ = [
@@ -69,8 +78,11 @@ __all__ = [
     "apply_context_parallel",
     "check_context_parallel",
     "chunk_positions",
+    "context_seed",
     "gather_sequence",
 ]
+
+_CP_SEED_WORD = 0xC0C0  # the derivation's domain word for context-parallel dropout keys
 
 #: model arguments of shape ``[b, s]`` that are cut along the sequence with the tokens
 SEQUENCE_ARGS = ("token_types", "padding_mask", "position_ids", "residue_mask")
@@ -100,6 +112,8 @@ def check_context_parallel(
         refused.append("model.position_embedding_type='alibi'")
     if getattr(model, "sliding_window", None) is not None:
         refused.append("model.sliding_window")
+    if getattr(model, "token_dropout", False):
+        refused.append("model.token_dropout (a per-sequence ratio of masked tokens)")
     if getattr(model, "bert_binary_head", False):
         refused.append("model.bert_binary_head (pooled from the first token)")
     if getattr(model, "head", "mlm") not in ("mlm", None):
@@ -120,6 +134,16 @@ def chunk_positions(
     first = torch.arange(cp_rank * c, (cp_rank + 1) * c, device=device)
     last = torch.arange((2 * cp - 1 - cp_rank) * c, (2 * cp - cp_rank) * c, device=device)
     return torch.cat([first, last])
+
+
+def context_seed(seed: int, cp_rank: int) -> int:
+    """A keyed dropout seed for context-parallel rank ``cp_rank`` (rank 0: ``seed`` itself).
+
+    Under ``training.layout_invariant`` dropout is keyed by the micro-batch; the ranks
+    of a context-parallel group hold different tokens of the same micro-batch and
+    would otherwise draw the same masks for them.
+    """
+    return seed if cp_rank == 0 else derive_seed(seed, _CP_SEED_WORD, cp_rank) >> 1
 
 
 class _GatherSequence(torch.autograd.Function):
@@ -176,22 +200,17 @@ class ContextParallel:
         self.rank = dist.get_rank(group)
 
     @staticmethod
-    def check_training(*, custom_loss: bool, layout_invariant: bool) -> None:
+    def check_training(*, custom_loss: bool) -> None:
         """Refuse the trainer options context parallelism does not support (naming them).
 
         Raises:
-            ConfigError: a custom ``loss_fn`` or ``training.layout_invariant``.
+            ConfigError: a custom ``loss_fn``.
         """
         if custom_loss:
             raise ConfigError(
                 "parallel.context_parallel",
                 "> 1 is not supported with a custom loss_fn (it would receive one rank's "
                 "chunks of the logits); use a train step whose loss reduces per-token losses",
-            )
-        if layout_invariant:
-            raise ConfigError(
-                "parallel.context_parallel",
-                "> 1 is not supported with training.layout_invariant=true; turn one of them off",
             )
 
     # ------------------------------------------------------------------ cutting

@@ -46,7 +46,11 @@ from epochal.model.build import build_model
 from epochal.model.config import ModelConfig
 from epochal.model.init import canonical_name
 from epochal.parallel.config import ParallelConfig
-from epochal.parallel.context_parallel import ContextParallel, apply_context_parallel
+from epochal.parallel.context_parallel import (
+    ContextParallel,
+    apply_context_parallel,
+    context_seed,
+)
 from epochal.parallel.data_parallel import apply_data_parallel, set_gradient_sync
 from epochal.parallel.dims import ParallelDims
 from epochal.parallel.dropout_keys import (
@@ -168,9 +172,7 @@ class ParallelEngine(PipelineSteps):
         self.cp: ContextParallel | None = None
         if dims.cp > 1:
             assert mesh is not None
-            ContextParallel.check_training(
-                custom_loss=custom_loss, layout_invariant=layout_invariant
-            )
+            ContextParallel.check_training(custom_loss=custom_loss)
             self.cp = ContextParallel(mesh["cp"].get_group())
         counts = stage_layer_counts(
             model_config.num_layers,
@@ -425,7 +427,8 @@ class ParallelEngine(PipelineSteps):
                 for i, mb in enumerate(micro_batches):
                     set_gradient_sync(self.model_parts, i == n - 1 and self.reducer is None)
                     if keyed:
-                        seed_micro_batch(micro_batch_seeds[i], self.device)  # type: ignore[index]
+                        seed = micro_batch_seeds[i]  # type: ignore[index]
+                        seed_micro_batch(context_seed(seed, self.cp_rank), self.device)
                     with self._autocast():
                         if step is not None:
                             loss = self._step_loss(step, mb, model)
@@ -481,6 +484,8 @@ class ParallelEngine(PipelineSteps):
                 self.reducer.finish()
             if self.dims.dp == 1:
                 finalize_partial_grads(self.model_parts)
+            if self.cp is not None:  # the ordered per-rank sums, then summed over the chunks
+                self.cp.reduce_grads(self.parameters())
             return
         if self.dims.dp == 1:
             finalize_grads(self.model_parts)
@@ -571,7 +576,7 @@ class ParallelEngine(PipelineSteps):
                 max_norm,
                 group=dist.group.WORLD if self.mesh is not None else None,
                 exclude=self.duplicated_parameters(),
-                coords={"dp": self.dp_rank, "tp": self.tp_rank},
+                coords={"dp": self.dp_rank, "cp": self.cp_rank, "tp": self.tp_rank},
             )
         return clip_grad_norm_parallel(
             self.parameters(),
