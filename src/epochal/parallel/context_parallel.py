@@ -12,9 +12,11 @@ positions are unchanged.
 Attention (the seam :attr:`epochal.model.layers.attention.Attention.core_attention`,
 replaced from outside by :func:`apply_context_parallel`; the model stays free of
 collectives): each rank all-gathers the keys and values of the other ranks over
-the context-parallel group and computes its own queries against all ``S`` keys in
-one exact softmax, with the causal mask of its two chunks' global positions
-(GPT) or no mask but the gathered padding mask (BERT, ESM-2: bidirectional). The
+the context-parallel group and computes its own queries against the keys in one
+exact softmax per chunk: causal (GPT), chunk ``j`` against keys ``[0, (j + 1) c)``
+under a lower-right causal mask (so rank r's early chunk skips the keys it cannot
+see); bidirectional (BERT, ESM-2) against all ``S`` keys with the gathered padding
+mask. The
 gather's backward sums each rank's key/value gradients over the group
 (reduce-scatter on NCCL; all-reduce then slice on gloo, which has no
 reduce-scatter). All-gather rather than a ring of send/receive: it is exact
@@ -198,6 +200,7 @@ class ContextParallel:
         self.group = group
         self.size = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
+        self._masks: dict[tuple[Any, ...], torch.Tensor] = {}
 
     @staticmethod
     def check_training(*, custom_loss: bool) -> None:
@@ -274,11 +277,14 @@ class ContextParallel:
         if rep > 1:
             k_all = k_all.repeat_interleave(rep, dim=1)
             v_all = v_all.repeat_interleave(rep, dim=1)
-        keep = None
         if causal:
-            q_pos = self.positions(seq, q.device)
-            k_pos = self.gathered_positions(seq, q.device)
-            keep = k_pos[None, :] <= q_pos[:, None]  # [L, S]
+            if attention_mask is not None:
+                raise ValueError(
+                    "context parallelism takes no attention_mask with causal attention "
+                    "(per-document masks need parallel.context_parallel=1)"
+                )
+            return self._causal(q, k_all, v_all, seq, dropout_p, scale)
+        keep = None
         if attention_mask is not None:
             if attention_mask.dim() != 4 or attention_mask.shape[-2] != 1:
                 raise ValueError(
@@ -287,11 +293,59 @@ class ContextParallel:
                     "need parallel.context_parallel=1"
                 )
             with torch.no_grad():
-                masked = gather_sequence(attention_mask.contiguous(), self.group, 3)
-            keep = ~masked if keep is None else keep & ~masked
+                keep = ~gather_sequence(attention_mask.contiguous(), self.group, 3)
         return F.scaled_dot_product_attention(
             q, k_all, v_all, attn_mask=keep, dropout_p=dropout_p, scale=scale
         )
+
+    def _causal(
+        self,
+        q: torch.Tensor,
+        k_all: torch.Tensor,
+        v_all: torch.Tensor,
+        seq: int,
+        dropout_p: float,
+        scale: float | None,
+    ) -> torch.Tensor:
+        """Causal attention of this rank's two chunks, each against the keys up to its end.
+
+        The gathered keys are put in global order; chunk ``j`` (``c`` queries) attends to
+        keys ``[0, (j + 1) c)`` under a lower-right causal mask (an additive float mask
+        ``[c, (j + 1) c]``, built once and shared by every layer of the step).
+        """
+        order = torch.argsort(self.gathered_positions(seq, q.device))
+        k_all, v_all = k_all.index_select(2, order), v_all.index_select(2, order)
+        c = seq // (2 * self.size)
+        outs = []
+        for half, j in enumerate((self.rank, 2 * self.size - 1 - self.rank)):
+            end = (j + 1) * c
+            mask = self._lower_right_mask(c, end, q.dtype, q.device)
+            outs.append(
+                F.scaled_dot_product_attention(
+                    q[:, :, half * c : (half + 1) * c],
+                    k_all[:, :, :end],
+                    v_all[:, :, :end],
+                    attn_mask=mask,
+                    dropout_p=dropout_p,
+                    scale=scale,
+                )
+            )
+        return torch.cat(outs, dim=2)
+
+    def _lower_right_mask(
+        self, rows: int, cols: int, dtype: torch.dtype, device: torch.device
+    ) -> torch.Tensor:
+        """Float ``[rows, cols]``: 0 where key ``t <= cols - rows + i``, ``-inf`` elsewhere (cached)."""
+        key = (rows, cols, dtype, device)
+        mask = self._masks.get(key)
+        if mask is None:
+            if len(self._masks) > 8:  # new shapes (sequence length, dtype): drop the old ones
+                self._masks.clear()
+            future = torch.ones(rows, cols, dtype=torch.bool, device=device).triu(cols - rows + 1)
+            mask = torch.zeros(rows, cols, dtype=dtype, device=device)
+            mask = mask.masked_fill(future, float("-inf"))
+            self._masks[key] = mask
+        return mask
 
     # ------------------------------------------------------------------- model
     def forward(self, module: nn.Module) -> Callable[..., Any]:

@@ -64,7 +64,9 @@ class ParallelDims:
         sizes = f"{config.tensor_parallel} * {config.pipeline_parallel}"
         if config.context_parallel > 1:
             names = "tensor_parallel * context_parallel * pipeline_parallel"
-            sizes = f"{config.tensor_parallel} * {config.context_parallel} * {config.pipeline_parallel}"
+            sizes = (
+                f"{config.tensor_parallel} * {config.context_parallel} * {config.pipeline_parallel}"
+            )
         if world_size < 1 or world_size % mp:
             raise _err(
                 "parallel.tensor_parallel",

@@ -358,9 +358,7 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         """Self-attention through :attr:`core_attention` (no cache, bias, window or ALiBi)."""
         if kv_cache is not None or position_bias is not None or self.use_alibi:
-            raise ValueError(
-                "a replaced core attention takes no KV cache, position_bias or ALiBi"
-            )
+            raise ValueError("a replaced core attention takes no KV cache, position_bias or ALiBi")
         if causal and self.sliding_window is not None:
             raise ValueError("a replaced core attention takes no sliding_window")
         assert self.core_attention is not None
