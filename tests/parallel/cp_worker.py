@@ -77,9 +77,14 @@ def two_rank_checks(rank: int, world: int, tmp: str) -> dict[str, Any]:
 
 
 def four_rank_checks(rank: int, world: int, tmp: str) -> dict[str, Any]:
-    """The 4-rank checks in one launch: CP4, CP2 x DP2, and the CP2 checkpoint resumed on CP4."""
+    """The 4-rank checks in one launch: CP4, CP2 x DP2 (distributed optimizer), CP2 x TP2 with
+    sequence parallelism, and the CP2 checkpoint resumed on CP4."""
+    tp2_sp = {"context_parallel": 2, "tensor_parallel": 2, "sequence_parallel": True}
     return {
         "cp4": compare_layout(rank, world, {"context_parallel": 4}, {}),
-        "cp2_dp2": compare_layout(rank, world, {"context_parallel": 2}, {}),
+        "cp2_dp2": compare_layout(
+            rank, world, {"context_parallel": 2, "dp_sharding": "optimizer"}, {}
+        ),
+        "cp2_tp2_sp": compare_layout(rank, world, tp2_sp, {}),
         "resume_cp4": resume_layout(rank, world, {"context_parallel": 4}, f"{tmp}/cp2", STEPS),
     }

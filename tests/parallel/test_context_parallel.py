@@ -2,8 +2,8 @@
 
 Megatron's load-balanced chunks (checked against Megatron-Core's own
 ``get_batch_on_this_cp_rank``), the rank order and the refusals run in this process;
-two launches (2 and 4 gloo ranks) compare tiny GPT runs at CP2, CP4 and CP2 x DP2
-with one process (losses, evaluation loss, gradient norms and gradients within
+two launches (2 and 4 gloo ranks) compare tiny GPT runs at CP2, CP4, CP2 x DP2
+(distributed optimizer) and CP2 x TP2 with sequence parallelism with one process (losses, evaluation loss, gradient norms and gradients within
 1e-5 at every step), train a tiny ESM-2 (bidirectional, padded) at CP2 through the
 trainer, and resume a CP2 checkpoint on one process and on CP4.
 """
@@ -125,7 +125,7 @@ def test_cp2_checkpoint_resumes_on_one_process_and_on_cp4(two_rank, four_rank, c
 
 
 @pytest.mark.distributed
-@pytest.mark.parametrize("name", ["cp4", "cp2_dp2"])
+@pytest.mark.parametrize("name", ["cp4", "cp2_dp2", "cp2_tp2_sp"])
 def test_four_rank_layouts_match_one_process(four_rank, name):
     for result in four_rank:
         assert result[name]["problems"] == [], "\n".join(result[name]["problems"])
