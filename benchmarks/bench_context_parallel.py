@@ -65,7 +65,9 @@ def _rank(rank: int, world: int, port: int, args: argparse.Namespace, out: Any) 
         engine = ParallelEngine(
             pc, _model(args), dims, dims.build_mesh("cpu"), device=torch.device("cpu"), seed=0
         )
-        opts = OptimizersContainer(engine.model_parts, lambda p: build_adamw([p], lr=1e-3))
+        opts = OptimizersContainer(
+            engine.model_parts, lambda p: build_adamw([p], lr=1e-3, weight_decay=0.1)
+        )
         g = torch.Generator().manual_seed(0)
         tokens = torch.randint(0, 512, (1, args.seq + 1), generator=g)
         batch = {
@@ -85,6 +87,9 @@ def _rank(rank: int, world: int, port: int, args: argparse.Namespace, out: Any) 
             if i:  # the first step is warmup
                 times.append(time.perf_counter() - t0)
         out.put((rank, base, _rss_mib("VmHWM"), sum(times) / len(times)))
+    except BaseException as exc:  # noqa: BLE001 - the parent must not wait for a dead rank
+        out.put((rank, repr(exc), 0.0, 0.0))
+        raise
     finally:
         dist.destroy_process_group()
 
@@ -105,6 +110,9 @@ def run(cp: int, args: argparse.Namespace) -> list[tuple[int, float, float, floa
     results = sorted(out.get(timeout=1800) for _ in range(cp))
     for p in procs:
         p.join(timeout=60)
+    failed = [r for r in results if isinstance(r[1], str)]
+    if failed:
+        raise RuntimeError(f"CP{cp}: rank {failed[0][0]} failed: {failed[0][1]}")
     return results
 
 

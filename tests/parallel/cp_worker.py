@@ -10,9 +10,12 @@ from typing import Any
 
 import torch
 
-from tests.parallel import harness
+from tests.parallel import bert_worker, harness
 
 STEPS = 5
+#: a tiny ESM-2 at CP2 through the trainer (layout-invariant, as every preset); no token
+#: dropout (refused under context parallelism)
+ESM_CP2 = [*bert_worker.ESM, "--model.token_dropout=false", "--parallel.context_parallel=2"]
 
 
 def gpt_config(**overrides: Any) -> Any:
@@ -68,17 +71,15 @@ def two_rank_checks(rank: int, world: int, tmp: str) -> dict[str, Any]:
     writing a checkpoint to ``tmp/cp2``; ``esm``: the trainer on a tiny ESM-2
     (bidirectional, padded batches of different lengths) at CP2.
     """
-    from tests.parallel import bert_worker
-
     out = {"gpt": compare_layout(rank, world, {"context_parallel": 2}, {}, save_dir=f"{tmp}/cp2")}
-    extra = [*bert_worker.ESM, "--model.token_dropout=false", "--parallel.context_parallel=2"]
-    out["esm"] = bert_worker.rank_main(rank, world, f"{tmp}/esm_cp2", extra, variable=True)
+    out["esm"] = bert_worker.rank_main(rank, world, f"{tmp}/esm_cp2", ESM_CP2, variable=True)
     return out
 
 
 def four_rank_checks(rank: int, world: int, tmp: str) -> dict[str, Any]:
     """The 4-rank checks in one launch: CP4, CP2 x DP2 (distributed optimizer), CP2 x TP2 with
-    sequence parallelism, and the CP2 checkpoint resumed on CP4."""
+    sequence parallelism, the CP2 checkpoint resumed on CP4, and the ESM-2 run of
+    :func:`two_rank_checks` at CP2 x DP2 (half the accumulation steps)."""
     tp2_sp = {"context_parallel": 2, "tensor_parallel": 2, "sequence_parallel": True}
     return {
         "cp4": compare_layout(rank, world, {"context_parallel": 4}, {}),
@@ -86,5 +87,8 @@ def four_rank_checks(rank: int, world: int, tmp: str) -> dict[str, Any]:
             rank, world, {"context_parallel": 2, "dp_sharding": "optimizer"}, {}
         ),
         "cp2_tp2_sp": compare_layout(rank, world, tp2_sp, {}),
+        "esm_dp2": bert_worker.rank_main(
+            rank, world, f"{tmp}/esm_cp2_dp2", [*ESM_CP2, "--parallel.data_parallel=2"], True
+        ),
         "resume_cp4": resume_layout(rank, world, {"context_parallel": 4}, f"{tmp}/cp2", STEPS),
     }

@@ -115,6 +115,14 @@ def test_cp2_esm_bidirectional_matches_one_process(two_rank, tmp_path):
 
 
 @pytest.mark.distributed
+def test_layout_invariant_with_cp_fixed_data_parallel_changes_nothing(two_rank, four_rank):
+    # the trainer under training.layout_invariant (the presets' default): CP2 on two
+    # processes (4 micro-batches per step) and CP2 x DP2 on four (2 each), bit for bit
+    assert [r["esm_dp2"]["losses"] for r in four_rank] == [two_rank[0]["esm"]["losses"]] * 4
+    assert [r["esm_dp2"]["eval"] for r in four_rank] == [two_rank[0]["esm"]["eval"]] * 4
+
+
+@pytest.mark.distributed
 def test_cp2_checkpoint_resumes_on_one_process_and_on_cp4(two_rank, four_rank, cp_tmp):
     steps = cp_worker.STEPS
     straight = H.reference_run(cp_worker.gpt_config(), H.global_batches(2 * steps, 8), 2)

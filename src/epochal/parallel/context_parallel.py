@@ -44,7 +44,9 @@ reduce_grads`, one all-reduce of a flat buffer; like data parallelism, CP does
 not shard weights). The data-parallel reduction (averaging) is unchanged.
 
 Supported: GPT (causal) and BERT / ESM-2 (bidirectional, padded batches), with
-data parallelism (any ``dp_sharding``) and tensor parallelism. Refused by name
+data parallelism (any ``dp_sharding``), tensor and sequence parallelism (each
+tensor-parallel rank gathers its heads' keys and values over its own
+context-parallel group) and recompute. Refused by name
 (:func:`check_context_parallel`, :meth:`ContextParallel.check_training`):
 pipeline parallelism, T5, ALiBi, sliding windows, ESM's token dropout, the BERT
 binary head and fine-tuning heads, packed sequences (``cu_seqlens``), per-document attention
