@@ -119,9 +119,9 @@ def run(cp: int, args: argparse.Namespace) -> list[tuple[int, float, float, floa
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seq", type=int, default=8192)
-    parser.add_argument("--hidden", type=int, default=64)
+    parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--heads", type=int, default=4)
-    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--cp", default="1,2,4")
     args = parser.parse_args()
