@@ -150,45 +150,68 @@ def context_seed(seed: int, cp_rank: int) -> int:
     return seed if cp_rank == 0 else derive_seed(seed, _CP_SEED_WORD, cp_rank) >> 1
 
 
+def _global_order(pieces: list[torch.Tensor], dim: int) -> list[torch.Tensor]:
+    """Every rank's two chunks (rank order) as the ``2 * cp`` chunks of the global sequence."""
+    cp = len(pieces)
+    halves = [p.chunk(2, dim=dim) for p in pieces]
+    return [halves[j][0] if j < cp else halves[2 * cp - 1 - j][1] for j in range(2 * cp)]
+
+
+def _rank_order(chunks: list[torch.Tensor], dim: int) -> list[torch.Tensor]:
+    """The inverse of :func:`_global_order`: each rank's ``[chunk r, chunk 2cp-1-r]``."""
+    cp = len(chunks) // 2
+    return [torch.cat([chunks[r], chunks[2 * cp - 1 - r]], dim=dim) for r in range(cp)]
+
+
 class _GatherSequence(torch.autograd.Function):
-    """All-gather along ``dim`` (rank order); backward: summed (``reduce``) or own slice."""
+    """All-gather along ``dim`` (rank order, or ``ordered``: the global chunk order).
+
+    Backward: the gradient of the own slice summed over the group (``reduce``) or taken as is.
+    """
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, group: Any, dim: int, reduce: bool) -> torch.Tensor:
-        ctx.group, ctx.dim, ctx.reduce = group, dim, reduce
+    def forward(
+        ctx: Any, x: torch.Tensor, group: Any, dim: int, reduce: bool, ordered: bool
+    ) -> torch.Tensor:
+        ctx.group, ctx.dim, ctx.reduce, ctx.ordered = group, dim, reduce, ordered
         ctx.rank, ctx.size = dist.get_rank(group), dist.get_world_size(group)
         x = x.contiguous()
         parts = [torch.empty_like(x) for _ in range(ctx.size)]
         dist.all_gather(parts, x, group=group)
-        return torch.cat(parts, dim=dim)
+        return torch.cat(_global_order(parts, dim) if ordered else parts, dim=dim)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
         size, rank, dim = ctx.size, ctx.rank, ctx.dim
         local = grad.shape[dim] // size
+        none = (None, None, None, None)
+        if ctx.ordered:  # back to rank order: rank r's slice is [chunk r, chunk 2cp-1-r]
+            grad = torch.cat(_rank_order(list(grad.chunk(2 * size, dim=dim)), dim), dim=dim)
         if not ctx.reduce:
-            return grad.narrow(dim, rank * local, local).contiguous(), None, None, None
+            return grad.narrow(dim, rank * local, local).contiguous(), *none
         if dist.get_backend(ctx.group) == "gloo":  # gloo has no reduce-scatter
             grad = grad.contiguous()
             dist.all_reduce(grad, group=ctx.group)
-            return grad.narrow(dim, rank * local, local).contiguous(), None, None, None
+            return grad.narrow(dim, rank * local, local).contiguous(), *none
         stacked = torch.stack(grad.chunk(size, dim=dim)).contiguous()
         out = torch.empty_like(stacked[0])
         dist.reduce_scatter_tensor(out, stacked, group=ctx.group)
-        return out, None, None, None
+        return out, *none
 
 
 def gather_sequence(
-    x: torch.Tensor, group: Any, dim: int = 1, *, reduce_grad: bool = False
+    x: torch.Tensor, group: Any, dim: int = 1, *, reduce_grad: bool = False, ordered: bool = True
 ) -> torch.Tensor:
-    """Concatenate every context-parallel rank's ``x`` along ``dim`` in rank order (autograd-aware).
+    """Every context-parallel rank's chunks of ``x`` along ``dim``, in global order (autograd-aware).
 
+    ``x`` holds this rank's two chunks back to back (:func:`chunk_positions`); the
+    result is the whole sequence in order (``ordered=False``: simply rank order).
     ``reduce_grad=True``: the backward sums the gradient of each rank's slice over
     the group (every rank used every slice: keys and values). ``False``: each rank
     keeps its own slice's gradient (every rank computed the same function of the
     gathered values: the replicated loss).
     """
-    return _GatherSequence.apply(x, group, dim, reduce_grad)
+    return _GatherSequence.apply(x, group, dim, reduce_grad, ordered)
 
 
 class ContextParallel:
@@ -235,15 +258,7 @@ class ContextParallel:
 
     def gather(self, x: torch.Tensor, dim: int = 1) -> torch.Tensor:
         """Every rank's chunks of ``x`` back in global order along ``dim``; backward keeps the own slice."""
-        gathered = gather_sequence(x, self.group, dim, reduce_grad=False)
-        order = self.gathered_positions(gathered.shape[dim], x.device)
-        return gathered.index_select(dim, torch.argsort(order))
-
-    def gathered_positions(self, seq_length: int, device: torch.device) -> torch.Tensor:
-        """The global positions of a rank-order gather (rank 0's chunks, rank 1's, ...)."""
-        return torch.cat(
-            [chunk_positions(seq_length, self.size, r, device) for r in range(self.size)]
-        )
+        return gather_sequence(x, self.group, dim, reduce_grad=False)
 
     # ---------------------------------------------------------------- attention
     def attention(
@@ -311,12 +326,10 @@ class ContextParallel:
     ) -> torch.Tensor:
         """Causal attention of this rank's two chunks, each against the keys up to its end.
 
-        The gathered keys are put in global order; chunk ``j`` (``c`` queries) attends to
+        The keys are gathered in global order; chunk ``j`` (``c`` queries) attends to
         keys ``[0, (j + 1) c)`` under a lower-right causal mask (an additive float mask
         ``[c, (j + 1) c]``, built once and shared by every layer of the step).
         """
-        order = torch.argsort(self.gathered_positions(seq, q.device))
-        k_all, v_all = k_all.index_select(2, order), v_all.index_select(2, order)
         c = seq // (2 * self.size)
         outs = []
         for half, j in enumerate((self.rank, 2 * self.size - 1 - self.rank)):
