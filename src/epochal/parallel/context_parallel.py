@@ -16,12 +16,11 @@ the context-parallel group and computes its own queries against the keys in one
 exact softmax per chunk: causal (GPT), chunk ``j`` against keys ``[0, (j + 1) c)``
 under a lower-right causal mask (so rank r's early chunk skips the keys it cannot
 see); bidirectional (BERT, ESM-2) against all ``S`` keys with the gathered padding
-mask. The
-gather's backward sums each rank's key/value gradients over the group
+mask. The gather's backward sums each rank's key/value gradients over the group
 (reduce-scatter on NCCL; all-reduce then slice on gloo, which has no
 reduce-scatter). All-gather rather than a ring of send/receive: it is exact
-with PyTorch's own kernels on every device (one SDPA call, no hand-written
-online-softmax merge), it composes with autograd in a few lines, and it is
+with PyTorch's own kernels on every device (one SDPA call per chunk, no
+hand-written online-softmax merge), it composes with autograd in a few lines, and it is
 Megatron-Core's ``--cp-comm-type all_gather``; its cost is that each rank holds
 the whole sequence's keys and values of one layer at a time (``2 * S * kv_heads
 * head_dim`` per sample), while queries, logits, MLP and norm activations fall to
@@ -49,8 +48,8 @@ tensor-parallel rank gathers its heads' keys and values over its own
 context-parallel group) and recompute. Refused by name
 (:func:`check_context_parallel`, :meth:`ContextParallel.check_training`):
 pipeline parallelism, T5, ALiBi, sliding windows, ESM's token dropout, the BERT
-binary head and fine-tuning heads, packed sequences (``cu_seqlens``), per-document attention
-masks and a custom ``loss_fn`` (it would see local logits).
+binary head and fine-tuning heads, packed sequences (``cu_seqlens``), per-document
+attention masks and a custom ``loss_fn`` (it would see local logits).
 
 ``training.layout_invariant``: every rank accumulates its gradients in the global
 micro-batch order over its data-parallel group (the ranks with its
