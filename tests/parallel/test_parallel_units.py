@@ -82,10 +82,10 @@ def test_needs_relaunch_only_outside_a_launcher(monkeypatch):
 def test_dims_from_world_size_and_rank_coordinates():
     dims = ParallelDims.from_config(ParallelConfig(tensor_parallel=2, pipeline_parallel=2), 8)
     assert (dims.tp, dims.pp, dims.dp, dims.world_size) == (2, 2, 2, 8)
-    assert dims.coords(0) == {"pp": 0, "dp": 0, "tp": 0}
-    assert dims.coords(1) == {"pp": 0, "dp": 0, "tp": 1}  # tensor-parallel ranks adjacent
-    assert dims.coords(2) == {"pp": 0, "dp": 1, "tp": 0}
-    assert dims.coords(5) == {"pp": 1, "dp": 0, "tp": 1}
+    assert dims.coords(0) == {"pp": 0, "dp": 0, "cp": 0, "tp": 0}
+    assert dims.coords(1) == {"pp": 0, "dp": 0, "cp": 0, "tp": 1}  # tensor-parallel ranks adjacent
+    assert dims.coords(2) == {"pp": 0, "dp": 1, "cp": 0, "tp": 0}
+    assert dims.coords(5) == {"pp": 1, "dp": 0, "cp": 0, "tp": 1}
     with pytest.raises(ConfigError, match="parallel.tensor_parallel.*divide the world size 6"):
         ParallelDims.from_config(ParallelConfig(tensor_parallel=4), 6)
     with pytest.raises(ConfigError, match="parallel.data_parallel"):

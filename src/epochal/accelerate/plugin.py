@@ -141,7 +141,11 @@ def _where(name: str) -> str:
 
 #: field -> (value that changes nothing, why another value is refused).
 _REFUSED: dict[str, tuple[Any, str]] = {
-    "context_parallel_size": (1, "epochal has no context parallelism"),
+    "context_parallel_size": (
+        1,
+        "context parallelism runs in `epochal train --parallel.context_parallel=N` (GPT, BERT, "
+        "ESM-2), not yet behind this front end, which computes the model's loss from whole logits",
+    ),
     "expert_model_parallel_size": (1, "epochal's models have no experts"),
     "expert_tensor_parallel_size": (1, "epochal's models have no experts"),
     "pipeline_model_parallel_split_rank": (

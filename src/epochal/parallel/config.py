@@ -6,7 +6,7 @@ Names follow Megatron-LM's command-line arguments where one exists
 ``--recompute-granularity/-method/-num-layers``).
 
 The data-parallel size is derived from the world size
-(``world_size / (tensor_parallel * pipeline_parallel)``); setting
+(``world_size / (tensor_parallel * context_parallel * pipeline_parallel)``); setting
 ``data_parallel`` only checks it (and tells ``epochal train`` how many processes
 to launch when it is not already running under ``torchrun``).
 
@@ -63,6 +63,15 @@ class ParallelConfig:
             vocabulary-sharded logits without gathering them (Megatron's
             ``vocab_parallel_cross_entropy``). A custom loss function always
             receives gathered logits.
+        context_parallel: context-parallel size (Megatron's
+            ``--context-parallel-size``); >= 1. Every sequence is cut into
+            ``2 * context_parallel`` chunks and context-parallel rank ``r``
+            holds chunks ``r`` and ``2 * context_parallel - 1 - r`` (Megatron's
+            load balancing for causal attention); keys and values are
+            exchanged in attention (:mod:`epochal.parallel.context_parallel`).
+            Needs ``data.seq_length`` divisible by ``2 * context_parallel``.
+            Weights are not sharded: gradients are summed over the
+            context-parallel ranks.
         pipeline_parallel: number of pipeline stages (ranks); >= 1.
         virtual_pipeline: model chunks per pipeline rank (Megatron's
             ``virtual_pipeline_model_parallel_size``); > 1 needs the
@@ -96,7 +105,7 @@ class ParallelConfig:
         recompute_num_layers: see ``recompute_method`` (>= 1).
         nproc_per_node: processes to launch per node when ``epochal train`` is
             not under ``torchrun`` (0 = ``tensor_parallel * pipeline_parallel *
-            (data_parallel or 1)``). Ignored under an outer launcher.
+            context_parallel * (data_parallel or 1)``). Ignored under an outer launcher.
         backend: process-group backend: ``auto`` (NCCL on CUDA, gloo on CPU),
             ``gloo`` or ``nccl``.
         timeout_minutes: the process group's timeout in minutes (a float:
@@ -109,6 +118,7 @@ class ParallelConfig:
     tensor_parallel: int = 1
     sequence_parallel: bool = False
     loss_parallel: bool = True
+    context_parallel: int = 1
     pipeline_parallel: int = 1
     virtual_pipeline: int = 1
     pipeline_schedule: Literal["gpipe", "1f1b", "interleaved_1f1b"] = "1f1b"
@@ -130,6 +140,7 @@ class ParallelConfig:
         """Check each field on its own; raise :class:`ConfigError` naming the first bad one."""
         for name in (
             "tensor_parallel",
+            "context_parallel",
             "pipeline_parallel",
             "virtual_pipeline",
             "recompute_num_layers",
@@ -214,8 +225,8 @@ class ParallelConfig:
 
     @property
     def model_parallel_size(self) -> int:
-        """``tensor_parallel * pipeline_parallel`` (processes per model replica)."""
-        return self.tensor_parallel * self.pipeline_parallel
+        """``tensor_parallel * context_parallel * pipeline_parallel`` (processes per model replica)."""
+        return self.tensor_parallel * self.context_parallel * self.pipeline_parallel
 
     def launch_world_size(self) -> int:
         """Number of processes ``epochal train`` launches on one node when not under ``torchrun``."""

@@ -1,14 +1,16 @@
 """``ParallelDims``: the sizes of each parallel dimension, their validation and the device mesh.
 
-Rank layout (Megatron-LM's default order ``tp-dp-pp``: tensor-parallel ranks are
-adjacent, pipeline stages are farthest apart)::
+Rank layout (Megatron-LM's default order ``tp-cp-dp-pp``: tensor-parallel ranks are
+adjacent, then context-parallel ranks, pipeline stages are farthest apart)::
 
-    global_rank = pp_rank * (dp * tp) + dp_rank * tp + tp_rank
+    global_rank = pp_rank * (dp * cp * tp) + dp_rank * (cp * tp) + cp_rank * tp + tp_rank
 
-The device mesh has shape ``(pp, dp, tp)`` and the dimension names
-``("pp", "dp", "tp")``; ``mesh["tp"]`` is this rank's tensor-parallel group,
-``mesh["dp"]`` its data-parallel group, ``mesh["pp"]`` its pipeline group.
-Dimensions of size 1 are kept, so code never needs to special-case them.
+The device mesh has shape ``(pp, dp, cp, tp)`` and the dimension names
+``("pp", "dp", "cp", "tp")``; ``mesh["tp"]`` is this rank's tensor-parallel group,
+``mesh["cp"]`` its context-parallel group, ``mesh["dp"]`` its data-parallel group,
+``mesh["pp"]`` its pipeline group. Dimensions of size 1 are kept, so code never
+needs to special-case them. With ``cp = 1`` the layout is the one of earlier
+versions (``pp * (dp * tp) + dp * tp + tp``).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from epochal.parallel.config import ParallelConfig
 
 __all__ = ["MESH_DIM_NAMES", "ParallelDims"]
 
-MESH_DIM_NAMES = ("pp", "dp", "tp")
+MESH_DIM_NAMES = ("pp", "dp", "cp", "tp")
 
 
 def _err(option: str, message: str) -> ConfigError:
@@ -39,12 +41,14 @@ class ParallelDims:
         pp: pipeline-parallel size (stages = ranks along the pipeline).
         dp: data-parallel size.
         vpp: virtual pipeline chunks per pipeline rank (interleaved schedule).
+        cp: context-parallel size (each sequence split over ``cp`` ranks).
     """
 
     tp: int = 1
     pp: int = 1
     dp: int = 1
     vpp: int = 1
+    cp: int = 1
 
     @classmethod
     def from_config(cls, config: ParallelConfig, world_size: int) -> ParallelDims:
@@ -52,34 +56,41 @@ class ParallelDims:
 
         Raises:
             ConfigError: ``world_size`` is not a multiple of
-                ``tensor_parallel * pipeline_parallel``, or ``data_parallel`` is set
-                and differs from the derived size.
+                ``tensor_parallel * context_parallel * pipeline_parallel``, or
+                ``data_parallel`` is set and differs from the derived size.
         """
-        mp = config.tensor_parallel * config.pipeline_parallel
+        mp = config.model_parallel_size
+        names = "tensor_parallel * pipeline_parallel"
+        sizes = f"{config.tensor_parallel} * {config.pipeline_parallel}"
+        if config.context_parallel > 1:
+            names = "tensor_parallel * context_parallel * pipeline_parallel"
+            sizes = (
+                f"{config.tensor_parallel} * {config.context_parallel} * {config.pipeline_parallel}"
+            )
         if world_size < 1 or world_size % mp:
             raise _err(
                 "parallel.tensor_parallel",
-                f"tensor_parallel * pipeline_parallel = {config.tensor_parallel} * "
-                f"{config.pipeline_parallel} = {mp} must divide the world size {world_size}",
+                f"{names} = {sizes} = {mp} must divide the world size {world_size}",
             )
         dp = world_size // mp
         if config.data_parallel is not None and config.data_parallel != dp:
             raise _err(
                 "parallel.data_parallel",
-                f"is {config.data_parallel} but world size {world_size} / (tensor_parallel * "
-                f"pipeline_parallel = {mp}) gives {dp}; leave it unset to derive it",
+                f"is {config.data_parallel} but world size {world_size} / ({names} = {mp}) "
+                f"gives {dp}; leave it unset to derive it",
             )
         return cls(
             tp=config.tensor_parallel,
             pp=config.pipeline_parallel,
             dp=dp,
             vpp=config.virtual_pipeline,
+            cp=config.context_parallel,
         )
 
     @property
     def world_size(self) -> int:
-        """``tp * pp * dp``."""
-        return self.tp * self.pp * self.dp
+        """``tp * cp * pp * dp``."""
+        return self.tp * self.cp * self.pp * self.dp
 
     @property
     def num_stages(self) -> int:
@@ -87,12 +98,13 @@ class ParallelDims:
         return self.pp * self.vpp
 
     def coords(self, rank: int) -> dict[str, int]:
-        """``{"pp": ..., "dp": ..., "tp": ...}`` of global ``rank`` (the layout in the module docstring)."""
+        """``{"pp": ..., "dp": ..., "cp": ..., "tp": ...}`` of global ``rank`` (the layout in the module docstring)."""
         if not 0 <= rank < self.world_size:
             raise ValueError(f"rank {rank} is outside [0, {self.world_size})")
         return {
-            "pp": rank // (self.dp * self.tp),
-            "dp": (rank // self.tp) % self.dp,
+            "pp": rank // (self.dp * self.cp * self.tp),
+            "dp": (rank // (self.cp * self.tp)) % self.dp,
+            "cp": (rank // self.tp) % self.cp,
             "tp": rank % self.tp,
         }
 
@@ -143,6 +155,10 @@ class ParallelDims:
                 f"must divide the padded vocabulary {model.padded_vocab_size} "
                 f"(model.make_vocab_size_divisible_by={model.make_vocab_size_divisible_by}), got {tp}",
             )
+        if self.cp > 1:
+            from epochal.parallel.context_parallel import check_context_parallel  # local: a leaf
+
+            check_context_parallel(self, model, seq_length=seq_length, config=config)
         if config is not None and config.sequence_parallel and seq_length % tp:
             raise _err(
                 "parallel.sequence_parallel",
@@ -190,7 +206,7 @@ class ParallelDims:
 
     # --------------------------------------------------------------------- mesh
     def build_mesh(self, device_type: str = "cpu") -> DeviceMesh:
-        """Create the ``(pp, dp, tp)`` device mesh over the default process group.
+        """Create the ``(pp, dp, cp, tp)`` device mesh over the default process group.
 
         Args:
             device_type: ``"cpu"`` (gloo) or ``"cuda"``.
@@ -207,9 +223,10 @@ class ParallelDims:
                 f"process group has {ws} ranks but the layout {self} needs {self.world_size}"
             )
         return init_device_mesh(
-            device_type, (self.pp, self.dp, self.tp), mesh_dim_names=MESH_DIM_NAMES
+            device_type, (self.pp, self.dp, self.cp, self.tp), mesh_dim_names=MESH_DIM_NAMES
         )
 
     def __str__(self) -> str:
         vpp = f"(x{self.vpp} virtual)" if self.vpp > 1 else ""
-        return f"TP{self.tp} x PP{self.pp}{vpp} x DP{self.dp}"
+        cp = f" x CP{self.cp}" if self.cp > 1 else ""
+        return f"TP{self.tp}{cp} x PP{self.pp}{vpp} x DP{self.dp}"

@@ -47,6 +47,11 @@ from epochal.model.config import ModelConfig
 from epochal.model.init import canonical_name
 from epochal.model.layers.moe import set_moe_loss_scale
 from epochal.parallel.config import ParallelConfig
+from epochal.parallel.context_parallel import (
+    ContextParallel,
+    apply_context_parallel,
+    context_seed,
+)
 from epochal.parallel.data_parallel import apply_data_parallel, set_gradient_sync
 from epochal.parallel.dims import ParallelDims
 from epochal.parallel.dropout_keys import (
@@ -61,6 +66,7 @@ from epochal.parallel.logged import ordered_logged, reduce_logged
 from epochal.parallel.loss import masked_mean_loss_parallel
 from epochal.parallel.model_support import check_model_layout
 from epochal.parallel.ordered_reduce import OrderedGradReducer, finalize_partial_grads
+from epochal.parallel.part_wrappers import autocast_forward, compile_part
 from epochal.parallel.pipeline import (
     EmbeddingGroup,
     split_stage_module,
@@ -77,7 +83,7 @@ from epochal.parallel.step_model import (
 )
 from epochal.parallel.tensor_parallel import apply_tensor_parallel
 
-__all__ = ["LossFn", "ParallelEngine", "finalize_grads"]
+__all__ = ["LossFn", "ParallelEngine", "compile_part", "finalize_grads"]
 
 LossFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -99,36 +105,6 @@ def finalize_grads(parts: Sequence[nn.Module]) -> None:
                 p.grad = g.redistribute(placements=p.placements)
 
 
-def compile_part(part: nn.Module, unit_keys: Sequence[str], *, tensor_parallel: bool) -> None:
-    """``torch.compile`` a model part in place: each block, or the whole part under tensor parallelism.
-
-    Without tensor parallelism every block (recompute unit) is compiled on its
-    own, as the single-process trainer does. Under tensor parallelism the
-    blocks' inputs and outputs cross DTensor boundaries (the plans' hooks), and
-    compiling blocks separately is unreliable with torch 2.13 on CPU: with
-    sequence parallelism and RoPE the backward fails (a redistribution receives
-    a plain tensor), without sequence parallelism inductor recurses without end,
-    and embedding gradients have been observed to come out silently zero. The
-    whole part is therefore compiled as one graph (DTensor collectives inside),
-    which gives the single-process gradients (tested).
-    """
-    if tensor_parallel:
-        part.compile()
-        return
-    for key in unit_keys:
-        part.layers[key].compile()
-
-
-def _autocast_forward(module: nn.Module, dtype: torch.dtype, device_type: str) -> None:
-    forward = module.forward
-
-    def wrapped(*args: Any, **kwargs: Any) -> Any:
-        with torch.autocast(device_type, dtype=dtype):
-            return forward(*args, **kwargs)
-
-    module.forward = wrapped  # instance attribute: parameters and names unchanged
-
-
 class ParallelEngine(PipelineSteps):
     """The model of one rank under a parallel layout, and how to run a step on it.
 
@@ -136,7 +112,7 @@ class ParallelEngine(PipelineSteps):
         config: the ``[parallel]`` section.
         model_config: the model.
         dims: the layout (from :meth:`ParallelDims.from_config`).
-        mesh: the ``(pp, dp, tp)`` device mesh (``dims.build_mesh()``); None only
+        mesh: the ``(pp, dp, cp, tp)`` device mesh (``dims.build_mesh()``); None only
             for a single process.
         device: this rank's device.
         seed: initialization seed (same weights as the single-process model).
@@ -187,11 +163,18 @@ class ParallelEngine(PipelineSteps):
             raise ValueError(f"layout {dims} needs a device mesh")
         check_model_layout(model_config, dims, sequence_parallel=config.sequence_parallel)
         coords = (
-            {"pp": 0, "dp": 0, "tp": 0}
+            {"pp": 0, "dp": 0, "cp": 0, "tp": 0}
             if mesh is None
-            else {n: mesh[n].get_local_rank() for n in ("pp", "dp", "tp")}
+            else {n: mesh[n].get_local_rank() for n in ("pp", "dp", "cp", "tp")}
         )
         self.pp_rank, self.dp_rank, self.tp_rank = coords["pp"], coords["dp"], coords["tp"]
+        self.cp_rank = coords["cp"]
+        #: context parallelism (:mod:`epochal.parallel.context_parallel`), None without
+        self.cp: ContextParallel | None = None
+        if dims.cp > 1:
+            assert mesh is not None
+            ContextParallel.check_training(custom_loss=custom_loss)
+            self.cp = ContextParallel(mesh["cp"].get_group())
         counts = stage_layer_counts(
             model_config.num_layers,
             dims.pp,
@@ -287,6 +270,8 @@ class ParallelEngine(PipelineSteps):
                 sequence_parallel=pc.sequence_parallel,
                 loss_parallel=self.loss_parallel,
             )
+        if self.cp is not None:
+            apply_context_parallel(part, self.cp)
         for name, param in part.named_parameters():
             if canonical_name(name, cfg) in self.frozen:
                 param.requires_grad_(False)
@@ -296,7 +281,7 @@ class ParallelEngine(PipelineSteps):
         if self.layout_invariant:
             install_keyed_dropout(part)
         if self.autocast_dtype is not None and self.dims.pp > 1:
-            _autocast_forward(part, self.autocast_dtype, self.device.type)
+            autocast_forward(part, self.autocast_dtype, self.device.type)
         if self.dims.dp > 1:
             assert self.mesh is not None
             part = apply_data_parallel(part, self.mesh["dp"], pc.dp_sharding, unit_keys=unit_keys)
@@ -339,6 +324,21 @@ class ParallelEngine(PipelineSteps):
         return masked_mean_loss_parallel(
             labels, logits, mask, self.tp_group if self.loss_parallel else None
         )
+
+    def _step_model(self, part: nn.Module) -> StepModel:
+        return StepModel(part, loss_group=self.loss_group, module=part, context_parallel=self.cp)
+
+    def _plain_loss(
+        self, model: StepModel, mb: dict[str, torch.Tensor], loss_fn: LossFn | None, per_doc: bool
+    ) -> torch.Tensor:
+        """A micro-batch's loss without a train step: ``loss_fn``, or the token mean."""
+        kwargs = self._forward_kwargs(mb, per_doc)
+        if self.cp is not None:  # per-token losses of the whole sequence (context_parallel.py)
+            losses = model(mb["tokens"], labels=mb["labels"], **kwargs).flatten()
+            mask = mb["loss_mask"].flatten().to(losses.dtype)
+            return (losses * mask).sum() / mask.sum().clamp(min=1.0)
+        logits = model.module(mb["tokens"], **kwargs)  # type: ignore[misc]
+        return self._loss(loss_fn, mb["labels"], logits, mb["loss_mask"])
 
     @property
     def loss_group(self) -> dist.ProcessGroup | None:
@@ -423,20 +423,20 @@ class ParallelEngine(PipelineSteps):
             else:
                 total = torch.zeros((), device=self.device)
                 part = self.model_parts[0]
-                model = StepModel(part, loss_group=self.loss_group, module=part)
+                model = self._step_model(part)
                 divisor = n * self.dims.dp if invariant else n  # invariant: the global count
                 set_moe_loss_scale(part, self.grad_scale / divisor)  # the balance loss's gradient
                 scaled_losses = []
                 for i, mb in enumerate(micro_batches):
                     set_gradient_sync(self.model_parts, i == n - 1 and self.reducer is None)
                     if keyed:
-                        seed_micro_batch(micro_batch_seeds[i], self.device)  # type: ignore[index]
+                        seed = micro_batch_seeds[i]  # type: ignore[index]
+                        seed_micro_batch(context_seed(seed, self.cp_rank), self.device)
                     with self._autocast():
                         if step is not None:
                             loss = self._step_loss(step, mb, model)
                         else:
-                            logits = part(mb["tokens"], **self._forward_kwargs(mb, per_document))
-                            loss = self._loss(loss_fn, mb["labels"], logits, mb["loss_mask"])
+                            loss = self._plain_loss(model, mb, loss_fn, per_document)
                     scaled = loss / divisor
                     if self.reducer is not None:
                         self.reducer.arm()  # send each unit's gradients once complete
@@ -487,9 +487,13 @@ class ParallelEngine(PipelineSteps):
                 self.reducer.finish()
             if self.dims.dp == 1:
                 finalize_partial_grads(self.model_parts)
+            if self.cp is not None:  # the ordered per-rank sums, then summed over the chunks
+                self.cp.reduce_grads(self.parameters())
             return
         if self.dims.dp == 1:
             finalize_grads(self.model_parts)
+        if self.cp is not None:  # after the data-parallel averaging: a sum over the chunks
+            self.cp.reduce_grads(self.parameters())
         if self.tied:
             tied = []
             if self.has_first_stage:
@@ -533,15 +537,14 @@ class ParallelEngine(PipelineSteps):
         else:
             total = torch.zeros((), device=self.device)
             part = self.model_parts[0]
-            model = StepModel(part, loss_group=self.loss_group, module=part)
+            model = self._step_model(part)
             losses = []
             for mb in micro_batches:
                 with self._autocast():
                     if step is not None:
                         loss = self._step_loss(step, mb, model, on_logits)
                     else:
-                        logits = part(mb["tokens"], **self._forward_kwargs(mb, per_document))
-                        loss = self._loss(loss_fn, mb["labels"], logits, mb["loss_mask"])
+                        loss = self._plain_loss(model, mb, loss_fn, per_document)
                     losses.append(loss.float())
                     total += loss.float() / n
             if self.layout_invariant:
@@ -576,7 +579,7 @@ class ParallelEngine(PipelineSteps):
                 max_norm,
                 group=dist.group.WORLD if self.mesh is not None else None,
                 exclude=self.duplicated_parameters(),
-                coords={"dp": self.dp_rank, "tp": self.tp_rank},
+                coords={"dp": self.dp_rank, "cp": self.cp_rank, "tp": self.tp_rank},
             )
         return clip_grad_norm_parallel(
             self.parameters(),

@@ -206,7 +206,7 @@ class EmbeddingGroup:
     copy then communicate.
 
     Args:
-        mesh: the ``(pp, dp, tp)`` mesh (None in a single process).
+        mesh: the ``(pp, dp, cp, tp)`` mesh, pipeline first (None in a single process).
         enabled: tied embeddings and ``pp > 1``.
     """
 
@@ -214,14 +214,13 @@ class EmbeddingGroup:
         self.group: dist.ProcessGroup | None = None
         if not enabled or mesh is None:
             return
-        ranks = mesh.mesh  # [pp, dp, tp] global ranks
+        ranks = mesh.mesh.reshape(mesh.mesh.shape[0], -1)  # [pp, every other coordinate]
         me = dist.get_rank()
-        for d in range(ranks.shape[1]):
-            for t in range(ranks.shape[2]):
-                members = sorted({int(ranks[0, d, t]), int(ranks[-1, d, t])})
-                group = dist.new_group(members)
-                if me in members:
-                    self.group = group
+        for column in range(ranks.shape[1]):
+            members = sorted({int(ranks[0, column]), int(ranks[-1, column])})
+            group = dist.new_group(members)
+            if me in members:
+                self.group = group
 
     def all_reduce_grads(self, params: Sequence[torch.Tensor]) -> None:
         """Sum the gradients of ``params`` (this rank's tied copies) over the embedding group."""

@@ -16,6 +16,12 @@ logits (the first item of a tuple output), detached and gathered over the vocabu
 when sharded (``[b, s, V]``, the padded vocabulary), to that function: the trainer's
 way to return logits from the last pipeline stage (Accelerate's ``return_logits``).
 
+Context parallelism: a ``StepModel`` built with ``context_parallel`` (a
+:class:`~epochal.parallel.context_parallel.ContextParallel`) takes the whole
+micro-batch's ``[b, S]`` inputs, runs this rank's chunks and returns per-token
+losses gathered back to ``[b, S]`` in global order (without labels: the gathered
+output), so a train step's token mean is the global one.
+
 Errors: a model output that is neither a tensor nor a tuple whose first item is
 one raises :class:`TypeError` when labels are given.
 """
@@ -57,6 +63,8 @@ class StepModel:
         cross_entropy: ``(logits, labels) -> float32 losses`` for unsharded logits
             (:func:`epochal.parallel.token_loss.token_cross_entropy`); None = the plain
             upcast cross-entropy. Sharded logits always use the vocabulary-parallel one.
+        context_parallel: a ``ContextParallel``: cut the inputs, gather the outputs
+            (module docstring); needs ``module``.
     """
 
     def __init__(
@@ -68,7 +76,11 @@ class StepModel:
         training: bool = True,
         on_logits: Callable[[torch.Tensor], None] | None = None,
         cross_entropy: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+        context_parallel: Any = None,
     ) -> None:
+        self.context_parallel = context_parallel
+        if context_parallel is not None and module is not None:
+            forward = context_parallel.forward(module)
         self._forward = forward
         self.cross_entropy = cross_entropy
         self.loss_group = loss_group
@@ -120,6 +132,13 @@ class StepModel:
             a tuple output (e.g. BERT's binary head), ``(losses, *rest)``.
         """
         output = self._forward(*args, **kwargs)
+        cp = self.context_parallel
+        if cp is not None:
+            if labels is not None:
+                first = output[0] if isinstance(output, tuple) else output
+                losses = cp.gather(self.per_token_loss(first, cp.shard(labels)))
+                return (losses, *output[1:]) if isinstance(output, tuple) else losses
+            output = cp.gather(output)
         if self.on_logits is not None:
             first = output[0] if isinstance(output, tuple) and output else output
             if isinstance(first, torch.Tensor):

@@ -3,10 +3,10 @@
 It is :class:`~epochal.train.trainer.Trainer` with its seams overridden
 (the loop, logging, checkpoints and resumption are the base class's):
 
-- the process group and the ``(pp, dp, tp)`` device mesh come from
+- the process group and the ``(pp, dp, cp, tp)`` device mesh come from
   :mod:`epochal.parallel.launch` / :class:`~epochal.parallel.dims.ParallelDims`
   (``[parallel]`` section; the data-parallel size is the world size divided by
-  ``tensor_parallel * pipeline_parallel``);
+  ``tensor_parallel * context_parallel * pipeline_parallel``);
 - the data is built for this rank's data-parallel slice (rank 0 prepares any
   shared cache first); tensor-parallel and pipeline ranks of one data-parallel
   rank read the same micro-batches (deterministic data, no broadcast), and
@@ -52,6 +52,9 @@ from epochal.train.state.checkpoint import Checkpointer, SafeFileSystemReader, S
 from epochal.train.state.model_state import ModelState
 from epochal.train.steps import set_data_parallel_group
 from epochal.train.trainer import LossFn, Trainer
+
+#: added to the default-stream seed per context-parallel rank (see ``global_seed``)
+CONTEXT_PARALLEL_SEED_STRIDE = 1_000_003
 
 __all__ = ["ParallelTrainer", "check_layout", "export_consolidated", "wants_parallel"]
 
@@ -157,10 +160,14 @@ class ParallelTrainer(Trainer):
         """``training.seed + 100 * pipeline stage`` (Megatron), so stages draw different masks.
 
         Tensor-parallel regions fork their own per-rank streams from it
-        (:mod:`epochal.parallel.rng`).
+        (:mod:`epochal.parallel.rng`). Context-parallel ranks hold different tokens of
+        the same samples: each adds ``CONTEXT_PARALLEL_SEED_STRIDE * cp_rank``, so that
+        its chunks do not replay rank 0's dropout masks (tensor-parallel ranks of one
+        context-parallel rank keep one default stream).
         """
-        pp_rank = self.dims.coords(self.dist.rank)["pp"]
-        return pipeline_stage_seed(self.config.training.seed, pp_rank)
+        coords = self.dims.coords(self.dist.rank)
+        seed = pipeline_stage_seed(self.config.training.seed, coords["pp"])
+        return seed + CONTEXT_PARALLEL_SEED_STRIDE * coords["cp"]
 
     def data_parallel_info(self) -> dict[str, int]:
         """This rank's data-parallel coordinate and the data-parallel size."""

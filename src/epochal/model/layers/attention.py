@@ -52,6 +52,15 @@ Packed sequences (bidirectional only): ``forward(..., packed=p)`` with a
 each sequence (:func:`~epochal.model.layers.packing.packed_attention`); ``rope``
 then holds each token's position within its own sequence.
 
+Core attention seam: :attr:`Attention.core_attention` (None by default) replaces the
+softmax(QK^T)V of causal and bidirectional self-attention when set from outside
+(``epochal.parallel`` installs context parallelism there): it is called as
+``core_attention(q, k, v, causal=..., attention_mask=..., dropout_p=..., scale=...)``
+with queries ``[b, heads, s, head_dim]`` and keys/values ``[b, kv_heads, s, head_dim]``
+(rotated, before any GQA repeat) and returns ``[b, heads, s, head_dim]``. Its owner
+refuses the features it does not handle (caches, biases, windows, packing); the
+model raises if one of them reaches a replaced seam.
+
 Incremental decoding: ``forward(..., kv_cache=slot)`` with a
 :class:`~epochal.model.kv_cache.LayerKVCache` appends this call's keys/values
 to the cache and attends over all cached tokens; the causal mask (and ALiBi's
@@ -59,6 +68,8 @@ distances) are offset by the number of tokens cached before the call.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -163,6 +174,8 @@ class Attention(nn.Module):
             self.register_buffer("alibi_slopes", alibi_slopes(self.num_heads), persistent=False)
         else:
             self.alibi_slopes = None
+        #: a replacement for the core attention of self-attention (module docstring); None = SDPA here.
+        self.core_attention: Callable[..., torch.Tensor] | None = None
 
     def init_buffers(self) -> None:
         """(Re)compute the non-persistent ALiBi slopes on the parameters' device."""
@@ -225,6 +238,8 @@ class Attention(nn.Module):
             )
         b, s, _ = x.shape
         q, k, v = self._self_qkv(x, rope)
+        if self.core_attention is not None:
+            return self._replaced_core(q, k, v, True, attention_mask, kv_cache, position_bias)
         past = 0
         if kv_cache is not None:
             past = kv_cache.offset
@@ -301,6 +316,9 @@ class Attention(nn.Module):
             raise ValueError("cross attention takes no rotary positions")
         b, s, _ = x.shape
         hd = self.head_dim
+        if self.core_attention is not None and context is None:
+            q, k, v = self._self_qkv(x, rope)
+            return self._replaced_core(q, k, v, False, attention_mask, kv_cache, position_bias)
         kv_in = x if context is None else context
         q = self.wq(x).view(b, s, -1, hd)
         if kv_cache is not None and kv_cache.keys is not None:  # cross: computed at step 0
@@ -325,6 +343,34 @@ class Attention(nn.Module):
         dropout_p = self.dropout_p if self.training else 0.0
         out = F.scaled_dot_product_attention(
             q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=self.softmax_scale
+        )
+        return self.wo(out.transpose(1, 2).reshape(b, s, -1))
+
+    def _replaced_core(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        causal: bool,
+        attention_mask: torch.Tensor | None,
+        kv_cache: object,
+        position_bias: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """Self-attention through :attr:`core_attention` (no cache, bias, window or ALiBi)."""
+        if kv_cache is not None or position_bias is not None or self.use_alibi:
+            raise ValueError("a replaced core attention takes no KV cache, position_bias or ALiBi")
+        if causal and self.sliding_window is not None:
+            raise ValueError("a replaced core attention takes no sliding_window")
+        assert self.core_attention is not None
+        b, _, s, _ = q.shape
+        out = self.core_attention(
+            q,
+            k,
+            v,
+            causal=causal,
+            attention_mask=attention_mask,
+            dropout_p=self.dropout_p if self.training else 0.0,
+            scale=self.softmax_scale,
         )
         return self.wo(out.transpose(1, 2).reshape(b, s, -1))
 
@@ -381,6 +427,8 @@ class Attention(nn.Module):
             )
         if self.sliding_window is not None:
             raise ValueError("packed sequences do not apply a sliding_window (unpack them)")
+        if self.core_attention is not None:
+            raise ValueError("packed sequences do not go through a replaced core attention")
         b, s, _ = x.shape
         q, k, v = self._self_qkv(x, rope)
         k, v = _repeat_kv(q, k, v)

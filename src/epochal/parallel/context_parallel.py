@@ -1,0 +1,427 @@
+"""Context parallelism: every sequence split over ``cp`` ranks (Megatron's ``--context-parallel-size``).
+
+Chunking (Megatron's load balancing for causal attention): a sequence of ``S``
+tokens is cut into ``2 * cp`` chunks of ``c = S / (2 * cp)`` tokens, and
+context-parallel rank ``r`` holds chunks ``r`` and ``2 * cp - 1 - r``, back to
+back (``2 * c`` tokens). Under causal attention the early chunk has little to
+attend to and the late one much, so every rank does the same work. Tokens,
+labels, loss masks, token types, padding masks and position ids are cut the same
+way; position ids are those of the global sequence, so RoPE and learned absolute
+positions are unchanged.
+
+Attention (the seam :attr:`epochal.model.layers.attention.Attention.core_attention`,
+replaced from outside by :func:`apply_context_parallel`; the model stays free of
+collectives): each rank all-gathers the keys and values of the other ranks over
+the context-parallel group and computes its own queries against the keys in one
+exact softmax per chunk: causal (GPT), chunk ``j`` against keys ``[0, (j + 1) c)``
+under a lower-right causal mask (so rank r's early chunk skips the keys it cannot
+see); bidirectional (BERT, ESM-2) against all ``S`` keys with the gathered padding
+mask. The gather's backward sums each rank's key/value gradients over the group
+(reduce-scatter on NCCL; all-reduce then slice on gloo, which has no
+reduce-scatter). All-gather rather than a ring of send/receive: it is exact
+with PyTorch's own kernels on every device (one SDPA call per chunk, no
+hand-written online-softmax merge), it composes with autograd in a few lines, and it is
+Megatron-Core's ``--cp-comm-type all_gather``; its cost is that each rank holds
+the whole sequence's keys and values of one layer at a time (``2 * S * kv_heads
+* head_dim`` per sample), while queries, logits, MLP and norm activations fall to
+``1/cp``. A ring (Megatron's ``p2p``) would hold only ``2/cp`` of them.
+
+Loss: the train step receives the whole micro-batch (every rank of a
+context-parallel group reads the same samples, as tensor-parallel ranks do). The
+wrapped model (:class:`ContextParallel` inside
+:class:`~epochal.parallel.step_model.StepModel`) cuts the inputs, runs the local
+chunks and gathers the per-token losses back into global order ``[b, S]`` (a
+gather whose backward keeps each rank's own slice: every rank computes the same
+loss from the same values). The step's token mean is therefore the global one
+(sum of token losses / global token count), identical on every context-parallel
+rank. Called without labels, the model returns the gathered output (evaluation
+metrics on whole logits).
+
+Gradients: every rank's weight gradients hold its tokens' contributions; they are
+summed over the context-parallel group once per step (:meth:`ContextParallel.
+reduce_grads`, one all-reduce of a flat buffer; like data parallelism, CP does
+not shard weights). The data-parallel reduction (averaging) is unchanged.
+
+Supported: GPT (causal) and BERT / ESM-2 (bidirectional, padded batches), with
+data parallelism (any ``dp_sharding``), tensor and sequence parallelism (each
+tensor-parallel rank gathers its heads' keys and values over its own
+context-parallel group) and recompute. Refused by name
+(:func:`check_context_parallel`, :meth:`ContextParallel.check_training`):
+pipeline parallelism, T5, ALiBi, sliding windows, ESM's token dropout, the BERT
+binary head and fine-tuning heads, packed sequences (``cu_seqlens``), per-document
+attention masks and a custom ``loss_fn`` (it would see local logits).
+
+``training.layout_invariant``: every rank accumulates its gradients in the global
+micro-batch order over its data-parallel group (the ranks with its
+context-parallel coordinate), then the sums are summed over the chunks; so with
+``context_parallel`` fixed, data-parallel and accumulation changes stay
+bit-identical, while changing ``context_parallel`` changes the sums (like
+``tensor_parallel``; within 1e-5 of one process). The exact gradient norm counts
+each replicated gradient once (context-parallel rank 0); keyed dropout seeds get
+the rank folded in (:func:`context_seed`).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed.tensor import DTensor
+
+from epochal.data.epochs.permutation import derive_seed
+from epochal.model.config import ConfigError, ModelConfig
+
+__all__ = [
+    "ContextParallel",
+    "apply_context_parallel",
+    "check_context_parallel",
+    "chunk_positions",
+    "context_seed",
+    "gather_sequence",
+]
+
+_CP_SEED_WORD = 0xC0C0  # the derivation's domain word for context-parallel dropout keys
+
+#: model arguments of shape ``[b, s]`` that are cut along the sequence with the tokens
+SEQUENCE_ARGS = ("token_types", "padding_mask", "position_ids", "residue_mask")
+
+
+def check_context_parallel(
+    dims: Any, model: ModelConfig, *, seq_length: int, config: Any = None
+) -> None:
+    """Refuse a context-parallel layout that does not divide or is not supported.
+
+    Raises:
+        ConfigError: naming ``parallel.context_parallel`` (and the other option).
+    """
+    cp = dims.cp
+    if seq_length % (2 * cp):
+        raise ConfigError(
+            "parallel.context_parallel",
+            f"cuts each sequence into 2 * context_parallel = {2 * cp} chunks: "
+            f"data.seq_length={seq_length} must be divisible by {2 * cp}",
+        )
+    refused = []
+    if dims.pp > 1:
+        refused.append("parallel.pipeline_parallel > 1")
+    if model.type not in ("gpt", "bert", "esm"):
+        refused.append(f"model.type={model.type!r} (GPT, BERT and ESM-2 only)")
+    if model.position_embedding_type == "alibi":
+        refused.append("model.position_embedding_type='alibi'")
+    if getattr(model, "sliding_window", None) is not None:
+        refused.append("model.sliding_window")
+    if getattr(model, "token_dropout", False):
+        refused.append("model.token_dropout (a per-sequence ratio of masked tokens)")
+    if getattr(model, "bert_binary_head", False):
+        refused.append("model.bert_binary_head (pooled from the first token)")
+    if getattr(model, "head", "mlm") not in ("mlm", None):
+        refused.append(f"model.head={model.head!r}")
+    if refused:
+        raise ConfigError(
+            "parallel.context_parallel",
+            f"> 1 is not supported with {', '.join(refused)}; use context_parallel=1 "
+            "or change that option",
+        )
+
+
+def chunk_positions(
+    seq_length: int, cp: int, cp_rank: int, device: torch.device | str | None = None
+) -> torch.Tensor:
+    """Global positions (int64 ``[2 * seq_length / (2 * cp)]``) held by ``cp_rank``: chunks r and 2cp-1-r."""
+    c = seq_length // (2 * cp)
+    first = torch.arange(cp_rank * c, (cp_rank + 1) * c, device=device)
+    last = torch.arange((2 * cp - 1 - cp_rank) * c, (2 * cp - cp_rank) * c, device=device)
+    return torch.cat([first, last])
+
+
+def context_seed(seed: int, cp_rank: int) -> int:
+    """A keyed dropout seed for context-parallel rank ``cp_rank`` (rank 0: ``seed`` itself).
+
+    Under ``training.layout_invariant`` dropout is keyed by the micro-batch; the ranks
+    of a context-parallel group hold different tokens of the same micro-batch and
+    would otherwise draw the same masks for them.
+    """
+    return seed if cp_rank == 0 else derive_seed(seed, _CP_SEED_WORD, cp_rank) >> 1
+
+
+def _global_order(pieces: list[torch.Tensor], dim: int) -> list[torch.Tensor]:
+    """Every rank's two chunks (rank order) as the ``2 * cp`` chunks of the global sequence."""
+    cp = len(pieces)
+    halves = [p.chunk(2, dim=dim) for p in pieces]
+    return [halves[j][0] if j < cp else halves[2 * cp - 1 - j][1] for j in range(2 * cp)]
+
+
+def _rank_order(chunks: list[torch.Tensor], dim: int) -> list[torch.Tensor]:
+    """The inverse of :func:`_global_order`: each rank's ``[chunk r, chunk 2cp-1-r]``."""
+    cp = len(chunks) // 2
+    return [torch.cat([chunks[r], chunks[2 * cp - 1 - r]], dim=dim) for r in range(cp)]
+
+
+class _GatherSequence(torch.autograd.Function):
+    """All-gather along ``dim`` (rank order, or ``ordered``: the global chunk order).
+
+    Backward: the gradient of the own slice summed over the group (``reduce``) or taken as is.
+    """
+
+    @staticmethod
+    def forward(
+        ctx: Any, x: torch.Tensor, group: Any, dim: int, reduce: bool, ordered: bool
+    ) -> torch.Tensor:
+        ctx.group, ctx.dim, ctx.reduce, ctx.ordered = group, dim, reduce, ordered
+        ctx.rank, ctx.size = dist.get_rank(group), dist.get_world_size(group)
+        x = x.contiguous()
+        parts = [torch.empty_like(x) for _ in range(ctx.size)]
+        dist.all_gather(parts, x, group=group)
+        return torch.cat(_global_order(parts, dim) if ordered else parts, dim=dim)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+        size, rank, dim = ctx.size, ctx.rank, ctx.dim
+        local = grad.shape[dim] // size
+        none = (None, None, None, None)
+        if ctx.ordered:  # back to rank order: rank r's slice is [chunk r, chunk 2cp-1-r]
+            grad = torch.cat(_rank_order(list(grad.chunk(2 * size, dim=dim)), dim), dim=dim)
+        if not ctx.reduce:
+            return grad.narrow(dim, rank * local, local).contiguous(), *none
+        if dist.get_backend(ctx.group) == "gloo":  # gloo has no reduce-scatter
+            grad = grad.contiguous()
+            dist.all_reduce(grad, group=ctx.group)
+            return grad.narrow(dim, rank * local, local).contiguous(), *none
+        stacked = torch.stack(grad.chunk(size, dim=dim)).contiguous()
+        out = torch.empty_like(stacked[0])
+        dist.reduce_scatter_tensor(out, stacked, group=ctx.group)
+        return out, *none
+
+
+def gather_sequence(
+    x: torch.Tensor, group: Any, dim: int = 1, *, reduce_grad: bool = False, ordered: bool = True
+) -> torch.Tensor:
+    """Every context-parallel rank's chunks of ``x`` along ``dim``, in global order (autograd-aware).
+
+    ``x`` holds this rank's two chunks back to back (:func:`chunk_positions`); the
+    result is the whole sequence in order (``ordered=False``: simply rank order).
+    ``reduce_grad=True``: the backward sums the gradient of each rank's slice over
+    the group (every rank used every slice: keys and values). ``False``: each rank
+    keeps its own slice's gradient (every rank computed the same function of the
+    gathered values: the replicated loss).
+    """
+    return _GatherSequence.apply(x, group, dim, reduce_grad, ordered)
+
+
+class ContextParallel:
+    """The context-parallel group of one rank: cutting inputs, attention, gathering outputs.
+
+    Args:
+        group: the context-parallel process group (``mesh["cp"]``).
+    """
+
+    def __init__(self, group: dist.ProcessGroup) -> None:
+        self.group = group
+        self.size = dist.get_world_size(group)
+        self.rank = dist.get_rank(group)
+        self._masks: dict[tuple[Any, ...], torch.Tensor] = {}
+
+    @staticmethod
+    def check_training(*, custom_loss: bool) -> None:
+        """Refuse the trainer options context parallelism does not support (naming them).
+
+        Raises:
+            ConfigError: a custom ``loss_fn``.
+        """
+        if custom_loss:
+            raise ConfigError(
+                "parallel.context_parallel",
+                "> 1 is not supported with a custom loss_fn (it would receive one rank's "
+                "chunks of the logits); use a train step whose loss reduces per-token losses",
+            )
+
+    # ------------------------------------------------------------------ cutting
+    def positions(self, seq_length: int, device: torch.device) -> torch.Tensor:
+        """This rank's global positions of a ``seq_length`` sequence (:func:`chunk_positions`)."""
+        if seq_length % (2 * self.size):
+            raise ConfigError(
+                "parallel.context_parallel",
+                f"cuts each sequence into {2 * self.size} chunks: the sequence length "
+                f"{seq_length} must be divisible by {2 * self.size} (data.seq_length)",
+            )
+        return chunk_positions(seq_length, self.size, self.rank, device)
+
+    def shard(self, x: torch.Tensor, dim: int = 1) -> torch.Tensor:
+        """This rank's two chunks of ``x`` along ``dim`` (a sequence dimension)."""
+        return x.index_select(dim, self.positions(x.shape[dim], x.device))
+
+    def gather(self, x: torch.Tensor, dim: int = 1) -> torch.Tensor:
+        """Every rank's chunks of ``x`` back in global order along ``dim``; backward keeps the own slice."""
+        return gather_sequence(x, self.group, dim, reduce_grad=False)
+
+    # ---------------------------------------------------------------- attention
+    def attention(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        *,
+        causal: bool,
+        attention_mask: torch.Tensor | None = None,
+        dropout_p: float = 0.0,
+        scale: float | None = None,
+    ) -> torch.Tensor:
+        """Local queries against the gathered keys/values, exact (one softmax over all keys).
+
+        Args:
+            q: ``[b, heads, L, head_dim]``, this rank's ``L = 2c`` tokens.
+            k, v: ``[b, kv_heads, L, head_dim]``.
+            causal: mask keys after each query's global position.
+            attention_mask: bidirectional only: a key padding mask ``[b, 1, 1, L]``
+                (True = masked out) over this rank's tokens; gathered here.
+
+        Returns:
+            ``[b, heads, L, head_dim]``.
+
+        Raises:
+            ValueError: a query-dependent ``attention_mask`` (per-document masks).
+        """
+        seq = q.shape[2] * self.size
+        k_all = gather_sequence(k, self.group, 2, reduce_grad=True)
+        v_all = gather_sequence(v, self.group, 2, reduce_grad=True)
+        rep = q.shape[1] // k_all.shape[1]
+        if rep > 1:
+            k_all = k_all.repeat_interleave(rep, dim=1)
+            v_all = v_all.repeat_interleave(rep, dim=1)
+        if causal:
+            if attention_mask is not None:
+                raise ValueError(
+                    "context parallelism takes no attention_mask with causal attention "
+                    "(per-document masks need parallel.context_parallel=1)"
+                )
+            return self._causal(q, k_all, v_all, seq, dropout_p, scale)
+        keep = None
+        if attention_mask is not None:
+            if attention_mask.dim() != 4 or attention_mask.shape[-2] != 1:
+                raise ValueError(
+                    "context parallelism takes only key padding masks [b, 1, 1, s] "
+                    f"(got {tuple(attention_mask.shape)}); per-document attention masks "
+                    "need parallel.context_parallel=1"
+                )
+            with torch.no_grad():
+                keep = ~gather_sequence(attention_mask.contiguous(), self.group, 3)
+        return F.scaled_dot_product_attention(
+            q, k_all, v_all, attn_mask=keep, dropout_p=dropout_p, scale=scale
+        )
+
+    def _causal(
+        self,
+        q: torch.Tensor,
+        k_all: torch.Tensor,
+        v_all: torch.Tensor,
+        seq: int,
+        dropout_p: float,
+        scale: float | None,
+    ) -> torch.Tensor:
+        """Causal attention of this rank's two chunks, each against the keys up to its end.
+
+        The keys are gathered in global order; chunk ``j`` (``c`` queries) attends to
+        keys ``[0, (j + 1) c)`` under a lower-right causal mask (an additive float mask
+        ``[c, (j + 1) c]``, built once and shared by every layer of the step).
+        """
+        c = seq // (2 * self.size)
+        outs = []
+        for half, j in enumerate((self.rank, 2 * self.size - 1 - self.rank)):
+            end = (j + 1) * c
+            mask = self._lower_right_mask(c, end, q.dtype, q.device)
+            outs.append(
+                F.scaled_dot_product_attention(
+                    q[:, :, half * c : (half + 1) * c],
+                    k_all[:, :, :end],
+                    v_all[:, :, :end],
+                    attn_mask=mask,
+                    dropout_p=dropout_p,
+                    scale=scale,
+                )
+            )
+        return torch.cat(outs, dim=2)
+
+    def _lower_right_mask(
+        self, rows: int, cols: int, dtype: torch.dtype, device: torch.device
+    ) -> torch.Tensor:
+        """Float ``[rows, cols]``: 0 where key ``t <= cols - rows + i``, ``-inf`` elsewhere (cached)."""
+        key = (rows, cols, dtype, device)
+        mask = self._masks.get(key)
+        if mask is None:
+            if len(self._masks) > 8:  # new shapes (sequence length, dtype): drop the old ones
+                self._masks.clear()
+            future = torch.ones(rows, cols, dtype=torch.bool, device=device).triu(cols - rows + 1)
+            mask = torch.zeros(rows, cols, dtype=dtype, device=device)
+            mask = mask.masked_fill(future, float("-inf"))
+            self._masks[key] = mask
+        return mask
+
+    # ------------------------------------------------------------------- model
+    def forward(self, module: nn.Module) -> Callable[..., Any]:
+        """``module``'s forward on this rank's chunks: ``[b, S]`` inputs in, local ``[b, L, ...]`` out."""
+        signature = inspect.signature(module.forward)
+        names = list(signature.parameters)
+
+        def run(*args: Any, **kwargs: Any) -> Any:
+            bound = signature.bind_partial(*args, **kwargs)
+            values = bound.arguments
+            tokens = values[names[0]]
+            seq = tokens.shape[1]
+            for name in ("cu_seqlens", "attention_mask", "kv_cache"):
+                if values.get(name) is not None:
+                    what = {"cu_seqlens": "packed sequences", "kv_cache": "a KV cache"}
+                    raise ConfigError(
+                        "parallel.context_parallel",
+                        f"> 1 is not supported with {what.get(name, 'per-document attention masks')} "
+                        "(data.packed / data.reset_attention_mask); use context_parallel=1",
+                    )
+            if "position_ids" in names and values.get("position_ids") is None:
+                values["position_ids"] = torch.arange(seq, device=tokens.device).unsqueeze(0)
+            values[names[0]] = self.shard(tokens)
+            for name in SEQUENCE_ARGS:
+                t = values.get(name)
+                if isinstance(t, torch.Tensor) and t.dim() >= 2 and t.shape[1] == seq:
+                    values[name] = self.shard(t)
+            return module(**values)
+
+        return run
+
+    @torch.no_grad()
+    def reduce_grads(self, parameters: list[torch.Tensor]) -> None:
+        """Sum the gradients over the context-parallel group (one all-reduce of a flat buffer)."""
+        grads = []
+        for p in parameters:
+            g = p.grad
+            if g is None:
+                continue
+            grads.append(g.to_local() if isinstance(g, DTensor) else g)
+        if not grads:
+            return
+        by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+        for g in grads:
+            by_dtype.setdefault(g.dtype, []).append(g)
+        for group in by_dtype.values():
+            flat = torch.cat([g.reshape(-1) for g in group])
+            dist.all_reduce(flat, group=self.group)
+            offset = 0
+            for g in group:
+                n = g.numel()
+                g.copy_(flat[offset : offset + n].view_as(g))
+                offset += n
+
+
+def apply_context_parallel(part: nn.Module, cp: ContextParallel) -> int:
+    """Point every self-attention's seam at ``cp.attention``; return how many were replaced."""
+    from epochal.model.layers.attention import Attention  # local: model is a leaf
+
+    count = 0
+    for module in part.modules():
+        if isinstance(module, Attention) and module.mask_kind != "cross":
+            module.core_attention = cp.attention
+            count += 1
+    return count

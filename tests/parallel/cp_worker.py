@@ -1,0 +1,94 @@
+"""Context-parallel runs for the tests (module-level functions, importable by spawned ranks).
+
+Each rank compares its own run with the single-process reference and returns the
+differences (an empty list = equal), as :mod:`tests.parallel.groups` does.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from tests.parallel import bert_worker, harness
+
+STEPS = 5
+#: a tiny ESM-2 at CP2 through the trainer (layout-invariant, as every preset); no token
+#: dropout (refused under context parallelism)
+ESM_CP2 = [*bert_worker.ESM, "--model.token_dropout=false", "--parallel.context_parallel=2"]
+
+
+def gpt_config(**overrides: Any) -> Any:
+    """A 2-layer GPT (RoPE, grouped keys/values) with no dropout."""
+    values: dict[str, Any] = dict(num_layers=2, position_embedding_type="rope", num_query_groups=2)
+    values.update(overrides)
+    return harness.tiny_config(**values)
+
+
+def compare_layout(
+    rank: int,
+    world: int,
+    layout: dict[str, Any],
+    overrides: dict[str, Any],
+    steps: int = STEPS,
+    save_dir: str | None = None,
+) -> dict[str, Any]:
+    """Train ``steps`` steps of the tiny GPT under ``layout``; its losses and its differences
+    from one process (losses, evaluation loss, gradient norms, gradients, final weights)."""
+    batches = harness.global_batches(steps, 8)
+    config = gpt_config(**overrides)
+    ref = harness.reference_run(config, batches, 2)
+    got = harness.parallel_run(harness.layout(**layout), config, batches, 2, save_dir=save_dir)
+    return {"losses": got["losses"], "ref": ref["losses"], "problems": harness.compare(ref, got)}
+
+
+def step_folder(save_dir: str, steps: int) -> str:
+    """The checkpoint folder :func:`compare_layout` wrote after ``steps`` steps."""
+    return f"{save_dir}/step_{steps:07d}"
+
+
+def resume_single(save_dir: str, steps: int) -> list[float]:
+    """One process: resume ``save_dir`` and train the next ``steps`` batches; the losses."""
+    batches = harness.global_batches(2 * steps, 8)[steps:]
+    folder = step_folder(save_dir, steps)
+    return harness.single_process_run(gpt_config(), batches, 2, load_dir=folder)["losses"]
+
+
+def resume_layout(rank: int, world: int, layout: dict[str, Any], save_dir: str, steps: int) -> list:
+    """``world`` ranks under ``layout``: resume ``save_dir``, train the next ``steps`` batches."""
+    torch.manual_seed(0)
+    batches = harness.global_batches(2 * steps, 8)[steps:]
+    got = harness.parallel_run(
+        harness.layout(**layout), gpt_config(), batches, 2, load_dir=step_folder(save_dir, steps)
+    )
+    return got["losses"]
+
+
+def two_rank_checks(rank: int, world: int, tmp: str) -> dict[str, Any]:
+    """The 2-rank context-parallel checks in one launch (every rank returns its own).
+
+    ``gpt``: tiny GPT (causal, RoPE, grouped keys/values) at CP2 against one process,
+    writing a checkpoint to ``tmp/cp2``; ``esm``: the trainer on a tiny ESM-2
+    (bidirectional, padded batches of different lengths) at CP2.
+    """
+    out = {"gpt": compare_layout(rank, world, {"context_parallel": 2}, {}, save_dir=f"{tmp}/cp2")}
+    out["esm"] = bert_worker.rank_main(rank, world, f"{tmp}/esm_cp2", ESM_CP2, variable=True)
+    return out
+
+
+def four_rank_checks(rank: int, world: int, tmp: str) -> dict[str, Any]:
+    """The 4-rank checks in one launch: CP4, CP2 x DP2 (distributed optimizer), CP2 x TP2 with
+    sequence parallelism, the CP2 checkpoint resumed on CP4, and the ESM-2 run of
+    :func:`two_rank_checks` at CP2 x DP2 (half the accumulation steps)."""
+    tp2_sp = {"context_parallel": 2, "tensor_parallel": 2, "sequence_parallel": True}
+    return {
+        "cp4": compare_layout(rank, world, {"context_parallel": 4}, {}),
+        "cp2_dp2": compare_layout(
+            rank, world, {"context_parallel": 2, "dp_sharding": "optimizer"}, {}
+        ),
+        "cp2_tp2_sp": compare_layout(rank, world, tp2_sp, {}),
+        "esm_dp2": bert_worker.rank_main(
+            rank, world, f"{tmp}/esm_cp2_dp2", [*ESM_CP2, "--parallel.data_parallel=2"], True
+        ),
+        "resume_cp4": resume_layout(rank, world, {"context_parallel": 4}, f"{tmp}/cp2", STEPS),
+    }

@@ -1,0 +1,140 @@
+"""Context parallelism (``parallel.context_parallel``) gives the single-process results.
+
+Megatron's load-balanced chunks (checked against Megatron-Core's own
+``get_batch_on_this_cp_rank``), the rank order and the refusals run in this process;
+two launches (2 and 4 gloo ranks) compare tiny GPT runs at CP2, CP4, CP2 x DP2
+(distributed optimizer) and CP2 x TP2 with sequence parallelism with one process (losses, evaluation loss, gradient norms and gradients within
+1e-5 at every step), train a tiny ESM-2 (bidirectional, padded) at CP2 through the
+trainer, and resume a CP2 checkpoint on one process and on CP4.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from epochal.model import ConfigError
+from epochal.parallel.config import ParallelConfig
+from epochal.parallel.context_parallel import ContextParallel, chunk_positions
+from epochal.parallel.dims import ParallelDims
+from tests.dist_utils import run_gloo
+from tests.parallel import cp_worker
+from tests.parallel import harness as H
+
+# ------------------------------------------------------------------ in process
+
+
+@pytest.mark.parametrize("cp", [2, 4])
+def test_chunks_are_megatron_core_s(cp, monkeypatch):
+    from megatron.core import parallel_state
+    from megatron.core.utils import get_batch_on_this_cp_rank
+
+    seq = 8 * cp
+    tokens = torch.arange(3 * seq).view(3, seq)
+    seen = []
+    for rank in range(cp):
+        monkeypatch.setattr(parallel_state, "get_context_parallel_world_size", lambda: cp)
+        monkeypatch.setattr(parallel_state, "get_context_parallel_rank", lambda r=rank: r)
+        theirs = get_batch_on_this_cp_rank({"tokens": tokens.clone()})["tokens"]
+        ours = tokens.index_select(1, chunk_positions(seq, cp, rank))
+        assert torch.equal(ours, theirs)
+        seen.append(chunk_positions(seq, cp, rank))
+    assert torch.equal(torch.cat(seen).sort().values, torch.arange(seq))
+
+
+def test_rank_order_keeps_tensor_parallel_innermost():
+    dims = ParallelDims.from_config(ParallelConfig(tensor_parallel=2, context_parallel=2), 8)
+    assert (dims.tp, dims.cp, dims.dp, dims.world_size) == (2, 2, 2, 8)
+    assert [dims.coords(r)["tp"] for r in range(4)] == [0, 1, 0, 1]
+    assert [dims.coords(r)["cp"] for r in range(4)] == [0, 0, 1, 1]
+    assert [dims.coords(r)["dp"] for r in range(8)] == [0, 0, 0, 0, 1, 1, 1, 1]
+    assert ParallelConfig(context_parallel=2, data_parallel=3).launch_world_size() == 6
+
+
+def _validate(seq: int = 32, cp: int = 2, pp: int = 1, **model) -> None:
+    pc = ParallelConfig(context_parallel=cp, pipeline_parallel=pp)
+    dims = ParallelDims.from_config(pc, cp * pp)
+    config = cp_worker.gpt_config(max_position_embeddings=64, **model)
+    dims.validate(config, micro_batch_size=1, global_batch_size=8, seq_length=seq, config=pc)
+
+
+def test_refuses_what_it_does_not_support_by_name():
+    _validate()  # the supported case passes
+    with pytest.raises(ConfigError, match=r"context_parallel.*seq_length=30.*divisible by 4"):
+        _validate(seq=30)
+    with pytest.raises(ConfigError, match=r"context_parallel.*pipeline_parallel"):
+        _validate(pp=2, num_layers=2)
+    with pytest.raises(ConfigError, match=r"context_parallel.*alibi"):
+        _validate(position_embedding_type="alibi")
+    with pytest.raises(ConfigError, match=r"context_parallel.*sliding_window"):
+        _validate(sliding_window=8)
+    with pytest.raises(ConfigError, match=r"context_parallel.*loss_fn"):
+        ContextParallel.check_training(custom_loss=True)
+    with pytest.raises(ConfigError, match=r"context_parallel"):
+        ParallelConfig(context_parallel=0)
+
+
+# ------------------------------------------------------------------ gloo ranks
+
+
+@pytest.fixture(scope="module")
+def cp_tmp(tmp_path_factory):
+    return tmp_path_factory.mktemp("cp")
+
+
+@pytest.fixture(scope="module")
+def two_rank(cp_tmp):
+    return run_gloo(cp_worker.two_rank_checks, 2, str(cp_tmp), timeout=900)
+
+
+@pytest.fixture(scope="module")
+def four_rank(cp_tmp, two_rank):
+    return run_gloo(cp_worker.four_rank_checks, 4, str(cp_tmp), timeout=900)
+
+
+def _close(a: list[float], b: list[float], rel: float = 1e-5) -> bool:
+    return len(a) == len(b) and all(abs(x - y) <= rel * abs(y) for x, y in zip(a, b))
+
+
+@pytest.mark.distributed
+def test_cp2_gpt_matches_one_process(two_rank):
+    for result in two_rank:
+        assert result["gpt"]["problems"] == [], "\n".join(result["gpt"]["problems"])
+        assert _close(result["gpt"]["losses"], result["gpt"]["ref"])
+
+
+@pytest.mark.distributed
+def test_cp2_esm_bidirectional_matches_one_process(two_rank, tmp_path):
+    from tests.parallel import bert_worker
+
+    extra = [*bert_worker.ESM, "--model.token_dropout=false"]
+    ref = bert_worker.single(str(tmp_path / "one"), extra, variable=True)
+    for result in two_rank:
+        assert _close(result["esm"]["losses"], ref["losses"]), (result["esm"], ref)
+        assert abs(result["esm"]["eval"] - ref["eval"]) <= 1e-5 * abs(ref["eval"])
+
+
+@pytest.mark.distributed
+def test_layout_invariant_with_cp_fixed_data_parallel_changes_nothing(two_rank, four_rank):
+    # the trainer under training.layout_invariant (the presets' default): CP2 on two
+    # processes (4 micro-batches per step) and CP2 x DP2 on four (2 each), bit for bit
+    assert [r["esm_dp2"]["losses"] for r in four_rank] == [two_rank[0]["esm"]["losses"]] * 4
+    assert [r["esm_dp2"]["eval"] for r in four_rank] == [two_rank[0]["esm"]["eval"]] * 4
+
+
+@pytest.mark.distributed
+def test_cp2_checkpoint_resumes_on_one_process_and_on_cp4(two_rank, four_rank, cp_tmp):
+    steps = cp_worker.STEPS
+    straight = H.reference_run(cp_worker.gpt_config(), H.global_batches(2 * steps, 8), 2)
+    expected = straight["losses"][steps:]
+    assert _close(cp_worker.resume_single(str(cp_tmp / "cp2"), steps), expected)
+    for result in four_rank:
+        assert _close(result["resume_cp4"], expected), (result["resume_cp4"], expected)
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("name", ["cp4", "cp2_dp2", "cp2_tp2_sp"])
+def test_four_rank_layouts_match_one_process(four_rank, name):
+    for result in four_rank:
+        assert result[name]["problems"] == [], "\n".join(result[name]["problems"])
+        assert _close(result[name]["losses"], result[name]["ref"])
