@@ -119,6 +119,8 @@ def check_context_parallel(
         refused.append("model.token_dropout (a per-sequence ratio of masked tokens)")
     if getattr(model, "bert_binary_head", False):
         refused.append("model.bert_binary_head (pooled from the first token)")
+    if getattr(model, "num_experts", None) is not None:
+        refused.append("model.num_experts (the balance loss is over the whole sequence's tokens)")
     if getattr(model, "head", "mlm") not in ("mlm", None):
         refused.append(f"model.head={model.head!r}")
     if refused:
