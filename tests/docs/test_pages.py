@@ -31,7 +31,11 @@ def test_blocks_follow_the_conventions(page):
 
 
 #: pages whose commands a test of their own also runs (tests/parallel/test_layout_invariance.py)
-SLOW_PAGES = {"concepts/layout-invariance.md"}
+SLOW_PAGES = {
+    "concepts/layout-invariance.md",
+    "coming-from/accelerate.md",  # its example scripts run in tests/accelerate
+    "reference/run-checks.md",  # the run checks have tests of their own (tests/train)
+}
 
 
 @pytest.mark.parametrize(

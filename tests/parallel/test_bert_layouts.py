@@ -70,7 +70,9 @@ def references(tmp_path_factory):
 
 
 # plain TP2 is inside pairs_tp2_sp
-SLOW = {"tp2"}
+SLOW = {"tp2", "pairs_pp2_interleaved"}
+#: BERT pairs cover tensor parallelism; the resume test below runs ESM on two data-parallel ranks
+ESM_SLOW = {"esm_tp2", "esm_dp2_recompute"}
 
 
 @pytest.mark.parametrize(
@@ -99,7 +101,9 @@ def assert_same_numbers(ranks: list[dict], reference: dict) -> None:
             assert out["logged"][key] == pytest.approx(value, abs=1e-5), key
 
 
-@pytest.mark.parametrize("name", list(ESM_LAYOUTS))
+@pytest.mark.parametrize(
+    "name", [pytest.param(n, marks=pytest.mark.slow) if n in ESM_SLOW else n for n in ESM_LAYOUTS]
+)
 def test_esm_layout_equals_single_process(name, esm_overrides, references, tmp_path):
     reference = references(esm_overrides)
     assert {"lm loss", "mlm accuracy", "mlm ppl"} <= set(reference["logged"])

@@ -48,7 +48,7 @@ def setup(tmp_path_factory):
 
 @pytest.mark.parametrize(
     "layout",
-    [pytest.param(n, marks=pytest.mark.slow) if n == "pp2" else n for n in LAYOUTS],
+    [pytest.param(n, marks=pytest.mark.slow) if n in ("pp2", "dp2") else n for n in LAYOUTS],
 )
 @pytest.mark.parametrize("head", HEADS)
 def test_finetune_layout_equals_single_process(head, layout, setup, tmp_path):

@@ -26,7 +26,7 @@ LAYOUTS = {
 
 
 # packing under TP2 is checked with ESM-2; the BERT pairs add sequence parallelism
-SLOW = {"pairs_tp2_sp"}
+SLOW = {"pairs_tp2_sp", "pairs_dp2"}
 
 
 @pytest.mark.parametrize(

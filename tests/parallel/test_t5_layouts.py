@@ -51,7 +51,12 @@ def references(tmp_path_factory):
 
 
 # recompute groups: the grouping of full recompute, also checked in one process
-SLOW = {"hf_style_tp2_recompute_groups", "tp2_recompute", "hf_style_dp2_selective"}
+SLOW = {
+    "hf_style_tp2_recompute_groups",
+    "tp2_recompute",
+    "hf_style_dp2_selective",
+    "hf_style_tp2_sp",
+}
 
 
 @pytest.mark.parametrize(
