@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from typing import get_args
 
 import torch
 
@@ -42,6 +43,7 @@ from epochal.convert.formats import (
     load_checkpoint,
     save_checkpoint,
 )
+from epochal.convert.hf.io import Architecture
 
 __all__ = ["add_arguments", "detect_format", "run"]
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -84,21 +86,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("output options")
     group.add_argument(
         "--hf-architecture",
-        choices=(
-            "gpt2",
-            "llama",
-            "qwen2",
-            "qwen3",
-            "mistral",
-            "mixtral",
-            "qwen2_moe",
-            "qwen3_moe",
-            "bert",
-            "megatron-bert",
-            "esm",
-            "t5",
-            "mt5",
-        ),
+        choices=get_args(Architecture),
         default=None,
         help="HF output class (default: GPT -> gpt2 for learned positions; with RoPE and "
         "experts qwen3_moe for QK-norm, qwen2_moe for a shared expert, else mixtral; with RoPE qwen3 "

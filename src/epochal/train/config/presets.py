@@ -139,16 +139,28 @@ _TINY_MODEL: dict[str, Any] = {
     "make_vocab_size_divisible_by": 128,
 }
 
+#: ``tiny``'s corpus (Python's standard library) and BPE tokenizer, shared by ``moe-tiny``.
+_TINY_DATA: dict[str, Any] = {
+    "corpus": "stdlib",
+    "corpus_max_bytes": 3_000_000,
+    "bpe_vocab_size": 4096,
+    "seq_length": 128,
+    "split": "98,2,0",
+}
+#: ``tiny``'s optimizer and learning-rate schedule.
+_TINY_OPTIMIZER: dict[str, Any] = {
+    "lr": 2e-3,
+    "min_lr": 2e-4,
+    "weight_decay": 0.1,
+    "adam_beta2": 0.95,
+    "clip_grad": 1.0,
+}
+_TINY_SCHEDULER: dict[str, Any] = {"lr_decay_style": "cosine", "lr_warmup_fraction": 0.1}
+
 PRESETS: dict[str, dict[str, Any]] = {
     "tiny": {
         "model": {**_TINY_MODEL},
-        "data": {
-            "corpus": "stdlib",
-            "corpus_max_bytes": 3_000_000,
-            "bpe_vocab_size": 4096,
-            "seq_length": 128,
-            "split": "98,2,0",
-        },
+        "data": {**_TINY_DATA},
         "training": {
             "layout_invariant": True,
             "micro_batch_size": 8,
@@ -158,14 +170,8 @@ PRESETS: dict[str, dict[str, Any]] = {
             "eval_iters": 4,
             "seed": 1234,
         },
-        "optimizer": {
-            "lr": 2e-3,
-            "min_lr": 2e-4,
-            "weight_decay": 0.1,
-            "adam_beta2": 0.95,
-            "clip_grad": 1.0,
-        },
-        "scheduler": {"lr_decay_style": "cosine", "lr_warmup_fraction": 0.1},
+        "optimizer": {**_TINY_OPTIMIZER},
+        "scheduler": {**_TINY_SCHEDULER},
         "checkpoint": {"save_interval": 100, "keep_last": 2},
         "logging": {"log_interval": 10},
     },
@@ -178,13 +184,7 @@ PRESETS: dict[str, dict[str, Any]] = {
             "moe_aux_loss_coeff": 0.01,
             "moe_z_loss_coeff": 0.001,
         },
-        "data": {  # tiny's corpus and tokenizer (one cache for both)
-            "corpus": "stdlib",
-            "corpus_max_bytes": 3_000_000,
-            "bpe_vocab_size": 4096,
-            "seq_length": 128,
-            "split": "98,2,0",
-        },
+        "data": {**_TINY_DATA},  # tiny's corpus and tokenizer (one cache for both)
         "training": {
             "layout_invariant": True,
             "micro_batch_size": 8,
@@ -194,14 +194,8 @@ PRESETS: dict[str, dict[str, Any]] = {
             "eval_iters": 2,
             "seed": 1234,
         },
-        "optimizer": {
-            "lr": 2e-3,
-            "min_lr": 2e-4,
-            "weight_decay": 0.1,
-            "adam_beta2": 0.95,
-            "clip_grad": 1.0,
-        },
-        "scheduler": {"lr_decay_style": "cosine", "lr_warmup_fraction": 0.1},
+        "optimizer": {**_TINY_OPTIMIZER},
+        "scheduler": {**_TINY_SCHEDULER},
         "checkpoint": {"save_interval": 50, "keep_last": 2},
         "logging": {"log_interval": 10},
     },
@@ -224,14 +218,8 @@ PRESETS: dict[str, dict[str, Any]] = {
             "eval_iters": 1,
             "seed": 1234,
         },
-        "optimizer": {
-            "lr": 2e-3,
-            "min_lr": 2e-4,
-            "weight_decay": 0.1,
-            "adam_beta2": 0.95,
-            "clip_grad": 1.0,
-        },
-        "scheduler": {"lr_decay_style": "cosine", "lr_warmup_fraction": 0.1},
+        "optimizer": {**_TINY_OPTIMIZER},
+        "scheduler": {**_TINY_SCHEDULER},
         "checkpoint": {"save_interval": 50, "keep_last": 2},
         "logging": {"log_interval": 10},
     },
