@@ -60,53 +60,65 @@ MOE_FAMILIES = {
     "qwen3_moe": ("Qwen3MoeForCausalLM", "Qwen3-MoE"),
 }
 _QWEN_PROJ = {"gate_proj": "w1", "up_proj": "w3", "down_proj": "w2"}
-_QWEN_PROJ_BACK = {v: k for k, v in _QWEN_PROJ.items()}
+
+
+#: Per family: (HF router module, HF experts prefix, HF projection -> ours, HF shared-expert prefix).
+_MOE_MODULES = {
+    "mixtral": (
+        "block_sparse_moe.gate",
+        "block_sparse_moe.experts",
+        {"w1": "w1", "w2": "w2", "w3": "w3"},
+        None,
+    ),
+    "qwen": ("mlp.gate", "mlp.experts", _QWEN_PROJ, "mlp.shared_expert"),
+}
+
+
+def _moe_module_map(model_type: str, *, to_ours: bool) -> Callable[[str], str | None]:
+    """One direction of the MoE module-path mapping of ``model_type`` (None: not an MoE tensor)."""
+    router, experts, proj, shared = _MOE_MODULES["mixtral" if model_type == "mixtral" else "qwen"]
+    if to_ours:
+        src_router, dst_router, src_experts, dst_experts = (
+            router,
+            "mlp.router",
+            experts,
+            "mlp.experts",
+        )
+    else:
+        src_router, dst_router, src_experts, dst_experts = (
+            "mlp.router",
+            router,
+            "mlp.experts",
+            experts,
+        )
+        proj = {ours: theirs for theirs, ours in proj.items()}
+
+    def convert(module: str) -> str | None:
+        if module == src_router:
+            return dst_router
+        if shared is not None and module == "mlp.shared_expert_gate":
+            return module
+        m = re.fullmatch(rf"{re.escape(src_experts)}\.(\d+)\.(\w+)", module)
+        if m and m[2] in proj:
+            return f"{dst_experts}.{m[1]}.{proj[m[2]]}"
+        if shared is not None:
+            src_shared, dst_shared = (shared, "mlp.shared_expert")[:: 1 if to_ours else -1]
+            m = re.fullmatch(rf"{re.escape(src_shared)}\.(\w+)", module)
+            if m and m[1] in proj:
+                return f"{dst_shared}.{proj[m[1]]}"
+        return None
+
+    return convert
 
 
 def moe_module_to_ours(model_type: str) -> Callable[[str], str | None]:
     """``module path inside a HF layer -> ours`` for the MoE tensors of ``model_type`` (None: not MoE)."""
-
-    def mixtral(module: str) -> str | None:
-        if module == "block_sparse_moe.gate":
-            return "mlp.router"
-        m = re.fullmatch(r"block_sparse_moe\.experts\.(\d+)\.(w1|w2|w3)", module)
-        return f"mlp.experts.{m[1]}.{m[2]}" if m else None
-
-    def qwen(module: str) -> str | None:
-        if module == "mlp.gate":
-            return "mlp.router"
-        if module == "mlp.shared_expert_gate":
-            return module
-        m = re.fullmatch(r"mlp\.experts\.(\d+)\.(gate_proj|up_proj|down_proj)", module)
-        if m:
-            return f"mlp.experts.{m[1]}.{_QWEN_PROJ[m[2]]}"
-        m = re.fullmatch(r"mlp\.shared_expert\.(gate_proj|up_proj|down_proj)", module)
-        return f"mlp.shared_expert.{_QWEN_PROJ[m[1]]}" if m else None
-
-    return mixtral if model_type == "mixtral" else qwen
+    return _moe_module_map(model_type, to_ours=True)
 
 
 def moe_module_from_ours(model_type: str) -> Callable[[str], str | None]:
     """``our module path inside a layer -> HF`` for the MoE tensors (None: not MoE)."""
-
-    def mixtral(module: str) -> str | None:
-        if module == "mlp.router":
-            return "block_sparse_moe.gate"
-        m = re.fullmatch(r"mlp\.experts\.(\d+)\.(w1|w2|w3)", module)
-        return f"block_sparse_moe.experts.{m[1]}.{m[2]}" if m else None
-
-    def qwen(module: str) -> str | None:
-        if module == "mlp.router":
-            return "mlp.gate"
-        if module == "mlp.shared_expert_gate":
-            return module
-        m = re.fullmatch(r"mlp\.experts\.(\d+)\.(w1|w2|w3)", module)
-        if m:
-            return f"mlp.experts.{m[1]}.{_QWEN_PROJ_BACK[m[2]]}"
-        m = re.fullmatch(r"mlp\.shared_expert\.(w1|w2|w3)", module)
-        return f"mlp.shared_expert.{_QWEN_PROJ_BACK[m[1]]}" if m else None
-
-    return mixtral if model_type == "mixtral" else qwen
+    return _moe_module_map(model_type, to_ours=False)
 
 
 def _qwen_layer_freq(hf: Mapping[str, Any], layers: int) -> int | list[int]:
