@@ -187,14 +187,10 @@ def _check_recorded_tokenizer(ck: Any) -> None:
 def _prompts(args: argparse.Namespace, tokenizer: Any) -> tuple[list[list[int]], list[str | None]]:
     texts: list[str] = list(args.prompt)
     if args.prompt_file:
+        from epochal.commands.generate_chat import prompt_file_lines
+
         path = Path(args.prompt_file)
-        try:
-            lines = path.read_text().splitlines()
-        except OSError as exc:
-            raise FileNotFoundError(f"--prompt-file {path}: {exc}") from None
-        for n, line in enumerate(lines, 1):
-            if not line.strip():
-                continue
+        for n, line in prompt_file_lines(path):
             if line.lstrip().startswith("{"):
                 try:
                     texts.append(str(json.loads(line)["text"]))

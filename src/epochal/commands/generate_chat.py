@@ -111,18 +111,25 @@ def _chat_tokenizer(args: argparse.Namespace, ck: Any) -> Any:
     return tokenizer
 
 
+def prompt_file_lines(path: Path) -> list[tuple[int, str]]:
+    """``(line number, line)`` of ``--prompt-file``'s non-blank lines.
+
+    Raises:
+        FileNotFoundError: the file cannot be read (naming ``--prompt-file``).
+    """
+    try:
+        lines = path.read_text().splitlines()
+    except OSError as exc:
+        raise FileNotFoundError(f"--prompt-file {path}: {exc}") from None
+    return [(n, line) for n, line in enumerate(lines, 1) if line.strip()]
+
+
 def _conversations(args: argparse.Namespace) -> list[list[dict[str, str]]]:
     system = [] if args.system is None else [{"role": "system", "content": args.system}]
     out = [[*system, {"role": "user", "content": text}] for text in args.prompt]
     if args.prompt_file:
         path = Path(args.prompt_file)
-        try:
-            lines = path.read_text().splitlines()
-        except OSError as exc:
-            raise FileNotFoundError(f"--prompt-file {path}: {exc}") from None
-        for n, line in enumerate(lines, 1):
-            if not line.strip():
-                continue
+        for n, line in prompt_file_lines(path):
             if not line.lstrip().startswith("{"):
                 out.append([*system, {"role": "user", "content": line}])
                 continue
