@@ -56,9 +56,9 @@ def _survivors(pids: list[int]) -> list[int]:
 @pytest.mark.parametrize(
     ("how", "target"),
     # both signals on torchrun's workers; spawned gloo ranks with SIGTERM, which reaches
-    # pytest alone (Ctrl-C also signals the ranks themselves, the easier case)
+    # pytest alone (Ctrl-C also signals the ranks themselves, the easier case: slow tier)
     [
-        ("ctrl_c", "test_torchrun_workers"),
+        pytest.param("ctrl_c", "test_torchrun_workers", marks=pytest.mark.slow),
         ("sigterm", "test_torchrun_workers"),
         ("sigterm", "test_gloo_ranks"),
     ],

@@ -45,7 +45,12 @@ def _env() -> dict:
     return dict(os.environ)
 
 
-@pytest.fixture(scope="module", params=[(1, "llama"), (2, "gpt2")], ids=["tp1-llama", "tp2-gpt2"])
+# TP2 reading is also covered by the BERT TP2 import below: the TP2 GPT-2 save is slow tier
+@pytest.fixture(
+    scope="module",
+    params=[(1, "llama"), pytest.param((2, "gpt2"), marks=pytest.mark.slow)],
+    ids=["tp1-llama", "tp2-gpt2"],
+)
 def megatron_saved(request, tmp_path_factory) -> tuple[Path, torch.Tensor]:
     """A checkpoint saved by Megatron-Core (TP1 Llama-style, TP2 GPT-2-style) and its tokens."""
     out = tmp_path_factory.mktemp("mcore") / "ckpt"

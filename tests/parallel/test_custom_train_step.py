@@ -28,7 +28,13 @@ def reference(tmp_path_factory):
     return W.single(str(tmp_path_factory.mktemp("single")))
 
 
-@pytest.mark.parametrize("name", sorted(LAYOUTS))
+def _layouts(slow: set[str]) -> list:
+    """The layout names, those in ``slow`` in the slow tier (the others cover their code)."""
+    return [pytest.param(n, marks=pytest.mark.slow) if n in slow else n for n in sorted(LAYOUTS)]
+
+
+# TP2's custom step is also run by the evaluation test; DP2's gather by the loss test
+@pytest.mark.parametrize("name", _layouts({"tp2"}))
 def test_custom_loss_step_layout_equals_single_process(name, reference, tmp_path):
     ranks = run_gloo(W.rank_main, 2, str(tmp_path), LAYOUTS[name])
     for out in ranks:  # every rank reports the global numbers
@@ -53,7 +59,7 @@ def test_single_process_eval_logits_are_the_models_logits(eval_reference):
     assert set(logged) >= {"accuracy", "lm loss"}
 
 
-@pytest.mark.parametrize("name", sorted(LAYOUTS))
+@pytest.mark.parametrize("name", _layouts({"dp2"}))
 def test_eval_logits_layout_equals_single_process(name, eval_reference, tmp_path):
     """Last-stage logits gathered over data-parallel ranks equal one process's, as does the metric."""
     ranks = run_gloo(W.rank_eval_logits, 2, str(tmp_path), LAYOUTS[name])
