@@ -211,7 +211,9 @@ class _Dispatcher:
     ) -> torch.Tensor:
         ep, local = self.ep, self.count
         size = ep.size
-        selected = [((experts == e) & keep).nonzero(as_tuple=True) for e in range(layer.num_experts)]
+        selected = [
+            ((experts == e) & keep).nonzero(as_tuple=True) for e in range(layer.num_experts)
+        ]
         counts = [int(token_idx.numel()) for token_idx, _ in selected]
         received = ep.exchange_counts(counts, tokens.device)
         send_rows = [sum(counts[d * local : (d + 1) * local]) for d in range(size)]
@@ -362,12 +364,14 @@ class ExpertParallel:
 
     def _ordered_grads(self, params: list[nn.Parameter]) -> None:
         """Add every expert call's gradient in the global micro-batch order and install it."""
-        taken = [[self._contributions.pop((id(p), s), []) for s in range(self.size)] for p in params]
+        taken = [
+            [self._contributions.pop((id(p), s), []) for s in range(self.size)] for p in params
+        ]
         self._contributions.clear()
         n = len(taken[0][0]) if taken else 0
         if n == 0:
             return
-        for p, per_source in zip(params, taken):
+        for per_source in taken:
             if any(len(c) != n for c in per_source):
                 raise RuntimeError(
                     "expert parallelism: an expert's gradient contributions do not match the "
@@ -386,7 +390,7 @@ class ExpertParallel:
             staged = _staged(local, self.edp_group)
             src = local.cpu() if staged else local.contiguous()
             out = src.new_empty((self.edp, *src.shape))
-            dist.all_gather_into_tensor(out, src, group=self.edp_group)
+            dist.all_gather_single(out.view(-1), src.view(-1), group=self.edp_group)
             every = out.to(local.device) if staged else out
         else:
             every = local.unsqueeze(0)

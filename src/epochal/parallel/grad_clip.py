@@ -119,9 +119,7 @@ def clip_grad_norm_parallel(
         The total norm before clipping (float32 scalar, same on every rank);
         ``inf``/``nan`` if a gradient is not finite (then nothing is scaled).
     """
-    total = total_grad_norm(
-        params, pp_group=pp_group, exclude=exclude_from_norm, sharded=sharded
-    )
+    total = total_grad_norm(params, pp_group=pp_group, exclude=exclude_from_norm, sharded=sharded)
     if max_norm > 0 and torch.isfinite(total):
         coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
         grads = [_local(p.grad) for p in params if p.grad is not None]
