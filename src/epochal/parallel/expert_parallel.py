@@ -66,7 +66,6 @@ from torch.func import functional_call
 
 from epochal.model.config import ConfigError, ModelConfig
 from epochal.model.layers.moe import MoEMLP
-from epochal.parallel.dims import ParallelDims
 from epochal.parallel.exact_norm import clip_grad_norm_exact
 from epochal.parallel.grad_clip import clip_grad_norm_parallel
 
@@ -79,8 +78,12 @@ __all__ = [
 ]
 
 
-def check_expert_parallel(dims: ParallelDims, model: ModelConfig) -> None:
+def check_expert_parallel(dims: Any, model: ModelConfig) -> None:
     """Refuse an expert-parallel size the model cannot use.
+
+    Args:
+        dims: the layout (a :class:`~epochal.parallel.dims.ParallelDims`, ``ep > 1``).
+        model: the model config.
 
     Raises:
         ConfigError: naming ``parallel.expert_parallel``: a dense model, or a size that
@@ -233,7 +236,7 @@ class _Dispatcher:
         return slots
 
 
-def _groups(dims: ParallelDims, rank: int) -> tuple[dist.ProcessGroup, dist.ProcessGroup | None]:
+def _groups(dims: Any, rank: int) -> tuple[dist.ProcessGroup, dist.ProcessGroup | None]:
     """This rank's expert-parallel and expert-data-parallel groups (every rank creates all of them)."""
     ep, edp = dims.ep, dims.dp // dims.ep
 
@@ -262,7 +265,7 @@ class ExpertParallel:
     """This rank's place in expert parallelism, its groups, and the expert weights' gradients.
 
     Args:
-        dims: the layout (``dims.ep > 1``).
+        dims: the layout (a :class:`~epochal.parallel.dims.ParallelDims`, ``ep > 1``).
         invariant: ``training.layout_invariant`` (ordered expert-gradient sums).
 
     Attributes:
@@ -273,7 +276,7 @@ class ExpertParallel:
         edp_group: the ranks holding the same experts (None when ``P == dp``).
     """
 
-    def __init__(self, dims: ParallelDims, *, invariant: bool) -> None:
+    def __init__(self, dims: Any, *, invariant: bool) -> None:
         coords = dims.coords(dist.get_rank())
         self.size, self.dp = dims.ep, dims.dp
         self.rank, self.edp_rank = coords["dp"] % dims.ep, coords["dp"] // dims.ep
