@@ -8,7 +8,8 @@ and optimizer state are bit-identical. Its checkpoint after step 10 resumes in o
 process with the losses of the run that never stopped. Four ranks (the slow tier: one
 launch of about a minute on two cores): EP2 x DP4 (expert weights reduced over two
 expert-data-parallel ranks), EP2 x PP2 and the EP2 checkpoint resumed under EP4.
-Without layout invariance EP2 stays within float32 rounding of plain DP2.
+Without layout invariance EP2 stays within float32 rounding of plain DP2. The
+communication ledger counts the all-to-all bytes of a step.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from epochal.parallel.config import ParallelConfig
 from epochal.parallel.dims import ParallelDims
 from epochal.train.state.checkpoint import step_folder_name
 from tests.dist_utils import run_gloo
+from tests.parallel import ep_worker
 from tests.parallel import invariance_worker as W
 from tests.parallel.test_moe_layouts import MOE
 
@@ -49,7 +51,8 @@ def two(root):
         ("ep2-plain", "gpt", [*EP2, *PLAIN]),
         ("dp2-plain", "gpt", [*MOE, *PLAIN]),
     ]
-    return run_gloo(W.rank_main, 2, str(root), cases, timeout=600)[0]
+    ranks = run_gloo(ep_worker.rank_main, 2, str(root), cases, timeout=600)
+    return {**ranks[0], "ledgers": [r["ledger"] for r in ranks]}
 
 
 @pytest.fixture(scope="module")
@@ -104,6 +107,21 @@ def test_without_layout_invariance_expert_parallel_stays_within_rounding_of_dp2(
     ep, dp = two["ep2-plain"]["losses"], two["dp2-plain"]["losses"]
     assert len(ep) == len(dp) == 5
     assert max(abs(a - b) for a, b in zip(ep, dp)) < 1e-5  # measured: 4.8e-7 over 20 steps
+
+
+def test_the_ledger_counts_the_all_to_all_bytes_of_a_step(two):
+    w = ep_worker
+    tokens = w.MBS * w.SEQ
+    rows = tokens * w.TOPK  # dropless top-2: every assignment travels (to this rank or the other)
+    # per MoE layer and micro-batch: the counts (E int64), dispatch and combine forward and
+    # backward; a rank sends its own rows (dispatch) and the rows its experts received
+    # (combine): summed over the two ranks, both are the ranks' rows
+    calls = w.LAYERS * w.MICRO_BATCHES * 5
+    size = 2 * w.LAYERS * w.MICRO_BATCHES * (w.EXPERTS * 8 + 4 * rows * w.HIDDEN * 4)
+    ledgers = two["ledgers"]
+    assert [led[("all_to_all", "ep")][0] for led in ledgers] == [calls, calls]
+    assert sum(led[("all_to_all", "ep")][1] for led in ledgers) == size
+    assert ("all_to_all", "dp") in ledgers[0]  # the ordered gradient exchange keeps its name
 
 
 @pytest.mark.slow
