@@ -16,6 +16,9 @@ tokens if none, so every parameter has a gradient); token ``t``'s output is
 ``sum_j w[t, j] * expert_{e[t, j]}(x_t)`` summed over its slots ``j = 0 .. k-1`` in that
 fixed order (no atomic scatter-add), so results do not depend on how tokens are
 grouped. The shared expert's output (times ``sigmoid(shared_expert_gate(x))``) is added.
+Running the experts is the token dispatcher's job (:attr:`MoEMLP.dispatcher`, by default
+:func:`local_expert_slots`): expert parallelism replaces it from outside
+(:mod:`epochal.parallel.expert_parallel`), so the layer holds no collectives.
 
 Capacity (``moe_expert_capacity_factor``, Megatron's ``"probs"`` drop policy): an
 expert takes at most ``ceil(T * k / E * factor)`` of a micro-batch's ``T`` tokens'
