@@ -31,6 +31,7 @@ pytestmark = pytest.mark.distributed
 
 HALF = W.STEPS // 2
 EP2 = [*MOE, "--parallel.expert_parallel=2"]
+RECOMPUTE = ["--parallel.recompute_granularity=full"]
 PLAIN = ["--training.layout_invariant=false", "--training.train_iters=5"]
 
 
@@ -59,7 +60,8 @@ def two(root):
 def four(root, two):
     checkpoint = root / "ep2" / "checkpoints" / step_folder_name(HALF)
     cases = [
-        ("ep2-dp4", "gpt", EP2),  # DP4 x GA1: two ranks hold each expert
+        # DP4 x GA1: two ranks hold each expert; the distributed optimizer and recompute
+        ("ep2-dp4", "gpt", [*EP2, "--parallel.dp_sharding=optimizer", *RECOMPUTE]),
         ("ep2-pp2", "gpt", [*EP2, "--parallel.pipeline_parallel=2"]),
         (
             "ep2-on-ep4",

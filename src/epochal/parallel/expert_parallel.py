@@ -170,14 +170,16 @@ class _AllToAll(torch.autograd.Function):
         ctx.group, ctx.send_rows, ctx.recv_rows = group, send_rows, recv_rows
         ctx.piece_rows = [int(p.shape[0]) for p in pieces]
         ctx.recv_pieces = recv_pieces
-        recv = _all_to_all_rows(torch.cat(pieces), send_rows, recv_rows, group)
+        send = torch.cat(pieces)
+        ctx.like = send.new_empty((0, *send.shape[1:]))
+        recv = _all_to_all_rows(send, send_rows, recv_rows, group)
         return _pieces(recv, recv_pieces)
 
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor | None) -> tuple[Any, ...]:
-        ref = next(g for g in grads if g is not None)
+        like = ctx.like
         full = [
-            g if g is not None else ref.new_zeros((n, *ref.shape[1:]))
+            g if g is not None else like.new_zeros((n, *like.shape[1:]))
             for g, n in zip(grads, ctx.recv_pieces)
         ]
         back = _all_to_all_rows(torch.cat(full), ctx.recv_rows, ctx.send_rows, ctx.group)
@@ -204,6 +206,7 @@ class _Dispatcher:
     def __init__(self, ep: ExpertParallel, first: int, count: int) -> None:
         self.ep, self.first, self.count = ep, first, count
 
+    @torch.compiler.disable  # collectives and data-dependent sizes: runs eagerly
     def __call__(
         self,
         layer: MoEMLP,
