@@ -88,7 +88,8 @@ class ParallelDims:
             raise _err(
                 "parallel.expert_parallel",
                 f"must divide the data-parallel size {dp} (expert-parallel ranks are carved "
-                f"from the data-parallel ranks), got {config.expert_parallel}",
+                f"from the data-parallel ranks), got {config.expert_parallel}; set "
+                "parallel.data_parallel (or the world size) to a multiple of it",
             )
         return cls(
             tp=config.tensor_parallel,
