@@ -20,8 +20,12 @@ projected to another model:
 - tensor-parallel (``tp``) traffic: bytes per activation element
   (token x hidden) of a micro-batch per layer of the rank;
 - pipeline (``pp``) traffic: bytes per activation element of a micro-batch;
+- expert-parallel (``ep``) traffic: the all-to-alls that send tokens to their
+  experts and back, bytes per activation element of a micro-batch per layer of the
+  rank (the ``ep*`` layouts give the model 4 experts, top-2, in every block); the
+  expert-data-parallel (``edp``) gather of expert gradients: bytes per parameter;
 - ``fixed`` rows: calls whose size does not grow with the model (loss scalars,
-  the exact gradient norm's histogram), in bytes.
+  the exact gradient norm's histogram, the experts' token counts), in bytes.
 
 ``--json PATH`` writes these coefficients (with the model and layout they were
 measured on); ``epochal.parallel.comm_projection`` reads the copy committed in
@@ -68,6 +72,10 @@ LAYOUTS: dict[str, tuple[int, dict[str, Any], bool]] = {
     "dp2_tp2_sp": (4, {"tensor_parallel": 2, "sequence_parallel": True}, False),
     "dp2_tp2_sp_inv": (4, {"tensor_parallel": 2, "sequence_parallel": True}, True),
     "dp2_pp2": (4, {"pipeline_parallel": 2}, False),
+    # expert parallelism (the model gets 4 experts, top-2, in every block)
+    "ep2": (2, {"expert_parallel": 2}, False),
+    "ep2_inv": (2, {"expert_parallel": 2}, True),
+    "dp4_ep2_inv": (4, {"expert_parallel": 2}, True),
     "tp2_pp2": (
         4,
         {"tensor_parallel": 2, "sequence_parallel": True, "pipeline_parallel": 2},
@@ -76,8 +84,12 @@ LAYOUTS: dict[str, tuple[int, dict[str, Any], bool]] = {
 }
 
 
-def model_config(layers: int = 4) -> ModelConfig:
-    """The benchmark's GPT: 64 wide, 4 heads, vocabulary 512, no dropout."""
+def model_config(layers: int = 4, experts: int | None = None) -> ModelConfig:
+    """The benchmark's GPT: 64 wide, 4 heads, vocabulary 512, no dropout.
+
+    ``experts``: a mixture of experts in every block (top-2, experts 128 wide, as the MLP).
+    """
+    moe = {} if experts is None else {"num_experts": experts, "moe_router_topk": 2}
     return ModelConfig(
         vocab_size=512,
         hidden_size=64,
@@ -86,6 +98,7 @@ def model_config(layers: int = 4) -> ModelConfig:
         max_position_embeddings=64,
         hidden_dropout=0.0,
         attention_dropout=0.0,
+        **moe,
     )
 
 
@@ -128,7 +141,7 @@ def measure(rank: int, world: int, name: str, args: argparse.Namespace) -> dict[
     torch.set_num_threads(1)
     warnings.filterwarnings("ignore", message="FSDP2-wrapped module")  # a view output, harmless
     size, fields, invariant = LAYOUTS[name]
-    cfg = model_config(args.layers)
+    cfg = model_config(args.layers, 4 if fields.get("expert_parallel", 1) > 1 else None)
     seq, mbs = args.seq, args.micro_batch_size
     pconf = ParallelConfig(**fields)
     dims = ParallelDims.from_config(pconf, world)
@@ -161,10 +174,15 @@ def measure(rank: int, world: int, name: str, args: argparse.Namespace) -> dict[
         step(m)
     names = [n for n in mesh.mesh_dim_names if mesh[n].size() > 1]
     groups = {n: mesh.get_group(n) for n in names}
+    if engine.ep is not None:  # the all-to-alls; the expert gradients' gather (dp / ep > 1)
+        groups["ep"] = engine.ep.group
+        if engine.ep.edp_group is not None:
+            groups["edp"] = engine.ep.edp_group
     parameters = local_parameters(engine)
     layers = sum(len(part.layers) for part in engine.model_parts)
     activation = mbs * seq * cfg.hidden_size * 4  # one micro-batch's fp32 activations
     small = {"dp": parameters * 4 / 8, "tp": activation / 8, "pp": activation / 8}
+    small |= {"ep": activation / 8, "edp": parameters * 4 / 8}
     per_count = {}
     for m in counts:
         ledger = CommLedger(groups=groups)
@@ -190,7 +208,13 @@ def measure(rank: int, world: int, name: str, args: argparse.Namespace) -> dict[
 #: once per step is gradient traffic (proportional to parameters); traffic per
 #: micro-batch is activation traffic, except data parallelism's (the layout-invariant
 #: exchange, ZeRO-2's parameter gathers), which moves parameters or their gradients.
-UNITS = {"dp": ("param", "param"), "tp": ("act*layer", "param"), "pp": ("act", "param")}
+UNITS = {
+    "dp": ("param", "param"),
+    "tp": ("act*layer", "param"),
+    "pp": ("act", "param"),
+    "ep": ("act*layer", "param"),  # tokens to their experts and back, per MoE layer
+    "edp": ("param", "param"),  # expert gradients (layout-invariant: gathered per step)
+}
 
 
 def fit(res: dict[str, Any], args: argparse.Namespace) -> list[dict[str, Any]]:

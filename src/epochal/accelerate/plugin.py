@@ -146,8 +146,16 @@ _REFUSED: dict[str, tuple[Any, str]] = {
         "context parallelism runs in `epochal train --parallel.context_parallel=N` (GPT, BERT, "
         "ESM-2), not yet behind this front end, which computes the model's loss from whole logits",
     ),
-    "expert_model_parallel_size": (1, "epochal's models have no experts"),
-    "expert_tensor_parallel_size": (1, "epochal's models have no experts"),
+    "expert_model_parallel_size": (
+        1,
+        "expert parallelism runs in `epochal train --parallel.expert_parallel=N` (GPT with "
+        "model.num_experts), not yet behind this front end",
+    ),
+    "expert_tensor_parallel_size": (
+        1,
+        "epochal's experts have no tensor-parallel plan (expert parallelism runs in "
+        "`epochal train --parallel.expert_parallel=N`)",
+    ),
     "pipeline_model_parallel_split_rank": (
         None,
         "epochal splits no encoder-decoder pipeline (T5 trains with tensor and data parallelism)",

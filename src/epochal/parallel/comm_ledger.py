@@ -168,7 +168,10 @@ class CommLedger(TorchDispatchMode):
         groups: names of the process groups to report by name (for example the
             mesh's ``{"dp": mesh.get_group("dp"), "tp": ...}``); a group not
             named is reported as ``world`` when it spans every rank, else by its
-            global ranks (``ranks 0,2``). ``None`` values are skipped.
+            global ranks (``ranks 0,2``). ``None`` values are skipped. Two named
+            groups over the same ranks (expert parallelism's ``ep`` group and
+            ``dp`` when ``expert_parallel`` equals the data-parallel size) keep
+            their own names.
     """
 
     def __init__(self, groups: Mapping[str, dist.ProcessGroup | None] | None = None) -> None:
@@ -179,6 +182,7 @@ class CommLedger(TorchDispatchMode):
             for name, g in (groups or {}).items()
             if g is not None
         }
+        self._by_group = {g.group_name: name for name, g in (groups or {}).items() if g is not None}
         self._labels: dict[Any, tuple[str, int]] = {}
         self.steps: list[dict[tuple[str, str], Entry]] = []
         #: per closed step, every call in issue order: ``(kind, group label, bytes)``
@@ -199,7 +203,9 @@ class CommLedger(TorchDispatchMode):
 
                 group = _resolve_process_group(group)
             ranks = tuple(dist.get_process_group_ranks(group))
-            if ranks in self._named:
+            if key in self._by_group:
+                label = self._by_group[key]
+            elif ranks in self._named:
                 label = self._named[ranks]
             elif len(ranks) == dist.get_world_size():
                 label = "world"

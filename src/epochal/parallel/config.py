@@ -72,6 +72,17 @@ class ParallelConfig:
             Needs ``data.seq_length`` divisible by ``2 * context_parallel``.
             Weights are not sharded: gradients are summed over the
             context-parallel ranks.
+        expert_parallel: expert-parallel size (Megatron's
+            ``--expert-model-parallel-size``); >= 1. The routed experts of every
+            mixture-of-experts layer are split over ``expert_parallel`` ranks
+            carved from the data-parallel ranks (it must divide the
+            data-parallel size and ``model.num_experts``): each holds
+            ``num_experts / expert_parallel`` experts, tokens travel to their
+            expert's rank and back with all-to-all
+            (:mod:`epochal.parallel.expert_parallel`). Everything else stays
+            data-parallel; expert weights are reduced over the ranks that hold
+            the same experts. Not combined with ``tensor_parallel`` or
+            ``context_parallel`` > 1.
         pipeline_parallel: number of pipeline stages (ranks); >= 1.
         virtual_pipeline: model chunks per pipeline rank (Megatron's
             ``virtual_pipeline_model_parallel_size``); > 1 needs the
@@ -119,6 +130,7 @@ class ParallelConfig:
     sequence_parallel: bool = False
     loss_parallel: bool = True
     context_parallel: int = 1
+    expert_parallel: int = 1
     pipeline_parallel: int = 1
     virtual_pipeline: int = 1
     pipeline_schedule: Literal["gpipe", "1f1b", "interleaved_1f1b"] = "1f1b"
@@ -141,6 +153,7 @@ class ParallelConfig:
         for name in (
             "tensor_parallel",
             "context_parallel",
+            "expert_parallel",
             "pipeline_parallel",
             "virtual_pipeline",
             "recompute_num_layers",
@@ -207,6 +220,14 @@ class ParallelConfig:
             "sequence_parallel",
             f"needs tensor_parallel > 1, got tensor_parallel={self.tensor_parallel}",
         )
+        for name in ("tensor_parallel", "context_parallel"):
+            _require(
+                self.expert_parallel == 1 or getattr(self, name) == 1,
+                "expert_parallel",
+                f"> 1 is not supported with {name} > 1 (got expert_parallel="
+                f"{self.expert_parallel}, {name}={getattr(self, name)}); combine expert "
+                "parallelism with data and pipeline parallelism",
+            )
         if self.virtual_pipeline > 1:
             _require(
                 self.pipeline_schedule == "interleaved_1f1b",

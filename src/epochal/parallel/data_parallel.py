@@ -34,14 +34,15 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, fully_shard
 
 from epochal.model.config import ConfigError
+from epochal.parallel.expert_parallel import expert_parameters
 
 __all__ = ["apply_data_parallel", "set_gradient_sync"]
 
 
-def _replicate(module: nn.Module, mesh: DeviceMesh) -> nn.Module:
+def _replicate(module: nn.Module, mesh: DeviceMesh, ignored: set[nn.Parameter] | None) -> nn.Module:
     from torch.distributed._composable.replicate_with_fsdp import replicate
 
-    return replicate(module, mesh=mesh)
+    return replicate(module, mesh=mesh, ignored_params=ignored)
 
 
 def apply_data_parallel(
@@ -69,8 +70,10 @@ def apply_data_parallel(
     """
     if dp_mesh.size() == 1:
         return part
+    # expert-parallel experts differ over the data-parallel ranks: expert_parallel.py reduces them
+    ignored = set(expert_parameters(part)) or None
     if sharding == "none":
-        return _replicate(part, dp_mesh)
+        return _replicate(part, dp_mesh, ignored)
     if sharding not in ("optimizer", "full"):
         raise ConfigError(
             "parallel.dp_sharding", f"must be none, optimizer or full, got {sharding!r}"
@@ -78,8 +81,10 @@ def apply_data_parallel(
     reshard = sharding == "full"
     keys = list(part.layers.keys()) if unit_keys is None else list(unit_keys)
     for key in keys:
-        fully_shard(part.layers[key], mesh=dp_mesh, reshard_after_forward=reshard)
-    fully_shard(part, mesh=dp_mesh, reshard_after_forward=False)
+        fully_shard(
+            part.layers[key], mesh=dp_mesh, reshard_after_forward=reshard, ignored_params=ignored
+        )
+    fully_shard(part, mesh=dp_mesh, reshard_after_forward=False, ignored_params=ignored)
     return part
 
 

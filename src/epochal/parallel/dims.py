@@ -42,6 +42,10 @@ class ParallelDims:
         dp: data-parallel size.
         vpp: virtual pipeline chunks per pipeline rank (interleaved schedule).
         cp: context-parallel size (each sequence split over ``cp`` ranks).
+        ep: expert-parallel size, carved from the data-parallel ranks (divides ``dp``):
+            data-parallel rank ``d`` is expert-parallel rank ``d % ep`` of
+            expert-data-parallel rank ``d // ep`` (Megatron's order: the ranks of
+            one expert-parallel group are adjacent).
     """
 
     tp: int = 1
@@ -49,6 +53,7 @@ class ParallelDims:
     dp: int = 1
     vpp: int = 1
     cp: int = 1
+    ep: int = 1
 
     @classmethod
     def from_config(cls, config: ParallelConfig, world_size: int) -> ParallelDims:
@@ -79,12 +84,20 @@ class ParallelDims:
                 f"is {config.data_parallel} but world size {world_size} / ({names} = {mp}) "
                 f"gives {dp}; leave it unset to derive it",
             )
+        if dp % config.expert_parallel:
+            raise _err(
+                "parallel.expert_parallel",
+                f"must divide the data-parallel size {dp} (expert-parallel ranks are carved "
+                f"from the data-parallel ranks), got {config.expert_parallel}; set "
+                "parallel.data_parallel (or the world size) to a multiple of it",
+            )
         return cls(
             tp=config.tensor_parallel,
             pp=config.pipeline_parallel,
             dp=dp,
             vpp=config.virtual_pipeline,
             cp=config.context_parallel,
+            ep=config.expert_parallel,
         )
 
     @property
@@ -155,6 +168,10 @@ class ParallelDims:
                 f"must divide the padded vocabulary {model.padded_vocab_size} "
                 f"(model.make_vocab_size_divisible_by={model.make_vocab_size_divisible_by}), got {tp}",
             )
+        if self.ep > 1:
+            from epochal.parallel.expert_parallel import check_expert_parallel  # local: a leaf
+
+            check_expert_parallel(self, model)
         if self.cp > 1:
             from epochal.parallel.context_parallel import check_context_parallel  # local: a leaf
 
@@ -229,4 +246,5 @@ class ParallelDims:
     def __str__(self) -> str:
         vpp = f"(x{self.vpp} virtual)" if self.vpp > 1 else ""
         cp = f" x CP{self.cp}" if self.cp > 1 else ""
-        return f"TP{self.tp}{cp} x PP{self.pp}{vpp} x DP{self.dp}"
+        ep = f" (EP{self.ep})" if self.ep > 1 else ""
+        return f"TP{self.tp}{cp} x PP{self.pp}{vpp} x DP{self.dp}{ep}"

@@ -60,6 +60,7 @@ from epochal.parallel.dropout_keys import (
     seed_micro_batch,
 )
 from epochal.parallel.exact_norm import clip_grad_norm_exact
+from epochal.parallel.expert_parallel import ExpertParallel
 from epochal.parallel.global_order import gather_in_order, sequential_sum
 from epochal.parallel.grad_clip import clip_grad_norm_parallel
 from epochal.parallel.logged import ordered_logged, reduce_logged
@@ -175,6 +176,8 @@ class ParallelEngine(PipelineSteps):
             assert mesh is not None
             ContextParallel.check_training(custom_loss=custom_loss)
             self.cp = ContextParallel(mesh["cp"].get_group())
+        #: expert parallelism (:mod:`epochal.parallel.expert_parallel`), None without
+        self.ep = ExpertParallel(dims, invariant=layout_invariant) if dims.ep > 1 else None
         counts = stage_layer_counts(
             model_config.num_layers,
             dims.pp,
@@ -260,6 +263,8 @@ class ParallelEngine(PipelineSteps):
             )
         else:
             part = whole
+        if self.ep is not None:  # on the meta device: only this rank's experts are materialised
+            self.ep.shard(part)
         part.to_empty(device=self.device)
         part.init_weights(seed=self.seed)
         if self.dims.tp > 1:
@@ -482,6 +487,8 @@ class ParallelEngine(PipelineSteps):
 
     def finish_grads(self) -> None:
         """Sum tied-embedding gradients over the pipeline ends and reduce partial DTensor gradients."""
+        if self.ep is not None:
+            self.ep.finish_grads()
         if self.layout_invariant:
             if self.reducer is not None:
                 self.reducer.finish()
@@ -573,6 +580,8 @@ class ParallelEngine(PipelineSteps):
 
     def clip_grad_norm(self, max_norm: float) -> torch.Tensor:
         """Clip all gradients to the global L2 norm ``max_norm`` (0 = measure only); return the norm."""
+        if self.ep is not None:
+            return self.ep.clip_grad_norm(self, max_norm)
         if self.layout_invariant:
             return clip_grad_norm_exact(
                 self.parameters(),

@@ -121,6 +121,7 @@ def exact_grad_norm(
     group: dist.ProcessGroup | None = None,
     exclude: Sequence[torch.Tensor] = (),
     coords: Mapping[str, int] | None = None,
+    param_coords: Mapping[int, Mapping[str, int]] | None = None,
 ) -> torch.Tensor:
     """The global L2 norm of the gradients of ``params``, identical under every layout.
 
@@ -131,6 +132,9 @@ def exact_grad_norm(
         coords: this rank's coordinates on the mesh dimensions that hold replicas
             (e.g. ``{"dp": 1, "tp": 0}``; a pipeline stage holds its own
             parameters, so ``pp`` is not one of them); None: one process.
+        param_coords: ``id(param) -> coords`` for parameters replicated over other
+            ranks than ``coords`` says (expert weights: over the expert-data-parallel
+            ranks only, :mod:`epochal.parallel.expert_parallel`).
 
     Returns:
         float32 scalar tensor on the gradients' device, the same on every rank
@@ -145,7 +149,8 @@ def exact_grad_norm(
             continue
         local = g._local_tensor if isinstance(g, DTensor) else g
         device = local.device
-        if _counted(g, coords or {}):
+        own = param_coords.get(id(p)) if param_coords else None
+        if _counted(g, own if own is not None else coords or {}):
             sums.append(row_square_sums(local))
     local_sums = torch.cat(sums) if sums else torch.zeros(0, dtype=torch.float64)
     total = exact_sum(local_sums, group)

@@ -40,6 +40,7 @@ def total_grad_norm(
     *,
     pp_group: dist.ProcessGroup | None = None,
     exclude: Sequence[torch.Tensor] = (),
+    sharded: tuple[Sequence[torch.Tensor], dist.ProcessGroup] | None = None,
 ) -> torch.Tensor:
     """Global L2 norm of the gradients of ``params`` over every rank.
 
@@ -47,11 +48,16 @@ def total_grad_norm(
         params: this rank's parameters (each once); those without a gradient are skipped.
         pp_group: the pipeline group to sum the stages' contributions over (None: one stage).
         exclude: parameters whose gradients are not counted (duplicated copies).
+        sharded: ``(params, group)``: plain parameters of ``params`` that differ over
+            ``group`` (expert weights over the expert-parallel ranks): their squares
+            are summed over ``group``.
 
     Returns:
         float32 scalar tensor, the same on every rank.
     """
     skip = {id(p) for p in exclude}
+    split = torch.zeros((), dtype=torch.float32)
+    split_ids = {id(p) for p in sharded[0]} if sharded is not None else set()
     plain = torch.zeros((), dtype=torch.float32)
     buckets: dict[tuple[int, tuple[int, ...]], tuple[object, torch.Tensor]] = {}
     device = None
@@ -62,6 +68,9 @@ def total_grad_norm(
         local = _local(g)
         device = local.device
         sq = local.detach().float().pow(2).sum()
+        if id(p) in split_ids:
+            split = split.to(sq.device) + sq
+            continue
         if isinstance(g, DTensor):
             dims = tuple(i for i, pl in enumerate(g.placements) if not pl.is_replicate())
             if dims:
@@ -75,6 +84,10 @@ def total_grad_norm(
     if device is not None:
         plain = plain.to(device)
     total = plain
+    if sharded is not None:
+        split = split.to(plain.device)
+        dist.all_reduce(split, group=sharded[1])
+        total = total + split
     for (_, dims), (mesh, acc) in buckets.items():
         for d in dims:
             dist.all_reduce(acc, group=mesh.get_group(d))
@@ -91,6 +104,7 @@ def clip_grad_norm_parallel(
     *,
     pp_group: dist.ProcessGroup | None = None,
     exclude_from_norm: Sequence[torch.Tensor] = (),
+    sharded: tuple[Sequence[torch.Tensor], dist.ProcessGroup] | None = None,
 ) -> torch.Tensor:
     """Clip gradients to a global L2 norm of ``max_norm`` (0 = only measure); return the norm.
 
@@ -99,12 +113,13 @@ def clip_grad_norm_parallel(
         max_norm: the clipping threshold (Megatron's ``clip_grad``).
         pp_group: the pipeline process group (None without pipeline parallelism).
         exclude_from_norm: duplicated parameters (tied copies) not counted in the norm.
+        sharded: see :func:`total_grad_norm`.
 
     Returns:
         The total norm before clipping (float32 scalar, same on every rank);
         ``inf``/``nan`` if a gradient is not finite (then nothing is scaled).
     """
-    total = total_grad_norm(params, pp_group=pp_group, exclude=exclude_from_norm)
+    total = total_grad_norm(params, pp_group=pp_group, exclude=exclude_from_norm, sharded=sharded)
     if max_norm > 0 and torch.isfinite(total):
         coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
         grads = [_local(p.grad) for p in params if p.grad is not None]

@@ -16,6 +16,9 @@ tokens if none, so every parameter has a gradient); token ``t``'s output is
 ``sum_j w[t, j] * expert_{e[t, j]}(x_t)`` summed over its slots ``j = 0 .. k-1`` in that
 fixed order (no atomic scatter-add), so results do not depend on how tokens are
 grouped. The shared expert's output (times ``sigmoid(shared_expert_gate(x))``) is added.
+Running the experts is the token dispatcher's job (:attr:`MoEMLP.dispatcher`, by default
+:func:`local_expert_slots`): expert parallelism replaces it from outside
+(:mod:`epochal.parallel.expert_parallel`), so the layer holds no collectives.
 
 Capacity (``moe_expert_capacity_factor``, Megatron's ``"probs"`` drop policy): an
 expert takes at most ``ceil(T * k / E * factor)`` of a micro-batch's ``T`` tokens'
@@ -41,7 +44,7 @@ token fractions per expert for the records (:func:`pop_moe_stats`).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -50,7 +53,14 @@ from torch import nn
 from epochal.model.config import ModelConfig
 from epochal.model.layers.mlp import MLP
 
-__all__ = ["MoEMLP", "pop_moe_stats", "route", "set_moe_loss_scale", "switch_aux_loss"]
+__all__ = [
+    "MoEMLP",
+    "local_expert_slots",
+    "pop_moe_stats",
+    "route",
+    "set_moe_loss_scale",
+    "switch_aux_loss",
+]
 
 
 def switch_aux_loss(probs: torch.Tensor, counts: torch.Tensor, topk: int) -> torch.Tensor:
@@ -154,6 +164,9 @@ class MoEMLP(nn.Module):
         self.loss_scale = 1.0
         #: the last forward's ``{"aux", "z", "tokens"}`` (detached; ``tokens`` = fraction per expert).
         self.last_stats: dict[str, torch.Tensor] | None = None
+        #: the token dispatcher ``(layer, tokens, weights, experts, keep) -> slots``
+        #: (:func:`local_expert_slots` when None); expert parallelism installs its own.
+        self.dispatcher: Callable[..., torch.Tensor] | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``[..., hidden] -> [..., hidden]``."""
@@ -164,11 +177,7 @@ class MoEMLP(nn.Module):
             logits, self.topk, pre_softmax=self.pre_softmax, capacity_factor=self.capacity_factor
         )
         weights = weights.to(x.dtype)
-        slots = tokens.new_zeros((tokens.shape[0], self.topk, shape[-1]))
-        for e, expert in enumerate(self.experts):
-            token_idx, slot_idx = ((experts == e) & keep).nonzero(as_tuple=True)
-            y = expert(tokens[token_idx]) * weights[token_idx, slot_idx].unsqueeze(-1)
-            slots[token_idx, slot_idx] = y.to(slots.dtype)
+        slots = (self.dispatcher or local_expert_slots)(self, tokens, weights, experts, keep)
         out = slots[:, 0]
         for j in range(1, self.topk):  # a fixed order of summation
             out = out + slots[:, j]
@@ -195,6 +204,33 @@ class MoEMLP(nn.Module):
             "z": z.detach(),
             "tokens": counts / counts.sum().clamp(min=1.0),
         }
+
+
+def local_expert_slots(
+    layer: MoEMLP,
+    tokens: torch.Tensor,
+    weights: torch.Tensor,
+    experts: torch.Tensor,
+    keep: torch.Tensor,
+) -> torch.Tensor:
+    """Every expert of ``layer`` on the tokens routed to it, in this process.
+
+    Args:
+        layer: the MoE layer (its ``experts``, ``topk``).
+        tokens: ``[T, hidden]``.
+        weights: ``[T, k]`` routing weights (zero where dropped).
+        experts: ``[T, k]`` the expert of each slot.
+        keep: ``[T, k]`` False where an assignment is dropped.
+
+    Returns:
+        ``[T, k, hidden]``: slot ``j`` of token ``t`` holds ``w[t, j] * expert_{e[t, j]}(x_t)``.
+    """
+    slots = tokens.new_zeros((tokens.shape[0], layer.topk, tokens.shape[-1]))
+    for e, expert in enumerate(layer.experts):
+        token_idx, slot_idx = ((experts == e) & keep).nonzero(as_tuple=True)
+        y = expert(tokens[token_idx]) * weights[token_idx, slot_idx].unsqueeze(-1)
+        slots[token_idx, slot_idx] = y.to(slots.dtype)
+    return slots
 
 
 def set_moe_loss_scale(module: nn.Module | Sequence[nn.Module], scale: float) -> None:

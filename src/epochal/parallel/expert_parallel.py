@@ -1,0 +1,440 @@
+"""Expert parallelism: the routed experts of each MoE layer split over ranks, tokens sent with all-to-all.
+
+``parallel.expert_parallel = P`` (Megatron's ``--expert-model-parallel-size``) carves
+expert-parallel groups of ``P`` ranks out of the data-parallel ranks: data-parallel
+rank ``d`` is expert-parallel rank ``d % P`` of expert-data-parallel rank ``d // P``
+(the ranks of one expert-parallel group are adjacent, as in Megatron). Expert-parallel
+rank ``r`` holds experts ``r * E/P .. (r + 1) * E/P - 1`` of every MoE layer (``E =
+model.num_experts``), under their global names (``layers.{i}.mlp.experts.{e}.*``), so
+checkpoints name every expert as one process does and load under any ``P``.
+
+The MoE layer calls a token dispatcher (:attr:`epochal.model.layers.moe.MoEMLP.dispatcher`);
+:func:`apply_expert_parallel` installs this module's. For each micro-batch, each rank
+routes its own tokens (router, top-k, capacity, balance and z-losses and the records
+are computed locally, exactly as one process does for that micro-batch), then:
+
+1. the number of assignments per expert is exchanged (an all-to-all of ``E`` integers);
+2. *dispatch*: the rows routed to each expert, in the order one process gathers them
+   (token order, per expert), go to the expert's owner (one all-to-all);
+3. the owner runs each expert **separately on each source rank's rows**: the same rows,
+   in the same order, as one process runs it on that micro-batch;
+4. *combine*: the outputs go back (one all-to-all), are weighted and added per token in
+   the fixed slot order of :func:`~epochal.model.layers.moe.local_expert_slots`.
+
+The backward pass mirrors it (the two all-to-alls in reverse). The gradients that reach
+the tokens are added in the order one process adds them, so EP changes no bits of
+anything but the expert weights' gradients, whose contributions come from several
+micro-batches in one backward pass:
+
+- ``training.layout_invariant``: each expert call's weight gradient is captured on its
+  own (not accumulated by autograd); after the step's last backward they are added in
+  the global micro-batch order (``k = i * dp + d``, as
+  :mod:`epochal.parallel.ordered_reduce` does for every other weight), the contributions
+  of the other expert-data-parallel ranks gathered first. EP then trains the bits of
+  one process (``tests/parallel/test_expert_parallel.py``).
+- otherwise: autograd adds the contributions, they are summed over the
+  expert-data-parallel group (an all-reduce) and divided by the data-parallel size,
+  which gives the data-parallel mean as for every other weight.
+
+Expert weights are plain tensors kept out of the data-parallel wrapper (FSDP2
+``ignored_params``): non-expert weights reduce over the whole data-parallel group as
+without EP, expert weights over the ``dp / P`` ranks that hold the same experts. They and
+their optimizer state are replicated over those ranks (``dp_sharding`` shards the
+non-expert weights only). Gradient clipping counts each expert once
+(:meth:`ExpertParallel.clip_grad_norm`).
+
+Cost: per MoE layer and micro-batch, three all-to-alls forward and two backward; the
+token all-to-alls carry ``(assignments kept) * hidden`` elements each, of which the
+fraction ``(P - 1) / P`` leaves the rank when routing is balanced. The layout-invariant
+mode keeps each expert call's weight gradient until the step ends
+(``micro-batches * P`` copies of the local experts' gradients) and gathers them over the
+expert-data-parallel group once per step.
+
+Not combined (refused by name): ``parallel.tensor_parallel > 1`` and
+``parallel.context_parallel > 1`` with ``parallel.expert_parallel > 1``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.func import functional_call
+
+from epochal.model.config import ConfigError, ModelConfig
+from epochal.model.layers.moe import MoEMLP
+from epochal.parallel.exact_norm import clip_grad_norm_exact
+from epochal.parallel.grad_clip import clip_grad_norm_parallel
+
+__all__ = [
+    "ExpertParallel",
+    "LocalExperts",
+    "apply_expert_parallel",
+    "check_expert_parallel",
+    "expert_parameters",
+]
+
+
+def check_expert_parallel(dims: Any, model: ModelConfig) -> None:
+    """Refuse an expert-parallel size the model cannot use.
+
+    Args:
+        dims: the layout (a :class:`~epochal.parallel.dims.ParallelDims`, ``ep > 1``).
+        model: the model config.
+
+    Raises:
+        ConfigError: naming ``parallel.expert_parallel``: a dense model, or a size that
+            does not divide ``model.num_experts``.
+    """
+    n = getattr(model, "num_experts", None)
+    if n is None:
+        raise ConfigError(
+            "parallel.expert_parallel",
+            f"is {dims.ep} but the model has no mixture-of-experts layers (model.num_experts "
+            "is unset); set model.num_experts or leave expert_parallel at 1",
+        )
+    if n % dims.ep:
+        raise ConfigError(
+            "parallel.expert_parallel",
+            f"must divide model.num_experts={n} (each rank holds num_experts / "
+            f"expert_parallel experts), got {dims.ep}",
+        )
+
+
+class LocalExperts(nn.ModuleDict):
+    """This rank's experts of one MoE layer, keyed by their global index (``"2"``, ``"3"``)."""
+
+
+def expert_parameters(module: nn.Module) -> list[nn.Parameter]:
+    """The parameters of the expert-parallel experts in ``module`` (each once; empty without EP)."""
+    out: list[nn.Parameter] = []
+    seen: set[int] = set()
+    for sub in module.modules():
+        if isinstance(sub, LocalExperts):
+            for p in sub.parameters():
+                if id(p) not in seen:
+                    seen.add(id(p))
+                    out.append(p)
+    return out
+
+
+def _staged(tensor: torch.Tensor, group: dist.ProcessGroup) -> bool:
+    return tensor.is_cuda and dist.get_backend(group) == "gloo"
+
+
+def _all_to_all_rows(
+    send: torch.Tensor,
+    send_rows: list[int],
+    recv_rows: list[int],
+    group: dist.ProcessGroup,
+) -> torch.Tensor:
+    """``send`` (``[sum(send_rows), w]``) split by rows over the ranks; what every rank sent here."""
+    device = send.device
+    staged = _staged(send, group)
+    src = send.detach().cpu() if staged else send.detach().contiguous()
+    recv = src.new_empty((sum(recv_rows), *src.shape[1:]))
+    dist.all_to_all_single(
+        recv, src, output_split_sizes=recv_rows, input_split_sizes=send_rows, group=group
+    )
+    return recv.to(device) if staged else recv
+
+
+def _pieces(flat: torch.Tensor, rows: Sequence[int]) -> tuple[torch.Tensor, ...]:
+    """``flat`` cut into pieces of ``rows`` rows, each a fresh tensor (as one process's gathers)."""
+    out, start = [], 0
+    for n in rows:
+        out.append(flat[start : start + n].clone())
+        start += n
+    return tuple(out)
+
+
+class _AllToAll(torch.autograd.Function):
+    """Pieces of rows to the ranks of a group and back: forward one all-to-all, backward the reverse.
+
+    Inputs are the pieces in send order (grouped by destination rank); outputs the
+    received pieces (grouped by source rank), each a fresh tensor.
+    """
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any,
+        group: dist.ProcessGroup,
+        send_rows: list[int],
+        recv_pieces: list[int],
+        recv_rows: list[int],
+        *pieces: torch.Tensor,
+    ) -> tuple[torch.Tensor, ...]:
+        ctx.group, ctx.send_rows, ctx.recv_rows = group, send_rows, recv_rows
+        ctx.piece_rows = [int(p.shape[0]) for p in pieces]
+        ctx.recv_pieces = recv_pieces
+        send = torch.cat(pieces)
+        ctx.like = send.new_empty((0, *send.shape[1:]))
+        recv = _all_to_all_rows(send, send_rows, recv_rows, group)
+        return _pieces(recv, recv_pieces)
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor | None) -> tuple[Any, ...]:
+        like = ctx.like
+        full = [
+            g if g is not None else like.new_zeros((n, *like.shape[1:]))
+            for g, n in zip(grads, ctx.recv_pieces)
+        ]
+        back = _all_to_all_rows(torch.cat(full), ctx.recv_rows, ctx.send_rows, ctx.group)
+        return (None, None, None, None, *_pieces(back, ctx.piece_rows))
+
+
+class _Tap(torch.autograd.Function):
+    """Identity on a weight; its gradient goes to ``sink.take(key, grad)`` instead of ``.grad``."""
+
+    @staticmethod
+    def forward(ctx: Any, param: torch.Tensor, sink: ExpertParallel, key: tuple) -> torch.Tensor:  # type: ignore[override]
+        ctx.sink, ctx.key = sink, key
+        return param.view_as(param)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[None, None, None]:
+        ctx.sink.take(ctx.key, grad)
+        return None, None, None
+
+
+class _Dispatcher:
+    """The token dispatcher of one MoE layer under expert parallelism (module docstring)."""
+
+    def __init__(self, ep: ExpertParallel, first: int, count: int) -> None:
+        self.ep, self.first, self.count = ep, first, count
+
+    @torch.compiler.disable  # collectives and data-dependent sizes: runs eagerly
+    def __call__(
+        self,
+        layer: MoEMLP,
+        tokens: torch.Tensor,
+        weights: torch.Tensor,
+        experts: torch.Tensor,
+        keep: torch.Tensor,
+    ) -> torch.Tensor:
+        ep, local = self.ep, self.count
+        size = ep.size
+        selected = [
+            ((experts == e) & keep).nonzero(as_tuple=True) for e in range(layer.num_experts)
+        ]
+        counts = [int(token_idx.numel()) for token_idx, _ in selected]
+        received = ep.exchange_counts(counts, tokens.device)
+        send_rows = [sum(counts[d * local : (d + 1) * local]) for d in range(size)]
+        recv_rows = [sum(received[s * local : (s + 1) * local]) for s in range(size)]
+        pieces = [tokens[token_idx] for token_idx, _ in selected]
+        inputs = _AllToAll.apply(ep.group, send_rows, received, recv_rows, *pieces)
+        outputs = []
+        for s in range(size):  # each source rank's rows on their own: one process's rows
+            for j in range(local):
+                expert = layer.experts[str(self.first + j)]
+                outputs.append(ep.run_expert(expert, inputs[s * local + j], s, layer.training))
+        back = _AllToAll.apply(ep.group, recv_rows, counts, send_rows, *outputs)
+        slots = tokens.new_zeros((tokens.shape[0], layer.topk, tokens.shape[-1]))
+        for e, (token_idx, slot_idx) in enumerate(selected):
+            y = back[e] * weights[token_idx, slot_idx].unsqueeze(-1)
+            slots[token_idx, slot_idx] = y.to(slots.dtype)
+        return slots
+
+
+def _groups(dims: Any, rank: int) -> tuple[dist.ProcessGroup, dist.ProcessGroup | None]:
+    """This rank's expert-parallel and expert-data-parallel groups (every rank creates all of them)."""
+    ep, edp = dims.ep, dims.dp // dims.ep
+
+    def global_rank(pp: int, dp: int, cp: int, tp: int) -> int:
+        return pp * (dims.dp * dims.cp * dims.tp) + dp * (dims.cp * dims.tp) + cp * dims.tp + tp
+
+    mine_ep = mine_edp = None
+    for pp in range(dims.pp):
+        for cp in range(dims.cp):
+            for tp in range(dims.tp):
+                for q in range(edp):
+                    ranks = [global_rank(pp, q * ep + r, cp, tp) for r in range(ep)]
+                    group = dist.new_group(ranks)
+                    if rank in ranks:
+                        mine_ep = group
+                for r in range(ep):
+                    ranks = [global_rank(pp, q * ep + r, cp, tp) for q in range(edp)]
+                    group = dist.new_group(ranks) if edp > 1 else None
+                    if rank in ranks:
+                        mine_edp = group
+    assert mine_ep is not None
+    return mine_ep, mine_edp
+
+
+class ExpertParallel:
+    """This rank's place in expert parallelism, its groups, and the expert weights' gradients.
+
+    Args:
+        dims: the layout (a :class:`~epochal.parallel.dims.ParallelDims`, ``ep > 1``).
+        invariant: ``training.layout_invariant`` (ordered expert-gradient sums).
+
+    Attributes:
+        size: the expert-parallel size ``P``.
+        rank: this rank's expert-parallel rank (``dp_rank % P``).
+        edp_rank: its expert-data-parallel rank (``dp_rank // P``); ``edp`` their count.
+        group: the expert-parallel group (the all-to-alls).
+        edp_group: the ranks holding the same experts (None when ``P == dp``).
+    """
+
+    def __init__(self, dims: Any, *, invariant: bool) -> None:
+        coords = dims.coords(dist.get_rank())
+        self.size, self.dp = dims.ep, dims.dp
+        self.rank, self.edp_rank = coords["dp"] % dims.ep, coords["dp"] // dims.ep
+        self.edp = dims.dp // dims.ep
+        self.coords = coords
+        self.group, self.edp_group = _groups(dims, dist.get_rank())
+        self.invariant = invariant
+        self.parts: list[nn.Module] = []
+        self._contributions: dict[tuple[int, int], list[torch.Tensor]] = {}
+
+    # ----------------------------------------------------------------- building
+    def local_range(self, num_experts: int) -> range:
+        """The global indices of this rank's experts."""
+        n = num_experts // self.size
+        return range(self.rank * n, (self.rank + 1) * n)
+
+    def shard(self, part: nn.Module) -> nn.Module:
+        """Keep this rank's experts of every MoE layer of ``part`` and install the dispatcher.
+
+        Call it before the weights are materialised (on the meta device) and
+        initialised: the experts keep their global names, so they get one process's
+        initial values.
+        """
+        for layer in part.modules():
+            if isinstance(layer, MoEMLP) and not isinstance(layer.experts, LocalExperts):
+                keep = self.local_range(layer.num_experts)
+                layer.experts = LocalExperts({str(e): layer.experts[e] for e in keep})
+                layer.dispatcher = _Dispatcher(self, keep.start, len(keep))
+        self.parts.append(part)
+        return part
+
+    def parameters(self) -> list[nn.Parameter]:
+        """This rank's expert weights (all parts)."""
+        out: list[nn.Parameter] = []
+        for part in self.parts:
+            out += expert_parameters(part)
+        return out
+
+    # ------------------------------------------------------------------ forward
+    def exchange_counts(self, counts: list[int], device: torch.device) -> list[int]:
+        """Send the assignments per expert to the experts' owners; return ``[source][local expert]`` flat."""
+        on = torch.device("cpu") if dist.get_backend(self.group) == "gloo" else device
+        send = torch.tensor(counts, dtype=torch.int64, device=on)
+        recv = torch.empty_like(send)
+        dist.all_to_all_single(recv, send, group=self.group)
+        return [int(v) for v in recv.tolist()]
+
+    def run_expert(
+        self, expert: nn.Module, rows: torch.Tensor, source: int, training: bool
+    ) -> torch.Tensor:
+        """``expert(rows)``; layout-invariant training captures its weight gradients per source."""
+        if not (self.invariant and training and torch.is_grad_enabled()):
+            return expert(rows)
+        tapped = {
+            name: _Tap.apply(p, self, (id(p), source))
+            for name, p in expert.named_parameters()
+            if p.requires_grad
+        }
+        return functional_call(expert, tapped, (rows,))
+
+    def take(self, key: tuple[int, int], grad: torch.Tensor) -> None:
+        """One expert call's weight gradient (layout-invariant mode), in backward order."""
+        self._contributions.setdefault(key, []).append(grad.detach())
+
+    # ---------------------------------------------------------------- gradients
+    @torch.no_grad()
+    def finish_grads(self) -> None:
+        """Make the expert weights' gradients final (after the step's last backward; a collective)."""
+        params = [p for p in self.parameters() if p.requires_grad]
+        if self.invariant:
+            self._ordered_grads(params)
+            return
+        grads = [p.grad for p in params if p.grad is not None]
+        if not grads:
+            return
+        if self.edp_group is not None:
+            flat = torch.cat([g.reshape(-1) for g in grads])
+            staged = _staged(flat, self.edp_group)
+            buf = flat.cpu() if staged else flat
+            dist.all_reduce(buf, group=self.edp_group)
+            flat = buf.to(flat.device) if staged else buf
+            start = 0
+            for g in grads:
+                g.copy_(flat[start : start + g.numel()].view_as(g))
+                start += g.numel()
+        for g in grads:
+            g.div_(self.dp)
+
+    def _ordered_grads(self, params: list[nn.Parameter]) -> None:
+        """Add every expert call's gradient in the global micro-batch order and install it."""
+        taken = [
+            [self._contributions.pop((id(p), s), []) for s in range(self.size)] for p in params
+        ]
+        self._contributions.clear()
+        n = len(taken[0][0]) if taken else 0
+        if n == 0:
+            return
+        for per_source in taken:
+            if any(len(c) != n for c in per_source):
+                raise RuntimeError(
+                    "expert parallelism: an expert's gradient contributions do not match the "
+                    f"micro-batches ({[len(c) for c in per_source]} for {n})"
+                )
+        # [n, P, numel of all local experts]: micro-batch i, source rank s
+        local = torch.stack(
+            [
+                torch.stack(
+                    [torch.cat([c[s][i].reshape(-1) for c in taken]) for s in range(self.size)]
+                )
+                for i in range(n)
+            ]
+        )
+        if self.edp_group is not None:
+            staged = _staged(local, self.edp_group)
+            src = local.cpu() if staged else local.contiguous()
+            out = src.new_empty((self.edp, *src.shape))
+            dist.all_gather_single(out.view(-1), src.view(-1), group=self.edp_group)
+            every = out.to(local.device) if staged else out
+        else:
+            every = local.unsqueeze(0)
+        acc: torch.Tensor | None = None
+        for i in range(n):  # k = i * dp + q * P + s: the global micro-batch order
+            for q in range(self.edp):
+                for s in range(self.size):
+                    g = every[q, i, s]
+                    acc = g.clone() if acc is None else acc.add_(g)
+        assert acc is not None
+        start = 0
+        for p in params:
+            p.grad = acc[start : start + p.numel()].view_as(p).clone()
+            start += p.numel()
+
+    def clip_grad_norm(self, engine: Any, max_norm: float) -> torch.Tensor:
+        """:meth:`ParallelEngine.clip_grad_norm` with each expert counted once (by its owners'
+        expert-data-parallel rank 0)."""
+        experts = self.parameters()
+        if engine.layout_invariant:
+            own = {"dp": self.edp_rank, "cp": engine.cp_rank, "tp": engine.tp_rank}
+            return clip_grad_norm_exact(
+                engine.parameters(),
+                max_norm,
+                group=dist.group.WORLD,
+                exclude=engine.duplicated_parameters(),
+                coords={"dp": engine.dp_rank, "cp": engine.cp_rank, "tp": engine.tp_rank},
+                param_coords={id(p): own for p in experts},
+            )
+        return clip_grad_norm_parallel(
+            engine.parameters(),
+            max_norm,
+            pp_group=engine.pp_group,
+            exclude_from_norm=engine.duplicated_parameters(),
+            sharded=(experts, self.group),
+        )
+
+
+def apply_expert_parallel(part: nn.Module, ep: ExpertParallel) -> nn.Module:
+    """:meth:`ExpertParallel.shard` (a function for symmetry with the other ``apply_*``)."""
+    return ep.shard(part)
