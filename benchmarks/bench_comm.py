@@ -24,6 +24,11 @@ projected to another model:
   experts and back, bytes per activation element of a micro-batch per layer of the
   rank (the ``ep*`` layouts give the model 4 experts, top-2, in every block); the
   expert-data-parallel (``edp``) gather of expert gradients: bytes per parameter;
+- context-parallel (``cp``) traffic: per micro-batch, bytes per key (or value)
+  element of the whole sequence per layer of the rank (micro-batch x sequence x
+  the rank's key-value heads x head size: the all-gathers of K and V, and on gloo
+  their backward all-reduce, NCCL's reduce-scatter of the same size); per step,
+  bytes per parameter (the gradient sum over the context-parallel group);
 - ``fixed`` rows: calls whose size does not grow with the model (loss scalars,
   the exact gradient norm's histogram, the experts' token counts), in bytes.
 
@@ -81,6 +86,8 @@ LAYOUTS: dict[str, tuple[int, dict[str, Any], bool]] = {
         {"tensor_parallel": 2, "sequence_parallel": True, "pipeline_parallel": 2},
         False,
     ),
+    "cp2": (2, {"context_parallel": 2}, False),
+    "dp2_cp2": (4, {"context_parallel": 2}, False),
 }
 
 
@@ -181,8 +188,10 @@ def measure(rank: int, world: int, name: str, args: argparse.Namespace) -> dict[
     parameters = local_parameters(engine)
     layers = sum(len(part.layers) for part in engine.model_parts)
     activation = mbs * seq * cfg.hidden_size * 4  # one micro-batch's fp32 activations
+    # the keys (or values) of a micro-batch's whole sequence and one layer, on this rank
+    kv_elements = mbs * seq * max(1, cfg.num_kv_heads // dims.tp) * cfg.head_dim
     small = {"dp": parameters * 4 / 8, "tp": activation / 8, "pp": activation / 8}
-    small |= {"ep": activation / 8, "edp": parameters * 4 / 8}
+    small |= {"cp": kv_elements * 4 / 8, "ep": activation / 8, "edp": parameters * 4 / 8}
     per_count = {}
     for m in counts:
         ledger = CommLedger(groups=groups)
@@ -200,6 +209,7 @@ def measure(rank: int, world: int, name: str, args: argparse.Namespace) -> dict[
         "per_count": per_count,
         "parameters": parameters,
         "layers": layers,
+        "kv_elements": kv_elements,
         "group_sizes": {n: groups[n].size() for n in names},
     }
 
@@ -214,6 +224,7 @@ UNITS = {
     "pp": ("act", "param"),
     "ep": ("act*layer", "param"),  # tokens to their experts and back, per MoE layer
     "edp": ("param", "param"),  # expert gradients (layout-invariant: gathered per step)
+    "cp": ("kv*layer", "param"),  # K/V all-gathers per micro-batch; the gradient sum per step
 }
 
 
@@ -228,6 +239,7 @@ def fit(res: dict[str, Any], args: argparse.Namespace) -> list[dict[str, Any]]:
         calls_mb, bytes_mb = (c2 - c1) / (m2 - m1), (b2 - b1) / (m2 - m1)
         units = UNITS.get(group, ("1", "1")) if cls == "scaled" else ("1", "1")
         sizes = {"param": res["parameters"], "act*layer": act * res["layers"], "act": act, "1": 1}
+        sizes["kv*layer"] = res.get("kv_elements", 0) * res["layers"]
         rows.append(
             {
                 "kind": kind,
@@ -312,7 +324,8 @@ def main() -> None:
         "gloo on CPU. Bytes: nccl-tests' size of each collective (all-gather: the gathered "
         "output, reduce-scatter: the full input); units: param = parameters on the rank, "
         "act = activation elements (tokens x hidden) of a micro-batch, act*layer = that x the "
-        "rank's layers; fixed = calls under 1/8 of a unit's size (scalars), in bytes."
+        "rank's layers; kv*layer = key (or value) elements of a micro-batch's whole sequence x "
+        "the rank's layers; fixed = calls under 1/8 of a unit's size (scalars), in bytes."
     )
     out: dict[str, Any] = {
         "command": "python benchmarks/bench_comm.py " + " ".join(sys.argv[1:]),

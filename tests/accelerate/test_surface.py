@@ -121,8 +121,8 @@ def test_causal_batches_padded_on_the_left_are_refused():
 def test_what_cannot_be_done_raises():
     with pytest.raises(AcceleratorError, match="give 1 or more"):
         Accelerator(gradient_accumulation_steps=0)
-    with pytest.raises(PluginError, match="context parallelism"):
-        MegatronLMPlugin(context_parallel_size=2)
+    with pytest.raises(PluginError, match="expert_model_parallel_size=2"):
+        MegatronLMPlugin(expert_model_parallel_size=2)
     with pytest.raises(PluginError, match="other_megatron_args"):
         MegatronLMPlugin(other_megatron_args={"position_embedding_type": "alibi"})
     accelerator = Accelerator()
@@ -224,8 +224,8 @@ def test_yaml_files_of_accelerate_are_read_and_ours_are_accelerates(tmp_path):
     bad.write_text("distributed_type: FSDP\n")
     with pytest.raises(YamlConfigError, match="distributed_type"):
         read_launch_config(bad)
-    bad.write_text("megatron_lm_config:\n  megatron_lm_context_parallel_size: 2\n")
-    with pytest.raises(YamlConfigError, match="megatron_lm_context_parallel_size"):
+    bad.write_text("megatron_lm_config:\n  megatron_lm_expert_model_parallel_size: 2\n")
+    with pytest.raises(YamlConfigError, match="megatron_lm_expert_model_parallel_size"):
         read_launch_config(bad)
 
 

@@ -1,5 +1,5 @@
 """Ranks of the communication-ledger test: tiny GPT steps under the ledger (DP2 plain, DP2
-layout-invariant, TP2 with sequence parallelism)."""
+layout-invariant, TP2 with sequence parallelism, CP2)."""
 
 from __future__ import annotations
 
@@ -76,4 +76,5 @@ def rank_main(rank: int, world: int, micro_batches: int) -> dict[str, Any]:
         "tp_sp": _ledger_of(
             world, {"tensor_parallel": 2, "sequence_parallel": True}, False, micro_batches
         ),
+        "cp": _ledger_of(world, {"context_parallel": 2}, False, micro_batches),
     }

@@ -61,3 +61,46 @@ def test_tensor_parallel_collectives_of_dtensor_are_counted(ledgers):
         assert sum(b == activation for b in gathers) >= 4 * layers * MICRO_BATCHES
         assert sum(b == activation for b in scatters) >= 4 * layers * MICRO_BATCHES
         assert torch.tensor(gathers).sum() == torch.tensor(scatters).sum()
+
+
+def _keys_and_values_of_one_micro_batch() -> tuple[int, int]:
+    """(bytes, tensors) of the keys and values one micro-batch's forward computes, whole sequence.
+
+    Read from the model itself: every self-attention's seam records the ``k`` and
+    ``v`` it receives (one process, the whole ``[MBS, SEQ]`` batch).
+    """
+    from epochal.model.layers.attention import Attention
+
+    model = build_model(W.model_config())
+    seen: list[torch.Tensor] = []
+
+    def record(q, k, v, **kwargs):
+        seen.extend([k, v])
+        return torch.zeros_like(q)
+
+    for module in model.modules():
+        if isinstance(module, Attention):
+            module.core_attention = record
+    tokens = torch.zeros(W.MBS, W.SEQ, dtype=torch.long)
+    with torch.no_grad():
+        model(tokens)
+    return sum(t.numel() * t.element_size() for t in seen), len(seen)
+
+
+def test_context_parallel_gathers_the_keys_and_values_the_model_computes(ledgers, grad_bytes):
+    kv_bytes, kv_tensors = _keys_and_values_of_one_micro_batch()
+    kv_sizes = kv_bytes // kv_tensors
+    losses = W.MBS * W.SEQ * 4  # the per-token losses (fp32) gathered back to the whole sequence
+    for rank in ledgers:
+        (step,) = rank["cp"]
+        gathers = _calls(step, "all_gather", "cp")
+        kv_gathers = [b for b in gathers if b != losses]
+        # forward: every layer gathers the whole sequence's K and V (the gathered output)
+        assert len(kv_gathers) == kv_tensors * MICRO_BATCHES
+        assert sum(kv_gathers) == kv_bytes * MICRO_BATCHES
+        assert set(kv_gathers) == {kv_sizes}
+        assert gathers.count(losses) == MICRO_BATCHES
+        # backward (gloo has no reduce-scatter): the K/V gradients summed over the group,
+        # then the weight gradients once per step
+        reduces = _calls(step, "all_reduce", "cp")
+        assert sorted(reduces) == sorted([kv_sizes] * kv_tensors * MICRO_BATCHES + [grad_bytes])

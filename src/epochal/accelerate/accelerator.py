@@ -92,6 +92,7 @@ class Accelerator:
             (:mod:`epochal.accelerate.configuration`).
         dataloader_config: a ``DataLoaderConfiguration`` (ours or Accelerate's), each
             field honoured or refused (:mod:`epochal.accelerate.configuration`).
+        parallelism_config: accepted with every size 1, else refused naming the plugin field.
         kwargs_handlers: ``InitProcessGroupKwargs(timeout=...)`` (the process group's
             timeout) and ``DistributedDataParallelKwargs`` (no effect) are accepted.
         device_placement / rng_types / step_scheduler_with_optimizer:
@@ -120,6 +121,7 @@ class Accelerator:
         step_scheduler_with_optimizer: bool = True,
         kwargs_handlers: list[Any] | None = None,
         dynamo_backend: Any = None,
+        parallelism_config: Any = None,
         **unsupported: Any,
     ) -> None:
         refusals.install()  # a refusal reaching the top prints as one line, not a traceback
@@ -130,6 +132,7 @@ class Accelerator:
         if split_batches:
             raise configuration.refuse_split_batches()
         self.dataloader_config = configuration.check_dataloader_config(dataloader_config)
+        configuration.check_parallelism_config(parallelism_config)
         for name, plugin in (("deepspeed_plugin", deepspeed_plugin), ("fsdp_plugin", fsdp_plugin)):
             if plugin is not None:
                 raise AcceleratorError(
@@ -150,6 +153,7 @@ class Accelerator:
         self._dist = init_distributed(
             ParallelConfig(
                 tensor_parallel=plugin.tp_degree,
+                context_parallel=plugin.cp_degree,
                 pipeline_parallel=plugin.pp_degree,
                 timeout_minutes=timeout,
             ),
@@ -421,22 +425,18 @@ class Accelerator:
     def gather_for_metrics(self, input_data: Any, use_gather_object: bool = False) -> Any:
         """:meth:`gather` of each sample once (the loaders read no sample twice); objects by rank.
 
-        Under tensor or pipeline parallelism the processes of one data-parallel replica
-        hold the same samples (the prepared model returns a classifier's logits on every
-        stage): only the first process of each replica (tensor rank 0, first pipeline
+        Under tensor, context or pipeline parallelism a data-parallel replica's processes
+        hold the same samples: only its first process (tensor and context rank 0, first
         stage) contributes, so the metrics see every sample once, as in one process.
         """
         if use_gather_object or not isinstance(input_data, (torch.Tensor, dict, list, tuple)):
             return operations.gather_object(input_data)
         engine = self._prepared.engine
         dims = None if engine is None else engine.trainer.dims
-        if dims is None or dims.tp * dims.pp == 1:
+        if dims is None or dims.tp * dims.cp * dims.pp == 1:
             return self.gather(input_data)
-        ranks = [
-            r
-            for r in range(dims.world_size)
-            if dims.coords(r)["tp"] == 0 and dims.coords(r)["pp"] == 0
-        ]
+        first = ("tp", "cp", "pp")
+        ranks = [r for r in range(dims.world_size) if not any(dims.coords(r)[k] for k in first)]
         return operations.gather(input_data, self.device, ranks)
 
     def reduce(self, tensor: Any, reduction: str = "sum", scale: float = 1.0) -> Any:

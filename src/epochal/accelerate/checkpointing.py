@@ -165,7 +165,8 @@ def full_state(trainer: Any) -> dict[str, torch.Tensor]:
     engine = trainer.engine
     if engine.pp_group is None:
         return local
-    mine = local if engine.dp_rank == 0 and engine.tp_rank == 0 else {}
+    first = engine.dp_rank == 0 and engine.tp_rank == 0 and engine.cp_rank == 0
+    mine = local if first else {}
     merged: dict[str, torch.Tensor] = {}
     for part in _all_gather(mine):
         merged.update(part)

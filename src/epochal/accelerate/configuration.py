@@ -35,6 +35,18 @@ limit are deleted), ``iteration`` (the next folder's number; ``save_state`` adds
 Accelerate), ``save_on_each_node`` (one machine only: epochal's checkpoints are
 sharded over all processes, so every machine must see one shared folder).
 
+``ParallelismConfig`` (``Accelerator(parallelism_config=...)``): accepted when it asks
+for nothing (every size 1). Its sizes are Accelerate's FSDP2 / DeepSpeed layouts, not
+the Megatron-LM engine's, so each one above 1 is refused by name with the Megatron-LM
+field to use (:func:`check_parallelism_config`). ``cp_size`` in particular is torch's
+experimental context parallelism in Accelerate: Accelerate refuses it without an FSDP2
+``fsdp_plugin`` (and switches the run to ``DistributedType.FSDP``), the script cuts
+the batch's buffers in place under ``accelerator.maybe_context_parallel(...)`` and each
+rank's loss is its own chunk's mean over pre-shifted ``shift_labels``. The same
+computation in Megatron-LM's engine is ``MegatronLMPlugin(context_parallel_size=N)``
+(the same load-balanced chunks: rank ``r`` holds chunks ``r`` and ``2N-1-r``), whose
+loss is the whole batch's.
+
 Differences from Accelerate, both on the safe side: ``total_limit`` deletes only
 ``checkpoint_<n>`` folders that hold a ``save_state`` checkpoint (Accelerate deletes
 whatever lies in ``checkpoints/``), and only after the new checkpoint is complete
@@ -63,6 +75,7 @@ __all__ = [
     "checkpoint_folders",
     "check_dataloader_config",
     "check_project_config",
+    "check_parallelism_config",
     "continue_numbering",
     "newest_folder",
     "prune_checkpoints",
@@ -167,6 +180,55 @@ def check_dataloader_config(config: Any) -> DataLoaderConfiguration:
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
         raise ConfigurationError(f"DataLoaderConfiguration(data_seed={seed!r}) must be an integer")
     return DataLoaderConfiguration(**values)
+
+
+#: ``ParallelismConfig`` field -> what to use in the Megatron-LM engine instead
+_PARALLELISM_FIELDS = {
+    "cp_size": (
+        "torch's FSDP2 context parallelism (Accelerate needs an fsdp_plugin for it and returns "
+        "each rank's chunk loss); epochal runs Megatron-LM's: "
+        "MegatronLMPlugin(context_parallel_size={n}) (or other_megatron_args="
+        "{{'context_parallel_size': {n}}}) cuts each sequence into the same 2 x {n} chunks "
+        "and returns the whole batch's loss"
+    ),
+    "tp_size": "use MegatronLMPlugin(tp_degree={n})",
+    "sp_size": (
+        "DeepSpeed's Ulysses sequence parallelism has no epochal equivalent; split long "
+        "sequences with MegatronLMPlugin(context_parallel_size={n})"
+    ),
+    "dp_shard_size": (
+        "FSDP2 sharding: the data-parallel size is the processes left over by "
+        "tp_degree x context_parallel_size x pp_degree; shard the optimizer with "
+        "MegatronLMPlugin(use_distributed_optimizer=True)"
+    ),
+    "dp_replicate_size": (
+        "the data-parallel size is the processes left over by "
+        "tp_degree x context_parallel_size x pp_degree"
+    ),
+}
+
+
+def check_parallelism_config(config: Any) -> None:
+    """Accept a ``ParallelismConfig`` (ours or Accelerate's) that asks for nothing; refuse its sizes.
+
+    Raises:
+        ConfigurationError: a size above 1, naming the field and the Megatron-LM option
+            that does it (see the module docstring).
+    """
+    if config is None:
+        return
+    for name, instead in _PARALLELISM_FIELDS.items():
+        value = getattr(config, name, None)
+        n = 1 if value is None else value
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            raise ConfigurationError(
+                f"ParallelismConfig.{name} must be an integer >= 1, got {value!r}"
+            )
+        if n > 1:
+            raise ConfigurationError(
+                f"Accelerator(parallelism_config=ParallelismConfig({name}={n})) is not supported "
+                f"by the Megatron-LM engine: {instead.format(n=n)}"
+            )
 
 
 def check_project_config(

@@ -157,6 +157,14 @@ def megatron_generate(
         f"megatron_generate generates with GPT-style causal language models; this model is "
         f"a {engine.adapter.family} {config.type!r} model",
     )
+    cp = trainer.engine.dims.cp
+    _check(
+        cp == 1,
+        f"megatron_generate with MegatronLMPlugin context_parallel_size={cp}: decoding runs "
+        "whole sequences on each model replica (context parallelism cuts training sequences "
+        "only); generate with accelerator.unwrap_model(model).generate(...), or launch a "
+        "run with context_parallel_size=1 and load_state",
+    )
     dp = trainer.engine.dims.dp
     _check(
         dp == 1,

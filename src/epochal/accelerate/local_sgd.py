@@ -39,7 +39,9 @@ class LocalSGD:
         self.enabled = bool(enabled)
         self.num_steps = 0
         plugin = accelerator.state.megatron_lm_plugin
-        replicas = accelerator.num_processes // (plugin.tp_degree * plugin.pp_degree)
+        replicas = accelerator.num_processes // (
+            plugin.tp_degree * plugin.cp_degree * plugin.pp_degree
+        )
         if self.enabled and replicas > 1:
             raise LocalSGDError(
                 f"LocalSGD with {replicas} data-parallel replicas: epochal's train step "

@@ -17,6 +17,9 @@ How each field maps onto epochal (``[parallel]`` / ``[optimizer]`` / ``[schedule
 ``num_micro_batches``                  micro-batches per step (global batch = micro-batch
                                        x micro-batches x data-parallel size)
 ``sequence_parallelism``               ``parallel.sequence_parallel`` (dropped when tp = 1)
+``context_parallel_size`` (or          ``parallel.context_parallel`` (Megatron's
+``other_megatron_args[                 ``--context-parallel-size``: each sequence cut into
+"context_parallel_size"]``)            ``2 x cp`` chunks, see below)
 ``recompute_activations``              selective recompute (Megatron's
                                        ``--recompute-activations``)
 ``recompute_granularity/method/...``   ``parallel.recompute_*`` (used when
@@ -45,13 +48,33 @@ stage``
                                        norm as TensorBoard scalars
 =====================================  ===================================================
 
+Context parallelism: Accelerate passes ``context_parallel_size`` (the field, the
+``MEGATRON_LM_CONTEXT_PARALLEL_SIZE`` variable that ``accelerate launch
+--megatron_lm_context_parallel_size`` sets, or the ``other_megatron_args`` entry,
+which wins as in Accelerate, whose ``other_megatron_args`` update Megatron's
+arguments last) to Megatron as ``context_parallel_size``; here it becomes
+``parallel.context_parallel``. The processes split as ``tp x cp x pp x dp``
+(data-parallel size = processes / (tp x cp x pp)); every rank of a context-parallel
+group reads the same batch (the prepared loader shards by data-parallel rank only),
+the prepared model cuts each micro-batch's sequence into ``2 x cp`` chunks (rank
+``r`` keeps chunks ``r`` and ``2cp-1-r``), batches are padded on the right to a
+multiple of ``2 x cp`` (padding takes no loss), and the per-token losses are
+gathered over the group, so ``model(**batch).loss`` is the whole batch's loss on
+every rank, as Accelerate's Megatron loss function all-reduces it over the
+context-parallel group. What context parallelism does not support (pipeline
+parallelism, T5, classification heads, ...) is refused by
+:func:`epochal.parallel.context_parallel.check_context_parallel` when the model is
+prepared, naming the plugin field. Unset, the size is 1 (Accelerate 1.15 defaults
+an unset ``context_parallel_size`` to 2, which Megatron refuses on one process;
+epochal does not take a layout the script did not ask for).
+
 Accepted and without effect on the numbers: ``is_train_batch_min`` (picks the
 micro-batch size among the loaders' batch sizes, as Accelerate), ``eval_iters``,
 ``eval_interval``, ``set_all_logging_options`` (the script drives evaluation and
 logging). Everything else Accelerate lets a user set either has no epochal
 equivalent or would change results silently, so :meth:`MegatronLMPlugin.check`
 refuses it with a :class:`PluginError` naming the field (e.g.
-``context_parallel_size > 1``, ``custom_model_provider_function``,
+``expert_model_parallel_size > 1``, ``custom_model_provider_function``,
 ``no_wd_decay_cond``: the optimizer's own parameter groups decide weight decay).
 
 Difference from Accelerate: the dummy scheduler's ``total_num_steps`` and
@@ -129,6 +152,7 @@ _ENV_FIELDS: dict[str, tuple[str, type, Any]] = {
     "recompute_method": ("RECOMPUTE_METHOD", str, None),
     "recompute_num_layers": ("RECOMPUTE_NUM_LAYERS", int, None),
     "decoder_last_pipeline_num_layers": ("DECODER_LAST_PIPELINE_NUM_LAYERS", int, None),
+    "context_parallel_size": ("CONTEXT_PARALLEL_SIZE", int, 1),
 }
 
 
@@ -141,11 +165,6 @@ def _where(name: str) -> str:
 
 #: field -> (value that changes nothing, why another value is refused).
 _REFUSED: dict[str, tuple[Any, str]] = {
-    "context_parallel_size": (
-        1,
-        "context parallelism runs in `epochal train --parallel.context_parallel=N` (GPT, BERT, "
-        "ESM-2), not yet behind this front end, which computes the model's loss from whole logits",
-    ),
     "expert_model_parallel_size": (
         1,
         "expert parallelism runs in `epochal train --parallel.expert_parallel=N` (GPT with "
@@ -187,6 +206,7 @@ _REFUSED: dict[str, tuple[Any, str]] = {
 
 _ALLOWED_OTHER_ARGS = {
     "seed": "the seed of dropout and data order (default: the one given to set_seed)",
+    "context_parallel_size": "Megatron's --context-parallel-size (parallel.context_parallel)",
     "hidden_dropout": "overrides the model's dropout",
     "attention_dropout": "overrides the model's attention dropout",
     "pipeline_schedule": "'gpipe', '1f1b' or 'interleaved_1f1b'",
@@ -287,10 +307,19 @@ class MegatronLMPlugin:
         Raises:
             PluginError: naming the field and the allowed values.
         """
-        for name in ("tp_degree", "pp_degree", "num_micro_batches"):
+        for name in ("tp_degree", "pp_degree", "num_micro_batches", "context_parallel_size"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise PluginError(f"MegatronLMPlugin.{name} must be an integer >= 1, got {value!r}")
+                raise PluginError(
+                    f"MegatronLMPlugin.{name}{_where(name) if name in _ENV_FIELDS else ''} must "
+                    f"be an integer >= 1, got {value!r}"
+                )
+        cp = self.other("context_parallel_size")
+        if cp is not None and (not isinstance(cp, int) or isinstance(cp, bool) or cp < 1):
+            raise PluginError(
+                "MegatronLMPlugin.other_megatron_args['context_parallel_size'] must be an "
+                f"integer >= 1, got {cp!r}"
+            )
         if not math.isfinite(self.gradient_clipping) or self.gradient_clipping < 0:
             raise PluginError(
                 f"MegatronLMPlugin.gradient_clipping{_where('gradient_clipping')} must be a finite "
@@ -348,10 +377,16 @@ class MegatronLMPlugin:
         return (self.other_megatron_args or {}).get(key, default)
 
     # ----------------------------------------------------------------- layout
+    @property
+    def cp_degree(self) -> int:
+        """The context-parallel size: ``other_megatron_args["context_parallel_size"]``, else the field."""
+        return int(self.other("context_parallel_size", self.context_parallel_size))
+
     def parallel_options(self) -> dict[str, Any]:
         """The ``[parallel]`` options of this plugin (keyword arguments of ``ParallelConfig``)."""
         out: dict[str, Any] = {
             "tensor_parallel": self.tp_degree,
+            "context_parallel": self.cp_degree,
             "pipeline_parallel": self.pp_degree,
             "sequence_parallel": bool(self.sequence_parallelism) and self.tp_degree > 1,
             "dp_sharding": "optimizer" if self.use_distributed_optimizer else "none",

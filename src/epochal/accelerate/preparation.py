@@ -58,6 +58,8 @@ __all__ = ["PrepareError", "Prepared", "prepare_objects"]
 _IN_ACCELERATE_TERMS = (
     "in Accelerate's terms: parallel.tensor_parallel / pipeline_parallel / sequence_parallel = "
     "MegatronLMPlugin tp_degree / pp_degree / sequence_parallelism (megatron_lm_* in the YAML); "
+    "parallel.context_parallel = MegatronLMPlugin context_parallel_size (or "
+    "other_megatron_args['context_parallel_size']); "
     "training.micro_batch_size = the DataLoader's batch_size; training.global_batch_size = "
     "batch_size x num_micro_batches x data-parallel size; data.seq_length = the batches' length"
 )
@@ -81,12 +83,16 @@ class Prepared:
 
 def _dims(acc: Any) -> tuple[ParallelDims, int, int]:
     plugin = acc.state.megatron_lm_plugin
-    config = ParallelConfig(tensor_parallel=plugin.tp_degree, pipeline_parallel=plugin.pp_degree)
+    cp = plugin.cp_degree
+    config = ParallelConfig(
+        tensor_parallel=plugin.tp_degree, context_parallel=cp, pipeline_parallel=plugin.pp_degree
+    )
     try:
         dims = ParallelDims.from_config(config, acc.num_processes)
     except ValueError as exc:
+        cp_text = f" x context_parallel_size={cp}" if cp > 1 else ""
         raise PluginError(
-            f"{acc.num_processes} processes do not fit tp_degree={plugin.tp_degree} x "
+            f"{acc.num_processes} processes do not fit tp_degree={plugin.tp_degree}{cp_text} x "
             f"pp_degree={plugin.pp_degree}: {exc}"
         ) from None
     coords = dims.coords(acc.process_index)
@@ -298,6 +304,8 @@ def _build_engine(
         if not enc:
             raise PrepareError("MegatronLMDummyDataLoader needs seq_length")
     multiple = tp if plugin.parallel_options()["sequence_parallel"] else 1
+    # context parallelism cuts each sequence into 2 x cp chunks: pad to a multiple of that
+    multiple = math.lcm(multiple, 2 * plugin.cp_degree) if plugin.cp_degree > 1 else multiple
     pipelined = plugin.pp_degree > 1
     hf = source.hf_config
     adapter = BatchAdapter(

@@ -72,6 +72,7 @@ MEGATRON_KEYS: dict[str, tuple[type, str]] = {
     "megatron_lm_recompute_method": (str, "RECOMPUTE_METHOD"),
     "megatron_lm_recompute_num_layers": (int, "RECOMPUTE_NUM_LAYERS"),
     "megatron_lm_decoder_last_pipeline_num_layers": (int, "DECODER_LAST_PIPELINE_NUM_LAYERS"),
+    "megatron_lm_context_parallel_size": (int, "CONTEXT_PARALLEL_SIZE"),
 }
 #: keys that must stay empty / off (what they would turn on has no epochal equivalent)
 _EMPTY_KEYS = (
@@ -166,8 +167,10 @@ class LaunchConfig:
             raise bad(
                 "mixed_precision", f"must be one of {_PRECISION}, got {self.mixed_precision!r}"
             )
-        model = self.megatron.get("megatron_lm_tp_degree", 1) * self.megatron.get(
-            "megatron_lm_pp_degree", 1
+        model = (
+            self.megatron.get("megatron_lm_tp_degree", 1)
+            * self.megatron.get("megatron_lm_context_parallel_size", 1)
+            * self.megatron.get("megatron_lm_pp_degree", 1)
         )
         for key, value in self.megatron.items():
             check_megatron_value(key, value, source)
@@ -175,7 +178,7 @@ class LaunchConfig:
             raise bad(
                 "num_processes",
                 f"={self.num_processes} is not a multiple of megatron_lm_tp_degree x "
-                f"megatron_lm_pp_degree = {model}",
+                f"megatron_lm_context_parallel_size x megatron_lm_pp_degree = {model}",
             )
 
     def environment(self) -> dict[str, str]:

@@ -45,6 +45,7 @@ _MEGATRON_FLAGS = {
     "megatron_lm_recompute_activations": str,
     "megatron_lm_use_distributed_optimizer": str,
     "megatron_lm_gradient_clipping": float,
+    "megatron_lm_context_parallel_size": int,
 }
 
 

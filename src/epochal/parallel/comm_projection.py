@@ -5,7 +5,9 @@ The inputs are the bytes ``benchmarks/bench_comm.py`` counted on real runs
 size to ``comm_measured.json`` beside this module: per collective, the bytes
 per micro-batch and per step divided by the parameters the rank holds
 (gradient traffic) or by the activation elements (token x hidden) of a
-micro-batch times the rank's layers (tensor-parallel traffic). Here they are
+micro-batch times the rank's layers (tensor-parallel traffic), or by the key
+(or value) elements of a micro-batch's whole sequence times the rank's layers
+(context-parallel traffic: the all-gathers of K and V). Here they are
 multiplied by the same units of the target model, scaled from the measured
 fp32 to the target's gradient and activation widths, multiplied by the ring's
 bus factor for the target group size, and divided by the bandwidth of the link
@@ -22,10 +24,16 @@ What can overlap with compute follows how epochal schedules each collective:
   cannot overlap;
 - tensor / sequence-parallel all-gathers and reduce-scatters, pipeline
   messages and the small calls (losses, norms): on the critical path (epochal
-  does not overlap them with the matrix multiplications).
+  does not overlap them with the matrix multiplications);
+- context parallelism's K/V all-gathers (forward) and the reduce-scatters of their
+  gradients (backward; measured on gloo, which has none, as an all-reduce of the
+  same size, projected as NCCL's reduce-scatter), and its gradient all-reduce once
+  per step: on the critical path too (each attention waits for its gather; a ring
+  of send/receive, Megatron's ``p2p``, would hide them behind the block computation,
+  see :func:`ring_overlap`).
 
 Compute time per micro-batch is the model's training FLOPs
-(:func:`epochal.model.flops.training_flops_per_token`) over the tensor- and
+(:func:`epochal.model.flops.training_flops_per_token`) over the tensor-, context- and
 pipeline-parallel GPUs at an assumed model FLOPs utilization.
 """
 
@@ -49,6 +57,7 @@ __all__ = [
     "invariance_cost",
     "measured",
     "project",
+    "ring_overlap",
 ]
 
 #: bytes of one layout-invariant exchange at most: ``OrderedGradReducer``'s default
@@ -86,7 +95,7 @@ class Run:
         model: the model's shapes.
         seq_length: tokens per sequence.
         micro_batch_size / global_batch_size: sequences.
-        tp / pp / dp: parallel sizes (TP inside a node first, then PP, then DP).
+        tp / cp / pp / dp: parallel sizes (TP inside a node first, then CP, PP, DP).
         grad_bytes: bytes per gradient element reduced over data parallelism (4: fp32).
         act_bytes: bytes per activation element exchanged by TP/PP (2: bf16).
     """
@@ -96,6 +105,7 @@ class Run:
     micro_batch_size: int
     global_batch_size: int
     tp: int = 1
+    cp: int = 1
     pp: int = 1
     dp: int = 1
     grad_bytes: int = 4
@@ -159,14 +169,15 @@ def micro_batch_seconds(run: Run, cluster: Cluster) -> float:
     """Compute time of one micro-batch (forward and backward) on one GPU of its TP x PP group."""
     tokens = run.micro_batch_size * run.seq_length
     flops = training_flops_per_token(run.model, run.seq_length) * tokens
-    return flops / (run.tp * run.pp * cluster.peak_tflops * 1e12 * cluster.mfu)
+    return flops / (run.tp * run.cp * run.pp * cluster.peak_tflops * 1e12 * cluster.mfu)
 
 
 def _link(group: str, run: Run, cluster: Cluster) -> tuple[float, float, int]:
     """(bandwidth bytes/s, latency s, group size) of a group under ``run``'s placement."""
-    size = {"dp": run.dp, "tp": run.tp, "pp": run.pp}.get(group, run.tp * run.pp * run.dp)
-    inside = {"tp": run.tp, "pp": run.tp * run.pp, "dp": run.tp * run.pp * run.dp}.get(
-        group, run.tp * run.pp * run.dp
+    world = run.tp * run.cp * run.pp * run.dp
+    size = {"dp": run.dp, "tp": run.tp, "cp": run.cp, "pp": run.pp}.get(group, world)
+    inside = {"tp": run.tp, "cp": run.tp * run.cp, "pp": run.tp * run.cp * run.pp}.get(
+        group, world
     )  # the span of ranks the group's members lie in
     if inside <= cluster.gpus_per_node:
         return cluster.intra_node_GBps * 1e9, cluster.intra_latency_s, size
@@ -204,11 +215,12 @@ def project(
     ledger = data["layouts"][layout]["ranks"][0]["collectives"]
     params = parameter_count(run.model) / (run.tp * run.pp)
     layers = run.model.num_layers / run.pp
-    act = run.micro_batch_size * run.seq_length * run.model.hidden_size
+    act = run.micro_batch_size * run.seq_length // run.cp * run.model.hidden_size  # this rank's
     units = {
         "param": params * run.grad_bytes / dtype,
         "act*layer": act * layers * run.act_bytes / dtype,
         "act": act * run.act_bytes / dtype,
+        "kv*layer": kv_elements(run) * layers * run.act_bytes / dtype,
         "1": 1.0,
     }
     m = run.micro_batches
@@ -219,9 +231,16 @@ def project(
         per_mb = row["bytes_per_micro_batch"] * units[row["unit_per_micro_batch"]]
         per_step = row["bytes_per_step"] * units[row["unit_per_step"]]
         calls = row["calls_per_micro_batch"] * m + row["calls_per_step"]
-        if row["group"] == "tp":
+        if row["group"] == "tp" or row["unit_per_micro_batch"] == "kv*layer":  # per layer
             calls = row["calls_per_micro_batch"] * m * layers / _measured_layers(data, layout)
             calls += row["calls_per_step"]
+        if row["unit_per_micro_batch"] == "kv*layer" and row["kind"] == "all_reduce":
+            # gloo's stand-in for the K/V gradients' reduce-scatter (NCCL has one): split
+            # the per-micro-batch part off as a reduce-scatter of the same size
+            scatter = row["calls_per_micro_batch"] * m * layers / _measured_layers(data, layout)
+            rs = per_mb * m * BUS_FACTOR["reduce_scatter"](n) / bw + scatter * latency
+            out.append(Projection("reduce_scatter", row["group"], scatter, per_mb * m, rs, 0.0))
+            calls, per_mb = row["calls_per_step"], 0.0
         if row["kind"] == "all_to_all" and row["group"] == "dp" and per_mb:
             calls = max(calls, m * math.ceil(per_mb / BUCKET_BYTES))  # the reducer's buckets
         size = per_mb * m + per_step
@@ -236,6 +255,35 @@ def project(
                 hidden = min(seconds, 2 * t_mb / 3)
         out.append(Projection(row["kind"], row["group"], calls, size, seconds, hidden))
     return out, m * t_mb
+
+
+def kv_elements(run: Run) -> float:
+    """Key (or value) elements of one micro-batch's whole sequence and one layer, per TP rank."""
+    model = run.model
+    heads = max(1, model.num_kv_heads // run.tp)  # groups sharded over TP, else one per rank
+    return run.micro_batch_size * run.seq_length * heads * model.head_dim
+
+
+def ring_overlap(run: Run, cluster: Cluster) -> tuple[float, float]:
+    """Per layer and micro-batch: (K/V exchange seconds, this rank's attention-core seconds).
+
+    The exchange: the all-gathers of K and V (forward) and the reduce-scatters of
+    their gradients (backward, the same size). What a ring (Megatron's ``p2p``) could
+    hide: each of the ``cp - 1`` blocks of keys and values arrives while the previous
+    block's attention is computed, so the exchange hides behind the attention core
+    when the first figure is the smaller. Attention core: ``QK^T`` and ``PV`` of this
+    rank's tokens against the causal half of the sequence, forward and backward (3x),
+    over the tensor- and context-parallel ranks.
+    """
+    model = run.model
+    bw, latency, n = _link("cp", run, cluster)
+    kv = 2 * kv_elements(run) * run.act_bytes  # K and V, gathered
+    exchange = 2 * (kv * BUS_FACTOR["all_gather"](n) / bw + 2 * latency)
+    heads = model.num_attention_heads * model.head_dim
+    s = run.seq_length
+    flops = 3 * 2 * 2 * run.micro_batch_size * s * s * heads / 2  # causal: half the scores
+    compute = flops / (run.tp * run.cp * cluster.peak_tflops * 1e12 * cluster.mfu)
+    return exchange, compute
 
 
 def invariance_cost(

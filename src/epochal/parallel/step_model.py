@@ -20,7 +20,8 @@ Context parallelism: a ``StepModel`` built with ``context_parallel`` (a
 :class:`~epochal.parallel.context_parallel.ContextParallel`) takes the whole
 micro-batch's ``[b, S]`` inputs, runs this rank's chunks and returns per-token
 losses gathered back to ``[b, S]`` in global order (without labels: the gathered
-output), so a train step's token mean is the global one.
+output), so a train step's token mean is the global one; ``on_logits`` receives the
+logits gathered to the whole sequence.
 
 Errors: a model output that is neither a tensor nor a tuple whose first item is
 one raises :class:`TypeError` when labels are given.
@@ -136,6 +137,9 @@ class StepModel:
         if cp is not None:
             if labels is not None:
                 first = output[0] if isinstance(output, tuple) else output
+                if self.on_logits is not None:  # evaluation metrics: the whole sequence's logits
+                    whole = cp.gather(first.detach())
+                    self.on_logits(gather_vocab_shards(whole, self.loss_group))
                 losses = cp.gather(self.per_token_loss(first, cp.shard(labels)))
                 return (losses, *output[1:]) if isinstance(output, tuple) else losses
             output = cp.gather(output)
