@@ -25,6 +25,28 @@ def gpt_config(**overrides: Any) -> Any:
     return harness.tiny_config(**values)
 
 
+def packed_gpt_batches(steps: int, global_batch: int = 8, seed: int = 11) -> list[dict[str, Any]]:
+    """Global batches of packed rows: documents of random lengths back to back in each row.
+
+    Besides the tokens of :func:`harness.global_batches`, each row carries per-document
+    ``position_ids`` ``[G, S]`` (restarting at 0) and a document mask ``attention_mask``
+    ``[G, 1, S, S]`` (True = a key of another document), what ``data.reset_position_ids``
+    and ``data.reset_attention_mask`` give the model.
+    """
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for batch in harness.global_batches(steps, global_batch):
+        g_size, s = batch["tokens"].shape
+        starts = torch.rand(g_size, s, generator=g) < 0.25
+        starts[:, 0] = True
+        docs = starts.long().cumsum(1)
+        first = torch.where(starts, torch.arange(s), 0).cummax(1).values
+        batch["position_ids"] = torch.arange(s) - first
+        batch["attention_mask"] = docs[:, None, :, None] != docs[:, None, None, :]
+        out.append(batch)
+    return out
+
+
 def compare_layout(
     rank: int,
     world: int,
@@ -32,10 +54,12 @@ def compare_layout(
     overrides: dict[str, Any],
     steps: int = STEPS,
     save_dir: str | None = None,
+    packed: bool = False,
 ) -> dict[str, Any]:
     """Train ``steps`` steps of the tiny GPT under ``layout``; its losses and its differences
-    from one process (losses, evaluation loss, gradient norms, gradients, final weights)."""
-    batches = harness.global_batches(steps, 8)
+    from one process (losses, evaluation loss, gradient norms, gradients, final weights).
+    ``packed``: on :func:`packed_gpt_batches` (per-document masks and positions)."""
+    batches = packed_gpt_batches(steps) if packed else harness.global_batches(steps, 8)
     config = gpt_config(**overrides)
     ref = harness.reference_run(config, batches, 2)
     got = harness.parallel_run(harness.layout(**layout), config, batches, 2, save_dir=save_dir)

@@ -16,6 +16,8 @@ option (``parallel.<field>`` once the config tree re-raises it).
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 from typing import Literal
 
@@ -227,6 +229,18 @@ class ParallelConfig:
     def model_parallel_size(self) -> int:
         """``tensor_parallel * context_parallel * pipeline_parallel`` (processes per model replica)."""
         return self.tensor_parallel * self.context_parallel * self.pipeline_parallel
+
+    def packed_row_multiple(self) -> int:
+        """The multiple a packed row's length (``data.pack_sequences``) is padded to.
+
+        The tensor-parallel size under sequence parallelism (the row is sharded over
+        it), ``2 * context_parallel`` under context parallelism (the row is cut into
+        that many chunks), their least common multiple with both, else 1.
+        """
+        multiple = self.tensor_parallel if self.sequence_parallel else 1
+        if self.context_parallel > 1:
+            multiple = math.lcm(multiple, 2 * self.context_parallel)
+        return multiple
 
     def launch_world_size(self) -> int:
         """Number of processes ``epochal train`` launches on one node when not under ``torchrun``."""
