@@ -97,7 +97,28 @@ def two_rank_checks(rank: int, world: int, tmp: str) -> dict[str, Any]:
     """
     out = {"gpt": compare_layout(rank, world, {"context_parallel": 2}, {}, save_dir=f"{tmp}/cp2")}
     out["esm"] = bert_worker.rank_main(rank, world, f"{tmp}/esm_cp2", ESM_CP2, variable=True)
+    out["gpt_packed"] = compare_layout(
+        rank, world, {"context_parallel": 2}, {}, steps=LONG, packed=True
+    )
+    for granularity in ("full", "selective"):  # a recomputed layer gathers keys/values again
+        out[f"recompute_{granularity}"] = compare_layout(
+            rank,
+            world,
+            {"context_parallel": 2, "recompute_granularity": granularity},
+            {},
+            steps=3,
+            packed=True,
+        )
+    out["esm_packed"] = bert_worker.rank_main(
+        rank, world, f"{tmp}/esm_packed_cp2", ESM_PACKED_CP2, variable=True
+    )
     return out
+
+
+#: packed ESM-2 (THD rows, bidirectional) at CP2: the rows are padded to a multiple of 4
+ESM_PACKED_CP2 = [*ESM_CP2, "--data.pack_sequences=true", "--training.train_iters=20"]
+#: packed and pipeline runs are 20 steps (losses compared at every step)
+LONG = 20
 
 
 def four_rank_checks(rank: int, world: int, tmp: str) -> dict[str, Any]:
@@ -115,4 +136,23 @@ def four_rank_checks(rank: int, world: int, tmp: str) -> dict[str, Any]:
             rank, world, f"{tmp}/esm_cp2_dp2", [*ESM_CP2, "--parallel.data_parallel=2"], True
         ),
         "resume_cp4": resume_layout(rank, world, {"context_parallel": 4}, f"{tmp}/cp2", STEPS),
+        "cp2_pp2": compare_layout(
+            rank, world, {"context_parallel": 2, "pipeline_parallel": 2}, {}, steps=LONG
+        ),
+    }
+
+
+def four_rank_packed_checks(rank: int, world: int, tmp: str) -> dict[str, Any]:
+    """CP4 on packed rows: the tiny GPT with document masks and the packed ESM-2 (slow tier)."""
+    return {
+        "gpt_packed": compare_layout(
+            rank, world, {"context_parallel": 4}, {}, steps=LONG, packed=True
+        ),
+        "esm_packed": bert_worker.rank_main(
+            rank,
+            world,
+            f"{tmp}/esm_packed_cp4",
+            [*ESM_PACKED_CP2, "--parallel.context_parallel=4"],
+            variable=True,
+        ),
     }

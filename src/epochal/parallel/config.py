@@ -17,7 +17,6 @@ option (``parallel.<field>`` once the config tree re-raises it).
 from __future__ import annotations
 
 import math
-
 from dataclasses import dataclass
 from typing import Literal
 
@@ -71,8 +70,11 @@ class ParallelConfig:
             holds chunks ``r`` and ``2 * context_parallel - 1 - r`` (Megatron's
             load balancing for causal attention); keys and values are
             exchanged in attention (:mod:`epochal.parallel.context_parallel`).
-            Needs ``data.seq_length`` divisible by ``2 * context_parallel``.
-            Weights are not sharded: gradients are summed over the
+            Needs ``data.seq_length`` divisible by ``2 * context_parallel``
+            (packed rows are padded to it: :meth:`packed_row_multiple`; they are
+            cut as whole rows, documents kept apart by a document mask).
+            Composes with tensor, sequence, pipeline and data parallelism and
+            recompute. Weights are not sharded: gradients are summed over the
             context-parallel ranks.
         pipeline_parallel: number of pipeline stages (ranks); >= 1.
         virtual_pipeline: model chunks per pipeline rank (Megatron's

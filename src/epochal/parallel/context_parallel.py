@@ -45,11 +45,38 @@ not shard weights). The data-parallel reduction (averaging) is unchanged.
 Supported: GPT (causal) and BERT / ESM-2 (bidirectional, padded batches), with
 data parallelism (any ``dp_sharding``), tensor and sequence parallelism (each
 tensor-parallel rank gathers its heads' keys and values over its own
-context-parallel group) and recompute. Refused by name
-(:func:`check_context_parallel`, :meth:`ContextParallel.check_training`):
-pipeline parallelism, T5, ALiBi, sliding windows, ESM's token dropout, the BERT
-binary head and fine-tuning heads, packed sequences (``cu_seqlens``), per-document
-attention masks and a custom ``loss_fn`` (it would see local logits).
+context-parallel group), recompute (full and selective: a recomputed layer gathers
+its keys and values again, in the same order on every rank) and pipeline
+parallelism. Refused by name (:func:`check_context_parallel`,
+:meth:`ContextParallel.check_training`): T5, ALiBi, sliding windows, ESM's token
+dropout, the BERT binary head and fine-tuning heads, mixture-of-experts models and a
+custom ``loss_fn`` (it would see local logits).
+
+Packed rows: GPT rows of several documents (a per-document ``attention_mask``
+``[b, 1, S, S]`` and ``position_ids``, ``data.reset_attention_mask``) and packed
+BERT / ESM-2 rows (THD: ``[1, T]`` with ``cu_seqlens``, ``data.pack_sequences``).
+The whole row is cut into ``2 * cp`` chunks like any sequence (not each document,
+as Megatron-Core's THD path does): this rank's query rows of the document mask
+over all keys in global order go to the attention seam (packed rows: built from
+``cu_seqlens`` by :func:`packed_document_mask`, ``[1, 1, L, T]`` bool), and the
+position ids are the per-document ones of the whole row, cut with the tokens. Why
+the whole row: it is exact for any packing and pads only the row to a multiple of
+``2 * cp`` (at most ``2 * cp - 1`` loss-free tokens;
+:meth:`~epochal.parallel.config.ParallelConfig.packed_row_multiple`), where the
+per-document cut pads every document to a multiple of ``2 * cp``; its load balance
+is the same as the per-document cut's here, because each chunk is computed as one
+dense masked block (the work per rank is that of an unpacked row: masked scores
+are computed and dropped, as for any mask). The per-document cut pays off only
+with a variable-length kernel that skips masked blocks. The mask costs ``L * T``
+bools per rank (``1/cp`` of the row's), built once per micro-batch and shared by
+every layer.
+
+Pipeline parallelism: every stage holds this rank's chunks; the schedule hands
+the stages whole ``[b, S]`` micro-batches (tokens, keyword inputs) and
+:meth:`ContextParallel.install_stage_hook` cuts them on the way into each stage
+(a stage after the first gets ``[b, L, hidden]`` hidden states, ``S = L * cp``);
+stages send and receive the local ``[b, L, hidden]`` activations. The last
+stage's losses are gathered to ``[b, S]`` as without pipelining.
 
 ``training.layout_invariant``: every rank accumulates its gradients in the global
 micro-batch order over its data-parallel group (the ranks with its
