@@ -25,6 +25,28 @@ def gpt_config(**overrides: Any) -> Any:
     return harness.tiny_config(**values)
 
 
+def packed_gpt_batches(steps: int, global_batch: int = 8, seed: int = 11) -> list[dict[str, Any]]:
+    """Global batches of packed rows: documents of random lengths back to back in each row.
+
+    Besides the tokens of :func:`harness.global_batches`, each row carries per-document
+    ``position_ids`` ``[G, S]`` (restarting at 0) and a document mask ``attention_mask``
+    ``[G, 1, S, S]`` (True = a key of another document), what ``data.reset_position_ids``
+    and ``data.reset_attention_mask`` give the model.
+    """
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for batch in harness.global_batches(steps, global_batch):
+        g_size, s = batch["tokens"].shape
+        starts = torch.rand(g_size, s, generator=g) < 0.25
+        starts[:, 0] = True
+        docs = starts.long().cumsum(1)
+        first = torch.where(starts, torch.arange(s), 0).cummax(1).values
+        batch["position_ids"] = torch.arange(s) - first
+        batch["attention_mask"] = docs[:, None, :, None] != docs[:, None, None, :]
+        out.append(batch)
+    return out
+
+
 def compare_layout(
     rank: int,
     world: int,
@@ -32,10 +54,12 @@ def compare_layout(
     overrides: dict[str, Any],
     steps: int = STEPS,
     save_dir: str | None = None,
+    packed: bool = False,
 ) -> dict[str, Any]:
     """Train ``steps`` steps of the tiny GPT under ``layout``; its losses and its differences
-    from one process (losses, evaluation loss, gradient norms, gradients, final weights)."""
-    batches = harness.global_batches(steps, 8)
+    from one process (losses, evaluation loss, gradient norms, gradients, final weights).
+    ``packed``: on :func:`packed_gpt_batches` (per-document masks and positions)."""
+    batches = packed_gpt_batches(steps) if packed else harness.global_batches(steps, 8)
     config = gpt_config(**overrides)
     ref = harness.reference_run(config, batches, 2)
     got = harness.parallel_run(harness.layout(**layout), config, batches, 2, save_dir=save_dir)
@@ -73,7 +97,28 @@ def two_rank_checks(rank: int, world: int, tmp: str) -> dict[str, Any]:
     """
     out = {"gpt": compare_layout(rank, world, {"context_parallel": 2}, {}, save_dir=f"{tmp}/cp2")}
     out["esm"] = bert_worker.rank_main(rank, world, f"{tmp}/esm_cp2", ESM_CP2, variable=True)
+    out["gpt_packed"] = compare_layout(
+        rank, world, {"context_parallel": 2}, {}, steps=LONG, packed=True
+    )
+    for granularity in ("full", "selective"):  # a recomputed layer gathers keys/values again
+        out[f"recompute_{granularity}"] = compare_layout(
+            rank,
+            world,
+            {"context_parallel": 2, "recompute_granularity": granularity},
+            {},
+            steps=3,
+            packed=True,
+        )
+    out["esm_packed"] = bert_worker.rank_main(
+        rank, world, f"{tmp}/esm_packed_cp2", ESM_PACKED_CP2, variable=True
+    )
     return out
+
+
+#: packed ESM-2 (THD rows, bidirectional) at CP2: the rows are padded to a multiple of 4
+ESM_PACKED_CP2 = [*ESM_CP2, "--data.pack_sequences=true", "--training.train_iters=20"]
+#: packed and pipeline runs are 20 steps (losses compared at every step)
+LONG = 20
 
 
 def four_rank_checks(rank: int, world: int, tmp: str) -> dict[str, Any]:
@@ -91,4 +136,23 @@ def four_rank_checks(rank: int, world: int, tmp: str) -> dict[str, Any]:
             rank, world, f"{tmp}/esm_cp2_dp2", [*ESM_CP2, "--parallel.data_parallel=2"], True
         ),
         "resume_cp4": resume_layout(rank, world, {"context_parallel": 4}, f"{tmp}/cp2", STEPS),
+        "cp2_pp2": compare_layout(
+            rank, world, {"context_parallel": 2, "pipeline_parallel": 2}, {}, steps=LONG
+        ),
+    }
+
+
+def four_rank_packed_checks(rank: int, world: int, tmp: str) -> dict[str, Any]:
+    """CP4 on packed rows: the tiny GPT with document masks and the packed ESM-2 (slow tier)."""
+    return {
+        "gpt_packed": compare_layout(
+            rank, world, {"context_parallel": 4}, {}, steps=LONG, packed=True
+        ),
+        "esm_packed": bert_worker.rank_main(
+            rank,
+            world,
+            f"{tmp}/esm_packed_cp4",
+            [*ESM_PACKED_CP2, "--parallel.context_parallel=4"],
+            variable=True,
+        ),
     }

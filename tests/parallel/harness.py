@@ -87,7 +87,8 @@ def _forward_backward(model: torch.nn.Module, batch: dict[str, torch.Tensor], mb
     mbs_list = micro_batches(batch, mbs)
     total = 0.0
     for mb in mbs_list:
-        logits = model(mb["tokens"])
+        per_document = {k: mb[k] for k in ("position_ids", "attention_mask") if k in mb}
+        logits = model(mb["tokens"], **per_document)
         ce = torch.nn.functional.cross_entropy(
             logits.float().flatten(0, 1), mb["labels"].flatten(), reduction="none"
         )
@@ -178,9 +179,14 @@ def parallel_run(
         )
     # the evaluation path (forward only, pipeline schedules' eval) on the first batch
     first = micro_batches(batches[0], mbs, engine.dp_rank, dims.dp)
+    per_document = "attention_mask" in batches[0]  # packed documents: masks and positions
+    reads = engine.needs_batches(per_document)
     eval0 = float(
         engine.eval_loss(
-            first if engine.needs_batches() else [], num_microbatches=len(first), loss_fn=loss_fn
+            first if reads else [],
+            num_microbatches=len(first),
+            loss_fn=loss_fn,
+            per_document=per_document,
         )
     )
     losses, norms, grads = [], [], []
@@ -188,7 +194,10 @@ def parallel_run(
         opts.zero_grad(set_to_none=True)
         mb = micro_batches(batch, mbs, engine.dp_rank, dims.dp)
         loss = engine.forward_backward(
-            mb if engine.needs_batches() else [], num_microbatches=len(mb), loss_fn=loss_fn
+            mb if reads else [],
+            num_microbatches=len(mb),
+            loss_fn=loss_fn,
+            per_document=per_document,
         )
         step_grads = {}
         for part in engine.model_parts:

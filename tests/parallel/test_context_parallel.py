@@ -5,7 +5,9 @@ Megatron's load-balanced chunks (checked against Megatron-Core's own
 two launches (2 and 4 gloo ranks) compare tiny GPT runs at CP2, CP4, CP2 x DP2
 (distributed optimizer) and CP2 x TP2 with sequence parallelism with one process (losses, evaluation loss, gradient norms and gradients within
 1e-5 at every step), train a tiny ESM-2 (bidirectional, padded) at CP2 through the
-trainer, and resume a CP2 checkpoint on one process and on CP4.
+trainer, and resume a CP2 checkpoint on one process and on CP4. Packed rows (GPT with
+document masks, ESM-2 THD) at CP2 and (slow tier) CP4, CP2 x PP2 (training and
+evaluation) and recompute (full, selective) at CP2 against one process.
 """
 
 from __future__ import annotations
@@ -62,8 +64,7 @@ def test_refuses_what_it_does_not_support_by_name():
     _validate()  # the supported case passes
     with pytest.raises(ConfigError, match=r"context_parallel.*seq_length=30.*divisible by 4"):
         _validate(seq=30)
-    with pytest.raises(ConfigError, match=r"context_parallel.*pipeline_parallel"):
-        _validate(pp=2, num_layers=2)
+    _validate(pp=2, num_layers=2)  # pipeline stages exchange each rank's chunks
     with pytest.raises(ConfigError, match=r"context_parallel.*alibi"):
         _validate(position_embedding_type="alibi")
     with pytest.raises(ConfigError, match=r"context_parallel.*sliding_window"):
@@ -87,6 +88,11 @@ def cp_tmp(tmp_path_factory):
 @pytest.fixture(scope="module")
 def two_rank(cp_tmp):
     return run_gloo(cp_worker.two_rank_checks, 2, str(cp_tmp), timeout=900)
+
+
+@pytest.fixture(scope="module")
+def four_rank_packed(cp_tmp):
+    return run_gloo(cp_worker.four_rank_packed_checks, 4, str(cp_tmp), timeout=900)
 
 
 @pytest.fixture(scope="module")
@@ -140,3 +146,54 @@ def test_four_rank_layouts_match_one_process(four_rank, name):
     for result in four_rank:
         assert result[name]["problems"] == [], "\n".join(result[name]["problems"])
         assert _close(result[name]["losses"], result[name]["ref"])
+
+
+def _esm_packed_reference(tmp_path) -> dict:
+    from tests.parallel import bert_worker
+
+    extra = [*bert_worker.ESM, "--model.token_dropout=false", *cp_worker.ESM_PACKED_CP2[-2:]]
+    return bert_worker.single(str(tmp_path / "one"), extra, variable=True)
+
+
+@pytest.mark.distributed
+def test_cp2_packed_rows_match_one_process(two_rank, tmp_path):
+    # causal GPT rows of several documents (document masks, per-document positions) and
+    # packed ESM-2 (THD, bidirectional, padded to a multiple of 4), 20 steps each
+    ref = _esm_packed_reference(tmp_path)
+    for result in two_rank:
+        gpt = result["gpt_packed"]
+        assert gpt["problems"] == [], "\n".join(gpt["problems"])
+        assert len(gpt["losses"]) == cp_worker.LONG and _close(gpt["losses"], gpt["ref"])
+        esm = result["esm_packed"]
+        assert len(esm["losses"]) == cp_worker.LONG
+        assert _close(esm["losses"], ref["losses"]), (esm, ref)
+        assert abs(esm["eval"] - ref["eval"]) <= 1e-5 * abs(ref["eval"])
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_cp4_packed_rows_match_one_process(four_rank_packed, tmp_path):
+    ref = _esm_packed_reference(tmp_path)
+    for result in four_rank_packed:
+        gpt = result["gpt_packed"]
+        assert gpt["problems"] == [], "\n".join(gpt["problems"])
+        assert _close(gpt["losses"], gpt["ref"])
+        assert _close(result["esm_packed"]["losses"], ref["losses"])
+        assert abs(result["esm_packed"]["eval"] - ref["eval"]) <= 1e-5 * abs(ref["eval"])
+
+
+@pytest.mark.distributed
+def test_cp2_pp2_matches_one_process_in_training_and_evaluation(four_rank):
+    # harness.compare checks the evaluation loss (the pipeline's eval schedule) too
+    for result in four_rank:
+        assert result["cp2_pp2"]["problems"] == [], "\n".join(result["cp2_pp2"]["problems"])
+        assert len(result["cp2_pp2"]["losses"]) == cp_worker.LONG
+        assert _close(result["cp2_pp2"]["losses"], result["cp2_pp2"]["ref"])
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("granularity", ["full", "selective"])
+def test_cp2_with_recompute_matches_one_process(two_rank, granularity):
+    for result in two_rank:
+        problems = result[f"recompute_{granularity}"]["problems"]
+        assert problems == [], "\n".join(problems)

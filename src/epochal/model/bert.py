@@ -245,6 +245,7 @@ class BertModel(TransformerModel):
         position_ids: torch.Tensor | None = None,
         cu_seqlens: torch.Tensor | None = None,
         residue_mask: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Run the (stage of the) encoder.
 
@@ -264,6 +265,10 @@ class BertModel(TransformerModel):
             residue_mask: ``[b, s]``, 1 = a residue (not ``<cls>``/``<eos>``/padding):
                 the positions a sequence head averages over (default: ``padding_mask``,
                 or every position). Only the last stage's head uses it.
+            attention_mask: optional bool ``[b or 1, 1, s or 1, s_k]``, True = masked
+                out: replaces the attention mask ``padding_mask`` gives (which then
+                only zeroes ESM's padded embeddings), e.g. a document mask; not with
+                ``cu_seqlens``. Context parallelism passes packed rows this way.
 
         Returns:
             MLM logits ``[b, s, padded_vocab_size]``; with ``bert_binary_head``
@@ -280,7 +285,7 @@ class BertModel(TransformerModel):
                 cover the row (:meth:`PackedSequences.from_cu_seqlens`), or packed
                 sequences with the convolutional residue head.
         """
-        h = self.encode(tokens, token_types, padding_mask, position_ids, cu_seqlens)
+        h = self.encode(tokens, token_types, padding_mask, position_ids, cu_seqlens, attention_mask)
         if self.head is not None:
             if residue_mask is None:
                 residue_mask = (
@@ -309,6 +314,7 @@ class BertModel(TransformerModel):
         padding_mask: torch.Tensor | None = None,
         position_ids: torch.Tensor | None = None,
         cu_seqlens: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """The (stage's) last hidden states ``[b, s, hidden]``, after the final norm (pre-LN).
 
@@ -322,6 +328,8 @@ class BertModel(TransformerModel):
                 raise ValueError(
                     f"packed sequences (cu_seqlens) need one row [1, T], got batch {tokens.shape[0]}"
                 )
+            if attention_mask is not None:
+                raise ValueError("packed sequences (cu_seqlens) take no attention_mask")
             packed = PackedSequences.from_cu_seqlens(cu_seqlens.to(tokens.device), total=s)
             s = packed.max_seqlen
         if s > self.config.max_position_embeddings:
@@ -345,7 +353,9 @@ class BertModel(TransformerModel):
             for layer in self.layers.values():
                 h = layer(h, rope, None, packed=packed)
         else:
-            mask = None if padding_mask is None else padding_attention_mask(padding_mask)
+            mask = attention_mask
+            if mask is None and padding_mask is not None:
+                mask = padding_attention_mask(padding_mask)
             for layer in self.layers.values():
                 h = layer(h, rope, mask)
         if self.norm is not None:

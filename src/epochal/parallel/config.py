@@ -16,6 +16,7 @@ option (``parallel.<field>`` once the config tree re-raises it).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal
 
@@ -69,8 +70,11 @@ class ParallelConfig:
             holds chunks ``r`` and ``2 * context_parallel - 1 - r`` (Megatron's
             load balancing for causal attention); keys and values are
             exchanged in attention (:mod:`epochal.parallel.context_parallel`).
-            Needs ``data.seq_length`` divisible by ``2 * context_parallel``.
-            Weights are not sharded: gradients are summed over the
+            Needs ``data.seq_length`` divisible by ``2 * context_parallel``
+            (packed rows are padded to it: :meth:`packed_row_multiple`; they are
+            cut as whole rows, documents kept apart by a document mask).
+            Composes with tensor, sequence, pipeline and data parallelism and
+            recompute. Weights are not sharded: gradients are summed over the
             context-parallel ranks.
         expert_parallel: expert-parallel size (Megatron's
             ``--expert-model-parallel-size``); >= 1. The routed experts of every
@@ -248,6 +252,18 @@ class ParallelConfig:
     def model_parallel_size(self) -> int:
         """``tensor_parallel * context_parallel * pipeline_parallel`` (processes per model replica)."""
         return self.tensor_parallel * self.context_parallel * self.pipeline_parallel
+
+    def packed_row_multiple(self) -> int:
+        """The multiple a packed row's length (``data.pack_sequences``) is padded to.
+
+        The tensor-parallel size under sequence parallelism (the row is sharded over
+        it), ``2 * context_parallel`` under context parallelism (the row is cut into
+        that many chunks), their least common multiple with both, else 1.
+        """
+        multiple = self.tensor_parallel if self.sequence_parallel else 1
+        if self.context_parallel > 1:
+            multiple = math.lcm(multiple, 2 * self.context_parallel)
+        return multiple
 
     def launch_world_size(self) -> int:
         """Number of processes ``epochal train`` launches on one node when not under ``torchrun``."""

@@ -45,11 +45,38 @@ not shard weights). The data-parallel reduction (averaging) is unchanged.
 Supported: GPT (causal) and BERT / ESM-2 (bidirectional, padded batches), with
 data parallelism (any ``dp_sharding``), tensor and sequence parallelism (each
 tensor-parallel rank gathers its heads' keys and values over its own
-context-parallel group) and recompute. Refused by name
-(:func:`check_context_parallel`, :meth:`ContextParallel.check_training`):
-pipeline parallelism, T5, ALiBi, sliding windows, ESM's token dropout, the BERT
-binary head and fine-tuning heads, packed sequences (``cu_seqlens``), per-document
-attention masks and a custom ``loss_fn`` (it would see local logits).
+context-parallel group), recompute (full and selective: a recomputed layer gathers
+its keys and values again, in the same order on every rank) and pipeline
+parallelism. Refused by name (:func:`check_context_parallel`,
+:meth:`ContextParallel.check_training`): T5, ALiBi, sliding windows, ESM's token
+dropout, the BERT binary head and fine-tuning heads, mixture-of-experts models and a
+custom ``loss_fn`` (it would see local logits).
+
+Packed rows: GPT rows of several documents (a per-document ``attention_mask``
+``[b, 1, S, S]`` and ``position_ids``, ``data.reset_attention_mask``) and packed
+BERT / ESM-2 rows (THD: ``[1, T]`` with ``cu_seqlens``, ``data.pack_sequences``).
+The whole row is cut into ``2 * cp`` chunks like any sequence (not each document,
+as Megatron-Core's THD path does): this rank's query rows of the document mask
+over all keys in global order go to the attention seam (packed rows: built from
+``cu_seqlens`` by :func:`packed_document_mask`, ``[1, 1, L, T]`` bool), and the
+position ids are the per-document ones of the whole row, cut with the tokens. Why
+the whole row: it is exact for any packing and pads only the row to a multiple of
+``2 * cp`` (at most ``2 * cp - 1`` loss-free tokens;
+:meth:`~epochal.parallel.config.ParallelConfig.packed_row_multiple`), where the
+per-document cut pads every document to a multiple of ``2 * cp``; its load balance
+is the same as the per-document cut's here, because each chunk is computed as one
+dense masked block (the work per rank is that of an unpacked row: masked scores
+are computed and dropped, as for any mask). The per-document cut pays off only
+with a variable-length kernel that skips masked blocks. The mask costs ``L * T``
+bools per rank (``1/cp`` of the row's), built once per micro-batch and shared by
+every layer.
+
+Pipeline parallelism: every stage holds this rank's chunks; the schedule hands
+the stages whole ``[b, S]`` micro-batches (tokens, keyword inputs) and
+:meth:`ContextParallel.install_stage_hook` cuts them on the way into each stage
+(a stage after the first gets ``[b, L, hidden]`` hidden states, ``S = L * cp``);
+stages send and receive the local ``[b, L, hidden]`` activations. The last
+stage's losses are gathered to ``[b, S]`` as without pipelining.
 
 ``training.layout_invariant``: every rank accumulates its gradients in the global
 micro-batch order over its data-parallel group (the ranks with its
@@ -75,6 +102,7 @@ from torch.distributed.tensor import DTensor
 
 from epochal.data.epochs.permutation import derive_seed
 from epochal.model.config import ConfigError, ModelConfig
+from epochal.model.layers.packing import PackedSequences
 
 __all__ = [
     "ContextParallel",
@@ -83,6 +111,7 @@ __all__ = [
     "chunk_positions",
     "context_seed",
     "gather_sequence",
+    "packed_document_mask",
 ]
 
 _CP_SEED_WORD = 0xC0C0  # the derivation's domain word for context-parallel dropout keys
@@ -107,8 +136,6 @@ def check_context_parallel(
             f"data.seq_length={seq_length} must be divisible by {2 * cp}",
         )
     refused = []
-    if dims.pp > 1:
-        refused.append("parallel.pipeline_parallel > 1")
     if model.type not in ("gpt", "bert", "esm"):
         refused.append(f"model.type={model.type!r} (GPT, BERT and ESM-2 only)")
     if model.position_embedding_type == "alibi":
@@ -139,6 +166,22 @@ def chunk_positions(
     first = torch.arange(cp_rank * c, (cp_rank + 1) * c, device=device)
     last = torch.arange((2 * cp - 1 - cp_rank) * c, (2 * cp - cp_rank) * c, device=device)
     return torch.cat([first, last])
+
+
+def packed_document_mask(packed: PackedSequences, local: torch.Tensor) -> torch.Tensor:
+    """The document mask of a packed row for the queries at ``local`` positions.
+
+    Args:
+        packed: the row's sequences (``T`` tokens).
+        local: int64 ``[L]``: the global positions of this rank's tokens
+            (:func:`chunk_positions`).
+
+    Returns:
+        bool ``[1, 1, L, T]``: True where query ``local[i]`` and key ``t`` belong to
+        different sequences (masked out), over all keys in global order.
+    """
+    docs = packed.document_ids()
+    return (docs[local][:, None] != docs[None, :])[None, None]
 
 
 def context_seed(seed: int, cp_rank: int) -> int:
@@ -279,14 +322,17 @@ class ContextParallel:
             q: ``[b, heads, L, head_dim]``, this rank's ``L = 2c`` tokens.
             k, v: ``[b, kv_heads, L, head_dim]``.
             causal: mask keys after each query's global position.
-            attention_mask: bidirectional only: a key padding mask ``[b, 1, 1, L]``
-                (True = masked out) over this rank's tokens; gathered here.
+            attention_mask: bool, True = masked out: bidirectional, a key padding
+                mask ``[b, 1, 1, L]`` over this rank's tokens (gathered here); causal or
+                bidirectional, a mask ``[b, 1, L or 1, S]`` over all keys in global order
+                (this rank's query rows of a per-document or packed-document mask, as
+                :meth:`forward` cuts it).
 
         Returns:
             ``[b, heads, L, head_dim]``.
 
         Raises:
-            ValueError: a query-dependent ``attention_mask`` (per-document masks).
+            ValueError: an ``attention_mask`` of another shape.
         """
         seq = q.shape[2] * self.size
         k_all = gather_sequence(k, self.group, 2, reduce_grad=True)
@@ -295,25 +341,39 @@ class ContextParallel:
         if rep > 1:
             k_all = k_all.repeat_interleave(rep, dim=1)
             v_all = v_all.repeat_interleave(rep, dim=1)
-        if causal:
-            if attention_mask is not None:
-                raise ValueError(
-                    "context parallelism takes no attention_mask with causal attention "
-                    "(per-document masks need parallel.context_parallel=1)"
-                )
-            return self._causal(q, k_all, v_all, seq, dropout_p, scale)
-        keep = None
+        masked_out = None
         if attention_mask is not None:
-            if attention_mask.dim() != 4 or attention_mask.shape[-2] != 1:
-                raise ValueError(
-                    "context parallelism takes only key padding masks [b, 1, 1, s] "
-                    f"(got {tuple(attention_mask.shape)}); per-document attention masks "
-                    "need parallel.context_parallel=1"
-                )
-            with torch.no_grad():
-                keep = ~gather_sequence(attention_mask.contiguous(), self.group, 3)
+            masked_out = self._global_mask(attention_mask, q.shape[2], seq, causal)
+        if causal:
+            return self._causal(q, k_all, v_all, seq, dropout_p, scale, masked_out)
         return F.scaled_dot_product_attention(
-            q, k_all, v_all, attn_mask=keep, dropout_p=dropout_p, scale=scale
+            q,
+            k_all,
+            v_all,
+            attn_mask=None if masked_out is None else ~masked_out,
+            dropout_p=dropout_p,
+            scale=scale,
+        )
+
+    def _global_mask(
+        self, attention_mask: torch.Tensor, local: int, seq: int, causal: bool
+    ) -> torch.Tensor:
+        """``attention_mask`` over all ``seq`` keys in global order (bool, True = masked out).
+
+        A key padding mask over this rank's tokens (``[b, 1, 1, L]``, bidirectional) is
+        gathered; a mask over all keys (``[b, 1, L or 1, S]``: this rank's query rows of
+        a per-document or packed-document mask) is used as it is.
+        """
+        shape = tuple(attention_mask.shape)
+        if attention_mask.dim() == 4 and shape[-1] == seq and shape[-2] in (1, local):
+            return attention_mask
+        if attention_mask.dim() == 4 and shape[-1] == local and shape[-2] == 1 and not causal:
+            with torch.no_grad():
+                return gather_sequence(attention_mask.contiguous(), self.group, 3)
+        raise ValueError(
+            "context parallelism takes an attention_mask [b, 1, 1, L] over this rank's keys "
+            f"(bidirectional padding) or [b, 1, L or 1, S] over all keys, got {shape} "
+            f"(L={local}, S={seq})"
         )
 
     def _causal(
@@ -324,18 +384,24 @@ class ContextParallel:
         seq: int,
         dropout_p: float,
         scale: float | None,
+        masked_out: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Causal attention of this rank's two chunks, each against the keys up to its end.
 
         The keys are gathered in global order; chunk ``j`` (``c`` queries) attends to
         keys ``[0, (j + 1) c)`` under a lower-right causal mask (an additive float mask
-        ``[c, (j + 1) c]``, built once and shared by every layer of the step).
+        ``[c, (j + 1) c]``, built once and shared by every layer of the step). A
+        per-document ``masked_out`` (``[b, 1, L or 1, S]``, this rank's query rows)
+        is combined with it.
         """
         c = seq // (2 * self.size)
         outs = []
         for half, j in enumerate((self.rank, 2 * self.size - 1 - self.rank)):
             end = (j + 1) * c
             mask = self._lower_right_mask(c, end, q.dtype, q.device)
+            if masked_out is not None:
+                rows = masked_out if masked_out.shape[-2] == 1 else masked_out[..., half * c :, :]
+                mask = mask.masked_fill(rows[..., :c, :end], float("-inf"))
             outs.append(
                 F.scaled_dot_product_attention(
                     q[:, :, half * c : (half + 1) * c],
@@ -370,28 +436,97 @@ class ContextParallel:
         names = list(signature.parameters)
 
         def run(*args: Any, **kwargs: Any) -> Any:
-            bound = signature.bind_partial(*args, **kwargs)
-            values = bound.arguments
+            values = signature.bind_partial(*args, **kwargs).arguments
             tokens = values[names[0]]
             seq = tokens.shape[1]
-            for name in ("cu_seqlens", "attention_mask", "kv_cache"):
-                if values.get(name) is not None:
-                    what = {"cu_seqlens": "packed sequences", "kv_cache": "a KV cache"}
-                    raise ConfigError(
-                        "parallel.context_parallel",
-                        f"> 1 is not supported with {what.get(name, 'per-document attention masks')} "
-                        "(data.packed / data.reset_attention_mask); use context_parallel=1",
-                    )
-            if "position_ids" in names and values.get("position_ids") is None:
-                values["position_ids"] = torch.arange(seq, device=tokens.device).unsqueeze(0)
+            self._cut(values, names, seq, tokens.device, getattr(module, "config", None))
             values[names[0]] = self.shard(tokens)
-            for name in SEQUENCE_ARGS:
-                t = values.get(name)
-                if isinstance(t, torch.Tensor) and t.dim() >= 2 and t.shape[1] == seq:
-                    values[name] = self.shard(t)
             return module(**values)
 
         return run
+
+    def install_stage_hook(self, part: nn.Module, *, is_first: bool) -> Any:
+        """Cut a pipeline stage's inputs on the way in (pipeline parallelism).
+
+        The pipeline schedule hands every stage the whole micro-batch's keyword
+        inputs (``[b, S]``: position ids, per-document masks, padding masks) and the
+        first stage its ``[b, S]`` tokens; a stage after the first receives the
+        previous stage's hidden states of this rank's chunks (``[b, L, hidden]``,
+        ``S = L * cp``). This forward pre-hook cuts the first stage's tokens and every
+        stage's keyword inputs like :meth:`forward` does, and gives every stage the
+        global positions of this rank's chunks when none are passed (rotary and
+        learned positions stay those of the global sequence). Returns the hook's handle.
+        """
+        names = list(inspect.signature(part.forward).parameters)
+
+        def hook(module: nn.Module, args: tuple, kwargs: dict[str, Any]) -> Any:
+            values = dict(kwargs)
+            x = args[0] if args else values[names[0]]
+            seq = x.shape[1] if is_first else x.shape[1] * self.size
+            self._cut(values, names, seq, x.device, getattr(module, "config", None))
+            if is_first:
+                x = self.shard(x)
+            if args:
+                return (x, *args[1:]), values
+            values[names[0]] = x
+            return args, values
+
+        return part.register_forward_pre_hook(hook, with_kwargs=True)
+
+    def _cut(
+        self,
+        values: dict[str, Any],
+        names: list[str],
+        seq: int,
+        device: torch.device,
+        config: Any,
+    ) -> None:
+        """Cut the keyword inputs in ``values`` (in place) to this rank's chunks of ``seq`` tokens.
+
+        ``cu_seqlens`` (packed sequences, THD) becomes per-document positions and a
+        document mask (:func:`packed_document_mask`); a per-document ``attention_mask``
+        ``[b, 1, S, S]`` keeps this rank's query rows (over all ``S`` keys, global order);
+        ``[b, S]`` inputs (:data:`SEQUENCE_ARGS`) are cut; missing position ids become
+        this rank's global positions.
+
+        Raises:
+            ConfigError: a KV cache, or ``seq`` not divisible by ``2 * cp``.
+            ValueError: packed sequences given to a model without ``attention_mask``,
+                or a sequence longer than the model's ``max_position_embeddings``.
+        """
+        if values.get("kv_cache") is not None:
+            raise ConfigError(
+                "parallel.context_parallel",
+                "> 1 is not supported with a KV cache (generation); use context_parallel=1",
+            )
+        local = self.positions(seq, device)
+        cu_seqlens = values.get("cu_seqlens")
+        if cu_seqlens is not None:
+            if "attention_mask" not in names:
+                raise ValueError(
+                    "context parallelism over packed sequences (cu_seqlens) needs a model "
+                    "whose forward takes attention_mask"
+                )
+            packed = PackedSequences.from_cu_seqlens(cu_seqlens.to(device), total=seq)
+            limit = getattr(config, "max_position_embeddings", None)
+            if limit is not None and packed.max_seqlen > limit:
+                raise ValueError(
+                    f"sequence length {packed.max_seqlen} exceeds max_position_embeddings={limit}"
+                )
+            values["cu_seqlens"] = None
+            values["attention_mask"] = packed_document_mask(packed, local)
+            if values.get("position_ids") is None:
+                values["position_ids"] = packed.position_ids()
+        else:
+            mask = values.get("attention_mask")
+            if isinstance(mask, torch.Tensor) and mask.dim() == 4 and mask.shape[-2] == seq:
+                values["attention_mask"] = mask.index_select(2, local.to(mask.device))
+        if "position_ids" in names and values.get("position_ids") is None:
+            values["position_ids"] = torch.arange(seq, device=device).unsqueeze(0)
+        for name in SEQUENCE_ARGS:
+            t = values.get(name)
+            if isinstance(t, torch.Tensor) and t.dim() >= 2 and t.shape[1] == seq:
+                values[name] = t.index_select(1, local.to(t.device))
 
     @torch.no_grad()
     def reduce_grads(self, parameters: list[torch.Tensor]) -> None:

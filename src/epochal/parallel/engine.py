@@ -277,6 +277,8 @@ class ParallelEngine(PipelineSteps):
             )
         if self.cp is not None:
             apply_context_parallel(part, self.cp)
+            if self.dims.num_stages > 1:  # the schedule feeds the stage whole micro-batches
+                self.cp.install_stage_hook(part, is_first=stage_idx == 0)
         for name, param in part.named_parameters():
             if canonical_name(name, cfg) in self.frozen:
                 param.requires_grad_(False)

@@ -45,6 +45,7 @@ class PipelineSteps:
                 loss_group=self.loss_group,
                 training=self._pp_training,
                 on_logits=captured.append if self._pp_on_logits is not None else None,
+                context_parallel=self.cp,
             )
             last = self.model_parts[self.stage_ids.index(self.dims.num_stages - 1)]
             loss, logged = run_train_step(self._step, mb, model, records_from=last)
@@ -54,7 +55,15 @@ class PipelineSteps:
             return self._scale_pipeline_loss(loss, index)
         labels = target[..., 0].long()
         mask = target[..., 1].float()
-        loss = self._loss(self._loss_fn, labels, output, mask)
+        if self.cp is not None:  # this rank's chunks of the logits: the whole sequence's losses
+            replay = StepModel.replay(
+                output, loss_group=self.loss_group, training=True, context_parallel=self.cp
+            )
+            losses = replay(labels=labels).flatten()
+            mask = mask.flatten().to(losses.dtype)
+            loss = (losses * mask).sum() / mask.sum().clamp(min=1.0)
+        else:
+            loss = self._loss(self._loss_fn, labels, output, mask)
         index = int(target[0, 0, 2].item()) if self.layout_invariant else 0  # see _pipeline_step
         return self._scale_pipeline_loss(loss, index)
 

@@ -65,7 +65,7 @@ class StepModel:
             (:func:`epochal.parallel.token_loss.token_cross_entropy`); None = the plain
             upcast cross-entropy. Sharded logits always use the vocabulary-parallel one.
         context_parallel: a ``ContextParallel``: cut the inputs, gather the outputs
-            (module docstring); needs ``module``.
+            (module docstring).
     """
 
     def __init__(
@@ -97,13 +97,19 @@ class StepModel:
         loss_group: dist.ProcessGroup | None,
         training: bool,
         on_logits: Callable[[torch.Tensor], None] | None = None,
+        context_parallel: Any = None,
     ) -> StepModel:
-        """A model whose every call returns ``output`` (the pipeline's last-stage output)."""
+        """A model whose every call returns ``output`` (the pipeline's last-stage output).
+
+        With ``context_parallel``, ``output`` holds this rank's chunks: labels are cut
+        and losses (or the output) gathered as for a module.
+        """
         return cls(
             lambda *args, **kwargs: output,
             loss_group=loss_group,
             training=training,
             on_logits=on_logits,
+            context_parallel=context_parallel,
         )
 
     @property

@@ -295,15 +295,13 @@ class Trainer(CheckpointSeams, EvalCallbackSeams, KeyedDropoutSeams):
         ``position_ids`` / ``attention_mask`` are dropped unless the data resets them per
         document (``data.reset_position_ids`` / ``reset_attention_mask``) or row (``sft.packing``).
         With ``data.pack_sequences`` the samples are packed into one row first
-        (:func:`~epochal.data.loading.packing.pack_padded_batch`; under sequence
-        parallelism to a multiple of the tensor-parallel size).
+        (:func:`~epochal.data.loading.packing.pack_padded_batch`) whose length is a
+        multiple of :meth:`~epochal.parallel.config.ParallelConfig.packed_row_multiple`.
         """
         if self.config.data.pack_sequences:
-            p = self.config.parallel
-            multiple = p.tensor_parallel if p.sequence_parallel else 1
             micro_batch = pack_padded_batch(
                 micro_batch,
-                pad_to_multiple_of=multiple,
+                pad_to_multiple_of=self.config.parallel.packed_row_multiple(),
                 per_sample_keys=self.train_step_handler.per_sample_keys,
             )
         out = batch_on_device(micro_batch, self.device)

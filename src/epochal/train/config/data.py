@@ -109,7 +109,8 @@ class DataConfig:
             confined to each sample and positions restart per sample, so the loss
             is the padded batch's (up to float rounding) for less compute. Not with
             pipeline parallelism (a :class:`ConfigError`); under sequence parallelism
-            the row is padded to a multiple of ``parallel.tensor_parallel`` with a
+            the row is padded to a multiple of ``parallel.tensor_parallel``, under
+            context parallelism of ``2 * parallel.context_parallel``, with a
             loss-masked tail.
         train_cluster_path / train_database_path: ESM: BioNeMo's layout: a parquet of
             training clusters (``ur90_id``: member ids per row) and the SQLite database

@@ -9,7 +9,9 @@ have trained, and a run that passes can still run out of memory in its first ste
 A parallel layout divides it per process: tensor and pipeline parallelism split
 the model (``tensor_parallel * pipeline_parallel`` shares); ``parallel.dp_sharding =
 "optimizer"`` also splits the gradients and moments over the data-parallel ranks,
-``"full"`` the weights as well. Processes of one machine share its RAM (on the CPU),
+``"full"`` the weights as well. Context parallelism divides only the activations (each
+rank holds ``1/context_parallel`` of every sequence), not the state: its ranks each hold
+the whole model share. Processes of one machine share its RAM (on the CPU),
 each GPU is its own device.
 
 Available memory (:func:`available_memory`): on CUDA the device's free memory
