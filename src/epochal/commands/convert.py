@@ -200,6 +200,7 @@ def run(args: argparse.Namespace) -> int:
     config, state = ck.config, ck.state
     layout = (
         f", TP{args.tensor_parallel} x PP{args.pipeline_parallel}"
+        + (f" x EP{args.expert_parallel}" if args.expert_parallel > 1 else "")
         if args.target == "megatron"
         else ""
     )
