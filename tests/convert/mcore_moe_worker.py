@@ -6,7 +6,9 @@ Builds two tiny MoE models (2 layers, hidden 64, 4 experts top-2, SwiGLU): ``sha
 (a gated shared expert, every block MoE) and ``plain`` (no shared expert, MoE in block 0
 only: ``moe_layer_freq=[1, 0]``). Without ``LOAD_DIR`` it saves each, randomly initialised,
 as Megatron-LM does: ``OUT_DIR/{name}/dist/iter_0000007`` (``dist_checkpointing.save``) and
-``OUT_DIR/{name}/legacy/iter_0000007/mp_rank_00/model_optim_rng.pt`` (``state_dict()``),
+``OUT_DIR/{name}/legacy/iter_0000007/mp_rank_00/model_optim_rng.pt`` (``state_dict()``;
+for ``shared`` also ``OUT_DIR/grouped/...``: the same weights loaded by ``dist_checkpointing``
+into a ``GroupedMLP`` model, ``mlp.experts.weight1/weight2``),
 and writes Megatron-Core's logits for ``OUT_DIR/tokens.pt`` to ``OUT_DIR/{name}/logits.pt``.
 With ``LOAD_DIR`` it loads ``LOAD_DIR/{name}/dist/iter_0000000`` (``dist_checkpointing.load``)
 and ``LOAD_DIR/{name}/legacy/iter_0000000/mp_rank_00`` (strict ``load_state_dict``) into
@@ -55,7 +57,7 @@ def our_config(variant: str):
     )
 
 
-def _model(cfg):
+def _model(cfg, grouped: bool = False):
     import torch.nn.functional as F
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
@@ -79,6 +81,7 @@ def _model(cfg):
         moe_shared_expert_gate=cfg.moe_shared_expert_gate,
         moe_layer_freq=cfg.moe_layer_freq,
         moe_token_dispatcher_type="allgather",
+        moe_grouped_gemm=grouped,
         moe_aux_loss_coeff=0.0,
         bias_activation_fusion=False,
         masked_softmax_fusion=False,
@@ -167,6 +170,26 @@ def main(out: str, port: str, load: str) -> None:
             {"model": model.sharded_state_dict(), "args": args, "iteration": 7}, str(folder)
         )
         (folder.parent / "latest_checkpointed_iteration.txt").write_text("7")
+        if variant == "shared":  # the same weights in GroupedMLP's layout, moved by Megatron
+            import megatron.core.transformer.moe.grouped_gemm_util as gg
+
+            gg.assert_grouped_gemm_is_available = lambda: None  # built only, never run
+            grouped = _model(cfg, grouped=True)
+            assert type(grouped.decoder.layers[0].mlp.experts).__name__ == "GroupedMLP"
+            loaded = dist_checkpointing.load({"model": grouped.sharded_state_dict()}, str(folder))
+            grouped.load_state_dict(loaded["model"], strict=True)
+            rank_dir = root / "grouped" / "iter_0000007" / "mp_rank_00"
+            rank_dir.mkdir(parents=True)
+            grouped_args = type(args)(**{**vars(args), "moe_grouped_gemm": True})
+            torch.save(
+                {
+                    "args": grouped_args,
+                    "checkpoint_version": 3.0,
+                    "iteration": 7,
+                    "model": grouped.state_dict(),
+                },
+                rank_dir / "model_optim_rng.pt",
+            )
         rank_dir = root / variant / "legacy" / "iter_0000007" / "mp_rank_00"
         rank_dir.mkdir(parents=True)
         torch.save(

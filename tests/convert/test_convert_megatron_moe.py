@@ -83,6 +83,21 @@ def test_megatron_core_moe_checkpoints_import_with_its_logits(tmp_path, megatron
         torch.testing.assert_close(_ours(back)(tokens)[..., :100], reference, atol=1e-4, rtol=0)
 
 
+def test_megatron_core_grouped_experts_import_with_its_logits(megatron_saved):
+    """GroupedMLP's legacy tensors (``weight1`` / ``weight2``, filled by Megatron's own
+    dist_checkpointing from the sequential model) give the sequential model's logits."""
+    root, tokens = megatron_saved
+    ck = load_megatron_checkpoint(root / "grouped" / "iter_0000007")
+    payload = torch.load(
+        root / "grouped" / "iter_0000007" / "mp_rank_00" / "model_optim_rng.pt", weights_only=False
+    )
+    assert "decoder.layers.0.mlp.experts.weight1" in payload["model"]
+    with torch.no_grad():
+        ours = _ours(ck)(tokens)[..., :100]
+    reference = torch.load(root / "shared" / "logits.pt")[..., :100]
+    torch.testing.assert_close(ours, reference, atol=1e-4, rtol=0)
+
+
 def test_our_moe_exports_load_into_megatron_core(tmp_path):
     """epochal -> torch_dist and legacy (local spec) -> Megatron-Core's loaders: same logits."""
     models = {}
