@@ -180,7 +180,6 @@ def test_our_bert_torch_dist_export_loads_into_megatron_core(tmp_path):
 @pytest.mark.parametrize(
     ("key", "what"),
     [
-        ("decoder.layers.mlp.experts.linear_fc1.weight", "mixture-of-experts layers"),
         ("decoder.layers.self_attention.linear_q_down_proj.weight", "multi-latent attention"),
     ],
 )

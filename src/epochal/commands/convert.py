@@ -100,6 +100,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--pipeline-parallel", type=int, default=1, help="Megatron output: pipeline size"
     )
     group.add_argument(
+        "--expert-parallel",
+        type=int,
+        default=1,
+        help="Megatron output (legacy files, mixture of experts): expert-parallel size",
+    )
+    group.add_argument(
         "--ckpt-format",
         choices=("torch", "torch_dist"),
         default="torch",
@@ -183,6 +189,7 @@ def run(args: argparse.Namespace) -> int:
             pad_token_id=args.pad_token_id,
             tensor_parallel=args.tensor_parallel,
             pipeline_parallel=args.pipeline_parallel,
+            expert_parallel=args.expert_parallel,
             megatron_iteration=args.megatron_iteration,
             megatron_spec=args.megatron_spec,
             ckpt_format=args.ckpt_format,
@@ -193,6 +200,7 @@ def run(args: argparse.Namespace) -> int:
     config, state = ck.config, ck.state
     layout = (
         f", TP{args.tensor_parallel} x PP{args.pipeline_parallel}"
+        + (f" x EP{args.expert_parallel}" if args.expert_parallel > 1 else "")
         if args.target == "megatron"
         else ""
     )

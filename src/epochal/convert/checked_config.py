@@ -275,6 +275,19 @@ MEGATRON_SCHEMA: Schema = {
     },
     "mask_token_id": (NONNEG_INT, False),
     "pad_token_id": (NONNEG_INT, False),
+    # mixture of experts (None = dense / the default)
+    "num_experts": (POS_INT, False),
+    "moe_router_topk": (POS_INT, False),
+    "moe_ffn_hidden_size": (POS_INT, False),
+    "moe_shared_expert_intermediate_size": (POS_INT, False),
+    "expert_model_parallel_size": (POS_INT, False),
+    "expert_tensor_parallel_size": (POS_INT, False),
+    "moe_aux_loss_coeff": (NONNEG_FLOAT, False),
+    "moe_z_loss_coeff": (NONNEG_FLOAT, False),
+    **{
+        flag: (BOOL, False)
+        for flag in ("moe_shared_expert_gate", "moe_router_pre_softmax", "moe_grouped_gemm")
+    },
 }
 
 

@@ -237,6 +237,7 @@ def save_checkpoint(
     pad_token_id: int | None = None,
     tensor_parallel: int = 1,
     pipeline_parallel: int = 1,
+    expert_parallel: int = 1,
     megatron_iteration: int | None = None,
     megatron_spec: str = "transformer_engine",
     ckpt_format: str = "torch",
@@ -258,7 +259,7 @@ def save_checkpoint(
         bos_token_id / eos_token_id / pad_token_id: Hugging Face ``config.json``
             ids (default: those ``ck.extra`` carries; the padding id falls back to
             EOS when the run's ``tokenizer.json`` is copied).
-        tensor_parallel / pipeline_parallel / megatron_iteration / megatron_spec /
+        tensor_parallel / pipeline_parallel / expert_parallel / megatron_iteration / megatron_spec /
             ckpt_format: Megatron output layout (iteration default: ``ck.step``).
 
     Raises:
@@ -306,6 +307,7 @@ def save_checkpoint(
             output,
             tensor_parallel=tensor_parallel,
             pipeline_parallel=pipeline_parallel,
+            expert_parallel=expert_parallel,
             iteration=ck.step if megatron_iteration is None else megatron_iteration,
             spec=megatron_spec,
             ckpt_format=ckpt_format,

@@ -38,8 +38,15 @@ Decisions where Megatron's behaviour is implicit:
   GELU (``openai_gelu``, or the fused bias-GELU that Megatron-LM enables by
   default) imports as ``gelu_tanh``, with a warning: our head then uses the tanh
   GELU too, Megatron's the exact one. ESM models have no Megatron counterpart.
-- Unsupported features raise :class:`ConversionError`: mixture of experts,
-  ``qk_layernorm``, ``apply_rope_fusion_scaling``, ALiBi (Megatron-Core has
+- Mixture of experts: ``num_experts``, ``moe_router_topk``, ``moe_ffn_hidden_size``,
+  ``moe_shared_expert_intermediate_size``, ``moe_shared_expert_gate``,
+  ``moe_router_pre_softmax``, ``moe_aux_loss_coeff``, ``moe_z_loss_coeff``,
+  ``moe_expert_capacity_factor``, ``moe_layer_freq`` carry over by name both ways, with
+  ``expert_model_parallel_size`` (and ``expert_tensor_parallel_size`` = TP) for the
+  layout; routing epochal does not build (sigmoid scores, a top-k scaling factor,
+  expert bias, group-limited routing, input jitter, Sinkhorn, position-based token
+  dropping, latent experts) is refused by name: :mod:`epochal.convert.megatron.moe`.
+- Unsupported features raise :class:`ConversionError`: ``qk_layernorm``, ``apply_rope_fusion_scaling``, ALiBi (Megatron-Core has
   none), squared ReLU; on export also our ``qk_layernorm`` and ``sliding_window``.
 """
 
@@ -60,6 +67,11 @@ from epochal.convert.checked_config import (
     check_vocab_rows,
 )
 from epochal.convert.common import ConversionError, normalize_config
+from epochal.convert.megatron.moe import (
+    expert_parallel_size,
+    moe_args_from_config,
+    moe_fields_from_args,
+)
 from epochal.model.config import ConfigError, ModelConfig
 
 __all__ = [
@@ -86,8 +98,13 @@ def megatron_args_from_config(
     iteration: int,
     dtype: torch.dtype,
     transformer_impl: str,
+    expert_parallel: int = 1,
 ) -> Namespace:
     """The ``args`` namespace stored in every exported rank file.
+
+    ``expert_parallel`` is the expert-parallel size of the files (Megatron-LM's
+    ``--expert-model-parallel-size``; mixture-of-experts models only, carved from the
+    data-parallel ranks, so ``data_parallel_size`` is written as that size).
 
     Raises:
         ConversionError: ``config`` uses something Megatron-Core cannot express.
@@ -117,12 +134,6 @@ def megatron_args_from_config(
         raise ConversionError(
             "cannot export to Megatron: qk_layernorm=True is not written to Megatron checkpoints "
             "(export it to Hugging Face with --to hf: Qwen3ForCausalLM)"
-        )
-    if config.num_experts is not None:
-        raise ConversionError(
-            f"cannot export to Megatron: num_experts={config.num_experts} (mixture-of-experts "
-            "layers are not written to Megatron checkpoints; export it to Hugging Face with "
-            "--to hf: MixtralForCausalLM, Qwen2MoeForCausalLM or Qwen3MoeForCausalLM)"
         )
     if config.sliding_window is not None:
         raise ConversionError(
@@ -171,7 +182,9 @@ def megatron_args_from_config(
         "attention_dropout": config.attention_dropout,
         "init_method_std": config.init_method_std,
         "qk_layernorm": False,
-        "num_experts": None,
+        **moe_args_from_config(
+            config, tensor_parallel=tensor_parallel, expert_parallel=expert_parallel
+        ),
         "vocab_size": config.vocab_size,
         "make_vocab_size_divisible_by": config.make_vocab_size_divisible_by,
         "padded_vocab_size": megatron_padded_vocab_size(
@@ -181,10 +194,9 @@ def megatron_args_from_config(
         "tensor_model_parallel_size": tensor_parallel,
         "pipeline_model_parallel_size": pipeline_parallel,
         "virtual_pipeline_model_parallel_size": None,
-        "expert_model_parallel_size": 1,
         "context_parallel_size": 1,
-        "data_parallel_size": 1,
-        "world_size": tensor_parallel * pipeline_parallel,
+        "data_parallel_size": expert_parallel,
+        "world_size": tensor_parallel * pipeline_parallel * expert_parallel,
         "sequence_parallel": False,
         "transformer_impl": transformer_impl,
         "use_mcore_models": True,
@@ -274,7 +286,7 @@ class MegatronExtras:
         swiglu: ``linear_fc1`` is a fused ``[gate; up]``.
         rotary_interleaved: q/k rows use interleaved RoPE pairs (permuted on import).
         apply_layernorm_1p: norm weights are stored minus one (``--apply-layernorm-1p``).
-        tensor_parallel, pipeline_parallel: the sizes recorded in ``args``.
+        tensor_parallel, pipeline_parallel, expert_parallel: the sizes recorded in ``args``.
     """
 
     swiglu: bool
@@ -282,6 +294,7 @@ class MegatronExtras:
     apply_layernorm_1p: bool
     tensor_parallel: int
     pipeline_parallel: int
+    expert_parallel: int = 1
 
 
 def _get(args: Namespace, name: str, default: Any = None) -> Any:
@@ -326,10 +339,7 @@ def config_from_megatron_args(
     check_fields(vars(args), MEGATRON_SCHEMA, source, prefix="args.")
     for name in ("max_position_embeddings", "seq_length"):
         check_positions(getattr(args, name, None), source, f"args.{name}")
-    if _get(args, "num_experts"):
-        raise ConversionError(
-            f"{source}: mixture-of-experts checkpoints (num_experts) are not supported"
-        )
+    moe = moe_fields_from_args(args, source)
     for flag in ("qk_layernorm", "squared_relu", "apply_rope_fusion_scaling"):
         if _get(args, flag, False) is True:
             raise ConversionError(f"{source}: args.{flag}=True is not supported")
@@ -396,6 +406,7 @@ def config_from_megatron_args(
             hidden_dropout=float(_get(args, "hidden_dropout", 0.1)),
             attention_dropout=float(_get(args, "attention_dropout", 0.1)),
             init_method_std=float(_get(args, "init_method_std", 0.02)),
+            **moe,
         )
     except ConfigError as exc:  # valid fields in a combination the model refuses
         raise ConfigFieldError(f"{source}: {exc}") from exc
@@ -406,6 +417,7 @@ def config_from_megatron_args(
         apply_layernorm_1p=bool(_get(args, "apply_layernorm_1p", False)),
         tensor_parallel=_tensor_parallel(args),
         pipeline_parallel=int(_get(args, "pipeline_model_parallel_size", 1)),
+        expert_parallel=expert_parallel_size(args, _tensor_parallel(args), source),
     )
     return config, extras
 

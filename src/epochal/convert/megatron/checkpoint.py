@@ -27,6 +27,7 @@ from epochal.convert.megatron.layout import (
     unpack_qkv,
 )
 from epochal.model.config import ModelConfig
+from epochal.model.moe_options import is_moe_layer
 
 
 @dataclass
@@ -75,15 +76,10 @@ def _megatron_full_from_ours(
                 )
             if f"{src}attention.wo.{kind}" in state:
                 out[f"{dst}self_attention.linear_proj.{kind}"] = state[f"{src}attention.wo.{kind}"]
-            if config.activation == "swiglu":
-                if f"{src}mlp.w1.{kind}" in state:
-                    out[f"{dst}mlp.linear_fc1.{kind}"] = torch.cat(
-                        [state[f"{src}mlp.w1.{kind}"], state[f"{src}mlp.w3.{kind}"]]
-                    )
-                    out[f"{dst}mlp.linear_fc2.{kind}"] = state[f"{src}mlp.w2.{kind}"]
-            elif f"{src}mlp.fc1.{kind}" in state:
-                out[f"{dst}mlp.linear_fc1.{kind}"] = state[f"{src}mlp.fc1.{kind}"]
-                out[f"{dst}mlp.linear_fc2.{kind}"] = state[f"{src}mlp.fc2.{kind}"]
+        if is_moe_layer(config, i):
+            out.update(_moe_from_ours(state, f"{src}mlp.", f"{dst}mlp.", config))
+        else:
+            out.update(_mlp_from_ours(state, f"{src}mlp.", f"{dst}mlp.", config))
     for kind in ("weight", "bias"):
         if f"norm.{kind}" in state:
             out[f"decoder.final_layernorm.{kind}"] = state[f"norm.{kind}"]
@@ -93,6 +89,39 @@ def _megatron_full_from_ours(
         for ours, theirs in _BERT_NAMES:
             if ours in state:
                 out[theirs] = state[ours]
+    return out
+
+
+def _mlp_from_ours(
+    state: Mapping[str, torch.Tensor], src: str, dst: str, config: ModelConfig
+) -> dict[str, torch.Tensor]:
+    """One of our MLPs (``src``: ``w1/w3/w2`` or ``fc1/fc2``) as Megatron's ``linear_fc1/fc2`` at ``dst``."""
+    out: dict[str, torch.Tensor] = {}
+    for kind in ("weight", "bias"):
+        if config.activation == "swiglu":
+            if f"{src}w1.{kind}" in state:
+                out[f"{dst}linear_fc1.{kind}"] = torch.cat(
+                    [state[f"{src}w1.{kind}"], state[f"{src}w3.{kind}"]]
+                )
+                out[f"{dst}linear_fc2.{kind}"] = state[f"{src}w2.{kind}"]
+        elif f"{src}fc1.{kind}" in state:
+            out[f"{dst}linear_fc1.{kind}"] = state[f"{src}fc1.{kind}"]
+            out[f"{dst}linear_fc2.{kind}"] = state[f"{src}fc2.{kind}"]
+    return out
+
+
+def _moe_from_ours(
+    state: Mapping[str, torch.Tensor], src: str, dst: str, config: ModelConfig
+) -> dict[str, torch.Tensor]:
+    """Our MoE MLP at ``src`` as Megatron-Core's ``MoELayer`` at ``dst`` (:mod:`~epochal.convert.megatron.moe`)."""
+    out = {f"{dst}router.weight": state[f"{src}router.weight"]}
+    for e in range(config.num_experts or 0):
+        out.update(
+            _mlp_from_ours(state, f"{src}experts.{e}.", f"{dst}experts.local_experts.{e}.", config)
+        )
+    out.update(_mlp_from_ours(state, f"{src}shared_expert.", f"{dst}shared_experts.", config))
+    if f"{src}shared_expert_gate.weight" in state:
+        out[f"{dst}shared_experts.gate_weight"] = state[f"{src}shared_expert_gate.weight"]
     return out
 
 
@@ -152,16 +181,32 @@ def _ours_from_megatron_full(
             out[f"{dst}attention.wv.{kind}"] = v
         for kind in linear_kinds:
             out[f"{dst}attention.wo.{kind}"] = take(f"{src}self_attention.linear_proj.{kind}")
-            fc1 = take(f"{src}mlp.linear_fc1.{kind}")
-            fc2 = take(f"{src}mlp.linear_fc2.{kind}")
-            if config.activation == "swiglu":
-                gate, up = fc1.chunk(2, dim=0)
-                out[f"{dst}mlp.w1.{kind}"] = gate.contiguous()
-                out[f"{dst}mlp.w3.{kind}"] = up.contiguous()
-                out[f"{dst}mlp.w2.{kind}"] = fc2
-            else:
-                out[f"{dst}mlp.fc1.{kind}"] = fc1
-                out[f"{dst}mlp.fc2.{kind}"] = fc2
+
+        def mlp(theirs: str, ours: str) -> None:
+            for kind in linear_kinds:
+                fc1 = take(f"{theirs}linear_fc1.{kind}")
+                fc2 = take(f"{theirs}linear_fc2.{kind}")
+                if config.activation == "swiglu":
+                    gate, up = fc1.chunk(2, dim=0)
+                    out[f"{ours}w1.{kind}"] = gate.contiguous()
+                    out[f"{ours}w3.{kind}"] = up.contiguous()
+                    out[f"{ours}w2.{kind}"] = fc2
+                else:
+                    out[f"{ours}fc1.{kind}"] = fc1
+                    out[f"{ours}fc2.{kind}"] = fc2
+
+        if not is_moe_layer(config, i):
+            mlp(f"{src}mlp.", f"{dst}mlp.")
+            continue
+        out[f"{dst}mlp.router.weight"] = take(f"{src}mlp.router.weight")
+        for e in range(config.num_experts):
+            mlp(f"{src}mlp.experts.local_experts.{e}.", f"{dst}mlp.experts.{e}.")
+        if config.moe_shared_expert_intermediate_size is not None:
+            mlp(f"{src}mlp.shared_experts.", f"{dst}mlp.shared_expert.")
+            if config.moe_shared_expert_gate:
+                out[f"{dst}mlp.shared_expert_gate.weight"] = take(
+                    f"{src}mlp.shared_experts.gate_weight"
+                )
     for kind in bias_names:
         out[f"norm.{kind}"] = norm(f"decoder.final_layernorm.{kind}")
     if config.is_encoder:  # BERT, and ESM-2 (BioNeMo: a BertModel)

@@ -34,8 +34,10 @@ Import (:func:`load_megatron_checkpoint`) reads any TP x PP, Megatron-Core names
 ``--rotary-interleaved`` (q/k rows permuted to our half-split RoPE layout) and
 ``--apply-layernorm-1p``; it never unpickles arbitrary objects
 (:func:`epochal.convert.safe_load.safe_torch_load`). Optimizer and RNG state are
-ignored. Virtual-pipeline (``model0``, ``model1``, ...) and expert-parallel
-checkpoints raise :class:`ConversionError`.
+ignored. Mixture-of-experts models read from any TP x PP x EP, sequential or grouped
+experts (:mod:`epochal.convert.megatron.moe`: the folder names, local and global expert
+indices). Virtual-pipeline (``model0``, ``model1``, ...) checkpoints raise
+:class:`ConversionError`.
 
 Export (:func:`save_megatron_checkpoint`) writes Megatron-Core names for the
 Transformer-Engine layer spec (``linear_qkv.layer_norm_weight``; Megatron-LM's
@@ -74,6 +76,7 @@ from epochal.convert.megatron.layout import (
     to_local_names,
 )
 from epochal.convert.megatron.legacy_save import FILE_NAME, TRACKER_FILE, save_megatron_checkpoint
+from epochal.convert.megatron.moe import grouped_to_sequential, merge_expert_ranks
 from epochal.convert.megatron.nemo2 import is_nemo2, load_nemo2_checkpoint
 from epochal.convert.megatron.torch_dist import is_torch_dist, read_torch_dist
 from epochal.convert.safe_load import safe_torch_load
@@ -117,6 +120,48 @@ def _resolve_folder(directory: Path, iteration: int | None) -> tuple[Path, int |
     if not folder.is_dir():
         raise FileNotFoundError(f"{folder}: named by {tracker} but missing")
     return folder, it
+
+
+def _rank_grid(folder: Path, read: Any) -> dict[tuple[int, int, int], Path]:
+    """``(tensor, pipeline, expert) rank -> file`` of an iteration folder.
+
+    Megatron-LM names a rank's folder ``mp_rank_{tp:02d}[_{pp:03d}][_{ep:03d}]`` (the
+    pipeline part only when PP > 1, the expert part only when EP > 1), so a two-part
+    name is read as pipeline or expert rank as the first file's ``args`` say.
+
+    Raises:
+        FileNotFoundError: no rank folders.
+        ConversionError: names of different shapes.
+    """
+    found: dict[Path, tuple[int, ...]] = {}
+    for child in folder.iterdir():
+        m = _RANK_DIR.match(child.name)
+        if m and child.is_dir():
+            found[child] = tuple(int(g) for g in m.groups() if g is not None)
+    if not found:
+        raise FileNotFoundError(f"{folder}: no mp_rank_* folders")
+    if len({len(k) for k in found.values()}) > 1:
+        raise ConversionError(
+            f"{folder}: mp_rank_* folder names of different forms ({sorted(p.name for p in found)[:4]})"
+        )
+    parts = next(iter(found.values()))
+    expert_second = False
+    if len(parts) == 2:
+        first = sorted(found)[0]
+        _, args, _ = read(first / FILE_NAME)
+        ep = getattr(args, "expert_model_parallel_size", None) or 1
+        pp = getattr(args, "pipeline_model_parallel_size", None) or 1
+        expert_second = isinstance(ep, int) and ep > 1 and pp == 1
+    grid: dict[tuple[int, int, int], Path] = {}
+    for child, k in found.items():
+        if len(k) == 1:
+            pos = (k[0], 0, 0)
+        elif len(k) == 2:
+            pos = (k[0], 0, k[1]) if expert_second else (k[0], k[1], 0)
+        else:
+            pos = (k[0], k[1], k[2])
+        grid[pos] = child / FILE_NAME
+    return grid
 
 
 def _flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -212,25 +257,29 @@ def load_megatron_checkpoint(
         return _load_torch_dist(
             folder, found_iteration, vocab_size, make_vocab_size_divisible_by, model_type
         )
-    grid: dict[tuple[int, int], Path] = {}
-    for child in folder.iterdir():
-        m = _RANK_DIR.match(child.name)
-        if not m or not child.is_dir():
-            continue
-        if m.group(3) is not None:
-            raise ConversionError(f"{child}: expert-parallel checkpoints are not supported")
-        grid[(int(m.group(1)), int(m.group(2) or 0))] = child / FILE_NAME
-    if not grid:
-        raise FileNotFoundError(f"{folder}: no mp_rank_* folders")
-    tp = 1 + max(t for t, _ in grid)
-    pp = 1 + max(p for _, p in grid)
+    cache: dict[Path, tuple[dict[str, Any], Namespace, float]] = {}
+
+    def read(path: Path) -> tuple[dict[str, Any], Namespace, float]:
+        if path not in cache:
+            cache[path] = _read_rank(path)
+        return cache[path]
+
+    egrid = _rank_grid(folder, read)
+    tp = 1 + max(t for t, _, _ in egrid)
+    pp = 1 + max(p for _, p, _ in egrid)
+    ep = 1 + max(e for _, _, e in egrid)
     for t in range(tp):
         for p in range(pp):
-            if (t, p) not in grid:
-                raise ConversionError(
-                    f"{folder}: rank folder for tensor rank {t}, pipeline rank {p} is missing"
-                )
-    raw = {pos: _read_rank(path) for pos, path in sorted(grid.items())}
+            for e in range(ep):
+                if (t, p, e) not in egrid:
+                    raise ConversionError(
+                        f"{folder}: rank folder for tensor rank {t}, pipeline rank {p}"
+                        + (f", expert rank {e}" if ep > 1 else "")
+                        + " is missing"
+                    )
+    grid = {(t, p): egrid[(t, p, 0)] for t, p, _ in egrid}
+    raw_e = {pos: read(path) for pos, path in sorted(egrid.items())}
+    raw = {(t, p): raw_e[(t, p, 0)] for t, p, _ in egrid}
     _, args, version = raw[(0, 0)]
     t5_names = [
         n
@@ -250,7 +299,8 @@ def load_megatron_checkpoint(
             f"{'BertModel' if found_type == 'bert' else 'GPTModel'} tensor names), "
             f"expected model.type={model_type!r}"
         )
-    local = {pos: to_local_names(state, str(grid[pos])) for pos, (state, _, _) in raw.items()}
+    local_e = {pos: to_local_names(st, str(egrid[pos])) for pos, (st, _, _) in raw_e.items()}
+    local = {(t, p): local_e[(t, p, 0)] for t, p, _ in egrid}
     embedding = [local[(t, 0)].get("embedding.word_embeddings.weight") for t in range(tp)]
     config, extras = config_from_megatron_args(
         args,
@@ -262,11 +312,30 @@ def load_megatron_checkpoint(
         if all(isinstance(e, torch.Tensor) and e.dim() == 2 for e in embedding)
         else None,
     )
-    if (extras.tensor_parallel, extras.pipeline_parallel) != (tp, pp):
+    if (extras.tensor_parallel, extras.pipeline_parallel, extras.expert_parallel) != (tp, pp, ep):
         raise ConversionError(
-            f"{folder}: args say TP={extras.tensor_parallel} x PP={extras.pipeline_parallel}, "
-            f"but the folder holds TP={tp} x PP={pp} rank files"
+            f"{folder}: args say TP={extras.tensor_parallel} x PP={extras.pipeline_parallel} x "
+            f"EP={extras.expert_parallel}, but the folder holds TP={tp} x PP={pp} x EP={ep} "
+            "rank files"
         )
+    if config.num_experts is not None:  # one state per TP x PP position, experts global
+        per = config.num_experts // ep
+        for pos in local_e:
+            local_e[pos] = grouped_to_sequential(
+                local_e[pos],
+                num_local_experts=per,
+                hidden=config.hidden_size,
+                source=str(egrid[pos]),
+            )
+        local = {
+            (t, p): merge_expert_ranks(
+                [local_e[(t, p, e)] for e in range(ep)],
+                num_local_experts=per,
+                sources=[str(egrid[(t, p, e)]) for e in range(ep)],
+            )
+            for t in range(tp)
+            for p in range(pp)
+        }
     if found_type == "bert":
         config = _bert_config(config, args, local[(0, 0)], local[(0, pp - 1)], str(folder))
     full: dict[str, torch.Tensor] = {}

@@ -20,8 +20,10 @@ from epochal.convert.common import ConversionError, check_shapes, complete_tied,
 from epochal.convert.megatron.args import CHECKPOINT_VERSION, megatron_args_from_config
 from epochal.convert.megatron.checkpoint import _megatron_full_from_ours
 from epochal.convert.megatron.layout import shard_kind, split_tp
+from epochal.convert.megatron.moe import experts_to_dist, split_expert_ranks
 from epochal.convert.megatron.torch_dist import write_torch_dist
 from epochal.model.config import ModelConfig
+from epochal.model.moe_options import is_moe_layer
 
 TRACKER_FILE = "latest_checkpointed_iteration.txt"
 FILE_NAME = "model_optim_rng.pt"
@@ -59,13 +61,23 @@ _EXTRA_STATE_MODULES = (
 )
 
 
-def _to_spec(name: str, spec: Spec) -> str:
+def _to_spec(name: str, spec: Spec, moe_layers: frozenset[int] = frozenset()) -> str:
+    """``name`` in ``spec``'s names; ``moe_layers`` keep ``pre_mlp_layernorm`` (not fused in MoE blocks)."""
     if spec == "local":
         return name
     name = re.sub(
         r"\.input_layernorm\.(weight|bias)$", r".self_attention.linear_qkv.layer_norm_\1", name
     )
+    m = re.match(r"^decoder\.layers\.(\d+)\.", name)
+    if m is not None and int(m.group(1)) in moe_layers:
+        return name
     return re.sub(r"\.pre_mlp_layernorm\.(weight|bias)$", r".mlp.linear_fc1.layer_norm_\1", name)
+
+
+def _moe_layers(config: ModelConfig, layers: range | None = None) -> frozenset[int]:
+    """Indices (in ``layers``' numbering from 0, default all) of the MoE blocks."""
+    layers = range(config.num_layers) if layers is None else layers
+    return frozenset(j for j, i in enumerate(layers) if is_moe_layer(config, i))
 
 
 def save_megatron_checkpoint(
@@ -80,6 +92,7 @@ def save_megatron_checkpoint(
     dtype: torch.dtype | None = None,
     overwrite: bool = False,
     ckpt_format: Literal["torch", "torch_dist"] = "torch",
+    expert_parallel: int = 1,
 ) -> Path:
     """Write our model as a Megatron-LM checkpoint: legacy files sharded TP x PP, or ``torch_dist``.
 
@@ -97,7 +110,11 @@ def save_megatron_checkpoint(
             ``"torch_dist"`` (Megatron-LM's default format: one layout-free folder,
             :mod:`epochal.convert.megatron.torch_dist`, with Transformer-Engine names as
             Megatron-Core saves them for either spec; the vocabulary is padded for
-            ``tensor_parallel``, the TP size of the job that loads it; PP = 1).
+            ``tensor_parallel``, the TP size of the job that loads it; PP = 1). For a
+            mixture of experts its MoE blocks' pre-MLP norm is named as ``spec`` saves it.
+        expert_parallel: target expert-parallel size (mixture of experts, legacy files:
+            divides ``num_experts``; ``mp_rank_*_{ep:03d}`` folders, each with its experts
+            under local indices; :mod:`epochal.convert.megatron.moe`).
 
     Returns:
         The iteration folder.
@@ -123,6 +140,12 @@ def save_megatron_checkpoint(
         ("num_attention_heads", config.num_attention_heads),
         ("num_query_groups", config.num_kv_heads),
         ("ffn_hidden_size", config.ffn_size),
+        *([("moe_ffn_hidden_size", config.moe_ffn_size)] if config.num_experts is not None else []),
+        *(
+            [("moe_shared_expert_intermediate_size", config.moe_shared_expert_intermediate_size)]
+            if config.num_experts is not None and config.moe_shared_expert_intermediate_size
+            else []
+        ),
     ):
         if value % tensor_parallel:
             raise ConversionError(f"tensor_parallel={tensor_parallel} must divide {name}={value}")
@@ -135,6 +158,7 @@ def save_megatron_checkpoint(
         iteration=iteration,
         dtype=out_dtype,
         transformer_impl=spec,
+        expert_parallel=expert_parallel,
     )
     state = complete_tied(config, state)
     check_shapes(state, config, "model state")
@@ -155,12 +179,27 @@ def save_megatron_checkpoint(
                 "--pipeline-parallel: a torch_dist checkpoint holds no layout (write it with "
                 "--pipeline-parallel 1; Megatron-Core loads it under any pipeline split)"
             )
-        named = {_to_spec(k, "transformer_engine"): v.detach().cpu() for k, v in full.items()}
+        if expert_parallel != 1:
+            raise ConversionError(
+                "--expert-parallel: a torch_dist checkpoint holds no layout (write it with "
+                "--expert-parallel 1; Megatron-Core loads it under any expert-parallel size)"
+            )
+        # Megatron-Core saves a dense block's pre-MLP norm under the fused TE name in both specs,
+        # an MoE block's as the spec names it
+        moe = _moe_layers(config) if spec == "transformer_engine" else frozenset()
+        named = {_to_spec(k, "transformer_engine", moe): v.detach().cpu() for k, v in full.items()}
         if config.type == "bert":
             named = {re.sub(r"^decoder\.", "encoder.", k): v for k, v in named.items()}
         with atomic_directory(folder, overwrite=overwrite) as tmp:
             tmp.rmdir()
-            write_torch_dist(tmp, named, args=args, iteration=iteration)
+            write_torch_dist(
+                tmp,
+                experts_to_dist(named),
+                args=args,
+                iteration=iteration,
+                # Megatron-Core keys each block apart when not all blocks are alike
+                per_layer=config.num_experts is not None and config.moe_layer_freq != 1,
+            )
         atomic_write(directory / TRACKER_FILE, f"{iteration}\n")
         return folder
     if ckpt_format != "torch":
@@ -170,29 +209,40 @@ def save_megatron_checkpoint(
             stage = _stage_state(
                 full, config, layers, first=p == 0, last=p == pipeline_parallel - 1
             )
+            moe = _moe_layers(config, layers)
             shards: list[dict[str, Any]] = [{} for _ in range(tensor_parallel)]
             for name, tensor in stage.items():
                 pieces = split_tp(
                     tensor.detach().cpu(), shard_kind(name, swiglu=swiglu), tensor_parallel
                 )
                 for t in range(tensor_parallel):
-                    shards[t][_to_spec(name, spec)] = pieces[t].clone()
-            for t, shard in enumerate(shards):
-                _add_extra_state(shard, spec)
-                if config.type == "bert":  # Megatron-Core BertModel's block is ``encoder``
-                    shard = {re.sub(r"^decoder\.", "encoder.", k): v for k, v in shard.items()}
-                rank_dir = tmp / (
-                    f"mp_rank_{t:02d}" if pipeline_parallel == 1 else f"mp_rank_{t:02d}_{p:03d}"
-                )
-                rank_dir.mkdir()
-                payload = {
-                    "args": args,
-                    "checkpoint_version": CHECKPOINT_VERSION,
-                    "iteration": iteration,
-                    "model": shard,
-                    "num_floating_point_operations_so_far": 0,
-                }
-                torch.save(payload, rank_dir / FILE_NAME)
+                    shards[t][_to_spec(name, spec, moe)] = pieces[t].clone()
+            for t, tp_shard in enumerate(shards):
+                for e, shard in enumerate(
+                    split_expert_ranks(
+                        tp_shard,
+                        expert_parallel=expert_parallel,
+                        num_experts=config.num_experts or 1,
+                    )
+                ):
+                    _add_extra_state(shard, spec)
+                    if config.type == "bert":  # Megatron-Core BertModel's block is ``encoder``
+                        shard = {re.sub(r"^decoder\.", "encoder.", k): v for k, v in shard.items()}
+                    name = f"mp_rank_{t:02d}"  # Megatron-LM's get_checkpoint_name
+                    if pipeline_parallel > 1:
+                        name += f"_{p:03d}"
+                    if expert_parallel > 1:
+                        name += f"_{e:03d}"
+                    rank_dir = tmp / name
+                    rank_dir.mkdir()
+                    payload = {
+                        "args": args,
+                        "checkpoint_version": CHECKPOINT_VERSION,
+                        "iteration": iteration,
+                        "model": shard,
+                        "num_floating_point_operations_so_far": 0,
+                    }
+                    torch.save(payload, rank_dir / FILE_NAME)
     atomic_write(directory / TRACKER_FILE, f"{iteration}\n")
     return folder
 
@@ -243,14 +293,24 @@ def _stage_state(
 
 
 def _add_extra_state(shard: dict[str, Any], spec: Spec) -> None:
+    """The ``_extra_state`` entries Megatron-Core's linear layers (and TE attention) save."""
     layers = sorted(
         {int(m.group(1)) for k in shard if (m := re.match(r"decoder\.layers\.(\d+)\.", k))}
     )
     for i in layers:
-        modules = list(_EXTRA_STATE_MODULES)
+        modules = list(_EXTRA_STATE_MODULES[:2])
         if spec == "transformer_engine":
             modules.append("self_attention.core_attention")
+        prefix = f"decoder.layers.{i}."
+        modules += sorted(  # the MLP's linear layers: dense, each expert's, the shared expert's
+            {
+                m.group(1)
+                for k in shard
+                if k.startswith(prefix)
+                and (m := re.match(r"^(mlp\..*linear_fc[12])\.(weight|bias)$", k[len(prefix) :]))
+            }
+        )
         for module in modules:
-            shard[f"decoder.layers.{i}.{module}._extra_state"] = None
+            shard[f"{prefix}{module}._extra_state"] = None
     if "output_layer.weight" in shard or "output_layer.bias" in shard:
         shard["output_layer._extra_state"] = None

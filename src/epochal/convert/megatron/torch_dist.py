@@ -25,9 +25,13 @@ job's layout), ``args`` and the iteration in ``common.pt``, and ``metadata.json`
 files carry no optimizer state (Megatron-LM loads them with ``--finetune`` /
 ``--no-load-optim``).
 
+Mixture-of-experts blocks: each block's experts are one tensor ``[E, ...]``
+(``mlp.experts.experts.linear_fc1.weight``), split into experts on reading and stacked
+on writing; see :mod:`epochal.convert.megatron.moe`.
+
 Errors (:class:`~epochal.convert.common.ConversionError`, naming the folder): a folder
-that is not ``torch_dist``, missing shard files (named), no ``args``, mixture-of-experts
-or other unsupported layers (named).
+that is not ``torch_dist``, missing shard files (named), no ``args``, multi-latent
+attention or other unsupported layers (named).
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from epochal._dcp import single_process_dcp
 from epochal.convert.common import ConversionError
+from epochal.convert.megatron.moe import experts_from_dist
 from epochal.convert.safe_load import safe_torch_load
 
 __all__ = ["is_torch_dist", "read_torch_dist", "stack_layers", "write_torch_dist"]
@@ -60,7 +65,6 @@ _MODEL_PREFIXES = (
     "position_embeddings.",
 )
 _UNSUPPORTED = (
-    (re.compile(r"\.mlp\.(experts|router|shared_experts)\."), "mixture-of-experts layers"),
     (
         re.compile(r"\.self_attention\.(linear_q_down|linear_kv_down|linear_q_up)"),
         "multi-latent attention",
@@ -140,7 +144,7 @@ def read_torch_dist(
         payload = safe_torch_load(common)
         if isinstance(payload, dict):
             args = payload.get("args")
-    return _unstack({k[len(key_prefix) :]: v for k, v in wanted.items()}), args
+    return experts_from_dist(_unstack({k[len(key_prefix) :]: v for k, v in wanted.items()})), args
 
 
 def _unstack(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -157,7 +161,12 @@ def _unstack(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 
 def stack_layers(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Inverse of the unstacking: ``decoder.layers.{i}.X`` -> ``decoder.layers.X`` ``[L, ...]``."""
+    """Inverse of the unstacking: ``decoder.layers.{i}.X`` -> ``decoder.layers.X`` ``[L, ...]``.
+
+    Raises:
+        ConversionError: ``X`` is not in every layer (blocks of different kinds: write them
+            ``per_layer``, as Megatron-Core does).
+    """
     out: dict[str, torch.Tensor] = {}
     stacks: dict[str, dict[int, torch.Tensor]] = {}
     for name, tensor in tensors.items():
@@ -166,40 +175,79 @@ def stack_layers(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
             out[name] = tensor
         else:
             stacks.setdefault(f"{m.group(1)}.layers.{m.group(3)}", {})[int(m.group(2))] = tensor
+    count = 1 + max((i for layers in stacks.values() for i in layers), default=-1)
     for name, layers in stacks.items():
-        out[name] = torch.stack([layers[i] for i in range(len(layers))])
+        if sorted(layers) != list(range(count)):
+            raise ConversionError(f"{name} is not in every one of the {count} layers")
+        out[name] = torch.stack([layers[i] for i in range(count)])
     return out
 
 
+_LINEAR = re.compile(
+    r"^(decoder|encoder)\.layers\.(\d+)\.(.*(?:linear_proj|linear_qkv|linear_fc1|linear_fc2))"
+    r"\.(?:weight|bias)$"
+)
+
+
 def write_torch_dist(
-    folder: Path, tensors: dict[str, torch.Tensor], *, args: Any, iteration: int
+    folder: Path,
+    tensors: dict[str, torch.Tensor],
+    *,
+    args: Any,
+    iteration: int,
+    per_layer: bool = False,
 ) -> None:
     """Write ``tensors`` (full Megatron-Core names, layers unstacked) as a ``torch_dist`` folder.
 
     ``folder`` must not exist yet and is written in place (the caller renames a
-    temporary folder into place). Each per-layer module of a block gets the
+    temporary folder into place). Each linear layer of a block gets the
     ``_extra_state`` object Megatron-Core's modules save: Megatron-Core stores a
-    sharded object as the pickled list of its data (here ``[None]``: no FP8 metadata).
+    sharded object as the pickled list of its data (here ``[None]``: no FP8 metadata),
+    one per layer (``shard_{i}_{L}``) and expert (``mlp.experts.experts.*``, stacked
+    ``[E, ...]``: ``shard_{i}.{e}_{L}.{E}``). ``per_layer`` keys every block apart
+    (``decoder.layers.{i}.*``, no layer dimension; ``shard_0_1`` / ``shard_{e}_{E}``), as
+    Megatron-Core does when its blocks differ (``moe_layer_freq`` other than 1).
     """
     from torch.distributed.checkpoint import DefaultSavePlanner, FileSystemWriter
     from torch.distributed.checkpoint import save as dcp_save
 
-    stacked = stack_layers(tensors)
+    stacked = tensors if per_layer else stack_layers(tensors)
     state: dict[str, Any] = {k: v.contiguous() for k, v in stacked.items()}
-    blocks: dict[str, set[int]] = {}  # "decoder" (GPT) or "encoder" (BERT) -> layer indices
+    counts: dict[str, int] = {}  # "decoder" (GPT) or "encoder" (BERT) -> number of layers
     for k in tensors:
         if m := re.match(r"^(decoder|encoder)\.layers\.(\d+)\.", k):
-            blocks.setdefault(m.group(1), set()).add(int(m.group(2)))
-    for block, layers in blocks.items():
-        for module in (
-            "self_attention.linear_proj",
-            "self_attention.linear_qkv",
-            "mlp.linear_fc1",
-            "mlp.linear_fc2",
-        ):
-            for i in sorted(layers):
-                state[f"{block}.layers.{module}._extra_state/shard_{i}_{len(layers)}"] = [None]
-    if "encoder" in blocks and "output_layer.bias" in tensors:
+            counts[m.group(1)] = max(counts.get(m.group(1), 0), int(m.group(2)) + 1)
+    for k, v in tensors.items():
+        if (m := _LINEAR.match(k)) is None:
+            continue
+        block, i, module = m.group(1), int(m.group(2)), m.group(3)
+        layers = counts[block]
+        experts = (
+            v.shape[0]
+            if module.endswith(("experts.experts.linear_fc1", "experts.experts.linear_fc2"))
+            else None
+        )
+        if per_layer:
+            base, shards = (
+                f"{block}.layers.{i}.{module}._extra_state",
+                (
+                    ["shard_0_1"]
+                    if experts is None
+                    else [f"shard_{e}_{experts}" for e in range(experts)]
+                ),
+            )
+        else:
+            base, shards = (
+                f"{block}.layers.{module}._extra_state",
+                (
+                    [f"shard_{i}_{layers}"]
+                    if experts is None
+                    else [f"shard_{i}.{e}_{layers}.{experts}" for e in range(experts)]
+                ),
+            )
+        for shard in shards:
+            state[f"{base}/{shard}"] = [None]
+    if "encoder" in counts and "output_layer.bias" in tensors:
         # BertModel's output layer is a ColumnParallelLinear of its own (GPT's is not saved so)
         state["output_layer._extra_state/shard_0_1"] = [None]
     folder.mkdir(parents=True)
