@@ -37,7 +37,9 @@ def _records(folder) -> list[dict]:
 
 
 def _moe_keys(record: dict) -> list[str]:
-    return sorted(k for k in record if k.startswith(("load_balancing", "z_loss", "tokens_per_expert")))
+    return sorted(
+        k for k in record if k.startswith(("load_balancing", "z_loss", "tokens_per_expert"))
+    )
 
 
 def _assert_matches(one: dict, got: dict, one_dir, got_dir) -> None:

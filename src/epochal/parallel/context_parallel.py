@@ -425,7 +425,6 @@ class ContextParallel:
 def apply_context_parallel(part: nn.Module, cp: ContextParallel) -> int:
     """Point every self-attention's seam at ``cp.attention``; return how many were replaced."""
     from epochal.model.layers.attention import Attention  # local: model is a leaf
-
     from epochal.model.layers.moe import MoEMLP  # local: model is a leaf
 
     count = 0
