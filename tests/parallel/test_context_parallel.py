@@ -69,8 +69,7 @@ def test_refuses_what_it_does_not_support_by_name():
         _validate(position_embedding_type="alibi")
     with pytest.raises(ConfigError, match=r"context_parallel.*sliding_window"):
         _validate(sliding_window=8)
-    with pytest.raises(ConfigError, match=r"context_parallel.*num_experts"):
-        _validate(num_experts=2, moe_ffn_hidden_size=32)
+    _validate(num_experts=2, moe_ffn_hidden_size=32)  # mixture of experts: supported
     with pytest.raises(ConfigError, match=r"context_parallel.*loss_fn"):
         ContextParallel.check_training(custom_loss=True)
     with pytest.raises(ConfigError, match=r"context_parallel"):

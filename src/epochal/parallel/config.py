@@ -85,8 +85,8 @@ class ParallelConfig:
             expert's rank and back with all-to-all
             (:mod:`epochal.parallel.expert_parallel`). Everything else stays
             data-parallel; expert weights are reduced over the ranks that hold
-            the same experts. Not combined with ``tensor_parallel`` or
-            ``context_parallel`` > 1.
+            the same experts. Combines with ``context_parallel`` (each rank
+            dispatches its own sequence chunks); not with ``tensor_parallel`` > 1.
         pipeline_parallel: number of pipeline stages (ranks); >= 1.
         virtual_pipeline: model chunks per pipeline rank (Megatron's
             ``virtual_pipeline_model_parallel_size``); > 1 needs the
@@ -224,13 +224,13 @@ class ParallelConfig:
             "sequence_parallel",
             f"needs tensor_parallel > 1, got tensor_parallel={self.tensor_parallel}",
         )
-        for name in ("tensor_parallel", "context_parallel"):
+        for name in ("tensor_parallel",):
             _require(
                 self.expert_parallel == 1 or getattr(self, name) == 1,
                 "expert_parallel",
                 f"> 1 is not supported with {name} > 1 (got expert_parallel="
                 f"{self.expert_parallel}, {name}={getattr(self, name)}); combine expert "
-                "parallelism with data and pipeline parallelism",
+                "parallelism with data, pipeline and context parallelism",
             )
         if self.virtual_pipeline > 1:
             _require(

@@ -146,8 +146,6 @@ def check_context_parallel(
         refused.append("model.token_dropout (a per-sequence ratio of masked tokens)")
     if getattr(model, "bert_binary_head", False):
         refused.append("model.bert_binary_head (pooled from the first token)")
-    if getattr(model, "num_experts", None) is not None:
-        refused.append("model.num_experts (the balance loss is over the whole sequence's tokens)")
     if getattr(model, "head", "mlm") not in ("mlm", None):
         refused.append(f"model.head={model.head!r}")
     if refused:
@@ -529,6 +527,13 @@ class ContextParallel:
                 values[name] = t.index_select(1, local.to(t.device))
 
     @torch.no_grad()
+    def sum_tokens(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` summed over the context-parallel group (no gradient; MoE balance statistics)."""
+        x = x.detach().clone()
+        dist.all_reduce(x, group=self.group)
+        return x
+
+    @torch.no_grad()
     def reduce_grads(self, parameters: list[torch.Tensor]) -> None:
         """Sum the gradients over the context-parallel group (one all-reduce of a flat buffer)."""
         grads = []
@@ -555,10 +560,13 @@ class ContextParallel:
 def apply_context_parallel(part: nn.Module, cp: ContextParallel) -> int:
     """Point every self-attention's seam at ``cp.attention``; return how many were replaced."""
     from epochal.model.layers.attention import Attention  # local: model is a leaf
+    from epochal.model.layers.moe import MoEMLP  # local: model is a leaf
 
     count = 0
     for module in part.modules():
         if isinstance(module, Attention) and module.mask_kind != "cross":
             module.core_attention = cp.attention
             count += 1
+        if isinstance(module, MoEMLP):  # balance statistics over the whole sequence
+            module.token_sum = cp.sum_tokens
     return count

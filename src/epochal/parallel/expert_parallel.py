@@ -50,8 +50,13 @@ mode keeps each expert call's weight gradient until the step ends
 (``micro-batches * P`` copies of the local experts' gradients) and gathers them over the
 expert-data-parallel group once per step.
 
-Not combined (refused by name): ``parallel.tensor_parallel > 1`` and
-``parallel.context_parallel > 1`` with ``parallel.expert_parallel > 1``.
+With context parallelism, the expert-parallel groups are carved from the data-parallel
+ranks that share a context-parallel coordinate: each rank dispatches the tokens of its
+own sequence chunks to their experts (the balance loss's counts are summed over the
+context-parallel group by :func:`~epochal.parallel.context_parallel.apply_context_parallel`).
+
+Not combined (refused by name): ``parallel.tensor_parallel > 1`` with
+``parallel.expert_parallel > 1``.
 """
 
 from __future__ import annotations

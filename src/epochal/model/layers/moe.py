@@ -24,6 +24,7 @@ Capacity (``moe_expert_capacity_factor``, Megatron's ``"probs"`` drop policy): a
 expert takes at most ``ceil(T * k / E * factor)`` of a micro-batch's ``T`` tokens'
 assignments, those of highest probability (ties: the earlier token); a dropped
 assignment contributes nothing (the residual connection carries the token).
+Under context parallelism the capacity is per rank (its local tokens), as in Megatron-Core.
 
 Auxiliary losses, per MoE block and micro-batch, over all its tokens (padding included,
 as Megatron): the load-balancing loss of Switch Transformer in Megatron's normalisation,
@@ -37,7 +38,10 @@ scaled by :attr:`MoEMLP.loss_scale` (set with :func:`set_moe_loss_scale` to the
 factor the trainer scales the main loss's gradient by: ``1 / micro-batches``, times
 a loss scale). So it works under any schedule, pipeline stages included, and the
 reported language-model loss stays the cross-entropy alone (Megatron logs the
-balance loss apart). :attr:`MoEMLP.last_stats` holds the last forward's losses and
+balance loss apart). Under context parallelism (:attr:`MoEMLP.token_sum` set) the
+counts and token total are summed over the sequence's ranks and each rank's loss is
+its share (see :meth:`MoEMLP._sequence_shares`), as Megatron-Core's router does over
+its TP x CP group. :attr:`MoEMLP.last_stats` holds the last forward's losses and
 token fractions per expert for the records (:func:`pop_moe_stats`).
 """
 
@@ -167,6 +171,9 @@ class MoEMLP(nn.Module):
         #: the token dispatcher ``(layer, tokens, weights, experts, keep) -> slots``
         #: (:func:`local_expert_slots` when None); expert parallelism installs its own.
         self.dispatcher: Callable[..., torch.Tensor] | None = None
+        #: sums a tensor (no gradient) over the ranks that hold other tokens of the same
+        #: sequences (context parallelism installs it; None: this process holds them all).
+        self.token_sum: Callable[[torch.Tensor], torch.Tensor] | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``[..., hidden] -> [..., hidden]``."""
@@ -188,14 +195,42 @@ class MoEMLP(nn.Module):
             out = out + shared
         out = out.reshape(shape)
         counts = torch.bincount(experts.reshape(-1), minlength=self.num_experts).float()
-        aux = switch_aux_loss(probs, counts, self.topk)
-        z = torch.logsumexp(logits.float(), dim=-1).square().mean()
-        self._record(aux, z, counts)
+        if self.token_sum is None:
+            aux = switch_aux_loss(probs, counts, self.topk)
+            z = torch.logsumexp(logits.float(), dim=-1).square().mean()
+            self._record(aux, z, counts)
+        else:
+            aux, z = self._sequence_shares(probs, counts, logits)
         objective = self.aux_loss_coeff * aux + self.z_loss_coeff * z
         if torch.is_grad_enabled() and objective.requires_grad and self.training:
             if self.aux_loss_coeff > 0 or self.z_loss_coeff > 0:
                 out = _AttachAuxLoss.apply(out, objective, self)
         return out
+
+    def _sequence_shares(
+        self, probs: torch.Tensor, counts: torch.Tensor, logits: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """This rank's shares of the whole sequence's losses (Megatron-Core's form under CP).
+
+        ``N_e`` and ``T`` are summed over the ranks (one ``token_sum``, no gradient), the
+        probabilities stay local: ``aux_r = E / (T^2 k) * sum_e P_e^r * N_e`` and
+        ``z_r = sum_local(lse^2) / T``, whose sums over the ranks are the one-process
+        losses, and whose gradients (summed over the ranks with the weights') are the
+        one-process gradients. The records hold the summed (global) values.
+        """
+        assert self.token_sum is not None
+        e = self.num_experts
+        p_local = probs.sum(0)
+        lse2 = torch.logsumexp(logits.float(), dim=-1).square().sum()
+        local_t = torch.tensor([float(probs.shape[0])], device=probs.device)
+        stats = torch.cat([counts, p_local.detach(), local_t, lse2.detach().reshape(1)])
+        stats = self.token_sum(stats)
+        g_counts, g_p, t, g_lse2 = stats[:e], stats[e : 2 * e], stats[2 * e], stats[2 * e + 1]
+        norm = e / (t * t * self.topk)
+        aux = (p_local * g_counts).sum() * norm
+        z = lse2 / t
+        self._record((g_p * g_counts).sum() * norm, g_lse2 / t, g_counts)
+        return aux, z
 
     @torch.compiler.disable
     def _record(self, aux: torch.Tensor, z: torch.Tensor, counts: torch.Tensor) -> None:
