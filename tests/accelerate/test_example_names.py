@@ -98,7 +98,7 @@ def test_local_sgd_on_several_replicas_is_refused():
 
     from epochal.accelerate.local_sgd import LocalSGDError
 
-    plugin = SimpleNamespace(tp_degree=2, pp_degree=1)
+    plugin = SimpleNamespace(tp_degree=2, cp_degree=1, pp_degree=1)
     four = SimpleNamespace(num_processes=4, state=SimpleNamespace(megatron_lm_plugin=plugin))
     with pytest.raises(LocalSGDError, match="2 data-parallel replicas.*enabled=False"):
         LocalSGD(accelerator=four, model=None, local_sgd_steps=8)

@@ -116,19 +116,3 @@ def test_accelerate_prepare_refuses_an_in_memory_moe_model_by_name():
 
     with pytest.raises(ModelPrepareError, match="MixtralForCausalLM: mixture-of-experts"):
         convert_hf_model(hf_moe("mixtral"))
-
-
-def test_megatron_export_refuses_a_moe_model_by_name(tmp_path):
-    from epochal.convert.megatron.args import megatron_args_from_config
-
-    hf_moe("qwen3_moe").save_pretrained(tmp_path / "hf")
-    config = load_hf_config(tmp_path / "hf")
-    with pytest.raises(ConversionError, match="num_experts=4 .*Qwen3MoeForCausalLM"):
-        megatron_args_from_config(
-            config.__class__(**{**config.__dict__, "qk_layernorm": False}),
-            tensor_parallel=1,
-            pipeline_parallel=1,
-            iteration=1,
-            dtype=torch.float32,
-            transformer_impl="local",
-        )
