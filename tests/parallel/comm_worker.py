@@ -30,11 +30,16 @@ def model_config() -> ModelConfig:
     )
 
 
-def _ledger_of(
-    world: int, fields: dict[str, Any], invariant: bool, micro_batches: int
-) -> list[list[tuple[str, str, int]]]:
-    """Every call of one counted step (after a warm-up step), in issue order."""
-    cfg = model_config()
+def one_step_ledger(
+    world: int,
+    fields: dict[str, Any],
+    invariant: bool,
+    micro_batches: int,
+    cfg: ModelConfig | None = None,
+) -> CommLedger:
+    """The ledger of one counted step of ``cfg`` (default: :func:`model_config`) after a warm-up
+    step, with the layout's groups named (mesh dimensions of size > 1, and ``ep``)."""
+    cfg = cfg or model_config()
     pconf = ParallelConfig(**fields)
     dims = ParallelDims.from_config(pconf, world)
     mesh = dims.build_mesh("cpu")
@@ -58,9 +63,20 @@ def _ledger_of(
 
     step()
     names = [n for n in mesh.mesh_dim_names if mesh[n].size() > 1]
-    with CommLedger(groups={n: mesh.get_group(n) for n in names}) as ledger:
+    groups = {n: mesh.get_group(n) for n in names}
+    if engine.ep is not None:
+        groups["ep"] = engine.ep.group
+    with CommLedger(groups=groups) as ledger:
         step()
         ledger.end_step()
+    return ledger
+
+
+def _ledger_of(
+    world: int, fields: dict[str, Any], invariant: bool, micro_batches: int
+) -> list[list[tuple[str, str, int]]]:
+    """Every call of one counted step (after a warm-up step), in issue order."""
+    ledger = one_step_ledger(world, fields, invariant, micro_batches)
     assert len(ledger.steps) == 1
     for (kind, group), entry in ledger.per_step().items():  # the totals agree with the calls
         sizes = [b for k, g, b in ledger.calls[0] if (k, g) == (kind, group)]
