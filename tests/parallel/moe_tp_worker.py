@@ -3,7 +3,7 @@
 Each case trains :data:`~tests.parallel.invariance_worker.STEPS` steps (no dropout,
 so one process and tensor parallelism draw nothing differently) and reports the
 per-step losses, the per-step training records (gradient norm, balance and z-loss,
-tokens per expert) and the final weights as full tensors by canonical name.
+tokens per expert) and the final weights as full numpy arrays by canonical name.
 :func:`single` runs a case in this process (the plain trainer); :func:`rank_main`
 runs a list of cases on a gloo group.
 """
@@ -48,7 +48,7 @@ def _records(run_dir: str) -> list[dict[str, float]]:
 
 
 def _params(trainer: Any) -> dict[str, Any]:
-    """The model's weights as full CPU tensors by canonical name (a collective under parallelism)."""
+    """The model's weights as full numpy arrays by canonical name (a collective under parallelism)."""
     import torch.distributed as dist
     from torch.distributed.tensor import DTensor
 
@@ -58,7 +58,7 @@ def _params(trainer: Any) -> dict[str, Any]:
     for key, value in sorted(trainer.app_state()["model"].state_dict().items()):
         if isinstance(value, DTensor):
             value = value.full_tensor()
-        out[canonical_name(key)] = value.detach().cpu().clone()
+        out[canonical_name(key)] = value.detach().cpu().numpy().copy()  # plain pickles
     if dist.is_initialized():  # pipeline stages hold different parts: the union
         parts: list[Any] = [None] * dist.get_world_size()
         dist.all_gather_object(parts, out)
