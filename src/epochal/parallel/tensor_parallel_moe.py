@@ -34,7 +34,8 @@ reduce-scatter) of the layer's input; the router's and the gate's weight
 gradients are partial sums (``Partial`` DTensor gradients) summed once per step
 in rank order with the other replicated tensor-parallel weights
 (:func:`epochal.parallel.ordered_reduce.finalize_partial_grads`). A row-parallel
-bias is added on tensor-parallel rank 0 only, so it enters the sum once.
+bias (``add_bias_linear``) is a ``Replicate`` DTensor that DTensor adds to the partial
+output as ``bias / tp`` on every rank, so the sum holds it once (exact for a power-of-two ``tp``).
 
 Auxiliary losses: the balance and z-losses come from the replicated router, so
 every rank computes the same values and records the same tokens per expert (the
@@ -119,8 +120,8 @@ class _ColwiseLocalInput(ColwiseParallel):
 class _RowwisePartialOutput(RowwiseParallel):
     """Row-parallel; the output is this rank's partial sum (a local tensor, no reduction).
 
-    The bias (a ``Replicate`` DTensor) is added on rank 0 only: the module's forward
-    runs without it and the output hook adds it, so the sum over the ranks holds it once.
+    The bias (a ``Replicate`` DTensor) enters the partial output as ``bias / tp`` on
+    every rank (DTensor's rule for adding a replicated tensor to a partial one).
     """
 
     def __init__(self) -> None:
@@ -223,7 +224,7 @@ def moe_mlp_plan(config: ModelConfig, sequence_parallel: bool) -> dict[str, Para
 
 
 def finish_moe_tensor_parallel(block: nn.Module, tp_mesh: DeviceMesh) -> None:
-    """After the plan: row-parallel biases on rank 0 only, the auxiliary losses' gradient on rank 0 only."""
+    """After the plan: only tensor-parallel rank 0 back-propagates the auxiliary losses (see above)."""
     moe = block.mlp
     if not isinstance(moe, MoEMLP):
         return
