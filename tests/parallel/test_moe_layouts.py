@@ -4,8 +4,7 @@ The tiny GPT of the layout-invariance tests with 4 experts, top-2 routing, the
 balance and z-losses on (and dropout on) trains 20 steps in one process (DP1 x GA4),
 on two data-parallel ranks (DP2 x GA2) and on two pipeline stages (PP2 x GA4): the
 loss of every step (the steps after a mid-run evaluation included), the evaluations
-and the final model and optimizer state are bit-identical. Tensor
-parallelism is refused by name.
+and the final model and optimizer state are bit-identical. Tensor parallelism: ``test_moe_tensor_parallel.py``.
 """
 
 from __future__ import annotations
@@ -14,7 +13,6 @@ import json
 
 import pytest
 
-from epochal.model.config import ConfigError
 from tests.dist_utils import run_gloo
 from tests.parallel import invariance_worker as W
 
@@ -69,21 +67,3 @@ def test_the_records_hold_the_balance_loss_per_layer_and_tokens_per_expert(runs)
         assert sum(shares) == pytest.approx(1.0)
     assert "z_loss" in first
     assert "load_balancing_loss" in one["logged"]  # evaluations record it too
-
-
-def test_tensor_parallel_is_refused_by_name(tmp_path):
-    from epochal.model.config import ModelConfig
-    from epochal.parallel.dims import ParallelDims
-    from epochal.parallel.model_support import check_model_layout
-
-    cfg = ModelConfig(
-        vocab_size=64,
-        hidden_size=32,
-        num_layers=2,
-        num_attention_heads=4,
-        max_position_embeddings=16,
-        num_experts=2,
-    )
-    dims = ParallelDims(dp=1, tp=2, pp=1)
-    with pytest.raises(ConfigError, match="parallel.tensor_parallel.*mixture-of-experts"):
-        check_model_layout(cfg, dims)

@@ -46,6 +46,23 @@ MIN_TORCH: dict[tuple[str, str], tuple[str, str]] = {
 }
 
 
+def _check_moe_widths(model_config: ModelConfig, tp: int) -> None:
+    """Each expert's and the shared expert's inner width split over ``tp`` ranks (column-parallel)."""
+    widths = (
+        ("moe_ffn_hidden_size", model_config.moe_ffn_size),
+        ("moe_shared_expert_intermediate_size", model_config.moe_shared_expert_intermediate_size),
+    )
+    for option, width in widths:
+        if width is not None and width % tp != 0:
+            unset = option == "moe_ffn_hidden_size" and model_config.moe_ffn_hidden_size is None
+            raise ConfigError(
+                f"model.{option}",
+                f"= {width}{' (ffn_hidden_size, as it is unset)' if unset else ''} must be "
+                f"divisible by parallel.tensor_parallel={tp}: the experts' inner width is split "
+                "over the tensor-parallel ranks; choose a multiple of it or a smaller tensor_parallel",
+            )
+
+
 def check_model_layout(
     model_config: ModelConfig, dims: ParallelDims, *, sequence_parallel: bool = False
 ) -> None:
@@ -53,7 +70,9 @@ def check_model_layout(
 
     Raises:
         ConfigError: naming ``parallel.tensor_parallel``, ``parallel.sequence_parallel``
-            or ``parallel.pipeline_parallel``.
+            or ``parallel.pipeline_parallel``; under tensor parallelism with MoE layers,
+            ``model.moe_ffn_hidden_size`` or ``model.moe_shared_expert_intermediate_size``
+            when ``tp`` does not divide it.
     """
     if getattr(model_config, "lora_rank", 0) > 0 and dims.tp > 1:
         raise ConfigError(
@@ -62,11 +81,7 @@ def check_model_layout(
             "column- or row-parallel projection are not sharded; use data and pipeline parallelism",
         )
     if getattr(model_config, "num_experts", None) is not None and dims.tp > 1:
-        raise ConfigError(
-            "parallel.tensor_parallel",
-            "is not supported with mixture-of-experts layers (model.num_experts is set): the "
-            "experts and the router have no tensor-parallel plan; use data and pipeline parallelism",
-        )
+        _check_moe_widths(model_config, dims.tp)
     supported = SUPPORTED_DIMS.get(model_config.type, frozenset())
     used = (
         ("tensor_parallel", dims.tp > 1),

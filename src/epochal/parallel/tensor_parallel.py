@@ -98,7 +98,9 @@ from torch.distributed.tensor.parallel import (
 from torch.distributed.tensor.parallel.style import ParallelStyle
 
 from epochal.model.config import ModelConfig
+from epochal.model.layers.moe import MoEMLP
 from epochal.parallel.rng import apply_dropout_rng_regions
+from epochal.parallel.tensor_parallel_moe import finish_moe_tensor_parallel, moe_mlp_plan
 
 __all__ = ["apply_tensor_parallel", "kv_heads_replicated"]
 
@@ -473,11 +475,20 @@ def apply_tensor_parallel(
         model.register_forward_pre_hook(_full_sequence_positions(tp), with_kwargs=True)
     plan = _block_plan(config, tp, sequence_parallel)
     cross_plan = _block_plan(config, tp, sequence_parallel, cross=True)
+    moe_plan = None
+    if getattr(config, "num_experts", None) is not None:  # MoE blocks: the MLP's own plan
+        moe_plan = {k: v for k, v in plan.items() if k != "mlp" and not k.startswith("mlp.")}
+        moe_plan.update(moe_mlp_plan(config, sequence_parallel))
     heads_per_rank = config.num_attention_heads // tp
     first_head = tp_mesh.get_local_rank() * heads_per_rank
     for block in model.layers.values():
         has_cross = getattr(block, "cross_attention", None) is not None
-        parallelize_module(block, tp_mesh, cross_plan if has_cross else plan)
+        is_moe = moe_plan is not None and isinstance(block.mlp, MoEMLP)
+        parallelize_module(
+            block, tp_mesh, moe_plan if is_moe else cross_plan if has_cross else plan
+        )
+        if is_moe:
+            finish_moe_tensor_parallel(block, tp_mesh)
         attention = block.attention
         if attention.use_alibi:
             attention.alibi_heads = slice(first_head, first_head + heads_per_rank)
