@@ -116,5 +116,21 @@ def rank_main(
             [*MOE, *extra],
             dist_info=info,
         )
-        out[name] = _summary(tr, tr.train(), run_dir)
+        result = _summary(tr, tr.train(), run_dir)
+        held = _experts_held(tr)
+        if result:
+            result["experts_held"] = held
+        out[name] = result
     return out
+
+
+def _experts_held(trainer: Any) -> list[int]:
+    """The number of routed experts each MoE layer of this rank holds."""
+    from epochal.model.layers.moe import MoEMLP
+
+    return [
+        len(m.experts)
+        for part in trainer.engine.model_parts
+        for m in part.modules()
+        if isinstance(m, MoEMLP)
+    ]

@@ -161,12 +161,6 @@ def _moe(num_experts: int | None = 4) -> ModelConfig:
     )
 
 
-def test_expert_parallel_with_tensor_parallel_is_refused_by_name():
-    with pytest.raises(ConfigError, match="expert_parallel.*tensor_parallel"):
-        ParallelConfig(expert_parallel=2, tensor_parallel=2)
-    ParallelConfig(expert_parallel=2, context_parallel=2)  # with context parallelism: supported
-
-
 def test_expert_parallel_must_divide_the_data_parallel_size():
     with pytest.raises(ConfigError, match="parallel.expert_parallel.*data-parallel size 6"):
         ParallelDims.from_config(ParallelConfig(expert_parallel=4), 6)

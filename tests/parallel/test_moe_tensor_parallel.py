@@ -6,7 +6,10 @@ parallelism) give the single-process losses, gradient norms, balance and z-losse
 within the bound of the other tensor-parallel tests (``tests/parallel/harness.py``:
 1e-5 absolute, the gradient norm relative to max(1, norm)), the same tokens per
 expert, and final weights within its 1e-3. A checkpoint saved under TP2 after 10
-steps resumes in one process and ends where the uninterrupted run ends.
+steps resumes in one process and ends where the uninterrupted run ends. The same holds
+on four ranks with expert parallelism over the data-parallel pair (EP2 x TP2: two experts
+per rank, each split over its tensor-parallel pair), with layout invariance and, with
+sequence parallelism, without it; an EP2 x TP2 checkpoint resumes in one process.
 """
 
 from __future__ import annotations
@@ -21,19 +24,43 @@ from tests.parallel import moe_tp_worker as M
 pytestmark = pytest.mark.distributed
 
 TP2 = ["--parallel.tensor_parallel=2"]
-CASES = [
-    ("tp2", [*TP2, "--checkpoint.save_interval=10"]),
-    ("tp2-sp", [*TP2, "--parallel.sequence_parallel=true"]),
-]
+EP2 = ["--parallel.expert_parallel=2"]
+SP = ["--parallel.sequence_parallel=true"]
+SAVE = ["--checkpoint.save_interval=10"]
 ATOL, PARAM_ATOL = 1e-5, 1e-3
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
+def one(tmp_path_factory):
     root = tmp_path_factory.mktemp("moe-tp")
-    one = M.single(str(root), "one")
-    two = run_gloo(M.rank_main, 2, str(root), CASES, timeout=900)[0]
-    return root, one, two
+    return root, M.single(str(root), "one")
+
+
+def _ranks(one, world: int, cases: list) -> tuple:
+    root, single = one
+    return root, single, run_gloo(M.rank_main, world, str(root), cases, timeout=900)[0]
+
+
+@pytest.fixture(scope="module")
+def runs(one):
+    """TP2 with sequence parallelism (two ranks)."""
+    return _ranks(one, 2, [("tp2-sp", [*TP2, *SP, *SAVE])])
+
+
+@pytest.fixture(scope="module")
+def ep_runs(one):
+    """EP2 x TP2 (four ranks: two tensor-parallel ranks times two data-parallel ranks that are
+    the two expert-parallel ranks; each holds two of the four experts, split over its TP pair)."""
+    return _ranks(one, 4, [("ep2-tp2", [*TP2, *EP2, *SAVE])])
+
+
+@pytest.fixture(scope="module")
+def slow_runs(one):
+    """The variants: TP2 without sequence parallelism; EP2 x TP2 with it, without layout invariance."""
+    _, _, two = _ranks(one, 2, [("tp2", TP2)])
+    fast = [*TP2, *EP2, *SP, "--training.layout_invariant=false"]
+    root, single, four = _ranks(one, 4, [("ep2-tp2-sp-fast", fast)])
+    return root, single, {**two, **four}
 
 
 def _assert_close(got: dict, want: dict) -> None:
@@ -53,20 +80,21 @@ def _assert_close(got: dict, want: dict) -> None:
         assert abs(got["params"][name] - p).max() < PARAM_ATOL, name
 
 
-def test_moe_on_two_tensor_parallel_ranks_equals_one_process(runs):
-    _, one, two = runs
-    _assert_close(two["tp2"], one)
-    assert two["tp2"]["losses"] != one["losses"]  # TP changes the matrix products: not a copy
-
-
 def test_moe_with_sequence_parallelism_equals_one_process(runs):
     _, one, two = runs
     _assert_close(two["tp2-sp"], one)
+    assert two["tp2-sp"]["losses"] != one["losses"]  # TP changes the matrix products: not a copy
+
+
+@pytest.mark.slow
+def test_moe_on_two_tensor_parallel_ranks_equals_one_process(slow_runs):
+    _, one, runs = slow_runs
+    _assert_close(runs["tp2"], one)
 
 
 def test_a_tp2_moe_checkpoint_resumes_in_one_process(runs):
     root, one, _ = runs
-    checkpoint = root / "tp2" / "checkpoints" / step_folder_name(10)
+    checkpoint = root / "tp2-sp" / "checkpoints" / step_folder_name(10)
     resumed = M.single(str(root), "tp2-on-one", [f"--checkpoint.resume={checkpoint}"])
     assert resumed["losses"] == pytest.approx(one["losses"][10:], abs=ATOL)
     for name, p in one["params"].items():
@@ -97,3 +125,24 @@ def test_widths_tensor_parallelism_cannot_split_are_refused_by_name(option, over
     with pytest.raises(ConfigError, match=f"model.{option}.*parallel.tensor_parallel=2"):
         check_model_layout(cfg, ParallelDims(dp=1, tp=2, pp=1))
     check_model_layout(cfg, ParallelDims(dp=2, tp=1, pp=1))  # no tensor parallelism: fine
+
+
+def test_moe_on_two_expert_times_two_tensor_parallel_ranks_equals_one_process(ep_runs):
+    _, one, four = ep_runs
+    _assert_close(four["ep2-tp2"], one)
+    assert four["ep2-tp2"]["experts_held"] == [2, 2]  # two experts per layer on each rank
+
+
+@pytest.mark.slow
+def test_ep_tp_with_sequence_parallelism_without_layout_invariance_equals_one_process(slow_runs):
+    _, one, runs = slow_runs
+    _assert_close(runs["ep2-tp2-sp-fast"], one)
+
+
+def test_an_ep2_tp2_moe_checkpoint_resumes_in_one_process(ep_runs):
+    root, one, _ = ep_runs
+    checkpoint = root / "ep2-tp2" / "checkpoints" / step_folder_name(10)
+    resumed = M.single(str(root), "ep2-tp2-on-one", [f"--checkpoint.resume={checkpoint}"])
+    assert resumed["losses"] == pytest.approx(one["losses"][10:], abs=ATOL)
+    for name, p in one["params"].items():
+        assert abs(resumed["params"][name] - p).max() < PARAM_ATOL, name

@@ -86,7 +86,10 @@ class ParallelConfig:
             (:mod:`epochal.parallel.expert_parallel`). Everything else stays
             data-parallel; expert weights are reduced over the ranks that hold
             the same experts. Combines with ``context_parallel`` (each rank
-            dispatches its own sequence chunks); not with ``tensor_parallel`` > 1.
+            dispatches its own sequence chunks) and ``tensor_parallel`` (each
+            expert's weights split over the tensor-parallel ranks, as
+            Megatron's expert tensor-parallel size equal to
+            ``tensor_parallel``).
         pipeline_parallel: number of pipeline stages (ranks); >= 1.
         virtual_pipeline: model chunks per pipeline rank (Megatron's
             ``virtual_pipeline_model_parallel_size``); > 1 needs the
@@ -224,14 +227,6 @@ class ParallelConfig:
             "sequence_parallel",
             f"needs tensor_parallel > 1, got tensor_parallel={self.tensor_parallel}",
         )
-        for name in ("tensor_parallel",):
-            _require(
-                self.expert_parallel == 1 or getattr(self, name) == 1,
-                "expert_parallel",
-                f"> 1 is not supported with {name} > 1 (got expert_parallel="
-                f"{self.expert_parallel}, {name}={getattr(self, name)}); combine expert "
-                "parallelism with data, pipeline and context parallelism",
-            )
         if self.virtual_pipeline > 1:
             _require(
                 self.pipeline_schedule == "interleaved_1f1b",

@@ -55,8 +55,18 @@ ranks that share a context-parallel coordinate: each rank dispatches the tokens 
 own sequence chunks to their experts (the balance loss's counts are summed over the
 context-parallel group by :func:`~epochal.parallel.context_parallel.apply_context_parallel`).
 
-Not combined (refused by name): ``parallel.tensor_parallel > 1`` with
-``parallel.expert_parallel > 1``.
+With tensor parallelism (Megatron's expert tensor-parallel size equal to the
+tensor-parallel size), the expert-parallel groups are carved from the data-parallel
+ranks that share a tensor-parallel coordinate, and each expert's weights are split over
+the tensor-parallel ranks as without expert parallelism
+(:mod:`epochal.parallel.tensor_parallel_moe`): every tensor-parallel rank routes the
+whole (replicated or all-gathered) micro-batch the same way, sends the rows to the
+rank at its own tensor-parallel coordinate in the expert's group, whose shard gives a
+partial sum; the combined slots are partial sums, reduced once per layer over the
+tensor-parallel group as without expert parallelism. Expert gradients are then
+tensor-parallel local shards; the ordered sums above work on the local shards, and a
+``Partial`` one (a row-parallel bias) is summed over the tensor-parallel ranks in rank
+order when it is installed.
 """
 
 from __future__ import annotations
@@ -67,12 +77,14 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.tensor import DTensor
 from torch.func import functional_call
 
 from epochal.model.config import ConfigError, ModelConfig
 from epochal.model.layers.moe import MoEMLP
 from epochal.parallel.exact_norm import clip_grad_norm_exact
 from epochal.parallel.grad_clip import clip_grad_norm_parallel
+from epochal.parallel.ordered_reduce import placed_grad
 
 __all__ = [
     "ExpertParallel",
@@ -124,6 +136,31 @@ def expert_parameters(module: nn.Module) -> list[nn.Parameter]:
                     seen.add(id(p))
                     out.append(p)
     return out
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """A DTensor's local shard (a plain tensor as it is)."""
+    return t._local_tensor if isinstance(t, DTensor) else t
+
+
+def _replicated(param: torch.Tensor) -> bool:
+    """Whether ``param`` is the same on every tensor-parallel rank (a plain tensor or ``Replicate``)."""
+    return not isinstance(param, DTensor) or all(pl.is_replicate() for pl in param.placements)
+
+
+def _install(param: nn.Parameter, local: torch.Tensor, placements: Any) -> None:
+    """``local`` (this rank's gradient values) as ``param.grad``, in ``param``'s placements.
+
+    ``placements`` are the gradient's as autograd gave them (None: a plain tensor); a
+    ``Partial`` one is summed over its mesh dimension in rank order.
+    """
+    if not isinstance(param, DTensor):
+        param.grad = local
+        return
+    grad = DTensor.from_local(
+        local, param.device_mesh, placements, shape=param.shape, stride=param.stride()
+    )
+    param.grad = placed_grad(param, grad)
 
 
 def _staged(tensor: torch.Tensor, group: dist.ProcessGroup) -> bool:
@@ -244,14 +281,21 @@ class _Dispatcher:
         return slots
 
 
-def _groups(dims: Any, rank: int) -> tuple[dist.ProcessGroup, dist.ProcessGroup | None]:
-    """This rank's expert-parallel and expert-data-parallel groups (every rank creates all of them)."""
+def _groups(
+    dims: Any, rank: int
+) -> tuple[dist.ProcessGroup, dist.ProcessGroup | None, dist.ProcessGroup | None]:
+    """This rank's expert-parallel, expert-data-parallel and expert x tensor-parallel groups.
+
+    Every rank creates all of them, in the same order. The third (None without tensor
+    parallelism) holds the ranks whose expert shards make up one expert-data-parallel
+    replica of every expert: the expert-parallel ranks times the tensor-parallel ranks.
+    """
     ep, edp = dims.ep, dims.dp // dims.ep
 
     def global_rank(pp: int, dp: int, cp: int, tp: int) -> int:
         return pp * (dims.dp * dims.cp * dims.tp) + dp * (dims.cp * dims.tp) + cp * dims.tp + tp
 
-    mine_ep = mine_edp = None
+    mine_ep = mine_edp = mine_ep_tp = None
     for pp in range(dims.pp):
         for cp in range(dims.cp):
             for tp in range(dims.tp):
@@ -265,8 +309,18 @@ def _groups(dims: Any, rank: int) -> tuple[dist.ProcessGroup, dist.ProcessGroup 
                     group = dist.new_group(ranks) if edp > 1 else None
                     if rank in ranks:
                         mine_edp = group
+            if dims.tp > 1:
+                for q in range(edp):
+                    ranks = sorted(
+                        global_rank(pp, q * ep + r, cp, tp)
+                        for r in range(ep)
+                        for tp in range(dims.tp)
+                    )
+                    group = dist.new_group(ranks)
+                    if rank in ranks:
+                        mine_ep_tp = group
     assert mine_ep is not None
-    return mine_ep, mine_edp
+    return mine_ep, mine_edp, mine_ep_tp
 
 
 class ExpertParallel:
@@ -282,6 +336,8 @@ class ExpertParallel:
         edp_rank: its expert-data-parallel rank (``dp_rank // P``); ``edp`` their count.
         group: the expert-parallel group (the all-to-alls).
         edp_group: the ranks holding the same experts (None when ``P == dp``).
+        ep_tp_group: the expert-parallel times tensor-parallel ranks (None without
+            tensor parallelism).
     """
 
     def __init__(self, dims: Any, *, invariant: bool) -> None:
@@ -290,10 +346,12 @@ class ExpertParallel:
         self.rank, self.edp_rank = coords["dp"] % dims.ep, coords["dp"] // dims.ep
         self.edp = dims.dp // dims.ep
         self.coords = coords
-        self.group, self.edp_group = _groups(dims, dist.get_rank())
+        self.group, self.edp_group, self.ep_tp_group = _groups(dims, dist.get_rank())
+        self.tp_rank = coords["tp"]
         self.invariant = invariant
         self.parts: list[nn.Module] = []
         self._contributions: dict[tuple[int, int], list[torch.Tensor]] = {}
+        self._placements: dict[int, Any] = {}
 
     # ----------------------------------------------------------------- building
     def local_range(self, num_experts: int) -> range:
@@ -346,8 +404,14 @@ class ExpertParallel:
         return functional_call(expert, tapped, (rows,))
 
     def take(self, key: tuple[int, int], grad: torch.Tensor) -> None:
-        """One expert call's weight gradient (layout-invariant mode), in backward order."""
-        self._contributions.setdefault(key, []).append(grad.detach())
+        """One expert call's weight gradient (layout-invariant mode), in backward order.
+
+        A DTensor gradient (tensor parallelism) is kept as its local shard; its
+        placements are remembered for :meth:`_ordered_grads`.
+        """
+        if isinstance(grad, DTensor):
+            self._placements[key[0]] = grad.placements
+        self._contributions.setdefault(key, []).append(_local(grad).detach())
 
     # ---------------------------------------------------------------- gradients
     @torch.no_grad()
@@ -357,7 +421,8 @@ class ExpertParallel:
         if self.invariant:
             self._ordered_grads(params)
             return
-        grads = [p.grad for p in params if p.grad is not None]
+        with_grads = [p for p in params if p.grad is not None]
+        grads = [_local(p.grad) for p in with_grads]
         if not grads:
             return
         if self.edp_group is not None:
@@ -372,6 +437,9 @@ class ExpertParallel:
                 start += g.numel()
         for g in grads:
             g.div_(self.dp)
+        for p in with_grads:  # tensor parallelism: a Partial gradient summed in rank order
+            if isinstance(p, DTensor):
+                p.grad = placed_grad(p, p.grad)
 
     def _ordered_grads(self, params: list[nn.Parameter]) -> None:
         """Add every expert call's gradient in the global micro-batch order and install it."""
@@ -414,8 +482,11 @@ class ExpertParallel:
         assert acc is not None
         start = 0
         for p in params:
-            p.grad = acc[start : start + p.numel()].view_as(p).clone()
-            start += p.numel()
+            local = _local(p)
+            grad = acc[start : start + local.numel()].view_as(local).clone()
+            _install(p, grad, self._placements.get(id(p), getattr(p, "placements", None)))
+            start += local.numel()
+        self._placements.clear()
 
     def clip_grad_norm(self, engine: Any, max_norm: float) -> torch.Tensor:
         """:meth:`ParallelEngine.clip_grad_norm` with each expert counted once (by its owners'
@@ -431,12 +502,18 @@ class ExpertParallel:
                 coords={"dp": engine.dp_rank, "cp": engine.cp_rank, "tp": engine.tp_rank},
                 param_coords={id(p): own for p in experts},
             )
+        exclude = list(engine.duplicated_parameters())
+        group = self.group
+        if self.ep_tp_group is not None:  # shards over expert x tensor-parallel ranks
+            group = self.ep_tp_group
+            if self.tp_rank != 0:  # a tensor-parallel replica (a row-parallel bias) counts once
+                exclude += [p for p in experts if _replicated(p)]
         return clip_grad_norm_parallel(
             engine.parameters(),
             max_norm,
             pp_group=engine.pp_group,
-            exclude_from_norm=engine.duplicated_parameters(),
-            sharded=(experts, self.group),
+            exclude_from_norm=exclude,
+            sharded=(experts, group),
         )
 
 

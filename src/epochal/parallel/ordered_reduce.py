@@ -55,7 +55,7 @@ from torch.distributed.fsdp import FSDPModule  # also registers torch.ops.fsdp.c
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.placement_types import Partial
 
-__all__ = ["OrderedGradReducer", "finalize_partial_grads", "ordered_sum"]
+__all__ = ["OrderedGradReducer", "finalize_partial_grads", "ordered_sum", "placed_grad"]
 
 
 def _staged(tensor: torch.Tensor, group: dist.ProcessGroup | None) -> bool:
@@ -132,13 +132,27 @@ def finalize_partial_grads(parts: Sequence[nn.Module]) -> None:
     """
     for part in parts:
         for p in part.parameters():
-            g = p.grad
-            if isinstance(g, DTensor) and isinstance(p, DTensor) and g.placements != p.placements:
-                g = _without_exact_moves(g, p.placements)
-                local = _resolve_partial(g._local_tensor, g.placements, p.placements, g.device_mesh)
-                p.grad = DTensor.from_local(
-                    local, p.device_mesh, p.placements, shape=p.shape, stride=p.stride()
-                )
+            if isinstance(p.grad, DTensor) and isinstance(p, DTensor):
+                p.grad = placed_grad(p, p.grad)
+
+
+def placed_grad(param: DTensor, grad: DTensor) -> DTensor:
+    """``grad`` in ``param``'s placements, ``Partial`` dimensions summed in rank order.
+
+    Args:
+        param: a tensor-parallel parameter.
+        grad: a gradient of it, in any placements on the same mesh.
+
+    Returns:
+        ``grad`` itself when the placements already agree, else a new DTensor.
+    """
+    if grad.placements == param.placements:
+        return grad
+    g = _without_exact_moves(grad, param.placements)
+    local = _resolve_partial(g._local_tensor, g.placements, param.placements, g.device_mesh)
+    return DTensor.from_local(
+        local, param.device_mesh, param.placements, shape=param.shape, stride=param.stride()
+    )
 
 
 class _Slot:

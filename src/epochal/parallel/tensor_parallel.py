@@ -475,18 +475,22 @@ def apply_tensor_parallel(
         model.register_forward_pre_hook(_full_sequence_positions(tp), with_kwargs=True)
     plan = _block_plan(config, tp, sequence_parallel)
     cross_plan = _block_plan(config, tp, sequence_parallel, cross=True)
-    moe_plan = None
-    if getattr(config, "num_experts", None) is not None:  # MoE blocks: the MLP's own plan
-        moe_plan = {k: v for k, v in plan.items() if k != "mlp" and not k.startswith("mlp.")}
-        moe_plan.update(moe_mlp_plan(config, sequence_parallel))
+    attention_plan = {k: v for k, v in plan.items() if k != "mlp" and not k.startswith("mlp.")}
     heads_per_rank = config.num_attention_heads // tp
     first_head = tp_mesh.get_local_rank() * heads_per_rank
     for block in model.layers.values():
         has_cross = getattr(block, "cross_attention", None) is not None
-        is_moe = moe_plan is not None and isinstance(block.mlp, MoEMLP)
-        parallelize_module(
-            block, tp_mesh, moe_plan if is_moe else cross_plan if has_cross else plan
-        )
+        is_moe = isinstance(getattr(block, "mlp", None), MoEMLP)
+        if is_moe:  # the MLP's own plan, over the experts this block holds
+            block_plan = {
+                **attention_plan,
+                **moe_mlp_plan(
+                    config, sequence_parallel, [n for n, _ in block.mlp.experts.named_children()]
+                ),
+            }
+        else:
+            block_plan = cross_plan if has_cross else plan
+        parallelize_module(block, tp_mesh, block_plan)
         if is_moe:
             finish_moe_tensor_parallel(block, tp_mesh)
         attention = block.attention

@@ -51,6 +51,7 @@ Requirements (:func:`epochal.parallel.model_support.check_model_layout`):
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -208,13 +209,19 @@ def _mlp_plan(prefix: str, config: ModelConfig) -> dict[str, ParallelStyle]:
     return {f"{prefix}.fc1": _ColwiseLocalInput(), f"{prefix}.fc2": _RowwisePartialOutput()}
 
 
-def moe_mlp_plan(config: ModelConfig, sequence_parallel: bool) -> dict[str, ParallelStyle]:
-    """The plan of an MoE block's ``mlp`` (keys relative to the block; see the module docstring)."""
+def moe_mlp_plan(
+    config: ModelConfig, sequence_parallel: bool, experts: Iterable[str]
+) -> dict[str, ParallelStyle]:
+    """The plan of an MoE block's ``mlp`` (keys relative to the block; see the module docstring).
+
+    ``experts`` names the experts the block holds (``mlp.experts``' keys: all of
+    them, or this rank's under expert parallelism).
+    """
     plan: dict[str, ParallelStyle] = {
         "mlp": _MoELayerIO(sequence_parallel),
         "mlp.router": _ReplicatedPartialGrad(),
     }
-    for e in range(config.num_experts):
+    for e in experts:
         plan.update(_mlp_plan(f"mlp.experts.{e}", config))
     if config.moe_shared_expert_intermediate_size is not None:
         plan.update(_mlp_plan("mlp.shared_expert", config))
