@@ -49,6 +49,7 @@ def test_moe_on_two_pipeline_stages_trains_the_bits_of_one_process(runs):
     _, one, two = runs
     assert two["pp2"]["losses"] == one["losses"]  # step 11 follows an evaluation
     assert two["pp2"]["eval"] == one["eval"]
+    assert two["pp2"]["logged"] == one["logged"]  # every layer's records, from both stages
     assert two["pp2"]["digest"] == one["digest"]
 
 

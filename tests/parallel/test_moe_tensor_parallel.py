@@ -56,10 +56,12 @@ def ep_runs(one):
 
 @pytest.fixture(scope="module")
 def slow_runs(one):
-    """The variants: TP2 without sequence parallelism; EP2 x TP2 with it, without layout invariance."""
+    """The variants: TP2 without sequence parallelism; EP2 x TP2 with it, without layout
+    invariance; TP2 x PP2."""
     _, _, two = _ranks(one, 2, [("tp2", TP2)])
     fast = [*TP2, *EP2, *SP, "--training.layout_invariant=false"]
-    root, single, four = _ranks(one, 4, [("ep2-tp2-sp-fast", fast)])
+    tp_pp = [*TP2, "--parallel.pipeline_parallel=2"]
+    root, single, four = _ranks(one, 4, [("ep2-tp2-sp-fast", fast), ("tp2-pp2", tp_pp)])
     return root, single, {**two, **four}
 
 
@@ -146,3 +148,9 @@ def test_an_ep2_tp2_moe_checkpoint_resumes_in_one_process(ep_runs):
     assert resumed["losses"] == pytest.approx(one["losses"][10:], abs=ATOL)
     for name, p in one["params"].items():
         assert abs(resumed["params"][name] - p).max() < PARAM_ATOL, name
+
+
+@pytest.mark.slow
+def test_moe_on_tensor_times_pipeline_parallel_ranks_equals_one_process(slow_runs):
+    _, one, runs = slow_runs
+    _assert_close(runs["tp2-pp2"], one)

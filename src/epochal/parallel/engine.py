@@ -210,6 +210,7 @@ class ParallelEngine(PipelineSteps):
         self._pp_logits: dict[int, list[torch.Tensor]] = {}
         self._pp_losses: dict[int, torch.Tensor] = {}
         self._pp_n = 0
+        self._install_moe_stage_records(getattr(model_config, "num_experts", None) is not None)
         self.logged: list[dict[str, Any]] = []
         #: layout_invariant: the last call's per-micro-batch losses, global order, every rank.
         self.micro_batch_losses: list[float] = []

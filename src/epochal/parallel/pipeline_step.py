@@ -11,6 +11,13 @@ pipeline rank. With ``layout_invariant`` the divisor is the global number of
 micro-batches and the losses are summed in the global micro-batch order
 (:mod:`epochal.parallel.global_order`); the micro-batch seeds of keyed dropout
 reach every stage as a keyword (:mod:`epochal.parallel.dropout_keys`).
+
+Mixture-of-experts records: each micro-batch's records cover every MoE layer, as one
+process's do. A stage's layers keep their statistics after each forward (in
+micro-batch order, the schedules' order of forwards on one stage; a schedule's first
+step is preceded by one forward of its set-up, which is left out); after the
+schedule they are gathered over the pipeline group and the last stage turns each
+micro-batch's layers into its records (:func:`~epochal.model.layers.moe.moe_records`).
 """
 
 from __future__ import annotations
@@ -22,7 +29,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.pipelining import PipelineStage
 
-from epochal.model.layers.moe import set_moe_loss_scale
+from epochal.model.layers.moe import moe_records, set_moe_loss_scale, take_moe_layer_stats
 from epochal.parallel.dropout_keys import DROPOUT_SEED_KWARG
 from epochal.parallel.global_order import gather_in_order, sequential_sum
 from epochal.parallel.pipeline import build_schedule
@@ -33,6 +40,46 @@ __all__ = ["PipelineSteps"]
 
 class PipelineSteps:
     """Pipeline schedule steps of :class:`~epochal.parallel.engine.ParallelEngine` (a mixin)."""
+
+    def _install_moe_stage_records(self, moe: bool) -> None:
+        """Keep the MoE statistics of every micro-batch's forward on each stage (pipelines with MoE)."""
+        self._pp_moe: dict[int, list[list[Any]]] | None = None
+        if not (moe and self.dims.pp > 1):
+            return
+        self._pp_moe = {}
+        for stage_id, part in zip(self.stage_ids, self.model_parts):
+
+            def keep(module: Any, args: Any, output: Any, _stage: int = stage_id) -> None:
+                stats = take_moe_layer_stats(module)
+                if stats:
+                    detached = [(i, {k: v.detach().cpu() for k, v in s.items()}) for i, s in stats]
+                    self._pp_moe.setdefault(_stage, []).append(detached)
+
+            part.register_forward_hook(keep)
+
+    def _moe_stage_records(self) -> None:
+        """Every stage's MoE statistics of this step into the last stage's records (a collective)."""
+        if self._pp_moe is None:
+            return
+        mine, self._pp_moe = self._pp_moe, {}
+        every: list[Any] = [None] * self.dims.pp
+        dist.all_gather_object(every, mine, group=self.pp_group)
+        if not self.has_last_stage or not self._pp_logged:
+            return
+        per_mb: list[list[Any]] = [[] for _ in range(self._pp_n)]
+        for stages in every:
+            for stage_id, forwards in stages.items():
+                if len(forwards) == self._pp_n + 1:  # a new schedule's set-up runs one first
+                    forwards = forwards[1:]
+                if len(forwards) != self._pp_n:
+                    raise RuntimeError(
+                        f"pipeline stage {stage_id} recorded {len(forwards)} MoE forwards for "
+                        f"{self._pp_n} micro-batches"
+                    )
+                for i, stats in enumerate(forwards):
+                    per_mb[i] += stats
+        for i, logged in self._pp_logged.items():
+            logged.update(moe_records(per_mb[i]))
 
     def _pipeline_loss(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         if self._step is not None:
@@ -47,8 +94,8 @@ class PipelineSteps:
                 on_logits=captured.append if self._pp_on_logits is not None else None,
                 context_parallel=self.cp,
             )
-            last = self.model_parts[self.stage_ids.index(self.dims.num_stages - 1)]
-            loss, logged = run_train_step(self._step, mb, model, records_from=last)
+            # a replay has no module: MoE records are kept per stage (_moe_stage_records)
+            loss, logged = run_train_step(self._step, mb, model)
             # By index: the schedule's set-up also calls this once for micro-batch 0.
             self._pp_logged[index] = logged
             self._pp_logits[index] = captured
@@ -126,6 +173,8 @@ class PipelineSteps:
         self._pp_training = train
         self._pp_logged = {}
         self._pp_logits = {}
+        if self._pp_moe is not None:
+            self._pp_moe = {}
         schedule = self._schedule(n, train)
         args: list[torch.Tensor] = []
         kwargs: dict[str, torch.Tensor] = {}
@@ -164,6 +213,7 @@ class PipelineSteps:
             schedule.step(*args, target=target, losses=losses, return_outputs=False, **kwargs)
         else:
             schedule.eval(*args, target=target, losses=losses, **kwargs)
+        self._moe_stage_records()
         if on_logits is not None:  # in micro-batch order, once each
             for i in sorted(self._pp_logged):
                 observe_logits(on_logits, micro_batches[i], self._pp_logits[i], self._pp_logged[i])

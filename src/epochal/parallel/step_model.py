@@ -169,8 +169,6 @@ def run_train_step(
     micro_batch: dict[str, torch.Tensor],
     model: StepModel,
     on_logits: LogitsObserver | None = None,
-    *,
-    records_from: torch.nn.Module | None = None,
 ) -> tuple[torch.Tensor, dict[str, Any]]:
     """One micro-batch through a train step: ``(loss, logged)`` (Megatron's contract).
 
@@ -178,7 +176,8 @@ def run_train_step(
     ``loss_func(output)`` checked by :func:`~epochal.parallel.logged.split_loss_output`.
     With ``on_logits``, the step's model call hands its logits to it (see
     :func:`observe_logits`) and what it returns joins ``logged``. The records of
-    the mixture-of-experts layers of ``records_from`` (default ``model.module``) join
+    the mixture-of-experts layers of ``model.module`` (none for a pipeline stage's replay,
+    whose records :mod:`epochal.parallel.pipeline_step` gathers) join
     ``logged`` too (:func:`~epochal.model.layers.moe.pop_moe_stats`: the balance and
     z-losses, tokens per expert; nothing for a dense model).
 
@@ -193,9 +192,8 @@ def run_train_step(
     loss, logged = split_loss_output(loss_func(output))
     if on_logits is not None:
         observe_logits(on_logits, micro_batch, captured, logged)
-    source = records_from if records_from is not None else model.module
-    if source is not None:
-        logged.update(pop_moe_stats(source))
+    if model.module is not None:
+        logged.update(pop_moe_stats(model.module))
     return loss, logged
 
 

@@ -60,7 +60,9 @@ from epochal.model.layers.mlp import MLP
 __all__ = [
     "MoEMLP",
     "local_expert_slots",
+    "moe_records",
     "pop_moe_stats",
+    "take_moe_layer_stats",
     "route",
     "set_moe_loss_scale",
     "switch_aux_loss",
@@ -282,26 +284,44 @@ def set_moe_loss_scale(module: nn.Module | Sequence[nn.Module], scale: float) ->
                 sub.loss_scale = float(scale)
 
 
-def pop_moe_stats(module: nn.Module) -> dict[str, torch.Tensor]:
-    """The records of the MoE layers' last forward in ``module`` (then cleared).
+def take_moe_layer_stats(module: nn.Module) -> list[tuple[int, dict[str, torch.Tensor]]]:
+    """``(layer_id, stats)`` of every MoE layer in ``module`` with a record (then cleared).
+
+    ``stats`` is the layer's :attr:`MoEMLP.last_stats`. :func:`moe_records` turns the
+    layers' stats (of one model part, or gathered from several) into the records.
+    """
+    out = []
+    for sub in module.modules():
+        if isinstance(sub, MoEMLP) and sub.last_stats is not None:
+            out.append((sub.layer_id, sub.last_stats))
+            sub.last_stats = None
+    return out
+
+
+def moe_records(
+    layer_stats: Sequence[tuple[int, dict[str, torch.Tensor]]],
+) -> dict[str, torch.Tensor]:
+    """The records of MoE layers' stats (:func:`take_moe_layer_stats`), in layer order.
 
     Returns:
         ``{"load_balancing_loss": mean over layers, "z_loss": mean over layers,
         "load_balancing_loss/layer_{i}", "tokens_per_expert/layer_{i}/expert_{e}"
-        (the fraction of the top-k assignments)}``; empty for a dense model.
+        (the fraction of the top-k assignments)}``; empty without stats.
     """
     out: dict[str, torch.Tensor] = {}
     aux, z = [], []
-    for sub in module.modules():
-        if not isinstance(sub, MoEMLP) or sub.last_stats is None:
-            continue
-        stats, sub.last_stats = sub.last_stats, None
+    for layer_id, stats in sorted(layer_stats, key=lambda item: item[0]):
         aux.append(stats["aux"])
         z.append(stats["z"])
-        out[f"load_balancing_loss/layer_{sub.layer_id}"] = stats["aux"]
+        out[f"load_balancing_loss/layer_{layer_id}"] = stats["aux"]
         for e, fraction in enumerate(stats["tokens"].tolist()):
-            out[f"tokens_per_expert/layer_{sub.layer_id}/expert_{e}"] = torch.tensor(fraction)
+            out[f"tokens_per_expert/layer_{layer_id}/expert_{e}"] = torch.tensor(fraction)
     if aux:
         out["load_balancing_loss"] = torch.stack(aux).mean()
         out["z_loss"] = torch.stack(z).mean()
     return out
+
+
+def pop_moe_stats(module: nn.Module) -> dict[str, torch.Tensor]:
+    """The records of the MoE layers' last forward in ``module`` (then cleared): :func:`moe_records`."""
+    return moe_records(take_moe_layer_stats(module))
