@@ -231,8 +231,24 @@ def run_gloo(
     """Run ``fn(rank, world_size, *args)`` on ``world_size`` gloo ranks; return results by rank.
 
     ``fn`` must be importable (a module-level function). Raises ``RuntimeError``
-    with the failing rank's traceback if any rank raises.
+    with the failing rank's traceback if any rank raises. The rendezvous port is one
+    that was free a moment before; if another process took it meanwhile (the store
+    cannot listen, before any rank ran ``fn``), the group starts again on another
+    port, at most three times.
     """
+    for attempt in range(3):
+        try:
+            return _run_gloo_once(fn, world_size, args, timeout)
+        except RuntimeError as exc:
+            taken = "EADDRINUSE" in str(exc) and "init_process_group" in str(exc)
+            if not taken or attempt == 2:
+                raise
+    raise AssertionError("unreachable")
+
+
+def _run_gloo_once(
+    fn: Callable[..., Any], world_size: int, args: tuple, timeout: float
+) -> list[Any]:
     ctx = _gloo_context()
     queue = ctx.Queue()
     port = free_port()

@@ -12,7 +12,7 @@ The direction (DESIGN.md, "Dependencies point one way"): a file's *layer* is its
 top-level package under ``epochal/`` (``data``, ``model``, ...) or, for a top-level
 module, its name (``cli``); the private helpers ``_atomic``, ``_checksum``, ``_lazy``, ``_paths``,
 ``_text``, ``_dcp``, ``_env`` (checked numeric environment variables), ``_ownership`` (which
-writer owns a path) and ``epochal/__init__.py`` are the *base* that every layer may use, and import no
+writer owns a path), ``_eager`` (functions ``torch.compile`` leaves alone) and ``epochal/__init__.py`` are the *base* that every layer may use, and import no
 layer. Each layer may import itself, the base and:
 
     data      nothing else (usable on its own under Megatron-Core, NeMo, Lightning)
@@ -48,7 +48,18 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "epochal"
 MAX_LINES = 600
 
 BASE = frozenset(
-    {"epochal", "_atomic", "_checksum", "_lazy", "_paths", "_text", "_dcp", "_env", "_ownership"}
+    {
+        "epochal",
+        "_atomic",
+        "_checksum",
+        "_lazy",
+        "_paths",
+        "_text",
+        "_dcp",
+        "_env",
+        "_ownership",
+        "_eager",
+    }
 )
 #: layer -> the other layers it may import (itself and the base are always allowed).
 ALLOWED: dict[str, frozenset[str]] = {

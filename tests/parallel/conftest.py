@@ -29,6 +29,12 @@ def two_rank_results(parallel_tmp):
 
 
 @pytest.fixture(scope="session")
+def slow_two_rank_results(parallel_tmp):
+    """``{check: problems}`` of the slow tier's 2-process group."""
+    return run_gloo(groups.slow_two_rank_group, 2, str(parallel_tmp), timeout=900)[0]
+
+
+@pytest.fixture(scope="session")
 def four_rank_results(parallel_tmp):
     """``{check: problems}`` of the 4-process group (writes the TP2 x PP2 checkpoint)."""
     return run_gloo(groups.four_rank_group, 4, str(parallel_tmp), timeout=900)[0]

@@ -132,7 +132,6 @@ TWO_RANK_LAYOUTS: list[tuple[str, dict, dict, int, int, bool]] = [
         8,
         False,
     ),
-    ("compile_dp2", dict(dp_sharding="optimizer"), dict(num_layers=1), 2, 8, True),
     (
         "compile_sp_rope",
         dict(tensor_parallel=2, sequence_parallel=True),
@@ -141,6 +140,13 @@ TWO_RANK_LAYOUTS: list[tuple[str, dict, dict, int, int, bool]] = [
         4,
         True,
     ),
+]
+
+#: 2-rank layouts of the slow tier (same tuple layout): per-block compile under data
+#: parallelism (the single-process trainer's per-block compile is tested in the default
+#: tier, whole-part compile under TP + SP above); about 16 s on two cores.
+SLOW_TWO_RANK_LAYOUTS: list[tuple[str, dict, dict, int, int, bool]] = [
+    ("compile_dp2", dict(dp_sharding="optimizer"), dict(num_layers=1), 2, 8, True),
 ]
 
 #: 4-rank layouts (same tuple layout).
@@ -355,6 +361,12 @@ def two_rank_group(rank: int, world: int, tmp: str) -> dict[str, list[str]]:
 
     out["reshard_single_to_pp2"] = _guard(resume_pp2)
     return out
+
+
+def slow_two_rank_group(rank: int, world: int, tmp: str) -> dict[str, list[str]]:
+    """The 2-process checks of the slow tier."""
+    torch.set_num_threads(1)
+    return _layout_checks(SLOW_TWO_RANK_LAYOUTS)
 
 
 def four_rank_group(rank: int, world: int, tmp: str) -> dict[str, Any]:

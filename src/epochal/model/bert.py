@@ -70,6 +70,7 @@ from epochal.model.config import ModelConfig
 from epochal.model.heads import build_head
 from epochal.model.layers.attention import padding_attention_mask
 from epochal.model.layers.block import TransformerBlock
+from epochal.model.layers.embedding import Embedding
 from epochal.model.layers.norms import build_norm
 from epochal.model.layers.packing import PackedSequences
 from epochal.model.lora import apply_lora, trainable
@@ -147,13 +148,13 @@ class BertModel(TransformerModel):
     def _build(self, config: ModelConfig) -> None:
         h = config.hidden_size
         post_ln = config.transformer_block_type == "post_ln"
-        self.tok_embeddings: nn.Embedding | None = nn.Embedding(config.padded_vocab_size, h)
+        self.tok_embeddings: nn.Embedding | None = Embedding(config.padded_vocab_size, h)
         self.pos_embeddings: nn.Embedding | None = None
         if config.position_embedding_type == "learned_absolute":
-            self.pos_embeddings = nn.Embedding(config.max_position_embeddings, h)
+            self.pos_embeddings = Embedding(config.max_position_embeddings, h)
         self.tokentype_embeddings: nn.Embedding | None = None
         if config.num_tokentypes > 0:
-            self.tokentype_embeddings = nn.Embedding(config.num_tokentypes, h)
+            self.tokentype_embeddings = Embedding(config.num_tokentypes, h)
         self.embedding_norm: nn.Module | None = build_norm(config) if post_ln else None
         esm = config.type == "esm"
         self.embedding_dropout = nn.Dropout(0.0 if esm else config.hidden_dropout)

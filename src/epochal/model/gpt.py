@@ -68,6 +68,7 @@ from epochal.model.config import ModelConfig
 from epochal.model.generation.kv_cache import KVCache
 from epochal.model.heads import build_head
 from epochal.model.layers.block import TransformerBlock
+from epochal.model.layers.embedding import Embedding
 from epochal.model.layers.norms import build_norm
 
 __all__ = ["GPTModel"]
@@ -95,10 +96,10 @@ class GPTModel(TransformerModel):
 
     def _build(self, config: ModelConfig) -> None:
         h = config.hidden_size
-        self.tok_embeddings: nn.Embedding | None = nn.Embedding(config.padded_vocab_size, h)
+        self.tok_embeddings: nn.Embedding | None = Embedding(config.padded_vocab_size, h)
         self.pos_embeddings: nn.Embedding | None = None
         if config.position_embedding_type == "learned_absolute":
-            self.pos_embeddings = nn.Embedding(config.max_position_embeddings, h)
+            self.pos_embeddings = Embedding(config.max_position_embeddings, h)
         self.embedding_dropout = nn.Dropout(config.hidden_dropout)
         self.layers = nn.ModuleDict(
             {str(i): TransformerBlock(config, i) for i in range(config.num_layers)}

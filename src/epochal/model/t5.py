@@ -61,6 +61,7 @@ from epochal.model.config import ModelConfig
 from epochal.model.generation.kv_cache import KVCache
 from epochal.model.layers.attention import padding_attention_mask
 from epochal.model.layers.block import DecoderBlock, TransformerBlock
+from epochal.model.layers.embedding import Embedding
 from epochal.model.layers.norms import build_norm
 from epochal.model.layers.relative_bias import RelativePositionBias
 
@@ -91,10 +92,10 @@ class T5Model(TransformerModel):
 
     def _build(self, config: ModelConfig) -> None:
         h = config.hidden_size
-        self.tok_embeddings: nn.Embedding | None = nn.Embedding(config.padded_vocab_size, h)
+        self.tok_embeddings: nn.Embedding | None = Embedding(config.padded_vocab_size, h)
         self.pos_embeddings: nn.Embedding | None = None
         if config.position_embedding_type == "learned_absolute":
-            self.pos_embeddings = nn.Embedding(config.max_position_embeddings, h)
+            self.pos_embeddings = Embedding(config.max_position_embeddings, h)
         self.encoder_relative_bias: RelativePositionBias | None = None
         self.decoder_relative_bias: RelativePositionBias | None = None
         if config.position_embedding_type == "relative":

@@ -39,7 +39,6 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.pipelining import PipelineStage
 from torch.distributed.tensor import DTensor
 
 from epochal.model.build import build_model
@@ -190,16 +189,9 @@ class ParallelEngine(PipelineSteps):
         self.model_parts = [self._build_part(i) for i in self.stage_ids]
         self.tied = model_config.tie_embeddings and dims.pp > 1
         self.embedding_group = EmbeddingGroup(mesh, self.tied)
-        self.stages: list[PipelineStage] = []
-        if dims.pp > 1:
-            assert mesh is not None
-            pp_group = mesh["pp"].get_group()
-            for idx, part in zip(self.stage_ids, self.model_parts):
-                self.stages.append(
-                    PipelineStage(part, idx, dims.num_stages, device, group=pp_group)
-                )
+        self.stages = self._build_stages(mesh, device)
         self._schedules: dict[tuple[int, bool], Any] = {}
-        self._eval_stages: list[PipelineStage] = []
+        self._eval_stages: list[Any] = []
         self._loss_fn: LossFn | None = None
         self._loss_scale = 1.0
         self._step: Any = None

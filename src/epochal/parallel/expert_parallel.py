@@ -80,6 +80,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 from torch.func import functional_call
 
+from epochal._eager import eager
 from epochal.model.config import ConfigError, ModelConfig
 from epochal.model.layers.moe import MoEMLP
 from epochal.parallel.exact_norm import clip_grad_norm_exact
@@ -248,7 +249,7 @@ class _Dispatcher:
     def __init__(self, ep: ExpertParallel, first: int, count: int) -> None:
         self.ep, self.first, self.count = ep, first, count
 
-    @torch.compiler.disable  # collectives and data-dependent sizes: runs eagerly
+    @eager  # collectives and data-dependent sizes: runs eagerly
     def __call__(
         self,
         layer: MoEMLP,

@@ -8,6 +8,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from epochal._eager import disable_compile_everywhere
+
 __all__ = ["autocast_forward", "compile_part"]
 
 
@@ -22,8 +24,10 @@ def compile_part(part: nn.Module, unit_keys: Sequence[str], *, tensor_parallel: 
     a plain tensor), without sequence parallelism inductor recurses without end,
     and embedding gradients have been observed to come out silently zero. The
     whole part is therefore compiled as one graph (DTensor collectives inside),
-    which gives the single-process gradients (tested).
+    which gives the single-process gradients (tested). The functions that must run
+    eagerly (:mod:`epochal._eager`) get their disabled versions first.
     """
+    disable_compile_everywhere()
     if tensor_parallel:
         part.compile()
         return

@@ -35,17 +35,12 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.pipelining import (
-    PipelineStage,
-    Schedule1F1B,
-    ScheduleGPipe,
-    ScheduleInterleaved1F1B,
-)
 from torch.distributed.tensor import DTensor
 
 from epochal.model.config import ConfigError
@@ -173,7 +168,7 @@ def split_stage_module(
 
 def build_schedule(
     name: str,
-    stages: list[PipelineStage],
+    stages: list[Any],
     n_microbatches: int,
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
 ):
@@ -186,6 +181,9 @@ def build_schedule(
         loss_fn: ``(output, target) -> loss`` of one micro-batch, already
             divided by the number of micro-batches (gradients are not rescaled).
     """
+    # torch.distributed.pipelining imports TorchDynamo: loaded when a pipeline is built
+    from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
+
     if name == "interleaved_1f1b":
         return ScheduleInterleaved1F1B(
             stages, n_microbatches=n_microbatches, loss_fn=loss_fn, scale_grads=False

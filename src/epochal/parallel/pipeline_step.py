@@ -27,7 +27,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.distributed.pipelining import PipelineStage
 
 from epochal.model.layers.moe import moe_records, set_moe_loss_scale, take_moe_layer_stats
 from epochal.parallel.dropout_keys import DROPOUT_SEED_KWARG
@@ -40,6 +39,18 @@ __all__ = ["PipelineSteps"]
 
 class PipelineSteps:
     """Pipeline schedule steps of :class:`~epochal.parallel.engine.ParallelEngine` (a mixin)."""
+
+    def _build_stages(self, mesh: Any, device: torch.device) -> list[Any]:
+        """This rank's ``PipelineStage`` objects over :attr:`model_parts` (none without pipelining)."""
+        if self.dims.pp == 1:
+            return []
+        from torch.distributed.pipelining import PipelineStage  # imports TorchDynamo
+
+        group = mesh["pp"].get_group()
+        return [
+            PipelineStage(part, idx, self.dims.num_stages, device, group=group)
+            for idx, part in zip(self.stage_ids, self.model_parts)
+        ]
 
     def _install_moe_stage_records(self, moe: bool) -> None:
         """Keep the MoE statistics of every micro-batch's forward on each stage (pipelines with MoE)."""
@@ -136,6 +147,8 @@ class PipelineSteps:
                 stages = self.stages
             else:
                 if not self._eval_stages:
+                    from torch.distributed.pipelining import PipelineStage  # imports TorchDynamo
+
                     self._eval_stages = [
                         PipelineStage(
                             s.submod, s.stage_index, s.num_stages, s.device, group=s.group

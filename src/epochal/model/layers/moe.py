@@ -54,6 +54,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from epochal._eager import eager
 from epochal.model.config import ModelConfig
 from epochal.model.layers.mlp import MLP
 
@@ -234,7 +235,7 @@ class MoEMLP(nn.Module):
         self._record((g_p * g_counts).sum() * norm, g_lse2 / t, g_counts)
         return aux, z
 
-    @torch.compiler.disable
+    @eager
     def _record(self, aux: torch.Tensor, z: torch.Tensor, counts: torch.Tensor) -> None:
         self.last_stats = {
             "aux": aux.detach(),

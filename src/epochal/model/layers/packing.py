@@ -35,6 +35,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from epochal._eager import eager
+
 __all__ = ["PackedSequences", "packed_attention"]
 
 
@@ -138,7 +140,7 @@ def _use_varlen_kernel(q: torch.Tensor, dropout_p: float) -> bool:
     )
 
 
-@torch.compiler.disable
+@eager
 def packed_attention(
     q: torch.Tensor,
     k: torch.Tensor,
