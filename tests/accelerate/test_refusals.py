@@ -10,6 +10,7 @@ from transformers import BatchEncoding
 from epochal.accelerate.local_sgd import LocalSGDError
 from epochal.accelerate.prepare_data import concat_micro_batches, send_to_device
 from epochal.accelerate.refusals import is_refusal
+from tests.dist_utils import kill_tree, start_process
 
 
 def test_a_refusal_prints_one_line_naming_the_script_line(tmp_path):
@@ -22,14 +23,22 @@ def test_a_refusal_prints_one_line_naming_the_script_line(tmp_path):
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MEGATRON_LM_", "ACCELERATE_"))}
     env.pop("EPOCHAL_TRACEBACK", None)
-    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env)
-    assert proc.returncode == 1
-    lines = proc.stderr.strip().splitlines()
-    assert "Traceback" not in proc.stderr
+    # both runs at once (each spends seconds importing, one core each)
+    plain, traced = (
+        start_process([sys.executable, str(script)], env=e, stderr=subprocess.PIPE)
+        for e in (env, {**env, "EPOCHAL_TRACEBACK": "1"})
+    )
+    try:
+        _, out = plain.communicate(timeout=300)
+        _, traced_out = traced.communicate(timeout=300)
+    finally:
+        kill_tree(plain)
+        kill_tree(traced)
+    assert plain.returncode == 1
+    lines = out.strip().splitlines()
+    assert "Traceback" not in out
     assert lines[-1].startswith(f"{script}:4: ") and "DummyOptim" in lines[-1]
-    env["EPOCHAL_TRACEBACK"] = "1"
-    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env)
-    assert proc.returncode == 1 and "Traceback" in proc.stderr
+    assert traced.returncode == 1 and "Traceback" in traced_out
 
 
 def test_only_the_front_ends_errors_are_refusals():
