@@ -94,13 +94,18 @@ def test_moe_on_two_tensor_parallel_ranks_equals_one_process(slow_runs):
     _assert_close(runs["tp2"], one)
 
 
-def test_a_tp2_moe_checkpoint_resumes_in_one_process(runs):
+def _assert_resumes_in_one_process(runs: tuple, name: str) -> None:
+    """``name``'s checkpoint of step 10 resumed in one process ends where one process ends."""
     root, one, _ = runs
-    checkpoint = root / "tp2-sp" / "checkpoints" / step_folder_name(10)
-    resumed = M.single(str(root), "tp2-on-one", [f"--checkpoint.resume={checkpoint}"])
+    checkpoint = root / name / "checkpoints" / step_folder_name(10)
+    resumed = M.single(str(root), f"{name}-on-one", [f"--checkpoint.resume={checkpoint}"])
     assert resumed["losses"] == pytest.approx(one["losses"][10:], abs=ATOL)
-    for name, p in one["params"].items():
-        assert abs(resumed["params"][name] - p).max() < PARAM_ATOL, name
+    for key, p in one["params"].items():
+        assert abs(resumed["params"][key] - p).max() < PARAM_ATOL, key
+
+
+def test_a_tp2_moe_checkpoint_resumes_in_one_process(runs):
+    _assert_resumes_in_one_process(runs, "tp2-sp")
 
 
 @pytest.mark.parametrize(
@@ -142,12 +147,7 @@ def test_ep_tp_with_sequence_parallelism_without_layout_invariance_equals_one_pr
 
 
 def test_an_ep2_tp2_moe_checkpoint_resumes_in_one_process(ep_runs):
-    root, one, _ = ep_runs
-    checkpoint = root / "ep2-tp2" / "checkpoints" / step_folder_name(10)
-    resumed = M.single(str(root), "ep2-tp2-on-one", [f"--checkpoint.resume={checkpoint}"])
-    assert resumed["losses"] == pytest.approx(one["losses"][10:], abs=ATOL)
-    for name, p in one["params"].items():
-        assert abs(resumed["params"][name] - p).max() < PARAM_ATOL, name
+    _assert_resumes_in_one_process(ep_runs, "ep2-tp2")
 
 
 @pytest.mark.slow
