@@ -5,7 +5,8 @@
   working directory;
 - ``bash`` blocks run one command line at a time. A line that is a plain ``epochal
   ...`` command (no shell syntax: pipes, ``$``, globs, ``;``, ``&&``; at most a final
-  ``> FILE``, which gets the command's standard output) runs in this process through
+  ``> FILE``, which gets the command's standard output; at most a leading
+  ``OMP_NUM_THREADS=N``, which sets torch's thread count too) runs in this process through
   :func:`epochal.cli.main`, which is what the
   ``epochal`` script calls, saving a Python start per command (the working directory,
   the environment and torch's thread count are restored after it, as a process of
@@ -72,6 +73,24 @@ def _plain_epochal(command: str) -> tuple[list[str], str | None] | None:
     if not same_words or _SHELL_SYNTAX & set(outside_quotes):
         return None
     return tokens[1:], target
+
+
+#: environment assignments a command line may start with and still run in this process
+#: (their effect is reproduced: the variable set, and torch's thread count for OpenMP's)
+_IN_PROCESS_ENV = ("OMP_NUM_THREADS",)
+
+
+def _env_prefix(command: str) -> tuple[dict[str, str], str]:
+    """``({name: value}, the rest)`` of a line starting with ``OMP_NUM_THREADS=N`` (else ``({}, line)``)."""
+    env: dict[str, str] = {}
+    rest = command.lstrip()
+    while True:
+        word, _, after = rest.partition(" ")
+        name, eq, value = word.partition("=")
+        if not eq or name not in _IN_PROCESS_ENV or not value.isdigit():
+            return env, rest
+        env[name] = value
+        rest = after.lstrip()
 
 
 def _split_quotes(command: str) -> list[str]:
@@ -171,7 +190,8 @@ class PageRunner:
         return out + err
 
     def _command(self, block: Block, line: str) -> CommandResult:
-        plain = _plain_epochal(line)
+        env, rest = _env_prefix(line)
+        plain = _plain_epochal(rest)
         if plain is not None:
             from epochal.cli import main as cli_main
 
@@ -179,6 +199,9 @@ class PageRunner:
             self.read_output()  # drop what came before
             cwd, environ, threads = os.getcwd(), dict(os.environ), torch.get_num_threads()
             os.chdir(self.folder)
+            os.environ.update(env)
+            if "OMP_NUM_THREADS" in env:  # what the variable does to a fresh process's torch
+                torch.set_num_threads(int(env["OMP_NUM_THREADS"]))
             try:
                 rc = cli_main(argv)
             except SystemExit as exc:  # argparse: --help, usage errors

@@ -12,7 +12,7 @@ from tests.docs.markdown_blocks import (
     stated_output_missing,
     stated_prints,
 )
-from tests.docs.page_runner import PageRunner, _plain_epochal
+from tests.docs.page_runner import PageRunner, _env_prefix, _plain_epochal
 
 PAGE = """# A page
 
@@ -78,6 +78,19 @@ def test_a_marker_away_from_a_fence_is_an_error(tmp_path):
 )
 def test_which_lines_run_in_process(line, plain):
     assert _plain_epochal(line) == plain
+
+
+@pytest.mark.parametrize(
+    ("line", "env", "rest"),
+    [
+        ("OMP_NUM_THREADS=1 epochal train", {"OMP_NUM_THREADS": "1"}, "epochal train"),
+        ("epochal train", {}, "epochal train"),
+        ("CUDA_VISIBLE_DEVICES=0 epochal train", {}, "CUDA_VISIBLE_DEVICES=0 epochal train"),
+        ("OMP_NUM_THREADS=$N epochal train", {}, "OMP_NUM_THREADS=$N epochal train"),
+    ],
+)
+def test_only_a_thread_count_prefix_stays_in_process(line, env, rest):
+    assert _env_prefix(line) == (env, rest)
 
 
 STATED = """# Stated outputs
