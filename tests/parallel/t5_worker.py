@@ -63,7 +63,10 @@ HF_STYLE = [
 
 
 def write_corpus(directory: str) -> list[str]:
-    """A sentence-split corpus and a vocabulary in ``directory``; the data overrides."""
+    """A sentence-split corpus and a vocabulary in ``directory``; the data overrides.
+
+    Written once (skipped when the vocabulary exists): a multi-process run writes it
+    before its ranks start, which then only read it."""
     from tests.data.bert_corpus import random_sentence_documents, write_sentence_corpus, write_vocab
 
     vocab = os.path.join(directory, "vocab.txt")

@@ -65,6 +65,7 @@ SLOW = {
 def test_t5_layout_equals_single_process(name, references, tmp_path):
     shared, layout = LAYOUTS[name]
     reference = references(shared)
+    W.write_corpus(str(tmp_path))  # once, before the ranks start (each would write it)
     ranks = run_gloo(W.rank_main, 2, str(tmp_path / "run"), [*shared, *layout])
     for out in ranks:  # every rank reports the global numbers
         assert out["losses"] == pytest.approx(reference["losses"], abs=1e-5)
