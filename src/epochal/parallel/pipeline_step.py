@@ -62,9 +62,8 @@ class PipelineSteps:
 
             def keep(module: Any, args: Any, output: Any, _stage: int = stage_id) -> None:
                 stats = take_moe_layer_stats(module)
-                if stats:
-                    detached = [(i, {k: v.detach().cpu() for k, v in s.items()}) for i, s in stats]
-                    self._pp_moe.setdefault(_stage, []).append(detached)
+                if stats:  # already detached (MoEMLP.last_stats)
+                    self._pp_moe.setdefault(_stage, []).append(stats)
 
             part.register_forward_hook(keep)
 
@@ -72,7 +71,11 @@ class PipelineSteps:
         """Every stage's MoE statistics of this step into the last stage's records (a collective)."""
         if self._pp_moe is None:
             return
-        mine, self._pp_moe = self._pp_moe, {}
+        mine = {
+            stage: [[(i, {k: v.cpu() for k, v in st.items()}) for i, st in fwd] for fwd in forwards]
+            for stage, forwards in self._pp_moe.items()
+        }  # moved off the device once per step, not after every forward
+        self._pp_moe = {}
         every: list[Any] = [None] * self.dims.pp
         dist.all_gather_object(every, mine, group=self.pp_group)
         if not self.has_last_stage or not self._pp_logged:
@@ -186,8 +189,6 @@ class PipelineSteps:
         self._pp_training = train
         self._pp_logged = {}
         self._pp_logits = {}
-        if self._pp_moe is not None:
-            self._pp_moe = {}
         schedule = self._schedule(n, train)
         args: list[torch.Tensor] = []
         kwargs: dict[str, torch.Tensor] = {}
