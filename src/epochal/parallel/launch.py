@@ -20,12 +20,20 @@ stopped cleanly. So each worker that returns normally reports it
 ``EPOCHAL_EXIT_REPORT_DIR``), and :func:`relaunch` returns 0 after a signal when
 every rank did.
 
+Exit: :func:`init_distributed` registers an ``atexit`` handler that destroys the
+default process group (and every group made from it) while the interpreter is
+still whole. Without it, gloo's worker threads can outlive Python's finalization
+and abort the process ("terminate called without an active exception", SIGABRT)
+after the program itself has finished; PyTorch asks programs to call
+``destroy_process_group`` themselves. A program that already did is left alone.
+
 Logs: only global rank 0 prints (:func:`is_logging_rank`); the other ranks run
 silently unless they fail (their tracebacks reach ``torchrun``'s output).
 """
 
 from __future__ import annotations
 
+import atexit
 import datetime
 import os
 import signal
@@ -292,9 +300,16 @@ def init_distributed(config: ParallelConfig, device_name: str = "auto") -> Distr
         dist.init_process_group(
             backend, device_id=device if backend == "nccl" else None, timeout=timeout
         )
+        atexit.register(_destroy_process_group_at_exit)
     if dist.is_initialized():
         rank, world = dist.get_rank(), dist.get_world_size()
     return DistributedInfo(rank, world, local_rank, device)
+
+
+def _destroy_process_group_at_exit() -> None:
+    """Destroy the default process group if the program left it open (module docstring)."""
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def is_logging_rank() -> bool:
@@ -329,7 +344,7 @@ def check_gloo_on_cuda(config: ParallelConfig) -> None:
     replicated parameters (``dp_sharding = "none"``: gradients all-reduced), no tensor
     or pipeline parallelism, no sharded optimizer. It is a debugging mode (several ranks
     on one GPU, e.g. to check a data-parallel run on a one-GPU machine), not a fast one.
-    Not run on a GPU when written (issue 25's session had none): should the data-parallel
+    Not yet run on a GPU: should the data-parallel
     wrapper issue a collective gloo lacks on CUDA, PyTorch's own error names it.
 
     Raises:

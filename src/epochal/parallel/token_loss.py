@@ -10,8 +10,8 @@ the backward: at the 1.34B shape (vocabulary 50,304, micro-batch 4 x 2048) that 
   float32 logits exist for one chunk at a time. Each token's loss is computed
   exactly as in one piece (rows are independent), so losses and gradients are equal.
 - :func:`compiled_cross_entropy`: the same function under ``torch.compile``, where
-  inductor fuses the upcast into the log-sum-exp kernel (the "loss inside the
-  compiled region" of issue 25).
+  inductor fuses the upcast into the log-sum-exp kernel (the loss computed inside
+  the compiled region).
 
 :func:`token_cross_entropy` picks one from the training options.
 """
