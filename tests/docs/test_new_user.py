@@ -10,6 +10,11 @@ one (the same run directory, the same output) fails here.
 One change to what the pages say: the quick start's bare ``epochal train`` trains the
 tiny preset for 300 steps (about 90 s on two cores); the walk runs it for 5 steps
 (the same data, tokenizer, model and cache), which nothing later relies on.
+
+Two tiers: the default one leaves out the how-to pages whose commands start several
+processes (:data:`MULTI_PROCESS_PAGES`: about 100 of the walk's 200 s on two cores;
+relaunching under torchrun, the layouts, resuming on other layouts, expert and context
+parallelism are the parallel tests' ground); the ``slow`` tier walks every page.
 """
 
 from __future__ import annotations
@@ -50,11 +55,25 @@ EXPECTED = [
 ]
 
 
-def walk_pages():
-    """The quick start, the README, then the getting-started and how-to pages in nav order."""
+#: The how-to pages whose commands start several processes (see the module docstring).
+MULTI_PROCESS_PAGES = {
+    "inspect-samples.md",
+    "parallel-layouts.md",
+    "resume-on-other-gpus.md",
+    "train-a-mixture-of-experts.md",
+}
+
+
+def walk_pages(every_page: bool = True):
+    """The quick start, the README, then the getting-started and how-to pages in nav order.
+
+    ``every_page=False`` leaves out :data:`MULTI_PROCESS_PAGES`.
+    """
     pages = [path for section, path in nav_pages() if section in WALK_SECTIONS]
-    ordered = [DOCS / QUICK_START, README]
-    return ordered + [DOCS / p for p in pages if p != QUICK_START]
+    ordered = [DOCS / QUICK_START, README] + [DOCS / p for p in pages if p != QUICK_START]
+    names = {page.name for page in ordered}
+    assert MULTI_PROCESS_PAGES <= names, f"not walked: {MULTI_PROCESS_PAGES - names}"
+    return [p for p in ordered if every_page or p.name not in MULTI_PROCESS_PAGES]
 
 
 def _shape(line: str) -> str:
@@ -63,11 +82,16 @@ def _shape(line: str) -> str:
 
 
 @pytest.mark.timeout(3600)
-def test_a_new_user_runs_every_command_in_one_home(tmp_path, make_runner):
+@pytest.mark.parametrize(
+    "every_page",
+    [False, pytest.param(True, marks=pytest.mark.slow)],
+    ids=["one-process-pages", "every-page"],
+)
+def test_a_new_user_runs_every_command_in_one_home(tmp_path, make_runner, every_page):
     home = tmp_path / "home"
     runner = make_runner(home, home, rewrite=lambda line: SHORTENED.get(line, line))
     outputs: dict[str, list] = {}
-    for page in walk_pages():
+    for page in walk_pages(every_page):
         namespace = {"__name__": "docs_page"}
         for result in runner.run_page(page, namespace):
             for pattern in FORBIDDEN:
@@ -77,6 +101,8 @@ def test_a_new_user_runs_every_command_in_one_home(tmp_path, make_runner):
                 )
             outputs.setdefault(page.name, []).append(result)
     for page, piece, expected in EXPECTED:
+        if page not in outputs and page in MULTI_PROCESS_PAGES and not every_page:
+            continue
         found = [r for r in outputs[page] if piece in r.command]
         assert found, f"{page}: no command with {piece!r}"
         assert any(expected in r.output for r in found), (

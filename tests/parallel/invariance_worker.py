@@ -23,14 +23,14 @@ from typing import Any
 
 from tests.tiny_gpt_args import TINY_GPT_ARGS
 
-STEPS = 20
+STEPS = 10
 BASE = [
     "--training.device=cpu",
     "--data.corpus=",
     "--training.micro_batch_size=2",
     "--training.global_batch_size=8",
     f"--training.train_iters={STEPS}",
-    "--training.eval_interval=10",
+    f"--training.eval_interval={STEPS // 2}",
     "--training.eval_iters=1",
     "--optimizer.lr=0.005",
     "--optimizer.clip_grad=0.3",  # clipping active: the norm's bits reach the weights

@@ -140,7 +140,7 @@ def _cli(run_dir: Path) -> list[str]:
     ]
 
 
-CLI_ITERS = 150
+CLI_ITERS = 50
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
