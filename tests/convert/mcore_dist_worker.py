@@ -1,4 +1,4 @@
-"""Save a real Megatron-Core GPTModel as a ``torch_dist`` checkpoint, TP ranks via spawn.
+"""Save a real Megatron-Core GPTModel as a ``torch_dist`` checkpoint on TP gloo ranks.
 
 Usage: python mcore_dist_worker.py OUT_DIR TP VARIANT PORT [LOAD_FOLDER]
 
@@ -15,8 +15,8 @@ and ``OUT_DIR/logits.pt``: Megatron-Core's own logits ``[b, s, vocab]`` (gathere
 the TP ranks) for ``tokens.pt``'s ids. With ``LOAD_FOLDER`` it instead loads that
 ``torch_dist`` folder into a fresh model with ``dist_checkpointing.load`` (strictly,
 into ``GPTModel.sharded_state_dict()``) and writes ``OUT_DIR/logits_loaded.pt``.
-Run as a subprocess (Megatron's saver needs a
-``__main__`` guard); the test kills the tree on failure.
+The tests run :func:`gloo_rank` on ranks forked by ``tests.dist_utils.run_gloo``;
+the command line spawns its own ranks (``__main__`` guard).
 """
 
 from __future__ import annotations
@@ -79,13 +79,22 @@ def our_config(variant: str):
 
 
 def rank_main(rank: int, world: int, out: str, variant: str, port: str, load: str) -> None:
+    """One rank of a ``torch.multiprocessing.spawn`` launch: join the group, then :func:`gloo_rank`."""
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    gloo_rank(rank, world, out, variant, load)
+
+
+def gloo_rank(rank: int, world: int, out: str, variant: str, load: str) -> None:
+    """Save (or, with ``load``, load) on a gloo group that is already up (``tests.dist_utils.run_gloo``)."""
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
 
     warnings.simplefilter("ignore")
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    torch.set_num_threads(1)
     torch.cuda.synchronize = lambda *a, **k: None
     torch.cuda.current_device = lambda: "cpu"
     from megatron.core import dist_checkpointing, parallel_state

@@ -1,6 +1,7 @@
 """Megatron-Core mixture-of-experts GPTModel (local spec, CPU, one gloo process) for peer tests.
 
-Usage: python mcore_moe_worker.py OUT_DIR PORT [LOAD_DIR]
+Usage: python mcore_moe_worker.py OUT_DIR PORT [LOAD_DIR] (the tests run :func:`gloo_rank` on a
+rank forked by ``tests.dist_utils.run_gloo``)
 
 Builds two tiny MoE models (2 layers, hidden 64, 4 experts top-2, SwiGLU): ``shared``
 (a gated shared expert, every block MoE) and ``plain`` (no shared expert, MoE in block 0
@@ -114,12 +115,22 @@ def _logits(model, tokens):
 
 
 def main(out: str, port: str, load: str) -> None:
+    """The command line's entry: a group of one process on ``port``, then :func:`gloo_rank`."""
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    gloo_rank(0, 1, out, load)
+
+
+def gloo_rank(rank: int, world: int, out: str, load: str) -> None:
+    """Save (or, with ``load``, load) on a one-process gloo group that is already up
+    (``tests.dist_utils.run_gloo``)."""
     import torch
     import torch.distributed as dist
 
     warnings.simplefilter("ignore")
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
-    dist.init_process_group("gloo", rank=0, world_size=1)
+    torch.set_num_threads(1)
     torch.cuda.synchronize = lambda *a, **k: None
     torch.cuda.current_device = lambda: "cpu"
     import megatron.core.transformer.moe.moe_utils as moe_utils

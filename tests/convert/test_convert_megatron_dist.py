@@ -8,7 +8,6 @@ Megatron's logits within 1e-5, and on to Hugging Face with the same logits.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,32 +16,22 @@ import torch
 from epochal.convert.common import ConversionError
 from epochal.convert.megatron.legacy import load_megatron_checkpoint
 from epochal.model import build_model
-from tests.dist_utils import free_port, run_process
+from tests.convert import mcore_dist_worker
+from tests.dist_utils import run_gloo
 
 pytestmark = [pytest.mark.peer, pytest.mark.distributed]
 pytest.importorskip("megatron.core")
 pytest.importorskip("psutil")  # Megatron-Core's dist_checkpointing needs it
-WORKER = str(Path(__file__).with_name("mcore_dist_worker.py"))
 
 
 def save_with_megatron(out: Path, tp: int, variant: str, load: Path | None = None) -> torch.Tensor:
-    """Run the Megatron-Core worker: save a model (or load ``load`` into a fresh one)."""
+    """Run the Megatron-Core worker on ``tp`` gloo ranks: save a model (or load ``load`` into a fresh one)."""
     out.mkdir(parents=True, exist_ok=True)
     vocab = 33 if variant.startswith("esm") else 100
     tokens = torch.randint(0, vocab, (2, 12), generator=torch.Generator().manual_seed(3))
     torch.save(tokens, out / "tokens.pt")
-    cmd = [sys.executable, WORKER, str(out), str(tp), variant, str(free_port())]
-    if load is not None:
-        cmd.append(str(load))
-    proc = run_process(cmd, timeout=300, env={"OMP_NUM_THREADS": "1", **_env()})
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    run_gloo(mcore_dist_worker.gloo_rank, tp, str(out), variant, str(load or ""), timeout=300)
     return tokens
-
-
-def _env() -> dict:
-    import os
-
-    return dict(os.environ)
 
 
 # TP2 reading is also covered by the BERT TP2 import below: the TP2 GPT-2 save is slow tier

@@ -9,8 +9,6 @@ load into fresh Megatron-Core models with the same logits.
 
 from __future__ import annotations
 
-import os
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,24 +17,20 @@ import torch
 from epochal.convert.common import ConversionError
 from epochal.convert.megatron.legacy import load_megatron_checkpoint, save_megatron_checkpoint
 from epochal.model import build_model
+from tests.convert import mcore_moe_worker
 from tests.convert.mcore_moe_worker import VARIANTS, our_config
-from tests.dist_utils import free_port, run_process
+from tests.dist_utils import run_gloo
 
 pytestmark = [pytest.mark.peer, pytest.mark.distributed]
 pytest.importorskip("megatron.core")
 pytest.importorskip("psutil")
-WORKER = str(Path(__file__).with_name("mcore_moe_worker.py"))
 
 
 def _run_worker(out: Path, load: Path | None = None) -> torch.Tensor:
     out.mkdir(parents=True, exist_ok=True)
     tokens = torch.randint(0, 100, (2, 12), generator=torch.Generator().manual_seed(3))
     torch.save(tokens, out / "tokens.pt")
-    cmd = [sys.executable, WORKER, str(out), str(free_port())]
-    if load is not None:
-        cmd.append(str(load))
-    proc = run_process(cmd, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    run_gloo(mcore_moe_worker.gloo_rank, 1, str(out), str(load or ""), timeout=300)
     return tokens
 
 
