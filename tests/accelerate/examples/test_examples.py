@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import re
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -80,9 +81,13 @@ def test_transformers_script_matches_accelerate(tmp_path, name):
     so the losses are close, not equal.
     """
     _need(name)
-    theirs = scripts.run(name, "one", tmp_path / "accelerate", peer=True)
+    # both one-threaded: side by side, one per core
+    with ThreadPoolExecutor(2) as pool:
+        their_run = pool.submit(scripts.run, name, "one", tmp_path / "accelerate", peer=True)
+        our_run = pool.submit(scripts.run, name, "one", tmp_path / "epochal")
+        theirs, ours = their_run.result(), our_run.result()
     assert theirs.returncode == 0, (theirs.stdout + theirs.stderr)[-5000:]
-    ours = _check_ran(name, "one", scripts.run(name, "one", tmp_path / "epochal"))
+    ours = _check_ran(name, "one", ours)
     their_loss = scripts.eval_loss(name, theirs.stdout + theirs.stderr)
     our_loss = scripts.eval_loss(name, ours)
     assert math.isclose(our_loss, their_loss, rel_tol=0.02), (our_loss, their_loss)
