@@ -12,7 +12,8 @@ The direction (DESIGN.md, "Dependencies point one way"): a file's *layer* is its
 top-level package under ``epochal/`` (``data``, ``model``, ...) or, for a top-level
 module, its name (``cli``); the private helpers ``_atomic``, ``_checksum``, ``_lazy``, ``_paths``,
 ``_text``, ``_dcp``, ``_env`` (checked numeric environment variables), ``_ownership`` (which
-writer owns a path), ``_eager`` (functions ``torch.compile`` leaves alone) and ``epochal/__init__.py`` are the *base* that every layer may use, and import no
+writer owns a path), ``_eager`` (functions ``torch.compile`` leaves alone), ``_fast_exit`` (a finished command's
+exit) and ``epochal/__init__.py`` are the *base* that every layer may use, and import no
 layer. Each layer may import itself, the base and:
 
     data      nothing else (usable on its own under Megatron-Core, NeMo, Lightning)
@@ -59,6 +60,7 @@ BASE = frozenset(
         "_env",
         "_ownership",
         "_eager",
+        "_fast_exit",
     }
 )
 #: layer -> the other layers it may import (itself and the base are always allowed).

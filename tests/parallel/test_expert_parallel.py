@@ -1,10 +1,10 @@
 """Expert parallelism trains the bits of one process, and its checkpoints load under any EP size.
 
 The tiny MoE GPT of ``test_moe_layouts.py`` (4 experts, top-2, the balance and z-losses
-on, dropout on) trains 20 steps in one process (DP1 x GA4) and with
+on, dropout on) trains 10 steps (``invariance_worker.STEPS``) in one process (DP1 x GA4) and with
 ``parallel.expert_parallel=2`` on two data-parallel ranks (each holds two experts,
 tokens travel by all-to-all): losses, evaluations, logged values and the final model
-and optimizer state are bit-identical. Its checkpoint after step 10 resumes in one
+and optimizer state are bit-identical. Its checkpoint of the middle step resumes in one
 process with the losses of the run that never stopped. Four ranks (the slow tier: one
 launch of about a minute on two cores): EP2 x DP4 (expert weights reduced over two
 expert-data-parallel ranks), EP2 x PP2 and the EP2 checkpoint resumed under EP4.
@@ -48,7 +48,7 @@ def one(root):
 @pytest.fixture(scope="module")
 def two(root):
     cases = [
-        ("ep2", "gpt", [*EP2, "--checkpoint.save_interval=10"]),
+        ("ep2", "gpt", [*EP2, f"--checkpoint.save_interval={HALF}"]),
         ("ep2-plain", "gpt", [*EP2, *PLAIN]),
         ("dp2-plain", "gpt", [*MOE, *PLAIN]),
     ]

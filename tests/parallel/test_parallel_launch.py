@@ -66,6 +66,7 @@ def _check_run(run_dir, proc, layout: str, model_overrides: list[str]) -> None:
     assert state["consumed_train_samples"] == 8
 
 
+@pytest.mark.slow  # relaunching: the preemption test's ground (DP2); TP2 through the trainer: the invariance tests'
 def test_epochal_train_relaunches_itself_for_tensor_parallel(tmp_path):
     run_dir = tmp_path / "tp2"
     cmd = [
