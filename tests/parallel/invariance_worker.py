@@ -23,7 +23,7 @@ from typing import Any
 
 from tests.tiny_gpt_args import TINY_GPT_ARGS
 
-STEPS = 10
+STEPS = 20
 BASE = [
     "--training.device=cpu",
     "--data.corpus=",

@@ -1,7 +1,7 @@
 """The same bits on 1, 2 or 4 data-parallel ranks: losses, evaluations, weights and optimizer state.
 
 Tiny GPT (dropout on), BERT (dropout on), T5 (dropout on) and ESM-2 models train
-10 steps with a global batch of four micro-batches of two samples: in one
+20 steps with a global batch of four micro-batches of two samples: in one
 process (DP1 x GA4, the plain :class:`~epochal.train.trainer.Trainer`), on two
 data-parallel ranks (DP2 x GA2) and on four (DP4 x GA1), with every
 ``dp_sharding`` mode and activation recompute spread over the runs; then
