@@ -165,6 +165,20 @@ def _kill_leftovers() -> None:
     _LIVE.clear()
 
 
+@contextlib.contextmanager
+def one_thread():
+    """Run the block with torch on one thread, as the ranks of the multi-process tests compute
+    (kernels' bits depend on the thread count); the count is restored after it."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
 def free_port() -> int:
     """Return a TCP port on 127.0.0.1 that was free a moment ago."""
     with socket.socket() as s:

@@ -12,6 +12,8 @@ import argparse
 import importlib
 import sys
 
+from epochal._fast_exit import exit_now
+
 # subcommand -> (module, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "train": (
@@ -106,10 +108,7 @@ def run() -> None:
     second saved per process; see :mod:`epochal._fast_exit`). An exception or
     ``SystemExit`` ends it the normal way.
     """
-    status = main()
-    from epochal._fast_exit import exit_now
-
-    exit_now(status)
+    exit_now(main())
 
 
 if __name__ == "__main__":

@@ -162,18 +162,13 @@ def single(root: str, name: str, model: str, extra: list[str] = ()) -> dict[str,
 
     The run directory is ``root/name``; the data is in ``root/data`` (:func:`prepare`).
     """
-    import torch
-
     from epochal.train.trainer import Trainer
+    from tests.dist_utils import one_thread
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with one_thread():
         run_dir = os.path.join(root, name)
         tr = _trainer(Trainer, model, run_dir, os.path.join(root, "data"), list(extra))
         return _result(tr, tr.train())
-    finally:
-        torch.set_num_threads(threads)
 
 
 def single_rank(

@@ -79,18 +79,13 @@ def _summary(trainer: Any, result: Any, run_dir: str) -> dict[str, Any]:
 
 def single(root: str, name: str, extra: list[str] = ()) -> dict[str, Any]:
     """One case with the single-process trainer in this process (one thread)."""
-    import torch
-
     from epochal.train.trainer import Trainer
+    from tests.dist_utils import one_thread
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with one_thread():
         run_dir = os.path.join(root, name)
         tr = W._trainer(Trainer, "gpt", run_dir, os.path.join(root, "data"), [*MOE, *extra])
         return _summary(tr, tr.train(), run_dir)
-    finally:
-        torch.set_num_threads(threads)
 
 
 def rank_main(

@@ -17,11 +17,10 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 
 from epochal.cli import main as cli_main
 from epochal.train.observe.metrics import read_metrics
-from tests.dist_utils import kill_tree, run_process, start_process, tree_pids
+from tests.dist_utils import kill_tree, one_thread, run_process, start_process, tree_pids
 
 pytestmark = pytest.mark.distributed
 
@@ -132,12 +131,8 @@ def _sigterm_at_step_2(cmd: list[str], run_dir: Path, rank: int | None) -> tuple
 def uninterrupted(tmp_path_factory) -> dict[int, float]:
     """The losses of the run that never stops: one process, one thread."""
     run_dir = tmp_path_factory.mktemp("full")
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with one_thread():
         assert cli_main(["train", f"--run_dir={run_dir}", *TINY]) == 0
-    finally:
-        torch.set_num_threads(threads)
     losses = _losses(run_dir)[0]
     assert sorted(losses) == list(range(1, ITERS + 1))
     return losses
