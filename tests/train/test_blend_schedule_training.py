@@ -138,6 +138,43 @@ def test_inspect_sources_prints_the_ledger(runs, capsys):
     assert "samples" in text and "epoch" in text and "next" in text
 
 
+# a constant mix (Megatron's blend) until step 12, then c only
+CONSTANT = "[{step=0, weights=[1, 1, 1]}]"
+REVISED = (
+    "[{step=0, weights=[1, 1, 1]}, {step=12, weights=[1, 1, 1]}, {step=12, weights=[0, 0, 1]}]"
+)
+
+
+@pytest.fixture(scope="module")
+def revised(corpora, runs):
+    """A run with a constant schedule stopped after step 12, resumed with c only from there."""
+    run = runs["cache"].parent / "revised"
+    short = ["--training.train_iters=16", "--checkpoint.save_interval=12"]
+    train(*options(corpora, run, runs["cache"], CONSTANT, *short, "--training.exit_interval=12"))
+    train(*options(corpora, run, runs["cache"], REVISED, *short))
+    return run
+
+
+@pytest.mark.parametrize(
+    "run, steps",
+    [("revised", [1, 10, 12, 13, 16]), ("changed", [23, 24, STEPS])],
+)
+def test_inspect_step_lists_what_the_run_drew_across_a_revision(runs, revised, run, steps, capsys):
+    from epochal.train.inputs.run_samples import run_step_samples
+
+    run_dir = revised if run == "revised" else runs[run]
+    recorded = records(run_dir)
+    for step in steps:  # before the resume: the old schedule's samples; after: the new one's
+        assert run_step_samples(run_dir, step).samples.digest == recorded[step]["sample_digest"]
+    if run == "revised":
+        assert all(recorded[s]["sources"] == [0, 0, GBS] for s in (13, 16))
+        assert all(min(recorded[s]["sources"]) >= 2 for s in (1, 10, 12))
+    capsys.readouterr()
+    assert main(["inspect", str(run_dir), "--step", str(steps[1])]) == 0
+    text = capsys.readouterr().out
+    assert "as recorded in metrics.jsonl" in text and "warning" not in text
+
+
 def test_a_changed_past_is_refused(runs, corpora, tmp_path):
     run = tmp_path / "past"
     shutil.copytree(runs["full"], run)
