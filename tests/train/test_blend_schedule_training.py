@@ -183,9 +183,12 @@ def test_a_changed_past_is_refused(runs, corpora, tmp_path):
         train(*options(corpora, run, runs["cache"], PAST, at_23))
 
 
-def test_plot_mix_draws_the_realised_mix(runs, capsys):
+def test_plot_mix_draws_the_realised_mix(runs, capsys, monkeypatch):
     from epochal.train.observe.metrics import read_metrics as read
     from epochal.train.observe.mix_plot import realised_mix
+    from tests.train.test_metrics_plot import capture_figures, whole_ticks
+
+    figures = capture_figures(monkeypatch)
 
     steps, counts, resumes = realised_mix(read(runs["changed"] / "metrics.jsonl"))
     assert steps == list(range(1, STEPS + 1)) and resumes == [24]
@@ -194,6 +197,17 @@ def test_plot_mix_draws_the_realised_mix(runs, capsys):
     assert main(["plot", str(runs["changed"]), "--mix"]) == 0
     out = capsys.readouterr().out.strip()
     assert out.endswith("mix.png") and (runs["changed"] / "mix.png").stat().st_size > 1000
+    (ax,) = figures[0].axes
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["a", "b", "c"]  # data_path's
+    assert all(t == int(t) for t in whole_ticks(ax))
+    # every curve holds each step's value flat: the jump at step 23 (c only from step 24) is
+    # vertical, at x = 23, between step 23's share of c and step 24's
+    curves = [line for line in ax.get_lines() if len(line.get_xdata()) > 2]
+    assert curves and all(line.get_drawstyle() == "steps-post" for line in curves)
+    c_share = [r["sources"][2] / GBS for r in (records(runs["changed"])[s] for s in (23, 24))]
+    below_c = curves[2]  # the top of b's area: where c's area starts
+    x, y = list(below_c.get_xdata()), list(below_c.get_ydata())
+    assert x[22:24] == [22, 23] and [1 - v for v in y[22:24]] == pytest.approx(c_share)
 
 
 @pytest.mark.parametrize(
