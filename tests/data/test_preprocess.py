@@ -295,6 +295,31 @@ def test_cli_preprocess_merge_inspect(tmp_path, capsys):
     assert "merged.idx" in capsys.readouterr().err
 
 
+def test_inspect_decodes_with_the_recorded_tokenizer(tmp_path, capsys):
+    docs = write_jsonl(tmp_path / "in.jsonl", RECORDS[:1])
+    out = str(tmp_path / "bytes")
+    args = ["--input", docs, "--output-prefix", out, "--tokenizer-type", "bytes", "--no-progress"]
+    assert main(["preprocess", *args, "--append-eod"]) == 0
+    prefix, record = f"{out}_text_document", tmp_path / "bytes_text_document.tokenizer.json"
+    capsys.readouterr()
+    assert main(["inspect", prefix, "--samples", "1"]) == 0  # no --tokenizer-type
+    report = capsys.readouterr().out
+    assert f"decoded with ByteLevelTokenizer (recorded in {record})" in report
+    assert "'The quick brown fox." in report
+    assert main(["inspect", prefix, "--samples", "1", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["samples"][0]["text"].startswith("The quick")
+    # a record whose tokenizer no longer gives its ids is not used: ids, and a note why
+    changed = json.loads(record.read_text())
+    record.write_text(json.dumps({**changed, "fingerprint": "0" * 64}))
+    assert main(["inspect", prefix, "--samples", "1"]) == 0
+    captured = capsys.readouterr()
+    assert "gives other ids than it recorded" in captured.err and "decoded with" not in captured.out
+    assert " ".join(str(b) for b in b"The quick") in captured.out
+    record.write_text("{")
+    assert main(["inspect", prefix]) == 1
+    assert "bytes_text_document.tokenizer.json: not a tokenizer record" in capsys.readouterr().err
+
+
 def test_pool_keeps_a_bounded_number_of_chunks_in_flight(tmp_path):
     from epochal.data.indexed.preprocess import _run_pool
     from epochal.data.indexed.preprocess_encoding import Chunk, ChunkEncoder

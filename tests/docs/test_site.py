@@ -77,6 +77,22 @@ def test_readme_is_short_and_its_commands_are_the_ci_s():
             assert any(step.replace("pip install", "-m pip install --quiet") in line for line in ci)
 
 
+def test_the_install_page_gives_the_cpu_wheel_of_the_pinned_torch():
+    """Next to the README's pinned torch, the command for PyTorch's CPU-only wheel index."""
+    pinned = re.search(r"pip install (torch==[\w.]+)", README.read_text()).group(1)
+    page = (DOCS / "getting-started" / "install.md").read_text()
+    assert f"pip install {pinned} && " in page
+    cpu = f"pip install {pinned} --index-url https://download.pytorch.org/whl/cpu"
+    assert cpu in " ".join(page.split())
+
+
+def test_readme_links_every_how_to_page():
+    """The README's how-to list names every page of the site's How-to section."""
+    linked = set(re.findall(r"\]\(docs/([^)#]+)", README.read_text()))
+    how_to = [path for section, path in nav_pages() if section == "How-to"]
+    assert how_to and [p for p in how_to if p not in linked] == []
+
+
 def test_the_option_reference_covers_every_option_with_a_description():
     from epochal.train.config import TrainConfig
 

@@ -138,6 +138,43 @@ def test_inspect_sources_prints_the_ledger(runs, capsys):
     assert "samples" in text and "epoch" in text and "next" in text
 
 
+# a constant mix (Megatron's blend) until step 12, then c only
+CONSTANT = "[{step=0, weights=[1, 1, 1]}]"
+REVISED = (
+    "[{step=0, weights=[1, 1, 1]}, {step=12, weights=[1, 1, 1]}, {step=12, weights=[0, 0, 1]}]"
+)
+
+
+@pytest.fixture(scope="module")
+def revised(corpora, runs):
+    """A run with a constant schedule stopped after step 12, resumed with c only from there."""
+    run = runs["cache"].parent / "revised"
+    short = ["--training.train_iters=16", "--checkpoint.save_interval=12"]
+    train(*options(corpora, run, runs["cache"], CONSTANT, *short, "--training.exit_interval=12"))
+    train(*options(corpora, run, runs["cache"], REVISED, *short))
+    return run
+
+
+@pytest.mark.parametrize(
+    "run, steps",
+    [("revised", [1, 10, 12, 13, 16]), ("changed", [23, 24, STEPS])],
+)
+def test_inspect_step_lists_what_the_run_drew_across_a_revision(runs, revised, run, steps, capsys):
+    from epochal.train.inputs.run_samples import run_step_samples
+
+    run_dir = revised if run == "revised" else runs[run]
+    recorded = records(run_dir)
+    for step in steps:  # before the resume: the old schedule's samples; after: the new one's
+        assert run_step_samples(run_dir, step).samples.digest == recorded[step]["sample_digest"]
+    if run == "revised":
+        assert all(recorded[s]["sources"] == [0, 0, GBS] for s in (13, 16))
+        assert all(min(recorded[s]["sources"]) >= 2 for s in (1, 10, 12))
+    capsys.readouterr()
+    assert main(["inspect", str(run_dir), "--step", str(steps[1])]) == 0
+    text = capsys.readouterr().out
+    assert "as recorded in metrics.jsonl" in text and "warning" not in text
+
+
 def test_a_changed_past_is_refused(runs, corpora, tmp_path):
     run = tmp_path / "past"
     shutil.copytree(runs["full"], run)
@@ -146,9 +183,12 @@ def test_a_changed_past_is_refused(runs, corpora, tmp_path):
         train(*options(corpora, run, runs["cache"], PAST, at_23))
 
 
-def test_plot_mix_draws_the_realised_mix(runs, capsys):
+def test_plot_mix_draws_the_realised_mix(runs, capsys, monkeypatch):
     from epochal.train.observe.metrics import read_metrics as read
     from epochal.train.observe.mix_plot import realised_mix
+    from tests.train.test_metrics_plot import capture_figures, whole_ticks
+
+    figures = capture_figures(monkeypatch)
 
     steps, counts, resumes = realised_mix(read(runs["changed"] / "metrics.jsonl"))
     assert steps == list(range(1, STEPS + 1)) and resumes == [24]
@@ -157,6 +197,17 @@ def test_plot_mix_draws_the_realised_mix(runs, capsys):
     assert main(["plot", str(runs["changed"]), "--mix"]) == 0
     out = capsys.readouterr().out.strip()
     assert out.endswith("mix.png") and (runs["changed"] / "mix.png").stat().st_size > 1000
+    (ax,) = figures[0].axes
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["a", "b", "c"]  # data_path's
+    assert all(t == int(t) for t in whole_ticks(ax))
+    # every curve holds each step's value flat: the jump at step 23 (c only from step 24) is
+    # vertical, at x = 23, between step 23's share of c and step 24's
+    curves = [line for line in ax.get_lines() if len(line.get_xdata()) > 2]
+    assert curves and all(line.get_drawstyle() == "steps-post" for line in curves)
+    c_share = [r["sources"][2] / GBS for r in (records(runs["changed"])[s] for s in (23, 24))]
+    below_c = curves[2]  # the top of b's area: where c's area starts
+    x, y = list(below_c.get_xdata()), list(below_c.get_ydata())
+    assert x[22:24] == [22, 23] and [1 - v for v in y[22:24]] == pytest.approx(c_share)
 
 
 @pytest.mark.parametrize(

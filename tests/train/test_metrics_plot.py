@@ -63,6 +63,36 @@ def test_plot_and_cli(tmp_path, capsys):
         plot_run(tmp_path / "empty")
 
 
+def capture_figures(monkeypatch) -> list:
+    """The figures the plot functions save from now on (they are written as usual)."""
+    from epochal.train.observe import plot
+
+    figures, save = [], plot.save_figure
+    monkeypatch.setattr(plot, "save_figure", lambda fig, out: figures.append(fig) or save(fig, out))
+    return figures
+
+
+def whole_ticks(ax) -> list[float]:
+    """The step axis' tick positions inside the drawn range."""
+    lo, hi = ax.get_xlim()
+    return [t for t in ax.get_xticks() if lo <= t <= hi]
+
+
+def test_a_short_plot_ticks_whole_steps_and_draws_a_resume_as_a_line(tmp_path, monkeypatch):
+    write_run(tmp_path, 4)
+    write_run(tmp_path, 4, start=2)  # resumed after step 2
+    figures = capture_figures(monkeypatch)
+    plot_run(tmp_path)
+    (ax,) = figures[0].axes
+    ticks = whole_ticks(ax)
+    assert len(ticks) >= 2 and all(t == int(t) for t in ticks), ticks
+    lines = {line.get_label(): line for line in ax.get_lines()}
+    resumed = lines["train (resumed, segment 1)"]
+    assert list(resumed.get_xdata()) == [3, 4]
+    assert resumed.get_linestyle() not in ("None", "", " ") and resumed.get_linewidth() > 0
+    assert lines["validation (segment 1)"].get_linestyle() not in ("None", "", " ")
+
+
 def test_a_starving_expert_is_reported_once_and_per_block_records_stay_off_the_eval_line(
     tmp_path, capsys
 ):

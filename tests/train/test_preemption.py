@@ -194,6 +194,7 @@ def test_epochal_train_exits_0_after_sigterm_and_resumes_bit_exactly(tmp_path):
         f"stopped early (SIGTERM) after step {reached} of {CLI_ITERS}; checkpoint saved to {ckpt}"
         in out
     )
+    assert out.count(f"after step {reached}") == 1, out  # the stop is reported once
     assert json.loads((ckpt / "trainer_state.json").read_text())["step"] == reached
     again = start_process(_cli(run_dir), env=ENV)
     try:

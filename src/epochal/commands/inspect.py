@@ -2,7 +2,9 @@
 ``epochal inspect RUN --step N``: the samples step N of a training run read.
 
 Opening validates the pair, so ``inspect`` is also a quick integrity check. Samples
-are decoded when a tokenizer is given (same flags as ``preprocess``), else shown as ids.
+are decoded with the tokenizer given (same flags as ``preprocess``), else with the one
+``epochal preprocess`` recorded beside the files (``PREFIX.tokenizer.json``, when it still
+gives the recorded ids), else shown as ids.
 A run directory (it holds the ``config.toml`` a run saves) is inspected by step: the
 step's global samples, rebuilt from the run's configuration and data
 (:mod:`epochal.train.inputs.run_samples`), and their digest, which equals the step's
@@ -28,7 +30,13 @@ from epochal.commands.preprocess import add_tokenizer_arguments, tokenizer_from_
 from epochal.data.indexed.indexed_dataset import IndexedDataset
 from epochal.data.indexed.indexed_format import IndexedFileError
 from epochal.data.indexed.summary import length_statistics, sample_indices, summarize_indexed
-from epochal.data.indexed.tokenizer import TokenizerFileError
+from epochal.data.indexed.tokenizer import TokenizerFileError, build_tokenizer
+from epochal.data.indexed.tokenizer_record import (
+    OPTIONS,
+    read_tokenizer_record,
+    record_path,
+    tokenizer_fingerprint,
+)
 
 __all__ = ["add_arguments", "length_statistics", "run", "sample_indices"]
 
@@ -87,14 +95,54 @@ def run(args: argparse.Namespace) -> int:
         print(f"epochal inspect: error: {exc}", file=sys.stderr)
         return 1
     with dataset:
+        decoded_with = args.tokenizer_type or None
+        if tokenizer is None:
+            try:
+                tokenizer, decoded_with = _recorded_tokenizer(dataset.path_prefix)
+            except ValueError as exc:  # a malformed record: named, with what to do
+                print(f"epochal inspect: error: {exc}", file=sys.stderr)
+                return 1
         info = summarize_indexed(
             dataset, samples=args.samples, max_tokens=args.max_tokens, tokenizer=tokenizer
         )
+    info["decoded_with"] = decoded_with
     if args.json:
         print(json.dumps(info))
         return 0
     _print_report(info, args.max_tokens)
     return 0
+
+
+def _recorded_tokenizer(prefix: str) -> tuple[Any, str | None]:
+    """The tokenizer recorded beside ``prefix`` and its description, or ``(None, None)``.
+
+    A recorded tokenizer that cannot be built any more (a file moved) or that gives
+    other ids than it recorded (its files changed) is not used: a note on stderr
+    says so, and the samples are shown as ids.
+
+    Raises:
+        TokenizerRecordError: the record exists but cannot be read (names the file).
+    """
+    record = read_tokenizer_record(prefix)
+    if record is None:
+        return None, None
+    path, kind = record_path(prefix), record["tokenizer_type"]
+    options = {k: record[k] for k in OPTIONS if record.get(k) is not None}
+    why = None
+    try:
+        tokenizer = build_tokenizer(kind, **options)
+        if tokenizer_fingerprint(tokenizer) != record["fingerprint"]:
+            why = "it gives other ids than it recorded (its files changed)"
+    except (TokenizerFileError, OSError, ValueError) as exc:
+        why = f"it cannot be built ({exc})"
+    if why is not None:
+        print(
+            f"epochal inspect: note: showing ids: {path} names {kind}, but {why}; pass "
+            "--tokenizer-type (and its files) to decode",
+            file=sys.stderr,
+        )
+        return None, None
+    return tokenizer, f"{kind} (recorded in {path})"
 
 
 def _print_report(info: dict[str, Any], max_tokens: int) -> None:
@@ -117,6 +165,8 @@ def _print_report(info: dict[str, Any], max_tokens: int) -> None:
     for low, high, count in stats["histogram"]:
         bar = "#" * (round(40 * count / peak) if peak else 0)
         print(f"  [{low:>{width},}, {high:>{width},})  {bar:<40} {count:,}")
+    if info["samples"] and info.get("decoded_with"):
+        print(f"decoded with {info['decoded_with']}:")
     for sample in info["samples"]:
         cut = "..." if sample["length"] > max_tokens else ""
         shown = (

@@ -451,7 +451,8 @@ class Trainer(CheckpointSeams, EvalCallbackSeams, KeyedDropoutSeams):
 
         Stops earlier, after saving a checkpoint of the step reached, on SIGTERM/SIGINT
         or the ``training.exit_*`` options (:mod:`epochal.train.state.preemption`); then
-        :attr:`TrainResult.stopped_by` says why.
+        :attr:`TrainResult.stopped_by` says why and :attr:`TrainResult.last_checkpoint`
+        where it saved (nothing is printed here: ``epochal train``'s summary says it).
 
         Raises:
             RunDirLocked: another live process trains in ``run_dir``
@@ -578,11 +579,8 @@ class Trainer(CheckpointSeams, EvalCallbackSeams, KeyedDropoutSeams):
                 if reason is not None:
                     if not saved:
                         result.last_checkpoint = self.save_checkpoint()
+                    # reported once, by the caller's summary (`epochal train`: "stopped early")
                     result.stopped_by = self.preemption.describe(reason)
-                    metrics.write_line(
-                        f"stopped after step {self.step} ({result.stopped_by}); "
-                        f"checkpoint saved to {result.last_checkpoint}"
-                    )
                     break
         finally:
             profiler.close(self.step)

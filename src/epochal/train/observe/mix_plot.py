@@ -6,16 +6,47 @@ reads them back (a step recorded again by a resume counts once, its latest recor
 wins) and :func:`plot_mix` draws the shares as stacked areas over the steps, smoothed
 by a running sum over ``smooth`` steps, with the cumulative share of each source
 since step 1 as dashed lines; a resume is marked by a dotted vertical line.
+
+Step ``s``'s share is drawn flat over ``[s - 1, s]`` (``drawstyle="steps-post"``), so
+a schedule point at step ``S``, in force from step ``S + 1``, is a vertical jump at
+``S`` (with ``smooth`` 1, the default for runs under 100 steps). The legend names
+each source by its data path's last component (the whole path where two share it),
+read from the run's ``config.toml``.
 """
 
 from __future__ import annotations
 
 import os
+import tomllib
 from pathlib import Path
 
+from epochal.data.datasets.dataset_builder import parse_blend
 from epochal.train.observe.metrics import read_metrics
 
-__all__ = ["plot_mix", "realised_mix"]
+__all__ = ["plot_mix", "realised_mix", "source_names"]
+
+
+def source_names(run_dir: str | os.PathLike, count: int) -> list[str]:
+    """The labels of a blended run's ``count`` sources, in the order of its blend.
+
+    The prefixes of ``data.train_data_path`` (or ``data.data_path``) in the run's
+    ``config.toml``, each by its last path component, or whole where two share one;
+    ``source 0``, ``source 1``, ... when the configuration names no blend of ``count``.
+    """
+    fallback = [f"source {s}" for s in range(count)]
+    try:
+        data = tomllib.loads((Path(run_dir) / "config.toml").read_text(encoding="utf-8"))["data"]
+    except (OSError, tomllib.TOMLDecodeError, KeyError, TypeError):
+        return fallback
+    for option in ("train_data_path", "data_path"):
+        try:
+            blend = parse_blend(data.get(option) or None, option)
+        except (ValueError, TypeError):
+            continue
+        if blend is not None and len(blend[0]) == count:
+            short = [os.path.basename(p.rstrip("/\\")) or p for p in blend[0]]
+            return short if len(set(short)) == count else list(blend[0])
+    return fallback
 
 
 def realised_mix(records: list[dict]) -> tuple[list[int], list[list[int]], list[int]]:
@@ -48,7 +79,7 @@ def plot_mix(
 
     Args:
         smooth: steps per running window (0: about 1/50 of the run, at least 1).
-        names: the sources' labels (default ``source 0``, ``source 1``, ...).
+        names: the sources' labels (default :func:`source_names`).
 
     Raises:
         FileNotFoundError: no ``metrics.jsonl``.
@@ -59,6 +90,7 @@ def plot_mix(
     matplotlib.use("Agg", force=False)
     import matplotlib.pyplot as plt
     import numpy as np
+    from matplotlib.ticker import MaxNLocator
 
     run = Path(run_dir)
     steps, counts, resumes = realised_mix(read_metrics(run / "metrics.jsonl"))
@@ -71,16 +103,24 @@ def plot_mix(
     shares = summed / np.maximum(summed.sum(axis=1, keepdims=True), 1)
     cumulative = np.cumsum(served, axis=0)
     cumulative /= np.maximum(cumulative.sum(axis=1, keepdims=True), 1)
-    labels = names or [f"source {s}" for s in range(served.shape[1])]
+    labels = names or source_names(run, served.shape[1])
+    # step s over [s - 1, s]: the edges, the last step's values repeated at the right end
+    x = [s - 1 for s in steps] + [steps[-1]]
+    shares = np.vstack([shares, shares[-1:]])
+    cumulative = np.vstack([cumulative, cumulative[-1:]])
     fig, ax = plt.subplots(figsize=(8, 5), dpi=110)
-    ax.stackplot(steps, shares.T, labels=labels, alpha=0.75)
-    bottom = np.zeros(len(steps))
+    areas = ax.stackplot(x, shares.T, labels=labels, alpha=0.75, step="post")
+    top, bottom = np.zeros(len(x)), np.zeros(len(x))
     for s in range(served.shape[1]):
+        top = top + shares[:, s]
+        color = areas[s].get_facecolor()[0][:3]
+        ax.plot(x, top, color=color, lw=0.8, drawstyle="steps-post")
         bottom = bottom + cumulative[:, s]
-        ax.plot(steps, bottom, color="black", lw=0.8, ls="--", alpha=0.6)
-    for x in resumes:
-        ax.axvline(x - 0.5, color="gray", ls=":", lw=1)
-    ax.set_xlim(steps[0], steps[-1])
+        ax.plot(x, bottom, color="black", lw=0.8, ls="--", alpha=0.6, drawstyle="steps-post")
+    for first in resumes:
+        ax.axvline(first - 1, color="gray", ls=":", lw=1)
+    ax.set_xlim(x[0], x[-1])
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylim(0, 1)
     ax.set_xlabel("step")
     ax.set_ylabel("share of the step's samples" + (f" (over {window} steps)" if window > 1 else ""))

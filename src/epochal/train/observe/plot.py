@@ -1,8 +1,9 @@
 """Plot a run's loss curves to PNG: train and validation loss, resumed segments overlaid.
 
 Segment 0 (the first process) is drawn as a solid line; every resumed segment
-is drawn on top of it with markers in its own colour, so a resume that
-continues exactly shows its markers sitting on the earlier line. Training loss
+is drawn on top of it as a dashed line in its own colour (with a marker per step
+when it is short), so a resume that continues exactly lies on the earlier line.
+The step axis ticks whole steps only. Training loss
 is also drawn smoothed (a running mean) when the run is long. For multi-epoch
 data (records of kind ``epoch``, :mod:`epochal.train.inputs.epoch_evidence`) every epoch after
 the first is marked by a dotted vertical line labelled "epoch N" where its first
@@ -19,6 +20,9 @@ from epochal._atomic import atomic_path
 from epochal.train.observe.metrics import read_metrics
 
 __all__ = ["epoch_marks", "plot_run"]
+
+#: a resumed segment of at most this many steps also marks each step
+_MARKED_STEPS = 20
 
 
 def plot_run(
@@ -43,6 +47,7 @@ def plot_run(
 
     matplotlib.use("Agg", force=False)
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     run = Path(run_dir)
     records = read_metrics(run / "metrics.jsonl")
@@ -78,7 +83,8 @@ def plot_run(
                     label=f"train (mean of {window})",
                 )
         else:
-            ax.plot(steps, losses, color=color, lw=0, marker="o", ms=2.5, label=label)
+            marker = "o" if len(steps) <= _MARKED_STEPS else None
+            ax.plot(steps, losses, color=color, lw=1.2, ls="--", marker=marker, ms=3, label=label)
     for seg in sorted(evals):
         pts = sorted(evals[seg])
         ax.plot(
@@ -87,7 +93,8 @@ def plot_run(
             color="black" if seg == 0 else colors[seg % len(colors)],
             marker="s" if seg == 0 else "x",
             ms=6,
-            lw=1.5 if seg == 0 else 0,
+            lw=1.5,
+            ls="-" if seg == 0 else "--",
             label="validation" if seg == 0 else f"validation (segment {seg})",
         )
     for x, label in epoch_marks(records):
@@ -103,6 +110,7 @@ def plot_run(
             fontsize=7,
             color="gray",
         )
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # no half steps on short runs
     ax.set_xlabel("step")
     ax.set_ylabel("loss (nats/token)")
     ax.set_title(f"{run.resolve().name}: loss")
