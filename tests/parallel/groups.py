@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import os
 import traceback
+import warnings
 from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 
 from tests.parallel import harness as H
 
@@ -211,7 +213,13 @@ def _check_layout(
     return H.compare(ref, H.parallel_run(H.layout(**kw), config, batches, mbs, compile=comp))
 
 
+#: the start of PyTorch's warning when an FSDP2-wrapped module's forward returns a view
+VIEW_WARNING = "FSDP2-wrapped module"
+
+
 def _layout_checks(layouts: list[tuple[str, dict, dict, int, int, bool]]) -> dict[str, list[str]]:
+    """``{name: problems}`` per layout, and ``{name + "_view_warnings": messages}``: the
+    FSDP2 view warnings the layout's run emitted (each message once)."""
     out: dict[str, list[str]] = {}
     refs: dict[tuple, dict] = {}
     for name, kw, model_kw, mbs, gbs, comp in layouts:
@@ -222,7 +230,12 @@ def _layout_checks(layouts: list[tuple[str, dict, dict, int, int, bool]]) -> dic
         if key not in refs:
             refs[key] = H.reference_run(config, batches, mbs)
         ref = refs[key]
-        out[name] = _guard(_check_layout, ref, kw, config, batches, mbs, comp)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            out[name] = _guard(_check_layout, ref, kw, config, batches, mbs, comp)
+        out[name + "_view_warnings"] = sorted(
+            {str(w.message) for w in caught if str(w.message).startswith(VIEW_WARNING)}
+        )
         if comp:
             # The failure mode seen with per-block compile under TP+SP is a silently zero
             # embedding gradient; compare() catches it only if the true gradient is large.
@@ -327,10 +340,51 @@ def _dropout_streams_check(sequence_parallel: bool) -> list[str]:
     return problems
 
 
+def _outputs_not_views_check() -> list[str]:
+    """Under TP2 every model type's outputs are plain local tensors, not views of a DTensor.
+
+    FSDP2 warns about (and an in-place op would break) a wrapped module that returns a
+    view; under TP x DP the root module's output is the output head's.
+    """
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from epochal.model import build_model
+    from epochal.parallel.tensor_parallel import apply_tensor_parallel
+
+    mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("tp",))
+    tokens = torch.arange(2 * H.SEQ).view(2, H.SEQ) % 50
+    bert = dict(
+        type="bert",
+        position_embedding_type="learned_absolute",
+        normalization="LayerNorm",
+        activation="gelu",
+    )
+    problems = []
+    for name, model_kw, tp_kw in [
+        ("gpt", {}, {}),
+        ("gpt gathered logits", {}, dict(loss_parallel=False)),
+        ("gpt sequence parallel", {}, dict(sequence_parallel=True)),
+        ("bert", bert, {}),
+        ("t5", dict(type="t5", position_embedding_type="relative"), {}),
+    ]:
+        model = build_model(H.tiny_config(num_layers=1, **model_kw))
+        apply_tensor_parallel(model, mesh, **tp_kw)
+        out = model(tokens, tokens) if name == "t5" else model(tokens)
+        for t in out if isinstance(out, tuple) else (out,):
+            if not t.requires_grad or t._base is not None or isinstance(t, DTensor):
+                problems.append(f"{name}: output {tuple(t.shape)} is a view or not a local tensor")
+        if name == "gpt":  # the gradient still reaches the head through the local output
+            out.sum().backward()
+            if model.output.weight.grad is None:
+                problems.append("gpt: no gradient reached the output head")
+    return problems
+
+
 def two_rank_group(rank: int, world: int, tmp: str) -> dict[str, list[str]]:
     """All 2-process checks (run by :func:`tests.dist_utils.run_gloo`)."""
     torch.set_num_threads(1)
     out = {"vocab_parallel_loss": _guard(_vocab_parallel_loss_check)}
+    out["tp2_outputs_not_views"] = _guard(_outputs_not_views_check)
     for sp in (False, True):
         out[f"tp2_dropout_streams{'_sp' if sp else ''}"] = _guard(_dropout_streams_check, sp)
     out.update(_layout_checks(TWO_RANK_LAYOUTS))

@@ -32,3 +32,16 @@ def test_slow_two_rank_layout_matches_single_process(slow_two_rank_results, name
         # per-block torch.compile under TP+SP was seen to zero the embedding gradient
         # silently; the equality above catches that only if the true gradient is non-zero
         assert slow_two_rank_results[name + "_embedding_grad_visible"] == []
+
+
+def test_tensor_parallel_outputs_are_local_tensors_not_views(two_rank_results):
+    # GPT (sharded and gathered logits, SP), BERT and T5 under TP2
+    assert two_rank_results["tp2_outputs_not_views"] == []
+
+
+@pytest.mark.parametrize("name", ["tp2_dp2", "tp2_sp_dp2_full_recompute"])
+def test_tp_x_dp_emits_no_fsdp_view_warning(four_rank_results, name):
+    # FSDP2 over a tensor-parallel model: its losses equal the reference (above) and no
+    # rank warns that the wrapped model returned a view
+    assert four_rank_results[name] == []
+    assert four_rank_results[name + "_view_warnings"] == []

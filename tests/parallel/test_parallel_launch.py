@@ -85,6 +85,28 @@ def test_epochal_train_relaunches_itself_for_tensor_parallel(tmp_path):
     _check_run(run_dir, proc, "TP2 x PP1 x DP1", ["--model.num_layers=2"])
 
 
+@pytest.mark.slow  # the launch count itself is tested in-process (tests/train/test_launch_layouts.py)
+def test_epochal_train_relaunches_itself_for_expert_parallel_alone(tmp_path):
+    # expert-parallel ranks are data-parallel ranks: EP2 alone runs DP2 x EP2 on 2 processes
+    run_dir = tmp_path / "ep2"
+    moe = ["--model.num_layers=2", "--model.num_experts=2", "--model.moe_router_topk=1"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "epochal.cli",
+        "train",
+        f"--run_dir={run_dir}",
+        *TINY,
+        *moe,
+        "--parallel.expert_parallel=2",
+    ]
+    proc = run_process(cmd, env=ENV, timeout=400, cwd=tmp_path)
+    assert (
+        "launching 2 processes (DP2 x EP2; expert-parallel ranks are data-parallel" in proc.stdout
+    )
+    _check_run(run_dir, proc, "TP1 x PP1 x DP2 (EP2)", moe)
+
+
 @pytest.mark.slow
 def test_epochal_train_under_an_outer_torchrun_with_a_middle_stage(tmp_path):
     # three pipeline stages: the middle rank reads no data, only advances its position

@@ -17,12 +17,14 @@ under ``torchrun`` (``--standalone`` on one machine; ``--nnodes``, ``--node-rank
 machine with its ``--machine_rank``). One process runs as ``python script.py``.
 Exit status: the script's (torchrun's).
 
-The processes per machine are bounded before any starts: on GPUs, one per visible GPU
-(``gpu_ids`` / ``CUDA_VISIBLE_DEVICES``; each process drives its own); on the CPU,
-:data:`PROCESSES_PER_CPU` per CPU core this process may use. More is refused (exit
-status 2) naming the option and the bound; ``--oversubscribe`` (Open MPI's name for
-the same choice) starts more CPU processes anyway, e.g. to test a layout on a small
-machine. Accelerate itself starts whatever it is given.
+The processes per machine are bounded before any starts, as ``epochal train`` bounds
+the processes it launches (:func:`epochal.parallel.launch.local_process_limit`): on
+GPUs, one per visible GPU (``gpu_ids`` / ``CUDA_VISIBLE_DEVICES``; each process drives
+its own); on the CPU, :data:`PROCESSES_PER_CPU` per CPU core this process may use. More
+is refused (exit status 2) naming the option and the bound; ``--oversubscribe`` (Open
+MPI's name for the same choice, a flag of ``epochal train`` too) starts more CPU
+processes anyway, e.g. to test a layout on a small machine. Accelerate itself starts
+whatever it is given.
 """
 
 from __future__ import annotations
@@ -32,10 +34,9 @@ import os
 import subprocess
 import sys
 
-__all__ = ["PROCESSES_PER_CPU", "add_arguments", "process_bound", "run"]
+from epochal.parallel.process_limit import PROCESSES_PER_CPU, cpu_process_limit, usable_cpu_cores
 
-#: CPU processes per core ``epochal launch`` starts without ``--oversubscribe``
-PROCESSES_PER_CPU = 4
+__all__ = ["PROCESSES_PER_CPU", "add_arguments", "process_bound", "run"]
 
 _MEGATRON_FLAGS = {
     "megatron_lm_tp_degree": int,
@@ -114,11 +115,7 @@ def launch_config(args: argparse.Namespace):
     return spec
 
 
-def _cpu_count() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
+_cpu_count = usable_cpu_cores
 
 
 def process_bound(spec, oversubscribe: bool = False) -> tuple[int, str] | None:
@@ -133,12 +130,8 @@ def process_bound(spec, oversubscribe: bool = False) -> tuple[int, str] | None:
         ids = str(spec.gpu_ids or "all")
         count = torch.cuda.device_count() if ids == "all" else len([i for i in ids.split(",") if i])
         return count, f"one process per GPU, {count} visible"
-    if oversubscribe:
-        return None
-    cores = _cpu_count()
-    return PROCESSES_PER_CPU * cores, (
-        f"{PROCESSES_PER_CPU} per CPU core, {cores} usable; --oversubscribe starts them anyway"
-    )
+    limit, why = cpu_process_limit(oversubscribe)
+    return None if limit is None else (limit, f"{why}; --oversubscribe starts them anyway")
 
 
 def run(args: argparse.Namespace) -> int:

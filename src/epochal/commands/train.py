@@ -78,6 +78,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--preset/--config, their values",
     )
     parser.add_argument(
+        "--oversubscribe",
+        action="store_true",
+        help="launch more CPU processes than 4 per CPU core (the bound epochal launch shares)",
+    )
+    parser.add_argument(
         "overrides",
         nargs="*",
         metavar="--section.key=value",
@@ -85,7 +90,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.usage = (
         "epochal train [--config FILE] [--preset NAME] [--print-config] "
-        "[--list-options [SECTION]] [--section.key=value ...]"
+        "[--list-options [SECTION]] [--oversubscribe] [--section.key=value ...]"
     )
     parser.allow_abbrev = False
     # argparse rejects unknown "--x.y=z" options; accept them as overrides instead
@@ -158,17 +163,16 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if args.print_config:
         print(to_toml(config, pin_run_dir=pinned), end="")
-        try:
-            config.check_data()
-        except ConfigError as exc:
-            print(f"epochal train: note: to train, {exc}", file=sys.stderr)
+        _print_notes(config, args)
         return 0
     from epochal.parallel.launch import needs_relaunch, relaunch, under_launcher
     from epochal.train.config.preflight import preflight
 
     relaunching = needs_relaunch(config.parallel)
     try:  # what can be checked before any process starts or any data is prepared
-        preflight(config, relaunching=relaunching)
+        preflight(
+            config, relaunching=relaunching, oversubscribe=getattr(args, "oversubscribe", False)
+        )
     except ConfigError as exc:
         if not under_launcher() or os.environ.get("RANK") == "0":  # once, not once per rank
             print(f"epochal train: error: {exc}", file=sys.stderr)
@@ -205,6 +209,19 @@ def run(args: argparse.Namespace) -> int:
         print(f"epochal train: error: {message}", file=sys.stderr, flush=True)
         sys.stdout.flush()
         os._exit(1)  # a timed-out process group can abort in its destructor: leave now
+
+
+def _print_notes(config, args: argparse.Namespace) -> None:  # noqa: ANN001 - a TrainConfig
+    """``--print-config``'s notes on standard error: what training would need
+    (:func:`~epochal.train.config.preflight.training_notes`); once under a launcher."""
+    from epochal.parallel.launch import under_launcher
+    from epochal.train.config.preflight import training_notes
+
+    if under_launcher() and os.environ.get("RANK") != "0":
+        return
+    oversubscribe = getattr(args, "oversubscribe", False)
+    for note in training_notes(config, oversubscribe=oversubscribe):
+        print(f"epochal train: note: {note}", file=sys.stderr)
 
 
 def _list_options(args: argparse.Namespace, overrides: list[str]) -> int:

@@ -10,6 +10,15 @@ The data-parallel size is derived from the world size
 ``data_parallel`` only checks it (and tells ``epochal train`` how many processes
 to launch when it is not already running under ``torchrun``).
 
+Processes ``epochal train`` launches by itself (:meth:`ParallelConfig.launch_world_size`):
+``tensor_parallel * context_parallel * pipeline_parallel * DP`` with ``DP`` the
+``data_parallel`` given, else ``expert_parallel`` (1 without experts). That is
+Megatron-LM's world-size rule, ``world = TP * CP * PP * DP`` with the expert-parallel
+size carved from the ranks of a model replica's data-parallel groups; Megatron-Core
+folds them over ``CP * DP``, epochal over the data-parallel ranks only (``expert_parallel``
+divides ``DP``), so ``expert_parallel=2`` alone runs DP2 x EP2 on two processes. Every
+degree given alone therefore starts the processes it needs.
+
 Every invalid value raises :class:`~epochal.model.config.ConfigError` naming the
 option (``parallel.<field>`` once the config tree re-raises it).
 """
@@ -123,7 +132,8 @@ class ParallelConfig:
         recompute_num_layers: see ``recompute_method`` (>= 1).
         nproc_per_node: processes to launch per node when ``epochal train`` is
             not under ``torchrun`` (0 = ``tensor_parallel * pipeline_parallel *
-            context_parallel * (data_parallel or 1)``). Ignored under an outer launcher.
+            context_parallel * (data_parallel or expert_parallel)``: see
+            :meth:`launch_world_size`). Ignored under an outer launcher.
         backend: process-group backend: ``auto`` (NCCL on CUDA, gloo on CPU),
             ``gloo`` or ``nccl``.
         timeout_minutes: the process group's timeout in minutes (a float:
@@ -260,8 +270,42 @@ class ParallelConfig:
             multiple = math.lcm(multiple, 2 * self.context_parallel)
         return multiple
 
+    @property
+    def launch_data_parallel(self) -> int:
+        """The data-parallel size of a self-launched run: ``data_parallel``, else ``expert_parallel``.
+
+        Expert-parallel ranks are carved from the data-parallel ranks, so the smallest
+        data-parallel size that holds ``expert_parallel`` groups is ``expert_parallel``
+        itself (1 without expert parallelism).
+        """
+        return self.data_parallel or self.expert_parallel
+
     def launch_world_size(self) -> int:
-        """Number of processes ``epochal train`` launches on one node when not under ``torchrun``."""
+        """Number of processes ``epochal train`` launches on one node when not under ``torchrun``.
+
+        ``nproc_per_node`` when set, else ``tensor_parallel * context_parallel *
+        pipeline_parallel * launch_data_parallel`` (the module docstring).
+        """
         if self.nproc_per_node:
             return self.nproc_per_node
-        return self.model_parallel_size * (self.data_parallel or 1)
+        return self.model_parallel_size * self.launch_data_parallel
+
+    def describe_launch(self) -> str:
+        """The layout of the sizes given, e.g. ``"TP2 x DP2 x EP2"`` (``"one process"`` for 1).
+
+        The data-parallel size is :attr:`launch_data_parallel`; degrees of 1 are left
+        out; ``EP`` comes after ``DP`` because its ranks are data-parallel ranks (the
+        product of the others is the process count).
+        """
+        parts = [
+            f"{name}{size}"
+            for name, size in (
+                ("TP", self.tensor_parallel),
+                ("CP", self.context_parallel),
+                ("PP", self.pipeline_parallel),
+                ("DP", self.launch_data_parallel),
+                ("EP", self.expert_parallel),
+            )
+            if size > 1
+        ]
+        return " x ".join(parts) or "one process"

@@ -4,8 +4,10 @@
   scheduler that sets ``RANK``/``WORLD_SIZE``/``LOCAL_RANK``/``MASTER_ADDR``),
   the program runs unchanged: :func:`init_distributed` joins the process group.
 - Not under a launcher, when the configuration asks for more than one process
-  (``parallel.tensor_parallel * pipeline_parallel * data_parallel`` or
-  ``parallel.nproc_per_node``), :func:`relaunch` starts
+  (:meth:`~epochal.parallel.config.ParallelConfig.launch_world_size`:
+  ``tensor_parallel * context_parallel * pipeline_parallel`` times ``data_parallel``,
+  or ``expert_parallel`` when that is unset; or ``parallel.nproc_per_node``) and this
+  machine runs them (:func:`local_process_limit`), :func:`relaunch` starts
   ``python -m torch.distributed.run --standalone --nproc-per-node N -m epochal.cli
   <the same arguments>`` on this machine and returns its exit status.
 
@@ -49,12 +51,21 @@ import torch.distributed as dist
 from epochal._text import plural
 from epochal.model.config import ConfigError
 from epochal.parallel.config import ParallelConfig
+from epochal.parallel.process_limit import (
+    OVERSUBSCRIBE,
+    PROCESSES_PER_CPU,
+    cpu_process_limit,
+    usable_cpu_cores,
+)
 from epochal.parallel.watchdog import LAUNCHER_PID_ENV, launcher_preexec, watch_parent
 
 __all__ = [
+    "OVERSUBSCRIBE",
+    "PROCESSES_PER_CPU",
     "DistributedInfo",
     "check_gloo_on_cuda",
     "check_launchable",
+    "cpu_process_limit",
     "init_distributed",
     "local_process_limit",
     "is_logging_rank",
@@ -63,6 +74,7 @@ __all__ = [
     "relaunch",
     "report_clean_exit",
     "under_launcher",
+    "usable_cpu_cores",
 ]
 
 _LAUNCH_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
@@ -82,41 +94,53 @@ def needs_relaunch(config: ParallelConfig) -> bool:
     return not under_launcher() and not os.environ.get(_GUARD) and config.launch_world_size() > 1
 
 
-def local_process_limit(device_name: str = "auto", backend: str = "auto") -> tuple[int, str]:
-    """How many training processes this machine can run: ``(limit, what it counts)``.
-
-    One per CUDA device with ``training.device`` ``cuda`` (or ``auto`` where CUDA
-    exists), else one per CPU core this process may use. With ``parallel.backend``
-    ``gloo`` ranks may share a GPU (rank ``r`` uses GPU ``r % count``), so CPU cores bound
-    them there too.
-    """
+def _one_process_per_gpu(device_name: str, backend: str) -> bool:
+    """Whether each process drives a GPU of its own (CUDA with NCCL), which bounds them."""
     cuda = device_name == "cuda" or (device_name == "auto" and torch.cuda.is_available())
-    if cuda and backend != "gloo":
-        return torch.cuda.device_count(), "CUDA devices"
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        cores = os.cpu_count() or 1
-    return max(1, cores), "CPU cores"
+    return cuda and backend != "gloo"
+
+
+def local_process_limit(
+    device_name: str = "auto", backend: str = "auto", *, oversubscribe: bool = False
+) -> tuple[int | None, str]:
+    """How many training processes this machine runs: ``(limit or None for no bound, why)``.
+
+    The bound ``epochal train`` (launching itself) and ``epochal launch`` share: one
+    process per CUDA device with ``training.device`` ``cuda`` (or ``auto`` where CUDA
+    exists) and NCCL, since each drives its own GPU; otherwise
+    :data:`PROCESSES_PER_CPU` per CPU core this process may use (:func:`cpu_process_limit`),
+    which ``oversubscribe`` lifts. With ``parallel.backend`` ``gloo`` ranks may share a
+    GPU (rank ``r`` uses GPU ``r % count``), so the CPU bound applies there too.
+    """
+    if _one_process_per_gpu(device_name, backend):
+        gpus = torch.cuda.device_count()
+        return gpus, f"one per GPU, {plural(gpus, 'CUDA device')} visible"
+    return cpu_process_limit(oversubscribe)
 
 
 def check_launchable(
-    processes: int, device_name: str = "auto", *, option: str, backend: str = "auto"
+    processes: int,
+    device_name: str = "auto",
+    *,
+    option: str,
+    backend: str = "auto",
+    oversubscribe: bool = False,
 ) -> None:
     """Refuse more processes on this machine than :func:`local_process_limit` allows.
 
     Raises:
-        ConfigError: naming ``option``, the number asked for and the machine's limit.
+        ConfigError: naming ``option``, the number asked for, the machine's bound and
+            the ways past it (fewer processes, more nodes, ``--oversubscribe`` on a CPU).
     """
-    from epochal.model.config import ConfigError
-
-    limit, what = local_process_limit(device_name, backend)
-    if processes > limit:
+    limit, why = local_process_limit(device_name, backend, oversubscribe=oversubscribe)
+    if limit is not None and processes > limit:
         shown = str(processes) if processes < 10**12 else f"about 10^{len(str(processes)) - 1}"
+        gpus = _one_process_per_gpu(device_name, backend)
         raise ConfigError(
             option,
-            f"asks for {shown} processes on this machine, but it has {plural(limit, what[:-1], what)} "
-            f"(training.device={device_name!r}); use fewer, or several nodes under torchrun",
+            f"asks for {shown} processes on this machine, but it runs at most {limit} ({why}; "
+            f"training.device={device_name!r}); use fewer, or several nodes under torchrun"
+            + ("" if gpus else f", or start them anyway with epochal train {OVERSUBSCRIBE}"),
         )
 
 
@@ -157,7 +181,10 @@ def relaunch(
     if "OMP_NUM_THREADS" not in env and not torch.cuda.is_available():
         env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // n))
     env.setdefault(_SHUTDOWN_TIMEOUT, "600")
-    print(f"epochal: launching {plural(n, 'process')}: {' '.join(cmd)}", flush=True)
+    print(
+        f"epochal: launching {plural(n, 'process')}{_layout_note(config)}: {' '.join(cmd)}",
+        flush=True,
+    )
     with tempfile.TemporaryDirectory(prefix="epochal-exit-") as reports:
         env[_REPORT_DIR] = reports
         proc = subprocess.Popen(cmd, env=env, start_new_session=True, preexec_fn=launcher_preexec())
@@ -192,6 +219,24 @@ def relaunch(
                 flush=True,
             )
         return _report_status(rc, n, done)
+
+
+def _layout_note(config: ParallelConfig) -> str:
+    """`` (TP2 x DP2)``: the layout the processes form (none with ``nproc_per_node`` given).
+
+    When the data-parallel size comes from ``expert_parallel`` alone it says so, and how
+    to ask for more data-parallel ranks.
+    """
+    if config.nproc_per_node:
+        return ""
+    note = config.describe_launch()
+    if config.data_parallel is None and config.expert_parallel > 1:
+        note += (
+            f"; expert-parallel ranks are data-parallel ranks, so parallel.expert_parallel="
+            f"{config.expert_parallel} runs on {config.expert_parallel} data-parallel ranks "
+            "(set parallel.data_parallel to a multiple of it for more)"
+        )
+    return f" ({note})"
 
 
 def _report_status(rc: int, n: int, done: int) -> int:

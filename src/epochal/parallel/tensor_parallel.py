@@ -57,6 +57,12 @@ gathered (``[b, s, V]``, identical on every rank). Tied embeddings: the input
 embedding and the output head shard the same ``[V, h]`` matrix the same way
 (rows), so the parameter stays one (re-tied after the plan).
 
+The model's outputs (the logits, and BERT's and ESM-2's outputs) leave as this rank's
+local tensors that are not views (:func:`local_output`): ``DTensor.to_local`` returns
+a view of the shard, and FSDP2 (data parallelism over the tensor-parallel model)
+registers its pre-backward hook on the root module's output, a hook that an in-place
+op on a view would drop.
+
 Dropout: heads (and, with sequence parallelism, whole blocks and the embedding
 output) draw their masks from a per-rank stream, replicated activations from the
 stream shared by the group (:mod:`epochal.parallel.rng`, Megatron's RNG tracker).
@@ -102,7 +108,48 @@ from epochal.model.layers.moe import MoEMLP
 from epochal.parallel.rng import apply_dropout_rng_regions
 from epochal.parallel.tensor_parallel_moe import finish_moe_tensor_parallel, moe_mlp_plan
 
-__all__ = ["apply_tensor_parallel", "kv_heads_replicated"]
+__all__ = ["apply_tensor_parallel", "kv_heads_replicated", "local_output"]
+
+
+class _NotAView(torch.autograd.Function):
+    """Identity whose output is a new tensor on the same storage, not a view of the input."""
+
+    @staticmethod
+    def forward(ctx: Any, tensor: torch.Tensor) -> torch.Tensor:  # noqa: ARG004
+        return tensor.detach()  # shares storage and version counter; ``_base`` is None
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:  # noqa: ARG004
+        return grad
+
+
+def local_output(tensor: DTensor) -> torch.Tensor:
+    """This rank's shard of ``tensor`` as a plain tensor that is not a view (no copy).
+
+    ``DTensor.to_local()`` returns a view of the local shard. FSDP2 registers its
+    pre-backward hook on a wrapped module's outputs and warns when one is a view,
+    because an in-place op on a view replaces the node that holds the hook (and
+    the backward then skips the parameters' all-gather). The result here shares
+    the shard's storage and version counter, so it costs nothing, and the gradient
+    flows back through ``to_local``'s own backward.
+
+    Args:
+        tensor: a DTensor of any shape.
+
+    Returns:
+        The local shard (``tensor.to_local()``'s shape, dtype and values).
+    """
+    return _NotAView.apply(tensor.to_local())
+
+
+class _OutputHead(ColwiseParallel):
+    """Column-parallel output head whose local logits are not a view (:func:`local_output`)."""
+
+    @staticmethod
+    def _prepare_output_fn(output_layouts, use_local_output, mod, outputs, device_mesh):  # noqa: ANN001, ANN205, ARG004 - torch's signature
+        if outputs.placements != output_layouts:  # gathered logits: needed at once by the loss
+            outputs = outputs.redistribute(placements=output_layouts)
+        return local_output(outputs) if use_local_output else outputs
 
 
 def kv_heads_replicated(config: ModelConfig, tp: int) -> bool:
@@ -269,7 +316,7 @@ def _gpt_top_plan(
     if model.norm is not None and sequence_parallel:
         top["norm"] = SequenceParallel()
     if model.output is not None:
-        top["output"] = ColwiseParallel(
+        top["output"] = _OutputHead(
             input_layouts=seq if sequence_parallel else Replicate(),
             output_layouts=Shard(-1) if loss_parallel else Replicate(),
             use_local_output=True,
@@ -348,10 +395,10 @@ def _shard_lm_head_bias(model: nn.Module, tp_mesh: DeviceMesh, loss_parallel: bo
 
 
 def _local_outputs(module: nn.Module, args: Any, output: Any) -> Any:
-    """Forward hook: DTensor outputs (or tuple items) -> this rank's local tensors."""
+    """Forward hook: DTensor outputs (or tuple items) -> this rank's local tensors (not views)."""
     if isinstance(output, tuple):
-        return tuple(o.to_local() if isinstance(o, DTensor) else o for o in output)
-    return output.to_local() if isinstance(output, DTensor) else output
+        return tuple(local_output(o) if isinstance(o, DTensor) else o for o in output)
+    return local_output(output) if isinstance(output, DTensor) else output
 
 
 def _t5_top_plan(
@@ -374,7 +421,7 @@ def _t5_top_plan(
         "tok_embeddings": RowwiseParallel(
             input_layouts=Replicate(), output_layouts=seq if sequence_parallel else Replicate()
         ),
-        "output": ColwiseParallel(
+        "output": _OutputHead(
             input_layouts=seq if sequence_parallel else Replicate(),
             output_layouts=Shard(-1) if loss_parallel else Replicate(),
             use_local_output=True,

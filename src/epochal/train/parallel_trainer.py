@@ -63,7 +63,9 @@ def wants_parallel(config: TrainConfig) -> bool:
     """True if the run needs :class:`ParallelTrainer` (several processes or a non-trivial layout)."""
     p = config.parallel
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    return world > 1 or p.model_parallel_size > 1 or (p.data_parallel or 1) > 1
+    return (
+        world > 1 or p.model_parallel_size > 1 or max(p.launch_data_parallel, p.expert_parallel) > 1
+    )
 
 
 def check_layout(config: TrainConfig, world_size: int) -> ParallelDims:

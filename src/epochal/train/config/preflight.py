@@ -11,7 +11,8 @@
 - the process-group backend and the attention kernel
   (:func:`~epochal.train.run_checks.check_device_options`);
 - the parallel layout against the options (and, when ``epochal train`` launches the
-  processes itself, against this machine's devices or cores);
+  processes itself, against this machine's bound: one per GPU, or 4 per CPU core
+  unless ``--oversubscribe``, :func:`~epochal.parallel.launch.local_process_limit`);
 - the training state's memory (per process of the layout) and an explicit tokenizer
   against the data's record (:func:`~epochal.train.run_checks.check_before_run`);
 - the run directory holds no other run
@@ -29,7 +30,7 @@ from typing import Any
 
 from epochal.model.config import ConfigError
 
-__all__ = ["check_device", "preflight"]
+__all__ = ["check_device", "launch_option", "preflight", "training_notes"]
 
 
 def check_device(config: Any) -> None:
@@ -51,13 +52,15 @@ def check_device(config: Any) -> None:
         )
 
 
-def preflight(config: Any, *, relaunching: bool) -> None:
+def preflight(config: Any, *, relaunching: bool, oversubscribe: bool = False) -> None:
     """Run every check of the module docstring, cheapest first.
 
     Args:
         config: the resolved ``TrainConfig``.
         relaunching: ``epochal train`` is about to start ``torchrun`` itself
             (:func:`~epochal.parallel.launch.needs_relaunch`).
+        oversubscribe: start more CPU processes than the machine's bound
+            (:mod:`epochal.parallel.process_limit`; ``epochal train --oversubscribe``).
 
     Raises:
         ConfigError: the first check that fails (naming the option).
@@ -83,11 +86,115 @@ def preflight(config: Any, *, relaunching: bool) -> None:
         check_launchable(
             p.launch_world_size(),
             config.training.device,
-            option="parallel.nproc_per_node" if p.nproc_per_node else "parallel.data_parallel",
+            option=launch_option(p),
             backend=p.backend,
+            oversubscribe=oversubscribe,
         )
     elif under_launcher() or wants_parallel(config):
         check_layout(config, int(os.environ.get("WORLD_SIZE", "1")))
     # after the layout: the state's memory is per process of the layout
     check_before_run(config, device_options=False)  # memory, tokenizer record
     check_run_dir_holds(config)
+
+
+def launch_option(parallel: Any) -> str:
+    """The option a self-launched process count is blamed on (a ``ParallelConfig``'s).
+
+    ``parallel.nproc_per_node`` when set, else ``parallel.data_parallel`` when set, else
+    the largest of the tensor-, context-, pipeline- and expert-parallel sizes.
+    """
+    if parallel.nproc_per_node:
+        return "parallel.nproc_per_node"
+    if parallel.data_parallel is not None:
+        return "parallel.data_parallel"
+    sizes = ("tensor_parallel", "context_parallel", "pipeline_parallel", "expert_parallel")
+    return "parallel." + max(sizes, key=lambda name: getattr(parallel, name))
+
+
+def training_notes(config: Any, *, oversubscribe: bool = False) -> list[str]:
+    """What training ``config`` would need, one sentence each (``epochal train --print-config``).
+
+    Nothing is raised and nothing is started or prepared. The notes, in this order:
+
+    - no data source, or each ``.bin`` / ``.idx`` file the data paths name that is missing;
+    - ``training.device = "cuda"`` without a CUDA device;
+    - the processes the parallel layout runs and how they start (``epochal train``
+      launching them on this machine, or ``torchrun``), when more than one;
+    - a layout that does not fit the model or the batch sizes on those processes;
+    - more processes than this machine starts
+      (:func:`~epochal.parallel.launch.check_launchable`; ``--oversubscribe``).
+
+    Args:
+        config: the resolved ``TrainConfig``.
+        oversubscribe: as ``epochal train --oversubscribe`` (no CPU process bound).
+
+    Returns:
+        The notes (empty when none of these stands in the way).
+    """
+    from epochal._text import plural
+    from epochal.parallel.launch import check_launchable
+    from epochal.train.inputs.gpt import missing_data_files
+    from epochal.train.parallel_trainer import check_layout, wants_parallel
+
+    notes = []
+    try:
+        config.check_data()
+        if not (config.data.corpus or config.data.mock):
+            missing: dict[tuple[str, str], list[str]] = {}
+            for option, prefix, path in missing_data_files(config.data):
+                missing.setdefault((option, prefix), []).append(path.name)
+            for (option, prefix), names in missing.items():
+                files = " and ".join(names)
+                notes.append(
+                    f"to train, {option}: prefix {prefix!r} has no {files} (epochal preprocess "
+                    "writes both)"
+                )
+    except ConfigError as exc:
+        notes.append(f"to train, {exc}")
+    try:
+        check_device(config)
+    except ConfigError as exc:
+        notes.append(f"to train, {exc}")
+    p = config.parallel
+    processes = p.launch_world_size()
+    if processes == 1 and not wants_parallel(config):
+        return notes
+    notes.append(_processes_note(p, processes))
+    try:
+        check_layout(config, processes)
+    except ConfigError as exc:
+        notes.append(f"to train on {plural(processes, 'process')}, {exc}")
+        return notes
+    try:
+        check_launchable(
+            processes,
+            config.training.device,
+            option=launch_option(p),
+            backend=p.backend,
+            oversubscribe=oversubscribe,
+        )
+    except ConfigError as exc:
+        notes.append(f"to start them on this machine, {exc}")
+    return notes
+
+
+def _processes_note(parallel: Any, processes: int) -> str:
+    """``"the layout TP2 x DP2 runs 4 processes: ..."``: how many and how they start."""
+    from epochal._text import plural
+
+    if parallel.nproc_per_node:
+        return (
+            f"parallel.nproc_per_node: epochal train starts {plural(processes, 'process')} on "
+            f"this machine; under torchrun it is ignored (--nproc-per-node={processes} there)"
+        )
+    head = f"the layout {parallel.describe_launch()} runs {plural(processes, 'process')}"
+    if parallel.data_parallel is not None:
+        return (
+            f"{head}: epochal train starts them on this machine, or torchrun on "
+            f"--nnodes x --nproc-per-node = {processes}"
+        )
+    return (
+        f"{head}: epochal train starts them on this machine; under torchrun any multiple of "
+        f"{processes} works, the data-parallel size being the world size / "
+        f"{parallel.model_parallel_size}"
+    )

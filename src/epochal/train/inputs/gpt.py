@@ -31,6 +31,7 @@ __all__ = [
     "blend_schedule_from_config",
     "build_gpt_datasets",
     "check_data_files",
+    "missing_data_files",
     "sample_to_step",
 ]
 
@@ -49,17 +50,35 @@ def check_data_files(data: DataConfig) -> None:
     Raises:
         ConfigError: naming the option (``data.data_path`` ...) and the missing file.
     """
+    missing = missing_data_files(data)
+    if missing:
+        option, prefix, path = missing[0]
+        raise ConfigError(
+            option,
+            f"{path} does not exist (prefix {prefix!r} needs {prefix}.bin and "
+            f"{prefix}.idx, as written by epochal preprocess)",
+        )
+
+
+def missing_data_files(data: DataConfig) -> list[tuple[str, str, Path]]:
+    """Every ``.idx`` / ``.bin`` file the data paths name that is not a file.
+
+    Returns:
+        ``(option, prefix, path)`` per missing file, in the order of the options
+        (``data.data_path``, then the per-split paths) and of their prefixes.
+
+    Raises:
+        ConfigError: a blend that does not parse (naming the option).
+    """
+    missing = []
     for option in _PATH_OPTIONS:
         blend = parse_blend(getattr(data, option) or None, option)
         for prefix in blend[0] if blend else []:
             for ext in (".idx", ".bin"):
                 path = Path(prefix + ext)
                 if not path.is_file():
-                    raise ConfigError(
-                        f"data.{option}",
-                        f"{path} does not exist (prefix {prefix!r} needs {prefix}.bin and "
-                        f"{prefix}.idx, as written by epochal preprocess)",
-                    )
+                    missing.append((f"data.{option}", prefix, path))
+    return missing
 
 
 def _step_samples(config: TrainConfig) -> Any:
