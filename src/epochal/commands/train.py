@@ -149,8 +149,10 @@ def run(args: argparse.Namespace) -> int:
         config = build_config(
             preset=preset,
             config_file=args.config,
-            overrides=[*(encoder or []), *overrides],
+            overrides=overrides,
+            init_model=encoder,
             require_data=not args.print_config,
+            log=_note,
         )
         pinned = sets_run_dir(args.config, overrides)
     except (ConfigError, ValueError, FileNotFoundError) as exc:
@@ -205,6 +207,16 @@ def run(args: argparse.Namespace) -> int:
         print(f"epochal train: error: {message}", file=sys.stderr, flush=True)
         sys.stdout.flush()
         os._exit(1)  # a timed-out process group can abort in its destructor: leave now
+
+
+def _note(line: str) -> None:
+    """Print a note once per job: not on every rank, nor again in a job this command relaunched."""
+    from epochal.parallel.launch import under_launcher
+
+    if os.environ.get("EPOCHAL_RELAUNCHED"):  # the command that launched it said it already
+        return
+    if not under_launcher() or os.environ.get("RANK") == "0":
+        print(f"epochal train: note: {line}", file=sys.stderr, flush=True)
 
 
 def _list_options(args: argparse.Namespace, overrides: list[str]) -> int:
