@@ -22,7 +22,7 @@ from typing import Any
 
 from epochal._text import plural
 
-__all__ = ["ChatPrompts", "chat_prompts"]
+__all__ = ["ChatPrompts", "chat_prompts", "end_of_turn_stops"]
 
 
 @dataclass
@@ -109,6 +109,38 @@ def _chat_tokenizer(args: argparse.Namespace, ck: Any) -> Any:
             "in tokenizer_config.json, or chat_template.jinja); leave --chat out for plain text"
         )
     return tokenizer
+
+
+def end_of_turn_stops(ck: Any) -> list[int]:
+    """The end-of-turn ids of a checkpoint whose tokenizer has a chat template, for plain generation.
+
+    A chat model ends each answer with its end-of-turn token; ``transformers`` stops
+    there because the model's ``generation_config.json`` lists it as ``eos_token_id``
+    (what ``epochal convert --to hf`` writes for a fine-tuning run). Plain
+    ``epochal generate`` of the run, or of a Hugging Face folder whose tokenizer has a
+    chat template, stops at the same ids :func:`chat_prompts` stops at
+    (:func:`epochal.data.sft.end_of_turn_ids`). Empty without a chat tokenizer folder,
+    or when it has no chat template or cannot be loaded (plain text models).
+
+    Args:
+        ck: the :class:`~epochal.convert.formats.ModelCheckpoint`.
+    """
+    if ck.chat_folder is None:
+        return []
+    from epochal.data.sft import (
+        SFTDataError,
+        end_of_turn_ids,
+        has_chat_template,
+        load_chat_tokenizer,
+    )
+
+    try:
+        tokenizer = load_chat_tokenizer(ck.chat_folder)
+    except (SFTDataError, ImportError):
+        return []
+    if not has_chat_template(tokenizer):
+        return []
+    return end_of_turn_ids(tokenizer, extra=ck.eos_token_ids)
 
 
 def prompt_file_lines(path: Path) -> list[tuple[int, str]]:
