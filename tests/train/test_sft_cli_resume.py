@@ -12,6 +12,7 @@ uninterrupted run's exactly.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -174,3 +175,19 @@ def test_a_resume_with_another_sft_option_is_refused_before_data(
     assert f"{option}: " in error
     assert "sft train:" not in out.out  # refused before the rows were read
     assert ((run / "metrics.jsonl").read_bytes(), (run / "config.toml").read_bytes()) == before
+
+
+def test_the_next_hint_of_a_chat_run_asks_a_question_with_chat(runs, tmp_path):
+    """The run's ``next:`` lines suggest ``--chat`` with its first user message; rows of plain
+    prompt-completion strings (trained without the chat template) keep a plain prompt."""
+    from epochal.train.config import build_config
+    from epochal.train.next_steps import next_commands
+
+    run = runs["killed"]
+    chat = f"epochal generate --checkpoint {run} --chat --prompt 'What is the opposite of light?'"
+    assert f"  {chat} --max-new-tokens 40" in runs["out"].splitlines()
+    rows = tmp_path / "pc.jsonl"
+    rows.write_text(json.dumps({"prompt": "Two plus two is", "completion": " four."}) + "\n")
+    cfg = build_config(preset="sft-tiny", overrides=[f"--sft.train_file={rows}", "--sft.split="])
+    line = next_commands(cfg, "runs/pc", final_step=1)[0]
+    assert line.startswith("epochal generate --checkpoint runs/pc --prompt The ")
