@@ -16,8 +16,12 @@ A run without a fine-tuning head (``model.head = "mlm"``: a GPT, or an encoder t
 goes on pretraining) may name a Hugging Face folder of any class
 :func:`epochal.convert.hf.io.load_hf_checkpoint` reads (Llama, Qwen2 / Qwen2.5, Qwen3,
 Mistral, GPT-2, BERT, ESM-2, T5): its whole ``[model]`` configuration then comes from the
-folder's ``config.json`` (:func:`finetune_overrides`), a ``[model]`` option that
-contradicts it is refused, and the weights load through the same seam.
+folder's ``config.json`` (:func:`finetune_overrides`; a preset's ``[model]`` gives way to
+it, :func:`~epochal.train.config.build_config`'s ``init_model``), a ``[model]`` option that
+contradicts it is refused, and the weights load through the same seam. Options are
+compared resolved (:meth:`~epochal.model.config.ModelConfig.resolved_dict`): the folder's
+``intermediate_size`` equal to the default width reads back as ``ffn_hidden_size = None``
+and is the same model as that width spelled out.
 
 Errors (:class:`~epochal.train.state.checkpoint.CheckpointError`): a checkpoint of
 another model type, an encoder weight the checkpoint lacks, a head weight whose shape
