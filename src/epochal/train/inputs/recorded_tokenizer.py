@@ -40,6 +40,7 @@ __all__ = [
     "check_recorded_tokenizer",
     "effective_tokenizer_type",
     "recorded_tokenizers",
+    "tokenizer_source",
     "with_recorded_tokenizer",
     "with_resolved_tokenizer",
 ]
