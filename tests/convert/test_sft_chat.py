@@ -178,3 +178,34 @@ def test_generate_chat_errors_name_the_option(sft_run, hf_folder, tmp_path, caps
         capsys.readouterr()
         assert cli_main([*base, *extra]) == 2
         assert text in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("source", ["run", "hf"])
+def test_plain_generate_of_a_chat_model_stops_at_its_end_of_turn(
+    sft_run, hf_folder, tmp_path, source
+):
+    """Plain ``epochal generate`` (no ``--chat``) of the run, and of its export, stops where
+    transformers' greedy ``generate()`` stops with the export's ``generation_config.json``
+    eos ids: at the end-of-turn token, not past it."""
+    tok, model = _hf(str(hf_folder))
+    eos = list(model.generation_config.eos_token_id)
+    prompts = torch.arange(len(tok.all_special_ids), model.config.vocab_size)[:, None]
+    with torch.no_grad():  # the first one-token prompt whose free continuation passes an eos id
+        free = model.generate(
+            prompts, max_new_tokens=12, do_sample=False, eos_token_id=None, pad_token_id=0
+        )
+    free = free[:, 1:].tolist()
+    i = next(i for i, f in enumerate(free) if any(t in eos for t in f[:-1]))
+    prompt = int(prompts[i, 0])
+    with torch.no_grad():
+        want = model.generate(
+            prompts[i : i + 1], max_new_tokens=12, do_sample=False, eos_token_id=eos
+        )
+    want = want[0, 1:].tolist()
+    assert want[-1] in eos and len(want) < 12
+    checkpoint = sft_run / "run" if source == "run" else hf_folder
+    out = tmp_path / "out.jsonl"
+    args = ["generate", "--checkpoint", str(checkpoint), f"--prompt-ids={prompt}"]
+    args += ["--max-new-tokens", "12", "--device", "cpu", "--output", str(out)]
+    assert cli_main(args) == 0
+    assert json.loads(out.read_text())["tokens"] == want

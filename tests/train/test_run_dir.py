@@ -56,7 +56,7 @@ def test_resume_with_another_run_definition_is_refused(tmp_path, capsys, change,
     before = (run / "metrics.jsonl").read_bytes(), (run / "config.toml").read_bytes()
     capsys.readouterr()
     assert train(run, "--training.train_iters=4", change) == 2
-    err = capsys.readouterr().err
+    err = capsys.readouterr().err.splitlines()[-1]  # after the note of the preset's values
     # refused before any data is prepared (the preflight), with the way out
     assert err.startswith("epochal train: error: run_dir: ") and f"{option}: " in err
     assert "holds another run" in err and "--run_dir=" in err
@@ -104,7 +104,7 @@ def test_a_record_without_checkpoint_identifies_the_run(tmp_path, capsys):
     before = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
     capsys.readouterr()
     assert train(run, "--training.seed=5", "--model.num_layers=1") == 2
-    err = capsys.readouterr().err
+    err = capsys.readouterr().err.splitlines()[-1]  # after the note of the preset's values
     assert err.startswith("epochal train: error: run_dir: ") and str(run / "config.toml") in err
     assert "training.seed: 1234 -> 5" in err and "model.num_layers: 2 -> 1" in err
     assert "--run_dir=NEW_DIR" in err

@@ -133,7 +133,7 @@ def test_sft_tiny_preset_trains_end_to_end(tmp_path, capsys):
         ("sft-tiny", ["--data.eod_mask_loss=true"], "data.eod_mask_loss"),
         ("sft-tiny", ["--sft.loss_on=assistant"], "sft.loss_on"),
         ("sft-tiny", ["--sft.overlength=cut"], "sft.overlength"),
-        ("sft-tiny", [f"--sft.valid_file={CHAT_FILE}"], "sft.split"),
+        ("sft-tiny", [f"--sft.valid_file={CHAT_FILE}", "--sft.split=95,5"], "sft.split"),
         ("sft-tiny", ["--sft.split=90,x"], "sft.split"),
         (None, ["--data.mock=true", "--sft.packing=true"], "sft.packing"),
         (None, ["--data.mock=true", f"--sft.valid_file={CHAT_FILE}"], "sft.valid_file"),

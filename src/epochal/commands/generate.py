@@ -16,8 +16,10 @@ options, the training run's own tokenizer (rebuilt from its ``config.toml``),
 or a ``tokenizer.json`` inside a Hugging Face folder; without one, prompts must
 be token ids (``--prompt-ids 1,2,3``). Generation stops at a Hugging Face
 model's ``eos_token_id`` (every one of a list, as ``transformers`` does), else at
-the tokenizer's end-of-document token (Megatron's behaviour), unless
-``--no-stop-at-eod``; ``--stop-token-id`` adds stop tokens. ``--add-bos``
+the tokenizer's end-of-document token (Megatron's behaviour), and for a checkpoint
+whose tokenizer has a chat template (a fine-tuning run's, a Hugging Face folder's)
+also at its end-of-turn tokens, as ``--chat`` does, unless ``--no-stop-at-eod``;
+``--stop-token-id`` adds stop tokens. ``--add-bos``
 prepends the model's ``bos_token_id``, else the tokenizer's BOS.
 
 With ``--chat`` every ``--prompt`` is a user message (after ``--system``'s
@@ -312,7 +314,11 @@ def _generate(args, parallel, init_distributed, is_logging_rank) -> int:
     if not args.no_stop_at_eod and chat is None:
         # a Hugging Face model's own eos ids win (as in transformers), else the tokenizer's EOD
         eod = getattr(tokenizer, "eod", None)
-        ends = ck.eos_token_ids or (() if eod is None else (eod,))
+        ends = list(ck.eos_token_ids or (() if eod is None else (eod,)))
+        if args.tokenizer_type is None:  # a chat model's answer ends at its end of turn
+            from epochal.commands.generate_chat import end_of_turn_stops
+
+            ends += end_of_turn_stops(ck)
         stops += [int(t) for t in ends if 0 <= t < config.vocab_size]
     bos = ck.bos_token_id
     if bos is None:

@@ -3,8 +3,8 @@
 The prompts are rendered as ``transformers``' ``apply_chat_template(messages,
 add_generation_prompt=True)`` renders them (:func:`epochal.data.sft.chat_prompt_ids`),
 generation stops at the end of the assistant's turn
-(:func:`epochal.data.sft.end_of_turn_ids`, the model's ``generation_config.json`` eos ids,
-``--stop``, ``--stop-token-id``), and each reply is printed without the prompt and
+(:func:`epochal.data.sft.end_of_turn_ids`; the model's ``generation_config.json`` eos ids,
+:func:`model_eos_ids`; ``--stop``; ``--stop-token-id``), and each reply is printed without the prompt and
 the special tokens (``decode(..., skip_special_tokens=True)``, the end-of-turn token
 left out). With one conversation standard output is the reply alone; with several each
 reply follows a ``=== [i] <last user message>`` line. The timing line goes to
@@ -22,7 +22,7 @@ from typing import Any
 
 from epochal._text import plural
 
-__all__ = ["ChatPrompts", "chat_prompts"]
+__all__ = ["ChatPrompts", "chat_prompts", "end_of_turn_stops", "model_eos_ids"]
 
 
 @dataclass
@@ -111,6 +111,54 @@ def _chat_tokenizer(args: argparse.Namespace, ck: Any) -> Any:
     return tokenizer
 
 
+def end_of_turn_stops(ck: Any) -> list[int]:
+    """The end-of-turn ids of a checkpoint whose tokenizer has a chat template, for plain generation.
+
+    A chat model ends each answer with its end-of-turn token; ``transformers`` stops
+    there because the model's ``generation_config.json`` lists it as ``eos_token_id``
+    (what ``epochal convert --to hf`` writes for a fine-tuning run). Plain
+    ``epochal generate`` of the run, or of a Hugging Face folder whose tokenizer has a
+    chat template, stops at the same ids :func:`chat_prompts` stops at
+    (:func:`epochal.data.sft.end_of_turn_ids`). Empty without a chat tokenizer folder,
+    or when it has no chat template or cannot be loaded (plain text models).
+
+    Args:
+        ck: the :class:`~epochal.convert.formats.ModelCheckpoint`.
+    """
+    if ck.chat_folder is None:
+        return []
+    from epochal.data.sft import (
+        SFTDataError,
+        end_of_turn_ids,
+        has_chat_template,
+        load_chat_tokenizer,
+    )
+
+    try:
+        tokenizer = load_chat_tokenizer(ck.chat_folder)
+    except (SFTDataError, ImportError):
+        return []
+    if not has_chat_template(tokenizer):
+        return []
+    return end_of_turn_ids(tokenizer, extra=model_eos_ids(ck))
+
+
+def model_eos_ids(ck: Any) -> tuple[int, ...]:
+    """The model's own eos ids: a Hugging Face checkpoint's, else its chat folder's ``generation_config.json``.
+
+    A fine-tuning run started from a Hugging Face folder keeps that folder's eos ids
+    (``epochal convert --to hf`` lists them in the export's ``generation_config.json``).
+
+    Raises:
+        ConversionError: the folder's ``generation_config.json`` is malformed (a ``ValueError``).
+    """
+    if ck.eos_token_ids or ck.chat_folder is None:
+        return tuple(ck.eos_token_ids)
+    from epochal.convert.formats import generation_eos_ids
+
+    return generation_eos_ids(ck.chat_folder)
+
+
 def prompt_file_lines(path: Path) -> list[tuple[int, str]]:
     """``(line number, line)`` of ``--prompt-file``'s non-blank lines.
 
@@ -179,7 +227,7 @@ def chat_prompts(args: argparse.Namespace, ck: Any) -> ChatPrompts:
     except SFTDataError as exc:
         raise ValueError(str(exc)) from None
     if not args.no_stop_at_eod:
-        stops += end_of_turn_ids(tokenizer, extra=ck.eos_token_ids)
+        stops += end_of_turn_ids(tokenizer, extra=model_eos_ids(ck))
     stops = [t for t in dict.fromkeys(stops) if 0 <= t < ck.config.vocab_size]
     shown = [
         next((m["content"] for m in reversed(c) if m.get("role") == "user"), None)

@@ -154,8 +154,10 @@ def run(args: argparse.Namespace) -> int:
         config = build_config(
             preset=preset,
             config_file=args.config,
-            overrides=[*(encoder or []), *overrides],
+            overrides=overrides,
+            init_model=encoder,
             require_data=not args.print_config,
+            log=_note,
         )
         pinned = sets_run_dir(args.config, overrides)
     except (ConfigError, ValueError, FileNotFoundError) as exc:
@@ -214,14 +216,21 @@ def run(args: argparse.Namespace) -> int:
 def _print_notes(config, args: argparse.Namespace) -> None:  # noqa: ANN001 - a TrainConfig
     """``--print-config``'s notes on standard error: what training would need
     (:func:`~epochal.train.config.preflight.training_notes`); once under a launcher."""
-    from epochal.parallel.launch import under_launcher
     from epochal.train.config.preflight import training_notes
 
-    if under_launcher() and os.environ.get("RANK") != "0":
-        return
     oversubscribe = getattr(args, "oversubscribe", False)
     for note in training_notes(config, oversubscribe=oversubscribe):
-        print(f"epochal train: note: {note}", file=sys.stderr)
+        _note(note)
+
+
+def _note(line: str) -> None:
+    """Print a note once per job: not on every rank, nor again in a job this command relaunched."""
+    from epochal.parallel.launch import under_launcher
+
+    if os.environ.get("EPOCHAL_RELAUNCHED"):  # the command that launched it said it already
+        return
+    if not under_launcher() or os.environ.get("RANK") == "0":
+        print(f"epochal train: note: {line}", file=sys.stderr, flush=True)
 
 
 def _list_options(args: argparse.Namespace, overrides: list[str]) -> int:

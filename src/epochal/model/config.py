@@ -50,6 +50,16 @@ __all__ = [
 ]
 
 
+#: options whose ``None`` stands for a value derived from others -> the property giving it
+_DERIVED_OPTIONS = {
+    "ffn_hidden_size": "ffn_size",
+    "moe_ffn_hidden_size": "moe_ffn_size",
+    "kv_channels": "head_dim",
+    "num_query_groups": "num_kv_heads",
+    "add_qkv_bias": "qkv_bias",
+}
+
+
 @dataclass(kw_only=True)
 class ModelConfig(ModelConfigChecks):
     """Hyper-parameters of a model built by :func:`epochal.model.build_model`.
@@ -401,6 +411,22 @@ class ModelConfig(ModelConfigChecks):
         if self.num_experts is None:
             for name in MOE_FIELDS:
                 del values[name]
+        return values
+
+    def resolved_dict(self) -> dict[str, Any]:
+        """:meth:`to_dict` with the derived options resolved, for comparing two spellings of one model.
+
+        ``ffn_hidden_size``, ``moe_ffn_hidden_size``, ``kv_channels``,
+        ``num_query_groups`` and ``add_qkv_bias`` hold the value their ``None`` stands
+        for (:attr:`ffn_size`, :attr:`moe_ffn_size`, :attr:`head_dim`,
+        :attr:`num_kv_heads`, :attr:`qkv_bias`): a Hugging Face ``intermediate_size=128``
+        read back as ``None`` (the default width of a 64-wide SwiGLU) and an explicit 128
+        are the same model.
+        """
+        values = self.to_dict()
+        for name, resolved in _DERIVED_OPTIONS.items():
+            if name in values:
+                values[name] = getattr(self, resolved)
         return values
 
     @classmethod

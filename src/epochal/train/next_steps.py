@@ -1,7 +1,9 @@
 """The commands to try after a run, for the kind of model it trained.
 
 ``epochal train`` ends with them (:func:`next_commands`), so a first run shows
-where to go: sample from a GPT or T5 (``epochal generate``), fill masks of a BERT
+where to go: sample from a GPT or T5 (``epochal generate``; a model fine-tuned on
+conversations is asked a question with ``--chat``, rendered by its chat template and
+answered up to the end of its turn, as ``transformers``' chat pipeline does), fill masks of a BERT
 or ESM-2 (``epochal fill-mask``), embed or predict with an encoder
 (``epochal embed``), take the model to Hugging Face (``epochal convert``), plot the
 loss (``epochal plot``), and train further (:func:`train_further_command`).
@@ -22,6 +24,7 @@ run directory instead of continuing this one.
 
 from __future__ import annotations
 
+import json
 import shlex
 from pathlib import Path
 from typing import Any
@@ -37,6 +40,56 @@ _MASKED_TEXT = {
 
 def _prompt(config: Any) -> str:
     return "def main(" if config.data.corpus == "stdlib" else "The"
+
+
+#: The ``--chat`` hint's question when the rows cannot be peeked at (not JSON lines).
+_CHAT_PROMPT = "Hello"
+
+
+def _chat_prompt(config: Any) -> str | None:
+    """The question of the ``--chat`` hint, or None when the run did not learn conversations.
+
+    A fine-tuning run's rows are conversations when they are ``messages`` or
+    conversational prompt-completion rows (TRL's formats; plain prompt-completion
+    strings are trained without the chat template). The first row of a ``.jsonl`` /
+    ``.json`` lines file (``sft.valid_file``, else ``sft.train_file``) tells, and its
+    first user message is the question; other formats are not read here: they get
+    ``"Hello"`` when the run's tokenizer folder has a chat template.
+    """
+    if not config.sft.enabled:
+        return None
+    path = Path(config.sft.valid_file or config.sft.train_file)
+    if path.suffix in (".jsonl", ".json") and path.is_file():
+        return _first_question(path)
+    folder = Path(config.sft.tokenizer or config.checkpoint.init_from or ".")
+    try:
+        has_template = (folder / "chat_template.jinja").is_file() or "chat_template" in json.loads(
+            (folder / "tokenizer_config.json").read_text(encoding="utf-8")
+        )
+    except (OSError, ValueError, TypeError):
+        return None
+    return _CHAT_PROMPT if has_template else None
+
+
+def _first_question(path: Path) -> str | None:
+    """The first user message of a JSON-lines file's first row (None: not a conversation)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            line = next((x for x in f if x.strip()), "")
+        row = json.loads(line)
+    except (OSError, ValueError, StopIteration):
+        return _CHAT_PROMPT
+    if not isinstance(row, dict):
+        return _CHAT_PROMPT
+    messages = row.get("messages", row.get("prompt"))
+    if not isinstance(messages, list):
+        return None  # plain prompt-completion strings: no chat template was applied
+    for message in messages:
+        if isinstance(message, dict) and message.get("role") == "user":
+            content = message.get("content")
+            if isinstance(content, str) and 0 < len(content) <= 200 and "\n" not in content:
+                return content
+    return _CHAT_PROMPT
 
 
 def _new_tokens(config: Any) -> int:
@@ -107,6 +160,9 @@ def next_commands(config: Any, run_dir: str | Path, *, final_step: int) -> list[
         prompt = (
             "--prompt-ids 1,2,3" if config.data.mock else f"--prompt {shlex.quote(_prompt(config))}"
         )
+        question = _chat_prompt(config)
+        if question is not None:  # a chat model: a user message, answered to its end of turn
+            prompt = f"--chat --prompt {shlex.quote(question)}"
         cmds.append(
             f"epochal generate --checkpoint {run} {prompt} --max-new-tokens {_new_tokens(config)}"
         )

@@ -54,7 +54,7 @@ from torch import nn
 from epochal._atomic import atomic_write
 from epochal.data.loading.packing import pack_padded_batch
 from epochal.model.build import build_model
-from epochal.model.config import ConfigError, ModelConfig
+from epochal.model.config import ModelConfig
 from epochal.model.layers.moe import set_moe_loss_scale
 from epochal.parallel.dropout_keys import install_keyed_dropout
 from epochal.parallel.engine import compile_part
@@ -71,7 +71,7 @@ from epochal.train.config import (
 from epochal.train.device import compute_context, resolve_device
 from epochal.train.inputs.device_batch import batch_on_device
 from epochal.train.inputs.loaders import DataBundle, build_data
-from epochal.train.inputs.recorded_tokenizer import with_resolved_tokenizer
+from epochal.train.inputs.recorded_tokenizer import check_model_vocab, with_resolved_tokenizer
 from epochal.train.losses import masked_token_mean_loss
 from epochal.train.observe.data_records import DataRecords
 from epochal.train.observe.eval_callbacks import EvalCallbackSeams
@@ -157,11 +157,7 @@ class Trainer(CheckpointSeams, EvalCallbackSeams, KeyedDropoutSeams):
             [load_eval_callback(t.eval_callback)] if t.eval_callback else []
         )
         self.data = data if data is not None else build_data(config, **self.data_parallel_info())
-        if config.model.vocab_size is not None and config.model.vocab_size < self.data.vocab_size:
-            raise ConfigError(
-                "model.vocab_size",
-                f"must be >= the tokenizer's vocabulary size {self.data.vocab_size}, got {config.model.vocab_size}",
-            )
+        check_model_vocab(config, self.data.vocab_size)
         self.model_config: ModelConfig = model_config_from_section(
             config.model, vocab_size=self.data.vocab_size, seq_length=position_length(config)
         )

@@ -7,13 +7,19 @@ import typing
 from dataclasses import field
 from typing import Any
 
-from epochal.model.config import ConfigError, ModelConfig
+from epochal.model.config import HEAD_FIELDS, ConfigError, ModelConfig
 
 __all__ = [
+    "CHECKPOINT_KEPT_FIELDS",
     "ModelSection",
     "model_config_from_section",
     "position_length",
 ]
+
+
+#: ``[model]`` fields a run starting from ``checkpoint.init_from`` sets itself (the head,
+#: LoRA and the dropouts); the others come from the checkpoint.
+CHECKPOINT_KEPT_FIELDS: tuple[str, ...] = (*HEAD_FIELDS, "hidden_dropout", "attention_dropout")
 
 
 # ----------------------------------------------------------------------- model

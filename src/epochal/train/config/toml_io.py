@@ -9,6 +9,7 @@ import math
 import tomllib
 import types
 import typing
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -21,7 +22,9 @@ __all__ = [
     "build_config",
     "config_from_dict",
     "config_from_saved",
+    "holds_tokenizer",
     "parse_overrides",
+    "preset_gives_way",
     "sets_run_dir",
     "to_toml",
 ]
@@ -202,8 +205,9 @@ def parse_overrides(overrides: list[str]) -> dict[str, Any]:
 
 # Options of which a configuration sets at most one. An option set explicitly (in the
 # config file or an override) removes the preset's values of the others in its group,
-# so ``--data.data_path=[...]`` replaces the tiny preset's ``data.corpus`` and
-# ``--scheduler.lr_warmup_iters=5`` its ``scheduler.lr_warmup_fraction``.
+# so ``--data.data_path=[...]`` replaces the tiny preset's ``data.corpus``,
+# ``--scheduler.lr_warmup_iters=5`` its ``scheduler.lr_warmup_fraction`` and
+# ``--sft.valid_file=F`` the sft-tiny preset's ``sft.split``.
 EXCLUSIVE_OPTIONS: tuple[tuple[str, ...], ...] = (
     (
         "data.corpus",
@@ -220,6 +224,7 @@ EXCLUSIVE_OPTIONS: tuple[tuple[str, ...], ...] = (
         "sft.train_file",
     ),
     ("scheduler.lr_warmup_iters", "scheduler.lr_warmup_fraction"),
+    ("sft.split", "sft.valid_file"),
 )
 
 
@@ -229,17 +234,100 @@ def _has_option(values: dict[str, Any], dotted: str) -> bool:
     return isinstance(table, dict) and key in table
 
 
-def _drop_replaced_preset_options(preset: dict[str, Any], explicit: dict[str, Any]) -> None:
+def holds_tokenizer(folder: str) -> bool:
+    """Whether ``folder`` holds a Hugging Face tokenizer (``tokenizer.json`` / ``tokenizer_config.json``)."""
+    return any(
+        (Path(folder) / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json")
+    )
+
+
+def preset_gives_way(
+    preset: dict[str, Any], explicit: dict[str, Any], *, from_checkpoint: bool = False
+) -> list[str]:
+    """Drop from ``preset`` (in place) the values that the ``explicit`` options contradict.
+
+    - Of each group of :data:`EXCLUSIVE_OPTIONS`, an explicit option drops the
+      preset's others; a preset whose ``sft.train_file`` is dropped loses its whole
+      ``[sft]`` section (another data source replaced its rows).
+    - ``from_checkpoint`` (the ``[model]`` comes from ``checkpoint.init_from``): the
+      preset's ``[model]`` but :data:`~epochal.train.config.model.CHECKPOINT_KEPT_FIELDS`,
+      and its ``sft.tokenizer`` when the explicit ``checkpoint.init_from`` folder holds a
+      tokenizer (``sft.tokenizer = ""`` is then that one).
+
+    Args:
+        preset: the preset's nested values (changed).
+        explicit: the file's and the overrides' nested values.
+        from_checkpoint: see above.
+
+    Returns:
+        One phrase per dropped value (``sft.split = "90,10" (sft.valid_file is set)``).
+    """
+    from epochal.train.config.model import CHECKPOINT_KEPT_FIELDS
+
+    notes: list[str] = []
+    replaced_rows = ""
     for group in EXCLUSIVE_OPTIONS:
-        if not any(_has_option(explicit, o) for o in group):
+        given = [o for o in group if _has_option(explicit, o)]
+        if not given:
             continue
         for option in group:
             if _has_option(preset, option) and not _has_option(explicit, option):
                 section, _, key = option.rpartition(".")
-                del preset[section][key]
+                value = preset[section].pop(key)
+                if option == "sft.train_file":
+                    replaced_rows = given[0]
+                else:
+                    notes.append(f"{option} = {_toml_value(value)} ({given[0]} is set)")
+    if replaced_rows and isinstance(preset.get("sft"), dict):
+        del preset["sft"]
+        notes = [n for n in notes if not n.startswith("sft.")]
+        notes.append(f"[sft] ({replaced_rows} is set)")
+    init = (explicit.get("checkpoint") or {}).get("init_from")
+    if from_checkpoint and isinstance(preset.get("model"), dict):
+        model = preset["model"]
+        dropped = [k for k in list(model) if k not in CHECKPOINT_KEPT_FIELDS]
+        for key in dropped:
+            del model[key]
+        if dropped:
+            notes.append(f"[model] (checkpoint.init_from={_toml_value(str(init))} sets it)")
     sft = preset.get("sft")
-    if isinstance(sft, dict) and "train_file" not in sft:
-        del preset["sft"]  # another data source replaced the preset's fine-tuning rows
+    if (
+        from_checkpoint
+        and isinstance(sft, dict)
+        and sft.get("tokenizer")
+        and not _has_option(explicit, "sft.tokenizer")
+        and isinstance(init, str)
+        and holds_tokenizer(init)
+    ):
+        value = sft.pop("tokenizer")
+        notes.append(
+            f"sft.tokenizer = {_toml_value(value)} (checkpoint.init_from holds a tokenizer)"
+        )
+    return notes
+
+
+def _fit_positions(merged: dict[str, Any], explicit: dict[str, Any]) -> list[str]:
+    """A GPT's ``data.seq_length`` left unset, cut to the checkpoint's ``max_position_embeddings``.
+
+    ``merged`` is changed in place; returns the phrase saying so, or nothing.
+    """
+    from epochal.train.config.data import DataConfig
+
+    model, data = merged.get("model") or {}, merged.setdefault("data", {})
+    positions = model.get("max_position_embeddings")
+    if model.get("type", "gpt") != "gpt" or not isinstance(positions, int):
+        return []
+    if _has_option(explicit, "data.seq_length"):
+        return []
+    default = next(f.default for f in dataclasses.fields(DataConfig) if f.name == "seq_length")
+    length = data.get("seq_length", default)
+    if not isinstance(length, int) or length <= positions:
+        return []
+    data["seq_length"] = positions
+    return [
+        f"data.seq_length = {positions}, the positions of checkpoint.init_from's model "
+        f"({length} would exceed them)"
+    ]
 
 
 def _read_toml(path: Path) -> dict[str, Any]:
@@ -264,7 +352,7 @@ def _read_toml(path: Path) -> dict[str, Any]:
 
 def _resolve(preset_values: dict[str, Any], explicit: dict[str, Any]) -> TrainConfig:
     values = copy.deepcopy(preset_values)
-    _drop_replaced_preset_options(values, explicit)
+    preset_gives_way(values, explicit)
     return config_from_dict(_deep_merge(values, explicit))
 
 
@@ -274,13 +362,22 @@ def build_config(
     config_file: str | Path | None = None,
     overrides: list[str] | None = None,
     require_data: bool = True,
+    init_model: list[str] | None = None,
+    log: Callable[[str], None] | None = None,
 ) -> TrainConfig:
     """Resolve a configuration: preset, then TOML file, then overrides.
 
-    Options set in the file or the overrides are explicit: one of a group in
-    :data:`EXCLUSIVE_OPTIONS` replaces the preset's others (an explicit
-    ``data.data_path`` wins over the preset's ``data.corpus``); two set
-    explicitly are an error naming both.
+    A preset's values are defaults: options set in the file or the overrides are
+    explicit and win, and a preset value that an explicit option contradicts is
+    dropped (:func:`preset_gives_way`; ``log`` gets one line naming each): one of a
+    group in :data:`EXCLUSIVE_OPTIONS` replaces the preset's others (an explicit
+    ``data.data_path`` wins over the preset's ``data.corpus``, ``sft.valid_file`` over
+    its ``sft.split``); two set explicitly are an error naming both. With
+    ``init_model`` the model comes from ``checkpoint.init_from`` (as TRL's
+    ``SFTTrainer(model=...)`` takes it): the preset's ``[model]`` gives way to it (but
+    for the head, LoRA and dropout fields), its ``sft.tokenizer`` to a tokenizer the
+    folder holds, and a ``data.seq_length`` the file and the overrides leave unset
+    is at most the model's ``max_position_embeddings``.
 
     Without an explicit ``run_dir`` the run directory is derived from what the run
     is (:func:`~epochal.train.config.run_name.default_run_dir`): ``runs/<preset>``,
@@ -293,6 +390,11 @@ def build_config(
         overrides: ``--section.key=value`` strings.
         require_data: require a data source (:meth:`TrainConfig.check_data`); False
             to resolve a configuration only to show it.
+        init_model: the ``--model.*`` overrides giving the run the model of its
+            ``checkpoint.init_from``
+            (:func:`~epochal.train.state.encoder_init.finetune_overrides`); between the
+            file and ``overrides``.
+        log: gets the line saying which preset values gave way, when any did.
 
     Raises:
         ConfigError: unknown key or invalid value (names the option); a config file
@@ -304,8 +406,20 @@ def build_config(
 
     preset_values: dict[str, Any] = preset_dict(preset) if preset else {}
     from_file: dict[str, Any] = _read_toml(Path(config_file)) if config_file is not None else {}
-    explicit = _deep_merge(from_file, parse_overrides(overrides)) if overrides else from_file
-    config = _resolve(preset_values, explicit)
+    explicit = from_file
+    if init_model is not None:
+        explicit = _deep_merge(explicit, parse_overrides(init_model))
+    if overrides:
+        explicit = _deep_merge(explicit, parse_overrides(overrides))
+    values = copy.deepcopy(preset_values)
+    notes = preset_gives_way(values, explicit, from_checkpoint=init_model is not None)
+    merged = _deep_merge(values, explicit)
+    if init_model is not None:
+        notes += _fit_positions(merged, explicit)
+    config = config_from_dict(merged)
+    if notes and log is not None:
+        by = f"preset {preset}'s values" if preset else "the built-in defaults"
+        log(f"{by} give way to the options given: {'; '.join(notes)}")
     if "run_dir" not in explicit:
         try:
             base = _resolve(preset_values, from_file) if explicit is not from_file else config

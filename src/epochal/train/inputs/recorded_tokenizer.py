@@ -32,12 +32,15 @@ from epochal.data.indexed.tokenizer_record import (
     tokenizer_fingerprint,
 )
 from epochal.model.config import ConfigError
+from epochal.train.config.toml_io import holds_tokenizer
 
 __all__ = [
     "DEFAULT_TOKENIZER",
+    "check_model_vocab",
     "check_recorded_tokenizer",
     "effective_tokenizer_type",
     "recorded_tokenizers",
+    "tokenizer_source",
     "with_recorded_tokenizer",
     "with_resolved_tokenizer",
 ]
@@ -171,6 +174,57 @@ def with_resolved_tokenizer(config: Any) -> Any:
     else:
         data = with_recorded_tokenizer(config.data)
     return dataclasses.replace(config, data=data)
+
+
+def tokenizer_source(config: Any) -> str:
+    """The options that name a ``TrainConfig``'s tokenizer, as text (``sft.tokenizer='F'``)."""
+    sft, init = config.sft, config.checkpoint.init_from
+    if sft.enabled:
+        if sft.tokenizer:
+            return f"sft.tokenizer={sft.tokenizer!r}"
+        return f"the tokenizer in checkpoint.init_from={init!r}"
+    d = with_resolved_tokenizer(config).data
+    files = [
+        f"data.{k}={getattr(d, k)!r}"
+        for k in ("tokenizer_model", "vocab_file", "merge_file")
+        if getattr(d, k, None)
+    ]
+    return " ".join([f"data.tokenizer_type={d.tokenizer_type!r}", *files])
+
+
+def check_model_vocab(config: Any, tokenizer_vocab: int) -> None:
+    """Refuse a ``model.vocab_size`` below the tokenizer's vocabulary, naming where each comes from.
+
+    Args:
+        config: the ``TrainConfig``.
+        tokenizer_vocab: the tokenizer's number of ids (added tokens included).
+
+    Raises:
+        ConfigError: (``model.vocab_size``) the model's vocabulary (set, or the
+            ``checkpoint.init_from`` model's) is smaller; names the tokenizer's option and
+            what to change.
+    """
+    vocab = config.model.vocab_size
+    if vocab is None or vocab >= tokenizer_vocab:
+        return
+    init = config.checkpoint.init_from
+    model = f" (the model of checkpoint.init_from={init!r})" if init else ""
+    if config.sft.enabled and config.sft.tokenizer and init and holds_tokenizer(init):
+        fix = (
+            "leave sft.tokenizer unset to use the tokenizer in checkpoint.init_from, or give "
+            f"one of at most {vocab} ids"
+        )
+    elif config.sft.enabled:
+        fix = f"give the model's own tokenizer (sft.tokenizer=FOLDER), of at most {vocab} ids"
+    elif init:
+        fix = f"give a tokenizer of at most {vocab} ids, or start from a model that has its ids"
+    else:
+        fix = f"give a tokenizer of at most {vocab} ids, or leave model.vocab_size unset"
+    raise ConfigError(
+        "model.vocab_size",
+        f"must be >= the tokenizer's vocabulary size {tokenizer_vocab}, got {vocab}{model}; "
+        f"the tokenizer is {tokenizer_source(config)}: {fix}",
+    )
 
 
 def effective_tokenizer_type(config: Any) -> str:

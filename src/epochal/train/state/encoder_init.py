@@ -16,8 +16,12 @@ A run without a fine-tuning head (``model.head = "mlm"``: a GPT, or an encoder t
 goes on pretraining) may name a Hugging Face folder of any class
 :func:`epochal.convert.hf.io.load_hf_checkpoint` reads (Llama, Qwen2 / Qwen2.5, Qwen3,
 Mistral, GPT-2, BERT, ESM-2, T5): its whole ``[model]`` configuration then comes from the
-folder's ``config.json`` (:func:`finetune_overrides`), a ``[model]`` option that
-contradicts it is refused, and the weights load through the same seam.
+folder's ``config.json`` (:func:`finetune_overrides`; a preset's ``[model]`` gives way to
+it, :func:`~epochal.train.config.build_config`'s ``init_model``), a ``[model]`` option that
+contradicts it is refused, and the weights load through the same seam. Options are
+compared resolved (:meth:`~epochal.model.config.ModelConfig.resolved_dict`): the folder's
+``intermediate_size`` equal to the default width reads back as ``ffn_hidden_size = None``
+and is the same model as that width spelled out.
 
 Errors (:class:`~epochal.train.state.checkpoint.CheckpointError`): a checkpoint of
 another model type, an encoder weight the checkpoint lacks, a head weight whose shape
@@ -34,9 +38,10 @@ import torch
 from torch import nn
 
 from epochal.model.build import build_model
-from epochal.model.config import HEAD_FIELDS, ModelConfig
+from epochal.model.config import ModelConfig
 from epochal.model.init import canonical_name
 from epochal.model.lora import is_lora_name
+from epochal.train.config.model import CHECKPOINT_KEPT_FIELDS
 from epochal.train.state.checkpoint import CheckpointError
 
 __all__ = [
@@ -48,7 +53,7 @@ __all__ = [
 ]
 
 #: ``[model]`` fields a fine-tuning config keeps (the rest come from the checkpoint).
-KEPT_FIELDS = (*HEAD_FIELDS, "hidden_dropout", "attention_dropout")
+KEPT_FIELDS = CHECKPOINT_KEPT_FIELDS
 
 
 def is_hf_folder(path: str | Path) -> bool:
@@ -174,9 +179,9 @@ def _hf_model_overrides(init: str | Path, given: dict[str, Any]) -> list[str]:
         raise CheckpointError(f"checkpoint.init_from={str(init)!r}: {exc}") from exc
     theirs = {f.name: getattr(source, f.name) for f in dataclasses.fields(source)}
     clash = [
-        f"model.{k}={v!r} (the folder's is {theirs[k]!r})"
+        f"model.{k}={v!r} (the folder's is {source.resolved_dict().get(k, theirs[k])!r})"
         for k, v in given.items()
-        if k in theirs and k not in KEPT_FIELDS and v != theirs[k]
+        if k in theirs and k not in KEPT_FIELDS and _differs(source, k, v)
     ]
     if clash:
         raise CheckpointError(
@@ -194,6 +199,17 @@ def _hf_model_overrides(init: str | Path, given: dict[str, Any]) -> list[str]:
     return out
 
 
+def _differs(source: ModelConfig, name: str, value: Any) -> bool:
+    """Whether ``model.<name>=value`` gives another model than ``source`` (compared resolved)."""
+    if value == getattr(source, name):
+        return False
+    try:
+        other = dataclasses.replace(source, **{name: value})
+    except (ValueError, TypeError):  # ConfigError: not a value of this model at all
+        return True
+    return other.resolved_dict().get(name) != source.resolved_dict().get(name)
+
+
 def _check_type(source: ModelConfig, model_type: str, where: Any) -> None:
     if source.type != model_type:
         raise CheckpointError(
@@ -203,7 +219,8 @@ def _check_type(source: ModelConfig, model_type: str, where: Any) -> None:
 
 
 def _encoder_fields(config: ModelConfig) -> dict[str, Any]:
-    return {k: v for k, v in config.to_dict().items() if k not in KEPT_FIELDS}
+    """The fields that must match the checkpoint's, derived ones resolved (:meth:`ModelConfig.resolved_dict`)."""
+    return {k: v for k, v in config.resolved_dict().items() if k not in KEPT_FIELDS}
 
 
 def load_encoder_weights(

@@ -16,7 +16,7 @@ from epochal.data.datasets.scheduled_blend import (
     blend_ledger,
     find_blend,
 )
-from epochal.model.config import ConfigError
+from epochal.model.config import ConfigError, ModelConfig
 from epochal.train.config import to_toml
 from epochal.train.state.checkpoint import Checkpointer, CheckpointError
 from epochal.train.state.encoder_init import is_hf_folder, load_encoder_weights
@@ -187,11 +187,15 @@ class CheckpointSeams:
                 f"model.type={self.model_config.type!r}; use a checkpoint of a "
                 f"{self.model_config.type!r} model (or convert it)"
             )
-        ours = self.model_config.to_dict()
+        ours = self.model_config.resolved_dict()
+        try:  # derived options resolved on both sides: one model, two spellings, agree
+            theirs = ModelConfig.from_dict(recorded).resolved_dict()
+        except (ValueError, TypeError):  # a config this version cannot build: as written
+            theirs = recorded
         diff = [
-            f"model.{k}: checkpoint {recorded.get(k)!r} vs config {v!r}"
+            f"model.{k}: checkpoint {theirs.get(k)!r} vs config {v!r}"
             for k, v in ours.items()
-            if k in recorded and recorded[k] != v
+            if k in theirs and theirs[k] != v
         ]
         if diff:
             raise CheckpointError(f"{folder} holds another model: " + "; ".join(diff))

@@ -6,8 +6,14 @@
   ``training.seed`` / ``micro_batch_size`` / ``global_batch_size`` /
   ``rampup_batch_size`` and a fine-tuning run's tables (``finetune.train_file``,
   ``valid_file``, ``split``, ``sequence_column``, ``label_column``: a new split
-  could move training rows into validation). These decide which samples are drawn in which order;
-  changing one would silently make another run under the old name. The model
+  could move training rows into validation) and every option of a chat fine-tuning
+  run's ``[sft]`` section (its rows, split, loss tokens, packing, over-long rows and
+  tokenizer). These decide which samples are drawn in which order;
+  changing one would silently make another run under the old name. The tokenizer
+  is compared as the run uses it (:func:`~epochal.train.inputs.recorded_tokenizer.with_resolved_tokenizer`:
+  the record of the data, an ``[sft]`` run's folder, ``sft.tokenizer = ""`` being
+  ``checkpoint.init_from``'s), so a saved ``config.toml``, which names the resolved
+  tokenizer, and the command that started the run are the same run. The model
   must agree too; the trainer compares the *resolved* model (vocabulary size
   included) with the checkpoint's (``Trainer.check_model_config``), so a
   ``[model]`` spelling that resolves to the same model is accepted.
@@ -52,7 +58,10 @@ from epochal._ownership import (
 from epochal.model.config import ConfigError
 from epochal.train.config import DataConfig, TrainConfig, config_from_saved, position_length
 from epochal.train.config.run_name import flat_options
-from epochal.train.inputs.recorded_tokenizer import effective_tokenizer_type
+from epochal.train.inputs.recorded_tokenizer import (
+    effective_tokenizer_type,
+    with_resolved_tokenizer,
+)
 from epochal.train.state.checkpoint import Checkpointer
 from epochal.train.state.errors import CheckpointError
 
@@ -78,6 +87,8 @@ RUN_DEFINING: dict[str, frozenset[str] | None] = {
     "training": frozenset({"seed", "micro_batch_size", "global_batch_size", "rampup_batch_size"}),
     # which rows train and which validate (``head_lr`` may change)
     "finetune": frozenset({"train_file", "valid_file", "split", "sequence_column", "label_column"}),
+    # chat fine-tuning: every option decides which tokens are drawn and which carry the loss
+    "sft": None,
 }
 
 
@@ -89,13 +100,36 @@ def _defines_run(option: str) -> bool:
     return keys is None or key in keys
 
 
+def _as_run(config: TrainConfig) -> TrainConfig:
+    """``config`` with its tokenizer resolved as the trainer resolves it (what its ``config.toml`` names).
+
+    An ``[sft]`` run's ``sft.tokenizer = ""`` becomes the folder it stands for
+    (``checkpoint.init_from``).
+
+    Raises:
+        ConfigError: the data's tokenizer records disagree (naming ``data.data_path``).
+    """
+    config = with_resolved_tokenizer(config)
+    sft = config.sft
+    if sft.enabled and not sft.tokenizer and config.checkpoint.init_from:
+        sft = dataclasses.replace(sft, tokenizer=config.checkpoint.init_from)
+        config = dataclasses.replace(config, sft=sft)
+    return config
+
+
 def config_changes(saved: TrainConfig, current: TrainConfig) -> tuple[list[str], list[str]]:
     """The options whose values differ, as ``"option: saved -> current"`` lines.
 
+    Both configurations are compared with their tokenizers resolved (:func:`_as_run`):
+    an option left unset that resolves to the saved value is no change.
+
     Returns:
         ``(run-defining changes, other changes)``; ``run_dir`` is not compared.
+
+    Raises:
+        ConfigError: the data's tokenizer records disagree (naming ``data.data_path``).
     """
-    a, b = flat_options(saved), flat_options(current)
+    a, b = flat_options(_as_run(saved)), flat_options(_as_run(current))
     defining, other = [], []
     for option in a:
         if option == "run_dir" or a[option] == b.get(option):
