@@ -59,6 +59,7 @@ from epochal.data.sft.rows import (
     SFTDataError,
     SFTRow,
 )
+from epochal.data.sft.tokenizer_folder import check_chat_template, check_tokenizer_folder
 
 __all__ = [
     "LOSS_ON",
@@ -183,19 +184,31 @@ def has_generation_markers(chat_template: str | dict[str, str] | None) -> bool:
 def load_chat_tokenizer(path: str | os.PathLike) -> Any:
     """``transformers.AutoTokenizer`` of a Hugging Face model or tokenizer folder (offline).
 
+    The folder is checked first (:func:`~epochal.data.sft.tokenizer_folder.check_tokenizer_folder`:
+    no custom code, a chat template that is text) and loaded with
+    ``trust_remote_code=False``, so no file of the folder is ever run and no question
+    is asked.
+
     Raises:
         ImportError: ``transformers`` is not installed.
-        SFTDataError: the folder has no loadable tokenizer (the message names it).
+        SFTDataError: the folder names custom code in an ``auto_map`` entry, has a
+            ``chat_template`` that is not a string, or has no loadable tokenizer (the
+            message names the file).
     """
     try:
         from transformers import AutoTokenizer
     except ImportError as exc:  # pragma: no cover - transformers is in the sft extra
         raise ImportError("chat templates need transformers: pip install 'epochal[sft]'") from exc
     folder = os.fspath(path)
+    check_tokenizer_folder(folder)
     try:
-        return AutoTokenizer.from_pretrained(folder, local_files_only=True)
+        tokenizer = AutoTokenizer.from_pretrained(
+            folder, local_files_only=True, trust_remote_code=False
+        )
     except Exception as exc:  # OSError / ValueError from transformers
-        raise SFTDataError(f"{folder}: no loadable tokenizer ({exc})") from None
+        raise SFTDataError(f"{folder}: no loadable tokenizer ({exc})", source=folder) from None
+    check_chat_template(getattr(tokenizer, "chat_template", None), folder)
+    return tokenizer
 
 
 def tokenize_sft_rows(
@@ -226,8 +239,8 @@ def tokenize_sft_rows(
             that does not render a row, a ``messages`` row without assistant tokens,
             a template without generation markers that does not render the start of a
             conversation as the start of the whole (``loss_on="completion"``), a
-            tokenizer without chat template or EOS token; the message names the file
-            and row and the fix.
+            tokenizer without chat template or EOS token, or one whose chat template is
+            not a string; the message names the file and row and the fix.
     """
     if loss_on not in LOSS_ON:
         raise ValueError(f"loss_on must be one of {', '.join(LOSS_ON)}, got {loss_on!r}")
@@ -235,6 +248,7 @@ def tokenize_sft_rows(
         raise ValueError(f"overlength must be one of {', '.join(OVERLENGTH)}, got {overlength!r}")
     if max_length is not None and (isinstance(max_length, bool) or max_length < 1):
         raise ValueError(f"max_length must be a positive int or None, got {max_length!r}")
+    check_chat_template(getattr(tokenizer, "chat_template", None), "the tokenizer")
     examples: list[SFTExample] = []
     counts = dict(rows=0, skipped=0, truncated=0, truncated_tokens=0, dropped=0)
     by_prefix = loss_on == "completion" and not has_generation_markers(
