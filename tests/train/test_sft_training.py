@@ -242,8 +242,8 @@ def test_rows_errors_name_the_option_of_their_file_and_the_data_line_is_short(tm
     said = []
     *_, description = build_sft_train_datasets(cfg, log=said.append)
     assert description == (
-        f"fine-tuning rows of {train} (packed, loss on completion): 8 train samples of 4, "
-        "1 validation sample, 80 tokens each"
+        f"fine-tuning rows of {train} (packed, loss on completion): 8 train samples from 4 "
+        "packed samples, 1 validation sample, 80 tokens each"
     )
     assert [line.split(":")[0] for line in said if not line.startswith("sft rows")] == [
         "sft train",

@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from epochal._text import plural
 from epochal.data.sft.token_store import TokenizedRows, row_digest
 from epochal.data.sft.tokenize import SFTExample
 
@@ -133,7 +134,8 @@ class PackingReport:
     def summary(self) -> str:
         """One line, e.g. ``"1,000 rows in 310 samples of 2,048 tokens: 96.1% real ..."``."""
         return (
-            f"{self.rows:,} rows in {self.samples:,} samples of {self.seq_length:,} tokens: "
+            f"{plural(self.rows, 'row', fmt=',')} in {plural(self.samples, 'sample', fmt=',')} "
+            f"of {self.seq_length:,} tokens: "
             f"{100 * self.efficiency:.1f}% real tokens "
             f"({100 * self.padded_efficiency:.1f}% one row a sample)"
         )

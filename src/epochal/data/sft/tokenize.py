@@ -52,6 +52,7 @@ from typing import Any
 
 import numpy as np
 
+from epochal._text import plural
 from epochal.data.sft.rows import (
     CONVERSATIONAL_PROMPT_COMPLETION,
     MESSAGES,
@@ -145,7 +146,9 @@ class SFTReport:
 
     def summary(self) -> str:
         """One line, e.g. ``"100 rows -> 98 examples (2 over 512 tokens skipped), ..."``."""
-        parts = [f"{self.rows:,} rows -> {self.examples:,} examples"]
+        parts = [
+            f"{plural(self.rows, 'row', fmt=',')} -> {plural(self.examples, 'example', fmt=',')}"
+        ]
         if self.skipped:
             parts.append(f"{self.skipped:,} over {self.max_length:,} tokens skipped")
         if self.truncated:
@@ -157,10 +160,11 @@ class SFTReport:
             parts.append(f"{self.dropped_no_loss:,} left without loss tokens by truncation dropped")
         if self.prefix_masked:
             parts.append(
-                f"assistant turns of {self.prefix_masked:,} rows found by rendering prefixes "
+                f"assistant turns of {plural(self.prefix_masked, 'row', fmt=',')} found by rendering prefixes "
                 "(the chat template has no generation markers)"
             )
-        parts.append(f"{self.tokens:,} tokens, {self.loss_tokens:,} loss tokens")
+        tokens = plural(self.tokens, "token", fmt=",")
+        parts.append(f"{tokens}, {plural(self.loss_tokens, 'loss token', fmt=',')}")
         return ", ".join(parts)
 
 

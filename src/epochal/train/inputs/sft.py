@@ -155,8 +155,8 @@ def _describe(config: TrainConfig, samples: int, built: Any) -> str:
     s = config.sft
     text = (
         f"fine-tuning rows of {s.train_file} ({'packed' if s.packing else 'one a sample'}, "
-        f"loss on {s.loss_on}): {plural(samples, 'train sample', fmt=',')} of "
-        f"{len(built.train):,}"
+        f"loss on {s.loss_on}): {plural(samples, 'train sample', fmt=',')} from "
+        + plural(len(built.train), "packed sample" if s.packing else "row", fmt=",")
     )
     if built.valid is not None:
         text += f", {plural(len(built.valid), 'validation sample', fmt=',')}"
