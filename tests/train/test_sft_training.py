@@ -255,3 +255,17 @@ def test_rows_errors_name_the_option_of_their_file_and_the_data_line_is_short(tm
         build_sft_train_datasets(cfg)
     assert info.value.option == "sft.valid_file"
     assert f"{valid} line 2 column 16: not UTF-8" in str(info.value)
+
+
+def test_digests_recorded_in_another_identity_format_are_not_compared(tmp_path):
+    from epochal.train.inputs.sft import build_sft_train_datasets
+    from epochal.train.state.sample_check import resume_sample_check
+
+    train = W.write_rows(tmp_path, 0, 8, "train.jsonl")
+    cfg = W.config(str(tmp_path / "run"), [f"--sft.train_file={train}", "--sft.split="])
+    samples = build_sft_train_datasets(cfg)[0]
+    entry = {"step": 1, "first_sample": 0, "samples": 8, "digest": "0123456789abcdef"}
+    line = resume_sample_check({"sample_digests": [entry]}, samples)  # an earlier checkpoint
+    assert line.startswith("warning: sample digests not compared: the checkpoint names")
+    with pytest.raises(ConfigError, match="sample digests differ: step 1: recorded 0123"):
+        resume_sample_check({"sample_digests": [{**entry, "identity": "sft rows+tokens"}]}, samples)

@@ -92,6 +92,15 @@ def _simple(value: Any) -> bool:
     return value is None or isinstance(value, bool | int | float | str)
 
 
+#: ``init_kwargs`` that say where or how a tokenizer was loaded, not how it tokenizes
+_LOADING = ("name_or_path", "chat_template", "is_local", "local_files_only", "cache_dir")
+
+
+def _setting(key: str) -> bool:
+    """Whether an ``init_kwargs`` entry can change ids (not a path or a loading option)."""
+    return key not in _LOADING and not key.endswith(("_file", "_files"))
+
+
 def tokenizer_fingerprint(tokenizer: Any) -> dict[str, Any]:
     """What a ``transformers`` tokenizer's ids and chat renderings depend on, as JSON-able values.
 
@@ -106,11 +115,7 @@ def tokenizer_fingerprint(tokenizer: Any) -> dict[str, Any]:
         "size": len(tokenizer),
         "chat_template": getattr(tokenizer, "chat_template", None),
         "special_tokens": json.loads(json.dumps(special, sort_keys=True, default=str)),
-        "settings": {
-            k: v
-            for k, v in sorted(settings.items())
-            if _simple(v) and k not in ("name_or_path", "chat_template")
-        },
+        "settings": {k: v for k, v in sorted(settings.items()) if _simple(v) and _setting(k)},
     }
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is not None:

@@ -111,6 +111,8 @@ class SFTTrainSamples(MultiEpochDatasetResampler):
     """
 
     rows_file: str = ""
+    #: the identity format (recorded with the checkpoint's sample digests): rows and tokens
+    identity_kind: str = "sft rows+tokens"
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -39,7 +39,9 @@ KEY = "sample_digests"
 
 def _entry(dataset: Any, step: int, first: int, stop: int) -> dict[str, Any]:
     digest = identity_digest(sample_identities(dataset, first, stop))
-    return {"step": step, "first_sample": first, "samples": stop - first, "digest": digest}
+    entry = {"step": step, "first_sample": first, "samples": stop - first, "digest": digest}
+    kind = getattr(dataset, "identity_kind", None)
+    return entry if kind is None else {**entry, "identity": kind}
 
 
 def checkpoint_digests(dataset: Any, calculator: Any, step: int, consumed: int) -> dict[str, Any]:
@@ -83,11 +85,21 @@ def resume_sample_check(saved: dict[str, Any], dataset: Any) -> str | None:
         Whatever ``dataset.refuse_changed_samples(differences)`` raises when the
         digests differ and the dataset has that method: data whose order does not
         depend on the run's length (fine-tuning rows), so that differing digests mean
-        the data itself changed, refuses the resume instead of warning.
+        the data itself changed, refuses the resume instead of warning. Such data
+        also names its identity format (``dataset.identity_kind``, recorded with each
+        digest); digests recorded in another format are not compared.
     """
     recorded = saved.get(KEY)
     if not isinstance(recorded, list) or not recorded or not has_identities(dataset):
         return None
+    kind = getattr(dataset, "identity_kind", None)
+    if kind is not None and any(
+        isinstance(e, dict) and e.get("identity") != kind for e in recorded
+    ):
+        return (
+            f"warning: sample digests not compared: the checkpoint names its samples another "
+            f"way than this run ({kind!r}; saved by an earlier epochal)"
+        )
     matched, differ, beyond = [], [], []
     try:
         for entry in recorded:
