@@ -160,7 +160,7 @@ def rows_identity(
 
 
 def _build(folder: Path, source: str, tokenizer: Any, identity: dict, options: dict) -> None:
-    writer = StoreWriter(folder, len(tokenizer), source)
+    writer = StoreWriter(folder, len(tokenizer))
     try:
         for limited in limited_rows(iter_sft_rows(source), tokenizer, **options):
             writer.add(limited)

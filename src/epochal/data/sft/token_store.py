@@ -72,12 +72,13 @@ class StoreWriter:
     Args:
         folder: an empty folder to write into (the caller renames it into place).
         vocab_size: ids are ``0 .. vocab_size - 1`` (picks the token dtype).
-        source: the file the rows come from (for messages only).
+
+    Raises:
+        ValueError: on :meth:`add`, an id that does not fit the token dtype.
     """
 
-    def __init__(self, folder: str | os.PathLike, vocab_size: int, source: str) -> None:
+    def __init__(self, folder: str | os.PathLike, vocab_size: int) -> None:
         self.folder = Path(folder)
-        self.source = source
         self._tokens = IndexedDatasetBuilder(self.folder / "tokens.bin", optimal_dtype(vocab_size))
         self._masks = IndexedDatasetBuilder(self.folder / "loss_mask.bin", np.uint8)
         self._examples = array("q")  # row, loss tokens, digest: 24 bytes a kept row

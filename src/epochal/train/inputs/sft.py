@@ -2,7 +2,8 @@
 
 :func:`~epochal.data.sft.build_sft_datasets` reads, splits, tokenizes and (with
 ``sft.packing``) packs the rows with the run's tokenizer (``sft.tokenizer``, else the
-``checkpoint.init_from`` folder); samples are ``data.seq_length`` tokens with
+``checkpoint.init_from`` folder), once per file into ``<data.cache_dir>/sft-rows``
+(:mod:`epochal.data.sft.row_cache`); samples are ``data.seq_length`` tokens with
 GPTDataset's keys (a packed sample also its rows' ``position_ids`` and a bool
 ``attention_mask``, which the trainer passes to the model).
 
