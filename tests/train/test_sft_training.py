@@ -209,3 +209,63 @@ def test_unpacked_micro_batches_drop_trailing_padding_with_the_same_losses(tmp_p
     whole = W.single(str(tmp_path / "whole"), [*common, "--training.layout_invariant=true"])
     trimmed = W.single(str(tmp_path / "trimmed"), [*common, "--training.layout_invariant=false"])
     assert trimmed["losses"] == pytest.approx(whole["losses"], abs=1e-5)
+
+
+def test_a_resume_on_other_rows_at_the_same_path_is_refused_naming_the_file(tmp_path):
+    """The train file rewritten with other rows (as many: the same (epoch, row) numbers):
+    the sample digests cover each row's tokens, so the resume stops naming the file."""
+    train = W.write_rows(tmp_path, 0, 30, "train.jsonl")
+    common = [
+        f"--sft.train_file={train}",
+        "--sft.split=",
+        "--training.micro_batch_size=2",
+        "--training.global_batch_size=4",
+        "--checkpoint.save_interval=2",
+    ]
+    run = str(tmp_path / "run")
+    W.single(run, [*common, "--training.train_iters=2"])
+    W.write_rows(tmp_path, 30, 30, "train.jsonl")
+    with pytest.raises(ConfigError) as info:
+        W.single(run, [*common, "--training.train_iters=4"])
+    text = str(info.value)
+    assert info.value.option == "sft.train_file" and text.startswith(f"sft.train_file: {train}: ")
+    assert "sample digests differ: step 2: recorded" in text and "checkpoint.init_from" in text
+
+
+def test_rows_errors_name_the_option_of_their_file_and_the_data_line_is_short(tmp_path):
+    train = W.write_rows(tmp_path, 0, 8, "train.jsonl")
+    valid = W.write_rows(tmp_path, 8, 1, "valid.jsonl")
+    common = [f"--sft.train_file={train}", "--sft.split=", "--training.train_iters=1"]
+    cfg = W.config(str(tmp_path / "run"), [*common, f"--sft.valid_file={valid}"])
+    from epochal.train.inputs.sft import build_sft_train_datasets
+
+    said = []
+    *_, description = build_sft_train_datasets(cfg, log=said.append)
+    assert description == (
+        f"fine-tuning rows of {train} (packed, loss on completion): 8 train samples from 4 "
+        "packed samples, 1 validation sample, 80 tokens each"
+    )
+    assert [line.split(":")[0] for line in said if not line.startswith("sft rows")] == [
+        "sft train",
+        "sft valid",
+    ]
+    valid.write_bytes(valid.read_bytes() + b'{"prompt": "caf\xe9", "completion": "x"}\n')
+    cfg = W.config(str(tmp_path / "run"), [*common, f"--sft.valid_file={valid}"])
+    with pytest.raises(ConfigError) as info:
+        build_sft_train_datasets(cfg)
+    assert info.value.option == "sft.valid_file"
+    assert f"{valid} line 2 column 16: not UTF-8" in str(info.value)
+
+
+def test_digests_recorded_in_another_identity_format_are_not_compared(tmp_path):
+    from epochal.train.inputs.sft import build_sft_train_datasets
+    from epochal.train.state.sample_check import resume_sample_check
+
+    train = W.write_rows(tmp_path, 0, 8, "train.jsonl")
+    cfg = W.config(str(tmp_path / "run"), [f"--sft.train_file={train}", "--sft.split="])
+    samples = build_sft_train_datasets(cfg)[0]
+    entry = {"step": 1, "first_sample": 0, "samples": 8, "digest": "0123456789abcdef"}
+    line = resume_sample_check({"sample_digests": [entry]}, samples)  # an earlier checkpoint
+    assert line.startswith("warning: sample digests not compared: the checkpoint names")
+    with pytest.raises(ConfigError, match="sample digests differ: step 1: recorded 0123"):
+        resume_sample_check({"sample_digests": [{**entry, "identity": "sft rows+tokens"}]}, samples)

@@ -71,3 +71,11 @@ def test_valid_file_and_errors(tmp_path):
     first = len(tokenize_sft_rows(read_sft_rows(train)[:1], tokenizer)[0])
     with pytest.raises(SFTDataError, match=rf"train\.jsonl row 0 \(line 1\): {first} tokens, over"):
         build_sft_datasets(train, tokenizer, seq_length=first - 1)
+
+
+def test_reports_count_one_in_the_singular():
+    from epochal.data.sft import PackingReport, SFTReport
+
+    one = SFTReport(1, 1, 0, 0, 0, 0, tokens=1, loss_tokens=1, max_length=8)
+    assert one.summary() == "1 row -> 1 example, 1 token, 1 loss token"
+    assert PackingReport(1, 1, 8, 4).summary().startswith("1 row in 1 sample of 8 tokens: ")

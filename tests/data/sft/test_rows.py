@@ -154,3 +154,91 @@ def test_split_gives_every_row_to_exactly_one_part_as_megatron_core():
     assert split_sft_rows(rows, "98,2")[2] == []
     with pytest.raises(ValueError):
         split_sft_rows(rows, "-1,2")
+
+
+def test_a_line_ends_at_newline_only_as_datasets_reads_it(tmp_path):
+    """Raw U+2028 / U+2029 / U+0085 inside a string are text, not line ends: the rows read
+    as ``datasets`` reads them, and the line numbers after them stay right."""
+    datasets = pytest.importorskip("datasets")
+    odd = {"prompt": "one\u2028two\u2029three\u0085four\x1cfive", "completion": " six\u2028"}
+    path = tmp_path / "odd.jsonl"
+    lines = [json.dumps(r, ensure_ascii=False) for r in (odd, PROMPT_COMPLETION_ROWS[0], odd)]
+    path.write_text("\n".join(lines) + "\n{broken\n", encoding="utf-8")
+    with pytest.raises(SFTDataError, match=r"odd\.jsonl line 4: not valid JSON"):
+        read_sft_rows(path)
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    rows = read_sft_rows(path)
+    theirs = datasets.load_dataset("json", data_files=str(path), split="train")
+    assert [(r.prompt, r.completion) for r in rows] == [
+        (t["prompt"], t["completion"]) for t in theirs
+    ]
+    assert [r.line for r in rows] == [1, 2, 3]
+
+
+def test_a_line_nested_too_deep_is_an_error_naming_file_and_line(tmp_path):
+    path = tmp_path / "deep.jsonl"
+    path.write_text(json.dumps(PROMPT_COMPLETION_ROWS[0]) + "\n" + "[" * 100_000 + "]" * 100_000)
+    with pytest.raises(SFTDataError, match=r"deep\.jsonl line 2: JSON nested too deeply"):
+        read_sft_rows(path)
+    array = tmp_path / "deep.json"
+    array.write_text("[" + "[" * 100_000 + "]" * 100_000 + "]")
+    with pytest.raises(SFTDataError, match=r"deep\.json: JSON nested too deeply"):
+        read_sft_rows(array)
+
+
+def test_bad_utf8_names_the_file_and_line(tmp_path):
+    path = tmp_path / "latin1.jsonl"
+    good = json.dumps(PROMPT_COMPLETION_ROWS[0]).encode()
+    path.write_bytes(good + b"\n" + b'{"prompt": "caf\xe9", "completion": "x"}\n')
+    with pytest.raises(SFTDataError, match=r"latin1\.jsonl line 2 column 16: not UTF-8") as info:
+        read_sft_rows(path)
+    assert info.value.source == str(path) and "save the file as UTF-8" in str(info.value)
+    array = tmp_path / "latin1.json"
+    array.write_bytes(b"[" + good + b",\n" + b'{"prompt": "caf\xe9", "completion": "x"}]')
+    with pytest.raises(SFTDataError, match=r"latin1\.json line 2: not UTF-8"):
+        read_sft_rows(array)
+
+
+@pytest.mark.parametrize(
+    ("row", "where"),
+    [
+        ({"prompt": "caf\ud800e", "completion": " x"}, "prompt"),
+        (
+            {"messages": [USER, {"role": "assistant", "content": "ok \udfff"}]},
+            "messages[1] content",
+        ),
+    ],
+)
+def test_a_lone_surrogate_is_named_in_its_row(row, where, tmp_path):
+    path = tmp_path / "surrogate.jsonl"
+    path.write_text(json.dumps(row) + "\n")  # ensure_ascii: the \ud800 escape JSON allows
+    with pytest.raises(SFTDataError) as info:
+        read_sft_rows(path)
+    text = str(info.value)
+    assert text.startswith(f"{path} row 0 (line 1): {where} holds the lone surrogate U+D")
+    assert "chat template" not in text and ("'caf\\ud800e'" in text or "'ok \\udfff'" in text)
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs named pipes")
+def test_a_named_pipe_is_refused_before_it_is_opened(tmp_path):
+    import threading
+
+    fifo = tmp_path / "rows.jsonl"
+    os.mkfifo(fifo)
+    outcome = []
+
+    def read():
+        try:
+            read_sft_rows(fifo)
+        except Exception as exc:  # noqa: BLE001 - the outcome is what is checked
+            outcome.append(exc)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    reader.join(10)
+    if reader.is_alive():  # blocked in open(): release it by opening the write end
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        reader.join(10)
+        pytest.fail("read_sft_rows blocked opening a named pipe")
+    assert isinstance(outcome[0], SFTDataError), outcome
+    assert str(outcome[0]).startswith(f"{fifo}: a named pipe, not a regular file or a folder")

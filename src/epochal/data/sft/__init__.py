@@ -5,7 +5,9 @@
 TRL's ``SFTTrainer``'s, :func:`sft_loss` is the token-mean loss over them, and
 :class:`PackedSFTDataset` packs them into fixed-length samples with per-row attention
 (:class:`SFTDataset`: one row a sample); :mod:`~epochal.data.sft.chat` renders a chat
-prompt and finds the end-of-turn tokens for generation.
+prompt and finds the end-of-turn tokens for generation. :func:`build_sft_datasets`
+tokenizes each file once, a row at a time, into a cached Megatron ``.bin``/``.idx``
+token store that every process maps (:func:`tokenized_rows`, :class:`TokenizedRows`).
 Names are loaded lazily from their defining modules.
 """
 
@@ -15,6 +17,8 @@ _EXPORTS = {
     "ROLES": "rows",
     "SFTDataError": "rows",
     "SFTRow": "rows",
+    "check_rows_path": "rows",
+    "iter_sft_rows": "rows",
     "read_sft_rows": "rows",
     "rows_from_records": "rows",
     "split_sft_rows": "rows",
@@ -39,6 +43,11 @@ _EXPORTS = {
     "end_of_turn_ids": "chat",
     "has_chat_template": "chat",
     "token_ids": "chat",
+    "check_chat_template": "tokenizer_folder",
+    "check_tokenizer_folder": "tokenizer_folder",
+    "custom_code_entries": "tokenizer_folder",
+    "TokenizedRows": "token_store",
+    "tokenized_rows": "row_cache",
     "SFTDatasets": "build",
     "build_sft_datasets": "build",
     "PackedSFTDataset": "packing",

@@ -3,7 +3,8 @@
 :func:`build_sft_datasets` is what a fine-tuning run's ``[sft]`` options describe:
 ``train_file``, ``valid_file`` or ``split``, ``loss_on``, ``packing``, and what to do
 with rows over the sequence length. Each part's rows are tokenized with
-:func:`~epochal.data.sft.tokenize.tokenize_sft_rows` and become an
+:func:`~epochal.data.sft.tokenize.tokenize_sft_rows`' rules (once, into a cached
+token store: :mod:`epochal.data.sft.row_cache`) and become an
 :class:`~epochal.data.sft.packing.SFTDataset` (one row a sample) or a
 :class:`~epochal.data.sft.packing.PackedSFTDataset`; every row of a part is in exactly
 one of its samples, so a validation pass over all samples evaluates every row once.
@@ -12,13 +13,16 @@ one of its samples, so a validation pass over all samples evaluates every row on
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from epochal.data.datasets.splits import split_document_ranges
 from epochal.data.sft.packing import PackedSFTDataset, SFTDataset
-from epochal.data.sft.rows import SFTDataError, SFTRow, read_sft_rows
-from epochal.data.sft.tokenize import SFTReport, tokenize_sft_rows
+from epochal.data.sft.row_cache import tokenized_rows
+from epochal.data.sft.rows import SFTDataError
+from epochal.data.sft.token_store import TokenizedRows
+from epochal.data.sft.tokenize import SFTReport
 
 __all__ = ["SFTDatasets", "build_sft_datasets"]
 
@@ -64,8 +68,18 @@ def build_sft_datasets(
     overlength: str = "error",
     pad_token_id: int | None = None,
     create_attention_mask: bool = False,
+    cache_dir: str | os.PathLike | None = None,
+    group: Any = None,
+    log: Callable[[str], None] | None = None,
 ) -> SFTDatasets:
     """Read, split, tokenize and (optionally) pack fine-tuning data.
+
+    Each file is tokenized once, one row at a time, into a token store
+    (:func:`~epochal.data.sft.row_cache.tokenized_rows`: Megatron ``.bin``/``.idx``
+    files of the ids and loss masks) that the datasets map; ``cache_dir`` keeps the
+    stores for the next run and every rank of ``group`` (rank 0 builds, the others
+    wait and map). The samples are those of
+    :func:`~epochal.data.sft.tokenize.tokenize_sft_rows` with or without a cache.
 
     Args:
         train_file: rows for training (any file :func:`read_sft_rows` reads).
@@ -80,6 +94,10 @@ def build_sft_datasets(
             (TRL's choice).
         create_attention_mask: samples carry ``attention_mask`` ``[1, S, S]`` (for
             models without ``cu_seqlens`` attention; see :mod:`epochal.data.sft.packing`).
+        cache_dir: where token stores are kept (``None``: built for this call only).
+        group: the ``torch.distributed`` group whose rank 0 tokenizes (default: the
+            default group, when initialized).
+        log: ``log(str)`` for a line when a file is tokenized or found cached.
 
     Returns:
         :class:`SFTDatasets`.
@@ -87,7 +105,8 @@ def build_sft_datasets(
     Raises:
         SFTDataError: both ``valid_file`` and ``split``, an empty part (no rows, or
             every row skipped), a tokenizer without pad and EOS token, and every error
-            of :func:`read_sft_rows` / :func:`tokenize_sft_rows`.
+            of :func:`read_sft_rows` / :func:`tokenize_sft_rows`; ``source`` is the
+            file at fault.
         ValueError: an invalid ``split``, ``loss_on``, ``overlength`` or ``seq_length``.
     """
     if valid_file is not None and split is not None:
@@ -103,16 +122,29 @@ def build_sft_datasets(
             raise SFTDataError(
                 "the tokenizer has neither a pad nor an EOS token; pass pad_token_id"
             )
-    rows = read_sft_rows(train_file)
-    parts: dict[str, list[SFTRow] | None] = {"train": rows, "valid": None, "test": None}
     if split is not None:
-        ranges = split_document_ranges(split, len(rows))
+        split_document_ranges(split, 1)  # an invalid split string, before any tokenizing
+    options = dict(
+        max_length=seq_length,
+        loss_on=loss_on,
+        overlength=overlength,
+        cache_dir=cache_dir,
+        group=group,
+        log=log,
+    )
+    rows = tokenized_rows(train_file, tokenizer, **options)
+    parts: dict[str, TokenizedRows | None] = {"train": rows, "valid": None, "test": None}
+    if split is not None:
+        ranges = split_document_ranges(split, rows.num_rows)
         for name, bounds in zip(("train", "valid", "test"), ranges):
-            parts[name] = None if bounds is None else rows[bounds[0] : bounds[1]]
+            parts[name] = None if bounds is None else rows.part(bounds[0], bounds[1])
         if parts["train"] is None:
-            raise SFTDataError(f"split {split!r} gives no rows to training; give it a weight")
+            raise SFTDataError(
+                f"split {split!r} gives no rows to training; give it a weight",
+                source=rows.source,
+            )
     elif valid_file is not None:
-        parts["valid"] = read_sft_rows(valid_file)
+        parts["valid"] = tokenized_rows(valid_file, tokenizer, **options)
     datasets: dict[str, SFTDataset | PackedSFTDataset | None] = {}
     reports: dict[str, SFTReport] = {}
     kind = PackedSFTDataset if packing else SFTDataset
@@ -121,21 +153,20 @@ def build_sft_datasets(
         if part is None:
             datasets[name] = None
             continue
-        if not part:
+        if not part.num_rows:
             raise SFTDataError(
-                f"{os.fspath(train_file)}: split {split!r} leaves no {name} rows of "
-                f"{len(rows)}; give that part more weight or add rows"
+                f"{part.source}: split {split!r} leaves no {name} rows of "
+                f"{rows.num_rows}; give that part more weight or add rows",
+                source=part.source,
             )
-        tokenized = tokenize_sft_rows(
-            part, tokenizer, max_length=seq_length, loss_on=loss_on, overlength=overlength
-        )
-        if not tokenized.examples:
+        report = part.report()
+        if not len(part):
             raise SFTDataError(
-                f"{part[0].source}: no {name} row is left ({tokenized.report.summary()})"
+                f"{part.source}: no {name} row is left ({report.summary()})", source=part.source
             )
-        reports[name] = tokenized.report
+        reports[name] = report
         datasets[name] = kind(
-            tokenized.examples,
+            part,
             seq_length,
             pad_token_id=pad_token_id,
             create_attention_mask=create_attention_mask,

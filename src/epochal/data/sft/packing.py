@@ -29,13 +29,17 @@ Everything is a pure function of the examples and ``S``: the same in every proce
 from __future__ import annotations
 
 import bisect
+import hashlib
 from collections import defaultdict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
 
+from epochal._text import plural
+from epochal.data.sft.token_store import TokenizedRows, row_digest
 from epochal.data.sft.tokenize import SFTExample
 
 __all__ = [
@@ -130,21 +134,30 @@ class PackingReport:
     def summary(self) -> str:
         """One line, e.g. ``"1,000 rows in 310 samples of 2,048 tokens: 96.1% real ..."``."""
         return (
-            f"{self.rows:,} rows in {self.samples:,} samples of {self.seq_length:,} tokens: "
+            f"{plural(self.rows, 'row', fmt=',')} in {plural(self.samples, 'sample', fmt=',')} "
+            f"of {self.seq_length:,} tokens: "
             f"{100 * self.efficiency:.1f}% real tokens "
             f"({100 * self.padded_efficiency:.1f}% one row a sample)"
         )
 
 
-def _check(examples: Sequence[SFTExample], seq_length: int) -> None:
+def _lengths(examples: Sequence[SFTExample]) -> np.ndarray:
+    """int64 ``[n]``: each example's tokens (from a store's index, without reading tokens)."""
+    if isinstance(examples, TokenizedRows):
+        return examples.lengths.astype(np.int64)
+    return np.asarray([len(e) for e in examples], dtype=np.int64)
+
+
+def _check(examples: Sequence[SFTExample], lengths: np.ndarray, seq_length: int) -> None:
     if seq_length < 2:
         raise ValueError(f"seq_length must be >= 2, got {seq_length}")
-    for example in examples:
-        if not 1 <= len(example) <= seq_length:
-            raise ValueError(
-                f"{example.source} row {example.index}: {len(example)} tokens do not fit "
-                f"seq_length {seq_length} (tokenize with max_length={seq_length})"
-            )
+    bad = np.flatnonzero((lengths < 1) | (lengths > seq_length))
+    if bad.size:
+        example = examples[int(bad[0])]
+        raise ValueError(
+            f"{example.source} row {example.index}: {len(example)} tokens do not fit "
+            f"seq_length {seq_length} (tokenize with max_length={seq_length})"
+        )
 
 
 def cu_seqlens_from_positions(position_ids: torch.Tensor) -> torch.Tensor:
@@ -208,11 +221,81 @@ def _fill(
     return sample
 
 
-class SFTDataset(torch.utils.data.Dataset):
+class _RowSamples(torch.utils.data.Dataset):
+    """What both datasets share: the examples, their loss tokens and digests, sample identities."""
+
+    examples: Sequence[SFTExample]
+
+    def _setup(
+        self,
+        examples: Sequence[SFTExample],
+        seq_length: int,
+        pad_token_id: int,
+        create_attention_mask: bool,
+    ) -> np.ndarray:
+        lengths = _lengths(examples)
+        _check(examples, lengths, seq_length)
+        self.examples = examples if isinstance(examples, TokenizedRows) else list(examples)
+        self.seq_length = seq_length
+        self.pad_token_id = pad_token_id
+        self.create_attention_mask = create_attention_mask
+        self._digests: np.ndarray | None = None
+        return lengths
+
+    def _members(self, idx: int) -> list[int]:
+        raise NotImplementedError
+
+    def example_loss_tokens(self) -> np.ndarray:
+        """int64 ``[len(examples)]``: each example's training targets (``loss_mask[1:].sum()``)."""
+        if isinstance(self.examples, TokenizedRows):
+            return self.examples.loss_tokens.astype(np.int64)
+        return np.asarray([e.num_loss_tokens for e in self.examples], dtype=np.int64)
+
+    def _example_digests(self) -> np.ndarray:
+        if self._digests is None:
+            if isinstance(self.examples, TokenizedRows):
+                self._digests = np.asarray(self.examples.digests, dtype="<i8")
+            else:
+                self._digests = np.asarray(
+                    [row_digest(e.input_ids, e.loss_mask) for e in self.examples], dtype="<i8"
+                )
+        return self._digests
+
+    def _row_of(self, i: int) -> int:
+        if isinstance(self.examples, TokenizedRows):
+            return int(self.examples.row_indices[i])
+        return self.examples[i].index
+
+    def sample_identity(self, idx: int) -> dict[str, Any]:
+        """Which rows sample ``idx`` holds and a digest of their tokens, without building it.
+
+        Returns:
+            ``{"rows": "r0 r1 ...", "tokens": hex}``: the rows' 0-based numbers in their
+            file, in sample order, and 16 hex digits of a hash of their ids and loss
+            masks (:func:`~epochal.data.sft.token_store.row_digest` of each), so the same
+            row numbers with other contents have another identity.
+
+        Raises:
+            IndexError: ``idx`` out of range.
+        """
+        members = self._members(int(idx))
+        digests = self._example_digests()[members]
+        tokens = hashlib.blake2b(digests.astype("<i8").tobytes(), digest_size=8).hexdigest()
+        return {"rows": " ".join(str(self._row_of(i)) for i in members), "tokens": tokens}
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_digests"] = None  # recomputed (or mapped) where needed
+        return state
+
+
+class SFTDataset(_RowSamples):
     """One example a sample, right-padded to ``seq_length`` (see the module docstring).
 
     Args:
-        examples: tokenized rows (e.g. :class:`~epochal.data.sft.tokenize.SFTTokenized`).
+        examples: tokenized rows (a list of examples, an
+            :class:`~epochal.data.sft.tokenize.SFTTokenized`, or the mapped
+            :class:`~epochal.data.sft.token_store.TokenizedRows` of a file).
         seq_length: ``S``; every example must fit (``1 <= len <= S``).
         pad_token_id: the id of padding tokens and of the labels without target.
         create_attention_mask: add ``attention_mask`` ``[1, S, S]`` (True = masked).
@@ -229,14 +312,15 @@ class SFTDataset(torch.utils.data.Dataset):
         pad_token_id: int = 0,
         create_attention_mask: bool = False,
     ) -> None:
-        _check(examples, seq_length)
-        self.examples = list(examples)
-        self.seq_length = seq_length
-        self.pad_token_id = pad_token_id
-        self.create_attention_mask = create_attention_mask
+        self._setup(examples, seq_length, pad_token_id, create_attention_mask)
 
     def __len__(self) -> int:
         return len(self.examples)
+
+    def _members(self, idx: int) -> list[int]:
+        if not 0 <= idx < len(self):
+            raise IndexError(f"sample {idx} out of range for {len(self)} samples")
+        return [idx]
 
     def __getitem__(self, idx: int) -> dict[str, torch.Tensor]:
         """Sample ``idx``: the keys of the module docstring, ``[S]`` each."""
@@ -245,7 +329,7 @@ class SFTDataset(torch.utils.data.Dataset):
         )
 
 
-class PackedSFTDataset(torch.utils.data.Dataset):
+class PackedSFTDataset(_RowSamples):
     """Examples packed into samples of ``seq_length`` tokens by :func:`best_fit_bins`.
 
     Args / Raises: as :class:`SFTDataset`.
@@ -263,21 +347,20 @@ class PackedSFTDataset(torch.utils.data.Dataset):
         pad_token_id: int = 0,
         create_attention_mask: bool = False,
     ) -> None:
-        _check(examples, seq_length)
-        self.examples = list(examples)
-        self.seq_length = seq_length
-        self.pad_token_id = pad_token_id
-        self.create_attention_mask = create_attention_mask
-        self.bins = best_fit_bins([len(e) for e in self.examples], seq_length)
+        lengths = self._setup(examples, seq_length, pad_token_id, create_attention_mask)
+        self.bins = best_fit_bins(lengths.tolist(), seq_length)
         self.report = PackingReport(
             rows=len(self.examples),
             samples=len(self.bins),
             seq_length=seq_length,
-            tokens=sum(len(e) for e in self.examples),
+            tokens=int(lengths.sum()),
         )
 
     def __len__(self) -> int:
         return len(self.bins)
+
+    def _members(self, idx: int) -> list[int]:
+        return self.bins[idx]
 
     def __getitem__(self, idx: int) -> dict[str, torch.Tensor]:
         """Packed sample ``idx``: the keys of the module docstring."""

@@ -46,12 +46,13 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from epochal._text import plural
 from epochal.data.sft.rows import (
     CONVERSATIONAL_PROMPT_COMPLETION,
     MESSAGES,
@@ -59,14 +60,22 @@ from epochal.data.sft.rows import (
     SFTDataError,
     SFTRow,
 )
+from epochal.data.sft.tokenizer_folder import check_chat_template, check_tokenizer_folder
 
 __all__ = [
+    "DROPPED",
+    "KEPT",
     "LOSS_ON",
     "OVERLENGTH",
+    "SKIPPED",
+    "TRUNCATED",
+    "LimitedRow",
     "SFTExample",
     "SFTReport",
     "SFTTokenized",
+    "check_tokenize_options",
     "has_generation_markers",
+    "limited_rows",
     "load_chat_tokenizer",
     "tokenize_sft_row",
     "tokenize_sft_rows",
@@ -137,7 +146,9 @@ class SFTReport:
 
     def summary(self) -> str:
         """One line, e.g. ``"100 rows -> 98 examples (2 over 512 tokens skipped), ..."``."""
-        parts = [f"{self.rows:,} rows -> {self.examples:,} examples"]
+        parts = [
+            f"{plural(self.rows, 'row', fmt=',')} -> {plural(self.examples, 'example', fmt=',')}"
+        ]
         if self.skipped:
             parts.append(f"{self.skipped:,} over {self.max_length:,} tokens skipped")
         if self.truncated:
@@ -149,10 +160,11 @@ class SFTReport:
             parts.append(f"{self.dropped_no_loss:,} left without loss tokens by truncation dropped")
         if self.prefix_masked:
             parts.append(
-                f"assistant turns of {self.prefix_masked:,} rows found by rendering prefixes "
+                f"assistant turns of {plural(self.prefix_masked, 'row', fmt=',')} found by rendering prefixes "
                 "(the chat template has no generation markers)"
             )
-        parts.append(f"{self.tokens:,} tokens, {self.loss_tokens:,} loss tokens")
+        tokens = plural(self.tokens, "token", fmt=",")
+        parts.append(f"{tokens}, {plural(self.loss_tokens, 'loss token', fmt=',')}")
         return ", ".join(parts)
 
 
@@ -183,19 +195,31 @@ def has_generation_markers(chat_template: str | dict[str, str] | None) -> bool:
 def load_chat_tokenizer(path: str | os.PathLike) -> Any:
     """``transformers.AutoTokenizer`` of a Hugging Face model or tokenizer folder (offline).
 
+    The folder is checked first (:func:`~epochal.data.sft.tokenizer_folder.check_tokenizer_folder`:
+    no custom code, a chat template that is text) and loaded with
+    ``trust_remote_code=False``, so no file of the folder is ever run and no question
+    is asked.
+
     Raises:
         ImportError: ``transformers`` is not installed.
-        SFTDataError: the folder has no loadable tokenizer (the message names it).
+        SFTDataError: the folder names custom code in an ``auto_map`` entry, has a
+            ``chat_template`` that is not a string, or has no loadable tokenizer (the
+            message names the file).
     """
     try:
         from transformers import AutoTokenizer
     except ImportError as exc:  # pragma: no cover - transformers is in the sft extra
         raise ImportError("chat templates need transformers: pip install 'epochal[sft]'") from exc
     folder = os.fspath(path)
+    check_tokenizer_folder(folder)
     try:
-        return AutoTokenizer.from_pretrained(folder, local_files_only=True)
+        tokenizer = AutoTokenizer.from_pretrained(
+            folder, local_files_only=True, trust_remote_code=False
+        )
     except Exception as exc:  # OSError / ValueError from transformers
-        raise SFTDataError(f"{folder}: no loadable tokenizer ({exc})") from None
+        raise SFTDataError(f"{folder}: no loadable tokenizer ({exc})", source=folder) from None
+    check_chat_template(getattr(tokenizer, "chat_template", None), folder)
+    return tokenizer
 
 
 def tokenize_sft_rows(
@@ -226,43 +250,22 @@ def tokenize_sft_rows(
             that does not render a row, a ``messages`` row without assistant tokens,
             a template without generation markers that does not render the start of a
             conversation as the start of the whole (``loss_on="completion"``), a
-            tokenizer without chat template or EOS token; the message names the file
-            and row and the fix.
+            tokenizer without chat template or EOS token, or one whose chat template is
+            not a string; the message names the file and row and the fix.
     """
-    if loss_on not in LOSS_ON:
-        raise ValueError(f"loss_on must be one of {', '.join(LOSS_ON)}, got {loss_on!r}")
-    if overlength not in OVERLENGTH:
-        raise ValueError(f"overlength must be one of {', '.join(OVERLENGTH)}, got {overlength!r}")
-    if max_length is not None and (isinstance(max_length, bool) or max_length < 1):
-        raise ValueError(f"max_length must be a positive int or None, got {max_length!r}")
     examples: list[SFTExample] = []
-    counts = dict(rows=0, skipped=0, truncated=0, truncated_tokens=0, dropped=0)
-    by_prefix = loss_on == "completion" and not has_generation_markers(
-        getattr(tokenizer, "chat_template", None)
-    )
-    for row in rows:
+    counts = dict(rows=0, skipped=0, truncated=0, truncated_tokens=0, dropped=0, prefix=0)
+    for limited in limited_rows(
+        rows, tokenizer, max_length=max_length, loss_on=loss_on, overlength=overlength
+    ):
         counts["rows"] += 1
-        ids, mask = tokenize_sft_row(row, tokenizer, loss_on=loss_on)
-        cut = 0
-        if max_length is not None and ids.shape[0] > max_length:
-            if overlength == "error":
-                raise SFTDataError(
-                    f"{row.where}: {ids.shape[0]} tokens, over the length limit of "
-                    f"{max_length}; shorten the row, raise the sequence length, or set "
-                    "overlength to 'skip' or 'truncate'"
-                )
-            if overlength == "skip":
-                counts["skipped"] += 1
-                continue
-            cut = int(ids.shape[0]) - max_length
-            ids, mask = ids[:max_length], mask[:max_length]
-            counts["truncated"] += 1
-            counts["truncated_tokens"] += cut
-            if not mask.any():
-                counts["dropped"] += 1
-                continue
-        examples.append(SFTExample(ids, mask, row.source, row.index, cut))
-        counts["prefix"] = counts.get("prefix", 0) + int(by_prefix and row.kind == MESSAGES)
+        counts["skipped"] += limited.status == SKIPPED
+        counts["truncated"] += limited.status in (TRUNCATED, DROPPED)
+        counts["truncated_tokens"] += limited.cut
+        counts["dropped"] += limited.status == DROPPED
+        if limited.example is not None:
+            examples.append(limited.example)
+            counts["prefix"] += limited.prefix_masked
     report = SFTReport(
         rows=counts["rows"],
         examples=len(examples),
@@ -273,9 +276,89 @@ def tokenize_sft_rows(
         tokens=sum(len(e) for e in examples),
         loss_tokens=sum(e.num_loss_tokens for e in examples),
         max_length=max_length,
-        prefix_masked=counts.get("prefix", 0),
+        prefix_masked=counts["prefix"],
     )
     return SFTTokenized(examples, report)
+
+
+#: :attr:`LimitedRow.status`: kept whole, kept cut to ``max_length``, left out as too
+#: long, cut and then dropped for having no loss token left
+KEPT, TRUNCATED, SKIPPED, DROPPED = 0, 1, 2, 3
+
+
+@dataclass(frozen=True)
+class LimitedRow:
+    """One row through :func:`limited_rows`: what the length limit made of it.
+
+    Attributes:
+        row: the row.
+        status: :data:`KEPT`, :data:`TRUNCATED`, :data:`SKIPPED` or :data:`DROPPED`.
+        cut: tokens cut off its end (``TRUNCATED`` / ``DROPPED``), else 0.
+        example: the kept example (``KEPT`` / ``TRUNCATED``), else ``None``.
+        prefix_masked: a kept ``messages`` row whose assistant turns were found by
+            rendering prefixes (a template without generation markers).
+    """
+
+    row: SFTRow
+    status: int
+    cut: int = 0
+    example: SFTExample | None = None
+    prefix_masked: bool = False
+
+
+def check_tokenize_options(loss_on: str, overlength: str, max_length: int | None) -> None:
+    """Raise ``ValueError`` naming an invalid ``loss_on``, ``overlength`` or ``max_length``."""
+    if loss_on not in LOSS_ON:
+        raise ValueError(f"loss_on must be one of {', '.join(LOSS_ON)}, got {loss_on!r}")
+    if overlength not in OVERLENGTH:
+        raise ValueError(f"overlength must be one of {', '.join(OVERLENGTH)}, got {overlength!r}")
+    if max_length is not None and (isinstance(max_length, bool) or max_length < 1):
+        raise ValueError(f"max_length must be a positive int or None, got {max_length!r}")
+
+
+def limited_rows(
+    rows: Iterable[SFTRow],
+    tokenizer: Any,
+    *,
+    max_length: int | None = None,
+    loss_on: str = "completion",
+    overlength: str = "error",
+) -> Iterator[LimitedRow]:
+    """Tokenize rows one at a time and apply the length limit (the rules of :func:`tokenize_sft_rows`).
+
+    Yields:
+        One :class:`LimitedRow` per row, in order (skipped and dropped rows included).
+
+    Raises:
+        As :func:`tokenize_sft_rows`.
+    """
+    check_tokenize_options(loss_on, overlength, max_length)
+    check_chat_template(getattr(tokenizer, "chat_template", None), "the tokenizer")
+    by_prefix = loss_on == "completion" and not has_generation_markers(
+        getattr(tokenizer, "chat_template", None)
+    )
+    for row in rows:
+        ids, mask = tokenize_sft_row(row, tokenizer, loss_on=loss_on)
+        status, cut = KEPT, 0
+        if max_length is not None and ids.shape[0] > max_length:
+            if overlength == "error":
+                raise SFTDataError(
+                    f"{row.where}: {ids.shape[0]} tokens, over the length limit of "
+                    f"{max_length}; shorten the row, raise the sequence length, or set "
+                    "overlength to 'skip' or 'truncate'",
+                    source=row.source,
+                )
+            if overlength == "skip":
+                yield LimitedRow(row, SKIPPED)
+                continue
+            cut = int(ids.shape[0]) - max_length
+            ids, mask = ids[:max_length], mask[:max_length]
+            status = TRUNCATED
+            if not mask.any():
+                yield LimitedRow(row, DROPPED, cut)
+                continue
+        example = SFTExample(ids, mask, row.source, row.index, cut)
+        yield LimitedRow(row, status, cut, example, by_prefix and row.kind == MESSAGES)
 
 
 def tokenize_sft_row(

@@ -13,6 +13,10 @@ data, no random draws), as a JSON-able dict:
 - ESM-2 (:class:`~epochal.train.inputs.esm.PaddedProteinSamples`): ``{"epoch", "cluster"}``
   (with the seed they decide the member drawn, its crop and masks);
 - fine-tuning tables: ``{"epoch", "row"}`` (the table's 1-based data row).
+- fine-tuning rows (:class:`~epochal.data.sft.packing.SFTDataset` and its packed
+  form): ``{"epoch", "rows": "r0 r1 ...", "tokens"}``, the rows' 0-based numbers in
+  their file and a digest of their token ids and loss masks (so other rows at the same
+  numbers have another identity).
 
 A dataset may also have ``sample_identities(start, stop)`` (the same, for a range at
 once: the resamplers map the epochs of a range together) and ``sample_details(g)``:

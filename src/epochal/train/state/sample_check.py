@@ -20,7 +20,10 @@ batch sizes) cannot change on resume: the files behind the same data path were
 rewritten or a corpus was prepared anew (another tokenizer, another Python's standard
 library), or a new ``training.train_iters`` made a GPT/BERT/T5 dataset index more
 epochs (Megatron's index shuffles all its samples together, so the order of the
-earlier samples changes too).
+earlier samples changes too). Fine-tuning rows are named by their rows' numbers and a
+digest of their tokens, and their order does not depend on the run's length, so for
+them differing digests can only mean other rows: that resume is refused, naming
+``sft.train_file`` (their dataset's ``refuse_changed_samples``).
 """
 
 from __future__ import annotations
@@ -36,7 +39,9 @@ KEY = "sample_digests"
 
 def _entry(dataset: Any, step: int, first: int, stop: int) -> dict[str, Any]:
     digest = identity_digest(sample_identities(dataset, first, stop))
-    return {"step": step, "first_sample": first, "samples": stop - first, "digest": digest}
+    entry = {"step": step, "first_sample": first, "samples": stop - first, "digest": digest}
+    kind = getattr(dataset, "identity_kind", None)
+    return entry if kind is None else {**entry, "identity": kind}
 
 
 def checkpoint_digests(dataset: Any, calculator: Any, step: int, consumed: int) -> dict[str, Any]:
@@ -75,10 +80,26 @@ def resume_sample_check(saved: dict[str, Any], dataset: Any) -> str | None:
         ``"sample digests match the checkpoint (...)"``, a line starting with
         ``"warning: "`` when they differ or cannot be compared, or None when the
         checkpoint recorded none (older checkpoints) or the data names no samples.
+
+    Raises:
+        Whatever ``dataset.refuse_changed_samples(differences)`` raises when the
+        digests differ and the dataset has that method: data whose order does not
+        depend on the run's length (fine-tuning rows), so that differing digests mean
+        the data itself changed, refuses the resume instead of warning. Such data
+        also names its identity format (``dataset.identity_kind``, recorded with each
+        digest); digests recorded in another format are not compared.
     """
     recorded = saved.get(KEY)
     if not isinstance(recorded, list) or not recorded or not has_identities(dataset):
         return None
+    kind = getattr(dataset, "identity_kind", None)
+    if kind is not None and any(
+        isinstance(e, dict) and e.get("identity") != kind for e in recorded
+    ):
+        return (
+            f"warning: sample digests not compared: the checkpoint names its samples another "
+            f"way than this run ({kind!r}; saved by an earlier epochal)"
+        )
     matched, differ, beyond = [], [], []
     try:
         for entry in recorded:
@@ -94,6 +115,9 @@ def resume_sample_check(saved: dict[str, Any], dataset: Any) -> str | None:
         )
     if differ:
         shown = "; ".join(f"step {s}: recorded {old}, now {new}" for s, old, new in differ)
+        refuse = getattr(dataset, "refuse_changed_samples", None)
+        if callable(refuse):  # data whose differing digests can only mean other rows
+            refuse(f"sample digests differ: {shown}")
         return (
             f"warning: sample digests differ from the checkpoint ({shown}): this run does not "
             "read the samples the checkpointed run read. The data behind the data options "
