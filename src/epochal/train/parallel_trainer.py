@@ -141,7 +141,8 @@ class ParallelTrainer(Trainer):
         )
         if data is None:
             info = self.data_parallel_info()
-            data = rank0_first(lambda: build_data(config, **info))
+            say = print_line if log and is_logging_rank() else None  # corpus / SFT row reports
+            data = rank0_first(lambda: build_data(config, log=say, **info))
         super().__init__(config, loss_fn=loss_fn, data=data, log=log and is_logging_rank())
         self.checkpointer = Checkpointer(
             self.run_dir / "checkpoints",
@@ -361,6 +362,11 @@ class ParallelTrainer(Trainer):
             "model": ModelState(self.model_parts),
             "optimizer": TiedOptimizerState(self.optimizers, rename),
         }
+
+
+def print_line(message: str) -> None:
+    """Print one progress line of the data preparation (the logging rank's ``log``)."""
+    print(message, flush=True)
 
 
 def _all_gather(obj: Any) -> list[Any]:
