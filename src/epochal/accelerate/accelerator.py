@@ -24,7 +24,9 @@ disagrees with ``num_micro_batches`` (:mod:`epochal.accelerate.accumulation`),
 ``DataLoaderConfiguration``, whose other fields are honoured or refused the same
 way: :mod:`epochal.accelerate.configuration`), DeepSpeed / FSDP plugins,
 ``torch.compile`` through ``dynamo_backend``, ``clip_grad_norm_`` with another
-norm than ``MegatronLMPlugin.gradient_clipping``, ``backward`` of a loss that has
+norm than ``MegatronLMPlugin.gradient_clipping`` under a plugin (without one it clips
+the step to its ``max_norm``, as Accelerate: :mod:`epochal.accelerate.engine`),
+``backward`` of a loss that has
 gradients (an extra loss term would be ignored), ``skip_first_batches`` of
 another position than the one the train loader resumes at by itself after
 ``load_state``, ``prepare_model`` and the other single-object prepares.
