@@ -19,11 +19,23 @@ TASKS = {
 }
 
 
+#: what ``accelerate launch`` sets for a Megatron-LM configuration (the guide's script's)
+MEGATRON = {"ACCELERATE_USE_MEGATRON_LM": "true"}
+
+
 def run_in_process(argv: list[str], report: Path, env: dict[str, str] | None = None) -> dict:
-    """``guide_script.main(argv)`` in this process with ``MEGATRON_LM_*`` = ``env``; its report."""
+    """``guide_script.main(argv)`` in this process with ``MEGATRON_LM_*`` = ``env``; its report.
+
+    The epochal backend runs as under a Megatron-LM configuration (:data:`MEGATRON`: its
+    train step clips at the plugin's default), as ``epochal launch`` runs the script with
+    the layouts' YAML files.
+    """
     saved = {k: v for k, v in os.environ.items() if k.startswith(("MEGATRON_LM_", "ACCELERATE_"))}
     for key in saved:
         del os.environ[key]
+    backend = argv[argv.index("--backend") + 1] if "--backend" in argv else "epochal"
+    if backend == "epochal":
+        os.environ.update(MEGATRON)
     os.environ.update(env or {})
     try:
         guide_script.main([*argv, "--report", str(report)])

@@ -41,6 +41,7 @@ def _one_process(argv: list[str], micro_batches: int, report: Path) -> dict:
     for key in saved:
         del os.environ[key]
     os.environ["MEGATRON_LM_NUM_MICRO_BATCHES"] = str(micro_batches)
+    os.environ["ACCELERATE_USE_MEGATRON_LM"] = "true"  # as the launched runs' YAML asks
     try:
         heads_script.main([*argv, "--report", str(report)])
     finally:

@@ -19,7 +19,7 @@ from transformers import default_data_collator
 from epochal.accelerate import Accelerator, set_seed
 from epochal.accelerate.utils import MegatronLMDummyScheduler, MegatronLMPlugin
 from tests.accelerate import guide_script
-from tests.accelerate.conftest import TASKS, blocks, run_in_process, tiny_gpt2
+from tests.accelerate.conftest import MEGATRON, TASKS, blocks, run_in_process, tiny_gpt2
 
 
 @pytest.mark.parametrize("model", ["gpt2", "llama", "t5"])
@@ -175,7 +175,7 @@ def test_save_kill_load_continues_bit_for_bit(one_process, tmp_path):
     """save_state, SIGKILL, load_state: the resumed steps are the uninterrupted run's, bit for bit."""
     uninterrupted = one_process("gpt2")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MEGATRON_LM_", "ACCELERATE_"))}
-    env["OMP_NUM_THREADS"] = str(torch.get_num_threads())
+    env.update(MEGATRON, OMP_NUM_THREADS=str(torch.get_num_threads()))
     script = guide_script.__file__
     argv = [
         *TASKS["gpt2"],

@@ -54,3 +54,31 @@ def test_a_batch_encoding_stays_one():
         batch.to("cpu")  # what Accelerate's example scripts call
     assert concat_micro_batches(parts)["input_ids"].shape == (4, 3)
     assert type(concat_micro_batches([{"a": torch.ones(1, 2)}])) is dict
+
+
+def test_a_refused_batch_names_the_scripts_line_not_torchs(capsys):
+    """``model(**batch)`` runs through ``torch.nn.Module.__call__``: the line named is the caller's."""
+    import inspect
+
+    from torch.utils.data import DataLoader
+    from transformers import default_data_collator
+
+    from epochal.accelerate import Accelerator
+    from epochal.accelerate.batches import BatchError
+    from epochal.accelerate.refusals import _hook, where
+    from tests.accelerate.conftest import blocks, tiny_gpt2
+
+    accelerator = Accelerator(cpu=True)
+    loader = DataLoader(blocks(4), batch_size=2, collate_fn=default_data_collator)
+    model, _ = accelerator.prepare(tiny_gpt2(), loader)
+    batch = {**next(iter(loader)), "pixel_values": torch.zeros(2, 3)}
+    line = inspect.currentframe().f_lineno + 2
+    try:
+        model(**batch)
+    except BatchError as exc:
+        error = exc
+    assert where(error.__traceback__) == f"{__file__}:{line}"
+    _hook(BatchError, error, error.__traceback__)
+    printed = capsys.readouterr().err.strip()
+    assert printed.startswith(f"{__file__}:{line}: BatchError: ") and "pixel_values" in printed
+    assert "torch" not in printed.split(": BatchError")[0]

@@ -129,7 +129,9 @@ def test_what_cannot_be_done_raises():
     with pytest.raises(AcceleratorError, match="gradient"):
         accelerator.backward(torch.ones(1, requires_grad=True).sum())
     with pytest.raises(AcceleratorError, match="gradient_clipping"):
-        accelerator.clip_grad_norm_([], 0.5)
+        Accelerator(megatron_lm_plugin=MegatronLMPlugin()).clip_grad_norm_([], 0.5)
+    with pytest.raises(AcceleratorError, match="prepare the model first"):
+        accelerator.clip_grad_norm_([], 0.5)  # a plain loop clips the step model(**batch) computed
     with pytest.raises(AcceleratorError, match="returned by prepare"):
         accelerator.skip_first_batches(None, 3)
     model = transformers.GPT2LMHeadModel(

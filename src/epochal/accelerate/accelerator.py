@@ -24,7 +24,9 @@ disagrees with ``num_micro_batches`` (:mod:`epochal.accelerate.accumulation`),
 ``DataLoaderConfiguration``, whose other fields are honoured or refused the same
 way: :mod:`epochal.accelerate.configuration`), DeepSpeed / FSDP plugins,
 ``torch.compile`` through ``dynamo_backend``, ``clip_grad_norm_`` with another
-norm than ``MegatronLMPlugin.gradient_clipping``, ``backward`` of a loss that has
+norm than ``MegatronLMPlugin.gradient_clipping`` under a plugin (without one it clips
+the step to its ``max_norm``, as Accelerate: :mod:`epochal.accelerate.engine`),
+``backward`` of a loss that has
 gradients (an extra loss term would be ignored), ``skip_first_batches`` of
 another position than the one the train loader resumes at by itself after
 ``load_state``, ``prepare_model`` and the other single-object prepares.
@@ -45,7 +47,7 @@ import torch.distributed as dist
 from epochal.accelerate import checkpointing, configuration, operations, refusals
 from epochal.accelerate.accumulation import apply_gradient_accumulation
 from epochal.accelerate.engine import MegatronEngine
-from epochal.accelerate.plugin import MegatronLMPlugin, env_bool
+from epochal.accelerate.plugin import ENV_PREFIX, MegatronLMPlugin, env_bool
 from epochal.accelerate.preparation import Prepared, prepare_objects
 from epochal.accelerate.schedulers import PreparedTorchScheduler
 from epochal.accelerate.state import (
@@ -62,6 +64,7 @@ __all__ = ["Accelerator", "AcceleratorError"]
 
 
 _ACCEPTED_HANDLERS = ("DistributedDataParallelKwargs", "InitProcessGroupKwargs")
+CLIPPING_ENV = ENV_PREFIX + "GRADIENT_CLIPPING"
 
 
 def _timeout_minutes(handlers: list[Any]) -> float | None:
@@ -146,7 +149,13 @@ class Accelerator:
         timeout = _timeout_minutes(list(kwargs_handlers or []))
         self.mixed_precision = mixed_precision_from(mixed_precision)
         use_cpu = cpu or env_bool("ACCELERATE_USE_CPU", False) or not torch.cuda.is_available()
-        plugin = megatron_lm_plugin or MegatronLMPlugin()
+        # Accelerate builds a Megatron-LM plugin only when one is given or the launcher
+        # asks for it; without one a script's step is not clipped unless it calls
+        # clip_grad_norm_ (the plugin's default clipping is 1.0)
+        megatron = megatron_lm_plugin is not None or env_bool("ACCELERATE_USE_MEGATRON_LM", False)
+        plugin = megatron_lm_plugin or MegatronLMPlugin(
+            gradient_clipping=None if megatron or os.environ.get(CLIPPING_ENV) else 0.0
+        )
         apply_gradient_accumulation(
             plugin, gradient_accumulation_steps, gradient_accumulation_plugin
         )
@@ -167,6 +176,7 @@ class Accelerator:
             mixed_precision=self.mixed_precision,
             megatron_lm_plugin=plugin,
             backend=dist.get_backend() if dist.is_initialized() else None,
+            megatron_lm=megatron,
         )
         world = self._dist.world_size
         self.project_configuration = configuration.check_project_config(
@@ -323,21 +333,41 @@ class Accelerator:
     def clip_grad_norm_(
         self, parameters: Any, max_norm: float, norm_type: float = 2
     ) -> torch.Tensor:
-        """The last step's gradient norm, when ``max_norm`` is the step's own clipping.
+        """Clip the step's gradients to the global L2 norm ``max_norm``; returns the norm before.
+
+        A plain loop (no Megatron-LM plugin: :attr:`AcceleratorState.megatron_lm`) clips
+        the step ``model(**batch)`` computed to ``max_norm`` and applies its update, as
+        ``torch.nn.utils.clip_grad_norm_`` then ``optimizer.step()`` would. Under a plugin
+        the train step clipped itself (``MegatronLMPlugin.gradient_clipping``): the same
+        ``max_norm`` returns that step's norm.
 
         Raises:
-            AcceleratorError: another ``max_norm`` or ``norm_type`` (the step clips with
-                ``MegatronLMPlugin.gradient_clipping``; set that instead).
+            AcceleratorError: another ``norm_type`` than 2, ``max_norm`` <= 0, another
+                ``max_norm`` than the plugin's, or (a plain loop) no step waiting for
+                its update (call it between ``backward`` and ``optimizer.step()``).
         """
-        clip = self.state.megatron_lm_plugin.gradient_clipping
-        if float(max_norm) != float(clip) or float(norm_type) != 2.0:
+        if float(norm_type) != 2.0 or not float(max_norm) > 0:
             raise AcceleratorError(
-                f"clip_grad_norm_(max_norm={max_norm}, norm_type={norm_type}): the train step "
-                f"clips the global L2 norm to MegatronLMPlugin.gradient_clipping={clip}; set "
-                "gradient_clipping (megatron_lm_gradient_clipping in the YAML) instead"
+                f"clip_grad_norm_(max_norm={max_norm}, norm_type={norm_type}): epochal clips "
+                "the global L2 norm (norm_type=2) to a max_norm > 0"
             )
+        if self.state.megatron_lm:
+            clip = self.state.megatron_lm_plugin.gradient_clipping
+            if float(max_norm) != float(clip):
+                raise AcceleratorError(
+                    f"clip_grad_norm_(max_norm={max_norm}): the train step clips the global L2 "
+                    f"norm to MegatronLMPlugin.gradient_clipping={clip}; set gradient_clipping "
+                    "(megatron_lm_gradient_clipping in the YAML) instead"
+                )
+            return torch.tensor(float(self._engine().last_metrics.get("grad_norm", 0.0)))
         engine = self._engine()
-        return torch.tensor(float(engine.last_metrics.get("grad_norm", 0.0)))
+        if not engine.update_pending:
+            raise AcceleratorError(
+                "clip_grad_norm_: no step is waiting for its update (optimizer.step() applied "
+                "it already); call it after accelerator.backward(loss), before optimizer.step()"
+            )
+        metrics = engine.complete_step(float(max_norm))
+        return torch.tensor(float(metrics["grad_norm"]))
 
     def clip_grad_value_(self, parameters: Any, clip_value: float) -> None:
         """Refused: the step clips the global norm (``MegatronLMPlugin.gradient_clipping``)."""
@@ -459,11 +489,13 @@ class Accelerator:
         """
         if not isinstance(model, MegatronEngine):
             return model
+        model.complete_step()
         return model.trainer.source.write_back(checkpointing.full_state(model.trainer))
 
     def get_state_dict(self, model: Any, unwrap: bool = True) -> dict[str, torch.Tensor]:
         """The model's full state dict with Hugging Face names (a collective)."""
         engine = self._engine(model if isinstance(model, MegatronEngine) else None)
+        engine.complete_step()
         return engine.trainer.source.hf_state(checkpointing.full_state(engine.trainer))
 
     def save_model(
@@ -536,9 +568,9 @@ class Accelerator:
             else self._state_dir(output_dir, "save_state")
         )
         self.wait_for_everyone()  # every process checked the folder before any writes it
-        checkpointing.save_state(
-            self._engine().trainer, directory, self._custom, self._torch_scheduler()
-        )
+        engine = self._engine()
+        engine.complete_step()
+        checkpointing.save_state(engine.trainer, directory, self._custom, self._torch_scheduler())
         if automatic and self.is_main_process:
             configuration.prune_checkpoints(directory.parent, project.total_limit, directory)
         self.wait_for_everyone()
@@ -558,6 +590,7 @@ class Accelerator:
             self._torch_scheduler(),
         )
         engine.weights_pending = False
+        engine.discard_step()
         configuration.continue_numbering(project)
 
     # ------------------------------------------------------------ trackers
@@ -584,7 +617,10 @@ class Accelerator:
         return self.trackers.get(name)
 
     def end_training(self) -> None:
-        """Close the trackers (and the plugin's TensorBoard writer); wait for every process."""
+        """Complete a waiting step; close the trackers (and the plugin's TensorBoard writer);
+        wait for every process."""
+        if self._prepared.engine is not None:
+            self._prepared.engine.complete_step()
         self.trackers.finish()
         if self._tensorboard is not None:
             self._tensorboard.close()

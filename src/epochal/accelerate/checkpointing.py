@@ -1,16 +1,21 @@
 """``save_state`` / ``load_state`` as epochal checkpoints, and the full weights for ``unwrap_model``.
 
 ``save_state(dir)`` writes one epochal checkpoint into ``dir`` (``dir/step_NNNNNNN``
-and ``dir/latest``; the previous step folder there is replaced): model and
-optimizer as sharded DCP files every layout can load, the learning-rate
-schedule, every RNG of every rank, the step and the train loader's
+and ``dir/latest``): model and optimizer as sharded DCP files every layout can load,
+the learning-rate schedule, every RNG of every rank, the step and the train loader's
 ``consumed_samples`` (:meth:`~epochal.train.state.resume.CheckpointSeams.save_checkpoint`),
-written to a temporary folder and renamed when complete, with checksums.
-``save_state`` writes only a folder of its own: a folder another writer owns (an
-``epochal train`` run's directory or ``checkpoints/``, a checkpoint, a converted
-model, anything inside one) is refused before anything is written
-(:func:`check_state_folder`), since replacing its ``step_*`` and ``latest`` would
-delete that run's checkpoints.
+written to a temporary folder and renamed when complete, with checksums. As
+Accelerate's ``save_state`` writes its files into a folder that holds others and
+leaves those alone, so does this one: it writes only ``latest``, this step's
+``step_NNNNNNN``, ``scheduler.bin`` and ``custom_checkpoint_<i>.pt``, and deletes only
+the checkpoint its own earlier save there made (the step folder its ``latest``
+named), once the new one is complete. A name it must write that the user's file or
+folder already has (a ``latest`` that is not its pointer, a ``step_NNNNNNN`` that is
+not its checkpoint, or ``scheduler.bin`` / ``custom_checkpoint_<i>.pt`` in a folder it
+has not saved to) is refused before anything is written, naming the path
+(:class:`StateFolderError`). A folder another writer owns (an ``epochal train`` run's
+directory or ``checkpoints/``, a checkpoint, a converted model, anything inside one)
+is refused the same way (:func:`check_state_folder`).
 ``load_state(dir)`` (``dir`` as saved, or its step folder) restores all of it on any
 data-parallel size; the train loader then continues at the next sample, so a
 script that saves, is killed and loads again computes the uninterrupted run's
@@ -26,6 +31,8 @@ data-parallel shards) on every rank, by epochal's parameter names.
 from __future__ import annotations
 
 import io
+import re
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -36,12 +43,26 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from epochal._atomic import atomic_write
 from epochal._ownership import STATE, OwnedPathError, check_writable
 from epochal.model.init import canonical_name
-from epochal.train.state.checkpoint import Checkpointer, CheckpointError
+from epochal.train.state.checkpoint import (
+    LATEST,
+    TRAINER_STATE,
+    Checkpointer,
+    CheckpointError,
+    step_folder_name,
+)
 
-__all__ = ["SCHEDULER_FILE", "check_state_folder", "full_state", "load_state", "save_state"]
+__all__ = [
+    "SCHEDULER_FILE",
+    "StateFolderError",
+    "check_state_folder",
+    "full_state",
+    "load_state",
+    "save_state",
+]
 
 #: the prepared PyTorch scheduler's state beside the checkpoint
 SCHEDULER_FILE = "scheduler.bin"
+_STEP_NAME = re.compile(r"step_\d{7,}")
 
 
 def _all_gather(obj: Any) -> list[Any]:
@@ -50,11 +71,19 @@ def _all_gather(obj: Any) -> list[Any]:
     return out
 
 
+class StateFolderError(OwnedPathError):
+    """A ``save_state`` folder holding a file or folder of the user's under a name it writes."""
+
+
+#: no count-based pruning: ``save_state`` deletes only its own previous checkpoint
+_KEEP_ALL = 2**31
+
+
 def _checkpointer(trainer: Any, directory: Path) -> Checkpointer:
     distributed = dist.is_initialized() and dist.get_world_size() > 1
     return Checkpointer(
         directory,
-        keep_last=1,
+        keep_last=_KEEP_ALL,
         rank=trainer.rank,
         barrier=dist.barrier if distributed else None,
         world_size=dist.get_world_size() if distributed else 1,
@@ -62,19 +91,62 @@ def _checkpointer(trainer: Any, directory: Path) -> Checkpointer:
     )
 
 
-def check_state_folder(output_dir: str | Path) -> None:
-    """Refuse a ``save_state`` folder that another writer owns (:mod:`epochal._ownership`).
+def _own_latest(folder: Path) -> Path | None:
+    """The checkpoint ``folder/latest`` names if it is a pointer ``save_state`` wrote, else None."""
+    pointer = folder / LATEST
+    try:
+        name = pointer.read_text(encoding="utf-8").strip() if pointer.is_file() else ""
+    except (OSError, UnicodeDecodeError):
+        return None
+    named = folder / name
+    if _STEP_NAME.fullmatch(name) and (named / TRAINER_STATE).is_file():
+        return named
+    return None
 
-    A new folder, one without any writer's marks, or an earlier ``save_state`` folder
-    (not a run's ``checkpoints/``) is accepted.
+
+def check_state_folder(
+    output_dir: str | Path, step: int | None = None, written: tuple[str, ...] = ()
+) -> Path | None:
+    """Refuse a ``save_state`` folder before anything is written there.
+
+    Refused: a folder another writer owns (:mod:`epochal._ownership`), and a name this
+    save writes that the user already has (see the module docstring): ``latest`` that
+    is not ``save_state``'s pointer, ``step_NNNNNNN`` of ``step`` that is not its
+    checkpoint, a name of ``written`` (``scheduler.bin``, ``custom_checkpoint_<i>.pt``)
+    in a folder ``save_state`` has not saved to. Other files are no concern.
+
+    Returns:
+        The checkpoint of the earlier save into this folder (what its ``latest``
+        names), or None.
 
     Raises:
         OwnedPathError: (a ``ValueError``) naming the folder and its owner.
+        StateFolderError: naming the path of the user's and what to do.
     """
     path = Path(output_dir)
     if path.exists() and not path.is_dir():
-        raise OwnedPathError(f"save_state folder {output_dir} is a file; give a folder")
+        raise StateFolderError(f"save_state folder {output_dir} is a file; give a folder")
     check_writable(path, writer="save_state", option="save_state folder", own=frozenset({STATE}))
+    if not path.is_dir():
+        return None
+    previous = _own_latest(path)
+    clash = []
+    if (path / LATEST).exists() and previous is None:
+        clash.append(path / LATEST)
+    if step is not None:
+        folder = path / step_folder_name(step)
+        if folder.exists() and not (folder / TRAINER_STATE).is_file():
+            clash.append(folder)
+    if previous is None:
+        clash += [path / name for name in written if (path / name).exists()]
+    if clash:
+        raise StateFolderError(
+            f"save_state folder {output_dir}: {clash[0]} is not accelerator.save_state's "
+            f"(it writes {LATEST}, step_NNNNNNN/, {SCHEDULER_FILE} and "
+            "custom_checkpoint_<i>.pt there and leaves everything else alone); choose "
+            "another folder, or move that file away"
+        )
+    return previous
 
 
 def save_state(
@@ -83,9 +155,14 @@ def save_state(
     """Save the run into ``output_dir`` (see the module docstring); returns the step folder.
 
     Raises:
-        OwnedPathError: ``output_dir`` belongs to another writer (:func:`check_state_folder`).
+        OwnedPathError: ``output_dir`` belongs to another writer, or holds a file of the
+            user's under a name this save writes (:class:`StateFolderError`,
+            :func:`check_state_folder`).
     """
-    check_state_folder(output_dir)
+    check_state_folder(output_dir)  # first: nothing of the trainer is touched when refused
+    written = tuple(f"custom_checkpoint_{i}.pt" for i in range(len(custom)))
+    written += (SCHEDULER_FILE,) if scheduler is not None else ()
+    earlier = check_state_folder(output_dir, trainer.step, written)
     directory = Path(output_dir)
     previous = trainer.checkpointer
     trainer.checkpointer = _checkpointer(trainer, directory)
@@ -93,6 +170,8 @@ def save_state(
         folder = trainer.save_checkpoint()
     finally:
         trainer.checkpointer = previous
+    if trainer.rank == 0 and earlier is not None and earlier.resolve() != folder.resolve():
+        shutil.rmtree(earlier)  # the earlier save's checkpoint, replaced by this complete one
     if trainer.rank == 0:
         for i, obj in enumerate(custom):
             buf = io.BytesIO()

@@ -4,12 +4,22 @@ In training mode ``model(**batch)`` runs one whole train step, as Accelerate's
 Megatron-LM engine does: the batch (this data-parallel rank's share of the
 global batch, as the prepared loader yields it) is split into micro-batches
 (:class:`~epochal.accelerate.batches.BatchAdapter`), then forward, backward over
-every micro-batch, gradient reduction, clipping, the optimizer and the
-learning-rate schedule run (:meth:`~epochal.train.trainer.Trainer.train_step`).
-The returned output's ``.loss`` is the step's loss averaged over the micro-batches
-and data-parallel ranks (the same on every rank); ``accelerator.backward``,
-``optimizer.step``, ``optimizer.zero_grad`` and ``lr_scheduler.step`` then do
-nothing.
+every micro-batch, gradient reduction, clipping (``MegatronLMPlugin.gradient_clipping``),
+the optimizer and the learning-rate schedule run
+(:meth:`~epochal.train.trainer.Trainer.train_step`). The returned output's ``.loss``
+is the step's loss averaged over the micro-batches and data-parallel ranks (the same
+on every rank); ``accelerator.backward``, ``optimizer.step``, ``optimizer.zero_grad``
+and ``lr_scheduler.step`` then do nothing.
+
+A plain Accelerate script (an ``Accelerator`` without a Megatron-LM plugin: none
+given and no ``ACCELERATE_USE_MEGATRON_LM=true`` from the launcher) clips only when
+it asks to, as under Accelerate: ``model(**batch)`` then computes the gradients
+(forward, backward, reduction) and the update waits for the script:
+``accelerator.clip_grad_norm_(parameters, max_norm)`` clips that step to
+``max_norm`` and applies it, otherwise ``optimizer.step()`` applies it unclipped
+(:meth:`MegatronEngine.complete_step`). Whatever comes first of those, the next
+``model(**batch)``, an evaluation batch, ``save_state``, ``unwrap_model`` or
+``end_training`` completes a waiting step.
 
 In evaluation mode (``model.eval()``) it returns the batch's evaluation loss,
 averaged the same way, and with ``MegatronLMPlugin.return_logits`` the logits
@@ -97,6 +107,8 @@ class MegatronEngine(nn.Module):
         adapter: turns transformers batches into the step's micro-batches.
         return_logits: evaluation outputs carry the logits.
         on_step: called with the step's metrics after every train step (trackers).
+        deferred_update: a plain Accelerate loop (no Megatron-LM plugin): the update
+            waits for :meth:`complete_step` (see the module docstring).
     """
 
     def __init__(
@@ -106,6 +118,7 @@ class MegatronEngine(nn.Module):
         *,
         return_logits: bool = False,
         on_step: Any = None,
+        deferred_update: bool = False,
     ) -> None:
         super().__init__()
         self.module = nn.ModuleList(trainer.model_parts)
@@ -113,6 +126,9 @@ class MegatronEngine(nn.Module):
         self.adapter = adapter
         self.return_logits = return_logits
         self.on_step = on_step
+        self.deferred_update = deferred_update
+        #: the loss and logged values of a step whose gradients wait for their update
+        self._pending: tuple[torch.Tensor, dict[str, Any]] | None = None
         #: the last train step's metrics: loss, grad_norm, lr, skipped and the step's logged values
         self.last_metrics: dict[str, Any] = {}
         #: the model has no weights yet (``init_empty_weights``): ``load_state`` must come first
@@ -159,6 +175,8 @@ class MegatronEngine(nn.Module):
             for mb in micro_batches:
                 rows = int(next(iter(mb.values())).shape[0])
                 mb[LOSS_SCALE_KEY] = torch.full((rows,), factor, dtype=torch.float64)
+        if not self.training:
+            self.complete_step()
         out = (
             self._train_step(micro_batches)
             if self.training
@@ -213,16 +231,44 @@ class MegatronEngine(nn.Module):
             )
         return batch, float(num_items), as_tuple
 
-    def _train_step(self, micro_batches: list[dict[str, torch.Tensor]]) -> Any:
+    @property
+    def update_pending(self) -> bool:
+        """Gradients of a train step wait for their update (a plain loop, see the module docstring)."""
+        return self._pending is not None
+
+    def complete_step(self, max_norm: float | None = None) -> dict[str, Any] | None:
+        """Apply the waiting update: clip (to ``max_norm``, default the plugin's
+        ``gradient_clipping``), step the optimizer and the schedule.
+
+        Returns:
+            The step's metrics (``loss``, ``grad_norm``: the norm before clipping,
+            ``lr``, ``skipped``, the logged values), or None when nothing waits.
+        """
+        if self._pending is None:
+            return None
+        loss, logged = self._pending
+        self._pending = None
         trainer = self.trainer
-        metrics = trainer.train_step(iter(micro_batches))
+        metrics = {**trainer.optimizer_step(loss, max_norm), **logged}
         trainer.step += 1
         samples = trainer.config.training.global_batch_size
         trainer.tokens_seen += samples * trainer.config.data.seq_length
         self.last_metrics = metrics
         if self.on_step is not None:
             self.on_step(trainer.step, metrics)
-        loss = torch.tensor(float(metrics["loss"]), device=trainer.device)
+        return metrics
+
+    def discard_step(self) -> None:
+        """Forget a waiting update (``load_state`` replaces the whole run)."""
+        self._pending = None
+
+    def _train_step(self, micro_batches: list[dict[str, torch.Tensor]]) -> Any:
+        trainer = self.trainer
+        self.complete_step()  # the previous step's, if the script did not step the optimizer
+        self._pending = trainer.compute_gradients(iter(micro_batches))
+        loss = torch.tensor(float(self._pending[0].item()), device=trainer.device)
+        if not self.deferred_update:
+            self.complete_step()
         if LOSS_SCALE_KEY in micro_batches[0]:
             # num_items_in_batch: each process returns its share of the step's loss, so
             # the sum over processes is the loss (what transformers' loss gives under DDP)
@@ -309,4 +355,5 @@ class MegatronEngine(nn.Module):
                 "the model was built without weights (init_empty_weights): call "
                 "accelerator.load_state(...) before generating"
             )
+        self.complete_step()
         return megatron_generate(self, inputs, *args, **kwargs)

@@ -5,7 +5,10 @@ what epochal computes; unset fields take their value from the ``MEGATRON_LM_*``
 environment variables that ``epochal launch`` (like ``accelerate launch``) sets
 from the ``megatron_lm_config`` block of the YAML file, else Accelerate's
 defaults (one process: ``tp_degree = pp_degree = num_micro_batches = 1``,
-``gradient_clipping = 1.0``).
+``gradient_clipping = 1.0``). An ``Accelerator`` given no plugin, without
+``ACCELERATE_USE_MEGATRON_LM=true``, has no Megatron-LM plugin under Accelerate: its
+default one here clips nothing (``gradient_clipping = 0`` unless
+``MEGATRON_LM_GRADIENT_CLIPPING`` is set) and the script's ``clip_grad_norm_`` decides.
 
 How each field maps onto epochal (``[parallel]`` / ``[optimizer]`` / ``[scheduler]``):
 

@@ -379,7 +379,11 @@ def _build_engine(
         ]
         trainer.data.train_loader = iterators[0]  # its position is the run's data state
     engine = MegatronEngine(
-        trainer, adapter, return_logits=plugin.return_logits, on_step=acc._on_step
+        trainer,
+        adapter,
+        return_logits=plugin.return_logits,
+        on_step=acc._on_step,
+        deferred_update=not acc.state.megatron_lm,
     )
     engine.vocab_file = plugin.other("vocab_file")
     return engine, iterators

@@ -14,7 +14,9 @@ exception is left to the previous ``sys.excepthook``.
 from __future__ import annotations
 
 import os
+import site
 import sys
+import sysconfig
 import traceback
 from types import TracebackType
 
@@ -29,13 +31,35 @@ def is_refusal(error: BaseException) -> bool:
     return kind.__module__.startswith("epochal.accelerate") and kind.__name__.endswith("Error")
 
 
+def _library_roots() -> tuple[str, ...]:
+    """Folders of installed code: the standard library and the site-packages folders."""
+    paths = sysconfig.get_paths()
+    roots = {paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib") if k in paths}
+    roots.update(site.getsitepackages() if hasattr(site, "getsitepackages") else [])
+    roots.add(site.getusersitepackages())
+    return tuple(os.path.abspath(r) + os.sep for r in roots if r)
+
+
+def _is_library(filename: str) -> bool:
+    path = os.path.abspath(filename)
+    return filename.startswith("<frozen") or path.startswith(_library_roots())
+
+
 def where(tb: TracebackType | None) -> str:
-    """``file:line`` of the innermost frame outside epochal (the user's call), or ``""``."""
-    found = ""
-    for frame in traceback.extract_tb(tb):
-        if not os.path.abspath(frame.filename).startswith(_PACKAGE + os.sep):
-            found = f"{frame.filename}:{frame.lineno}"
-    return found
+    """``file:line`` of the user's call: the innermost frame in neither epochal nor a library.
+
+    A refusal raised inside ``model(**batch)`` passes through ``torch.nn.Module.__call__``
+    (and a loader's through PyTorch's ``DataLoader``): those frames are skipped, so the
+    line named is the script's. Without any such frame, the innermost frame outside
+    epochal; ``""`` when there is none.
+    """
+    frames = [
+        f
+        for f in traceback.extract_tb(tb)
+        if not os.path.abspath(f.filename).startswith(_PACKAGE + os.sep)
+    ]
+    mine = [f for f in frames if not _is_library(f.filename)] or frames
+    return f"{mine[-1].filename}:{mine[-1].lineno}" if mine else ""
 
 
 def _hook(kind: type[BaseException], error: BaseException, tb: TracebackType | None) -> None:

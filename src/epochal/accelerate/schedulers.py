@@ -80,6 +80,7 @@ class PreparedTorchScheduler:
 
     def step(self, *args: Any, **kwargs: Any) -> None:
         """Advance the schedule (``steps_per_update`` times) unless the last update was skipped."""
+        self._engine.complete_step()  # a plain loop's step takes the rate it was computed with
         if self._engine.last_metrics.get("skipped", 0):
             return
         user_optimizer = self.scheduler.optimizer

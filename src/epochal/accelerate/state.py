@@ -61,6 +61,10 @@ class AcceleratorState:
         mixed_precision: ``"no"``, ``"fp16"`` or ``"bf16"``.
         megatron_lm_plugin: the layout and training options.
         backend: the process-group backend (``"gloo"``, ``"nccl"``, or None in one process).
+        megatron_lm: a Megatron-LM plugin was asked for (given to ``Accelerator``, or
+            ``ACCELERATE_USE_MEGATRON_LM=true`` from the launcher): the train step is
+            Megatron's, clipping included; False: a plain Accelerate loop, which clips
+            only through ``clip_grad_norm_`` (:mod:`epochal.accelerate.engine`).
     """
 
     num_processes: int
@@ -70,6 +74,7 @@ class AcceleratorState:
     mixed_precision: str
     megatron_lm_plugin: MegatronLMPlugin
     backend: str | None = None
+    megatron_lm: bool = True
 
     @property
     def deepspeed_plugin(self) -> None:

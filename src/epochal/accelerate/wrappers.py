@@ -3,7 +3,9 @@
 The train step (``model(**batch)``) already zeroed the gradients, stepped the
 optimizer and advanced the learning-rate schedule, as in Accelerate's Megatron-LM
 backend, so ``optimizer.step()``, ``optimizer.zero_grad()`` and the ``step()`` of a
-prepared ``MegatronLMDummyScheduler`` do nothing. (A ``torch.optim.lr_scheduler``
+prepared ``MegatronLMDummyScheduler`` do nothing (a plain loop without a Megatron-LM
+plugin is the exception: its ``optimizer.step()`` applies the step's update, see
+:mod:`epochal.accelerate.engine`). (A ``torch.optim.lr_scheduler``
 scheduler is the exception: its ``step()`` drives the learning rate, see
 :mod:`epochal.accelerate.schedulers`.) Reading works: ``optimizer.param_groups`` (the
 learning rate in use), ``optimizer.step_was_skipped`` (an fp16 overflow or a
@@ -116,7 +118,9 @@ class AcceleratedOptimizer:
         return bool(self._engine.last_metrics.get("skipped", 0))
 
     def step(self, *args: Any, **kwargs: Any) -> None:
-        """Nothing: ``model(**batch)`` stepped the optimizer."""
+        """Apply a step's waiting update (a plain loop without a Megatron-LM plugin: see
+        :mod:`epochal.accelerate.engine`); else nothing: ``model(**batch)`` stepped it."""
+        self._engine.complete_step()
 
     def zero_grad(self, set_to_none: bool | None = None) -> None:
         """Nothing: ``model(**batch)`` cleared the gradients."""

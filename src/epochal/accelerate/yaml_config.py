@@ -26,7 +26,7 @@ A file looks like this (``accelerate config`` with Megatron-LM; every key option
 epochal cannot run are :class:`YamlConfigError` naming the file and the key) and
 returns a :class:`LaunchConfig`; :meth:`LaunchConfig.environment` gives the
 variables ``epochal launch`` sets for the script, the same as ``accelerate launch``
-(``ACCELERATE_USE_MEGATRON_LM``, ``MEGATRON_LM_*``, ``ACCELERATE_MIXED_PRECISION``,
+(``ACCELERATE_USE_MEGATRON_LM`` for a Megatron-LM configuration, ``MEGATRON_LM_*``, ``ACCELERATE_MIXED_PRECISION``,
 ``ACCELERATE_USE_CPU``), which :class:`~epochal.accelerate.plugin.MegatronLMPlugin`
 and :class:`~epochal.accelerate.Accelerator` read. :func:`to_yaml` writes such a file.
 
@@ -121,6 +121,11 @@ class LaunchConfig:
         use_cpu: run on the CPU (gloo).
         gpu_ids: ``all`` or a comma-separated list (``CUDA_VISIBLE_DEVICES``).
         megatron: ``megatron_lm_config`` (keys of :data:`MEGATRON_KEYS`).
+        use_megatron_lm: the script's ``Accelerator`` gets a Megatron-LM plugin
+            (``ACCELERATE_USE_MEGATRON_LM=true``): ``distributed_type: MEGATRON_LM``, a
+            ``megatron_lm_config`` or ``--use_megatron_lm`` / ``--megatron_lm_*`` flags, as
+            with ``accelerate launch``; otherwise a plain loop (which clips only through
+            ``clip_grad_norm_``).
     """
 
     num_processes: int = 1
@@ -133,6 +138,7 @@ class LaunchConfig:
     use_cpu: bool = False
     gpu_ids: str | None = None
     megatron: dict[str, Any] = field(default_factory=dict)
+    use_megatron_lm: bool = False
 
     @property
     def nproc_per_node(self) -> int:
@@ -184,10 +190,11 @@ class LaunchConfig:
     def environment(self) -> dict[str, str]:
         """The variables ``accelerate launch`` would set (see the module docstring)."""
         env = {
-            "ACCELERATE_USE_MEGATRON_LM": "true",
             "ACCELERATE_MIXED_PRECISION": self.mixed_precision,
             "ACCELERATE_USE_CPU": "true" if self.use_cpu else "false",
         }
+        if self.use_megatron_lm or self.megatron:
+            env["ACCELERATE_USE_MEGATRON_LM"] = "true"
         for key, value in self.megatron.items():
             env["MEGATRON_LM_" + MEGATRON_KEYS[key][1]] = str(value)
         if self.gpu_ids not in (None, "", "all"):
@@ -311,6 +318,7 @@ def read_launch_config(path: str | os.PathLike) -> LaunchConfig:
                     f"{source}: distributed_type={value!r} is not supported by epochal "
                     f"(one of {', '.join(_DISTRIBUTED)}; epochal trains Megatron-style)"
                 )
+            spec.use_megatron_lm = str(value).upper() == "MEGATRON_LM"
         elif key == "mixed_precision":
             spec.mixed_precision = str(_typed(value, str, source, key)).lower()
         elif key == "use_cpu":

@@ -65,7 +65,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--use_megatron_lm",
         action="store_true",
-        help="accepted (epochal always runs Megatron-style)",
+        help="give the script's Accelerator a Megatron-LM plugin (as distributed_type: "
+        "MEGATRON_LM or any --megatron_lm_* flag does): its train step clips at "
+        "megatron_lm_gradient_clipping (default 1.0); without one the script clips only "
+        "through clip_grad_norm_",
     )
     parser.add_argument(
         "--oversubscribe",
@@ -105,6 +108,8 @@ def launch_config(args: argparse.Namespace):
             setattr(spec, key, getattr(args, key))
     if args.cpu:
         spec.use_cpu = True
+    if args.use_megatron_lm:
+        spec.use_megatron_lm = True
     for flag, kind in _MEGATRON_FLAGS.items():
         value = getattr(args, flag)
         if value is not None:

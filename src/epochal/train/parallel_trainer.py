@@ -216,9 +216,11 @@ class ParallelTrainer(Trainer):
         """This rank's parameters (all model parts, each once)."""
         return self.engine.parameters()
 
-    def clip_gradients(self) -> torch.Tensor:
-        """Global-norm clipping over all ranks (DTensor-aware, tied copies counted once)."""
-        return self.engine.clip_grad_norm(self.config.optimizer.clip_grad)
+    def clip_gradients(self, max_norm: float | None = None) -> torch.Tensor:
+        """Global-norm clipping over all ranks (DTensor-aware, tied copies counted once) to
+        ``max_norm`` (default ``optimizer.clip_grad``)."""
+        clip = self.config.optimizer.clip_grad if max_norm is None else max_norm
+        return self.engine.clip_grad_norm(clip)
 
     def num_parameters(self) -> int:
         """Parameters of the whole model (all ranks together; tied weights once)."""

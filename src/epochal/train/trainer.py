@@ -242,10 +242,13 @@ class Trainer(CheckpointSeams, EvalCallbackSeams, KeyedDropoutSeams):
         """Megatron's LR/WD scheduler, counting optimizer steps."""
         return scheduler_from_config(self.optimizers, self.config)
 
-    def clip_gradients(self) -> torch.Tensor:
-        """Clip to ``optimizer.clip_grad`` (global L2 norm); return the norm before clipping."""
-        exact = self.config.training.layout_invariant
-        return clip_grad_norm(self.gradient_parameters(), self.config.optimizer.clip_grad, exact)
+    def clip_gradients(self, max_norm: float | None = None) -> torch.Tensor:
+        """Clip to ``max_norm`` (default ``optimizer.clip_grad``; 0 = measure only) as a global
+        L2 norm; return the norm before clipping."""
+        clip = self.config.optimizer.clip_grad if max_norm is None else max_norm
+        return clip_grad_norm(
+            self.gradient_parameters(), clip, self.config.training.layout_invariant
+        )
 
     def autocast(self) -> contextlib.AbstractContextManager:
         """bf16 / fp16 autocast (``training.bf16`` / ``fp16``) and ``training.attention_backend``."""
@@ -349,6 +352,15 @@ class Trainer(CheckpointSeams, EvalCallbackSeams, KeyedDropoutSeams):
             ``{"loss", "grad_norm", "lr", "skipped"}`` and the train step's logged
             values by name (Python numbers).
         """
+        loss, logged = self.compute_gradients(batches)
+        return {**self.optimizer_step(loss), **logged}
+
+    def compute_gradients(
+        self, batches: Iterator[dict[str, Any]]
+    ) -> tuple[torch.Tensor, dict[str, Any]]:
+        """The first half of :meth:`train_step`: cleared gradients, then the forward and
+        backward of one global batch; returns the detached loss and the logged values
+        (:meth:`optimizer_step` completes the step)."""
         n_mb = self.num_microbatches()
         for part in self.model_parts:
             part.train()
@@ -356,8 +368,7 @@ class Trainer(CheckpointSeams, EvalCallbackSeams, KeyedDropoutSeams):
         self.logged = []
         with self.keyed_step(n_mb), token_mean_step(self, n_mb):  # dropout seeds; SFT's loss
             loss = self.forward_backward(batches, n_mb)
-        logged = self.reduce_logged()
-        return {**self.optimizer_step(loss), **logged}
+        return loss, self.reduce_logged()
 
     def forward_backward(
         self, batches: Iterator[dict[str, Any]], num_microbatches: int
@@ -372,8 +383,9 @@ class Trainer(CheckpointSeams, EvalCallbackSeams, KeyedDropoutSeams):
             total += self.forward_backward_step(next(batches), num_microbatches)
         return total
 
-    def optimizer_step(self, loss: torch.Tensor) -> dict[str, Any]:
-        """Unscale (fp16), clip, and step the optimizers and the schedule.
+    def optimizer_step(self, loss: torch.Tensor, max_norm: float | None = None) -> dict[str, Any]:
+        """Unscale (fp16), clip (to ``max_norm``, default ``optimizer.clip_grad``), and step
+        the optimizers and the schedule.
 
         A non-finite gradient norm (an fp16 overflow, or a NaN) skips the step as in
         Megatron: neither the optimizers nor the learning-rate schedule step, and
@@ -385,7 +397,7 @@ class Trainer(CheckpointSeams, EvalCallbackSeams, KeyedDropoutSeams):
         """
         if self.loss_scaler is not None:
             unscale_gradients(self.gradient_parameters(), self.loss_scaler.scale)
-        grad_norm = self.clip_gradients()
+        grad_norm = self.clip_gradients(max_norm)
         lr = self.optimizers.param_groups[0]["lr"]
         finite = bool(torch.isfinite(grad_norm))
         if finite:

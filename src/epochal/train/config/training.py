@@ -77,8 +77,9 @@ class TrainingConfig:
             Accelerate's ``custom_train_step_kwargs``).
         memory_check: before allocating the model, refuse a run whose weights,
             gradients and AdamW state (16 bytes per trainable parameter, 4 per frozen
-            one, divided by the parallel layout) exceed the device's free memory
-            (:mod:`epochal.train.run_checks.state_memory`); false skips the check.
+            one, divided by the parallel layout) and one step's activations exceed the
+            device's free memory (:mod:`epochal.train.run_checks.state_memory`); false
+            skips the check.
         eval_callback: an evaluation callback ``"package.module:function"``,
             called as ``fn(batch, logits) -> {name: number} | None`` for every
             validation micro-batch (see ``Trainer.add_eval_callback``); its values

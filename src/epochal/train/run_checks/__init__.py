@@ -4,8 +4,9 @@
   ``training.attention_backend`` has a kernel for this run on its device, and
   ``parallel.backend = "nccl"`` only with CUDA (:mod:`.kernels`);
 - :func:`~epochal.train.run_checks.state_memory.check_state_memory` (before the model
-  is allocated): weights, gradients and AdamW state fit the device's free memory
-  (:mod:`.state_memory`; ``training.memory_check = false`` skips it).
+  is allocated): weights, gradients and AdamW state and one step's activations
+  (:mod:`.activation_memory`) fit the device's free memory (:mod:`.state_memory`;
+  ``training.memory_check = false`` skips it).
 
 ``epochal train`` runs them before it launches processes or prepares data
 (:func:`check_before_run`; the memory with the configured ``model.vocab_size``, or
