@@ -132,20 +132,65 @@ def cases() -> dict[str, list[str]]:
     presets["gpu-1b"].append("--model.num_query_groups=2")  # its GQA at the tiny width
     presets["tiny_fp16"] = [*_TINY_GPT, "--training.fp16=true"]
     presets["tiny_accumulate"] = [*_TINY_GPT, "--training.micro_batch_size=2"]
-    return {**presets, **_layouts()}
+    return {**presets, **_layouts(), **{name: [] for name in SCRIPTS}}
 
 
-def run_case(name: str, args: list[str], root: Path) -> dict[str, Any]:
-    """Train one case in ``root/name``; its records and final-state digests."""
-    run_dir = root / name
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONHASHSEED": "0"}
-    cmd = [sys.executable, "-m", "epochal.cli", "train", *args, f"--run_dir={run_dir}"]
-    t0 = time.perf_counter()
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800)
+#: Accelerate scripts run on epochal's front end (``OUT``: the JSON report they write)
+_TESTS = Path(__file__).resolve().parents[1] / "tests" / "accelerate"
+_LAUNCH = [sys.executable, "-m", "epochal.cli", "launch", "--cpu", "--num_processes"]
+SCRIPTS: dict[str, list[str]] = {
+    "accelerate_num_items": [*_LAUNCH, "1", str(_TESTS / "num_items_worker.py"), "OUT"],
+    "accelerate_num_items_dp2": [*_LAUNCH, "2", str(_TESTS / "num_items_worker.py"), "OUT"],
+    "accelerate_guide_clm": [
+        sys.executable,
+        str(_TESTS / "guide_script.py"),
+        "--task=clm",
+        "--max_train_steps=6",
+        "--report=OUT",
+    ],
+    "accelerate_guide_mlm": [
+        sys.executable,
+        str(_TESTS / "guide_script.py"),
+        "--task=mlm",
+        "--max_train_steps=6",
+        "--report=OUT",
+    ],
+}
+
+
+def _run(name: str, cmd: list[str], cwd: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MEGATRON_LM_", "ACCELERATE_"))}
+    env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONHASHSEED="0")
+    env["PYTHONPATH"] = os.pathsep.join([str(_TESTS.parents[1]), env.get("PYTHONPATH", "")])
+    proc = subprocess.run(cmd, env=env, cwd=cwd, capture_output=True, text=True, timeout=1800)
     if proc.returncode != 0:
         raise RuntimeError(
             f"{name} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
         )
+
+
+def run_script(name: str, cmd: list[str], root: Path) -> dict[str, Any]:
+    """Run one Accelerate script in ``root/name``; its JSON report as the records."""
+    folder = root / name
+    folder.mkdir()
+    out = folder / "report.json"
+    t0 = time.perf_counter()
+    _run(name, [str(out) if a == "OUT" else a.replace("=OUT", f"={out}") for a in cmd], folder)
+    report = json.loads(out.read_text())
+    return {"records": [{"kind": "report", **report}], "state": {}, "seconds": _since(t0)}
+
+
+def _since(t0: float) -> float:
+    return round(time.perf_counter() - t0, 1)
+
+
+def run_case(name: str, args: list[str], root: Path) -> dict[str, Any]:
+    """Train one case in ``root/name``; its records and final-state digests."""
+    if name in SCRIPTS:
+        return run_script(name, SCRIPTS[name], root)
+    run_dir = root / name
+    t0 = time.perf_counter()
+    _run(name, [sys.executable, "-m", "epochal.cli", "train", *args, f"--run_dir={run_dir}"], root)
     records = []
     for line in (run_dir / "metrics.jsonl").read_text().splitlines():
         record = json.loads(line)
@@ -154,7 +199,7 @@ def run_case(name: str, args: list[str], root: Path) -> dict[str, Any]:
     return {
         "records": records,
         "state": state_digests(run_dir / "checkpoints"),
-        "seconds": round(time.perf_counter() - t0, 1),
+        "seconds": _since(t0),
     }
 
 
