@@ -76,6 +76,36 @@ def _layouts() -> dict[str, list[str]]:
         ],
         "ep2": [*_MOE, "--parallel.expert_parallel=2"],
         "cp2": [*_TINY_GPT, "--parallel.context_parallel=2"],
+        # three micro-batches per rank: a count whose reciprocal is not exact in binary
+        "dp2_three": [
+            *_TINY_GPT,
+            "--parallel.data_parallel=2",
+            "--training.micro_batch_size=2",
+            "--training.global_batch_size=12",
+        ],
+        "pp2_three": [
+            *_TINY_GPT,
+            "--parallel.pipeline_parallel=2",
+            "--training.micro_batch_size=2",
+            "--training.global_batch_size=6",
+        ],
+        "moe_pp2": [*_MOE, "--parallel.pipeline_parallel=2"],
+        "sft_dp2": [
+            "--preset",
+            "sft-tiny",
+            *_SHORT,
+            *_SAVE,
+            *_DROPOUT,
+            "--parallel.data_parallel=2",
+        ],
+        "sft_pp2": [
+            "--preset",
+            "sft-tiny",
+            *_SHORT,
+            *_SAVE,
+            *_DROPOUT,
+            "--parallel.pipeline_parallel=2",
+        ],
         "bert_pp2": [
             "--preset",
             "bert-tiny",
@@ -132,6 +162,20 @@ def cases() -> dict[str, list[str]]:
     presets["gpu-1b"].append("--model.num_query_groups=2")  # its GQA at the tiny width
     presets["tiny_fp16"] = [*_TINY_GPT, "--training.fp16=true"]
     presets["tiny_accumulate"] = [*_TINY_GPT, "--training.micro_batch_size=2"]
+    presets["tiny_three"] = [
+        *_TINY_GPT,
+        "--training.micro_batch_size=2",
+        "--training.global_batch_size=6",
+    ]
+    presets["sft_three"] = [
+        "--preset",
+        "sft-tiny",
+        *_SHORT,
+        *_SAVE,
+        *_DROPOUT,
+        "--training.micro_batch_size=2",
+        "--training.global_batch_size=6",
+    ]
     return {**presets, **_layouts(), **{name: [] for name in SCRIPTS}}
 
 
