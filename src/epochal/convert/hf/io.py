@@ -21,6 +21,7 @@ learned absolute positions -> ``GPT2LMHeadModel``, with RoPE -> ``Qwen3ForCausal
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from collections.abc import Callable
@@ -31,8 +32,6 @@ from typing import Any, Literal
 import torch
 
 from epochal._atomic import atomic_directory
-from epochal._paths import confined_path
-from epochal.convert.bounded_parse import load_json_file
 from epochal.convert.checked_config import (
     HF_ROPE_SCHEMA,
     HF_SCHEMAS,
@@ -50,8 +49,9 @@ from epochal.convert.hf import moe as hf_moe
 from epochal.convert.hf import qwen2 as hf_qwen2
 from epochal.convert.hf import qwen3 as hf_qwen3
 from epochal.convert.hf import t5 as hf_t5
+from epochal.convert.hf.files import read_json as _read_json
+from epochal.convert.hf.files import read_weights as _read_weights
 from epochal.convert.hf.tokenizer import hf_tokenizer_files
-from epochal.convert.safe_load import load_safetensors, safe_torch_load
 from epochal.model.config import ConfigError, ModelConfig
 
 __all__ = [
@@ -86,8 +86,8 @@ StateReader = Callable[[dict[str, torch.Tensor], ModelConfig, str], dict[str, to
 
 
 #: ``model_type`` -> (config reader ``(hf_config, weights, padding multiple)``,
-#: state reader ``(weights, config, source)``).
-IMPORTERS: dict[str, tuple[ConfigReader, StateReader]] = {
+#: state reader ``(weights, config, source)``), before :func:`_transformers_loss`.
+_READERS: dict[str, tuple[ConfigReader, StateReader]] = {
     "gpt2": (
         lambda hf, w, m: hf_gpt2.ours_config_from_gpt2(hf, make_vocab_size_divisible_by=m),
         lambda w, c, src: hf_gpt2.ours_state_from_gpt2(w, c, source=src),
@@ -143,6 +143,29 @@ IMPORTERS: dict[str, tuple[ConfigReader, StateReader]] = {
         lambda hf, w, m: hf_t5.ours_config_from_t5(hf, w, make_vocab_size_divisible_by=m),
         lambda w, c, src: hf_t5.ours_state_from_t5(w, c, source=src),
     ),
+}
+
+
+def _transformers_loss(read_config: ConfigReader) -> ConfigReader:
+    """A config reader whose models leave their padded ids out of the loss.
+
+    A Hugging Face model's logits have ``vocab_size`` columns; ours are padded to a
+    multiple of ``make_vocab_size_divisible_by``. With ``padded_vocab_in_softmax=False``
+    the padded ids join no softmax, so training and evaluation report transformers' loss.
+    """
+
+    def read(hf: dict[str, Any], weights: dict[str, torch.Tensor], multiple: int) -> ModelConfig:
+        config = read_config(hf, weights, multiple)
+        return dataclasses.replace(config, padded_vocab_in_softmax=False)
+
+    return read
+
+
+#: ``model_type`` -> (config reader ``(hf_config, weights, padding multiple)``,
+#: state reader ``(weights, config, source)``).
+IMPORTERS: dict[str, tuple[ConfigReader, StateReader]] = {
+    kind: (_transformers_loss(read_config), read_state)
+    for kind, (read_config, read_state) in _READERS.items()
 }
 
 
@@ -228,60 +251,6 @@ class HFModel:
     def bos_token_id(self) -> int | None:
         """``bos_token_id`` of ``config.json``."""
         return self.hf_config.get("bos_token_id")
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    """A JSON object file read within :mod:`epochal.convert.bounded_parse`'s limits."""
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: missing (not a Hugging Face model folder?)")
-    return load_json_file(path, path.name)
-
-
-def _read_weights(folder: Path) -> dict[str, torch.Tensor]:
-    single = folder / "model.safetensors"
-    if single.is_file():
-        return _tensors_only(load_safetensors(single), single)
-    for index_name, loader in (
-        ("model.safetensors.index.json", load_safetensors),
-        ("pytorch_model.bin.index.json", safe_torch_load),
-    ):
-        index = folder / index_name
-        if index.is_file():
-            weight_map = _read_json(index).get("weight_map")
-            if not isinstance(weight_map, dict):
-                raise ConversionError(f"{index}: has no 'weight_map' object")
-            # every shard name confined to the folder before any shard is opened
-            shards = {confined_path(folder, name, str(index)) for name in weight_map.values()}
-            state: dict[str, torch.Tensor] = {}
-            for shard in sorted(shards):
-                part = loader(shard)
-                if not isinstance(part, dict):
-                    raise ConversionError(f"{shard}: expected a state dict")
-                state.update(_tensors_only(part, shard))
-            missing = sorted(set(weight_map) - set(state))
-            if missing:
-                raise ConversionError(
-                    f"{index}: tensors listed but not found in the shards: {missing[:8]}"
-                )
-            return state
-    binary = folder / "pytorch_model.bin"
-    if binary.is_file():
-        state = safe_torch_load(binary)
-        if not isinstance(state, dict):
-            raise ConversionError(f"{binary}: expected a state dict")
-        return _tensors_only(state, binary)
-    raise FileNotFoundError(
-        f"{folder}: no model.safetensors, model.safetensors.index.json or pytorch_model.bin"
-    )
-
-
-def _tensors_only(state: dict[Any, Any], source: Path) -> dict[str, torch.Tensor]:
-    bad = [k for k, v in state.items() if not isinstance(k, str) or not isinstance(v, torch.Tensor)]
-    if bad:
-        raise ConversionError(
-            f"{source}: entries that are not named tensors: {[str(k) for k in bad[:8]]}"
-        )
-    return state
 
 
 #: suffixes of the input embedding's name in each family's weights.
@@ -406,9 +375,10 @@ def load_hf_config(
         ).config
     check_hf_config(hf_config, {}, folder / "config.json")
     try:
-        return IMPORTERS[hf_type][0](hf_config, {}, make_vocab_size_divisible_by)
+        config = IMPORTERS[hf_type][0](hf_config, {}, make_vocab_size_divisible_by)
     except ConfigError as exc:
         raise ConversionError(f"{folder / 'config.json'}: {exc}") from exc
+    return config
 
 
 def hf_architecture_for(config: ModelConfig) -> Architecture:
