@@ -51,6 +51,8 @@ from epochal.convert.hf import qwen3 as hf_qwen3
 from epochal.convert.hf import t5 as hf_t5
 from epochal.convert.hf.files import read_json as _read_json
 from epochal.convert.hf.files import read_weights as _read_weights
+from epochal.convert.hf.files import tensor_names
+from epochal.convert.hf.tied_head import HEAD, TIED_EMBEDDINGS, tie_as_transformers
 from epochal.convert.hf.tokenizer import hf_tokenizer_files
 from epochal.model.config import ConfigError, ModelConfig
 
@@ -330,6 +332,7 @@ def load_hf_checkpoint(
         config = read_config(hf_config, weights, make_vocab_size_divisible_by)
     except ConfigError as exc:  # a combination of valid fields the model refuses
         raise ConversionError(f"{folder / 'config.json'}: {exc}") from exc
+    config, weights = tie_as_transformers(config, weights, hf_type, str(folder))
     if model_type is not None and config.type != model_type:
         raise ConversionError(
             f"{folder}: holds a {config.type!r} model (Hugging Face {hf_type!r}), "
@@ -378,6 +381,12 @@ def load_hf_config(
         config = IMPORTERS[hf_type][0](hf_config, {}, make_vocab_size_divisible_by)
     except ConfigError as exc:
         raise ConversionError(f"{folder / 'config.json'}: {exc}") from exc
+    if config.tie_embeddings and hf_type in TIED_EMBEDDINGS:
+        names = tensor_names(folder)
+        if names is None or HEAD in names:  # tied or not is decided by the tensors' values
+            return load_hf_checkpoint(
+                folder, make_vocab_size_divisible_by=make_vocab_size_divisible_by
+            ).config
     return config
 
 
