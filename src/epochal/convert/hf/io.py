@@ -61,6 +61,7 @@ __all__ = [
     "IMPORTERS",
     "HFModel",
     "hf_architecture_for",
+    "hf_architectures_holding",
     "load_hf_checkpoint",
     "load_hf_config",
     "save_hf_checkpoint",
@@ -429,6 +430,54 @@ def hf_architecture_for(config: ModelConfig) -> Architecture:
     )
 
 
+def _export_refusals(config: ModelConfig) -> dict[str, str | None]:
+    """Each candidate architecture's refusal of ``config`` (None: it holds the model).
+
+    GPT models are tried against every GPT architecture; another model type against
+    its own (:func:`hf_architecture_for`).
+    """
+    if config.type == "gpt":
+        candidates: tuple[str, ...] = GPT_ARCHITECTURES
+    else:
+        try:
+            candidates = (hf_architecture_for(config),)
+        except ConversionError:
+            return {}
+    out: dict[str, str | None] = {}
+    for arch in candidates:
+        try:
+            EXPORTERS[arch][0](config)
+        except ConversionError as exc:
+            out[arch] = str(exc)
+        else:
+            out[arch] = None
+    return out
+
+
+def hf_architectures_holding(config: ModelConfig) -> list[str]:
+    """The Hugging Face architectures whose exporter accepts ``config`` (:data:`EXPORTERS` order)."""
+    return [arch for arch, refusal in _export_refusals(config).items() if refusal is None]
+
+
+def _what_holds_it(config: ModelConfig, refused: str) -> str:
+    """The end of a refused export's message: the architectures that hold the model, or
+    (none does) what each family of its kind (dense or mixture of experts) lacks."""
+    refusals = _export_refusals(config)
+    holders = [a for a, why in refusals.items() if why is None and a != refused]
+    if holders:
+        names = " or ".join(repr(a) for a in holders)
+        return f"the model fits {names} (epochal convert --hf-architecture {holders[0]})"
+    moe = config.num_experts is not None
+    others = [
+        why.removeprefix("cannot export to ")
+        for a, why in refusals.items()
+        if why is not None and a != refused and (a in hf_moe.MOE_FAMILIES) == moe and a != "gpt2"
+    ]
+    return "no Hugging Face architecture epochal exports holds this model" + (
+        " (" + "; ".join(others) + ")" if others else ""
+    )
+
+
 def save_hf_checkpoint(
     config: ModelConfig,
     state: dict[str, torch.Tensor],
@@ -497,7 +546,10 @@ def save_hf_checkpoint(
                 f"architecture={arch!r} does not fit model.type={config.type!r} "
                 f"(transformer_block_type={config.transformer_block_type!r}); use '{expected}'"
             )
-    hf_config = write_config(config)
+    try:
+        hf_config = write_config(config)
+    except ConversionError as exc:
+        raise ConversionError(f"{exc}; {_what_holds_it(config, arch)}") from None
     state = complete_tied(config, state)
     check_shapes(state, config, "model state")
     out_dtype = dtype or state["tok_embeddings.weight"].dtype
