@@ -129,16 +129,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--dtype", choices=tuple(DTYPES), default=None, help="cast the weights (default: keep)"
     )
     group.add_argument(
-        "--bos-token-id", type=int, default=None, help="HF output: bos_token_id in config.json"
+        "--bos-token-id",
+        type=int,
+        default=None,
+        help="HF output: bos_token_id in config.json (epochal output: the id it records)",
     )
     group.add_argument(
-        "--eos-token-id", type=int, default=None, help="HF output: eos_token_id in config.json"
+        "--eos-token-id",
+        type=int,
+        default=None,
+        help="HF output: eos_token_id in config.json (epochal output: the id it records)",
     )
     group.add_argument(
         "--pad-token-id",
         type=int,
         default=None,
-        help="HF output: pad_token_id in config.json (default: the tokenizer's pad token, else eos)",
+        help="HF output: pad_token_id in config.json (default: the tokenizer's pad token, else eos; "
+        "epochal output: the id it records)",
     )
     group.add_argument(
         "--overwrite",

@@ -73,7 +73,8 @@ class LoadedCheckpoint:
         extra: what a writer may carry over: ``bos`` / ``eos`` / ``pad`` token ids,
             ``tokenizer_json`` (an epochal run's ``tokenizer.json``), ``tokenizer_files``
             (other tokenizer files by name, e.g. ESM-2's ``vocab.txt``; a fine-tuning
-            run's chat tokenizer folder and ``generation_config.json``), ``run_config``.
+            run's chat tokenizer folder and ``generation_config.json``), ``run_config``,
+            ``token_ids`` (a converted model's recorded ids: it has no tokenizer of its own).
     """
 
     config: ModelConfig
@@ -134,7 +135,10 @@ def load_checkpoint(
 
     ck = load_epochal_checkpoint(path, vocab_size=vocab_size)
     chat = run_chat_folder(ck.run_config)
-    tokenizer = _chat_tokenizer_info(chat) if chat else _run_tokenizer_info(ck)
+    if ck.token_ids is not None:  # a converted model: its source's ids, no tokenizer to rebuild
+        tokenizer: dict[str, Any] = {**ck.token_ids, "token_ids": ck.token_ids}
+    else:
+        tokenizer = _chat_tokenizer_info(chat) if chat else _run_tokenizer_info(ck)
     extra = {**tokenizer, "run_config": ck.run_config}
     if ck.config.head != "mlm":  # a classifier's class names go wherever its weights go
         from epochal.train.inputs.finetune import label_vocab_file
@@ -257,8 +261,9 @@ def save_checkpoint(
         overwrite: replace an existing output.
         hf_architecture: Hugging Face output class (default: from the config).
         bos_token_id / eos_token_id / pad_token_id: Hugging Face ``config.json``
-            ids (default: those ``ck.extra`` carries; the padding id falls back to
-            EOS when the run's ``tokenizer.json`` is copied).
+            ids, and those a model-only epochal checkpoint records (default: those
+            ``ck.extra`` carries; for Hugging Face the padding id falls back to EOS when
+            the run's ``tokenizer.json`` is copied).
         tensor_parallel / pipeline_parallel / expert_parallel / megatron_iteration / megatron_spec /
             ckpt_format: Megatron output layout (iteration default: ``ck.step``).
 
@@ -314,8 +319,13 @@ def save_checkpoint(
             dtype=dtype,
             overwrite=overwrite,
         )
+    given = {"bos": bos_token_id, "eos": eos_token_id, "pad": pad_token_id}
+    token_ids = {k: extra.get(k) if v is None else v for k, v in given.items()}
     if target == "safetensors":
         from epochal.train.state.epochal_ckpt import save_consolidated
+
+        # a model without a run tokenizer to rebuild keeps its source's ids
+        own_tokenizer = extra.get("run_config") is not None and "token_ids" not in extra
 
         return save_consolidated(
             config,
@@ -326,6 +336,7 @@ def save_checkpoint(
             source=source,
             dtype=dtype,
             overwrite=overwrite,
+            token_ids=None if own_tokenizer else token_ids,
         )
     if target != "epochal":
         raise ValueError(f"--to {target!r}: not one of {', '.join(TARGETS)}")
@@ -334,7 +345,13 @@ def save_checkpoint(
     if dtype is not None:
         state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
     return save_epochal_checkpoint(
-        config, state, output, source=source, overwrite=overwrite, extra_files=labels
+        config,
+        state,
+        output,
+        source=source,
+        overwrite=overwrite,
+        extra_files=labels,
+        token_ids=token_ids,
     )
 
 
@@ -346,8 +363,9 @@ class ModelCheckpoint:
         config, state: our model config and full CPU tensors.
         tokenizer: the checkpoint's tokenizer (a Hugging Face folder's
             ``tokenizer.json``, an epochal run's own), or None.
-        eos_token_ids: a Hugging Face model's ``eos_token_id`` (all of a list), else ().
-        bos_token_id: a Hugging Face model's ``bos_token_id``, else None.
+        eos_token_ids: a Hugging Face model's ``eos_token_id`` (all of a list), or what a
+            converted model-only epochal checkpoint records of its source's, else ().
+        bos_token_id: the same for ``bos_token_id``, else None.
         run_config: an epochal run's saved ``config.toml`` (a dict), else None.
         chat_folder: the Hugging Face tokenizer folder with the chat template: a
             fine-tuning run's (``sft.tokenizer`` / ``checkpoint.init_from``), a Hugging
@@ -409,10 +427,14 @@ def load_model_checkpoint(
 
     ck = load_epochal_checkpoint(path, vocab_size=vocab_size)
     tokenizer = run_tokenizer(ck) if with_tokenizer else None
+    ids = ck.token_ids or {}
+    eos = ids.get("eos")
     return ModelCheckpoint(
         ck.config,
         ck.state,
         tokenizer,
+        tuple(eos if isinstance(eos, list) else [] if eos is None else [eos]),
+        ids.get("bos"),
         run_config=ck.run_config,
         chat_folder=run_chat_folder(ck.run_config),
     )

@@ -517,12 +517,20 @@ def save_hf_checkpoint(
 
     Raises:
         ConversionError: the model has no such Hugging Face architecture (e.g. a
-            model of another type than ``architecture``), or ``tokenizer_file`` is
-            unreadable or lacks one of the ids.
+            model of another type than ``architecture``), a token id outside
+            ``[0, vocab_size)``, or ``tokenizer_file`` is unreadable or lacks one of the ids.
         FileExistsError: the folder exists and ``overwrite`` is false.
     """
     from safetensors.torch import save_file
 
+    given = {"bos_token_id": bos_token_id, "eos_token_id": eos_token_id}
+    for name, value in {**given, "pad_token_id": pad_token_id}.items():
+        ids = value if isinstance(value, list) else [] if value is None else [value]
+        if any(not 0 <= i < config.vocab_size for i in ids):
+            raise ConversionError(
+                f"{name}={value!r} is not an id of the model's {config.vocab_size}-id vocabulary "
+                f"(epochal convert --{name.replace('_', '-')} sets it)"
+            )
     tokenizer_files: dict[str, str] = {}
     if tokenizer_file is not None:
         tokenizer_files = hf_tokenizer_files(
