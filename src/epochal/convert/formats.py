@@ -26,9 +26,11 @@ __all__ = [
     "LoadedCheckpoint",
     "ModelCheckpoint",
     "detect_format",
+    "export_tokenizer",
     "load_checkpoint",
     "load_model_checkpoint",
     "merge_adapters",
+    "run_chat_tokenizer",
     "save_checkpoint",
 ]
 
@@ -134,11 +136,13 @@ def load_checkpoint(
     from epochal.train.state.epochal_ckpt import load_epochal_checkpoint
 
     ck = load_epochal_checkpoint(path, vocab_size=vocab_size)
-    chat = run_chat_folder(ck.run_config)
+    named = run_chat_tokenizer(ck.run_config)
     if ck.token_ids is not None:  # a converted model: its source's ids, no tokenizer to rebuild
         tokenizer: dict[str, Any] = {**ck.token_ids, "token_ids": ck.token_ids}
+    elif named is not None and not Path(named[0]).is_dir():
+        tokenizer = {"missing_tokenizer": named}  # a Hugging Face export refuses it
     else:
-        tokenizer = _chat_tokenizer_info(chat) if chat else _run_tokenizer_info(ck)
+        tokenizer = _chat_tokenizer_info(named[0]) if named else _run_tokenizer_info(ck)
     extra = {**tokenizer, "run_config": ck.run_config}
     if ck.config.head != "mlm":  # a classifier's class names go wherever its weights go
         from epochal.train.inputs.finetune import label_vocab_file
@@ -170,7 +174,7 @@ def _run_tokenizer_info(ck: Any) -> dict[str, Any]:
     return info
 
 
-def _chat_tokenizer_info(folder: str) -> dict[str, Any]:
+def _chat_tokenizer_info(folder: str, origin: str = "the run's chat tokenizer") -> dict[str, Any]:
     """What an export of a fine-tuning run carries of its chat tokenizer folder.
 
     The folder's tokenizer files unchanged (``tokenizer_files``: the chat template and
@@ -182,7 +186,7 @@ def _chat_tokenizer_info(folder: str) -> dict[str, Any]:
     ``generate()`` and chat pipeline stop.
 
     Raises:
-        ConversionError: the folder's tokenizer cannot be loaded (names it).
+        ConversionError: the folder's tokenizer cannot be loaded (names it and ``origin``).
     """
     import json
 
@@ -198,7 +202,7 @@ def _chat_tokenizer_info(folder: str) -> dict[str, Any]:
         tokenizer = load_chat_tokenizer(folder)
         files = chat_tokenizer_files(folder)
     except SFTDataError as exc:
-        raise ConversionError(f"the run's chat tokenizer: {exc}") from None
+        raise ConversionError(f"{origin}: {exc}") from None
     stops = end_of_turn_ids(tokenizer, extra=generation_eos_ids(folder))
     bos, pad = tokenizer.bos_token_id, tokenizer.pad_token_id
     eos = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else (stops or [None])[0]
@@ -245,6 +249,8 @@ def save_checkpoint(
     megatron_iteration: int | None = None,
     megatron_spec: str = "transformer_engine",
     ckpt_format: str = "torch",
+    tokenizer: str | None = None,
+    no_tokenizer: bool = False,
 ) -> Path:
     """Write ``ck`` as ``target`` (one of :data:`TARGETS`); returns the output path.
 
@@ -266,11 +272,17 @@ def save_checkpoint(
             the run's ``tokenizer.json`` is copied).
         tensor_parallel / pipeline_parallel / expert_parallel / megatron_iteration / megatron_spec /
             ckpt_format: Megatron output layout (iteration default: ``ck.step``).
+        tokenizer / no_tokenizer: Hugging Face output: ship this tokenizer folder, or none
+            (:func:`export_tokenizer`; needed when a fine-tuning run's folder is gone).
 
     Raises:
         ValueError: a bad option or a model the target cannot hold.
         OSError: an existing output without ``overwrite``, a write failure.
     """
+    if (tokenizer is not None or no_tokenizer) and target != "hf":
+        raise ValueError("--tokenizer / --no-tokenizer apply to --to hf")
+    if tokenizer is not None and no_tokenizer:
+        raise ValueError("--tokenizer and --no-tokenizer exclude each other")
     config, state = merge_adapters(ck.config, ck.state)
     extra = ck.extra
     from epochal.train.inputs.finetune import LABEL_VOCAB_FILE
@@ -285,6 +297,7 @@ def save_checkpoint(
     if target == "hf":
         from epochal.convert.hf.io import save_hf_checkpoint
 
+        extra = export_tokenizer(extra, tokenizer, without=no_tokenizer)
         eos = extra.get("eos") if eos_token_id is None else eos_token_id
         pad = extra.get("pad") if pad_token_id is None else pad_token_id
         if pad is None and extra.get("tokenizer_json"):  # a padding token for AutoTokenizer
@@ -467,13 +480,63 @@ def run_chat_folder(run_config: dict[str, Any] | None) -> str | None:
 
     None for a run without ``[sft]`` rows, or whose folder is gone.
     """
+    named = run_chat_tokenizer(run_config)
+    return named[0] if named and Path(named[0]).is_dir() else None
+
+
+def run_chat_tokenizer(run_config: dict[str, Any] | None) -> tuple[str, str] | None:
+    """``(folder, option naming it)`` of a fine-tuning run's chat tokenizer, there or not.
+
+    The option is ``sft.tokenizer``, else ``checkpoint.init_from``; None for a run without
+    ``[sft]`` rows (or a saved config this version cannot read).
+    """
     if not run_config or not (run_config.get("sft") or {}).get("train_file"):
         return None
     from epochal.train.config import config_from_saved
     from epochal.train.inputs.sft import chat_tokenizer_folder
 
     try:
-        folder = chat_tokenizer_folder(config_from_saved(run_config))
+        config = config_from_saved(run_config)
+        folder = chat_tokenizer_folder(config)
     except (ValueError, TypeError):  # a config this version cannot read
         return None
-    return folder if folder and Path(folder).is_dir() else None
+    if not folder:
+        return None
+    return folder, "sft.tokenizer" if config.sft.tokenizer else "checkpoint.init_from"
+
+
+def export_tokenizer(
+    extra: dict[str, Any], folder: str | None = None, *, without: bool = False
+) -> dict[str, Any]:
+    """``extra`` with the tokenizer a Hugging Face export ships (:func:`save_checkpoint`).
+
+    Args:
+        extra: what :func:`load_checkpoint` read.
+        folder: a Hugging Face tokenizer folder to ship instead of the run's
+            (``--tokenizer``): its files, ids and ``generation_config.json``.
+        without: ship no tokenizer and no generation config (``--no-tokenizer``); the
+            token ids stay.
+
+    Raises:
+        ConversionError: ``folder`` has no loadable tokenizer, or (neither option given) the
+            run is a fine-tuning run whose tokenizer folder is gone (names the folder, the
+            option that named it, and both ways on).
+    """
+    from epochal.convert.common import ConversionError
+
+    files = ("tokenizer_json", "tokenizer_files")
+    if folder is not None:
+        kept = {k: v for k, v in extra.items() if k not in (*files, "bos", "eos", "pad")}
+        return {**kept, **_chat_tokenizer_info(folder, origin="--tokenizer")}
+    if without:
+        return {k: v for k, v in extra.items() if k not in files}
+    missing = extra.get("missing_tokenizer")
+    if missing:
+        gone, option = missing
+        raise ConversionError(
+            f"the run's tokenizer folder {gone} ({option}) is gone, so the export would have "
+            "no tokenizer, no chat template and no generation config: pass --tokenizer DIR "
+            "(a Hugging Face tokenizer folder) to ship that one, or --no-tokenizer to export "
+            "the weights without one"
+        )
+    return extra
