@@ -16,12 +16,12 @@ from safetensors.torch import load_file, save_file
 from epochal.convert.hf.io import load_hf_checkpoint, load_hf_config
 from epochal.model import GPTModel
 from epochal.train.state.encoder_init import finetune_overrides
-from tests.convert.hf_models import hf_decoder
+from tests.convert.hf_models import hf_decoder, hf_gpt2
 
 pytestmark = pytest.mark.peer
 transformers = pytest.importorskip("transformers")
 
-FAMILIES = ["llama", "qwen2", "qwen3", "mistral"]
+FAMILIES = ["llama", "qwen2", "qwen3", "mistral", "gpt2"]
 TOKENS = torch.randint(0, 100, (2, 12), generator=torch.Generator().manual_seed(3))
 
 
@@ -45,12 +45,19 @@ def _ours(folder) -> GPTModel:
     return model
 
 
+def _untied(family: str):
+    if family == "gpt2":
+        return hf_gpt2(tied=False, seed=2)
+    return hf_decoder(family, seed=2, tie_word_embeddings=False)
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_a_separate_head_is_used_as_transformers_uses_it(tmp_path, family):
-    hf_decoder(family, seed=2, tie_word_embeddings=False).save_pretrained(tmp_path)
+    _untied(family).save_pretrained(tmp_path)
     _say_tied(tmp_path)
     want = transformers.AutoModelForCausalLM.from_pretrained(tmp_path).eval()
-    assert want.lm_head.weight.data_ptr() != want.model.embed_tokens.weight.data_ptr()
+    head, embedding = want.get_output_embeddings().weight, want.get_input_embeddings().weight
+    assert head.data_ptr() != embedding.data_ptr()
     warning = r"tie_word_embeddings=true, but the weights hold an lm_head\.weight that differs"
     with pytest.warns(UserWarning, match=warning):
         ours = _ours(tmp_path)
