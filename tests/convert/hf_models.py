@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from epochal.model import GPTModel, ModelConfig
+
+
+def as_read_from_hf(config: ModelConfig) -> ModelConfig:
+    """``config`` as a Hugging Face folder gives it back: the loss leaves the padded ids out."""
+    return dataclasses.replace(config, padded_vocab_in_softmax=False)
 
 
 @torch.no_grad()

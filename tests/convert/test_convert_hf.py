@@ -11,7 +11,15 @@ from epochal.convert.common import ConversionError
 from epochal.convert.hf.io import load_hf_checkpoint, save_hf_checkpoint
 from epochal.convert.hf.llama import llama_config_from_ours, ours_config_from_llama
 from epochal.model import GPTModel
-from tests.convert.hf_models import HF_ROPE_SCALING, gpt2_like, hf_gpt2, hf_llama, llama_like, ours
+from tests.convert.hf_models import (
+    HF_ROPE_SCALING,
+    as_read_from_hf,
+    gpt2_like,
+    hf_gpt2,
+    hf_llama,
+    llama_like,
+    ours,
+)
 
 pytestmark = pytest.mark.peer
 transformers = pytest.importorskip("transformers")
@@ -85,7 +93,7 @@ def test_llama_export_logits(tmp_path, kv_channels):
     hf = transformers.LlamaForCausalLM.from_pretrained(tmp_path / "hf").eval()
     torch.testing.assert_close(logits_of(hf), logits_of(model), rtol=0, atol=1e-5)
     back = load_ours(tmp_path / "hf")
-    assert back.config == model.config
+    assert back.config == as_read_from_hf(model.config)
 
 
 LONG_TOKENS = torch.randint(0, 100, (2, 60), generator=torch.Generator().manual_seed(8))

@@ -10,7 +10,14 @@ import torch
 from epochal.convert.common import ConversionError
 from epochal.convert.hf.io import load_hf_checkpoint, save_hf_checkpoint
 from epochal.model import build_model
-from tests.convert.hf_models import encoder_like, gpt2_like, hf_bert, hf_esm, randomize
+from tests.convert.hf_models import (
+    as_read_from_hf,
+    encoder_like,
+    gpt2_like,
+    hf_bert,
+    hf_esm,
+    randomize,
+)
 
 pytestmark = pytest.mark.peer
 transformers = pytest.importorskip("transformers")
@@ -103,7 +110,7 @@ def test_bert_export_logits_and_round_trip(tmp_path, cls_name, block, binary, ti
     ref = hf_outputs(hf, TOKENS, PADDING, TYPES)
     assert_outputs_close(ours_outputs(model, TOKENS, PADDING, TYPES), ref, 100)
     back = load_hf_checkpoint(tmp_path / "hf")
-    assert back.config == config
+    assert back.config == as_read_from_hf(config)
     for name, tensor in model.state_dict().items():
         want = tensor.clone()
         if name in ("tok_embeddings.weight", "output.weight", "lm_head.bias"):
@@ -140,7 +147,7 @@ def test_esm_export_logits_and_round_trip(tmp_path, token_dropout):
     ref = hf_outputs(hf, PROTEIN, PADDING)
     assert_outputs_close(ours_outputs(model, PROTEIN, PADDING), ref, 33)
     back = load_hf_checkpoint(tmp_path / "hf")
-    assert back.config == config
+    assert back.config == as_read_from_hf(config)
     for name, tensor in model.state_dict().items():
         want = tensor.clone()
         if name in ("tok_embeddings.weight", "output.weight", "lm_head.bias"):

@@ -107,7 +107,7 @@ def test_a_moe_model_is_not_exported_as_a_dense_family(tmp_path):
     ck = load_hf_checkpoint(tmp_path / "hf")
     with pytest.raises(ConversionError, match="num_experts=4 .*mixtral"):
         save_hf_checkpoint(ck.config, ck.state, tmp_path / "out", architecture="llama")
-    with pytest.raises(ConversionError, match="Qwen2-MoE has one"):
+    with pytest.raises(ConversionError, match="Qwen2-MoE has a shared expert.*fits 'mixtral'"):
         save_hf_checkpoint(ck.config, ck.state, tmp_path / "out2", architecture="qwen2_moe")
 
 
@@ -116,3 +116,53 @@ def test_accelerate_prepare_refuses_an_in_memory_moe_model_by_name():
 
     with pytest.raises(ModelPrepareError, match="MixtralForCausalLM: mixture-of-experts"):
         convert_hf_model(hf_moe("mixtral"))
+
+
+def _moe_config(**kw):
+    from epochal.model import ModelConfig
+
+    values = dict(
+        vocab_size=100,
+        hidden_size=64,
+        num_layers=2,
+        num_attention_heads=4,
+        num_query_groups=2,
+        max_position_embeddings=64,
+        position_embedding_type="rope",
+        normalization="RMSNorm",
+        activation="swiglu",
+        add_bias_linear=False,
+        untie_embeddings_and_output_weights=True,
+        num_experts=4,
+        moe_ffn_hidden_size=32,
+        moe_shared_expert_intermediate_size=48,
+    )
+    return ModelConfig(**{**values, **kw})
+
+
+@pytest.mark.parametrize("architecture", ["qwen2_moe", "qwen3_moe", "mixtral"])
+def test_an_ungated_shared_expert_is_refused_as_what_no_family_holds(tmp_path, architecture):
+    config = _moe_config(moe_shared_expert_gate=False)
+    state = GPTModel(config).state_dict()
+    with pytest.raises(ConversionError) as info:
+        save_hf_checkpoint(config, state, tmp_path / "out", architecture=architecture)
+    text = str(info.value)
+    assert "no Hugging Face architecture epochal exports holds this model" in text
+    assert "moe_shared_expert_gate=False (Qwen2-MoE gates" in text  # the option to change
+    assert "moe_shared_expert_intermediate_size=48 (a shared expert;" in text
+    assert "export as" not in text and "fits" not in text
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_refused_moe_export_names_the_family_that_holds_it(tmp_path):
+    config = _moe_config(moe_shared_expert_gate=True)  # Qwen2-MoE's shape
+    state = GPTModel(config).state_dict()
+    for refused in ("qwen3_moe", "mixtral"):
+        with pytest.raises(ConversionError, match=r"fits 'qwen2_moe' \(epochal convert "):
+            save_hf_checkpoint(config, state, tmp_path / refused, architecture=refused)
+    save_hf_checkpoint(config, state, tmp_path / "ok", architecture="qwen2_moe")  # and it does
+    # with QK-norm too, neither Qwen family holds it (Qwen2-MoE has no QK-norm)
+    qk = _moe_config(moe_shared_expert_gate=True, qk_layernorm=True)
+    with pytest.raises(ConversionError, match="no Hugging Face architecture") as info:
+        save_hf_checkpoint(qk, GPTModel(qk).state_dict(), tmp_path / "qk", architecture="qwen3_moe")
+    assert "qk_layernorm=True (Qwen2-MoE has no QK-norm)" in str(info.value)

@@ -73,6 +73,23 @@ TWO_RANK_LAYOUTS: list[tuple[str, dict, dict, int, int, bool]] = [
         4,
         False,
     ),
+    # the 28 padded ids (of 128) outside the softmax: rank 1's vocabulary slice is part padding
+    (
+        "tp2_padded_vocab_outside_softmax",
+        dict(tensor_parallel=2),
+        dict(num_layers=2, padded_vocab_in_softmax=False),
+        2,
+        4,
+        False,
+    ),
+    (
+        "pp2_padded_vocab_outside_softmax",
+        dict(pipeline_parallel=2),
+        dict(padded_vocab_in_softmax=False),
+        2,
+        8,
+        False,
+    ),
     ("pp2_gpipe", dict(pipeline_parallel=2, pipeline_schedule="gpipe"), {}, 2, 8, False),
     ("pp2_1f1b", dict(pipeline_parallel=2, pipeline_schedule="1f1b"), {}, 2, 8, False),
     (
@@ -259,27 +276,37 @@ def _custom_loss(
 
 
 def _vocab_parallel_loss_check() -> list[str]:
-    from epochal.parallel.loss import vocab_parallel_cross_entropy
+    """Vocabulary-parallel losses, gradients and top-1 hits equal the whole logits' (rank r
+    holds ids [4r, 4r + 4) of 8): every id in the softmax, the first 6 (rank 1's slice part
+    padding) and the first 3 (rank 1's slice all padding: ``vocab``)."""
+    from epochal.parallel.loss import vocab_parallel_cross_entropy, vocab_parallel_prediction_hits
 
     rank = dist.get_rank()
-    g = torch.Generator().manual_seed(3)
-    logits = torch.randn(3, 5, 8, generator=g) * 4
-    labels = torch.randint(0, 8, (3, 5), generator=g)
-    weights = torch.rand(3, 5, generator=g)
-    full = logits.clone().requires_grad_(True)
-    ref = torch.nn.functional.cross_entropy(
-        full.flatten(0, 1), labels.flatten(), reduction="none"
-    ).view(3, 5)
-    (ref * weights).sum().backward()
-    local = logits[..., rank * 4 : (rank + 1) * 4].clone().requires_grad_(True)
-    got = vocab_parallel_cross_entropy(local, labels, dist.group.WORLD)
-    (got * weights).sum().backward()
     problems = []
-    if not torch.allclose(got, ref, atol=1e-5):
-        problems.append(f"losses differ by {(got - ref).abs().max()}")
-    grad_ref = full.grad[..., rank * 4 : (rank + 1) * 4]
-    if not torch.allclose(local.grad, grad_ref, atol=1e-6):
-        problems.append(f"logit gradients differ by {(local.grad - grad_ref).abs().max()}")
+    for vocab in (None, 6, 3):
+        g = torch.Generator().manual_seed(3)
+        logits = torch.randn(3, 5, 8, generator=g) * 4
+        labels = torch.randint(0, vocab or 8, (3, 5), generator=g)
+        weights = torch.rand(3, 5, generator=g)
+        full = logits.clone().requires_grad_(True)
+        ref = torch.nn.functional.cross_entropy(
+            full[..., :vocab].flatten(0, 1), labels.flatten(), reduction="none"
+        ).view(3, 5)
+        (ref * weights).sum().backward()
+        local = logits[..., rank * 4 : (rank + 1) * 4].clone().requires_grad_(True)
+        got = vocab_parallel_cross_entropy(local, labels, dist.group.WORLD, vocab)
+        (got * weights).sum().backward()
+        if not torch.allclose(got, ref, atol=1e-5):
+            problems.append(f"vocab={vocab}: losses differ by {(got - ref).abs().max()}")
+        grad_ref = full.grad[..., rank * 4 : (rank + 1) * 4]
+        if not torch.allclose(local.grad, grad_ref, atol=1e-6):
+            problems.append(
+                f"vocab={vocab}: logit gradients differ by {(local.grad - grad_ref).abs().max()}"
+            )
+        hits = vocab_parallel_prediction_hits(local, labels, dist.group.WORLD, vocab)
+        want = logits[..., :vocab].argmax(-1) == labels
+        if not torch.equal(hits, want):
+            problems.append(f"vocab={vocab}: top-1 hits {hits.tolist()} != {want.tolist()}")
     return problems
 
 

@@ -88,7 +88,7 @@ def _forward_backward(model: torch.nn.Module, batch: dict[str, torch.Tensor], mb
     total = 0.0
     for mb in mbs_list:
         per_document = {k: mb[k] for k in ("position_ids", "attention_mask") if k in mb}
-        logits = model(mb["tokens"], **per_document)
+        logits = model(mb["tokens"], **per_document)[..., : model.config.softmax_vocab_size]
         ce = torch.nn.functional.cross_entropy(
             logits.float().flatten(0, 1), mb["labels"].flatten(), reduction="none"
         )

@@ -41,9 +41,12 @@ BASE = [
     "--logging.tensorboard=false",
 ]
 DROPOUT = ["--model.hidden_dropout=0.1", "--model.attention_dropout=0.1"]
+# 96 ids padded to 128, the padded ids outside the softmax (a model from a Hugging Face
+# folder): every layout masks them the same way
 GPT = [
     *TINY_GPT_ARGS,
-    "--model.make_vocab_size_divisible_by=32",
+    "--model.make_vocab_size_divisible_by=64",
+    "--model.padded_vocab_in_softmax=false",
     *DROPOUT,
 ]
 GPT_VOCAB = 96

@@ -129,16 +129,37 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--dtype", choices=tuple(DTYPES), default=None, help="cast the weights (default: keep)"
     )
     group.add_argument(
-        "--bos-token-id", type=int, default=None, help="HF output: bos_token_id in config.json"
+        "--bos-token-id",
+        type=int,
+        default=None,
+        help="HF output: bos_token_id in config.json (epochal output: the id it records)",
     )
     group.add_argument(
-        "--eos-token-id", type=int, default=None, help="HF output: eos_token_id in config.json"
+        "--eos-token-id",
+        type=int,
+        default=None,
+        help="HF output: eos_token_id in config.json (epochal output: the id it records)",
     )
     group.add_argument(
         "--pad-token-id",
         type=int,
         default=None,
-        help="HF output: pad_token_id in config.json (default: the tokenizer's pad token, else eos)",
+        help="HF output: pad_token_id in config.json (default: the tokenizer's pad token, else eos; "
+        "epochal output: the id it records)",
+    )
+    tokenizers = group.add_mutually_exclusive_group()
+    tokenizers.add_argument(
+        "--tokenizer",
+        default=None,
+        metavar="DIR",
+        help="HF output: ship this Hugging Face tokenizer folder (its chat template, special "
+        "tokens and ids) instead of the run's",
+    )
+    tokenizers.add_argument(
+        "--no-tokenizer",
+        action="store_true",
+        help="HF output: write the weights without a tokenizer and generation config (a "
+        "fine-tuning run whose tokenizer folder is gone needs this or --tokenizer)",
     )
     group.add_argument(
         "--overwrite",
@@ -193,6 +214,8 @@ def run(args: argparse.Namespace) -> int:
             megatron_iteration=args.megatron_iteration,
             megatron_spec=args.megatron_spec,
             ckpt_format=args.ckpt_format,
+            tokenizer=args.tokenizer,
+            no_tokenizer=args.no_tokenizer,
         )
     except (ValueError, OSError) as exc:
         print(f"epochal convert: error: {exc}", file=sys.stderr)

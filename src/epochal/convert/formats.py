@@ -26,9 +26,11 @@ __all__ = [
     "LoadedCheckpoint",
     "ModelCheckpoint",
     "detect_format",
+    "export_tokenizer",
     "load_checkpoint",
     "load_model_checkpoint",
     "merge_adapters",
+    "run_chat_tokenizer",
     "save_checkpoint",
 ]
 
@@ -73,7 +75,8 @@ class LoadedCheckpoint:
         extra: what a writer may carry over: ``bos`` / ``eos`` / ``pad`` token ids,
             ``tokenizer_json`` (an epochal run's ``tokenizer.json``), ``tokenizer_files``
             (other tokenizer files by name, e.g. ESM-2's ``vocab.txt``; a fine-tuning
-            run's chat tokenizer folder and ``generation_config.json``), ``run_config``.
+            run's chat tokenizer folder and ``generation_config.json``), ``run_config``,
+            ``token_ids`` (a converted model's recorded ids: it has no tokenizer of its own).
     """
 
     config: ModelConfig
@@ -133,8 +136,13 @@ def load_checkpoint(
     from epochal.train.state.epochal_ckpt import load_epochal_checkpoint
 
     ck = load_epochal_checkpoint(path, vocab_size=vocab_size)
-    chat = run_chat_folder(ck.run_config)
-    tokenizer = _chat_tokenizer_info(chat) if chat else _run_tokenizer_info(ck)
+    named = run_chat_tokenizer(ck.run_config)
+    if ck.token_ids is not None:  # a converted model: its source's ids, no tokenizer to rebuild
+        tokenizer: dict[str, Any] = {**ck.token_ids, "token_ids": ck.token_ids}
+    elif named is not None and not Path(named[0]).is_dir():
+        tokenizer = {"missing_tokenizer": named}  # a Hugging Face export refuses it
+    else:
+        tokenizer = _chat_tokenizer_info(named[0]) if named else _run_tokenizer_info(ck)
     extra = {**tokenizer, "run_config": ck.run_config}
     if ck.config.head != "mlm":  # a classifier's class names go wherever its weights go
         from epochal.train.inputs.finetune import label_vocab_file
@@ -166,7 +174,7 @@ def _run_tokenizer_info(ck: Any) -> dict[str, Any]:
     return info
 
 
-def _chat_tokenizer_info(folder: str) -> dict[str, Any]:
+def _chat_tokenizer_info(folder: str, origin: str = "the run's chat tokenizer") -> dict[str, Any]:
     """What an export of a fine-tuning run carries of its chat tokenizer folder.
 
     The folder's tokenizer files unchanged (``tokenizer_files``: the chat template and
@@ -178,7 +186,7 @@ def _chat_tokenizer_info(folder: str) -> dict[str, Any]:
     ``generate()`` and chat pipeline stop.
 
     Raises:
-        ConversionError: the folder's tokenizer cannot be loaded (names it).
+        ConversionError: the folder's tokenizer cannot be loaded (names it and ``origin``).
     """
     import json
 
@@ -194,7 +202,7 @@ def _chat_tokenizer_info(folder: str) -> dict[str, Any]:
         tokenizer = load_chat_tokenizer(folder)
         files = chat_tokenizer_files(folder)
     except SFTDataError as exc:
-        raise ConversionError(f"the run's chat tokenizer: {exc}") from None
+        raise ConversionError(f"{origin}: {exc}") from None
     stops = end_of_turn_ids(tokenizer, extra=generation_eos_ids(folder))
     bos, pad = tokenizer.bos_token_id, tokenizer.pad_token_id
     eos = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else (stops or [None])[0]
@@ -241,6 +249,8 @@ def save_checkpoint(
     megatron_iteration: int | None = None,
     megatron_spec: str = "transformer_engine",
     ckpt_format: str = "torch",
+    tokenizer: str | None = None,
+    no_tokenizer: bool = False,
 ) -> Path:
     """Write ``ck`` as ``target`` (one of :data:`TARGETS`); returns the output path.
 
@@ -257,15 +267,22 @@ def save_checkpoint(
         overwrite: replace an existing output.
         hf_architecture: Hugging Face output class (default: from the config).
         bos_token_id / eos_token_id / pad_token_id: Hugging Face ``config.json``
-            ids (default: those ``ck.extra`` carries; the padding id falls back to
-            EOS when the run's ``tokenizer.json`` is copied).
+            ids, and those a model-only epochal checkpoint records (default: those
+            ``ck.extra`` carries; for Hugging Face the padding id falls back to EOS when
+            the run's ``tokenizer.json`` is copied).
         tensor_parallel / pipeline_parallel / expert_parallel / megatron_iteration / megatron_spec /
             ckpt_format: Megatron output layout (iteration default: ``ck.step``).
+        tokenizer / no_tokenizer: Hugging Face output: ship this tokenizer folder, or none
+            (:func:`export_tokenizer`; needed when a fine-tuning run's folder is gone).
 
     Raises:
         ValueError: a bad option or a model the target cannot hold.
         OSError: an existing output without ``overwrite``, a write failure.
     """
+    if (tokenizer is not None or no_tokenizer) and target != "hf":
+        raise ValueError("--tokenizer / --no-tokenizer apply to --to hf")
+    if tokenizer is not None and no_tokenizer:
+        raise ValueError("--tokenizer and --no-tokenizer exclude each other")
     config, state = merge_adapters(ck.config, ck.state)
     extra = ck.extra
     from epochal.train.inputs.finetune import LABEL_VOCAB_FILE
@@ -280,6 +297,7 @@ def save_checkpoint(
     if target == "hf":
         from epochal.convert.hf.io import save_hf_checkpoint
 
+        extra = export_tokenizer(extra, tokenizer, without=no_tokenizer)
         eos = extra.get("eos") if eos_token_id is None else eos_token_id
         pad = extra.get("pad") if pad_token_id is None else pad_token_id
         if pad is None and extra.get("tokenizer_json"):  # a padding token for AutoTokenizer
@@ -314,8 +332,13 @@ def save_checkpoint(
             dtype=dtype,
             overwrite=overwrite,
         )
+    given = {"bos": bos_token_id, "eos": eos_token_id, "pad": pad_token_id}
+    token_ids = {k: extra.get(k) if v is None else v for k, v in given.items()}
     if target == "safetensors":
         from epochal.train.state.epochal_ckpt import save_consolidated
+
+        # a model without a run tokenizer to rebuild keeps its source's ids
+        own_tokenizer = extra.get("run_config") is not None and "token_ids" not in extra
 
         return save_consolidated(
             config,
@@ -326,6 +349,7 @@ def save_checkpoint(
             source=source,
             dtype=dtype,
             overwrite=overwrite,
+            token_ids=None if own_tokenizer else token_ids,
         )
     if target != "epochal":
         raise ValueError(f"--to {target!r}: not one of {', '.join(TARGETS)}")
@@ -334,7 +358,13 @@ def save_checkpoint(
     if dtype is not None:
         state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
     return save_epochal_checkpoint(
-        config, state, output, source=source, overwrite=overwrite, extra_files=labels
+        config,
+        state,
+        output,
+        source=source,
+        overwrite=overwrite,
+        extra_files=labels,
+        token_ids=token_ids,
     )
 
 
@@ -346,8 +376,9 @@ class ModelCheckpoint:
         config, state: our model config and full CPU tensors.
         tokenizer: the checkpoint's tokenizer (a Hugging Face folder's
             ``tokenizer.json``, an epochal run's own), or None.
-        eos_token_ids: a Hugging Face model's ``eos_token_id`` (all of a list), else ().
-        bos_token_id: a Hugging Face model's ``bos_token_id``, else None.
+        eos_token_ids: a Hugging Face model's ``eos_token_id`` (all of a list), or what a
+            converted model-only epochal checkpoint records of its source's, else ().
+        bos_token_id: the same for ``bos_token_id``, else None.
         run_config: an epochal run's saved ``config.toml`` (a dict), else None.
         chat_folder: the Hugging Face tokenizer folder with the chat template: a
             fine-tuning run's (``sft.tokenizer`` / ``checkpoint.init_from``), a Hugging
@@ -409,10 +440,14 @@ def load_model_checkpoint(
 
     ck = load_epochal_checkpoint(path, vocab_size=vocab_size)
     tokenizer = run_tokenizer(ck) if with_tokenizer else None
+    ids = ck.token_ids or {}
+    eos = ids.get("eos")
     return ModelCheckpoint(
         ck.config,
         ck.state,
         tokenizer,
+        tuple(eos if isinstance(eos, list) else [] if eos is None else [eos]),
+        ids.get("bos"),
         run_config=ck.run_config,
         chat_folder=run_chat_folder(ck.run_config),
     )
@@ -445,13 +480,63 @@ def run_chat_folder(run_config: dict[str, Any] | None) -> str | None:
 
     None for a run without ``[sft]`` rows, or whose folder is gone.
     """
+    named = run_chat_tokenizer(run_config)
+    return named[0] if named and Path(named[0]).is_dir() else None
+
+
+def run_chat_tokenizer(run_config: dict[str, Any] | None) -> tuple[str, str] | None:
+    """``(folder, option naming it)`` of a fine-tuning run's chat tokenizer, there or not.
+
+    The option is ``sft.tokenizer``, else ``checkpoint.init_from``; None for a run without
+    ``[sft]`` rows (or a saved config this version cannot read).
+    """
     if not run_config or not (run_config.get("sft") or {}).get("train_file"):
         return None
     from epochal.train.config import config_from_saved
     from epochal.train.inputs.sft import chat_tokenizer_folder
 
     try:
-        folder = chat_tokenizer_folder(config_from_saved(run_config))
+        config = config_from_saved(run_config)
+        folder = chat_tokenizer_folder(config)
     except (ValueError, TypeError):  # a config this version cannot read
         return None
-    return folder if folder and Path(folder).is_dir() else None
+    if not folder:
+        return None
+    return folder, "sft.tokenizer" if config.sft.tokenizer else "checkpoint.init_from"
+
+
+def export_tokenizer(
+    extra: dict[str, Any], folder: str | None = None, *, without: bool = False
+) -> dict[str, Any]:
+    """``extra`` with the tokenizer a Hugging Face export ships (:func:`save_checkpoint`).
+
+    Args:
+        extra: what :func:`load_checkpoint` read.
+        folder: a Hugging Face tokenizer folder to ship instead of the run's
+            (``--tokenizer``): its files, ids and ``generation_config.json``.
+        without: ship no tokenizer and no generation config (``--no-tokenizer``); the
+            token ids stay.
+
+    Raises:
+        ConversionError: ``folder`` has no loadable tokenizer, or (neither option given) the
+            run is a fine-tuning run whose tokenizer folder is gone (names the folder, the
+            option that named it, and both ways on).
+    """
+    from epochal.convert.common import ConversionError
+
+    files = ("tokenizer_json", "tokenizer_files")
+    if folder is not None:
+        kept = {k: v for k, v in extra.items() if k not in (*files, "bos", "eos", "pad")}
+        return {**kept, **_chat_tokenizer_info(folder, origin="--tokenizer")}
+    if without:
+        return {k: v for k, v in extra.items() if k not in files}
+    missing = extra.get("missing_tokenizer")
+    if missing:
+        gone, option = missing
+        raise ConversionError(
+            f"the run's tokenizer folder {gone} ({option}) is gone, so the export would have "
+            "no tokenizer, no chat template and no generation config: pass --tokenizer DIR "
+            "(a Hugging Face tokenizer folder) to ship that one, or --no-tokenizer to export "
+            "the weights without one"
+        )
+    return extra

@@ -81,6 +81,19 @@ class ModelConfig(ModelConfigChecks):
             multiple of this (>= 1; Megatron's default 128). Unlike Megatron the
             padding does NOT depend on the tensor-parallel size, so checkpoints
             reshard freely; the parallel layer checks that TP divides it.
+        padded_vocab_in_softmax: whether the padded ids (``vocab_size`` up to
+            :attr:`padded_vocab_size`) join the softmax of the loss and the top-1
+            accuracy. ``True`` (the default, for pretraining from scratch): they do, as in
+            Megatron-Core's cross-entropy, which sees every row of the padded output
+            layer; the model learns to give them low logits and the losses are
+            Megatron-Core's. ``False``: only the ``vocab_size`` real ids, which is
+            transformers' loss (its logits have exactly ``vocab_size`` columns). Every
+            model read from a Hugging Face folder (``checkpoint.init_from``,
+            ``epochal convert``) gets ``False``, so it trains and reports transformers'
+            loss. Every loss path follows it (the plain, chunked and compiled
+            cross-entropy, the vocabulary-parallel one, the pipeline's last stage,
+            evaluation); a custom loss function receives all the padded columns.
+            Generation never produces a padded id either way.
         hidden_size: model width ``h`` (>= 1).
         num_layers: number of transformer blocks (>= 1).
         num_attention_heads: number of query heads (>= 1).
@@ -245,6 +258,7 @@ class ModelConfig(ModelConfigChecks):
     num_attention_heads: int
     max_position_embeddings: int
     make_vocab_size_divisible_by: int = 128
+    padded_vocab_in_softmax: bool = True
     num_query_groups: int | None = None
     kv_channels: int | None = None
     ffn_hidden_size: int | None = None
@@ -323,6 +337,12 @@ class ModelConfig(ModelConfigChecks):
         return int(math.ceil(self.vocab_size / m) * m)
 
     @property
+    def softmax_vocab_size(self) -> int:
+        """The logit columns the loss's softmax covers: :attr:`padded_vocab_size`, or
+        ``vocab_size`` when ``padded_vocab_in_softmax`` is false."""
+        return self.padded_vocab_size if self.padded_vocab_in_softmax else self.vocab_size
+
+    @property
     def head_dim(self) -> int:
         """Per-head dimension: ``kv_channels`` or ``hidden_size // num_attention_heads``."""
         if self.kv_channels is not None:
@@ -399,9 +419,12 @@ class ModelConfig(ModelConfigChecks):
         A GPT config omits ``type`` and the encoder-only fields (:data:`ENCODER_FIELDS`,
         all at their defaults), exactly as configs were written before encoders
         existed; every type but T5 omits the T5 fields (:data:`T5_FIELDS`); a dense model
-        omits the mixture-of-experts fields (:data:`MOE_FIELDS`); :meth:`from_dict` reads such a dict back as ``type="gpt"``.
+        omits the mixture-of-experts fields (:data:`MOE_FIELDS`); ``padded_vocab_in_softmax``
+        is written only when false; :meth:`from_dict` reads such a dict back as ``type="gpt"``.
         """
         values = dataclasses.asdict(self)
+        if self.padded_vocab_in_softmax:
+            del values["padded_vocab_in_softmax"]
         if self.type == "gpt":
             for name in ENCODER_FIELDS:
                 del values[name]

@@ -166,7 +166,11 @@ class ModelConfigChecks:
             "init_method_std",
             f"must be > 0, got {self.init_method_std!r}",
         )
-        for name in ("add_bias_linear", "untie_embeddings_and_output_weights"):
+        for name in (
+            "add_bias_linear",
+            "untie_embeddings_and_output_weights",
+            "padded_vocab_in_softmax",
+        ):
             _require(
                 isinstance(getattr(self, name), bool),
                 name,

@@ -321,9 +321,8 @@ class ParallelEngine(PipelineSteps):
     ) -> torch.Tensor:
         if loss_fn is not None:
             return loss_fn(labels, logits, mask)
-        return masked_mean_loss_parallel(
-            labels, logits, mask, self.tp_group if self.loss_parallel else None
-        )
+        group, vocab = self.loss_group, self.model_config.softmax_vocab_size
+        return masked_mean_loss_parallel(labels, logits, mask, group, vocab)
 
     def _step_model(self, part: nn.Module) -> StepModel:
         return StepModel(part, loss_group=self.loss_group, module=part, context_parallel=self.cp)

@@ -15,6 +15,12 @@ Megatron-LM's ``vocab_parallel_cross_entropy`` we instead reduce three
 ``grad = (softmax - one_hot(target)) * grad_loss`` on the local slice. The result
 equals ``F.cross_entropy(full_logits, labels, reduction="none")`` up to float
 rounding (computed in float32).
+
+``vocab``: every function here takes the number of leading columns that join the
+softmax (:attr:`epochal.model.ModelConfig.softmax_vocab_size`: the real ids of a model
+read from a Hugging Face folder, whose padded ids transformers never sees); the columns
+from ``vocab`` on are left out (sliced off when whole; ``-inf`` on the ranks whose
+slice holds them, so their softmax and gradient are exactly 0). None = every column.
 """
 
 from __future__ import annotations
@@ -37,12 +43,16 @@ __all__ = [
 class _VocabParallelCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(
-        ctx: Any, logits: torch.Tensor, labels: torch.Tensor, group: dist.ProcessGroup
+        ctx: Any,
+        logits: torch.Tensor,
+        labels: torch.Tensor,
+        group: dist.ProcessGroup,
+        vocab: int | None,
     ) -> torch.Tensor:
-        logits = logits.float()
         local_v = logits.shape[-1]
         rank = dist.get_rank(group)
         start = rank * local_v
+        logits = _without_padded_columns(logits.float(), logits, vocab, start)
         logits_max = logits.max(dim=-1).values
         dist.all_reduce(logits_max, op=dist.ReduceOp.MAX, group=group)
         shifted = logits - logits_max.unsqueeze(-1)
@@ -62,33 +72,53 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         return loss
 
     @staticmethod
-    def backward(ctx: Any, grad_loss: torch.Tensor) -> tuple[torch.Tensor | None, None, None]:
+    def backward(ctx: Any, grad_loss: torch.Tensor) -> tuple[torch.Tensor | None, None, None, None]:
         softmax, local_labels, outside = ctx.saved_tensors
         grad = softmax.clone()
         inside = (~outside).to(grad.dtype)
         grad.scatter_add_(-1, local_labels.unsqueeze(-1), -inside.unsqueeze(-1))
         grad.mul_(grad_loss.unsqueeze(-1))
-        return grad, None, None
+        return grad, None, None, None
+
+
+def _without_padded_columns(
+    logits: torch.Tensor, original: torch.Tensor, vocab: int | None, start: int
+) -> torch.Tensor:
+    """``logits`` (a local slice starting at id ``start``) with ids ``>= vocab`` at ``-inf``.
+
+    Never writes into ``original`` (the model's output, which ``logits`` may be).
+    """
+    if vocab is None or vocab - start >= logits.shape[-1]:
+        return logits
+    if logits is original:
+        logits = logits.clone()
+    logits[..., max(vocab - start, 0) :] = float("-inf")
+    return logits
 
 
 def vocab_parallel_cross_entropy(
-    local_logits: torch.Tensor, labels: torch.Tensor, group: dist.ProcessGroup | None
+    local_logits: torch.Tensor,
+    labels: torch.Tensor,
+    group: dist.ProcessGroup | None,
+    vocab: int | None = None,
 ) -> torch.Tensor:
     """Per-token cross-entropy of vocabulary-sharded logits.
 
     Args:
         local_logits: this rank's slice ``[..., V / tp]`` of the logits; rank ``r``
             of ``group`` holds vocabulary ids ``[r * V/tp, (r+1) * V/tp)``.
-        labels: int64 target ids ``[...]`` in ``[0, V)``.
+        labels: int64 target ids ``[...]`` in ``[0, vocab)`` (``-100``: ignored when
+            the logits are whole).
         group: the tensor-parallel process group; ``None`` (or a group of one)
             means the logits are not sharded (plain ``F.cross_entropy``).
+        vocab: the ids that join the softmax (module docstring); None = all ``V``.
 
     Returns:
         float32 losses shaped like ``labels`` (identical on every rank of ``group``).
     """
     if group is None or dist.get_world_size(group) == 1:
-        return plain_cross_entropy(local_logits, labels)
-    return _VocabParallelCrossEntropy.apply(local_logits, labels, group)
+        return plain_cross_entropy(local_logits, labels, vocab)
+    return _VocabParallelCrossEntropy.apply(local_logits, labels, group, vocab)
 
 
 def masked_mean_loss_parallel(
@@ -96,6 +126,7 @@ def masked_mean_loss_parallel(
     local_logits: torch.Tensor,
     loss_mask: torch.Tensor,
     group: dist.ProcessGroup | None,
+    vocab: int | None = None,
 ) -> torch.Tensor:
     """Megatron's GPT micro-batch loss on vocabulary-sharded logits.
 
@@ -107,18 +138,22 @@ def masked_mean_loss_parallel(
         local_logits: ``[b, s, V / tp]`` (see :func:`vocab_parallel_cross_entropy`).
         loss_mask: ``[b, s]``, 1.0 where the token counts.
         group: the tensor-parallel group (or None).
+        vocab: the ids that join the softmax (module docstring); None = all.
 
     Returns:
         float32 scalar.
     """
-    losses = vocab_parallel_cross_entropy(local_logits, labels, group).flatten()
+    losses = vocab_parallel_cross_entropy(local_logits, labels, group, vocab).flatten()
     mask = loss_mask.flatten().to(losses.dtype)
     return (losses * mask).sum() / mask.sum().clamp(min=1.0)
 
 
 @torch.no_grad()
 def vocab_parallel_prediction_hits(
-    local_logits: torch.Tensor, labels: torch.Tensor, group: dist.ProcessGroup | None
+    local_logits: torch.Tensor,
+    labels: torch.Tensor,
+    group: dist.ProcessGroup | None,
+    vocab: int | None = None,
 ) -> torch.Tensor:
     """Whether the highest logit is the label's, per token, on (possibly) vocabulary-sharded logits.
 
@@ -127,15 +162,16 @@ def vocab_parallel_prediction_hits(
         labels: int64 ``[...]``; ids outside ``[0, V)`` (e.g. -1 / -100 for
             "not predicted") are never hits.
         group: the tensor-parallel group, or None when the logits are whole.
+        vocab: the ids that compete for the top (module docstring); None = all.
 
     Returns:
         bool tensor shaped like ``labels`` (identical on every rank of ``group``).
         A tie with the maximum counts as a hit.
     """
-    logits = local_logits.float()
-    local_v = logits.shape[-1]
+    local_v = local_logits.shape[-1]
     sharded = group is not None and dist.get_world_size(group) > 1
     start = dist.get_rank(group) * local_v if sharded else 0
+    logits = _without_padded_columns(local_logits.float(), local_logits, vocab, start)
     best = logits.max(dim=-1).values
     local_labels = labels - start
     outside = (local_labels < 0) | (local_labels >= local_v)

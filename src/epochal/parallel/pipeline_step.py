@@ -107,6 +107,7 @@ class PipelineSteps:
                 training=self._pp_training,
                 on_logits=captured.append if self._pp_on_logits is not None else None,
                 context_parallel=self.cp,
+                vocab_size=self.model_config.softmax_vocab_size,
             )
             # a replay has no module: MoE records are kept per stage (_moe_stage_records)
             loss, logged = run_train_step(self._step, mb, model)
@@ -118,7 +119,11 @@ class PipelineSteps:
         mask = target[..., 1].float()
         if self.cp is not None:  # this rank's chunks of the logits: the whole sequence's losses
             replay = StepModel.replay(
-                output, loss_group=self.loss_group, training=True, context_parallel=self.cp
+                output,
+                loss_group=self.loss_group,
+                training=True,
+                context_parallel=self.cp,
+                vocab_size=self.model_config.softmax_vocab_size,
             )
             losses = replay(labels=labels).flatten()
             mask = mask.flatten().to(losses.dtype)

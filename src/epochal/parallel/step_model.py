@@ -61,9 +61,12 @@ class StepModel:
         training: the mode to report when ``module`` is None.
         on_logits: called with each call's whole logits ``[b, s, V]`` (detached;
             a collective over ``loss_group`` when the logits are sharded).
-        cross_entropy: ``(logits, labels) -> float32 losses`` for unsharded logits
+        cross_entropy: ``(logits, labels, vocab) -> float32 losses`` for unsharded logits
             (:func:`epochal.parallel.token_loss.token_cross_entropy`); None = the plain
             upcast cross-entropy. Sharded logits always use the vocabulary-parallel one.
+        vocab_size: the logit columns the loss's softmax and the top-1 hits cover
+            (:attr:`epochal.model.ModelConfig.softmax_vocab_size`); None = the
+            ``module``'s ``config.softmax_vocab_size``, else every column.
         context_parallel: a ``ContextParallel``: cut the inputs, gather the outputs
             (module docstring).
     """
@@ -76,10 +79,15 @@ class StepModel:
         module: torch.nn.Module | None = None,
         training: bool = True,
         on_logits: Callable[[torch.Tensor], None] | None = None,
-        cross_entropy: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+        cross_entropy: Callable[[torch.Tensor, torch.Tensor, int | None], torch.Tensor]
+        | None = None,
         context_parallel: Any = None,
+        vocab_size: int | None = None,
     ) -> None:
         self.context_parallel = context_parallel
+        if vocab_size is None and module is not None:
+            vocab_size = getattr(getattr(module, "config", None), "softmax_vocab_size", None)
+        self.vocab_size = vocab_size
         if context_parallel is not None and module is not None:
             forward = context_parallel.forward(module)
         self._forward = forward
@@ -98,6 +106,7 @@ class StepModel:
         training: bool,
         on_logits: Callable[[torch.Tensor], None] | None = None,
         context_parallel: Any = None,
+        vocab_size: int | None = None,
     ) -> StepModel:
         """A model whose every call returns ``output`` (the pipeline's last-stage output).
 
@@ -110,6 +119,7 @@ class StepModel:
             training=training,
             on_logits=on_logits,
             context_parallel=context_parallel,
+            vocab_size=vocab_size,
         )
 
     @property
@@ -121,12 +131,12 @@ class StepModel:
         """Cross-entropy per token, float32 shaped like ``labels`` (vocabulary-parallel if sharded)."""
         sharded = self.loss_group is not None and dist.get_world_size(self.loss_group) > 1
         if self.cross_entropy is not None and not sharded:
-            return self.cross_entropy(logits, labels)
-        return vocab_parallel_cross_entropy(logits, labels, self.loss_group)
+            return self.cross_entropy(logits, labels, self.vocab_size)
+        return vocab_parallel_cross_entropy(logits, labels, self.loss_group, self.vocab_size)
 
     def prediction_hits(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """bool ``[b, s]``: the top logit is the label's (vocabulary-parallel if sharded)."""
-        return vocab_parallel_prediction_hits(logits, labels, self.loss_group)
+        return vocab_parallel_prediction_hits(logits, labels, self.loss_group, self.vocab_size)
 
     def __call__(self, *args: Any, labels: torch.Tensor | None = None, **kwargs: Any) -> Any:
         """Run the model; with ``labels``, per-token losses instead of logits.

@@ -32,17 +32,29 @@ __all__ = [
     "token_cross_entropy",
 ]
 
-CrossEntropy = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+#: ``(logits [..., V], labels [...], vocab) -> float32 losses [...]``; ``vocab`` as in
+#: :func:`plain_cross_entropy`.
+CrossEntropy = Callable[[torch.Tensor, torch.Tensor, int | None], torch.Tensor]
 
 
-def plain_cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """float32 per-token cross-entropy shaped like ``labels`` (logits ``[..., V]``, upcast)."""
-    flat = F.cross_entropy(logits.float().flatten(0, -2), labels.flatten(), reduction="none")
-    return flat.view_as(labels)
+def plain_cross_entropy(
+    logits: torch.Tensor, labels: torch.Tensor, vocab: int | None = None
+) -> torch.Tensor:
+    """float32 per-token cross-entropy shaped like ``labels`` (logits ``[..., V]``, upcast).
+
+    ``vocab``: only the first ``vocab`` columns join the softmax (the real ids of a padded
+    vocabulary, :attr:`~epochal.model.ModelConfig.softmax_vocab_size`); None = all ``V``.
+    Labels must be below it (or ``-100``, ignored).
+    """
+    flat = logits.flatten(0, -2)
+    if vocab is not None and vocab < flat.shape[-1]:
+        flat = flat[:, :vocab]
+    losses = F.cross_entropy(flat.float(), labels.flatten(), reduction="none")
+    return losses.view_as(labels)
 
 
 def chunked_cross_entropy(
-    logits: torch.Tensor, labels: torch.Tensor, chunk_tokens: int
+    logits: torch.Tensor, labels: torch.Tensor, chunk_tokens: int, vocab: int | None = None
 ) -> torch.Tensor:
     """:func:`plain_cross_entropy` over chunks of ``chunk_tokens`` tokens, recomputed in the backward.
 
@@ -50,6 +62,7 @@ def chunked_cross_entropy(
         logits: ``[..., V]`` in any float dtype.
         labels: int64 ``[...]``.
         chunk_tokens: tokens per chunk (>= 1).
+        vocab: the columns that join the softmax (see :func:`plain_cross_entropy`).
 
     Returns:
         float32 losses shaped like ``labels``, equal to :func:`plain_cross_entropy`'s.
@@ -59,11 +72,11 @@ def chunked_cross_entropy(
     flat_logits = logits.flatten(0, -2)
     flat_labels = labels.flatten()
     if flat_labels.numel() <= chunk_tokens:
-        return plain_cross_entropy(logits, labels)
+        return plain_cross_entropy(logits, labels, vocab)
     pieces = [
-        checkpoint(plain_cross_entropy, x, y, use_reentrant=False)
+        checkpoint(plain_cross_entropy, x, y, vocab, use_reentrant=False)
         if torch.is_grad_enabled()
-        else plain_cross_entropy(x, y)
+        else plain_cross_entropy(x, y, vocab)
         for x, y in zip(
             flat_logits.split(chunk_tokens), flat_labels.split(chunk_tokens), strict=True
         )
@@ -76,9 +89,11 @@ def _compiled() -> CrossEntropy:
     return torch.compile(plain_cross_entropy, dynamic=False)
 
 
-def compiled_cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+def compiled_cross_entropy(
+    logits: torch.Tensor, labels: torch.Tensor, vocab: int | None = None
+) -> torch.Tensor:
     """:func:`plain_cross_entropy` under ``torch.compile`` (the upcast fused, not stored)."""
-    return _compiled()(logits, labels)
+    return _compiled()(logits, labels, vocab)
 
 
 def token_cross_entropy(*, chunk_tokens: int = 0, compiled: bool = False) -> CrossEntropy | None:
@@ -88,7 +103,9 @@ def token_cross_entropy(*, chunk_tokens: int = 0, compiled: bool = False) -> Cro
     vocabulary; the compiled chunk function would recompile per shape).
     """
     if chunk_tokens > 0:
-        return lambda logits, labels: chunked_cross_entropy(logits, labels, chunk_tokens)
+        return lambda logits, labels, vocab=None: chunked_cross_entropy(
+            logits, labels, chunk_tokens, vocab
+        )
     if compiled:
         return compiled_cross_entropy
     return None

@@ -25,7 +25,9 @@ import torch
 from epochal.convert.common import ConversionError
 from epochal.convert.hf.bert import BERT, MEGATRON_BERT, EncoderLayout
 from epochal.convert.hf.esm import ESM
-from epochal.convert.hf.io import IMPORTERS, HFModel, _read_json, _read_weights
+from epochal.convert.hf.files import read_json as _read_json
+from epochal.convert.hf.files import read_weights as _read_weights
+from epochal.convert.hf.io import IMPORTERS, HFModel
 from epochal.model.config import ModelConfig
 
 __all__ = ["ENCODER_LAYOUTS", "load_hf_encoder", "save_hf_encoder"]

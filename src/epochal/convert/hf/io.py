@@ -21,6 +21,7 @@ learned absolute positions -> ``GPT2LMHeadModel``, with RoPE -> ``Qwen3ForCausal
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from collections.abc import Callable
@@ -31,8 +32,6 @@ from typing import Any, Literal
 import torch
 
 from epochal._atomic import atomic_directory
-from epochal._paths import confined_path
-from epochal.convert.bounded_parse import load_json_file
 from epochal.convert.checked_config import (
     HF_ROPE_SCHEMA,
     HF_SCHEMAS,
@@ -50,8 +49,11 @@ from epochal.convert.hf import moe as hf_moe
 from epochal.convert.hf import qwen2 as hf_qwen2
 from epochal.convert.hf import qwen3 as hf_qwen3
 from epochal.convert.hf import t5 as hf_t5
+from epochal.convert.hf.files import read_json as _read_json
+from epochal.convert.hf.files import read_weights as _read_weights
+from epochal.convert.hf.files import tensor_names
+from epochal.convert.hf.tied_head import HEAD, TIED_EMBEDDINGS, tie_as_transformers
 from epochal.convert.hf.tokenizer import hf_tokenizer_files
-from epochal.convert.safe_load import load_safetensors, safe_torch_load
 from epochal.model.config import ConfigError, ModelConfig
 
 __all__ = [
@@ -59,6 +61,7 @@ __all__ = [
     "IMPORTERS",
     "HFModel",
     "hf_architecture_for",
+    "hf_architectures_holding",
     "load_hf_checkpoint",
     "load_hf_config",
     "save_hf_checkpoint",
@@ -86,8 +89,8 @@ StateReader = Callable[[dict[str, torch.Tensor], ModelConfig, str], dict[str, to
 
 
 #: ``model_type`` -> (config reader ``(hf_config, weights, padding multiple)``,
-#: state reader ``(weights, config, source)``).
-IMPORTERS: dict[str, tuple[ConfigReader, StateReader]] = {
+#: state reader ``(weights, config, source)``), before :func:`_transformers_loss`.
+_READERS: dict[str, tuple[ConfigReader, StateReader]] = {
     "gpt2": (
         lambda hf, w, m: hf_gpt2.ours_config_from_gpt2(hf, make_vocab_size_divisible_by=m),
         lambda w, c, src: hf_gpt2.ours_state_from_gpt2(w, c, source=src),
@@ -143,6 +146,29 @@ IMPORTERS: dict[str, tuple[ConfigReader, StateReader]] = {
         lambda hf, w, m: hf_t5.ours_config_from_t5(hf, w, make_vocab_size_divisible_by=m),
         lambda w, c, src: hf_t5.ours_state_from_t5(w, c, source=src),
     ),
+}
+
+
+def _transformers_loss(read_config: ConfigReader) -> ConfigReader:
+    """A config reader whose models leave their padded ids out of the loss.
+
+    A Hugging Face model's logits have ``vocab_size`` columns; ours are padded to a
+    multiple of ``make_vocab_size_divisible_by``. With ``padded_vocab_in_softmax=False``
+    the padded ids join no softmax, so training and evaluation report transformers' loss.
+    """
+
+    def read(hf: dict[str, Any], weights: dict[str, torch.Tensor], multiple: int) -> ModelConfig:
+        config = read_config(hf, weights, multiple)
+        return dataclasses.replace(config, padded_vocab_in_softmax=False)
+
+    return read
+
+
+#: ``model_type`` -> (config reader ``(hf_config, weights, padding multiple)``,
+#: state reader ``(weights, config, source)``).
+IMPORTERS: dict[str, tuple[ConfigReader, StateReader]] = {
+    kind: (_transformers_loss(read_config), read_state)
+    for kind, (read_config, read_state) in _READERS.items()
 }
 
 
@@ -230,60 +256,6 @@ class HFModel:
         return self.hf_config.get("bos_token_id")
 
 
-def _read_json(path: Path) -> dict[str, Any]:
-    """A JSON object file read within :mod:`epochal.convert.bounded_parse`'s limits."""
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: missing (not a Hugging Face model folder?)")
-    return load_json_file(path, path.name)
-
-
-def _read_weights(folder: Path) -> dict[str, torch.Tensor]:
-    single = folder / "model.safetensors"
-    if single.is_file():
-        return _tensors_only(load_safetensors(single), single)
-    for index_name, loader in (
-        ("model.safetensors.index.json", load_safetensors),
-        ("pytorch_model.bin.index.json", safe_torch_load),
-    ):
-        index = folder / index_name
-        if index.is_file():
-            weight_map = _read_json(index).get("weight_map")
-            if not isinstance(weight_map, dict):
-                raise ConversionError(f"{index}: has no 'weight_map' object")
-            # every shard name confined to the folder before any shard is opened
-            shards = {confined_path(folder, name, str(index)) for name in weight_map.values()}
-            state: dict[str, torch.Tensor] = {}
-            for shard in sorted(shards):
-                part = loader(shard)
-                if not isinstance(part, dict):
-                    raise ConversionError(f"{shard}: expected a state dict")
-                state.update(_tensors_only(part, shard))
-            missing = sorted(set(weight_map) - set(state))
-            if missing:
-                raise ConversionError(
-                    f"{index}: tensors listed but not found in the shards: {missing[:8]}"
-                )
-            return state
-    binary = folder / "pytorch_model.bin"
-    if binary.is_file():
-        state = safe_torch_load(binary)
-        if not isinstance(state, dict):
-            raise ConversionError(f"{binary}: expected a state dict")
-        return _tensors_only(state, binary)
-    raise FileNotFoundError(
-        f"{folder}: no model.safetensors, model.safetensors.index.json or pytorch_model.bin"
-    )
-
-
-def _tensors_only(state: dict[Any, Any], source: Path) -> dict[str, torch.Tensor]:
-    bad = [k for k, v in state.items() if not isinstance(k, str) or not isinstance(v, torch.Tensor)]
-    if bad:
-        raise ConversionError(
-            f"{source}: entries that are not named tensors: {[str(k) for k in bad[:8]]}"
-        )
-    return state
-
-
 #: suffixes of the input embedding's name in each family's weights.
 _EMBEDDING_SUFFIXES = (
     "wte.weight",
@@ -361,6 +333,7 @@ def load_hf_checkpoint(
         config = read_config(hf_config, weights, make_vocab_size_divisible_by)
     except ConfigError as exc:  # a combination of valid fields the model refuses
         raise ConversionError(f"{folder / 'config.json'}: {exc}") from exc
+    config, weights = tie_as_transformers(config, weights, hf_type, str(folder))
     if model_type is not None and config.type != model_type:
         raise ConversionError(
             f"{folder}: holds a {config.type!r} model (Hugging Face {hf_type!r}), "
@@ -406,9 +379,16 @@ def load_hf_config(
         ).config
     check_hf_config(hf_config, {}, folder / "config.json")
     try:
-        return IMPORTERS[hf_type][0](hf_config, {}, make_vocab_size_divisible_by)
+        config = IMPORTERS[hf_type][0](hf_config, {}, make_vocab_size_divisible_by)
     except ConfigError as exc:
         raise ConversionError(f"{folder / 'config.json'}: {exc}") from exc
+    if config.tie_embeddings and hf_type in TIED_EMBEDDINGS:
+        names = tensor_names(folder)
+        if names is None or HEAD in names:  # tied or not is decided by the tensors' values
+            return load_hf_checkpoint(
+                folder, make_vocab_size_divisible_by=make_vocab_size_divisible_by
+            ).config
+    return config
 
 
 def hf_architecture_for(config: ModelConfig) -> Architecture:
@@ -447,6 +427,54 @@ def hf_architecture_for(config: ModelConfig) -> Architecture:
     raise ConversionError(
         f"position_embedding_type={config.position_embedding_type!r} has no Hugging Face export "
         "(GPT-2 needs learned_absolute, Llama needs rope)"
+    )
+
+
+def _export_refusals(config: ModelConfig) -> dict[str, str | None]:
+    """Each candidate architecture's refusal of ``config`` (None: it holds the model).
+
+    GPT models are tried against every GPT architecture; another model type against
+    its own (:func:`hf_architecture_for`).
+    """
+    if config.type == "gpt":
+        candidates: tuple[str, ...] = GPT_ARCHITECTURES
+    else:
+        try:
+            candidates = (hf_architecture_for(config),)
+        except ConversionError:
+            return {}
+    out: dict[str, str | None] = {}
+    for arch in candidates:
+        try:
+            EXPORTERS[arch][0](config)
+        except ConversionError as exc:
+            out[arch] = str(exc)
+        else:
+            out[arch] = None
+    return out
+
+
+def hf_architectures_holding(config: ModelConfig) -> list[str]:
+    """The Hugging Face architectures whose exporter accepts ``config`` (:data:`EXPORTERS` order)."""
+    return [arch for arch, refusal in _export_refusals(config).items() if refusal is None]
+
+
+def _what_holds_it(config: ModelConfig, refused: str) -> str:
+    """The end of a refused export's message: the architectures that hold the model, or
+    (none does) what each family of its kind (dense or mixture of experts) lacks."""
+    refusals = _export_refusals(config)
+    holders = [a for a, why in refusals.items() if why is None and a != refused]
+    if holders:
+        names = " or ".join(repr(a) for a in holders)
+        return f"the model fits {names} (epochal convert --hf-architecture {holders[0]})"
+    moe = config.num_experts is not None
+    others = [
+        why.removeprefix("cannot export to ")
+        for a, why in refusals.items()
+        if why is not None and a != refused and (a in hf_moe.MOE_FAMILIES) == moe and a != "gpt2"
+    ]
+    return "no Hugging Face architecture epochal exports holds this model" + (
+        " (" + "; ".join(others) + ")" if others else ""
     )
 
 
@@ -489,12 +517,20 @@ def save_hf_checkpoint(
 
     Raises:
         ConversionError: the model has no such Hugging Face architecture (e.g. a
-            model of another type than ``architecture``), or ``tokenizer_file`` is
-            unreadable or lacks one of the ids.
+            model of another type than ``architecture``), a token id outside
+            ``[0, vocab_size)``, or ``tokenizer_file`` is unreadable or lacks one of the ids.
         FileExistsError: the folder exists and ``overwrite`` is false.
     """
     from safetensors.torch import save_file
 
+    given = {"bos_token_id": bos_token_id, "eos_token_id": eos_token_id}
+    for name, value in {**given, "pad_token_id": pad_token_id}.items():
+        ids = value if isinstance(value, list) else [] if value is None else [value]
+        if any(not 0 <= i < config.vocab_size for i in ids):
+            raise ConversionError(
+                f"{name}={value!r} is not an id of the model's {config.vocab_size}-id vocabulary "
+                f"(epochal convert --{name.replace('_', '-')} sets it)"
+            )
     tokenizer_files: dict[str, str] = {}
     if tokenizer_file is not None:
         tokenizer_files = hf_tokenizer_files(
@@ -518,7 +554,10 @@ def save_hf_checkpoint(
                 f"architecture={arch!r} does not fit model.type={config.type!r} "
                 f"(transformer_block_type={config.transformer_block_type!r}); use '{expected}'"
             )
-    hf_config = write_config(config)
+    try:
+        hf_config = write_config(config)
+    except ConversionError as exc:
+        raise ConversionError(f"{exc}; {_what_holds_it(config, arch)}") from None
     state = complete_tied(config, state)
     check_shapes(state, config, "model state")
     out_dtype = dtype or state["tok_embeddings.weight"].dtype

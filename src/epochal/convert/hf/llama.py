@@ -271,8 +271,7 @@ def decoder_export_problems(config: ModelConfig, *, moe: bool = False) -> list[s
     problems = []
     if config.num_experts is not None and not moe:
         problems.append(
-            f"num_experts={config.num_experts} (a mixture of experts: export as mixtral, "
-            "qwen2_moe or qwen3_moe)"
+            f"num_experts={config.num_experts} (a mixture of experts; this family is dense)"
         )
     if config.type != "gpt":
         problems.append(f"model.type={config.type!r} (needs a GPT decoder)")
@@ -328,14 +327,13 @@ def llama_config_from_ours(
     if config.qkv_bias != config.add_bias_linear:
         problems.append(
             f"add_qkv_bias={config.qkv_bias} differs from add_bias_linear={config.add_bias_linear} "
-            "(Llama's attention_bias covers q, k, v and o together; export as qwen2)"
+            "(Llama's attention_bias covers q, k, v and o together)"
         )
     if config.qk_layernorm:
-        problems.append("qk_layernorm=True (Llama has no QK-norm; export as qwen3)")
+        problems.append("qk_layernorm=True (Llama has no QK-norm)")
     if config.sliding_window is not None:
         problems.append(
-            f"sliding_window={config.sliding_window} (Llama attends to every earlier token; "
-            "export as mistral)"
+            f"sliding_window={config.sliding_window} (Llama attends to every earlier token)"
         )
     if problems:
         raise ConversionError("cannot export to Llama: " + "; ".join(problems))

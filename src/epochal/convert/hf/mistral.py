@@ -69,7 +69,7 @@ def mistral_config_from_ours(
             "(Mistral has no biases)"
         )
     if config.qk_layernorm:
-        problems.append("qk_layernorm=True (Mistral has no QK-norm; export as qwen3)")
+        problems.append("qk_layernorm=True (Mistral has no QK-norm)")
     if problems:
         raise ConversionError("cannot export to Mistral: " + "; ".join(problems))
     return {

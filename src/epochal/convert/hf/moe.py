@@ -204,7 +204,7 @@ def moe_config_from_ours(
     architecture, family = MOE_FAMILIES[model_type]
     problems = decoder_export_problems(config, moe=True)
     if config.num_experts is None:
-        problems.append("num_experts is not set (a dense model; export as llama, qwen2 or qwen3)")
+        problems.append(f"num_experts is not set (a dense model; {family} is a mixture of experts)")
         raise ConversionError(f"cannot export to {family}: " + "; ".join(problems))
     pattern = moe_layer_pattern(config.moe_layer_freq, config.num_layers)
     qwen3 = model_type == "qwen3_moe"
@@ -219,10 +219,19 @@ def moe_config_from_ours(
         )
     shared = config.moe_shared_expert_intermediate_size
     if model_type == "qwen2_moe":
-        if shared is None or not config.moe_shared_expert_gate:
-            problems.append("no gated shared expert (Qwen2-MoE has one; export as qwen3_moe)")
+        if shared is None:
+            problems.append(
+                "moe_shared_expert_intermediate_size is not set (Qwen2-MoE has a shared expert)"
+            )
+        elif not config.moe_shared_expert_gate:
+            problems.append(
+                "moe_shared_expert_gate=False (Qwen2-MoE gates its shared expert by "
+                "sigmoid(shared_expert_gate(x)))"
+            )
     elif shared is not None:
-        problems.append(f"a shared expert ({family} has none; export as qwen2_moe)")
+        problems.append(
+            f"moe_shared_expert_intermediate_size={shared} (a shared expert; {family} has none)"
+        )
     if model_type == "mixtral":
         if config.moe_router_pre_softmax:
             problems.append("moe_router_pre_softmax=True (Mixtral renormalises the top-k)")

@@ -123,7 +123,7 @@ def qwen2_config_from_ours(
             "(Qwen2 has biases on q, k and v only)"
         )
     if config.qk_layernorm:
-        problems.append("qk_layernorm=True (Qwen2 has no QK-norm; export as qwen3)")
+        problems.append("qk_layernorm=True (Qwen2 has no QK-norm)")
     if problems:
         raise ConversionError("cannot export to Qwen2: " + "; ".join(problems))
     return {

@@ -25,7 +25,9 @@ Writing (:func:`save_epochal_checkpoint`) produces a run directory holding one
 model-only checkpoint ``checkpoints/step_0000000`` in the trainer's layout
 (DCP tensors under ``model.``, ``trainer_state.json`` with ``"model_only":
 true`` and the model config, ``config.toml`` with the resolved ``[model]``
-table), written to a temporary name and renamed. It has no optimizer state, so
+table; the source's BOS / EOS / PAD ids as ``token_ids``, so that an export
+of it writes those and not a tokenizer rebuilt from defaults), written to a temporary
+name and renamed. It has no optimizer state, so
 the trainer cannot *resume* from it; ``epochal generate`` and ``epochal convert``
 read it, and its ``config.toml`` is a starting point for fine-tuning.
 :func:`save_consolidated` writes the single-file export for inference.
@@ -63,6 +65,7 @@ __all__ = [
 META_MODEL_CONFIG = "epochal_model_config"
 META_STEP = "epochal_step"
 META_RUN_CONFIG = "epochal_run_config"
+META_TOKEN_IDS = "epochal_token_ids"
 
 
 @dataclass
@@ -76,6 +79,8 @@ class EpochalCheckpoint:
             consolidated file: the folder holding it).
         step: the training step of that checkpoint.
         run_config: the parsed ``config.toml`` (a dict), or None.
+        token_ids: a model-only checkpoint's ``{"bos", "eos", "pad"}`` ids recorded by
+            :func:`save_epochal_checkpoint` (each None, an id, or for EOS a list), else None.
     """
 
     config: ModelConfig
@@ -83,6 +88,7 @@ class EpochalCheckpoint:
     folder: Path
     step: int
     run_config: dict[str, Any] | None
+    token_ids: dict[str, Any] | None = None
 
 
 def find_step_folder(path: str | os.PathLike) -> Path:
@@ -187,8 +193,8 @@ def run_tokenizer(ck: EpochalCheckpoint) -> Any:
     convert``, files that moved): the tokenizer is optional for conversion and
     generation, which then ask for ``--tokenizer-type``/``--prompt-ids``.
     """
-    if not ck.run_config or "data" not in ck.run_config:
-        return None
+    if not ck.run_config or "data" not in ck.run_config or ck.token_ids is not None:
+        return None  # a converted model records its source's ids, not a tokenizer
     from epochal.train.config import config_from_saved
 
     try:
@@ -231,7 +237,7 @@ def load_epochal_checkpoint(
         return _load_consolidated(Path(path), vocab_size)
     folder = find_step_folder(path)
     verify_checkpoint(folder)
-    config, step, run_config = _read_step_folder(folder, vocab_size)
+    config, step, run_config, token_ids = _read_step_folder(folder, vocab_size)
     metadata = SafeFileSystemReader(folder).read_metadata()
     template: dict[str, torch.Tensor] = {}
     for key, meta in metadata.state_dict_metadata.items():
@@ -258,18 +264,55 @@ def load_epochal_checkpoint(
             ) from exc
     state = _complete(config, template, str(folder))
     return EpochalCheckpoint(
-        config=config, state=state, folder=folder, step=step, run_config=run_config
+        config=config,
+        state=state,
+        folder=folder,
+        step=step,
+        run_config=run_config,
+        token_ids=token_ids,
     )
+
+
+#: the ids a model-only checkpoint records (``trainer_state.json``'s ``token_ids``)
+TOKEN_ID_KEYS = ("bos", "eos", "pad")
+
+
+def _token_ids(trainer_state: dict[str, Any], source: Path) -> dict[str, Any] | None:
+    """``trainer_state.json``'s ``token_ids`` checked (None when it records none).
+
+    Raises:
+        ConversionError: not an object of ``bos`` / ``eos`` / ``pad``, each null, an id
+            >= 0 or (``eos``) a list of ids.
+    """
+    ids = trainer_state.get("token_ids")
+    if ids is None:
+        return None
+
+    def is_id(v: Any) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+    good = isinstance(ids, dict) and set(ids) <= set(TOKEN_ID_KEYS)
+    good = good and all(
+        v is None or is_id(v) or (k == "eos" and isinstance(v, list) and all(map(is_id, v)))
+        for k, v in ids.items()
+    )
+    if not good:
+        raise ConversionError(
+            f"{source}: token_ids must map bos / eos / pad to null, an id >= 0 or (eos) a "
+            f"list of ids, got {ids!r}"
+        )
+    return {k: ids.get(k) for k in TOKEN_ID_KEYS}
 
 
 def _read_step_folder(
     folder: Path, vocab_size: int | None
-) -> tuple[ModelConfig, int, dict[str, Any] | None]:
-    """``(config, step, parsed config.toml or None)`` of a ``step_*`` folder."""
+) -> tuple[ModelConfig, int, dict[str, Any] | None, dict[str, Any] | None]:
+    """``(config, step, parsed config.toml or None, token ids or None)`` of a ``step_*`` folder."""
     from epochal.train.state.trainer_state import check_trainer_state
 
     trainer_state = _read_json(folder / "trainer_state.json")
     check_trainer_state(trainer_state, str(folder / "trainer_state.json"))
+    token_ids = _token_ids(trainer_state, folder / "trainer_state.json")
     run_config = None
     if (folder / "config.toml").is_file():
         try:
@@ -278,7 +321,7 @@ def _read_step_folder(
             raise ConversionError(f"{folder / 'config.toml'}: not valid TOML ({exc})") from exc
     config = _model_config(folder, trainer_state, run_config, vocab_size)
     check_positions(config.max_position_embeddings, str(folder), "max_position_embeddings")
-    return config, int(trainer_state.get("step", 0)), run_config
+    return config, int(trainer_state.get("step", 0)), run_config, token_ids
 
 
 def _load_consolidated(file: Path, vocab_size: int | None) -> EpochalCheckpoint:
@@ -298,16 +341,23 @@ def _load_consolidated(file: Path, vocab_size: int | None) -> EpochalCheckpoint:
             config = ModelConfig.from_dict(json.loads(meta[META_MODEL_CONFIG]))
             step = int(meta.get(META_STEP, "0"))
             run_config = json.loads(meta[META_RUN_CONFIG]) if META_RUN_CONFIG in meta else None
+            ids = json.loads(meta[META_TOKEN_IDS]) if META_TOKEN_IDS in meta else None
         except (ValueError, TypeError) as exc:  # JSONDecodeError and ConfigError are ValueErrors
             raise ConversionError(f"{file}: bad epochal metadata ({exc})") from exc
+        token_ids = _token_ids({"token_ids": ids}, file)
         folder = file.parent
     else:  # export_consolidated's file: the config is in its step folder
         folder = find_step_folder(file.parent)
-        config, step, run_config = _read_step_folder(folder, vocab_size)
+        config, step, run_config, token_ids = _read_step_folder(folder, vocab_size)
     check_positions(config.max_position_embeddings, str(file), "max_position_embeddings")
     state = _complete(config, load_safetensors(file, verify=False), str(file))
     return EpochalCheckpoint(
-        config=config, state=state, folder=folder, step=step, run_config=run_config
+        config=config,
+        state=state,
+        folder=folder,
+        step=step,
+        run_config=run_config,
+        token_ids=token_ids,
     )
 
 
@@ -329,6 +379,7 @@ def save_epochal_checkpoint(
     source: str = "",
     overwrite: bool = False,
     extra_files: dict[str, str] | None = None,
+    token_ids: dict[str, Any] | None = None,
 ) -> Path:
     """Write a model-only epochal checkpoint (see the module docstring).
 
@@ -337,6 +388,8 @@ def save_epochal_checkpoint(
         state: full tensors with our names.
         run_dir: the run directory to create (``checkpoints/step_0000000`` inside).
         source: recorded in ``trainer_state.json`` (where the weights came from).
+        token_ids: the source's ``{"bos", "eos", "pad"}`` ids (missing keys: None),
+            recorded in ``trainer_state.json``; None records none.
         overwrite: replace an existing run directory.
         extra_files: file name -> text written into the run directory (a fine-tuned
             run's ``label_vocab.json``), with the rest, before the folder appears.
@@ -365,6 +418,8 @@ def save_epochal_checkpoint(
         "source": source,
         "model_config": config.to_dict(),
     }
+    if token_ids is not None:
+        trainer_state["token_ids"] = {k: token_ids.get(k) for k in TOKEN_ID_KEYS}
     tensors = {k: v.detach().to("cpu").contiguous() for k, v in state.items()}
     with atomic_directory(run_dir, overwrite=overwrite) as tmp:
         for name, text in (extra_files or {}).items():
@@ -392,6 +447,7 @@ def save_consolidated(
     source: str = "",
     dtype: torch.dtype | None = None,
     overwrite: bool = False,
+    token_ids: dict[str, Any] | None = None,
 ) -> Path:
     """Write the model as one ``.safetensors`` file for inference, written then renamed.
 
@@ -411,6 +467,8 @@ def save_consolidated(
         source: recorded in the metadata (where the weights came from).
         dtype: cast floating tensors to this dtype (default: keep).
         overwrite: replace an existing file.
+        token_ids: a model without a tokenizer of its own: its source's ``{"bos", "eos",
+            "pad"}`` ids (as :func:`save_epochal_checkpoint` records them), or None.
 
     Returns:
         ``path``.
@@ -449,6 +507,8 @@ def save_consolidated(
     }
     if run_config is not None:
         metadata[META_RUN_CONFIG] = json.dumps(run_config, default=str)
+    if token_ids is not None:
+        metadata[META_TOKEN_IDS] = json.dumps({k: token_ids.get(k) for k in TOKEN_ID_KEYS})
     path.parent.mkdir(parents=True, exist_ok=True)
     with atomic_path(path) as tmp:
         save_file(tensors, str(tmp), metadata=metadata)
