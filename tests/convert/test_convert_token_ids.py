@@ -64,3 +64,17 @@ def test_a_bad_token_ids_record_is_refused_naming_the_file(tmp_path):
     (state.parent / MANIFEST).write_bytes(build_manifest(state.parent))  # a consistent folder
     with pytest.raises(ConversionError, match=r"trainer_state\.json: token_ids must map"):
         load_epochal_checkpoint(tmp_path / "ep")
+
+
+def test_a_model_only_esm_checkpoint_exports_esm2s_ids(tmp_path):
+    """A model-only ESM-2 checkpoint (no recorded ids) exports its alphabet's special ids:
+    ``config.json``'s ids are those ``transformers``' tokenizer of the export reads."""
+    from tests.train.finetune_data import pretrained_esm
+
+    run = pretrained_esm(tmp_path / "esm")
+    assert main(["convert", str(run), str(tmp_path / "hf"), "--to", "hf"]) == 0
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
+    assert config["eos_token_id"] == tokenizer.eos_token_id
+    assert config["pad_token_id"] == tokenizer.pad_token_id
+    assert config["eos_token_id"] < config["vocab_size"]

@@ -172,10 +172,14 @@ def tokenizer_for_run(train_config: Any, source: str = "config.toml") -> Any:
     Raises:
         ConversionError: the tokenizer cannot be built (names ``source``).
     """
+    from epochal.train.inputs.corpus import prepare_corpus, tokenizer_from_config
+    from epochal.train.inputs.recorded_tokenizer import with_resolved_tokenizer
+
     data = train_config.data
     if data.mock and not data.corpus and train_config.model.type != "esm":
         return None  # Megatron's mock GPT data has no tokenizer; ESM's mock proteins have ESM-2's
-    from epochal.train.inputs.corpus import prepare_corpus, tokenizer_from_config
+    if not data.corpus:  # the tokenizer the trainer resolves an unset type to (ESM-2's for ESM)
+        data = with_resolved_tokenizer(train_config).data
 
     try:
         if data.corpus:
