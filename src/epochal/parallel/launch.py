@@ -24,10 +24,13 @@ every rank did.
 
 Exit: :func:`init_distributed` registers an ``atexit`` handler that destroys the
 default process group (and every group made from it) while the interpreter is
-still whole. Without it, gloo's worker threads can outlive Python's finalization
-and abort the process ("terminate called without an active exception", SIGABRT)
-after the program itself has finished; PyTorch asks programs to call
-``destroy_process_group`` themselves. A program that already did is left alone.
+still whole, then waits until gloo's worker threads are idle
+(:func:`wait_for_idle_gloo_threads`). A gloo worker frees a finished collective's
+work after it has woken the caller; freeing its tensors takes the GIL, and a thread
+that asks for the GIL once Python has begun to finalize is ended by the
+interpreter, which aborts the whole process ("terminate called without an active
+exception", SIGABRT) after the program itself has finished. A program that
+destroyed its groups already is left alone, and its threads are waited for too.
 
 Logs: only global rank 0 prints (:func:`is_logging_rank`); the other ranks run
 silently unless they fail (their tracebacks reach ``torchrun``'s output).
@@ -42,6 +45,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
@@ -352,9 +356,57 @@ def init_distributed(config: ParallelConfig, device_name: str = "auto") -> Distr
 
 
 def _destroy_process_group_at_exit() -> None:
-    """Destroy the default process group if the program left it open (module docstring)."""
+    """Destroy the default process group if the program left it open, then let gloo's
+    threads finish (module docstring)."""
     if dist.is_initialized():
         dist.destroy_process_group()
+    wait_for_idle_gloo_threads()
+
+
+#: the name (``/proc/<pid>/task/<tid>/comm``) of gloo's collective worker threads
+GLOO_WORKER_THREAD = "pt_gloo_runloop"
+
+
+def wait_for_idle_gloo_threads(
+    limit_s: float = 2.0, poll_s: float = 0.005, quiet_polls: int = 3
+) -> bool:
+    """Wait (at most ``limit_s`` seconds) until every gloo worker thread of this process sleeps.
+
+    Each poll sleeps ``poll_s`` seconds, which releases the GIL, so a worker waiting
+    for it to free a finished collective's tensors gets it; the threads count as idle
+    once ``quiet_polls`` polls in a row found all of them sleeping (``S`` in
+    ``/proc/self/task/*/stat``). Linux only; elsewhere it returns at once.
+
+    Returns:
+        True if the threads were idle (or there are none), False at the time limit.
+    """
+    tasks = "/proc/self/task"
+    if not os.path.isdir(tasks):
+        return True
+    deadline = time.monotonic() + limit_s
+    quiet = 0
+    while quiet < quiet_polls:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(poll_s)
+        quiet = quiet + 1 if _gloo_workers_sleep(tasks) else 0
+    return True
+
+
+def _gloo_workers_sleep(tasks: str) -> bool:
+    """Whether every gloo worker thread listed under ``tasks`` is in the sleeping state."""
+    for tid in os.listdir(tasks):
+        try:
+            with open(f"{tasks}/{tid}/comm") as comm:
+                if comm.read().strip() != GLOO_WORKER_THREAD:
+                    continue
+            with open(f"{tasks}/{tid}/stat") as stat:  # "pid (comm) state ..."
+                state = stat.read().rpartition(")")[2].split()[0]
+        except (OSError, IndexError):  # the thread ended meanwhile
+            continue
+        if state != "S":
+            return False
+    return True
 
 
 def is_logging_rank() -> bool:
