@@ -95,7 +95,7 @@ class WithSegments:
 
     ``types``: 0 on the first half, 1 on the second; ``is_random``: ``i % 2``;
     the last ``tokens[1] % 3`` positions become padding (id 1, ``padding_mask`` 0,
-    not predicted).
+    not predicted); the ids are under Megatron's key, ``text``.
     """
 
     def __init__(self, base: Any) -> None:
@@ -114,6 +114,7 @@ class WithSegments:
         pad_outside(item, real)
         item["types"] = (torch.arange(s) >= s // 2).long()
         item["is_random"] = torch.tensor(int(i) % 2)
+        item["text"] = item.pop("tokens")  # Megatron's key for the ids (BertDataset's)
         return item
 
 

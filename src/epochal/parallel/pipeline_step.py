@@ -198,8 +198,9 @@ class PipelineSteps:
         args: list[torch.Tensor] = []
         kwargs: dict[str, torch.Tensor] = {}
         target = None
+        input_ids = step.input_ids if step is not None else (lambda mb: mb["tokens"])
         if self.has_first_stage:
-            args.append(torch.cat([mb["tokens"] for mb in micro_batches]))
+            args.append(torch.cat([input_ids(mb) for mb in micro_batches]))
         if step is not None and micro_batches:
             # What every stage's forward takes besides tokens / hidden states.
             per_mb = [step.stage_kwargs(mb) for mb in micro_batches]
@@ -213,7 +214,7 @@ class PipelineSteps:
             kwargs[DROPOUT_SEED_KWARG] = torch.tensor(list(seeds), device=self.device)
         losses: list[torch.Tensor] | None = None
         if self.has_last_stage and step is not None:
-            sizes = [int(mb["tokens"].shape[0]) for mb in micro_batches]
+            sizes = [int(input_ids(mb).shape[0]) for mb in micro_batches]
             target = torch.repeat_interleave(
                 torch.arange(n, device=self.device), torch.tensor(sizes, device=self.device)
             )

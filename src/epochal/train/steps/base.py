@@ -109,6 +109,13 @@ class TrainStep:
     #: the micro-batches, for :meth:`stage_kwargs` (e.g. BERT's padding mask).
     every_stage_reads_batches: bool = False
 
+    def input_ids(self, micro_batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The token ids ``[b, s]`` the first pipeline stage embeds (default ``tokens``).
+
+        Only used under pipeline parallelism, where the schedule feeds the first stage.
+        """
+        return micro_batch["tokens"]
+
     def stage_kwargs(self, micro_batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Keyword inputs of every pipeline stage's forward besides the tokens / hidden states.
 

@@ -137,6 +137,10 @@ class BertTrainStep(TrainStep):
 
     every_stage_reads_batches = True  # the padding mask masks attention on every stage
 
+    def input_ids(self, micro_batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The first pipeline stage's ids: Megatron's ``text`` or BioNeMo's ``tokens`` (:meth:`get_batch`)."""
+        return self.get_batch(iter([micro_batch]))[0]
+
     def stage_kwargs(self, micro_batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """``token_types`` (first stage; ignored by later ones) and ``padding_mask`` (every stage)."""
         _, types, _, _, _, padding, *_ = self.get_batch(iter([micro_batch]))
