@@ -160,3 +160,28 @@ def test_megatron_flags_are_accepted(tmp_path, capsys):
         with pytest.raises(SystemExit):
             run_cli(tmp_path, "--input", str(path), flag, value)
         assert flag in capsys.readouterr().err
+
+
+def _sigterm_action() -> str:
+    import signal
+
+    return "default" if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL else "inherited"
+
+
+def test_pool_workers_stop_on_sigterm_whatever_their_parent_handles():
+    """``--max-documents`` ends the pool with ``Pool.terminate`` (SIGTERM to each worker).
+    A forked worker must not keep its parent's SIGTERM handler (a trainer's preemption
+    handler, a test runner's): delivered to one of the worker's other threads, the handler
+    never interrupts its main thread, blocked on a queue lock the terminating pool holds,
+    and the command never returns."""
+    import multiprocessing
+    import signal
+
+    from epochal.data.indexed.preprocess_encoding import init_worker
+
+    before = signal.signal(signal.SIGTERM, lambda *args: None)
+    try:
+        with multiprocessing.get_context("fork").Pool(1, init_worker, (None,)) as pool:
+            assert pool.apply(_sigterm_action) == "default"
+    finally:
+        signal.signal(signal.SIGTERM, before)

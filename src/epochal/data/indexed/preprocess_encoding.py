@@ -11,6 +11,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import signal
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import chain
@@ -293,8 +294,15 @@ _WORKER_ENCODER: ChunkEncoder | None = None  # set once per worker process by in
 
 
 def init_worker(encoder: ChunkEncoder) -> None:
-    """Pool initializer: keep the encoder for this worker process, one core per worker."""
+    """Pool initializer: keep the encoder for this worker process, one core per worker.
+
+    SIGTERM gets its default action back: ``Pool.terminate`` (how an early stop, e.g.
+    ``--max-documents``, ends the pool) stops workers with it, and a forked worker
+    would otherwise keep a handler of its parent's (a trainer's preemption handler, a
+    test runner's) and could outlive the pool, waiting on a queue lock the pool holds.
+    """
     global _WORKER_ENCODER
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # each worker is one process on one core
     _WORKER_ENCODER = encoder
 
