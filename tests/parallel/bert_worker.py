@@ -84,7 +84,8 @@ PAIRS = [  # Megatron-style pairs: token types, the binary head, padding; origin
 
 def pad_outside(item: dict[str, Any], real: Any) -> None:
     """Make the tokens outside the bool ``real`` ``[s]`` padding (id 1, not predicted), in place."""
-    item["tokens"] = item["tokens"].masked_fill(~real, 1)
+    key = "text" if "text" in item else "tokens"  # Megatron's key for the ids, or BioNeMo's
+    item[key] = item[key].masked_fill(~real, 1)
     item["labels"] = item["labels"].masked_fill(~real, -100)
     item["loss_mask"] = item["loss_mask"] & real
     item["padding_mask"] = real.long()
@@ -146,8 +147,9 @@ class VariableLengths:
         import torch
 
         item = dict(self.base[i])
-        s = item["tokens"].shape[0]
-        pad = (int(item["tokens"][2]) + int(i)) % (s // 2)
+        ids = item["text"] if "text" in item else item["tokens"]  # Megatron's key or BioNeMo's
+        s = ids.shape[0]
+        pad = (int(ids[2]) + int(i)) % (s // 2)
         real = torch.arange(s) < s - pad
         if "padding_mask" in item:
             real &= item["padding_mask"].bool()
