@@ -76,7 +76,8 @@ class Check:
         note: shown in parentheses after the range, e.g. the unit (``"tokens"``).
         what: the noun of the message instead of the type's (``"an integer"``; floats
             have none unless they have no bounds: ``"a number"``).
-        text: the whole allowed-range phrase instead of the one built from the above.
+        text: a number's whole allowed-values phrase (``None`` included) instead of the one
+            built from the above, e.g. ``"> 0 (or unset: the detected GPU's)"``.
         group: the name a section passes to :func:`check_fields` to check this field
             (fields that apply only to some configurations, e.g. ``"t5"``).
     """
@@ -143,7 +144,9 @@ def _allowed(value: Any, annotation: Any, spec: Check) -> str:
         ok, phrase = isinstance(value, str), "a string"
     elif tp is int or tp is float:
         ok = (is_int(value) if tp is int else is_real(value)) and _within(value, spec)
-        phrase = spec.text or _range_phrase(tp, spec)
+        if spec.text:
+            return "" if ok else spec.text
+        phrase = _range_phrase(tp, spec)
         if optional:  # the meaning of None first: "None (a dense model) or an integer >= 1"
             phrase = f"None ({spec.none}) or {phrase}" if spec.none else f"None or {phrase}"
             optional = False
