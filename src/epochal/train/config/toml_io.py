@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from epochal._checks import is_int, is_real, require
 from epochal.model.config import ConfigError
+from epochal.train.config.merge import deep_merge
 from epochal.train.config.tree import TrainConfig
 
 __all__ = [
@@ -155,16 +156,6 @@ def config_from_saved(values: dict[str, Any]) -> TrainConfig:
     if isinstance(sched, dict) and sched.get("lr_warmup_fraction") is not None:
         sched["lr_warmup_iters"] = 0
     return config_from_dict(values)
-
-
-def _deep_merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for k, v in update.items():
-        if isinstance(v, dict) and isinstance(out.get(k), dict):
-            out[k] = _deep_merge(out[k], v)
-        else:
-            out[k] = v
-    return out
 
 
 def parse_overrides(overrides: list[str]) -> dict[str, Any]:
@@ -345,7 +336,7 @@ def _read_toml(path: Path) -> dict[str, Any]:
 def _resolve(preset_values: dict[str, Any], explicit: dict[str, Any]) -> TrainConfig:
     values = copy.deepcopy(preset_values)
     preset_gives_way(values, explicit)
-    return config_from_dict(_deep_merge(values, explicit))
+    return config_from_dict(deep_merge(values, explicit))
 
 
 def build_config(
@@ -400,12 +391,12 @@ def build_config(
     from_file: dict[str, Any] = _read_toml(Path(config_file)) if config_file is not None else {}
     explicit = from_file
     if init_model is not None:
-        explicit = _deep_merge(explicit, parse_overrides(init_model))
+        explicit = deep_merge(explicit, parse_overrides(init_model))
     if overrides:
-        explicit = _deep_merge(explicit, parse_overrides(overrides))
+        explicit = deep_merge(explicit, parse_overrides(overrides))
     values = copy.deepcopy(preset_values)
     notes = preset_gives_way(values, explicit, from_checkpoint=init_model is not None)
-    merged = _deep_merge(values, explicit)
+    merged = deep_merge(values, explicit)
     if init_model is not None:
         notes += _fit_positions(merged, explicit)
     config = config_from_dict(merged)
