@@ -6,7 +6,9 @@ where one exists (``num_query_groups``, ``kv_channels``, ``ffn_hidden_size``,
 that a Megatron ``args`` namespace maps onto it field by field.
 
 Every invalid value raises :class:`ConfigError` (a ``ValueError``) whose message
-starts with the option name and states the allowed range.
+starts with the option name and states the allowed range: each field's type and range
+come from its annotation and :func:`~epochal._checks.checked` metadata, the rules between
+fields from :mod:`epochal.model.config_validation`.
 """
 
 from __future__ import annotations

@@ -75,7 +75,15 @@ class ModelConfigChecks:
     """The rules of :class:`~epochal.model.config.ModelConfig` (a mixin: no fields of its own)."""
 
     def validate(self) -> None:
-        """Check every field; raise :class:`ConfigError` naming the first bad one."""
+        """Check each field's type and range, then the rules between fields.
+
+        The fields of the ``"t5"``, ``"head"`` and ``"moe"`` groups are checked only for the
+        configurations that use them (model.type ``"t5"``; an encoder or a classifier head;
+        ``num_experts`` set); elsewhere they must stay at their defaults.
+
+        Raises:
+            ConfigError: naming the first bad field.
+        """
         check_fields(self)
         heads = self.num_attention_heads
         g = self.num_query_groups
