@@ -295,3 +295,46 @@ def test_end_of_input_writes_nothing(tmp_path):
     assert proc.returncode == 1
     assert f"stopped; {out} not written" in proc.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def test_both_wizards_ask_one_set_of_layout_questions_and_write_their_own_format():
+    from epochal.commands import config as toml_wizard
+    from epochal.commands import config_accelerate as yaml_wizard
+    from epochal.commands.wizard import layout_questions
+    from epochal.train.config.answers import config_from_answers
+
+    toml_questions = {q.key: q for q in toml_wizard.questions()}
+    yaml_questions = {q.key: q for q in yaml_wizard.questions()}
+    sample = {"nodes": 1, "tensor_parallel": 2, "data_parallel": 1}
+    for key, q in layout_questions().items():
+        asked = (toml_questions[key], yaml_questions[key])
+        assert {a.prompt for a in asked} == {q.prompt}, key
+        assert {a.ask_if(sample) for a in asked} == {q.ask_if(sample)}, key
+        assert {repr(a.parse(q.default({"preset": "tiny"}))) for a in asked} == {
+            repr(q.parse(q.default({})))
+        }, key
+    layout = {
+        "nodes": 1,
+        "tensor_parallel": 2,
+        "sequence_parallel": True,
+        "pipeline_parallel": 1,
+        "data_parallel": 1,
+        "selective_recompute": True,
+        "clip_grad": 0.5,
+        "precision": "no",
+    }
+    # the TOML keeps epochal's names ([parallel] options of the same names) ...
+    config = config_from_answers({"preset": "tiny", **layout})
+    assert (config.parallel.tensor_parallel, config.parallel.sequence_parallel) == (2, True)
+    assert config.parallel.recompute_granularity == "selective"
+    assert config.optimizer.clip_grad == 0.5
+    # ... and the YAML Accelerate's
+    spec = yaml_wizard.launch_config_from({**layout, "micro_batches": 1, "cpu": True})
+    assert spec.num_processes == 2 and spec.megatron == {
+        "megatron_lm_tp_degree": 2,
+        "megatron_lm_pp_degree": 1,
+        "megatron_lm_num_micro_batches": 1,
+        "megatron_lm_sequence_parallelism": True,
+        "megatron_lm_recompute_activations": True,
+        "megatron_lm_gradient_clipping": 0.5,
+    }

@@ -34,6 +34,7 @@ a checkpoint or a converted model is refused even with ``--overwrite``
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -44,9 +45,9 @@ from epochal.commands.wizard import (
     Question,
     _choice,
     _Invalid,
-    _non_negative_float,
     _positive_int,
-    _yes_no,
+    ask,
+    layout_questions,
 )
 from epochal.train.config.answers import answers_world_size, launch_commands, preset_value
 
@@ -65,10 +66,6 @@ def _data_answer(text: str) -> str:
     if not text.strip():
         raise _Invalid("give a data source")
     return text.strip()
-
-
-def _yn(value: bool) -> str:
-    return "yes" if value else "no"
 
 
 def _default_data(answers: dict[str, Any]) -> str:
@@ -105,9 +102,16 @@ def default_run_dir(output: str) -> str:
 
 
 def questions(output: str = DEFAULT_OUTPUT) -> list[Question]:
-    """The wizard's questions, in the order they are asked (``output``: the file to write)."""
+    """The wizard's questions, in the order they are asked (``output``: the file to write).
+
+    The layout, clipping and precision questions are :func:`~epochal.commands.wizard.layout_questions`
+    (their answers become the ``[parallel]`` options of the same names,
+    :func:`~epochal.train.config.answers.answers_overrides`); clipping and precision default
+    to the preset's.
+    """
     from epochal.train.config.presets import PRESETS
 
+    layout = layout_questions()
     return [
         Question(
             "preset",
@@ -115,21 +119,10 @@ def questions(output: str = DEFAULT_OUTPUT) -> list[Question]:
             lambda a: "tiny",
             _preset_choice,
         ),
-        Question("nodes", "How many machines (nodes)", lambda a: "1", _positive_int),
-        Question(
-            "tensor_parallel",
-            "Tensor parallel size (must divide the attention heads)",
-            lambda a: "1",
-            _positive_int,
-        ),
-        Question(
-            "sequence_parallel",
-            "Sequence parallelism (shard norms/dropout over the tensor-parallel ranks)? [yes/no]",
-            lambda a: "no",
-            _yes_no,
-            ask_if=lambda a: a["tensor_parallel"] > 1,
-        ),
-        Question("pipeline_parallel", "Pipeline parallel size", lambda a: "1", _positive_int),
+        layout["nodes"],
+        layout["tensor_parallel"],
+        layout["sequence_parallel"],
+        layout["pipeline_parallel"],
         Question(
             "pipeline_schedule",
             "Pipeline schedule (gpipe, 1f1b, interleaved_1f1b)",
@@ -144,12 +137,7 @@ def questions(output: str = DEFAULT_OUTPUT) -> list[Question]:
             _positive_int,
             ask_if=lambda a: a.get("pipeline_schedule") == "interleaved_1f1b",
         ),
-        Question(
-            "data_parallel",
-            "Data parallel size (model replicas)",
-            lambda a: "1",
-            _positive_int,
-        ),
+        layout["data_parallel"],
         Question(
             "micro_batch_size",
             "Micro-batch size (samples per forward/backward)",
@@ -162,30 +150,15 @@ def questions(output: str = DEFAULT_OUTPUT) -> list[Question]:
             _default_global_batch,
             _positive_int,
         ),
-        Question(
-            "selective_recompute",
-            "Selective activation recompute? [yes/no]",
-            lambda a: "no",
-            _yes_no,
+        layout["selective_recompute"],
+        layout["distributed_optimizer"],
+        dataclasses.replace(
+            layout["clip_grad"],
+            default=lambda a: repr(float(preset_value(a, "optimizer", "clip_grad", 1.0))),
         ),
-        Question(
-            "distributed_optimizer",
-            "Distributed optimizer (shard optimizer state over data-parallel ranks)? [yes/no]",
-            lambda a: "no",
-            _yes_no,
-            ask_if=lambda a: a["data_parallel"] > 1,
-        ),
-        Question(
-            "clip_grad",
-            "Gradient clipping max norm (0 = off)",
-            lambda a: repr(float(preset_value(a, "optimizer", "clip_grad", 1.0))),
-            _non_negative_float,
-        ),
-        Question(
-            "precision",
-            "Mixed precision (no, fp16, bf16)",
-            lambda a: "bf16" if preset_value(a, "training", "bf16", False) else "no",
-            _choice("no", "fp16", "bf16"),
+        dataclasses.replace(
+            layout["precision"],
+            default=lambda a: "bf16" if preset_value(a, "training", "bf16", False) else "no",
         ),
         Question(
             "data",
@@ -223,20 +196,6 @@ def _check(answers: dict[str, Any]):
         raise _Invalid(str(exc)) from None
 
 
-def _ask(q: Question, answers: dict[str, Any], read: Callable[[str], str]) -> Any:
-    """Ask ``q`` until the answer parses and the configuration it makes is valid."""
-    default = q.default(answers)
-    while True:
-        text = read(f"{q.prompt} [{default}]: ").strip() or default
-        try:
-            answers[q.key] = q.parse(text)
-            _check(answers)
-            return answers[q.key]
-        except _Invalid as exc:
-            answers.pop(q.key, None)
-            print(f"  invalid: {exc}; please answer again", flush=True)
-
-
 def collect(read: Callable[[str], str] | None, output: str = DEFAULT_OUTPUT) -> dict[str, Any]:
     """Ask every question (``read=None``: take every default without asking); returns the answers.
 
@@ -250,7 +209,7 @@ def collect(read: Callable[[str], str] | None, output: str = DEFAULT_OUTPUT) -> 
             answers[q.key] = q.parse(q.default(answers))
             _check(answers)  # defaults are valid; fail loudly if not
         else:
-            _ask(q, answers, read)
+            ask(q, answers, read, _check)
     return answers
 
 

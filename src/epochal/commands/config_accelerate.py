@@ -28,22 +28,22 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable
 from typing import Any
 
 from epochal._text import plural
 from epochal.commands.wizard import (
     Question,
-    _choice,
     _Invalid,
-    _non_negative_float,
     _positive_int,
     _yes_no,
+    ask,
+    layout_questions,
 )
 
 __all__ = [
     "DEFAULT_YAML",
     "FLAGS",
+    "YAML_KEYS",
     "add_arguments",
     "given_flags",
     "launch_config_from",
@@ -58,93 +58,92 @@ def _non_negative_int(text: str) -> int:
     return _positive_int(str(int(text) + 1)) - 1 if text.strip().isdigit() else _positive_int(text)
 
 
+def _several_machines(answers: dict[str, Any]) -> bool:
+    return answers["nodes"] > 1
+
+
 def questions() -> list[Question]:
-    """The questions, in the order they are asked."""
+    """The questions, in the order they are asked.
+
+    The layout, clipping and precision questions are
+    :func:`~epochal.commands.wizard.layout_questions` (``epochal config``'s too);
+    :func:`launch_config_from` writes their answers under Accelerate's names (:data:`YAML_KEYS`).
+    """
+    layout = layout_questions()
     return [
-        Question("num_machines", "How many machines (nodes)", lambda a: "1", _positive_int),
+        layout["nodes"],
         Question(
             "machine_rank",
             "This machine's rank (0 = the main one)",
             lambda a: "0",
             _non_negative_int,
-            ask_if=lambda a: a["num_machines"] > 1,
+            ask_if=_several_machines,
         ),
         Question(
             "main_process_ip",
             "The main machine's IP address",
             lambda a: "127.0.0.1",
             str.strip,
-            ask_if=lambda a: a["num_machines"] > 1,
+            ask_if=_several_machines,
         ),
         Question(
             "main_process_port",
             "The main machine's port",
             lambda a: "29500",
             _positive_int,
-            ask_if=lambda a: a["num_machines"] > 1,
+            ask_if=_several_machines,
         ),
-        Question("tp", "Tensor parallel degree", lambda a: "1", _positive_int),
-        Question(
-            "sp",
-            "Sequence parallelism? [yes/no]",
-            lambda a: "no",
-            _yes_no,
-            ask_if=lambda a: a["tp"] > 1,
-        ),
-        Question("pp", "Pipeline parallel degree", lambda a: "1", _positive_int),
-        Question("dp", "Data parallel degree (model replicas)", lambda a: "1", _positive_int),
+        layout["tensor_parallel"],
+        layout["sequence_parallel"],
+        layout["pipeline_parallel"],
+        layout["data_parallel"],
         Question("micro_batches", "Number of micro-batches per step", lambda a: "1", _positive_int),
-        Question(
-            "recompute", "Selective activation recomputation? [yes/no]", lambda a: "no", _yes_no
-        ),
-        Question(
-            "distributed_optimizer",
-            "Distributed optimizer (shard optimizer state over data-parallel ranks)? [yes/no]",
-            lambda a: "no",
-            _yes_no,
-            ask_if=lambda a: a["dp"] > 1,
-        ),
-        Question(
-            "clip", "Gradient clipping max norm (0 = off)", lambda a: "1.0", _non_negative_float
-        ),
-        Question(
-            "precision",
-            "Mixed precision (no, fp16, bf16)",
-            lambda a: "no",
-            _choice("no", "fp16", "bf16"),
-        ),
+        layout["selective_recompute"],
+        layout["distributed_optimizer"],
+        layout["clip_grad"],
+        layout["precision"],
         Question("cpu", "Train on the CPU (gloo)? [yes/no]", lambda a: "no", _yes_no),
     ]
 
 
+#: answer -> the key of Accelerate's ``megatron_lm_config`` it is written under
+YAML_KEYS: dict[str, str] = {
+    "tensor_parallel": "megatron_lm_tp_degree",
+    "pipeline_parallel": "megatron_lm_pp_degree",
+    "micro_batches": "megatron_lm_num_micro_batches",
+    "sequence_parallel": "megatron_lm_sequence_parallelism",
+    "selective_recompute": "megatron_lm_recompute_activations",
+    "distributed_optimizer": "megatron_lm_use_distributed_optimizer",
+    "clip_grad": "megatron_lm_gradient_clipping",
+}
 #: question -> its flags (the first is shown in messages; the others are aliases)
 FLAGS: dict[str, tuple[str, ...]] = {
-    "num_machines": ("--num_machines",),
+    "nodes": ("--num_machines",),
     "machine_rank": ("--machine_rank",),
     "main_process_ip": ("--main_process_ip",),
     "main_process_port": ("--main_process_port",),
-    "tp": ("--tp", "--megatron_lm_tp_degree"),
-    "sp": ("--sequence_parallelism", "--megatron_lm_sequence_parallelism"),
-    "pp": ("--pp", "--megatron_lm_pp_degree"),
-    "dp": ("--dp",),
+    "tensor_parallel": ("--tp", "--megatron_lm_tp_degree"),
+    "sequence_parallel": ("--sequence_parallelism", "--megatron_lm_sequence_parallelism"),
+    "pipeline_parallel": ("--pp", "--megatron_lm_pp_degree"),
+    "data_parallel": ("--dp",),
     "micro_batches": ("--num_micro_batches", "--megatron_lm_num_micro_batches"),
-    "recompute": ("--recompute_activations", "--megatron_lm_recompute_activations"),
+    "selective_recompute": ("--recompute_activations", "--megatron_lm_recompute_activations"),
     "distributed_optimizer": (
         "--use_distributed_optimizer",
         "--megatron_lm_use_distributed_optimizer",
     ),
-    "clip": ("--gradient_clipping", "--megatron_lm_gradient_clipping"),
+    "clip_grad": ("--gradient_clipping", "--megatron_lm_gradient_clipping"),
     "precision": ("--mixed_precision",),
     "cpu": ("--cpu",),
 }
-_YES_NO = ("sp", "recompute", "distributed_optimizer", "cpu")
-_METAVARS = {"main_process_ip": "IP", "clip": "NORM", "precision": "{no,fp16,bf16}"}
+_YES_NO = ("sequence_parallel", "selective_recompute", "distributed_optimizer", "cpu")
+_METAVARS = {"main_process_ip": "IP", "clip_grad": "NORM", "precision": "{no,fp16,bf16}"}
 #: when a conditional question is asked
 _APPLIES = {
     "machine_rank": "--num_machines > 1",
     "main_process_ip": "--num_machines > 1",
     "main_process_port": "--num_machines > 1",
-    "sp": "--tp > 1",
+    "sequence_parallel": "--tp > 1",
     "distributed_optimizer": "a data-parallel size > 1 (--dp or --num_processes)",
 }
 
@@ -193,22 +192,12 @@ def launch_config_from(answers: dict[str, Any]):
     from epochal.accelerate.yaml_config import LaunchConfig, YamlConfigError
 
     a = answers
-    machines = a.get("num_machines", 1)
+    machines = a.get("nodes", 1)
+    tp, pp = a.get("tensor_parallel", 1), a.get("pipeline_parallel", 1)
     # until the data-parallel size is known, a world that every later answer can still fit
-    world = a["tp"] * a["pp"] * a["dp"] if "dp" in a else machines * a.get("tp", 1) * a.get("pp", 1)
+    world = tp * pp * a["data_parallel"] if "data_parallel" in a else machines * tp * pp
     ip = a.get("main_process_ip") or (None if machines == 1 or "main_process_port" in a else "?")
-    megatron: dict[str, Any] = {}
-    for key, name in (
-        ("tp", "megatron_lm_tp_degree"),
-        ("pp", "megatron_lm_pp_degree"),
-        ("micro_batches", "megatron_lm_num_micro_batches"),
-        ("sp", "megatron_lm_sequence_parallelism"),
-        ("recompute", "megatron_lm_recompute_activations"),
-        ("distributed_optimizer", "megatron_lm_use_distributed_optimizer"),
-        ("clip", "megatron_lm_gradient_clipping"),
-    ):
-        if key in a:
-            megatron[name] = a[key]
+    megatron = {name: a[key] for key, name in YAML_KEYS.items() if key in a}
     spec = LaunchConfig(
         num_processes=world,
         num_machines=machines,
@@ -226,19 +215,6 @@ def launch_config_from(answers: dict[str, Any]):
     return spec
 
 
-def _ask(q: Question, answers: dict[str, Any], read: Callable[[str], str]) -> None:
-    default = q.default(answers)
-    while True:
-        text = read(f"{q.prompt} [{default}]: ").strip() or default
-        try:
-            answers[q.key] = q.parse(text)
-            launch_config_from(answers)
-            return
-        except _Invalid as exc:
-            answers.pop(q.key, None)
-            print(f"  invalid: {exc}; please answer again", flush=True)
-
-
 def _answer_from_flag(q: Question, answers: dict[str, Any], given: dict[str, str]) -> bool:
     """Answer ``q`` from its flag (True), or False when no flag gives it.
 
@@ -246,9 +222,9 @@ def _answer_from_flag(q: Question, answers: dict[str, Any], given: dict[str, str
         _Invalid: an invalid value, or answers that do not fit together (the flag named).
     """
     text = given.get(q.key)
-    if text is None and q.key == "dp" and "num_processes" in given:
+    if text is None and q.key == "data_parallel" and "num_processes" in given:
         world = _positive_int(given["num_processes"])
-        model = answers["tp"] * answers["pp"]
+        model = answers["tensor_parallel"] * answers["pipeline_parallel"]
         if world % model:
             raise _Invalid(f"--num_processes={world} is not a multiple of tp x pp = {model}")
         text, flag = str(world // model), "--num_processes"
@@ -267,7 +243,7 @@ def _answer_from_flag(q: Question, answers: dict[str, Any], given: dict[str, str
 
 def _collect(args: argparse.Namespace) -> dict[str, Any]:
     given = given_flags(args)
-    if "dp" in given and "num_processes" in given:
+    if "data_parallel" in given and "num_processes" in given:
         raise _Invalid("give --dp or --num_processes, not both")
     answers: dict[str, Any] = {}
     for q in questions():
@@ -280,7 +256,7 @@ def _collect(args: argparse.Namespace) -> dict[str, Any]:
         if args.defaults:
             answers[q.key] = q.parse(q.default(answers))
         else:
-            _ask(q, answers, input)
+            ask(q, answers, input, launch_config_from)
     return answers
 
 

@@ -6,7 +6,9 @@ where one exists (``num_query_groups``, ``kv_channels``, ``ffn_hidden_size``,
 that a Megatron ``args`` namespace maps onto it field by field.
 
 Every invalid value raises :class:`ConfigError` (a ``ValueError``) whose message
-starts with the option name and states the allowed range.
+starts with the option name and states the allowed range: each field's type and range
+come from its annotation and :func:`~epochal._checks.checked` metadata, the rules between
+fields from :mod:`epochal.model.config_validation`.
 """
 
 from __future__ import annotations
@@ -14,8 +16,9 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
+from epochal._checks import checked, require
 from epochal.model.config_validation import (
     ACTIVATIONS,
     ENCODER_FIELDS,
@@ -25,11 +28,23 @@ from epochal.model.config_validation import (
     ROPE_SCALING_TYPES,
     T5_FIELDS,
     TRANSFORMER_BLOCK_TYPES,
+    Activation,
     ConfigError,
     ModelConfigChecks,
-    _require,
+    ModelType,
+    Normalization,
+    PositionEmbeddingType,
+    RopeScalingType,
+    TransformerBlockType,
 )
-from epochal.model.head_options import HEAD_FIELDS, HEADS, LORA_TARGETS
+from epochal.model.head_options import (
+    HEAD_FIELDS,
+    HEADS,
+    LORA_TARGETS,
+    Head,
+    HeadTransform,
+    ResidueHead,
+)
 from epochal.model.moe_options import MOE_FIELDS
 
 __all__ = [
@@ -252,79 +267,72 @@ class ModelConfig(ModelConfigChecks):
             all); or a list of 0/1 per block (``--moe-layer-freq``).
     """
 
-    vocab_size: int
-    hidden_size: int
-    num_layers: int
-    num_attention_heads: int
-    max_position_embeddings: int
-    make_vocab_size_divisible_by: int = 128
-    padded_vocab_in_softmax: bool = True
+    vocab_size: int = checked(ge=1)
+    hidden_size: int = checked(ge=1)
+    num_layers: int = checked(ge=1)
+    num_attention_heads: int = checked(ge=1)
+    max_position_embeddings: int = checked(ge=1)
+    make_vocab_size_divisible_by: int = checked(128, ge=1)
+    padded_vocab_in_softmax: bool = checked(True)
     num_query_groups: int | None = None
-    kv_channels: int | None = None
-    ffn_hidden_size: int | None = None
-    position_embedding_type: Literal["learned_absolute", "rope", "alibi", "none", "relative"] = (
-        "learned_absolute"
-    )
-    rotary_base: float = 10000.0
-    rotary_percent: float = 1.0
-    rope_scaling_type: Literal["linear", "llama3"] | None = None
-    rope_scaling_factor: float = 1.0
-    rope_low_freq_factor: float = 1.0
+    kv_channels: int | None = checked(None, ge=1)
+    ffn_hidden_size: int | None = checked(None, ge=1)
+    position_embedding_type: PositionEmbeddingType = checked("learned_absolute")
+    rotary_base: float = checked(10000.0, gt=0)
+    rotary_percent: float = checked(1.0, gt=0, le=1)
+    rope_scaling_type: RopeScalingType | None = checked(None)
+    rope_scaling_factor: float = checked(1.0, gt=0)
+    rope_low_freq_factor: float = checked(1.0, gt=0)
     rope_high_freq_factor: float = 4.0
-    rope_original_max_position_embeddings: int = 8192
-    normalization: Literal["LayerNorm", "RMSNorm"] = "LayerNorm"
-    norm_epsilon: float = 1e-5
-    activation: Literal["gelu", "gelu_tanh", "swiglu", "relu", "gated_gelu"] = "gelu"
-    add_bias_linear: bool = True
-    add_qkv_bias: bool | None = None
-    qk_layernorm: bool = False
-    sliding_window: int | None = None
-    untie_embeddings_and_output_weights: bool = False
-    hidden_dropout: float = 0.1
-    attention_dropout: float = 0.1
-    init_method_std: float = 0.02
-    type: Literal["gpt", "bert", "esm", "t5"] = "gpt"
-    num_tokentypes: int = 0
-    bert_binary_head: bool = False
-    transformer_block_type: Literal["pre_ln", "post_ln"] = "pre_ln"
-    token_dropout: bool = False
+    rope_original_max_position_embeddings: int = checked(8192, ge=1)
+    normalization: Normalization = checked("LayerNorm")
+    norm_epsilon: float = checked(1e-5, gt=0)
+    activation: Activation = checked("gelu")
+    add_bias_linear: bool = checked(True)
+    add_qkv_bias: bool | None = checked(None)
+    qk_layernorm: bool = checked(False)
+    sliding_window: int | None = checked(None, ge=1, none="full causal attention", note="tokens")
+    untie_embeddings_and_output_weights: bool = checked(False)
+    hidden_dropout: float = checked(0.1, ge=0, lt=1)
+    attention_dropout: float = checked(0.1, ge=0, lt=1)
+    init_method_std: float = checked(0.02, gt=0)
+    type: ModelType = checked("gpt")
+    num_tokentypes: int = checked(0, ge=0)
+    bert_binary_head: bool = checked(False)
+    transformer_block_type: TransformerBlockType = checked("pre_ln")
+    token_dropout: bool = checked(False)
     mask_token_id: int | None = None
     pad_token_id: int | None = None
-    head: Literal[
-        "mlm",
-        "sequence_regression",
-        "sequence_classification",
-        "residue_classification",
-        "pooled_classifier",
-        "token_classifier",
-    ] = "mlm"
+    head: Head = checked("mlm", group="head")
     num_labels: int = 1
-    head_hidden_size: int | None = None
-    head_dropout: float = 0.25
-    residue_head: Literal["conv", "linear"] = "conv"
-    head_transform: Literal["none", "pooler", "dense_tanh"] = "none"
-    head_bias: bool = True
-    freeze_encoder: bool = False
-    lora_rank: int = 0
-    lora_alpha: float = 16.0
-    lora_dropout: float = 0.0
+    head_hidden_size: int | None = checked(None, ge=1, group="head")
+    head_dropout: float = checked(0.25, ge=0, lt=1, group="head")
+    residue_head: ResidueHead = checked("conv", group="head")
+    head_transform: HeadTransform = checked("none", group="head")
+    head_bias: bool = checked(True, group="head")
+    freeze_encoder: bool = checked(False, group="head")
+    lora_rank: int = checked(0, ge=0, group="head")
+    lora_alpha: float = checked(16.0, gt=0, group="head")
+    lora_dropout: float = checked(0.0, ge=0, lt=1, group="head")
     lora_target_modules: str = "wq,wv"
-    encoder_num_layers: int | None = None
-    decoder_num_layers: int | None = None
-    relative_attention_num_buckets: int = 32
-    relative_attention_max_distance: int = 128
-    softmax_scale: float | None = None
-    output_bias: bool = False
-    scale_decoder_output: bool = False
-    num_experts: int | None = None
+    encoder_num_layers: int | None = checked(None, ge=1, none="= num_layers", group="t5")
+    decoder_num_layers: int | None = checked(None, ge=1, none="= num_layers", group="t5")
+    relative_attention_num_buckets: int = checked(32, ge=4, even=True, group="t5")
+    relative_attention_max_distance: int = checked(128, ge=1, group="t5")
+    softmax_scale: float | None = checked(None, gt=0, none="= 1/sqrt(head_dim)", group="t5")
+    output_bias: bool = checked(False, group="t5")
+    scale_decoder_output: bool = checked(False, group="t5")
+    num_experts: int | None = checked(None, ge=1, none="a dense model", group="moe")
     moe_router_topk: int = 2
-    moe_ffn_hidden_size: int | None = None
-    moe_shared_expert_intermediate_size: int | None = None
-    moe_shared_expert_gate: bool = False
-    moe_router_pre_softmax: bool = False
-    moe_aux_loss_coeff: float = 0.0
-    moe_z_loss_coeff: float = 0.0
-    moe_expert_capacity_factor: float | None = None
+    moe_ffn_hidden_size: int | None = checked(None, ge=1, group="moe")
+    moe_shared_expert_intermediate_size: int | None = checked(None, ge=1, group="moe")
+    moe_shared_expert_gate: bool = checked(False, group="moe")
+    moe_router_pre_softmax: bool = checked(False, group="moe")
+    moe_aux_loss_coeff: float = checked(0.0, ge=0, what="a number", group="moe")
+    moe_z_loss_coeff: float = checked(0.0, ge=0, what="a number", group="moe")
+    moe_expert_capacity_factor: float | None = checked(
+        None, gt=0, none="dropless routing", what="a number", group="moe"
+    )
     moe_layer_freq: int | list[int] = 1
 
     def __post_init__(self) -> None:
@@ -458,8 +466,8 @@ class ModelConfig(ModelConfigChecks):
         fields = dataclasses.fields(cls)
         known = {f.name for f in fields}
         for key in values:
-            _require(key in known, str(key), f"unknown model option; known: {sorted(known)}")
+            require(key in known, str(key), f"unknown model option; known: {sorted(known)}")
         for f in fields:
             required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
-            _require(not required or f.name in values, f.name, "missing (a required model option)")
+            require(not required or f.name in values, f.name, "missing (a required model option)")
         return cls(**values)

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable
-from typing import Any
+import typing
+from typing import Any, Literal
+
+from epochal._checks import check_fields, is_int, require
 
 __all__ = [
     "CLASSIFIER_HEADS",
@@ -16,19 +17,23 @@ __all__ = [
 ]
 
 #: Encoder heads: the masked-LM head (pretraining) or a fine-tuning head (:mod:`epochal.model.heads`).
-HEADS = (
+Head = Literal[
     "mlm",
     "sequence_regression",
     "sequence_classification",
     "residue_classification",
     "pooled_classifier",
     "token_classifier",
-)
+]
+HEADS: tuple[str, ...] = typing.get_args(Head)
 #: Hugging Face's classification heads (:class:`epochal.model.heads.ClassifierHead`); GPT models
 #: take them too.
 CLASSIFIER_HEADS = ("pooled_classifier", "token_classifier")
 #: ``head_transform`` values: what a classifier head does before its last linear layer.
-HEAD_TRANSFORMS = ("none", "pooler", "dense_tanh")
+HeadTransform = Literal["none", "pooler", "dense_tanh"]
+HEAD_TRANSFORMS: tuple[str, ...] = typing.get_args(HeadTransform)
+#: ``residue_head`` values: the per-residue head's layers.
+ResidueHead = Literal["conv", "linear"]
 #: Projections LoRA adapters may wrap (:mod:`epochal.model.lora`).
 LORA_TARGETS = ("wq", "wk", "wv", "wo", "fc1", "fc2")
 #: Encoder fields of the fine-tuning heads and LoRA (:mod:`epochal.model.heads`).
@@ -48,68 +53,50 @@ HEAD_FIELDS = (
 )
 
 
-def _is_real(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+def validate_head(self: Any) -> None:
+    """The rules of the head / LoRA fields of ``ModelConfig`` ``self`` (their ``"head"`` group).
 
-
-def validate_head(self: Any, _require: Callable[[bool, str, str], None]) -> None:
-    """Check the head / LoRA fields of ``ModelConfig`` ``self`` (``_require(cond, option, message)`` raises)."""
-    _require(self.head in HEADS, "head", f"must be one of {HEADS}, got {self.head!r}")
+    Raises:
+        ConfigError: the first field that breaks one, named.
+    """
+    check_fields(self, "head")
     minimum = 2 if self.head.endswith("classification") else 1
-    _require(
-        isinstance(self.num_labels, int) and self.num_labels >= minimum,
+    require(
+        is_int(self.num_labels) and self.num_labels >= minimum,
         "num_labels",
         f"must be an integer >= {minimum} for head={self.head!r}, got {self.num_labels!r}",
     )
-    h = self.head_hidden_size
-    _require(h is None or h >= 1, "head_hidden_size", f"must be None or >= 1, got {h!r}")
-    for name in ("head_dropout", "lora_dropout"):
-        v = getattr(self, name)
-        _require(_is_real(v) and 0 <= v < 1, name, f"must be in [0, 1), got {v!r}")
-    _require(
-        self.residue_head in ("conv", "linear"),
-        "residue_head",
-        f"must be 'conv' or 'linear', got {self.residue_head!r}",
-    )
-    _require(
-        self.head_transform in HEAD_TRANSFORMS,
-        "head_transform",
-        f"must be one of {HEAD_TRANSFORMS}, got {self.head_transform!r}",
-    )
-    _require(isinstance(self.head_bias, bool), "head_bias", "must be true or false")
     if self.head not in CLASSIFIER_HEADS:
         for name, default in (("head_transform", "none"), ("head_bias", True)):
-            _require(
+            require(
                 getattr(self, name) == default,
                 name,
                 f"is an option of the classifier heads {CLASSIFIER_HEADS}, not head={self.head!r}",
             )
     if self.type == "gpt":
-        _require(
+        require(
             self.head in ("mlm", *CLASSIFIER_HEADS),
             "head",
             f"a GPT model takes head='mlm' (its language-model output) or one of "
             f"{CLASSIFIER_HEADS}, got {self.head!r}",
         )
         for name in ("freeze_encoder", "lora_rank"):
-            _require(not getattr(self, name), name, "is an encoder option (model.type 'bert')")
-    _require(self.lora_rank >= 0, "lora_rank", f"must be >= 0, got {self.lora_rank!r}")
-    _require(_is_real(self.lora_alpha) and self.lora_alpha > 0, "lora_alpha", "must be > 0")
+            require(not getattr(self, name), name, "is an encoder option (model.type 'bert')")
     targets = self.lora_targets
     bad = [t for t in targets if t not in LORA_TARGETS]
-    _require(
+    require(
         not bad and bool(targets),
         "lora_target_modules",
         f"must list some of {LORA_TARGETS} (comma-separated), got {self.lora_target_modules!r}",
     )
-    _require(
+    require(
         not (self.bert_binary_head and self.head != "mlm"),
         "bert_binary_head",
         f"must be false with a fine-tuning head (head={self.head!r})",
     )
     if self.head == "mlm":
         for name in ("freeze_encoder", "lora_rank"):
-            _require(
+            require(
                 not getattr(self, name),
                 name,
                 "needs a fine-tuning head (model.head), not the masked-LM head",

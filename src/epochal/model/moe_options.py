@@ -20,9 +20,9 @@ option                                   Megatron-LM flag
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable
 from typing import Any
+
+from epochal._checks import check_fields, is_int, require
 
 __all__ = ["MOE_FIELDS", "is_moe_layer", "moe_layer_pattern", "validate_moe"]
 
@@ -39,14 +39,6 @@ MOE_FIELDS = (
     "moe_expert_capacity_factor",
     "moe_layer_freq",
 )
-
-
-def _is_real(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def moe_layer_pattern(freq: int | list[int], num_layers: int) -> list[bool]:
@@ -68,81 +60,58 @@ def is_moe_layer(config: Any, layer_id: int) -> bool:
     return moe_layer_pattern(config.moe_layer_freq, config.num_layers)[layer_id]
 
 
-def validate_moe(self: Any, _require: Callable[[bool, str, str], None]) -> None:
-    """Check the MoE fields of ``ModelConfig`` ``self`` (``_require(cond, option, message)`` raises)."""
+def validate_moe(self: Any) -> None:
+    """The rules of the MoE fields of ``ModelConfig`` ``self`` (their ``"moe"`` group with experts).
+
+    Raises:
+        ConfigError: the first field that breaks one, named.
+    """
     n = self.num_experts
     if n is None:
-        defaults = {
-            "moe_ffn_hidden_size": None,
-            "moe_shared_expert_intermediate_size": None,
-            "moe_expert_capacity_factor": None,
-        }
-        for name, default in defaults.items():
-            _require(
-                getattr(self, name) == default,
+        for name in (
+            "moe_ffn_hidden_size",
+            "moe_shared_expert_intermediate_size",
+            "moe_expert_capacity_factor",
+        ):
+            require(
+                getattr(self, name) is None,
                 name,
-                f"is a mixture-of-experts option: set num_experts too, or leave it at {default!r}",
+                "is a mixture-of-experts option: set num_experts too, or leave it at None",
             )
         return
-    _require(
-        _is_int(n) and n >= 1,
-        "num_experts",
-        f"must be None (a dense model) or an integer >= 1, got {n!r}",
-    )
-    _require(
+    check_fields(self, "moe")
+    require(
         self.type == "gpt",
         "num_experts",
         f"mixture-of-experts layers are built for model.type='gpt' only, got {self.type!r}",
     )
     k = self.moe_router_topk
-    _require(
-        _is_int(k) and 1 <= k <= n,
+    require(
+        is_int(k) and 1 <= k <= n,
         "moe_router_topk",
         f"must be an integer in [1, num_experts={n}], got {k!r}",
     )
-    for name in ("moe_ffn_hidden_size", "moe_shared_expert_intermediate_size"):
-        value = getattr(self, name)
-        _require(
-            value is None or (_is_int(value) and value >= 1),
-            name,
-            f"must be None or an integer >= 1, got {value!r}",
-        )
-    for name in ("moe_shared_expert_gate", "moe_router_pre_softmax"):
-        _require(
-            isinstance(getattr(self, name), bool),
-            name,
-            f"must be true or false, got {getattr(self, name)!r}",
-        )
-    _require(
+    require(
         not self.moe_shared_expert_gate or self.moe_shared_expert_intermediate_size is not None,
         "moe_shared_expert_gate",
         "gates the shared expert: set moe_shared_expert_intermediate_size too",
     )
-    for name in ("moe_aux_loss_coeff", "moe_z_loss_coeff"):
-        value = getattr(self, name)
-        _require(_is_real(value) and value >= 0, name, f"must be a number >= 0, got {value!r}")
-    c = self.moe_expert_capacity_factor
-    _require(
-        c is None or (_is_real(c) and c > 0),
-        "moe_expert_capacity_factor",
-        f"must be None (dropless routing) or a number > 0, got {c!r}",
-    )
     freq = self.moe_layer_freq
     if isinstance(freq, list | tuple):
-        _require(
+        require(
             len(freq) == self.num_layers and all(v in (0, 1) for v in freq) and any(freq),
             "moe_layer_freq",
             f"as a list must give 0 (dense) or 1 (MoE) for each of the num_layers={self.num_layers} "
             f"blocks, at least one 1; got {list(freq)!r}",
         )
     else:
-        _require(
-            _is_int(freq) and 1 <= freq,
+        require(
+            is_int(freq) and 1 <= freq,
             "moe_layer_freq",
             f"must be an integer >= 1 (every k-th block, block 0 first) or a list of 0/1 per "
             f"block, got {freq!r}",
         )
-    _require(
+    require(
         self.lora_rank == 0,
         "lora_rank",
         "LoRA adapters are not supported on mixture-of-experts models (num_experts is set)",

@@ -26,10 +26,11 @@ option (``parallel.<field>`` once the config tree re-raises it).
 from __future__ import annotations
 
 import math
+import typing
 from dataclasses import dataclass
 from typing import Literal
 
-from epochal.model.config import ConfigError
+from epochal._checks import check_fields, checked, require
 
 __all__ = [
     "DP_SHARDING",
@@ -39,19 +40,16 @@ __all__ = [
     "ParallelConfig",
 ]
 
-PIPELINE_SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")
-DP_SHARDING = ("none", "optimizer", "full")
-RECOMPUTE_GRANULARITIES = ("none", "full", "selective")
-RECOMPUTE_METHODS = ("uniform", "block")
-
-
-def _require(cond: bool, option: str, message: str) -> None:
-    if not cond:
-        raise ConfigError(option, message)
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+PipelineSchedule = Literal["gpipe", "1f1b", "interleaved_1f1b"]
+DpSharding = Literal["none", "optimizer", "full"]
+RecomputeGranularity = Literal["none", "full", "selective"]
+RecomputeMethod = Literal["uniform", "block"]
+PIPELINE_SCHEDULES: tuple[str, ...] = typing.get_args(PipelineSchedule)
+DP_SHARDING: tuple[str, ...] = typing.get_args(DpSharding)
+RECOMPUTE_GRANULARITIES: tuple[str, ...] = typing.get_args(RecomputeGranularity)
+RECOMPUTE_METHODS: tuple[str, ...] = typing.get_args(RecomputeMethod)
+#: the longest process-group timeout, in minutes (one year)
+_MAX_TIMEOUT_MINUTES = 60 * 24 * 365
 
 
 @dataclass(kw_only=True)
@@ -143,115 +141,61 @@ class ParallelConfig:
             default (30 minutes for gloo, 10 for NCCL).
     """
 
-    tensor_parallel: int = 1
-    sequence_parallel: bool = False
-    loss_parallel: bool = True
-    context_parallel: int = 1
-    expert_parallel: int = 1
-    pipeline_parallel: int = 1
-    virtual_pipeline: int = 1
-    pipeline_schedule: Literal["gpipe", "1f1b", "interleaved_1f1b"] = "1f1b"
-    decoder_first_pipeline_num_layers: int | None = None
-    decoder_last_pipeline_num_layers: int | None = None
-    data_parallel: int | None = None
-    dp_sharding: Literal["none", "optimizer", "full"] = "none"
-    recompute_granularity: Literal["none", "full", "selective"] = "none"
-    recompute_method: Literal["uniform", "block"] = "uniform"
-    recompute_num_layers: int = 1
-    nproc_per_node: int = 0
-    backend: Literal["auto", "gloo", "nccl"] = "auto"
-    timeout_minutes: float | None = None
+    tensor_parallel: int = checked(1, ge=1)
+    sequence_parallel: bool = checked(False)
+    loss_parallel: bool = checked(True)
+    context_parallel: int = checked(1, ge=1)
+    expert_parallel: int = checked(1, ge=1)
+    pipeline_parallel: int = checked(1, ge=1)
+    virtual_pipeline: int = checked(1, ge=1)
+    pipeline_schedule: PipelineSchedule = checked("1f1b")
+    decoder_first_pipeline_num_layers: int | None = checked(None, ge=0, none="even split")
+    decoder_last_pipeline_num_layers: int | None = checked(None, ge=0, none="even split")
+    data_parallel: int | None = checked(None, ge=1, none="derived from the world size")
+    dp_sharding: DpSharding = checked("none")
+    recompute_granularity: RecomputeGranularity = checked("none")
+    recompute_method: RecomputeMethod = checked("uniform")
+    recompute_num_layers: int = checked(1, ge=1)
+    nproc_per_node: int = checked(0, ge=0, note="0 = derived")
+    backend: Literal["auto", "gloo", "nccl"] = checked("auto")
+    timeout_minutes: float | None = checked(
+        None,
+        gt=0,
+        le=_MAX_TIMEOUT_MINUTES,
+        none="torch's default",
+        text="None (torch's default) or minutes > 0 and <= one year",
+    )
 
     def __post_init__(self) -> None:
         self.validate()
 
     def validate(self) -> None:
-        """Check each field on its own; raise :class:`ConfigError` naming the first bad one."""
-        for name in (
-            "tensor_parallel",
-            "context_parallel",
-            "expert_parallel",
-            "pipeline_parallel",
-            "virtual_pipeline",
-            "recompute_num_layers",
-        ):
-            value = getattr(self, name)
-            _require(_is_int(value) and value >= 1, name, f"must be an integer >= 1, got {value!r}")
-        _require(
-            self.data_parallel is None or (_is_int(self.data_parallel) and self.data_parallel >= 1),
-            "data_parallel",
-            f"must be None (derived from the world size) or an integer >= 1, got {self.data_parallel!r}",
-        )
-        _require(
-            _is_int(self.nproc_per_node) and self.nproc_per_node >= 0,
-            "nproc_per_node",
-            f"must be an integer >= 0 (0 = derived), got {self.nproc_per_node!r}",
-        )
-        for name in ("sequence_parallel", "loss_parallel"):
-            _require(
-                isinstance(getattr(self, name), bool),
-                name,
-                f"must be true or false, got {getattr(self, name)!r}",
-            )
-        _require(
-            self.pipeline_schedule in PIPELINE_SCHEDULES,
-            "pipeline_schedule",
-            f"must be one of {PIPELINE_SCHEDULES}, got {self.pipeline_schedule!r}",
-        )
-        _require(
-            self.dp_sharding in DP_SHARDING,
-            "dp_sharding",
-            f"must be one of {DP_SHARDING}, got {self.dp_sharding!r}",
-        )
-        _require(
-            self.recompute_granularity in RECOMPUTE_GRANULARITIES,
-            "recompute_granularity",
-            f"must be one of {RECOMPUTE_GRANULARITIES}, got {self.recompute_granularity!r}",
-        )
-        _require(
-            self.recompute_method in RECOMPUTE_METHODS,
-            "recompute_method",
-            f"must be one of {RECOMPUTE_METHODS}, got {self.recompute_method!r}",
-        )
-        _require(
-            self.backend in ("auto", "gloo", "nccl"),
-            "backend",
-            f"must be auto, gloo or nccl, got {self.backend!r}",
-        )
-        t = self.timeout_minutes
-        _require(
-            t is None
-            or (isinstance(t, (int, float)) and not isinstance(t, bool) and 0 < t <= 60 * 24 * 365),
-            "timeout_minutes",
-            f"must be None (torch's default) or minutes > 0 and <= one year, got {t!r}",
-        )
-        for name in ("decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers"):
-            value = getattr(self, name)
-            _require(
-                value is None or (_is_int(value) and value >= 0),
-                name,
-                f"must be None (even split) or an integer >= 0, got {value!r}",
-            )
-        _require(
+        """Check each field's type and range, then the rules between fields.
+
+        Raises:
+            ConfigError: naming the first bad field.
+        """
+        check_fields(self)
+        require(
             not self.sequence_parallel or self.tensor_parallel > 1,
             "sequence_parallel",
             f"needs tensor_parallel > 1, got tensor_parallel={self.tensor_parallel}",
         )
         if self.virtual_pipeline > 1:
-            _require(
+            require(
                 self.pipeline_schedule == "interleaved_1f1b",
                 "virtual_pipeline",
                 f"> 1 needs pipeline_schedule='interleaved_1f1b', got {self.pipeline_schedule!r}",
             )
         if self.pipeline_schedule == "interleaved_1f1b":
-            _require(
+            require(
                 self.pipeline_parallel > 1,
                 "pipeline_schedule",
                 f"'interleaved_1f1b' needs pipeline_parallel > 1, got {self.pipeline_parallel}",
             )
         if self.pipeline_parallel == 1:
             for name in ("decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers"):
-                _require(getattr(self, name) is None, name, "needs pipeline_parallel > 1")
+                require(getattr(self, name) is None, name, "needs pipeline_parallel > 1")
 
     @property
     def model_parallel_size(self) -> int:

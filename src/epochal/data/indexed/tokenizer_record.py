@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from epochal._atomic import atomic_write
+from epochal._checks import is_int
 from epochal.data.indexed.tokenizer import canonical_tokenizer_type
 
 __all__ = [
@@ -166,10 +167,6 @@ def read_tokenizer_record(prefix: str | os.PathLike) -> dict[str, Any] | None:
     return record
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 def _field_problem(record: dict[str, Any]) -> str | None:
     """What is wrong with a record's fields (first problem found), or None."""
     for name in ("format", "tokenizer_type", "fingerprint", "vocab_size"):
@@ -185,15 +182,15 @@ def _field_problem(record: dict[str, Any]) -> str | None:
         and all(c in "0123456789abcdef" for c in fingerprint)
     ):
         return f"fingerprint {fingerprint!r} is not a SHA-256 (64 hex digits)"
-    if not _is_int(record["vocab_size"]) or record["vocab_size"] < 1:
+    if not is_int(record["vocab_size"]) or record["vocab_size"] < 1:
         return f"vocab_size {record['vocab_size']!r} is not a positive integer"
     eod = record.get("eod")
-    if eod is not None and (not _is_int(eod) or not 0 <= eod < record["vocab_size"]):
+    if eod is not None and (not is_int(eod) or not 0 <= eod < record["vocab_size"]):
         return f"eod {eod!r} is not an id below vocab_size {record['vocab_size']}"
     for name in OPTIONS:
         value = record.get(name)
         if name == "vocab_extra_ids":
-            if value is not None and (not _is_int(value) or value < 0):
+            if value is not None and (not is_int(value) or value < 0):
                 return f"vocab_extra_ids {value!r} is not a non-negative integer"
         elif value is not None and not isinstance(value, str):
             return f"{name} {value!r} is not a string or null"

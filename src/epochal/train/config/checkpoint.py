@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from epochal.train.config.checks import _require
+from epochal._checks import check_fields, checked, require
 
 __all__ = [
     "CheckpointConfig",
@@ -29,15 +29,12 @@ class CheckpointConfig:
             Empty = random initialization.
     """
 
-    save_interval: int = 100
+    save_interval: int = checked(100, ge=0)
     save_final: bool = True
-    keep_last: int = 2
+    keep_last: int = checked(2, ge=1)
     resume: str = "auto"
     init_from: str = ""
 
     def __post_init__(self) -> None:
-        _require(
-            self.save_interval >= 0, "save_interval", f"must be >= 0, got {self.save_interval}"
-        )
-        _require(self.keep_last >= 1, "keep_last", f"must be >= 1, got {self.keep_last}")
-        _require(bool(self.resume), "resume", "must be 'auto', 'never' or a checkpoint path")
+        check_fields(self)
+        require(bool(self.resume), "resume", "must be 'auto', 'never' or a checkpoint path")

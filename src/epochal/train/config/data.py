@@ -6,10 +6,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from epochal._checks import ConfigError, check_fields, checked, is_int, is_real, require
 from epochal.data.datasets.dataset_builder import parse_blend
 from epochal.data.indexed.tokenizer_wordpiece import MAX_VOCAB_EXTRA_IDS
-from epochal.model.config import ConfigError
-from epochal.train.config.checks import _require
 
 __all__ = [
     "DataConfig",
@@ -143,10 +142,10 @@ class DataConfig:
     train_data_path: list[str] = field(default_factory=list)
     valid_data_path: list[str] = field(default_factory=list)
     test_data_path: list[str] = field(default_factory=list)
-    seq_length: int = 1024
+    seq_length: int = checked(1024, ge=1)
     mock: bool = False
     corpus: str = ""
-    corpus_max_bytes: int = 4_000_000
+    corpus_max_bytes: int = checked(4_000_000, ge=1)
     json_keys: list[str] = field(default_factory=lambda: ["text"])
     tokenizer_type: str = ""
     tokenizer_model: str = ""
@@ -154,20 +153,20 @@ class DataConfig:
     merge_file: str = ""
     bpe_vocab_size: int = 0
     cache_dir: str = ""
-    num_workers: int = 0
+    num_workers: int = checked(0, ge=0)
     reset_position_ids: bool = False
     reset_attention_mask: bool = False
     eod_mask_loss: bool = False
     split_sentences: bool = False
     wordpiece_vocab_size: int = 0
-    masking_probability: float = 0.15
+    masking_probability: float = checked(0.15, ge=0, le=1)
     short_sequence_probability: float = 0.1
     masking_max_ngram: int = 3
     masking_do_full_word: bool = True
     masking_do_permutation: bool = False
     masking_use_longer_ngrams: bool = False
     masking_use_geometric_distribution: bool = False
-    seq_length_decoder: int = 128
+    seq_length_decoder: int = checked(128, ge=1)
     vocab_extra_ids: int = 0
     pack_sequences: bool = False
     train_cluster_path: str = ""
@@ -176,53 +175,42 @@ class DataConfig:
     valid_database_path: str = ""
     protein_path: str = ""
     protein_clusters: str = ""
-    protein_valid_fraction: float = 0.02
+    protein_valid_fraction: float = checked(0.02, ge=0, lt=1)
     protein_sequence_column: str = "sequence"
     protein_id_column: str = ""
-    mask_token_prob: float = 0.8
-    mask_random_prob: float = 0.1
+    mask_token_prob: float = checked(0.8, ge=0, le=1)
+    mask_random_prob: float = checked(0.1, ge=0, le=1)
     random_mask_strategy: str = "all_tokens"
 
     def __post_init__(self) -> None:
-        _require(self.seq_length >= 1, "seq_length", f"must be >= 1, got {self.seq_length}")
-        _require(
-            self.seq_length_decoder >= 1,
-            "seq_length_decoder",
-            f"must be >= 1, got {self.seq_length_decoder}",
-        )
-        _require(
+        check_fields(self)
+        require(
             0 <= self.vocab_extra_ids <= MAX_VOCAB_EXTRA_IDS,
             "vocab_extra_ids",
             f"must be between 0 and {MAX_VOCAB_EXTRA_IDS:,} (T5 uses 100), got {self.vocab_extra_ids:,}",
         )
-        _require(
-            self.corpus_max_bytes >= 1,
-            "corpus_max_bytes",
-            f"must be >= 1, got {self.corpus_max_bytes}",
-        )
-        _require(self.num_workers >= 0, "num_workers", f"must be >= 0, got {self.num_workers}")
-        _require(
+        require(
             self.wordpiece_vocab_size == 0 or 100 <= self.wordpiece_vocab_size <= 1_000_000,
             "wordpiece_vocab_size",
             f"must be 0 (off) or in [100, 1000000], got {self.wordpiece_vocab_size}",
         )
-        _require(
+        require(
             not (self.wordpiece_vocab_size and self.bpe_vocab_size),
             "wordpiece_vocab_size",
             "and data.bpe_vocab_size cannot both be set (one trained tokenizer)",
         )
-        _require(
+        require(
             self.bpe_vocab_size == 0 or 260 <= self.bpe_vocab_size <= 1_000_000,
             "bpe_vocab_size",
             f"must be 0 (off) or in [260, 1000000], got {self.bpe_vocab_size}",
         )
-        _require(bool(self.json_keys), "json_keys", "must name at least one key")
+        require(bool(self.json_keys), "json_keys", "must name at least one key")
         parts = self.split.replace("/", ",").split(",")
         try:
             weights = [float(p) for p in parts]
         except ValueError:
             weights = []
-        _require(
+        require(
             1 <= len(weights) <= 3
             and all(w >= 0 and math.isfinite(w) for w in weights)
             and sum(weights) > 0,
@@ -235,7 +223,7 @@ class DataConfig:
             except ValueError as exc:
                 raise ConfigError(name, str(exc).removeprefix(f"{name}: ")) from None
         per_split = self.train_data_path or self.valid_data_path or self.test_data_path
-        _require(
+        require(
             not (self.data_path and per_split),
             "data_path",
             "give data_path (+ split) or train/valid/test_data_path, not both",
@@ -257,7 +245,7 @@ class DataConfig:
 
     def _check_blend_schedule(self) -> None:
         """``blend_schedule``: points ``{step, weights}``, as many weights as the blend's prefixes."""
-        _require(
+        require(
             self.blend_schedule_interpolation in ("step", "linear"),
             "blend_schedule_interpolation",
             f"must be 'step' or 'linear', got {self.blend_schedule_interpolation!r}",
@@ -266,7 +254,7 @@ class DataConfig:
             return
         paths = self.data_path or self.train_data_path
         blend = parse_blend(paths, "data_path") if paths else None
-        _require(
+        require(
             blend is not None and len(blend[0]) >= 2,
             "blend_schedule",
             "needs a blend of at least two prefixes in data.data_path or data.train_data_path "
@@ -276,18 +264,18 @@ class DataConfig:
         last, repeats = -1, 0
         for p, point in enumerate(self.blend_schedule):
             where = f"point {p}"
-            _require(
+            require(
                 isinstance(point, dict) and set(point) == {"step", "weights"},
                 "blend_schedule",
                 f"{where} must be {{step = S, weights = [...]}}, got {point!r}",
             )
             step, weights = point["step"], point["weights"]
-            _require(
-                isinstance(step, int) and not isinstance(step, bool) and step >= 0,
+            require(
+                is_int(step) and step >= 0,
                 "blend_schedule",
                 f"{where}: step must be an integer >= 0, got {step!r}",
             )
-            _require(
+            require(
                 step > last or (step == last and repeats < 1),
                 "blend_schedule",
                 f"{where}: steps must increase (two points at one step make a jump), "
@@ -295,24 +283,18 @@ class DataConfig:
             )
             repeats = repeats + 1 if step == last else 0
             last = step
-            _require(
+            require(
                 isinstance(weights, list) and len(weights) == width,
                 "blend_schedule",
                 f"{where} (step {step}): needs {width} weights, one per prefix of the blend, "
                 f"got {weights!r}",
             )
-            _require(
-                all(
-                    isinstance(w, int | float)
-                    and not isinstance(w, bool)
-                    and math.isfinite(w)
-                    and w >= 0
-                    for w in weights
-                ),
+            require(
+                all(is_real(w) and w >= 0 for w in weights),
                 "blend_schedule",
                 f"{where} (step {step}): weights must be numbers >= 0, got {weights!r}",
             )
-            _require(
+            require(
                 sum(weights) > 0,
                 "blend_schedule",
                 f"{where} (step {step}): at least one weight must be > 0, got {weights!r}",
@@ -320,47 +302,39 @@ class DataConfig:
 
     def _check_proteins(self) -> None:
         """The ESM options: probabilities, the strategy, paths that need each other."""
-        for name in ("masking_probability", "mask_token_prob", "mask_random_prob"):
-            value = getattr(self, name)
-            _require(0.0 <= value <= 1.0, name, f"must be in [0, 1], got {value}")
-        _require(
+        require(
             self.mask_token_prob + self.mask_random_prob <= 1.0,
             "mask_token_prob",
             f"+ data.mask_random_prob must be <= 1, got {self.mask_token_prob} + "
             f"{self.mask_random_prob}",
         )
-        _require(
+        require(
             self.random_mask_strategy in ("all_tokens", "amino_acids_only"),
             "random_mask_strategy",
             f"must be 'all_tokens' or 'amino_acids_only', got {self.random_mask_strategy!r}",
         )
-        _require(
-            0.0 <= self.protein_valid_fraction < 1.0,
-            "protein_valid_fraction",
-            f"must be in [0, 1), got {self.protein_valid_fraction}",
-        )
-        _require(
+        require(
             bool(self.protein_sequence_column),
             "protein_sequence_column",
             "must name the sequence column",
         )
-        _require(
+        require(
             not self.protein_clusters or bool(self.protein_path),
             "protein_clusters",
             "needs data.protein_path (the proteins the clusters group)",
         )
-        _require(
+        require(
             bool(self.train_cluster_path) == bool(self.train_database_path),
             "train_database_path" if self.train_cluster_path else "train_cluster_path",
             "data.train_cluster_path and data.train_database_path go together (BioNeMo's layout)",
         )
         for name in ("valid_cluster_path", "valid_database_path"):
-            _require(
+            require(
                 not getattr(self, name) or bool(self.train_cluster_path),
                 name,
                 "needs data.train_cluster_path and data.train_database_path",
             )
-        _require(
+        require(
             not self.valid_database_path or bool(self.valid_cluster_path),
             "valid_database_path",
             "needs data.valid_cluster_path (the validation clusters it holds)",

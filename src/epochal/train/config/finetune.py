@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from epochal.train.config.checks import _require
+from epochal._checks import check_fields, checked, require
 
 __all__ = ["FinetuneConfig"]
 
@@ -31,22 +31,18 @@ class FinetuneConfig:
     split: str = ""
     sequence_column: str = "sequence"
     label_column: str = "label"
-    head_lr: float = 0.0
+    head_lr: float = checked(0.0, ge=0, note="0 = optimizer.lr")
 
     def __post_init__(self) -> None:
-        _require(
-            math.isfinite(self.head_lr) and self.head_lr >= 0,
-            "head_lr",
-            f"must be >= 0 (0 = optimizer.lr), got {self.head_lr}",
-        )
-        _require(bool(self.sequence_column), "sequence_column", "must name a column")
-        _require(bool(self.label_column), "label_column", "must name a column")
+        check_fields(self)
+        require(bool(self.sequence_column), "sequence_column", "must name a column")
+        require(bool(self.label_column), "label_column", "must name a column")
         if self.split:
             try:
                 weights = [float(w) for w in self.split.split(",")]
             except ValueError:
                 weights = []
-            _require(
+            require(
                 len(weights) == 2
                 and all(math.isfinite(w) and w >= 0 for w in weights)
                 and 0 < sum(weights) < math.inf,
@@ -54,7 +50,7 @@ class FinetuneConfig:
                 "must be two finite weights >= 0 'train,valid' with a positive, finite sum, "
                 f"like '90,10', got {self.split!r}",
             )
-            _require(
+            require(
                 not self.valid_file,
                 "split",
                 "and finetune.valid_file are exclusive (a split of train_file, or a valid file)",

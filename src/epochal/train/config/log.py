@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from epochal.train.config.checks import _require
+from epochal._checks import check_fields, checked, require
 
 __all__ = [
     "LoggingConfig",
@@ -37,7 +37,7 @@ class LoggingConfig:
             (:mod:`epochal.train.observe.profiling`).
     """
 
-    log_interval: int = 10
+    log_interval: int = checked(10, ge=1)
     progress: bool = True
     tensorboard: bool = True
     wandb: bool = False
@@ -45,17 +45,13 @@ class LoggingConfig:
     wandb_name: str = ""
     wandb_dir: str = ""
     wandb_mode: str = ""
-    peak_tflops: float | None = None
+    peak_tflops: float | None = checked(None, gt=0, text="> 0 (or unset: the detected GPU's)")
     profile_steps: list[int] | None = None
 
     def __post_init__(self) -> None:
-        _require(
-            self.peak_tflops is None or self.peak_tflops > 0,
-            "peak_tflops",
-            f"must be > 0 (or unset: the detected GPU's), got {self.peak_tflops}",
-        )
+        check_fields(self)
         p = self.profile_steps
-        _require(
+        require(
             p is None
             or (
                 isinstance(p, list)
@@ -66,8 +62,7 @@ class LoggingConfig:
             "profile_steps",
             f"must be [start, end] with 1 <= start <= end (or unset), got {p!r}",
         )
-        _require(self.log_interval >= 1, "log_interval", f"must be >= 1, got {self.log_interval}")
-        _require(
+        require(
             self.wandb_mode in ("", "online", "offline", "disabled"),
             "wandb_mode",
             f"must be '', 'online', 'offline' or 'disabled', got {self.wandb_mode!r}",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from epochal.train.config.checks import _require
+from epochal._checks import check_fields, checked, require
 
 __all__ = [
     "OptimizerConfig",
@@ -27,37 +27,28 @@ class OptimizerConfig:
         clip_grad: clip gradients to this global L2 norm (0 = no clipping).
     """
 
-    lr: float = 3e-4
+    lr: float = checked(3e-4, ge=0)
     min_lr: float = 0.0
-    weight_decay: float = 0.01
-    start_weight_decay: float | None = None
-    end_weight_decay: float | None = None
-    adam_beta1: float = 0.9
-    adam_beta2: float = 0.999
-    adam_eps: float = 1e-8
-    clip_grad: float = 1.0
+    weight_decay: float = checked(0.01, ge=0)
+    start_weight_decay: float | None = checked(None, ge=0, none="weight_decay")
+    end_weight_decay: float | None = checked(None, ge=0, none="weight_decay")
+    adam_beta1: float = checked(0.9, ge=0, lt=1)
+    adam_beta2: float = checked(0.999, ge=0, lt=1)
+    adam_eps: float = checked(1e-8, gt=0)
+    clip_grad: float = checked(1.0, ge=0, note="0 = off")
 
     def __post_init__(self) -> None:
-        _require(self.lr >= 0, "lr", f"must be >= 0, got {self.lr}")
-        _require(
+        check_fields(self)
+        require(
             0 <= self.min_lr <= self.lr,
             "min_lr",
             f"must be in [0, lr={self.lr}], got {self.min_lr}",
         )
-        _require(self.weight_decay >= 0, "weight_decay", f"must be >= 0, got {self.weight_decay}")
-        for name in ("start_weight_decay", "end_weight_decay"):
-            v = getattr(self, name)
-            _require(v is None or v >= 0, name, f"must be >= 0, got {v}")
-        _require(
+        require(
             self.wd_start <= self.wd_end,
             "end_weight_decay",
             f"must be >= start_weight_decay={self.wd_start}, got {self.wd_end}",
         )
-        for name in ("adam_beta1", "adam_beta2"):
-            v = getattr(self, name)
-            _require(0 <= v < 1, name, f"must be in [0, 1), got {v}")
-        _require(self.adam_eps > 0, "adam_eps", f"must be > 0, got {self.adam_eps}")
-        _require(self.clip_grad >= 0, "clip_grad", f"must be >= 0 (0 = off), got {self.clip_grad}")
 
     @property
     def wd_start(self) -> float:

@@ -66,28 +66,155 @@ import copy
 import difflib
 from typing import Any
 
+from epochal._checks import ConfigError
 from epochal.data.sft.examples import CHAT_FILE, TOKENIZER_DIR
-from epochal.model.config import ConfigError
+from epochal.train.config.merge import DROP, Replace, deep_merge
 
 __all__ = ["PRESETS", "PRESET_SUMMARIES", "preset_dict"]
 
-#: ESM-2's architecture (``facebook/esm2_*``): rotary, pre-LN, GELU, ``token_dropout``,
-#: the 33-token alphabet (``<mask>`` 32, ``<pad>`` 1), no dropout.
-_ESM_MODEL: dict[str, Any] = {
-    "type": "esm",
-    "vocab_size": 33,
-    "position_embedding_type": "rope",
-    "normalization": "LayerNorm",
-    "norm_epsilon": 1e-5,
-    "activation": "gelu",
-    "num_tokentypes": 0,
-    "token_dropout": True,
-    "mask_token_id": 32,
-    "pad_token_id": 1,
-    "hidden_dropout": 0.0,
-    "attention_dropout": 0.0,
-    "make_vocab_size_divisible_by": 64,
+#: ``tiny``: a 4-layer Llama-style GPT (1.3M parameters) on Python's standard library with a
+#: BPE tokenizer trained on it; the base of the other presets.
+_TINY: dict[str, Any] = {
+    "model": {
+        "hidden_size": 128,
+        "num_layers": 4,
+        "num_attention_heads": 4,
+        "num_query_groups": 2,
+        "position_embedding_type": "rope",
+        "normalization": "RMSNorm",
+        "activation": "swiglu",
+        "ffn_hidden_size": 384,
+        "add_bias_linear": False,
+        "hidden_dropout": 0.0,
+        "attention_dropout": 0.0,
+        "make_vocab_size_divisible_by": 128,
+    },
+    "data": {
+        "corpus": "stdlib",
+        "corpus_max_bytes": 3_000_000,
+        "bpe_vocab_size": 4096,
+        "seq_length": 128,
+        "split": "98,2,0",
+    },
+    "training": {
+        "layout_invariant": True,
+        "micro_batch_size": 8,
+        "global_batch_size": 16,
+        "train_iters": 300,
+        "eval_interval": 100,
+        "eval_iters": 4,
+        "seed": 1234,
+    },
+    "optimizer": {
+        "lr": 2e-3,
+        "min_lr": 2e-4,
+        "weight_decay": 0.1,
+        "adam_beta2": 0.95,
+        "clip_grad": 1.0,
+    },
+    "scheduler": {"lr_decay_style": "cosine", "lr_warmup_fraction": 0.1},
+    "checkpoint": {"save_interval": 100, "keep_last": 2},
+    "logging": {"log_interval": 10},
 }
+
+#: ``tiny``'s model with experts, on its corpus and tokenizer (one cache for both).
+_MOE_TINY = deep_merge(
+    _TINY,
+    {
+        "model": {
+            "num_experts": 4,
+            "moe_router_topk": 2,
+            "moe_ffn_hidden_size": 192,
+            "moe_aux_loss_coeff": 0.01,
+            "moe_z_loss_coeff": 0.001,
+        },
+        "training": {"train_iters": 100, "eval_interval": 50, "eval_iters": 2},
+        "checkpoint": {"save_interval": 50},
+    },
+)
+
+#: ``tiny``'s model fine-tuned on the chat rows shipped with the package (they replace the corpus).
+_SFT_TINY = deep_merge(
+    _TINY,
+    {
+        "data": Replace({"seq_length": 128}),
+        "sft": {
+            "train_file": str(CHAT_FILE),
+            "tokenizer": str(TOKENIZER_DIR),
+            "split": "90,10",
+            "loss_on": "completion",
+            "packing": True,
+        },
+        "training": {
+            "micro_batch_size": 4,
+            "global_batch_size": 8,
+            "train_iters": 100,
+            "eval_interval": 50,
+            "eval_iters": 1,
+        },
+        "checkpoint": {"save_interval": 50},
+    },
+)
+
+#: ``tiny``'s schedule and bookkeeping for a Megatron-style BERT on the standard library split
+#: into sentences, with a WordPiece vocabulary trained on them.
+_BERT_TINY = deep_merge(
+    _TINY,
+    {
+        "model": Replace(
+            {
+                "type": "bert",
+                "hidden_size": 128,
+                "num_layers": 4,
+                "num_attention_heads": 4,
+                "ffn_hidden_size": 512,
+                "position_embedding_type": "learned_absolute",
+                "normalization": "LayerNorm",
+                "activation": "gelu",
+                "num_tokentypes": 2,
+                "bert_binary_head": True,
+                "hidden_dropout": 0.1,
+                "attention_dropout": 0.1,
+                "make_vocab_size_divisible_by": 128,
+            }
+        ),
+        "data": Replace(
+            {
+                "corpus": "stdlib",
+                "corpus_max_bytes": 1_000_000,
+                "split_sentences": True,
+                "wordpiece_vocab_size": 4096,
+                "seq_length": 128,
+                "split": "90,10,0",
+            }
+        ),
+        "training": {"eval_iters": 2},
+        "optimizer": Replace({"lr": 1e-3, "min_lr": 1e-4, "weight_decay": 0.01, "clip_grad": 1.0}),
+        "scheduler": {"lr_decay_style": "linear"},
+    },
+)
+
+#: ``bert-tiny``'s encoder shape as a Megatron-style T5 (2 + 2 blocks, the tied head with a bias)
+#: on its corpus and vocabulary with 100 sentinels and Megatron's span corruption.
+_T5_TINY = deep_merge(
+    _BERT_TINY,
+    {
+        "model": {
+            "type": "t5",
+            "num_layers": 2,
+            "num_tokentypes": DROP,
+            "bert_binary_head": DROP,
+            "output_bias": True,
+        },
+        "data": {
+            "vocab_extra_ids": 100,
+            "seq_length_decoder": 40,
+            "masking_max_ngram": 10,
+            "masking_use_geometric_distribution": True,
+        },
+    },
+)
+
 #: BioNeMo's ESM-2 optimizer recipe (besides the learning rates).
 _BIONEMO_ADAM: dict[str, Any] = {
     "weight_decay": 0.01,
@@ -97,245 +224,78 @@ _BIONEMO_ADAM: dict[str, Any] = {
     "clip_grad": 1.0,
 }
 
-#: The stdlib corpus split into sentences with a WordPiece vocabulary trained on it
-#: (``bert-tiny``, ``t5-tiny``).
-_STDLIB_WORDPIECE_DATA: dict[str, Any] = {
-    "corpus": "stdlib",
-    "corpus_max_bytes": 1_000_000,
-    "split_sentences": True,
-    "wordpiece_vocab_size": 4096,
-}
-#: The schedule, optimizer and bookkeeping of ``bert-tiny`` and ``t5-tiny``.
-_TINY_WORDPIECE_RECIPE: dict[str, Any] = {
-    "training": {
-        "layout_invariant": True,
-        "micro_batch_size": 8,
-        "global_batch_size": 16,
-        "train_iters": 300,
-        "eval_interval": 100,
-        "eval_iters": 2,
-        "seed": 1234,
-    },
-    "optimizer": {"lr": 1e-3, "min_lr": 1e-4, "weight_decay": 0.01, "clip_grad": 1.0},
-    "scheduler": {"lr_decay_style": "linear", "lr_warmup_fraction": 0.1},
-    "checkpoint": {"save_interval": 100, "keep_last": 2},
-    "logging": {"log_interval": 10},
-}
-
-
-#: The tiny Llama-style model of ``tiny`` and ``sft-tiny`` (1.3M parameters).
-_TINY_MODEL: dict[str, Any] = {
-    "hidden_size": 128,
-    "num_layers": 4,
-    "num_attention_heads": 4,
-    "num_query_groups": 2,
-    "position_embedding_type": "rope",
-    "normalization": "RMSNorm",
-    "activation": "swiglu",
-    "ffn_hidden_size": 384,
-    "add_bias_linear": False,
-    "hidden_dropout": 0.0,
-    "attention_dropout": 0.0,
-    "make_vocab_size_divisible_by": 128,
-}
-
-#: ``tiny``'s corpus (Python's standard library) and BPE tokenizer, shared by ``moe-tiny``.
-_TINY_DATA: dict[str, Any] = {
-    "corpus": "stdlib",
-    "corpus_max_bytes": 3_000_000,
-    "bpe_vocab_size": 4096,
-    "seq_length": 128,
-    "split": "98,2,0",
-}
-#: ``tiny``'s optimizer and learning-rate schedule.
-_TINY_OPTIMIZER: dict[str, Any] = {
-    "lr": 2e-3,
-    "min_lr": 2e-4,
-    "weight_decay": 0.1,
-    "adam_beta2": 0.95,
-    "clip_grad": 1.0,
-}
-_TINY_SCHEDULER: dict[str, Any] = {"lr_decay_style": "cosine", "lr_warmup_fraction": 0.1}
-
-PRESETS: dict[str, dict[str, Any]] = {
-    "tiny": {
-        "model": {**_TINY_MODEL},
-        "data": {**_TINY_DATA},
-        "training": {
-            "layout_invariant": True,
-            "micro_batch_size": 8,
-            "global_batch_size": 16,
-            "train_iters": 300,
-            "eval_interval": 100,
-            "eval_iters": 4,
-            "seed": 1234,
-        },
-        "optimizer": {**_TINY_OPTIMIZER},
-        "scheduler": {**_TINY_SCHEDULER},
-        "checkpoint": {"save_interval": 100, "keep_last": 2},
-        "logging": {"log_interval": 10},
-    },
-    "moe-tiny": {
-        "model": {
-            **_TINY_MODEL,
-            "num_experts": 4,
-            "moe_router_topk": 2,
-            "moe_ffn_hidden_size": 192,
-            "moe_aux_loss_coeff": 0.01,
-            "moe_z_loss_coeff": 0.001,
-        },
-        "data": {**_TINY_DATA},  # tiny's corpus and tokenizer (one cache for both)
-        "training": {
-            "layout_invariant": True,
-            "micro_batch_size": 8,
-            "global_batch_size": 16,
-            "train_iters": 100,
-            "eval_interval": 50,
-            "eval_iters": 2,
-            "seed": 1234,
-        },
-        "optimizer": {**_TINY_OPTIMIZER},
-        "scheduler": {**_TINY_SCHEDULER},
-        "checkpoint": {"save_interval": 50, "keep_last": 2},
-        "logging": {"log_interval": 10},
-    },
-    "sft-tiny": {
-        "model": {**_TINY_MODEL},
-        "data": {"seq_length": 128},
-        "sft": {
-            "train_file": str(CHAT_FILE),
-            "tokenizer": str(TOKENIZER_DIR),
-            "split": "90,10",
-            "loss_on": "completion",
-            "packing": True,
-        },
-        "training": {
-            "layout_invariant": True,
-            "micro_batch_size": 4,
-            "global_batch_size": 8,
-            "train_iters": 100,
-            "eval_interval": 50,
-            "eval_iters": 1,
-            "seed": 1234,
-        },
-        "optimizer": {**_TINY_OPTIMIZER},
-        "scheduler": {**_TINY_SCHEDULER},
-        "checkpoint": {"save_interval": 50, "keep_last": 2},
-        "logging": {"log_interval": 10},
-    },
-    "bert-tiny": {
-        "model": {
-            "type": "bert",
-            "hidden_size": 128,
-            "num_layers": 4,
-            "num_attention_heads": 4,
-            "ffn_hidden_size": 512,
-            "position_embedding_type": "learned_absolute",
-            "normalization": "LayerNorm",
-            "activation": "gelu",
-            "num_tokentypes": 2,
-            "bert_binary_head": True,
-            "hidden_dropout": 0.1,
-            "attention_dropout": 0.1,
-            "make_vocab_size_divisible_by": 128,
-        },
-        "data": {
-            **_STDLIB_WORDPIECE_DATA,
-            "seq_length": 128,
-            "split": "90,10,0",
-        },
-        **_TINY_WORDPIECE_RECIPE,
-    },
-    "t5-tiny": {
-        "model": {
-            "type": "t5",
-            "hidden_size": 128,
-            "num_layers": 2,
-            "num_attention_heads": 4,
-            "ffn_hidden_size": 512,
-            "position_embedding_type": "learned_absolute",
-            "normalization": "LayerNorm",
-            "activation": "gelu",
-            "output_bias": True,
-            "hidden_dropout": 0.1,
-            "attention_dropout": 0.1,
-            "make_vocab_size_divisible_by": 128,
-        },
-        "data": {
-            **_STDLIB_WORDPIECE_DATA,
-            "vocab_extra_ids": 100,
-            "seq_length": 128,
-            "seq_length_decoder": 40,
-            "masking_max_ngram": 10,
-            "masking_use_geometric_distribution": True,
-            "split": "90,10,0",
-        },
-        **_TINY_WORDPIECE_RECIPE,
-    },
-    "esm-tiny": {
-        "model": {
-            **_ESM_MODEL,
-            "hidden_size": 64,
-            "num_layers": 2,
-            "num_attention_heads": 4,
-            "ffn_hidden_size": 256,
-        },
-        "data": {
-            "mock": True,
-            "tokenizer_type": "ESM2Tokenizer",
-            "seq_length": 128,
-            "protein_valid_fraction": 0.05,
-        },
-        "training": {
-            "layout_invariant": True,
-            "micro_batch_size": 8,
-            "global_batch_size": 16,
-            "train_iters": 200,
-            "eval_interval": 100,
-            "eval_iters": 2,
-            "seed": 1234,
-        },
-        "optimizer": {
-            "lr": 2e-3,
-            "min_lr": 2e-4,
-            **_BIONEMO_ADAM,
-        },
-        "scheduler": {"lr_decay_style": "linear", "lr_warmup_fraction": 0.1},
-        "checkpoint": {"save_interval": 100, "keep_last": 2},
+#: A 2-layer ESM-2 (its architecture, ``facebook/esm2_*``: rotary, pre-LN, GELU,
+#: ``token_dropout``, the 33-token alphabet with ``<mask>`` 32 and ``<pad>`` 1, no dropout) on
+#: synthetic protein families, with ``tiny``'s bookkeeping and BioNeMo's optimizer.
+_ESM_TINY = deep_merge(
+    _TINY,
+    {
+        "model": Replace(
+            {
+                "type": "esm",
+                "vocab_size": 33,
+                "position_embedding_type": "rope",
+                "normalization": "LayerNorm",
+                "norm_epsilon": 1e-5,
+                "activation": "gelu",
+                "num_tokentypes": 0,
+                "token_dropout": True,
+                "mask_token_id": 32,
+                "pad_token_id": 1,
+                "hidden_dropout": 0.0,
+                "attention_dropout": 0.0,
+                "make_vocab_size_divisible_by": 64,
+                "hidden_size": 64,
+                "num_layers": 2,
+                "num_attention_heads": 4,
+                "ffn_hidden_size": 256,
+            }
+        ),
+        "data": Replace(
+            {
+                "mock": True,
+                "tokenizer_type": "ESM2Tokenizer",
+                "seq_length": 128,
+                "protein_valid_fraction": 0.05,
+            }
+        ),
+        "training": {"train_iters": 200, "eval_iters": 2},
+        "optimizer": Replace({"lr": 2e-3, "min_lr": 2e-4, **_BIONEMO_ADAM}),
+        "scheduler": {"lr_decay_style": "linear"},
         "logging": {"log_interval": 20},
     },
-    "esm2-8m": {
+)
+
+#: ESM-2 8M's shape with BioNeMo's recipe; a protein source must be given.
+_ESM2_8M = deep_merge(
+    _ESM_TINY,
+    {
         "model": {
-            **_ESM_MODEL,
             "hidden_size": 320,
             "num_layers": 6,
             "num_attention_heads": 20,
             "ffn_hidden_size": 1280,
         },
-        "data": {
-            "tokenizer_type": "ESM2Tokenizer",
-            "seq_length": 1024,
-            "protein_valid_fraction": 0.01,
-        },
+        "data": {"mock": DROP, "seq_length": 1024, "protein_valid_fraction": 0.01},
         "training": {
-            "layout_invariant": True,
-            "micro_batch_size": 8,
             "global_batch_size": 256,
             "train_iters": 500000,
             "eval_interval": 2000,
             "eval_iters": 10,
+            "seed": DROP,
             "bf16": True,
         },
-        "optimizer": {
-            "lr": 4e-4,
-            "min_lr": 4e-5,
-            **_BIONEMO_ADAM,
-        },
-        "scheduler": {"lr_decay_style": "linear", "lr_warmup_fraction": 0.004},
+        "optimizer": {"lr": 4e-4, "min_lr": 4e-5},
+        "scheduler": {"lr_warmup_fraction": 0.004},
         "checkpoint": {"save_interval": 2000, "keep_last": 3},
         "logging": {"log_interval": 10},
     },
-    "gpu-1b": {
+)
+
+#: ``tiny``'s architecture at 1.34B parameters, for one 80 GB GPU.
+_GPU_1B = deep_merge(
+    _TINY,
+    {
         "model": {
             "vocab_size": 50304,
             "hidden_size": 2048,
@@ -343,74 +303,73 @@ PRESETS: dict[str, dict[str, Any]] = {
             "num_attention_heads": 16,
             "num_query_groups": 16,
             "ffn_hidden_size": 5632,
-            "position_embedding_type": "rope",
-            "normalization": "RMSNorm",
             "norm_epsilon": 1e-5,
-            "activation": "swiglu",
-            "add_bias_linear": False,
             "untie_embeddings_and_output_weights": True,
-            "hidden_dropout": 0.0,
-            "attention_dropout": 0.0,
-            "make_vocab_size_divisible_by": 128,
         },
-        "data": {"mock": True, "tokenizer_type": "GPT2BPETokenizer", "seq_length": 2048},
+        "data": Replace({"mock": True, "tokenizer_type": "GPT2BPETokenizer", "seq_length": 2048}),
         "training": {
-            "layout_invariant": True,
             "device": "cuda",
             "micro_batch_size": 4,
             "global_batch_size": 32,
             "train_iters": 2000,
             "eval_interval": 500,
-            "eval_iters": 4,
+            "seed": DROP,
             "bf16": True,
             "compile": True,
             "compile_loss": True,
             "fused_adamw": True,
         },
-        "optimizer": {
-            "lr": 3e-4,
-            "min_lr": 3e-5,
-            "weight_decay": 0.1,
-            "adam_beta2": 0.95,
-            "clip_grad": 1.0,
-        },
-        "scheduler": {"lr_decay_style": "cosine", "lr_warmup_fraction": 0.05},
-        "checkpoint": {"save_interval": 500, "keep_last": 2},
-        "logging": {"log_interval": 10},
+        "optimizer": {"lr": 3e-4, "min_lr": 3e-5},
+        "scheduler": {"lr_warmup_fraction": 0.05},
+        "checkpoint": {"save_interval": 500},
     },
-    "gpt2-small": {
-        "model": {
-            "hidden_size": 768,
-            "num_layers": 12,
-            "num_attention_heads": 12,
-            "max_position_embeddings": 1024,
-            "position_embedding_type": "learned_absolute",
-            "normalization": "LayerNorm",
-            "activation": "gelu_tanh",
-            "hidden_dropout": 0.1,
-            "attention_dropout": 0.1,
-        },
-        "data": {"tokenizer_type": "GPT2BPETokenizer", "seq_length": 1024, "split": "969,30,1"},
+)
+
+#: GPT-2 124M with ``tiny``'s optimizer shape and a nanoGPT/Megatron-like schedule.
+_GPT2_SMALL = deep_merge(
+    _TINY,
+    {
+        "model": Replace(
+            {
+                "hidden_size": 768,
+                "num_layers": 12,
+                "num_attention_heads": 12,
+                "max_position_embeddings": 1024,
+                "position_embedding_type": "learned_absolute",
+                "normalization": "LayerNorm",
+                "activation": "gelu_tanh",
+                "hidden_dropout": 0.1,
+                "attention_dropout": 0.1,
+            }
+        ),
+        "data": Replace(
+            {"tokenizer_type": "GPT2BPETokenizer", "seq_length": 1024, "split": "969,30,1"}
+        ),
         "training": {
-            "layout_invariant": True,
-            "micro_batch_size": 8,
             "global_batch_size": 512,
             "train_iters": 20000,
             "eval_interval": 1000,
             "eval_iters": 10,
+            "seed": DROP,
             "bf16": True,
         },
-        "optimizer": {
-            "lr": 6e-4,
-            "min_lr": 6e-5,
-            "weight_decay": 0.1,
-            "adam_beta2": 0.95,
-            "clip_grad": 1.0,
-        },
-        "scheduler": {"lr_decay_style": "cosine", "lr_warmup_fraction": 0.035},
+        "optimizer": {"lr": 6e-4, "min_lr": 6e-5},
+        "scheduler": {"lr_warmup_fraction": 0.035},
         "checkpoint": {"save_interval": 1000, "keep_last": 3},
-        "logging": {"log_interval": 10},
     },
+)
+
+#: Every preset, resolved (a nested dict in the TOML layout).
+PRESETS: dict[str, dict[str, Any]] = {
+    "tiny": _TINY,
+    "moe-tiny": _MOE_TINY,
+    "sft-tiny": _SFT_TINY,
+    "bert-tiny": _BERT_TINY,
+    "t5-tiny": _T5_TINY,
+    "esm-tiny": _ESM_TINY,
+    "esm2-8m": _ESM2_8M,
+    "gpu-1b": _GPU_1B,
+    "gpt2-small": _GPT2_SMALL,
 }
 
 

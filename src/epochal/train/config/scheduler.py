@@ -5,8 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from epochal.train.config.checks import _require
-from epochal.train.optim.lr_schedule import LR_DECAY_STYLES, WD_INCR_STYLES, WSD_DECAY_STYLES
+from epochal._checks import check_fields, checked, require
 
 __all__ = [
     "SchedulerConfig",
@@ -30,57 +29,24 @@ class SchedulerConfig:
         weight_decay_incr_style: ``constant``, ``linear`` or ``cosine`` (over ``lr_decay_iters``).
     """
 
-    lr_decay_style: Literal["constant", "linear", "cosine", "inverse-square-root", "WSD"] = "cosine"
-    lr_warmup_iters: int = 0
-    lr_warmup_fraction: float | None = None
-    lr_warmup_init: float = 0.0
-    lr_decay_iters: int | None = None
-    lr_wsd_decay_iters: int | None = None
-    lr_wsd_decay_style: Literal["linear", "cosine", "exponential", "minus_sqrt"] = "exponential"
-    weight_decay_incr_style: Literal["constant", "linear", "cosine"] = "constant"
+    lr_decay_style: Literal["constant", "linear", "cosine", "inverse-square-root", "WSD"] = checked(
+        "cosine"
+    )
+    lr_warmup_iters: int = checked(0, ge=0)
+    lr_warmup_fraction: float | None = checked(None, ge=0, lt=1)
+    lr_warmup_init: float = checked(0.0, ge=0)
+    lr_decay_iters: int | None = checked(None, ge=1, none="training.train_iters")
+    lr_wsd_decay_iters: int | None = checked(None, ge=1)
+    lr_wsd_decay_style: Literal["linear", "cosine", "exponential", "minus_sqrt"] = checked(
+        "exponential"
+    )
+    weight_decay_incr_style: Literal["constant", "linear", "cosine"] = checked("constant")
 
     def __post_init__(self) -> None:
-        _require(
-            self.lr_decay_style in LR_DECAY_STYLES,
-            "lr_decay_style",
-            f"must be one of {LR_DECAY_STYLES}, got {self.lr_decay_style!r}",
-        )
-        _require(
-            self.lr_wsd_decay_style in WSD_DECAY_STYLES,
-            "lr_wsd_decay_style",
-            f"must be one of {WSD_DECAY_STYLES}, got {self.lr_wsd_decay_style!r}",
-        )
-        _require(
-            self.weight_decay_incr_style in WD_INCR_STYLES,
-            "weight_decay_incr_style",
-            f"must be one of {WD_INCR_STYLES}, got {self.weight_decay_incr_style!r}",
-        )
-        _require(
-            self.lr_warmup_iters >= 0,
-            "lr_warmup_iters",
-            f"must be >= 0, got {self.lr_warmup_iters}",
-        )
-        _require(
-            self.lr_warmup_fraction is None or 0 <= self.lr_warmup_fraction < 1,
-            "lr_warmup_fraction",
-            f"must be in [0, 1), got {self.lr_warmup_fraction}",
-        )
-        _require(
+        check_fields(self)
+        require(
             self.lr_warmup_fraction is None or self.lr_warmup_iters == 0,
             "lr_warmup_fraction",
             f"and lr_warmup_iters={self.lr_warmup_iters} are both set; set one "
             "(as Megatron's --lr-warmup-fraction / --lr-warmup-iters)",
-        )
-        _require(
-            self.lr_warmup_init >= 0, "lr_warmup_init", f"must be >= 0, got {self.lr_warmup_init}"
-        )
-        _require(
-            self.lr_decay_iters is None or self.lr_decay_iters >= 1,
-            "lr_decay_iters",
-            f"must be >= 1, got {self.lr_decay_iters}",
-        )
-        _require(
-            self.lr_wsd_decay_iters is None or self.lr_wsd_decay_iters >= 1,
-            "lr_wsd_decay_iters",
-            f"must be >= 1, got {self.lr_wsd_decay_iters}",
         )

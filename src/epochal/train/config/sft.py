@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from epochal.train.config.checks import _require
+from epochal._checks import require
 
 __all__ = ["SFTConfig"]
 
@@ -62,12 +62,12 @@ class SFTConfig:
     tokenizer: str = ""
 
     def __post_init__(self) -> None:
-        _require(
+        require(
             self.loss_on in _LOSS_ON,
             "loss_on",
             f"must be one of {', '.join(map(repr, _LOSS_ON))}, got {self.loss_on!r}",
         )
-        _require(
+        require(
             self.overlength in _OVERLENGTH,
             "overlength",
             f"must be one of {', '.join(map(repr, _OVERLENGTH))}, got {self.overlength!r}",
@@ -77,7 +77,7 @@ class SFTConfig:
                 weights = [float(w) for w in self.split.replace("/", ",").split(",")]
             except ValueError:
                 weights = []
-            _require(
+            require(
                 1 <= len(weights) <= 3
                 and all(math.isfinite(w) and w >= 0 for w in weights)
                 and sum(weights) > 0,
@@ -85,19 +85,19 @@ class SFTConfig:
                 "must be 1-3 comma-separated weights >= 0 'train,valid[,test]' like "
                 f"'95,5', got {self.split!r}",
             )
-            _require(
+            require(
                 not self.valid_file,
                 "split",
                 "and sft.valid_file are exclusive (a split of train_file, or a valid file)",
             )
         if not self.train_file:
             for name in ("valid_file", "split", "tokenizer"):
-                _require(
+                require(
                     not getattr(self, name),
                     name,
                     "needs sft.train_file (the rows to fine-tune on)",
                 )
-            _require(not self.packing, "packing", "needs sft.train_file (the rows to pack)")
+            require(not self.packing, "packing", "needs sft.train_file (the rows to pack)")
 
     @property
     def enabled(self) -> bool:

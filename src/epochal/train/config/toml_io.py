@@ -13,8 +13,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
+from epochal._checks import is_int, is_real, require
 from epochal.model.config import ConfigError
-from epochal.train.config.checks import _require
+from epochal.train.config.merge import deep_merge
 from epochal.train.config.tree import TrainConfig
 
 __all__ = [
@@ -55,37 +56,29 @@ def _coerce(value: Any, tp: Any, option: str) -> Any:
         )
     if origin is Literal:
         allowed = typing.get_args(tp)
-        _require(value in allowed, option, f"must be one of {list(allowed)}, got {value!r}")
+        require(value in allowed, option, f"must be one of {list(allowed)}, got {value!r}")
         return value
     if origin is dict:
-        _require(isinstance(value, dict), option, f"expected a table, got {value!r}")
+        require(isinstance(value, dict), option, f"expected a table, got {value!r}")
         return dict(value)
     if origin is list:
         (item_tp,) = typing.get_args(tp)
-        _require(isinstance(value, list | tuple), option, f"expected a list, got {value!r}")
+        require(isinstance(value, list | tuple), option, f"expected a list, got {value!r}")
         return [_coerce(v, item_tp, option) for v in value]
     if dataclasses.is_dataclass(tp):
-        _require(isinstance(value, dict), option, f"expected a table of options, got {value!r}")
+        require(isinstance(value, dict), option, f"expected a table of options, got {value!r}")
         return _build_dataclass(tp, value, option)
     if tp is bool:
-        _require(isinstance(value, bool), option, f"expected true or false, got {value!r}")
+        require(isinstance(value, bool), option, f"expected true or false, got {value!r}")
         return value
     if tp is int:
-        _require(
-            isinstance(value, int) and not isinstance(value, bool),
-            option,
-            f"expected an integer, got {value!r}",
-        )
+        require(is_int(value), option, f"expected an integer, got {value!r}")
         return value
     if tp is float:
-        _require(
-            isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value),
-            option,
-            f"expected a finite number, got {value!r}",
-        )
+        require(is_real(value), option, f"expected a finite number, got {value!r}")
         return float(value)
     if tp is str:
-        _require(isinstance(value, str), option, f"expected a string, got {value!r}")
+        require(isinstance(value, str), option, f"expected a string, got {value!r}")
         return value
     return value
 
@@ -165,16 +158,6 @@ def config_from_saved(values: dict[str, Any]) -> TrainConfig:
     return config_from_dict(values)
 
 
-def _deep_merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for k, v in update.items():
-        if isinstance(v, dict) and isinstance(out.get(k), dict):
-            out[k] = _deep_merge(out[k], v)
-        else:
-            out[k] = v
-    return out
-
-
 def parse_overrides(overrides: list[str]) -> dict[str, Any]:
     """Turn ``["--a.b=1", "c.d=x"]`` into ``{"a": {"b": 1}, "c": {"d": "x"}}``.
 
@@ -189,7 +172,7 @@ def parse_overrides(overrides: list[str]) -> dict[str, Any]:
         text = item[2:] if item.startswith("--") else item
         key, sep, raw = text.partition("=")
         key = key.strip().replace("-", "_")  # --run-dir, --training.train-iters
-        _require(bool(sep) and bool(key), item, "overrides look like --section.key=value")
+        require(bool(sep) and bool(key), item, "overrides look like --section.key=value")
         try:
             value = tomllib.loads(f"v = {raw}")["v"]
         except tomllib.TOMLDecodeError:
@@ -198,7 +181,7 @@ def parse_overrides(overrides: list[str]) -> dict[str, Any]:
         parts = key.split(".")
         for part in parts[:-1]:
             node = node.setdefault(part, {})
-            _require(isinstance(node, dict), key, "conflicts with another override")
+            require(isinstance(node, dict), key, "conflicts with another override")
         node[parts[-1]] = value
     return out
 
@@ -353,7 +336,7 @@ def _read_toml(path: Path) -> dict[str, Any]:
 def _resolve(preset_values: dict[str, Any], explicit: dict[str, Any]) -> TrainConfig:
     values = copy.deepcopy(preset_values)
     preset_gives_way(values, explicit)
-    return config_from_dict(_deep_merge(values, explicit))
+    return config_from_dict(deep_merge(values, explicit))
 
 
 def build_config(
@@ -408,12 +391,12 @@ def build_config(
     from_file: dict[str, Any] = _read_toml(Path(config_file)) if config_file is not None else {}
     explicit = from_file
     if init_model is not None:
-        explicit = _deep_merge(explicit, parse_overrides(init_model))
+        explicit = deep_merge(explicit, parse_overrides(init_model))
     if overrides:
-        explicit = _deep_merge(explicit, parse_overrides(overrides))
+        explicit = deep_merge(explicit, parse_overrides(overrides))
     values = copy.deepcopy(preset_values)
     notes = preset_gives_way(values, explicit, from_checkpoint=init_model is not None)
-    merged = _deep_merge(values, explicit)
+    merged = deep_merge(values, explicit)
     if init_model is not None:
         notes += _fit_positions(merged, explicit)
     config = config_from_dict(merged)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from epochal.train.config.checks import _require
+from epochal._checks import check_fields, checked, require
 
 __all__ = [
     "TrainingConfig",
@@ -96,29 +96,29 @@ class TrainingConfig:
             bits on every run, some slower; nothing changes on the CPU).
     """
 
-    micro_batch_size: int = 4
-    global_batch_size: int = 16
+    micro_batch_size: int = checked(4, ge=1)
+    global_batch_size: int = checked(16, ge=1)
     rampup_batch_size: list[int] | None = None
-    train_iters: int = 300
-    seed: int = 1234
-    eval_interval: int = 100
-    eval_iters: int = 10
+    train_iters: int = checked(300, ge=1)
+    seed: int = checked(1234, ge=0, lt=2**32, text="in [0, 2**32)")
+    eval_interval: int = checked(100, ge=0)
+    eval_iters: int = checked(10, ge=0)
     device: Literal["auto", "cpu", "cuda"] = "auto"
     bf16: bool = False
     fp16: bool = False
-    loss_scale: float | None = None
+    loss_scale: float | None = checked(None, gt=0, text="> 0 (or unset for dynamic scaling)")
     initial_loss_scale: float = 2.0**32
-    min_loss_scale: float = 1.0
-    loss_scale_window: int = 1000
-    hysteresis: int = 2
+    min_loss_scale: float = checked(1.0, gt=0)
+    loss_scale_window: int = checked(1000, ge=1)
+    hysteresis: int = checked(2, ge=1)
     compile: bool = False
     compile_loss: bool = False
-    loss_chunk_tokens: int = 0
+    loss_chunk_tokens: int = checked(0, ge=0, note="0 = one piece")
     fused_adamw: bool = False
-    attention_backend: Literal["auto", "flash", "efficient", "cudnn", "math"] = "auto"
+    attention_backend: Literal["auto", "flash", "efficient", "cudnn", "math"] = checked("auto")
     exit_signal_handler: bool = True
-    exit_duration_mins: float | None = None
-    exit_interval: int | None = None
+    exit_duration_mins: float | None = checked(None, gt=0, text="> 0 (or unset)")
+    exit_interval: int | None = checked(None, ge=1, text=">= 1 (or unset)")
     train_step: str = ""
     train_step_kwargs: dict[str, Any] = field(default_factory=dict)
     eval_callback: str = ""
@@ -127,74 +127,40 @@ class TrainingConfig:
     deterministic_kernels: bool = False
 
     def __post_init__(self) -> None:
-        _require(
+        check_fields(self)
+        require(
             not (self.fp16 and self.bf16),
             "fp16",
             "and training.bf16 are both true; pick one precision",
         )
-        _require(
-            self.loss_scale is None or self.loss_scale > 0,
-            "loss_scale",
-            f"must be > 0 (or unset for dynamic scaling), got {self.loss_scale}",
-        )
-        _require(
-            self.min_loss_scale > 0, "min_loss_scale", f"must be > 0, got {self.min_loss_scale}"
-        )
-        _require(
+        require(
             self.initial_loss_scale >= self.min_loss_scale,
             "initial_loss_scale",
             f"must be >= training.min_loss_scale={self.min_loss_scale}, got {self.initial_loss_scale}",
         )
-        _require(
-            self.loss_scale_window >= 1,
-            "loss_scale_window",
-            f"must be >= 1, got {self.loss_scale_window}",
-        )
-        _require(
-            self.loss_chunk_tokens >= 0,
-            "loss_chunk_tokens",
-            f"must be >= 0 (0 = one piece), got {self.loss_chunk_tokens}",
-        )
-        _require(
-            self.attention_backend in ("auto", "flash", "efficient", "cudnn", "math"),
-            "attention_backend",
-            f"must be auto, flash, efficient, cudnn or math, got {self.attention_backend!r}",
-        )
-        _require(self.hysteresis >= 1, "hysteresis", f"must be >= 1, got {self.hysteresis}")
-        _require(
+        require(
             not self.eval_callback or self.eval_callback.count(":") == 1,
             "eval_callback",
             f"must look like 'package.module:function', got {self.eval_callback!r}",
         )
-        _require(
+        require(
             not self.train_step or self.train_step.count(":") == 1,
             "train_step",
             f"must look like 'package.module:Class', got {self.train_step!r}",
         )
-        _require(
+        require(
             not self.train_step_kwargs or bool(self.train_step),
             "train_step_kwargs",
             "is set but training.train_step is not",
         )
-        _require(
-            self.micro_batch_size >= 1,
-            "micro_batch_size",
-            f"must be >= 1, got {self.micro_batch_size}",
-        )
-        _require(
-            self.global_batch_size >= 1,
-            "global_batch_size",
-            f"must be >= 1, got {self.global_batch_size}",
-        )
-        _require(
+        require(
             self.global_batch_size % self.micro_batch_size == 0,
             "global_batch_size",
             f"must be a multiple of micro_batch_size={self.micro_batch_size}, got {self.global_batch_size}",
         )
-        _require(self.train_iters >= 1, "train_iters", f"must be >= 1, got {self.train_iters}")
         if self.rampup_batch_size is not None:
             r = self.rampup_batch_size
-            _require(
+            require(
                 len(r) == 3
                 and r[0] >= 1
                 and r[1] >= 1
@@ -204,18 +170,3 @@ class TrainingConfig:
                 f"must be [start >= 1, increment >= 1, ramp_samples >= 0] with start <= "
                 f"global_batch_size={self.global_batch_size}, got {r}",
             )
-        _require(0 <= self.seed < 2**32, "seed", f"must be in [0, 2**32), got {self.seed}")
-        _require(
-            self.eval_interval >= 0, "eval_interval", f"must be >= 0, got {self.eval_interval}"
-        )
-        _require(self.eval_iters >= 0, "eval_iters", f"must be >= 0, got {self.eval_iters}")
-        _require(
-            self.exit_duration_mins is None or self.exit_duration_mins > 0,
-            "exit_duration_mins",
-            f"must be > 0 (or unset), got {self.exit_duration_mins}",
-        )
-        _require(
-            self.exit_interval is None or self.exit_interval >= 1,
-            "exit_interval",
-            f"must be >= 1 (or unset), got {self.exit_interval}",
-        )

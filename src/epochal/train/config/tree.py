@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from epochal._checks import require
 from epochal.parallel.config import ParallelConfig
 from epochal.train.config.checkpoint import CheckpointConfig
-from epochal.train.config.checks import _require
 from epochal.train.config.data import DataConfig
 from epochal.train.config.finetune import FinetuneConfig
 from epochal.train.config.log import LoggingConfig
@@ -53,7 +53,7 @@ class TrainConfig:
     sft: SFTConfig = field(default_factory=SFTConfig)
 
     def __post_init__(self) -> None:
-        _require(bool(self.run_dir), "run_dir", "must be a non-empty path")
+        require(bool(self.run_dir), "run_dir", "must be a non-empty path")
         # Model fields, checked with placeholders for what the tokenizer decides.
         model_config = model_config_from_section(
             self.model, vocab_size=self.model.vocab_size or 1, seq_length=position_length(self)
@@ -61,20 +61,20 @@ class TrainConfig:
         if self.sft.enabled:
             self._check_sft(model_config.type)
         if self.data.pack_sequences:
-            _require(
+            require(
                 model_config.is_encoder,
                 "data.pack_sequences",
                 "packs masked-LM samples of encoders (model.type 'bert' or 'esm'), "
                 f"not model.type={model_config.type!r}",
             )
-            _require(
+            require(
                 self.parallel.pipeline_parallel == 1,
                 "data.pack_sequences",
                 "is not supported with pipeline parallelism (packed micro-batches differ "
                 "in length, a pipeline schedule needs one shape); set "
                 f"parallel.pipeline_parallel=1, got {self.parallel.pipeline_parallel}",
             )
-            _require(
+            require(
                 not (
                     self.model.head == "residue_classification"
                     and model_config.residue_head == "conv"
@@ -86,7 +86,7 @@ class TrainConfig:
                 "set model.residue_head='linear' or data.pack_sequences=false",
             )
         profile = self.logging.profile_steps
-        _require(
+        require(
             profile is None or profile[0] <= self.training.train_iters,
             "logging.profile_steps",
             f"starts after the run's last step (training.train_iters={self.training.train_iters}), "
@@ -94,7 +94,7 @@ class TrainConfig:
         )
         mpe = self.model.max_position_embeddings
         longest = position_length(self)
-        _require(
+        require(
             mpe is None or mpe >= longest,
             "model.max_position_embeddings",
             f"must be >= data.seq_length={self.data.seq_length}"
@@ -106,7 +106,7 @@ class TrainConfig:
             + f", got {mpe}",
         )
         s = self.scheduler
-        _require(
+        require(
             s.lr_warmup_init <= self.optimizer.lr,
             "scheduler.lr_warmup_init",
             f"must be <= optimizer.lr={self.optimizer.lr}, got {s.lr_warmup_init}",
@@ -114,7 +114,7 @@ class TrainConfig:
         decay = self.lr_decay_iters
         warm = self.lr_warmup_iters
         if s.lr_warmup_fraction is None:
-            _require(
+            require(
                 warm < decay,
                 "scheduler.lr_warmup_iters",
                 f"must be < lr_decay_iters={decay} (training.train_iters unless set), got {warm}; "
@@ -122,14 +122,14 @@ class TrainConfig:
                 "(e.g. --scheduler.lr_warmup_iters=0 --scheduler.lr_warmup_fraction=0.1)",
             )
         if s.lr_decay_style == "WSD":
-            _require(
+            require(
                 s.lr_wsd_decay_iters is not None and s.lr_wsd_decay_iters <= decay,
                 "scheduler.lr_wsd_decay_iters",
                 f"must be set and <= lr_decay_iters={decay} for WSD, got {s.lr_wsd_decay_iters}",
             )
         o = self.optimizer
         if s.weight_decay_incr_style == "constant":
-            _require(
+            require(
                 o.wd_start == o.wd_end,
                 "optimizer.end_weight_decay",
                 "must equal start_weight_decay with scheduler.weight_decay_incr_style='constant'",
@@ -137,13 +137,13 @@ class TrainConfig:
 
     def _check_sft(self, model_type: str) -> None:
         """``sft.train_file`` against the options it cannot go with (each named)."""
-        _require(
+        require(
             model_type == "gpt",
             "sft.train_file",
             f"fine-tunes a GPT (model.type='gpt') on chat or prompt-completion rows, "
             f"not model.type={model_type!r}",
         )
-        _require(
+        require(
             self.model.head == "mlm",
             "sft.train_file",
             f"trains the language-model head; model.head={self.model.head!r} fine-tunes on "
@@ -155,7 +155,7 @@ class TrainConfig:
             sources.append("data_path" if d.data_path else "train_data_path")
         if d.train_cluster_path:
             sources.append("train_cluster_path")
-        _require(
+        require(
             not sources,
             "sft.train_file",
             f"is the run's data, and data.{sources[0] if sources else ''} is also set; "
@@ -168,7 +168,7 @@ class TrainConfig:
             ("eod_mask_loss", "is for pretraining corpora; sft.loss_on chooses the loss tokens"),
             ("blend_schedule", "is for pretraining blends"),
         ):
-            _require(
+            require(
                 not getattr(d, name),
                 f"data.{name}",
                 f"{why}; it cannot be set with sft.train_file",
@@ -191,7 +191,7 @@ class TrainConfig:
             ConfigError: none of ``data.data_path`` (or the per-split paths),
                 ``data.corpus``, ``data.mock`` or a protein source is set.
         """
-        _require(
+        require(
             self.model.head not in ("pooled_classifier", "token_classifier"),
             "model.head",
             f"{self.model.head!r} is the head of a transformers classifier given to "
@@ -201,14 +201,14 @@ class TrainConfig:
         if self.sft.enabled:
             return
         if self.model.head != "mlm":
-            _require(
+            require(
                 bool(self.finetune.train_file),
                 "finetune.train_file",
                 f"model.head={self.model.head!r} fine-tunes on a labelled table: set finetune.train_file",
             )
             return
         d = self.data
-        _require(
+        require(
             d.has_paths or d.mock or bool(d.corpus) or d.has_proteins,
             "data.data_path",
             "no data: set data.data_path (Megatron-style prefixes), data.corpus ('stdlib' or a "
