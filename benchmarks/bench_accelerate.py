@@ -124,7 +124,7 @@ def script_run(args: argparse.Namespace, run_dir: str, backend: str) -> dict[str
     """The Accelerate script; only the ``Accelerator`` import differs between the backends."""
     import transformers
 
-    from epochal.convert.hf.io import EXPORTERS
+    from epochal.formats.hf.io import EXPORTERS
     from epochal.train.config import model_config_from_section
 
     if backend == "accelerate":

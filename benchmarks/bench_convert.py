@@ -42,8 +42,8 @@ def main() -> None:
 
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    from epochal.convert.hf.io import load_hf_checkpoint, save_hf_checkpoint
     from epochal.convert.megatron.legacy import load_megatron_checkpoint, save_megatron_checkpoint
+    from epochal.formats.hf.io import load_hf_checkpoint, save_hf_checkpoint
     from epochal.model import GPTModel
     from epochal.train.state.epochal_ckpt import (
         load_epochal_checkpoint,

@@ -52,7 +52,7 @@ def main() -> None:
 
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    from epochal.convert.hf.gpt2 import ours_config_from_gpt2, ours_state_from_gpt2
+    from epochal.formats.hf.gpt2 import ours_config_from_gpt2, ours_state_from_gpt2
     from epochal.model import GPTModel
     from epochal.model.generation.decoding import generate
 

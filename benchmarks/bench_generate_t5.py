@@ -2,7 +2,7 @@
 
 One random ``T5ForConditionalGeneration`` (T5 v1.1 layout: gated GELU, relative bias;
 ``--hidden`` wide, ``--layers`` encoder + decoder blocks, 8 heads, a 4,000-id vocabulary)
-converted to epochal with ``epochal.convert.hf.t5``; prompts of ``--prompt-length``
+converted to epochal with ``epochal.formats.hf.t5``; prompts of ``--prompt-length``
 ids; ``--new-tokens`` generated per prompt with no stop token (both run the full
 length). Greedy at batch 1 and 8, beam search (4 beams) at batch 1. Each cell is the
 best of ``--repeats`` runs after a warm-up, ours and theirs alternating; the outputs
@@ -32,7 +32,7 @@ def main() -> None:
 
     import transformers
 
-    from epochal.convert.hf.t5 import ours_config_from_t5, ours_state_from_t5
+    from epochal.formats.hf.t5 import ours_config_from_t5, ours_state_from_t5
     from epochal.model import build_model, generate
 
     torch.manual_seed(0)

@@ -20,10 +20,10 @@ layer. Each layer may import itself, the base and:
     testing   data (determinism checks that users run on their datasets)
     model     data (plain PyTorch models; no parallelism, no training)
     parallel  model, data (applies parallelism from outside to a plain model)
-    formats   model, data (``convert/hf/``, ``convert/common.py``, ``checked_config.py``,
-              ``bounded_parse.py``, ``safe_load.py``: checkpoint formats read and written
-              as our models' ``(config, state_dict)``; the trainer reads Hugging Face
-              encoders with them for ``checkpoint.init_from``)
+    formats   model, data (checkpoint formats read and written as our models'
+              ``(config, state_dict)``: Hugging Face folders, safe loading, bounded
+              parsing, checked configs; the trainer reads Hugging Face encoders with them
+              for ``checkpoint.init_from``, the converters everything)
     train     formats, parallel, model, data
     convert   formats, train, model, data (checkpoint conversion: our models' state-dict
               names and configs, epochal's checkpoint format and run configuration
@@ -33,7 +33,8 @@ layer. Each layer may import itself, the base and:
     commands  every layer but ``cli`` (thin: parse, call the library, print)
     cli       commands
 
-so ``commands / accelerate -> convert -> train -> parallel -> model``, everything may use ``data``,
+so ``commands / accelerate -> convert -> train -> parallel -> model``, with ``formats`` below
+``train`` and ``convert``, everything may use ``data``,
 and nothing but ``commands`` and ``cli`` imports ``commands``. Library code never
 imports ``testing`` (that is for users' test suites).
 """
@@ -201,22 +202,9 @@ def find_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return sorted(cycles)
 
 
-#: The model-format readers of ``convert/`` (no epochal run, no Megatron args): a layer of
-#: their own under ``train``, which reads Hugging Face encoders for ``checkpoint.init_from``.
-FORMATS = (
-    "epochal.convert.hf",
-    "epochal.convert.common",
-    "epochal.convert.checked_config",
-    "epochal.convert.bounded_parse",
-    "epochal.convert.safe_load",
-)
-
-
 def layer(module: str) -> str:
     """``epochal.data.loading.samplers`` -> ``data``; ``epochal.cli`` -> ``cli``; ``epochal`` ->
-    ``epochal``; the modules of :data:`FORMATS` (and below them) -> ``formats``."""
-    if any(module == f or module.startswith(f + ".") for f in FORMATS):
-        return "formats"
+    ``epochal``."""
     parts = module.split(".")
     return parts[1] if len(parts) > 1 else parts[0]
 
@@ -298,6 +286,9 @@ def test_graph_sees_the_real_imports(graph):
     # an import inside a function (the only one of this module to that file)
     assert "epochal.data.indexed.indexed_dataset" in graph["epochal.data.datasets.dataset_builder"]
     assert sum(len(v) for v in graph.values()) > 300
+    # the trainer reads Hugging Face encoders from the formats layer, not from convert
+    assert "epochal.formats.hf.io" in graph["epochal.train.state.encoder_init"]
+    assert layer("epochal.formats.hf.io") == "formats"
 
 
 # ----------------------------------------------------------------------------- the checker

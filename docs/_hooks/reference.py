@@ -240,6 +240,8 @@ def cli_page() -> str:
 # ------------------------------------------------------------------------ api
 def api_page(package: str) -> str:
     """The Markdown of ``reference/api/<package>.md``: its exports, grouped by module."""
+    from epochal._lazy import module_path
+
     module = importlib.import_module(f"epochal.{package}")
     exports: dict[str, str] = getattr(module, "_EXPORTS", {})
     by_module: dict[str, list[str]] = {}
@@ -260,5 +262,5 @@ def api_page(package: str) -> str:
     for where, names in by_module.items():
         out += ["", f"## `{where}`", ""]
         for name in names:
-            out += [f"::: epochal.{package}.{where}.{name}", ""]
+            out += [f"::: {module_path(f'epochal.{package}', where)}.{name}", ""]
     return "\n".join(out) + "\n"

@@ -1,4 +1,4 @@
-"""Paths a checkpoint refers to, and where a command may write (used by commands/, convert/, train/).
+"""Paths a checkpoint refers to, and where a command may write (used by commands/, convert/, formats/, train/).
 
 - :func:`confined_path`: a file name read from a checkpoint (a Hugging Face index's
   ``weight_map`` entry, DCP storage metadata's ``relative_path``) resolved inside the

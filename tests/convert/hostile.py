@@ -46,7 +46,7 @@ def tiny_model():
 
 def hf_folder(path: Path, architecture: str = "gpt2") -> Path:
     """A Hugging Face folder (``config.json`` + ``model.safetensors``)."""
-    from epochal.convert.hf.io import save_hf_checkpoint
+    from epochal.formats.hf.io import save_hf_checkpoint
     from tests.convert.hf_models import llama_like
 
     config = gpt2_like() if architecture == "gpt2" else llama_like()

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from epochal.cli import main
-from epochal.convert.common import normalize_config
-from epochal.convert.hf.io import load_hf_checkpoint
 from epochal.convert.megatron.legacy import load_megatron_checkpoint
+from epochal.formats.common import normalize_config
+from epochal.formats.hf.io import load_hf_checkpoint
 from epochal.model import GPTModel
 from epochal.model.generation.decoding import generate
 from epochal.train.config import config_from_dict, to_toml

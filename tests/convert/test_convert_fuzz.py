@@ -25,8 +25,8 @@ from typing import Any
 import pytest
 import torch
 
-from epochal.convert.hf.io import load_hf_checkpoint
 from epochal.convert.megatron.legacy import load_megatron_checkpoint
+from epochal.formats.hf.io import load_hf_checkpoint
 from epochal.train.state.epochal_ckpt import load_epochal_checkpoint
 from tests.convert import hostile
 

@@ -19,11 +19,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from epochal.convert.bounded_parse import ConfigFileError
-from epochal.convert.common import ConversionError
-from epochal.convert.hf.io import load_hf_checkpoint
 from epochal.convert.megatron.legacy import load_megatron_checkpoint
-from epochal.convert.safe_load import UnsafeCheckpointError
+from epochal.formats.bounded_parse import ConfigFileError
+from epochal.formats.common import ConversionError
+from epochal.formats.hf.io import load_hf_checkpoint
+from epochal.formats.safe_load import UnsafeCheckpointError
 from epochal.train.state.checkpoint import Checkpointer, CheckpointError
 from epochal.train.state.epochal_ckpt import load_epochal_checkpoint
 from tests.convert import hostile
@@ -391,7 +391,7 @@ import json, resource, shutil, sys, time, warnings
 from pathlib import Path
 warnings.simplefilter("ignore")
 import torch
-from epochal.convert.hf.io import load_hf_checkpoint
+from epochal.formats.hf.io import load_hf_checkpoint
 from epochal.convert.megatron.legacy import load_megatron_checkpoint
 from tests.convert import hostile
 from tests.convert.test_convert_hardening import BILLION_LAUGHS, reference_bomb

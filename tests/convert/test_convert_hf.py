@@ -7,9 +7,9 @@ import json
 import pytest
 import torch
 
-from epochal.convert.common import ConversionError
-from epochal.convert.hf.io import load_hf_checkpoint, save_hf_checkpoint
-from epochal.convert.hf.llama import llama_config_from_ours, ours_config_from_llama
+from epochal.formats.common import ConversionError
+from epochal.formats.hf.io import load_hf_checkpoint, save_hf_checkpoint
+from epochal.formats.hf.llama import llama_config_from_ours, ours_config_from_llama
 from epochal.model import GPTModel
 from tests.convert.hf_models import (
     HF_ROPE_SCALING,
@@ -268,7 +268,7 @@ def test_untied_folder_without_its_head_names_the_tensor(tmp_path, make):
 def test_pytorch_model_bin_is_read_without_unpickling_code(tmp_path):
     import os
 
-    from epochal.convert.safe_load import UnsafeCheckpointError
+    from epochal.formats.safe_load import UnsafeCheckpointError
 
     hf = hf_gpt2(seed=8)
     hf.config.save_pretrained(tmp_path)

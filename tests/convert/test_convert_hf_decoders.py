@@ -16,10 +16,10 @@ import pytest
 import torch
 
 from epochal.cli import main
-from epochal.convert.common import ConversionError
-from epochal.convert.hf.io import load_hf_checkpoint, load_hf_config, save_hf_checkpoint
-from epochal.convert.hf.llama import llama_config_from_ours
 from epochal.convert.megatron.args import megatron_args_from_config
+from epochal.formats.common import ConversionError
+from epochal.formats.hf.io import load_hf_checkpoint, load_hf_config, save_hf_checkpoint
+from epochal.formats.hf.llama import llama_config_from_ours
 from epochal.model import GPTModel
 from epochal.train.state.epochal_ckpt import load_epochal_checkpoint
 from tests.convert.hf_models import DECODER_FAMILIES, hf_decoder, llama_like, ours
@@ -142,7 +142,7 @@ def test_export_refuses_a_class_that_cannot_hold_the_model(tmp_path, kw, archite
 
 
 def test_default_export_class_follows_the_options():
-    from epochal.convert.hf.io import hf_architecture_for
+    from epochal.formats.hf.io import hf_architecture_for
 
     assert hf_architecture_for(llama_like()) == "llama"
     assert hf_architecture_for(llama_like(add_qkv_bias=True)) == "qwen2"

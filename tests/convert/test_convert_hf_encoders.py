@@ -7,8 +7,8 @@ import json
 import pytest
 import torch
 
-from epochal.convert.common import ConversionError
-from epochal.convert.hf.io import load_hf_checkpoint, save_hf_checkpoint
+from epochal.formats.common import ConversionError
+from epochal.formats.hf.io import load_hf_checkpoint, save_hf_checkpoint
 from epochal.model import build_model
 from tests.convert.hf_models import (
     as_read_from_hf,

@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from epochal.cli import main
-from epochal.convert.common import ConversionError
-from epochal.convert.hf.io import load_hf_checkpoint, load_hf_config, save_hf_checkpoint
+from epochal.formats.common import ConversionError
+from epochal.formats.hf.io import load_hf_checkpoint, load_hf_config, save_hf_checkpoint
 from epochal.model import GPTModel
 from epochal.train.state.epochal_ckpt import load_epochal_checkpoint
 from tests.convert.hf_models import randomize

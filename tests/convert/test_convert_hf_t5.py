@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from epochal.cli import main
-from epochal.convert.common import ConversionError
-from epochal.convert.hf.io import load_hf_checkpoint, save_hf_checkpoint
+from epochal.formats.common import ConversionError
+from epochal.formats.hf.io import load_hf_checkpoint, save_hf_checkpoint
 from epochal.model import ModelConfig, build_model
 from tests.convert.hf_models import gpt2_like, hf_t5, t5_inputs
 

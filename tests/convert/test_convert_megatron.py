@@ -10,7 +10,6 @@ import shutil
 import pytest
 import torch
 
-from epochal.convert.common import ConversionError
 from epochal.convert.megatron.args import (
     config_from_megatron_args,
     megatron_args_from_config,
@@ -22,7 +21,8 @@ from epochal.convert.megatron.legacy import (
     load_megatron_checkpoint,
     save_megatron_checkpoint,
 )
-from epochal.convert.safe_load import UnsafeCheckpointError, safe_torch_load
+from epochal.formats.common import ConversionError
+from epochal.formats.safe_load import UnsafeCheckpointError, safe_torch_load
 from epochal.model import GPTModel
 from tests.convert.hf_models import gpt2_like, llama_like, ours
 from tests.convert.megatron_names import legacy_language_model

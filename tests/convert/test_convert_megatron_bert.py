@@ -12,14 +12,14 @@ import pytest
 import torch
 
 from epochal.cli import main
-from epochal.convert.common import ConversionError
 from epochal.convert.megatron.layout import megatron_model_type
 from epochal.convert.megatron.legacy import (
     TRACKER_FILE,
     load_megatron_checkpoint,
     save_megatron_checkpoint,
 )
-from epochal.convert.safe_load import safe_torch_load
+from epochal.formats.common import ConversionError
+from epochal.formats.safe_load import safe_torch_load
 from epochal.model import build_model
 from epochal.train.state.epochal_ckpt import load_epochal_checkpoint, save_epochal_checkpoint
 from tests.convert.hf_models import encoder_like, gpt2_like, ours, randomize

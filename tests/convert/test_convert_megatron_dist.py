@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from epochal.convert.common import ConversionError
 from epochal.convert.megatron.legacy import load_megatron_checkpoint
+from epochal.formats.common import ConversionError
 from epochal.model import build_model
 from tests.convert import mcore_dist_worker
 from tests.dist_utils import run_gloo

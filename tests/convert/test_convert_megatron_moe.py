@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from epochal.convert.common import ConversionError
 from epochal.convert.megatron.legacy import load_megatron_checkpoint, save_megatron_checkpoint
+from epochal.formats.common import ConversionError
 from epochal.model import build_model
 from tests.convert import mcore_moe_worker
 from tests.convert.mcore_moe_worker import VARIANTS, our_config

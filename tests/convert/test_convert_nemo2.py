@@ -17,9 +17,9 @@ import warnings
 import pytest
 import torch
 
-from epochal.convert.common import ConversionError
 from epochal.convert.megatron.legacy import load_megatron_checkpoint
 from epochal.convert.megatron.nemo2 import is_nemo2, load_nemo2_checkpoint, nemo2_model_fields
+from epochal.formats.common import ConversionError
 from epochal.model import build_model
 from tests.convert.test_convert_megatron_dist import (
     _our_bert_logits,

@@ -12,7 +12,7 @@ import pytest
 
 from epochal._checksum import MANIFEST, build_manifest
 from epochal.cli import main
-from epochal.convert.common import ConversionError
+from epochal.formats.common import ConversionError
 from epochal.train.state.epochal_ckpt import load_epochal_checkpoint
 from tests.convert.hf_models import hf_decoder
 

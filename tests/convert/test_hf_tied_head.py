@@ -13,7 +13,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from epochal.convert.hf.io import load_hf_checkpoint, load_hf_config
+from epochal.formats.hf.io import load_hf_checkpoint, load_hf_config
 from epochal.model import GPTModel
 from epochal.train.state.encoder_init import finetune_overrides
 from tests.convert.hf_models import hf_decoder, hf_gpt2

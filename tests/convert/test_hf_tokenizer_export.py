@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from epochal.cli import main
-from epochal.convert.common import ConversionError
-from epochal.convert.hf.tokenizer import hf_tokenizer_files
 from epochal.data.indexed.tokenizer import HuggingFaceTokenizer
+from epochal.formats.common import ConversionError
+from epochal.formats.hf.tokenizer import hf_tokenizer_files
 from epochal.train.config import config_from_dict, model_config_from_section, to_toml
 from epochal.train.state.checkpoint import Checkpointer
 from epochal.train.state.model_state import ModelState

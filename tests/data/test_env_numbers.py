@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import pytest
 
-from epochal.convert.bounded_parse import ConfigFileError, max_config_bytes
-from epochal.convert.checked_config import ConfigFieldError, max_positions
 from epochal.data.proteins.readers import read_fasta, read_proteins
 from epochal.data.proteins.sequences import ProteinInputError, max_protein_length
+from epochal.formats.bounded_parse import ConfigFileError, max_config_bytes
+from epochal.formats.checked_config import ConfigFieldError, max_positions
 from epochal.parallel import watchdog
 
 #: variable -> (reader, the error its layer raises, its default)

@@ -90,7 +90,7 @@ def test_tiny_preset_on_cuda_resumes_bit_exactly_and_serves(preset, tmp_path, mo
 
 def test_hf_llama_round_trip_on_cuda(tmp_path):
     transformers = pytest.importorskip("transformers")
-    from epochal.convert.hf.io import load_hf_checkpoint, save_hf_checkpoint
+    from epochal.formats.hf.io import load_hf_checkpoint, save_hf_checkpoint
     from epochal.model import GPTModel
     from tests.convert.hf_models import llama_like
 

@@ -22,8 +22,8 @@ PROMPTS = [torch.randint(2, 100, (n,), generator=GEN).tolist() for n in (5, 2, 9
 
 
 def converted(hf) -> GPTModel:
-    from epochal.convert.hf.gpt2 import ours_config_from_gpt2, ours_state_from_gpt2
-    from epochal.convert.hf.llama import ours_config_from_llama, ours_state_from_llama
+    from epochal.formats.hf.gpt2 import ours_config_from_gpt2, ours_state_from_gpt2
+    from epochal.formats.hf.llama import ours_config_from_llama, ours_state_from_llama
 
     cfg_dict = hf.config.to_dict()
     if cfg_dict["model_type"] == "gpt2":

@@ -1,6 +1,6 @@
 """T5Model: logits equal Hugging Face T5 (v1.0 and v1.1) for the same weights; cache, masks, config.
 
-The weights go through :mod:`epochal.convert.hf.t5`'s in-memory functions; the
+The weights go through :mod:`epochal.formats.hf.t5`'s in-memory functions; the
 file round trips are in ``tests/convert/test_convert_hf_t5.py``.
 """
 
@@ -11,7 +11,7 @@ import dataclasses
 import pytest
 import torch
 
-from epochal.convert.hf.t5 import ours_config_from_t5, ours_state_from_t5
+from epochal.formats.hf.t5 import ours_config_from_t5, ours_state_from_t5
 from epochal.model import ModelConfig, T5Model, build_model
 from epochal.model.config import ConfigError
 from epochal.model.generation.kv_cache import KVCache

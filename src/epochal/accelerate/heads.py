@@ -24,7 +24,7 @@ id is not ``config.pad_token_id`` (the last position when there is no
 ``pad_token_id``, which transformers allows for one row only).
 
 The encoder or decoder body is converted by epochal's language-model converters
-(:mod:`epochal.convert.hf`): its weights are read as the language model's would
+(:mod:`epochal.formats.hf`): its weights are read as the language model's would
 be, with a stand-in of zeros for the language-model head the classifier lacks,
 which is then dropped; writing back runs the exporter the same way and keeps the
 body. So every conversion rule (fused / transposed tensors, the padded vocabulary)
@@ -40,7 +40,7 @@ from typing import Any
 
 import torch
 
-from epochal.convert.hf.io import EXPORTERS, IMPORTERS
+from epochal.formats.hf.io import EXPORTERS, IMPORTERS
 from epochal.model.config import ModelConfig
 
 __all__ = ["HEAD_FAMILIES", "HeadLayout", "head_layout"]

@@ -4,7 +4,7 @@
 ``BertForMaskedLM`` / ``BertForPreTraining`` (``megatron-bert`` too),
 ``EsmForMaskedLM`` or ``T5ForConditionalGeneration`` (or a sequence / token
 classifier of BERT, GPT-2, Llama or ESM: :mod:`epochal.accelerate.heads`) in memory through epochal's
-Hugging Face converters (:data:`epochal.convert.hf.io.IMPORTERS`): the same
+Hugging Face converters (:data:`epochal.formats.hf.io.IMPORTERS`): the same
 weights, random or pretrained, under epochal's names (vocabulary padded with zero
 rows). A model built under ``init_empty_weights`` (parameters on the meta device)
 converts its configuration only; its weights must come from ``load_state``.
@@ -17,7 +17,7 @@ number (one byte per element), so fused, split and transposed tensors carry thei
 group along.
 
 :class:`HFSource.write_back` copies epochal weights (full tensors) into the user's
-model through the exporters (:data:`epochal.convert.hf.io.EXPORTERS`), which is
+model through the exporters (:data:`epochal.formats.hf.io.EXPORTERS`), which is
 what ``accelerator.unwrap_model`` returns.
 """
 
@@ -33,9 +33,9 @@ import torch
 from torch import nn
 
 from epochal.accelerate.heads import HEAD_FAMILIES, HeadLayout, head_layout
-from epochal.convert.common import ConversionError
-from epochal.convert.hf.io import EXPORTERS, IMPORTERS
-from epochal.convert.hf.moe import MOE_FAMILIES
+from epochal.formats.common import ConversionError
+from epochal.formats.hf.io import EXPORTERS, IMPORTERS
+from epochal.formats.hf.moe import MOE_FAMILIES
 from epochal.model.config import ModelConfig
 
 __all__ = [

@@ -287,7 +287,7 @@ def read_launch_config(path: str | os.PathLike) -> LaunchConfig:
     """
     import yaml
 
-    from epochal.convert.bounded_parse import ConfigFileError, load_yaml_file, read_config_text
+    from epochal.formats.bounded_parse import ConfigFileError, load_yaml_file, read_config_text
 
     source = str(path)
     try:

@@ -43,7 +43,7 @@ from epochal.convert.formats import (
     load_checkpoint,
     save_checkpoint,
 )
-from epochal.convert.hf.io import Architecture
+from epochal.formats.hf.io import Architecture
 
 __all__ = ["add_arguments", "detect_format", "run"]
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

@@ -5,17 +5,17 @@ Public names: :func:`load_hf_checkpoint`, :func:`save_hf_checkpoint`,
 :func:`load_megatron_checkpoint`, :func:`save_megatron_checkpoint`,
 :func:`safe_torch_load`, :class:`ConversionError`, :class:`UnsafeCheckpointError`.
 Every converter works on ``(ModelConfig, state_dict)`` pairs with the parameter
-names of ``epochal.model.build_model(config)`` (see :mod:`epochal.convert.common`).
+names of ``epochal.model.build_model(config)`` (see :mod:`epochal.formats.common`).
 """
 
 from epochal._lazy import lazy_exports
 
 _EXPORTS = {
-    "ConversionError": "common",
-    "UnsafeCheckpointError": "safe_load",
-    "safe_torch_load": "safe_load",
-    "load_hf_checkpoint": "hf.io",
-    "save_hf_checkpoint": "hf.io",
+    "ConversionError": "epochal.formats.common",
+    "UnsafeCheckpointError": "epochal.formats.safe_load",
+    "safe_torch_load": "epochal.formats.safe_load",
+    "load_hf_checkpoint": "epochal.formats.hf.io",
+    "save_hf_checkpoint": "epochal.formats.hf.io",
     "load_megatron_checkpoint": "megatron.legacy",
     "save_megatron_checkpoint": "megatron.legacy",
 }

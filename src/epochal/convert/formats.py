@@ -107,14 +107,14 @@ def load_checkpoint(
 
     Raises:
         ValueError: ``model_config`` for a non-Megatron input; every reader's
-            :class:`~epochal.convert.common.ConversionError`.
+            :class:`~epochal.formats.common.ConversionError`.
         OSError: missing files, unsafe pickles.
     """
     fmt = detect_format(path) if fmt == "auto" else fmt
     if model_config is not None and fmt != "megatron":
         raise ValueError(f"--model-config applies to NeMo 2 checkpoints; {path} is {fmt}")
     if fmt == "hf":
-        from epochal.convert.hf.io import load_hf_checkpoint
+        from epochal.formats.hf.io import load_hf_checkpoint
 
         hf = load_hf_checkpoint(
             path, make_vocab_size_divisible_by=make_vocab_size_divisible_by or 128
@@ -190,13 +190,13 @@ def _chat_tokenizer_info(folder: str, origin: str = "the run's chat tokenizer") 
     """
     import json
 
-    from epochal.convert.common import ConversionError
     from epochal.data.sft import (
         SFTDataError,
         chat_tokenizer_files,
         end_of_turn_ids,
         load_chat_tokenizer,
     )
+    from epochal.formats.common import ConversionError
 
     try:
         tokenizer = load_chat_tokenizer(folder)
@@ -256,7 +256,7 @@ def save_checkpoint(
 
     A LoRA model is written merged (:func:`merge_adapters`); a fine-tuned model (``head``
     != ``"mlm"``) goes to Hugging Face as its bare encoder with the head next to it
-    (:func:`epochal.convert.hf.encoder.save_hf_encoder`).
+    (:func:`epochal.formats.hf.encoder.save_hf_encoder`).
 
     Args:
         ck: what :func:`load_checkpoint` read.
@@ -289,13 +289,13 @@ def save_checkpoint(
 
     labels = {LABEL_VOCAB_FILE: extra["label_vocab"]} if extra.get("label_vocab") else {}
     if target == "hf" and config.head != "mlm":
-        from epochal.convert.hf.encoder import save_hf_encoder
+        from epochal.formats.hf.encoder import save_hf_encoder
 
         return save_hf_encoder(
             config, state, output, dtype=dtype, overwrite=overwrite, extra_files=labels or None
         )
     if target == "hf":
-        from epochal.convert.hf.io import save_hf_checkpoint
+        from epochal.formats.hf.io import save_hf_checkpoint
 
         extra = export_tokenizer(extra, tokenizer, without=no_tokenizer)
         eos = extra.get("eos") if eos_token_id is None else eos_token_id
@@ -413,12 +413,12 @@ def load_model_checkpoint(
             e.g. when the caller builds its own).
 
     Raises:
-        ValueError: every reader's :class:`~epochal.convert.common.ConversionError`.
+        ValueError: every reader's :class:`~epochal.formats.common.ConversionError`.
         OSError: missing files, unsafe pickles.
     """
     fmt = detect_format(path) if fmt == "auto" else fmt
     if fmt == "hf":
-        from epochal.convert.hf.io import load_hf_checkpoint
+        from epochal.formats.hf.io import load_hf_checkpoint
 
         hf = load_hf_checkpoint(path)
         eos = generation_eos_ids(path) or tuple(hf.eos_token_ids)
@@ -465,8 +465,8 @@ def generation_eos_ids(folder: str | os.PathLike) -> tuple[int, ...]:
     path = Path(folder) / "generation_config.json"
     if not path.is_file():
         return ()
-    from epochal.convert.bounded_parse import load_json_file
-    from epochal.convert.common import ConversionError
+    from epochal.formats.bounded_parse import load_json_file
+    from epochal.formats.common import ConversionError
 
     eos = load_json_file(path, path.name).get("eos_token_id")
     eos = eos if isinstance(eos, list) else [] if eos is None else [eos]
@@ -522,7 +522,7 @@ def export_tokenizer(
             run is a fine-tuning run whose tokenizer folder is gone (names the folder, the
             option that named it, and both ways on).
     """
-    from epochal.convert.common import ConversionError
+    from epochal.formats.common import ConversionError
 
     files = ("tokenizer_json", "tokenizer_files")
     if folder is not None:

@@ -44,7 +44,7 @@ _EXPORTS = {
     "merge_indexed_datasets": "indexed.indexed_dataset",
     "preprocess_documents": "indexed.preprocess",
     "PreprocessSummary": "indexed.preprocess",
-    "PreprocessError": "indexed.preprocess_encoding",
+    "PreprocessError": "indexed.preprocess_chunks",
     # GPT packing and blending
     "GPTDataset": "datasets.gpt_dataset",
     "BlendedDataset": "datasets.blended_dataset",

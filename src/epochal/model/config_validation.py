@@ -46,8 +46,8 @@ ROPE_SCALING_TYPES: tuple[str, ...] = typing.get_args(RopeScalingType)
 MODEL_TYPES: tuple[str, ...] = typing.get_args(ModelType)
 TRANSFORMER_BLOCK_TYPES: tuple[str, ...] = typing.get_args(TransformerBlockType)
 #: Fields that only encoders use; a GPT config leaves them at their defaults, and
-#: :meth:`ModelConfig.to_dict` omits them (with ``type``) for GPT, so GPT configs
-#: serialize exactly as before the encoder types existed.
+#: :meth:`ModelConfig.to_dict` omits them (with ``type``) for GPT, so a GPT config's
+#: dict holds only the fields GPT models read.
 ENCODER_FIELDS = (
     "type",
     "num_tokentypes",

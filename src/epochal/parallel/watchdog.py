@@ -1,8 +1,8 @@
 """No orphaned workers, no silent stall: workers stop when their launcher dies; stuck collectives end the job.
 
 - **Parent death.** ``epochal train`` starts ``torchrun`` (its elastic agent),
-  which starts the workers. ``kill -9`` of either parent used to leave the workers
-  training to the end (and a rerun then trained alongside them). Now:
+  which starts the workers. Unwatched, ``kill -9`` of either parent would leave the
+  workers training to the end (and a rerun would train alongside them). So:
 
   * the launcher starts ``torchrun`` with :func:`launcher_preexec`: on Linux the
     kernel sends the agent SIGTERM when the launcher dies

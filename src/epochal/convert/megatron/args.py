@@ -59,19 +59,19 @@ from typing import Any
 
 import torch
 
-from epochal.convert.checked_config import (
+from epochal.convert.megatron.moe import (
+    expert_parallel_size,
+    moe_args_from_config,
+    moe_fields_from_args,
+)
+from epochal.formats.checked_config import (
     MEGATRON_SCHEMA,
     ConfigFieldError,
     check_fields,
     check_positions,
     check_vocab_rows,
 )
-from epochal.convert.common import ConversionError, normalize_config
-from epochal.convert.megatron.moe import (
-    expert_parallel_size,
-    moe_args_from_config,
-    moe_fields_from_args,
-)
+from epochal.formats.common import ConversionError, normalize_config
 from epochal.model.config import ConfigError, ModelConfig
 
 __all__ = [

@@ -17,7 +17,6 @@ from typing import Any
 
 import torch
 
-from epochal.convert.common import ConversionError, attach_output_head, check_shapes, resize_rows
 from epochal.convert.megatron.args import MegatronExtras, config_from_megatron_args
 from epochal.convert.megatron.layout import (
     interleaved_to_half_rotary,
@@ -26,6 +25,7 @@ from epochal.convert.megatron.layout import (
     to_local_names,
     unpack_qkv,
 )
+from epochal.formats.common import ConversionError, attach_output_head, check_shapes, resize_rows
 from epochal.model.config import ModelConfig
 from epochal.model.moe_options import is_moe_layer
 

@@ -32,7 +32,7 @@ from collections.abc import Iterable, Sequence
 
 import torch
 
-from epochal.convert.common import ConversionError
+from epochal.formats.common import ConversionError
 
 __all__ = [
     "interleaved_to_half_rotary",

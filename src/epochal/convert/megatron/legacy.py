@@ -33,7 +33,7 @@ Import (:func:`load_megatron_checkpoint`) reads any TP x PP, Megatron-Core names
 (local or Transformer-Engine spec) or legacy names, checkpoint versions 0-3,
 ``--rotary-interleaved`` (q/k rows permuted to our half-split RoPE layout) and
 ``--apply-layernorm-1p``; it never unpickles arbitrary objects
-(:func:`epochal.convert.safe_load.safe_torch_load`). Optimizer and RNG state are
+(:func:`epochal.formats.safe_load.safe_torch_load`). Optimizer and RNG state are
 ignored. Mixture-of-experts models read from any TP x PP x EP, sequential or grouped
 experts (:mod:`epochal.convert.megatron.moe`: the folder names, local and global expert
 indices). Virtual-pipeline (``model0``, ``model1``, ...) checkpoints raise
@@ -60,7 +60,6 @@ from typing import Any, Literal
 
 import torch
 
-from epochal.convert.common import ConversionError
 from epochal.convert.megatron.args import config_from_megatron_args
 from epochal.convert.megatron.checkpoint import (
     MegatronCheckpoint,
@@ -79,7 +78,8 @@ from epochal.convert.megatron.legacy_save import FILE_NAME, TRACKER_FILE, save_m
 from epochal.convert.megatron.moe import grouped_to_sequential, merge_expert_ranks
 from epochal.convert.megatron.nemo2 import is_nemo2, load_nemo2_checkpoint
 from epochal.convert.megatron.torch_dist import is_torch_dist, read_torch_dist
-from epochal.convert.safe_load import safe_torch_load
+from epochal.formats.common import ConversionError
+from epochal.formats.safe_load import safe_torch_load
 
 __all__ = [
     "MegatronCheckpoint",

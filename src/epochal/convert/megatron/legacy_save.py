@@ -16,12 +16,12 @@ from typing import Any, Literal
 import torch
 
 from epochal._atomic import atomic_directory, atomic_write
-from epochal.convert.common import ConversionError, check_shapes, complete_tied, resize_rows
 from epochal.convert.megatron.args import CHECKPOINT_VERSION, megatron_args_from_config
 from epochal.convert.megatron.checkpoint import _megatron_full_from_ours
 from epochal.convert.megatron.layout import shard_kind, split_tp
 from epochal.convert.megatron.moe import experts_to_dist, split_expert_ranks
 from epochal.convert.megatron.torch_dist import write_torch_dist
+from epochal.formats.common import ConversionError, check_shapes, complete_tied, resize_rows
 from epochal.model.config import ModelConfig
 from epochal.model.moe_options import is_moe_layer
 

@@ -68,7 +68,7 @@ from typing import Any
 
 import torch
 
-from epochal.convert.common import ConversionError
+from epochal.formats.common import ConversionError
 
 __all__ = [
     "experts_from_dist",

@@ -21,7 +21,7 @@ serialization (``root`` / ``objects``; ``Config`` nodes become mappings with the
 name in ``_target_``, functions their dotted name). Nothing is imported, executed or
 unpickled. A context we will not read that way (neither file, one holding Python object
 tags, a JSON that is not Fiddle's graph) is refused with a
-:class:`~epochal.convert.common.ConversionError` that names the file; the
+:class:`~epochal.formats.common.ConversionError` that names the file; the
 configuration then comes from ``--model-config FILE`` (JSON or YAML, the same
 Megatron-Core field names: ``num_layers``, ``hidden_size``, ``num_attention_heads``,
 ``num_query_groups``, ``ffn_hidden_size``, ``normalization``, ``layernorm_epsilon``,
@@ -52,11 +52,11 @@ from typing import Any
 
 import torch
 
-from epochal.convert.bounded_parse import Budget, ConfigFileError, load_json_file, load_yaml_file
-from epochal.convert.checked_config import MEGATRON_SCHEMA, check_fields
-from epochal.convert.common import ConversionError
 from epochal.convert.megatron.checkpoint import checkpoint_from_megatron_tensors
 from epochal.convert.megatron.torch_dist import is_torch_dist, read_torch_dist
+from epochal.formats.bounded_parse import Budget, ConfigFileError, load_json_file, load_yaml_file
+from epochal.formats.checked_config import MEGATRON_SCHEMA, check_fields
+from epochal.formats.common import ConversionError
 
 __all__ = ["is_nemo2", "load_nemo2_checkpoint", "nemo2_model_fields"]
 
@@ -84,7 +84,7 @@ def is_nemo2(path: str | Path) -> bool:
 
 def _read_mapping(path: Path, what: str) -> dict[str, Any]:
     """A YAML/JSON file as a plain mapping, read with ``yaml.safe_load`` (never constructs
-    objects) within :mod:`~epochal.convert.bounded_parse`'s size, depth and alias limits."""
+    objects) within :mod:`~epochal.formats.bounded_parse`'s size, depth and alias limits."""
     import yaml
 
     try:

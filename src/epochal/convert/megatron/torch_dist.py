@@ -17,7 +17,7 @@ model tensor whole (metadata read with the restricted unpickler), the stacks are
 into ``decoder.layers.{i}.*``, and the legacy path's name mapping
 (:mod:`epochal.convert.megatron.legacy`) turns them into ours. Optimizer state and
 RNG states in the folder are not read. The model configuration comes from ``args`` in
-``common.pt`` (read with :func:`~epochal.convert.safe_load.safe_torch_load`).
+``common.pt`` (read with :func:`~epochal.formats.safe_load.safe_torch_load`).
 
 Writing (:func:`write_torch_dist`) is the reverse: the layers stacked, one DCP save from
 one process with the global tensors (Megatron-Core reshards them for the loading
@@ -29,7 +29,7 @@ Mixture-of-experts blocks: each block's experts are one tensor ``[E, ...]``
 (``mlp.experts.experts.linear_fc1.weight``), split into experts on reading and stacked
 on writing; see :mod:`epochal.convert.megatron.moe`.
 
-Errors (:class:`~epochal.convert.common.ConversionError`, naming the folder): a folder
+Errors (:class:`~epochal.formats.common.ConversionError`, naming the folder): a folder
 that is not ``torch_dist``, missing shard files (named), no ``args``, multi-latent
 attention or other unsupported layers (named).
 """
@@ -47,9 +47,9 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from epochal._dcp import single_process_dcp
-from epochal.convert.common import ConversionError
 from epochal.convert.megatron.moe import experts_from_dist
-from epochal.convert.safe_load import safe_torch_load
+from epochal.formats.common import ConversionError
+from epochal.formats.safe_load import safe_torch_load
 
 __all__ = ["is_torch_dist", "read_torch_dist", "stack_layers", "write_torch_dist"]
 

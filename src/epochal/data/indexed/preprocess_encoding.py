@@ -26,11 +26,6 @@ from epochal.data.indexed.preprocess_arrow import (
     saved_dataset_files,
 )
 from epochal.data.indexed.preprocess_chunks import Chunk
-from epochal.data.indexed.preprocess_chunks import (  # re-exported: they lived here
-    PreprocessError as PreprocessError,
-)
-from epochal.data.indexed.preprocess_chunks import line_too_long as line_too_long
-from epochal.data.indexed.preprocess_chunks import read_chunks as read_chunks
 from epochal.data.indexed.token_arrays import _as_token_array
 from epochal.data.indexed.tokenizer import Tokenizer
 

@@ -14,10 +14,10 @@ one, or refuse another::
 null: the tokenizer's built-in files). ``fingerprint`` identifies the tokenizer's
 ids whatever its files are called: a SHA-256 of its vocabulary size, end-of-document
 id and the ids of a fixed probe text (:func:`tokenizer_fingerprint`), so the same
-type with another vocabulary differs. Corpora without a record (Megatron's own
-files, older ones) are read as before; a record name that exists but holds no
-readable record (a dangling link, a directory, an empty, truncated or malformed
-file) is an error naming it, never read as "no record".
+type with another vocabulary differs. A corpus without a record (Megatron's own
+files, for one) is read without one: the configuration's tokenizer applies. A record
+name that exists but holds no readable record (a dangling link, a directory, an empty,
+truncated or malformed file) is an error naming it, never read as "no record".
 """
 
 from __future__ import annotations

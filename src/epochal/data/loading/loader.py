@@ -155,8 +155,8 @@ class WrappedDataLoader(DataLoader):
     ) -> None:
         if mode is _MISSING:
             raise TypeError(
-                f"WrappedDataLoader needs mode=, one of {MODES}: there is no default because a forgotten"
-                " mode used to make validation loaders resume mid-way like the train loader"
+                f"WrappedDataLoader needs mode=, one of {MODES}: there is no default because a"
+                " validation loader given the train loader's mode would resume mid-way like it"
             )
         if mode not in MODES:
             raise ValueError(f"WrappedDataLoader mode must be one of {MODES}, got {mode!r}")

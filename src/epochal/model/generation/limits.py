@@ -1,7 +1,7 @@
 """What a generation request may ask for, checked before anything is allocated.
 
-``epochal generate --num-beams 1000000`` used to end in ``std::bad_alloc`` and a
-checkpoint declaring 10^12 positions in ``tried to allocate 4000000000000 bytes``.
+Unchecked, ``epochal generate --num-beams 1000000`` would end in ``std::bad_alloc`` and a
+checkpoint declaring 10^12 positions in ``tried to allocate 4000000000000 bytes``:
 :func:`check_generation_sizes` refuses them first, with the option (or the
 checkpoint's field) and both sizes in the message.
 """

@@ -452,8 +452,8 @@ def _native_gqa(q: torch.Tensor, k: torch.Tensor) -> bool:
     """Grouped keys/values go to SDPA as they are (``enable_gqa``): CPU kernels only.
 
     On CUDA the memory-efficient kernel (fp32, or flash disabled) does not take
-    ``enable_gqa`` and would fall back to the math kernel, so keys and values are
-    repeated there as before.
+    ``enable_gqa`` and would fall back to the math kernel, so there keys and values are
+    repeated to the number of query heads first.
     """
     return q.device.type == "cpu" and q.shape[1] != k.shape[1] and q.shape[1] % k.shape[1] == 0
 

@@ -6,7 +6,7 @@ may have a tokenizer record (:mod:`epochal.data.indexed.tokenizer_record`):
 - :func:`with_recorded_tokenizer`: ``data.tokenizer_type = ""`` (the default: no
   tokenizer given) takes the recorded tokenizer and its files (options the
   configuration sets explicitly are kept); without a record it is
-  ``GPT2BPETokenizer``, Megatron's default, as before. Prefixes recorded with
+  ``GPT2BPETokenizer``, Megatron's default. Prefixes recorded with
   different tokenizers are refused (naming ``data.data_path``).
 - :func:`check_recorded_tokenizer`: the tokenizer the run built must give the
   recorded ids (same fingerprint: vocabulary size, end-of-document id and the ids

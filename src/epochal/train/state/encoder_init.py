@@ -2,7 +2,7 @@
 
 ``checkpoint.init_from`` of a run with a fine-tuning head (``model.head``) names an
 epochal run / checkpoint (any layout) or a Hugging Face ESM / BERT folder (masked-LM
-or bare encoder, :func:`epochal.convert.hf.encoder.load_hf_encoder`):
+or bare encoder, :func:`epochal.formats.hf.encoder.load_hf_encoder`):
 
 - :func:`finetune_overrides` (``epochal train``, before the configuration is built)
   takes the encoder's shape (every ``[model]`` field but the head / LoRA fields and
@@ -14,7 +14,7 @@ or bare encoder, :func:`epochal.convert.hf.encoder.load_hf_encoder`):
 
 A run without a fine-tuning head (``model.head = "mlm"``: a GPT, or an encoder that
 goes on pretraining) may name a Hugging Face folder of any class
-:func:`epochal.convert.hf.io.load_hf_checkpoint` reads (Llama, Qwen2 / Qwen2.5, Qwen3,
+:func:`epochal.formats.hf.io.load_hf_checkpoint` reads (Llama, Qwen2 / Qwen2.5, Qwen3,
 Mistral, GPT-2, BERT, ESM-2, T5): its whole ``[model]`` configuration then comes from the
 folder's ``config.json`` (:func:`finetune_overrides`; a preset's ``[model]`` gives way to
 it, :func:`~epochal.train.config.build_config`'s ``init_model``), a ``[model]`` option that
@@ -74,13 +74,13 @@ def read_encoder(
     Raises:
         CheckpointError: nothing readable there (the option and the reader's reason named).
     """
-    from epochal.convert.common import ConversionError
+    from epochal.formats.common import ConversionError
 
     try:
         if is_hf_folder(path):
-            from epochal.convert.bounded_parse import load_json_file
-            from epochal.convert.hf.encoder import ENCODER_LAYOUTS, load_hf_encoder
-            from epochal.convert.hf.io import load_hf_checkpoint
+            from epochal.formats.bounded_parse import load_json_file
+            from epochal.formats.hf.encoder import ENCODER_LAYOUTS, load_hf_encoder
+            from epochal.formats.hf.io import load_hf_checkpoint
 
             config_json = Path(path) / "config.json"
             if load_json_file(config_json, config_json.name).get("model_type") in ENCODER_LAYOUTS:
@@ -153,7 +153,7 @@ def _hf_model_overrides(init: str | Path, given: dict[str, Any]) -> list[str]:
     """The ``--model.*`` overrides of a run whose ``checkpoint.init_from`` is a Hugging Face folder.
 
     Every ``[model]`` field comes from the folder's ``config.json`` (as
-    :func:`epochal.convert.hf.io.load_hf_checkpoint` reads it). The config file and
+    :func:`epochal.formats.hf.io.load_hf_checkpoint` reads it). The config file and
     the command line may set the dropouts and the head / LoRA fields (:data:`KEPT_FIELDS`);
     any other field they set must equal the folder's (Megatron-Bridge and NeMo take the
     architecture from the Hugging Face model the same way).
@@ -164,10 +164,10 @@ def _hf_model_overrides(init: str | Path, given: dict[str, Any]) -> list[str]:
     """
     import json
 
-    from epochal.convert.bounded_parse import load_json_file
-    from epochal.convert.common import ConversionError
-    from epochal.convert.hf.encoder import ENCODER_LAYOUTS
-    from epochal.convert.hf.io import load_hf_config
+    from epochal.formats.bounded_parse import load_json_file
+    from epochal.formats.common import ConversionError
+    from epochal.formats.hf.encoder import ENCODER_LAYOUTS
+    from epochal.formats.hf.io import load_hf_config
 
     config_json = Path(init) / "config.json"
     try:

@@ -46,8 +46,8 @@ from typing import Any
 import torch
 
 from epochal._dcp import single_process_dcp
-from epochal.convert.checked_config import check_positions
-from epochal.convert.common import ConversionError, check_shapes, complete_tied
+from epochal.formats.checked_config import check_positions
+from epochal.formats.common import ConversionError, check_shapes, complete_tied
 from epochal.model.config import ConfigError, ModelConfig
 
 __all__ = [
@@ -331,7 +331,7 @@ def _read_step_folder(
 def _load_consolidated(file: Path, vocab_size: int | None) -> EpochalCheckpoint:
     """A consolidated ``.safetensors`` file: self-contained, or inside its ``step_*`` folder."""
     from epochal._checksum import verify_safetensors
-    from epochal.convert.safe_load import load_safetensors, safetensors_metadata
+    from epochal.formats.safe_load import load_safetensors, safetensors_metadata
 
     meta = safetensors_metadata(file)  # a file that is no safetensors file is refused here
     if not verify_safetensors(file):

@@ -32,28 +32,28 @@ from typing import Any, Literal
 import torch
 
 from epochal._atomic import atomic_directory
-from epochal.convert.checked_config import (
+from epochal.formats.checked_config import (
     HF_ROPE_SCHEMA,
     HF_SCHEMAS,
     check_fields,
     check_positions,
     check_vocab_rows,
 )
-from epochal.convert.common import ConversionError, check_shapes, complete_tied
-from epochal.convert.hf import bert as hf_bert
-from epochal.convert.hf import esm as hf_esm
-from epochal.convert.hf import gpt2 as hf_gpt2
-from epochal.convert.hf import llama as hf_llama
-from epochal.convert.hf import mistral as hf_mistral
-from epochal.convert.hf import moe as hf_moe
-from epochal.convert.hf import qwen2 as hf_qwen2
-from epochal.convert.hf import qwen3 as hf_qwen3
-from epochal.convert.hf import t5 as hf_t5
-from epochal.convert.hf.files import read_json as _read_json
-from epochal.convert.hf.files import read_weights as _read_weights
-from epochal.convert.hf.files import tensor_names
-from epochal.convert.hf.tied_head import HEAD, TIED_EMBEDDINGS, tie_as_transformers
-from epochal.convert.hf.tokenizer import hf_tokenizer_files
+from epochal.formats.common import ConversionError, check_shapes, complete_tied
+from epochal.formats.hf import bert as hf_bert
+from epochal.formats.hf import esm as hf_esm
+from epochal.formats.hf import gpt2 as hf_gpt2
+from epochal.formats.hf import llama as hf_llama
+from epochal.formats.hf import mistral as hf_mistral
+from epochal.formats.hf import moe as hf_moe
+from epochal.formats.hf import qwen2 as hf_qwen2
+from epochal.formats.hf import qwen3 as hf_qwen3
+from epochal.formats.hf import t5 as hf_t5
+from epochal.formats.hf.files import read_json as _read_json
+from epochal.formats.hf.files import read_weights as _read_weights
+from epochal.formats.hf.files import tensor_names
+from epochal.formats.hf.tied_head import HEAD, TIED_EMBEDDINGS, tie_as_transformers
+from epochal.formats.hf.tokenizer import hf_tokenizer_files
 from epochal.model.config import ConfigError, ModelConfig
 
 __all__ = [
@@ -505,7 +505,7 @@ def save_hf_checkpoint(
             ``bos_token_id``/``eos_token_id`` only when given.
         tokenizer_file: a ``tokenizer.json`` to ship with the weights, with a
             ``tokenizer_config.json`` and ``special_tokens_map.json`` naming the
-            tokens of those ids (see :mod:`epochal.convert.hf.tokenizer`), so that
+            tokens of those ids (see :mod:`epochal.formats.hf.tokenizer`), so that
             ``AutoTokenizer`` agrees with ``config.json``.
         overwrite: replace an existing folder.
         extra_files: ``{name: text or bytes}`` written too, e.g. an ESM-2 tokenizer's

@@ -1,6 +1,6 @@
 """Hugging Face ``MixtralForCausalLM``, ``Qwen2MoeForCausalLM``, ``Qwen3MoeForCausalLM`` <-> ``GPTModel``.
 
-The three are Llama-shaped decoders (:mod:`epochal.convert.hf.llama`: attention,
+The three are Llama-shaped decoders (:mod:`epochal.formats.hf.llama`: attention,
 norms, embeddings and RoPE read and written by the shared functions) whose MLP is a
 mixture of experts (:mod:`epochal.model.layers.moe`). The MoE tensors, in the
 checkpoints' per-expert layout (what ``save_pretrained`` writes)::
@@ -39,9 +39,9 @@ from typing import Any
 
 import torch
 
-from epochal.convert.common import ConversionError
-from epochal.convert.hf.llama import decoder_config, decoder_export_problems, decoder_json
-from epochal.convert.hf.qwen2 import layer_window, qwen_window_json
+from epochal.formats.common import ConversionError
+from epochal.formats.hf.llama import decoder_config, decoder_export_problems, decoder_json
+from epochal.formats.hf.qwen2 import layer_window, qwen_window_json
 from epochal.model.config import ModelConfig
 from epochal.model.moe_options import moe_layer_pattern
 

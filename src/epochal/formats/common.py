@@ -1,4 +1,5 @@
-"""Helpers shared by the converters: errors, vocabulary padding, key checks.
+"""Helpers every checkpoint format shares (its readers and writers, the converters): errors,
+vocabulary padding, key checks.
 
 A converted model is always a pair ``(ModelConfig, state_dict)`` where the state
 dict uses the parameter names of ``epochal.model.build_model(config)`` (see

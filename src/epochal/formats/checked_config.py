@@ -16,13 +16,13 @@ run before any tensor is cut, padded or reshaped.
 
 from __future__ import annotations
 
-import math
 import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from epochal._checks import is_int, is_real
 from epochal._env import env_int
-from epochal.convert.common import ConversionError
+from epochal.formats.common import ConversionError
 
 __all__ = [
     "BOOL",
@@ -50,26 +50,18 @@ class ConfigFieldError(ConversionError):
 Kind = tuple[str, Callable[[Any], bool]]
 
 
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _is_real(v: Any) -> bool:
-    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
-
-
 #: a kind is (description for the message, predicate).
-POS_INT: Kind = ("a positive integer", lambda v: _is_int(v) and v >= 1)
-NONNEG_INT: Kind = ("an integer >= 0", lambda v: _is_int(v) and v >= 0)
+POS_INT: Kind = ("a positive integer", lambda v: is_int(v) and v >= 1)
+NONNEG_INT: Kind = ("an integer >= 0", lambda v: is_int(v) and v >= 0)
 #: an integer, or a float with an integral value (``2.0``; YAML/JSON writers produce these)
 POS_INTEGRAL: Kind = (
     "a positive integer",
-    lambda v: (_is_int(v) and v >= 1) or (_is_real(v) and float(v).is_integer() and v >= 1),
+    lambda v: (is_int(v) and v >= 1) or (is_real(v) and float(v).is_integer() and v >= 1),
 )
-POS_FLOAT: Kind = ("a finite number > 0", lambda v: _is_real(v) and v > 0)
-NONNEG_FLOAT: Kind = ("a finite number >= 0", lambda v: _is_real(v) and v >= 0)
-PROB: Kind = ("a number in [0, 1]", lambda v: _is_real(v) and 0 <= v <= 1)
-FRACTION: Kind = ("a number in (0, 1]", lambda v: _is_real(v) and 0 < v <= 1)
+POS_FLOAT: Kind = ("a finite number > 0", lambda v: is_real(v) and v > 0)
+NONNEG_FLOAT: Kind = ("a finite number >= 0", lambda v: is_real(v) and v >= 0)
+PROB: Kind = ("a number in [0, 1]", lambda v: is_real(v) and 0 <= v <= 1)
+FRACTION: Kind = ("a number in (0, 1]", lambda v: is_real(v) and 0 < v <= 1)
 BOOL: Kind = ("true or false", lambda v: isinstance(v, bool))
 STR: Kind = ("a string", lambda v: isinstance(v, str))
 MAPPING: Kind = ("a mapping", lambda v: isinstance(v, Mapping))
@@ -80,7 +72,7 @@ STR_LIST: Kind = (
 TOKEN_IDS: Kind = (
     "an integer >= 0 or a list of them",
     lambda v: (
-        (_is_int(v) and v >= 0) or (isinstance(v, list) and all(_is_int(x) and x >= 0 for x in v))
+        (is_int(v) and v >= 0) or (isinstance(v, list) and all(is_int(x) and x >= 0 for x in v))
     ),
 )
 
@@ -349,7 +341,7 @@ def check_positions(value: Any, source: str, field: str) -> None:
         ConfigFieldError: naming ``source``, ``field`` and the limit.
     """
     limit = max_positions()
-    if _is_int(value) and value > limit:
+    if is_int(value) and value > limit:
         raise ConfigFieldError(
             f"{source}: {field}={value} is over the limit of {limit} positions "
             "(set EPOCHAL_MAX_POSITIONS to raise it)"

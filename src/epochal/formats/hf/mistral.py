@@ -1,6 +1,6 @@
 """Hugging Face ``MistralForCausalLM`` <-> epochal ``GPTModel``.
 
-Mistral is Llama's layout without biases (:mod:`epochal.convert.hf.llama`, same
+Mistral is Llama's layout without biases (:mod:`epochal.formats.hf.llama`, same
 tensor names and rotary layout) plus sliding-window attention in every layer:
 ``sliding_window`` (Mistral 7B v0.1: 4096; ``null`` in v0.2 and later, i.e. full
 causal attention) -> our ``sliding_window``, where each query attends to itself
@@ -17,8 +17,8 @@ from typing import Any
 
 import torch
 
-from epochal.convert.common import ConversionError
-from epochal.convert.hf.llama import (
+from epochal.formats.common import ConversionError
+from epochal.formats.hf.llama import (
     decoder_config,
     decoder_export_problems,
     decoder_json,

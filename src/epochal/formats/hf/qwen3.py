@@ -1,6 +1,6 @@
 """Hugging Face ``Qwen3ForCausalLM`` <-> epochal ``GPTModel``.
 
-Qwen3 is Llama's layout (:mod:`epochal.convert.hf.llama`) with QK-norm: an RMSNorm
+Qwen3 is Llama's layout (:mod:`epochal.formats.hf.llama`) with QK-norm: an RMSNorm
 over each head's ``head_dim`` channels on the queries and keys, before the
 rotary embedding, one weight ``[head_dim]`` shared by the heads. That is
 ``qk_layernorm=True``::
@@ -12,7 +12,7 @@ rotary embedding, one weight ``[head_dim]`` shared by the heads. That is
 ``config.json`` omits it, transformers' default 128) -> ``kv_channels``.
 ``attention_bias=True`` puts biases on q, k, v *and* o but not the MLP, which
 epochal cannot represent (``add_bias_linear`` covers ``o_proj`` and the MLP
-together): it is refused. Sliding windows as in :mod:`epochal.convert.hf.qwen2`;
+together): it is refused. Sliding windows as in :mod:`epochal.formats.hf.qwen2`;
 RoPE as for Llama.
 """
 
@@ -23,13 +23,13 @@ from typing import Any
 
 import torch
 
-from epochal.convert.common import ConversionError
-from epochal.convert.hf.llama import (
+from epochal.formats.common import ConversionError
+from epochal.formats.hf.llama import (
     decoder_config,
     decoder_export_problems,
     decoder_json,
 )
-from epochal.convert.hf.qwen2 import layer_window, qwen_window_json
+from epochal.formats.hf.qwen2 import layer_window, qwen_window_json
 from epochal.model.config import ModelConfig
 
 __all__ = [

@@ -1,6 +1,6 @@
 """Hugging Face encoder folders with or without their masked-LM head (``EsmModel``, ``BertModel``).
 
-:func:`epochal.convert.hf.io.load_hf_checkpoint` reads ``EsmForMaskedLM`` /
+:func:`epochal.formats.hf.io.load_hf_checkpoint` reads ``EsmForMaskedLM`` /
 ``BertForMaskedLM`` folders. Fine-tuning and embeddings also take the bare encoders
 ``transformers`` saves as ``EsmModel`` / ``BertModel`` / ``MegatronBertModel``:
 their tensors have no ``esm.`` / ``bert.`` prefix, no masked-LM head and usually a
@@ -22,12 +22,12 @@ from typing import Any
 
 import torch
 
-from epochal.convert.common import ConversionError
-from epochal.convert.hf.bert import BERT, MEGATRON_BERT, EncoderLayout
-from epochal.convert.hf.esm import ESM
-from epochal.convert.hf.files import read_json as _read_json
-from epochal.convert.hf.files import read_weights as _read_weights
-from epochal.convert.hf.io import IMPORTERS, HFModel
+from epochal.formats.common import ConversionError
+from epochal.formats.hf.bert import BERT, MEGATRON_BERT, EncoderLayout
+from epochal.formats.hf.esm import ESM
+from epochal.formats.hf.files import read_json as _read_json
+from epochal.formats.hf.files import read_weights as _read_weights
+from epochal.formats.hf.io import IMPORTERS, HFModel
 from epochal.model.config import ModelConfig
 
 __all__ = ["ENCODER_LAYOUTS", "load_hf_encoder", "save_hf_encoder"]
@@ -98,14 +98,14 @@ def save_hf_encoder(
         config: the fine-tuned model's config (``head`` != ``"mlm"``, ``lora_rank`` 0).
         state: its full state dict.
         folder: the output folder.
-        **kwargs: passed to :func:`~epochal.convert.hf.io.save_hf_checkpoint`.
+        **kwargs: passed to :func:`~epochal.formats.hf.io.save_hf_checkpoint`.
 
     Raises:
         ConversionError: adapters not merged, or not an encoder.
     """
     from safetensors.torch import load_file, save_file
 
-    from epochal.convert.hf.io import save_hf_checkpoint
+    from epochal.formats.hf.io import save_hf_checkpoint
     from epochal.model.config import HEAD_FIELDS
 
     if config.lora_rank:
@@ -143,6 +143,6 @@ def save_hf_encoder(
 
 def mlm_architecture(config: ModelConfig) -> str:
     """The Hugging Face ``model_type`` the masked-LM export of ``config`` writes."""
-    from epochal.convert.hf.io import hf_architecture_for
+    from epochal.formats.hf.io import hf_architecture_for
 
     return hf_architecture_for(config)

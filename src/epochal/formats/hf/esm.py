@@ -1,6 +1,6 @@
 """Hugging Face ``EsmForMaskedLM`` (ESM-2) <-> epochal ``BertModel`` (``ModelConfig.type="esm"``).
 
-Mapping (``L`` = layer index; the shared tables are :mod:`epochal.convert.hf.bert`'s)::
+Mapping (``L`` = layer index; the shared tables are :mod:`epochal.formats.hf.bert`'s)::
 
     esm.embeddings.word_embeddings.weight           <-> tok_embeddings.weight  (rows padded / cut)
     esm.encoder.layer.L.attention.LayerNorm.*       <-> layers.L.attention_norm.*
@@ -38,8 +38,8 @@ from typing import Any
 
 import torch
 
-from epochal.convert.common import ConversionError, normalize_config
-from epochal.convert.hf.bert import (
+from epochal.formats.common import ConversionError, normalize_config
+from epochal.formats.hf.bert import (
     EncoderLayout,
     encoder_state_from_ours,
     optional_id,

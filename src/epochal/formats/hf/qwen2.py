@@ -1,6 +1,6 @@
 """Hugging Face ``Qwen2ForCausalLM`` (Qwen2, Qwen2.5) <-> epochal ``GPTModel``.
 
-Qwen2 is Llama's layout (:mod:`epochal.convert.hf.llama`, same tensor names and
+Qwen2 is Llama's layout (:mod:`epochal.formats.hf.llama`, same tensor names and
 rotary layout) with biases on the q/k/v projections only: ``o_proj`` and the MLP
 have none. That is ``add_bias_linear=False`` with ``add_qkv_bias=True``. Tied
 embeddings (Qwen2.5 0.5B-3B) and untied ones both convert.
@@ -24,8 +24,8 @@ from typing import Any
 
 import torch
 
-from epochal.convert.common import ConversionError
-from epochal.convert.hf.llama import (
+from epochal.formats.common import ConversionError
+from epochal.formats.hf.llama import (
     decoder_config,
     decoder_export_problems,
     decoder_json,

@@ -49,7 +49,7 @@ from typing import Any
 
 import torch
 
-from epochal.convert.common import ConversionError, check_keys, normalize_config, resize_rows
+from epochal.formats.common import ConversionError, check_keys, normalize_config, resize_rows
 from epochal.model.config import ModelConfig
 
 __all__ = [

@@ -38,7 +38,7 @@ untied embeddings Hugging Face's decoder uses its own ``decoder.bias`` (not
 Options our model does not implement (relative position embeddings, decoders,
 cross-attention) are refused with :class:`ConversionError`.
 
-The name tables are shared with :mod:`epochal.convert.hf.esm` through
+The name tables are shared with :mod:`epochal.formats.hf.esm` through
 :class:`EncoderLayout`.
 """
 
@@ -50,7 +50,7 @@ from typing import Any
 
 import torch
 
-from epochal.convert.common import ConversionError, check_shapes, normalize_config, resize_rows
+from epochal.formats.common import ConversionError, check_shapes, normalize_config, resize_rows
 from epochal.model.config import ModelConfig
 
 __all__ = [

@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from epochal.convert.common import (
+from epochal.formats.common import (
     ConversionError,
     attach_output_head,
     check_shapes,

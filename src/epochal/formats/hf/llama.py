@@ -49,7 +49,7 @@ from typing import Any
 
 import torch
 
-from epochal.convert.common import (
+from epochal.formats.common import (
     ConversionError,
     attach_output_head,
     check_shapes,
@@ -193,7 +193,7 @@ def decoder_config(
         family: the family's name, for messages.
         default_head_dim: ``head_dim`` when ``config.json`` has none (Qwen3: 128);
             ``None`` = ``hidden_size // num_attention_heads``.
-        moe: the mixture-of-experts fields of our config (:mod:`epochal.convert.hf.moe`).
+        moe: the mixture-of-experts fields of our config (:mod:`epochal.formats.hf.moe`).
 
     Raises:
         ConversionError: ``hidden_act`` other than ``silu``, ``pretraining_tp != 1``,
@@ -368,7 +368,7 @@ def decoder_state_to_ours(
     The vocabulary is padded with zeros; the tensors must be exactly those of
     ``build_model(config)`` (a bias or QK-norm the config lacks is unexpected).
     ``moe_module`` names a layer's mixture-of-experts modules in ours (None for
-    the others; :mod:`epochal.convert.hf.moe`).
+    the others; :mod:`epochal.formats.hf.moe`).
 
     Raises:
         ConversionError: a tensor is missing, unexpected or has the wrong shape.

@@ -14,15 +14,15 @@ from typing import Any
 import torch
 
 from epochal._paths import confined_path
-from epochal.convert.bounded_parse import load_json_file
-from epochal.convert.common import ConversionError
-from epochal.convert.safe_load import load_safetensors, safe_torch_load
+from epochal.formats.bounded_parse import load_json_file
+from epochal.formats.common import ConversionError
+from epochal.formats.safe_load import load_safetensors, safe_torch_load
 
 __all__ = ["read_json", "read_weights", "tensor_names"]
 
 
 def read_json(path: Path) -> dict[str, Any]:
-    """A JSON object file read within :mod:`epochal.convert.bounded_parse`'s limits."""
+    """A JSON object file read within :mod:`epochal.formats.bounded_parse`'s limits."""
     if not path.is_file():
         raise FileNotFoundError(f"{path}: missing (not a Hugging Face model folder?)")
     return load_json_file(path, path.name)

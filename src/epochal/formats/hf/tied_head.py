@@ -12,7 +12,7 @@
 :func:`tie_as_transformers` applies the same rule to the decoders read here (Llama,
 Qwen2, Qwen3, Mistral, Mixtral, Qwen2-MoE, Qwen3-MoE, GPT-2), so their logits are
 transformers' whatever the folder's flag says; the first case warns as transformers
-does. T5 decides its own tying from the weights (:mod:`epochal.convert.hf.t5`).
+does. T5 decides its own tying from the weights (:mod:`epochal.formats.hf.t5`).
 """
 
 from __future__ import annotations

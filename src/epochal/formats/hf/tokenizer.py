@@ -13,7 +13,7 @@ import json
 import os
 from typing import Any
 
-from epochal.convert.common import ConversionError
+from epochal.formats.common import ConversionError
 
 __all__ = ["hf_tokenizer_files"]
 
