@@ -188,10 +188,8 @@ def test_other_types_serialize_without_t5_fields() -> None:
 
 def test_a_gpt_checkpoint_is_refused_for_a_t5_config(tmp_path) -> None:
     """The trainer's checkpoint check names the model type found and the one configured."""
-    from types import SimpleNamespace
-
     from epochal.train.state.checkpoint import CheckpointError
-    from epochal.train.trainer import Trainer
+    from epochal.train.state.run_checkpointer import check_model_config
 
     gpt = ModelConfig(
         vocab_size=100,
@@ -201,11 +199,8 @@ def test_a_gpt_checkpoint_is_refused_for_a_t5_config(tmp_path) -> None:
         max_position_embeddings=32,
     )
     t5 = _megatron_style_config()
-    trainer = SimpleNamespace(model_config=t5)
     with pytest.raises(CheckpointError, match="holds a 'gpt' model.*model.type='t5'"):
-        Trainer.check_model_config(trainer, tmp_path, {"model_config": gpt.to_dict()})
+        check_model_config(t5, tmp_path, {"model_config": gpt.to_dict()})
     with pytest.raises(CheckpointError, match="holds a 't5' model.*model.type='gpt'"):
-        Trainer.check_model_config(
-            SimpleNamespace(model_config=gpt), tmp_path, {"model_config": t5.to_dict()}
-        )
-    Trainer.check_model_config(trainer, tmp_path, {"model_config": t5.to_dict()})  # same: fine
+        check_model_config(gpt, tmp_path, {"model_config": t5.to_dict()})
+    check_model_config(t5, tmp_path, {"model_config": t5.to_dict()})  # same: fine

@@ -3,7 +3,7 @@
 ``save_state(dir)`` writes one epochal checkpoint into ``dir`` (``dir/step_NNNNNNN``
 and ``dir/latest``): model and optimizer as sharded DCP files every layout can load,
 the learning-rate schedule, every RNG of every rank, the step and the train loader's
-``consumed_samples`` (:meth:`~epochal.train.state.resume.CheckpointSeams.save_checkpoint`),
+``consumed_samples`` (:meth:`~epochal.train.state.run_checkpointer.RunCheckpointer.save`),
 written to a temporary folder and renamed when complete, with checksums. As
 Accelerate's ``save_state`` writes its files into a folder that holds others and
 leaves those alone, so does this one: it writes only ``latest``, this step's
@@ -164,12 +164,8 @@ def save_state(
     written += (SCHEDULER_FILE,) if scheduler is not None else ()
     earlier = check_state_folder(output_dir, trainer.step, written)
     directory = Path(output_dir)
-    previous = trainer.checkpointer
-    trainer.checkpointer = _checkpointer(trainer, directory)
-    try:
+    with trainer.checkpointer.using(_checkpointer(trainer, directory)):
         folder = trainer.save_checkpoint()
-    finally:
-        trainer.checkpointer = previous
     if trainer.rank == 0 and earlier is not None and earlier.resolve() != folder.resolve():
         shutil.rmtree(earlier)  # the earlier save's checkpoint, replaced by this complete one
     if trainer.rank == 0:
@@ -211,12 +207,8 @@ def load_state(
             a missing ``custom_checkpoint_<i>.pt`` for a registered object.
     """
     folder = find_state(input_dir)
-    previous = trainer.checkpointer
-    trainer.checkpointer = _checkpointer(trainer, folder.parent)
-    try:
+    with trainer.checkpointer.using(_checkpointer(trainer, folder.parent)):
         trainer.load_checkpoint(folder)
-    finally:
-        trainer.checkpointer = previous
     base = folder.parent if folder.parent.joinpath("latest").is_file() else Path(input_dir)
     for i, obj in enumerate(custom):
         path = base / f"custom_checkpoint_{i}.pt"

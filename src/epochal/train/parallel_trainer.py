@@ -40,7 +40,6 @@ from epochal.parallel.checkpoint import TiedOptimizerState, consolidate_checkpoi
 from epochal.parallel.dims import ParallelDims
 from epochal.parallel.engine import ParallelEngine
 from epochal.parallel.launch import DistributedInfo, init_distributed, is_logging_rank, rank0_first
-from epochal.parallel.logged import reduce_logged
 from epochal.parallel.model_support import check_model_layout
 from epochal.parallel.rng import pipeline_stage_seed
 from epochal.parallel.step_model import LogitsObserver
@@ -49,7 +48,6 @@ from epochal.train.device import resolve_device
 from epochal.train.inputs.loaders import DataBundle, build_data
 from epochal.train.run_checks.kernels import check_process_group_backend
 from epochal.train.state.checkpoint import Checkpointer, SafeFileSystemReader, SafeLoadPlanner
-from epochal.train.state.model_state import ModelState
 from epochal.train.steps import set_data_parallel_group
 from epochal.train.trainer import LossFn, Trainer
 
@@ -144,14 +142,6 @@ class ParallelTrainer(Trainer):
             say = print_line if log and is_logging_rank() else None  # corpus / SFT row reports
             data = rank0_first(lambda: build_data(config, log=say, **info))
         super().__init__(config, loss_fn=loss_fn, data=data, log=log and is_logging_rank())
-        self.checkpointer = Checkpointer(
-            self.run_dir / "checkpoints",
-            keep_last=config.checkpoint.keep_last,
-            rank=self.rank,
-            barrier=dist.barrier if self.dist.distributed else None,
-            world_size=self.dist.world_size,
-            all_gather=_all_gather if self.dist.distributed else None,
-        )
 
     # ---------------------------------------------------------------- the seams
     @property
@@ -211,6 +201,26 @@ class ParallelTrainer(Trainer):
     def parallelize(self, model_parts: list[nn.Module]) -> list[nn.Module]:
         """Nothing left to do: the engine applied everything while building the parts."""
         return model_parts
+
+    def checkpoint_store(self) -> Checkpointer:
+        """``run_dir/checkpoints``, written by every rank together (DCP)."""
+        distributed = self.dist.distributed
+        return Checkpointer(
+            self.run_dir / "checkpoints",
+            keep_last=self.config.checkpoint.keep_last,
+            rank=self.rank,
+            barrier=dist.barrier if distributed else None,
+            world_size=self.dist.world_size,
+            all_gather=_all_gather if distributed else None,
+        )
+
+    def optimizer_state(self) -> Any:
+        """The optimizers as a DCP ``Stateful``, reshardable across layouts (a tied head's
+        state under the embedding's names on a last stage without the first)."""
+        e = self.engine
+        return TiedOptimizerState(
+            self.optimizers, e.tied and e.has_last_stage and not e.has_first_stage
+        )
 
     def gradient_parameters(self) -> list[torch.Tensor]:
         """This rank's parameters (all model parts, each once)."""
@@ -288,7 +298,7 @@ class ParallelTrainer(Trainer):
             num_microbatches=n_mb,
             per_document=per_doc,
             step=self.train_step_handler,
-            micro_batch_seeds=self._step_seeds,
+            micro_batch_seeds=self.dropout_keys.seeds,
         )
 
     def reduce_logged(self) -> dict[str, float]:
@@ -299,13 +309,19 @@ class ParallelTrainer(Trainer):
         """Whether this rank holds the last pipeline stage (computes the logits)."""
         return self.engine.has_last_stage
 
-    @torch.no_grad()
-    def evaluate(self, on_logits: LogitsObserver | None = None) -> float | None:
-        """Validation loss over ``eval_iters`` global batches (from the start of the validation data;
-        a fine-tuning table: all of it, the last global batch perhaps with fewer micro-batches).
+    def validation_pass(
+        self, observer: LogitsObserver | None
+    ) -> tuple[float | None, list[dict[str, float]]] | None:
+        """The forward passes of an evaluation through the engine (all ranks together).
 
-        Evaluation callbacks and ``on_logits`` run on the last stage's ranks (see
-        :meth:`Trainer.evaluate`).
+        ``eval_iters`` global batches from the start of the validation data (a
+        fine-tuning table: all of it, the last global batch perhaps with fewer
+        micro-batches); ``observer`` runs on the last stage's ranks.
+
+        Returns:
+            The mean loss and the logged values (per global batch; per micro-batch in
+            the global order with ``training.layout_invariant``), or None without
+            validation data.
         """
         loader = self.data.valid_loader
         iters = self.config.training.eval_iters
@@ -323,7 +339,6 @@ class ParallelTrainer(Trainer):
         per_doc = self._per_document()
         reading = self.engine.needs_batches(self._every_stage_reads())
         it = iter(loader) if reading else None
-        observer = self.eval_observer(on_logits)
         total = 0.0
         logged: list[dict[str, float]] = []
         losses: list[float] = []  # layout-invariant: every micro-batch's, in global order
@@ -337,7 +352,7 @@ class ParallelTrainer(Trainer):
                 step=self.train_step_handler,
                 on_logits=observer,
             )
-            if invariant:  # summed and averaged as one process does (Trainer.evaluate)
+            if invariant:  # summed and averaged as one process does (Trainer.validation_pass)
                 logged += self.engine.ordered_logged()
                 losses += self.engine.micro_batch_losses
             else:
@@ -345,25 +360,13 @@ class ParallelTrainer(Trainer):
             total += float(loss.item())
         for part in self.model_parts:
             part.train()
-        step = self.train_step_handler
-        self.last_eval_logged = step.eval_summary(reduce_logged(logged))
         mean = total / len(sizes)
         if invariant:  # added in the global order and averaged per micro-batch, as one process
             mean = 0.0
             for value in losses:
                 mean += value
             mean /= len(losses)
-        return step.evaluation_loss(mean, self.last_eval_logged)
-
-    # ------------------------------------------------------------ checkpoints
-    def app_state(self) -> dict[str, Any]:
-        """Model parts and optimizers as DCP ``Stateful`` objects, reshardable across layouts."""
-        e = self.engine
-        rename = e.tied and e.has_last_stage and not e.has_first_stage
-        return {
-            "model": ModelState(self.model_parts),
-            "optimizer": TiedOptimizerState(self.optimizers, rename),
-        }
+        return mean, logged
 
 
 def print_line(message: str) -> None:

@@ -12,7 +12,12 @@ Structure (torchtitan-like: parallelism is added by overriding a few methods, no
   :meth:`Trainer.train_step` is the two together;
 - :class:`~epochal.train.optim.optimizer.OptimizersContainer` and
   :class:`~epochal.train.optim.lr_schedule.OptimizerParamScheduler`;
-- :class:`~epochal.train.state.checkpoint.Checkpointer` with DCP ``Stateful`` objects;
+- the parts it holds: a checkpointer
+  (:class:`~epochal.train.state.run_checkpointer.RunCheckpointer`: save, resume,
+  initialise from a checkpoint, with DCP ``Stateful`` objects), an evaluator
+  (:class:`~epochal.train.observe.evaluator.Evaluator`: when to evaluate, the
+  evaluation callbacks) and the dropout keys
+  (:class:`~epochal.train.state.dropout_seed.DropoutKeys`);
 - a stateful data loader (:class:`epochal.data.WrappedDataLoader`) whose
   ``consumed_samples`` is the data's only resume state.
 
@@ -51,7 +56,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from epochal._atomic import atomic_write
 from epochal.data.loading.packing import pack_padded_batch
 from epochal.model.build import build_model
 from epochal.model.config import ModelConfig
@@ -66,34 +70,26 @@ from epochal.train.config import (
     TrainConfig,
     model_config_from_section,
     position_length,
-    to_toml,
 )
 from epochal.train.device import compute_context, resolve_device
 from epochal.train.inputs.device_batch import batch_on_device
 from epochal.train.inputs.loaders import DataBundle, build_data
 from epochal.train.inputs.recorded_tokenizer import check_model_vocab, with_resolved_tokenizer
 from epochal.train.losses import masked_token_mean_loss
-from epochal.train.observe.data_records import DataRecords
-from epochal.train.observe.eval_callbacks import EvalCallbackSeams
-from epochal.train.observe.profiling import StepProfiler
-from epochal.train.observe.run_metrics import open_run_metrics
+from epochal.train.observe.evaluator import Evaluator
+from epochal.train.observe.run_recorder import RunRecorder, open_run_records
 from epochal.train.observe.throughput import ThroughputMeter
 from epochal.train.optim.loss_scaler import build_loss_scaler, unscale_gradients
 from epochal.train.optim.lr_schedule import OptimizerParamScheduler, scheduler_from_config
 from epochal.train.optim.optimizer import OptimizersContainer, adamw_from_config, clip_grad_norm
-from epochal.train.result import TrainResult, skipped_line
+from epochal.train.result import TrainResult
 from epochal.train.run_checks import check_device_options, check_state_memory
 from epochal.train.state.checkpoint import Checkpointer
-from epochal.train.state.dropout_seed import KeyedDropoutSeams
+from epochal.train.state.dropout_seed import DropoutKeys
 from epochal.train.state.preemption import Preemption
-from epochal.train.state.resume import CheckpointSeams
-from epochal.train.state.resume_notes import resume_notes
 from epochal.train.state.rng import seed_everything
-from epochal.train.state.run_dir import (
-    archive_previous_history,
-    check_resume_config,
-    check_run_dir_place,
-)
+from epochal.train.state.run_checkpointer import Progress, RunCheckpointer, find_checkpoint
+from epochal.train.state.run_dir import check_run_dir_place
 from epochal.train.state.run_lock import hold_run_dir
 from epochal.train.steps import (
     LossFnStep,
@@ -111,7 +107,7 @@ LossFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 StepCallback = Callable[["Trainer", int, dict[str, Any]], None]
 
 
-class Trainer(CheckpointSeams, EvalCallbackSeams, KeyedDropoutSeams):
+class Trainer:
     """Single-process GPT trainer (CPU or one GPU); see the module docstring.
 
     Args:
@@ -119,6 +115,15 @@ class Trainer(CheckpointSeams, EvalCallbackSeams, KeyedDropoutSeams):
         loss_fn: optional custom per-micro-batch loss (see the module docstring).
         data: prebuilt data (tests, notebooks); default :func:`epochal.train.inputs.loaders.build_data`.
         log: print progress (tqdm) and messages.
+
+    Attributes:
+        checkpointer: saves, resumes and initialises the run
+            (:class:`~epochal.train.state.run_checkpointer.RunCheckpointer`).
+        evaluator: when to evaluate, the evaluation callbacks, the last evaluation's
+            values (:class:`~epochal.train.observe.evaluator.Evaluator`).
+        dropout_keys: each micro-batch's dropout seed under ``training.layout_invariant``
+            (:class:`~epochal.train.state.dropout_seed.DropoutKeys`).
+        step / tokens_seen / eval_history: the run's counters (what a checkpoint keeps).
 
     Raises:
         ConfigError: an option that only turns out invalid with the data (e.g.
@@ -151,10 +156,11 @@ class Trainer(CheckpointSeams, EvalCallbackSeams, KeyedDropoutSeams):
         if loss_fn is not None:
             self.loss_fn = loss_fn
         self.logged: list[dict[str, Any]] = []
-        self.last_eval_logged: dict[str, float] = {}
         self.callbacks: list[StepCallback] = []
-        self.eval_callbacks: list[LogitsObserver] = (
-            [load_eval_callback(t.eval_callback)] if t.eval_callback else []
+        self.evaluator = Evaluator(
+            self.validation_pass,
+            training=t,
+            callbacks=[load_eval_callback(t.eval_callback)] if t.eval_callback else [],
         )
         self.data = data if data is not None else build_data(config, **self.data_parallel_info())
         check_model_vocab(config, self.data.vocab_size)
@@ -166,8 +172,24 @@ class Trainer(CheckpointSeams, EvalCallbackSeams, KeyedDropoutSeams):
         self.optimizers = self.build_optimizers()
         self.loss_scaler = build_loss_scaler(t, self.device)
         self.scheduler = self.build_scheduler()
-        self.checkpointer = Checkpointer(
-            self.run_dir / "checkpoints", keep_last=config.checkpoint.keep_last, rank=self.rank
+        self.checkpointer = RunCheckpointer(
+            self.checkpoint_store(),
+            config=config,
+            model_config=self.model_config,
+            model_parts=self.model_parts,
+            optimizer_state=self.optimizer_state(),
+            scheduler=self.scheduler,
+            data=self.data,
+            loss_scaler=self.loss_scaler,
+            log=self.log,
+            rank=self.rank,
+        )
+        self.dropout_keys = DropoutKeys(
+            seed=t.seed,
+            device=self.device,
+            model_parts=self.model_parts,
+            layout_invariant=t.layout_invariant,
+            **self.data_parallel_info(),
         )
         self.step = 0
         self.tokens_seen = 0
@@ -242,6 +264,15 @@ class Trainer(CheckpointSeams, EvalCallbackSeams, KeyedDropoutSeams):
         """Megatron's LR/WD scheduler, counting optimizer steps."""
         return scheduler_from_config(self.optimizers, self.config)
 
+    def checkpoint_store(self) -> Checkpointer:
+        """Where the checkpoints are written: ``run_dir/checkpoints`` (``checkpoint.keep_last``)."""
+        keep = self.config.checkpoint.keep_last
+        return Checkpointer(self.run_dir / "checkpoints", keep_last=keep, rank=self.rank)
+
+    def optimizer_state(self) -> Any:
+        """The optimizers as the DCP ``Stateful`` a checkpoint saves (FQN-keyed)."""
+        return self.optimizers
+
     def clip_gradients(self, max_norm: float | None = None) -> torch.Tensor:
         """Clip to ``max_norm`` (default ``optimizer.clip_grad``; 0 = measure only) as a global
         L2 norm; return the norm before clipping."""
@@ -278,6 +309,60 @@ class Trainer(CheckpointSeams, EvalCallbackSeams, KeyedDropoutSeams):
     def add_callback(self, fn: StepCallback) -> None:
         """Call ``fn(trainer, step, metrics)`` after every optimizer step (after eval/save)."""
         self.callbacks.append(fn)
+
+    def add_eval_callback(self, fn: LogitsObserver) -> None:
+        """Call ``fn(batch, logits)`` for every validation micro-batch (after ``training.eval_callback``).
+
+        See :meth:`~epochal.train.observe.evaluator.Evaluator.add_callback`: ``logits``
+        ``[b, s, V]`` (padded vocabulary) on the ranks holding the last pipeline stage;
+        a ``{name: number}`` it returns is logged with the evaluation.
+        """
+        self.evaluator.add_callback(fn)
+
+    @property
+    def last_eval_logged(self) -> dict[str, float]:
+        """The last evaluation's logged values by name (averaged over micro-batches and ranks)."""
+        return self.evaluator.last_logged
+
+    # ------------------------------------------------------------ checkpoints
+    def progress(self) -> Progress:
+        """The counters a checkpoint keeps: ``step``, ``tokens_seen``, ``eval_history``."""
+        return Progress(self.step, self.tokens_seen, self.eval_history)
+
+    def app_state(self) -> dict[str, Any]:
+        """The DCP state: model parts and optimizers (``Stateful``)."""
+        return self.checkpointer.app_state()
+
+    def save_checkpoint(self) -> Path:
+        """Save the current step; returns the step folder (:meth:`RunCheckpointer.save`)."""
+        return self.checkpointer.save(self.progress())
+
+    def load_checkpoint(self, folder: str | Path) -> None:
+        """Restore everything from ``folder`` (:meth:`RunCheckpointer.load`), counters included."""
+        self._set_progress(self.checkpointer.load(folder))
+
+    def init_from_checkpoint(self, folder: str | Path) -> None:
+        """Load only the model weights of ``folder`` (:meth:`RunCheckpointer.init_from`)."""
+        self.checkpointer.init_from(folder)
+
+    find_checkpoint = staticmethod(find_checkpoint)
+
+    def _set_progress(self, progress: Progress | None) -> None:
+        if progress is not None:
+            self.step, self.tokens_seen = progress.step, progress.tokens_seen
+            self.eval_history = progress.eval_history
+
+    def resume_or_init(self) -> Path | None:
+        """Resume per ``checkpoint.resume`` or, starting fresh, load the weights of
+        ``checkpoint.init_from``; returns the folder resumed from (None: a fresh start)."""
+        folder = self.checkpointer.resume_folder()
+        if folder is not None:
+            self._set_progress(self.checkpointer.resume(folder))
+        elif self.config.checkpoint.init_from:
+            self.init_from_checkpoint(
+                find_checkpoint(self.config.checkpoint.init_from, "init_from")
+            )
+        return folder
 
     # ------------------------------------------------------------ computation
     def step_model(self) -> StepModel:
@@ -329,7 +414,7 @@ class Trainer(CheckpointSeams, EvalCallbackSeams, KeyedDropoutSeams):
     ) -> torch.Tensor:
         """Forward and backward of ONE micro-batch; returns its detached ``loss / num_microbatches``."""
         mb = self.step_batch(micro_batch)
-        self.seed_next_micro_batch()
+        self.dropout_keys.seed_next()
         set_moe_loss_scale(self.model_parts, self.grad_scale() / num_microbatches)  # MoE balance
         with self.autocast():
             loss = self.run_step(mb)
@@ -366,7 +451,7 @@ class Trainer(CheckpointSeams, EvalCallbackSeams, KeyedDropoutSeams):
             part.train()
         self.optimizers.zero_grad(set_to_none=True)
         self.logged = []
-        with self.keyed_step(n_mb), token_mean_step(self, n_mb):  # dropout seeds; SFT's loss
+        with self.dropout_keys.step(self.step, n_mb), token_mean_step(self, n_mb):  # SFT's loss
             loss = self.forward_backward(batches, n_mb)
         return loss, self.reduce_logged()
 
@@ -429,6 +514,38 @@ class Trainer(CheckpointSeams, EvalCallbackSeams, KeyedDropoutSeams):
         (:meth:`add_eval_callback`) and ``on_logits`` return. Returns None if there
         is no validation data.
         """
+        return self.evaluator.evaluate(self.train_step_handler, on_logits)
+
+    @torch.no_grad()
+    def evaluate_logits(self) -> list[torch.Tensor] | None:
+        """Run an evaluation and return its logits (Accelerate's ``return_logits``).
+
+        Returns:
+            this rank's validation micro-batches' logits, one float32 CPU tensor
+            ``[micro_batch_size, s, V]`` per micro-batch in order, on ranks holding
+            the last pipeline stage (None on the others). Under data parallelism
+            each rank has its own samples: ``torch.cat([gather_across_data_parallel_groups(x)
+            for x in logits])`` puts them in the order of a single-process run.
+            The evaluation's loss and logged values are kept as by :meth:`evaluate`.
+        """
+        kept: list[torch.Tensor] = []
+        self.evaluate(on_logits=lambda batch, logits: kept.append(logits.float().cpu()))
+        return kept if self.holds_last_stage() else None
+
+    def holds_last_stage(self) -> bool:
+        """Whether this rank computes the model's output (always, in one process)."""
+        return True
+
+    def validation_pass(
+        self, observer: LogitsObserver | None
+    ) -> tuple[float | None, list[dict[str, Any]]] | None:
+        """The forward passes of an evaluation (:data:`~epochal.train.observe.evaluator.ValidationPass`).
+
+        Returns:
+            The mean of the micro-batch losses (None if there was no micro-batch) and
+            the micro-batches' logged values; None without validation data or with
+            ``eval_iters=0``.
+        """
         loader = self.data.valid_loader
         iters = self.config.training.eval_iters
         if loader is None or iters == 0:
@@ -438,7 +555,6 @@ class Trainer(CheckpointSeams, EvalCallbackSeams, KeyedDropoutSeams):
         n_mb = self.num_microbatches()
         total, count = 0.0, 0
         self.logged = []
-        observer = self.eval_observer(on_logits)
         limit = len(loader) if self.data.whole_validation else iters * n_mb
         for i, mb in enumerate(loader):
             if i >= limit:
@@ -449,9 +565,7 @@ class Trainer(CheckpointSeams, EvalCallbackSeams, KeyedDropoutSeams):
             count += 1
         for part in self.model_parts:
             part.train()
-        step = self.train_step_handler
-        self.last_eval_logged = step.eval_summary(self.reduce_logged())
-        return step.evaluation_loss(total / count, self.last_eval_logged) if count else None
+        return (total / count if count else None), self.logged
 
     # ------------------------------------------------------------------ loop
     def train(self) -> TrainResult:
@@ -476,129 +590,84 @@ class Trainer(CheckpointSeams, EvalCallbackSeams, KeyedDropoutSeams):
             return self._train()
 
     def _train(self) -> TrainResult:
-        cfg = self.config
-        t_start = time.perf_counter()
-        folder = self.resume_folder()
-        if folder is not None:
-            changed = check_resume_config(folder, cfg, self.checkpointer)  # before loading
-            self.load_checkpoint(folder)
-            notes = resume_notes(self.checkpointer.read_trainer_state(folder), cfg)
-            if changed:
-                notes.insert(0, f"resuming with changed options: {'; '.join(changed)}")
-            for note in notes if self.log else []:
-                print(note, flush=True)
-        elif cfg.checkpoint.init_from:
-            self.init_from_checkpoint(self.find_checkpoint(cfg.checkpoint.init_from, "init_from"))
-        start_step = self.step
-        total = cfg.training.train_iters
-        result = TrainResult(
-            run_dir=self.run_dir,
-            start_step=start_step,
-            final_step=start_step,
-            resumed_from=str(folder) if folder is not None else None,
-            last_checkpoint=folder,
-            sample_check=self.sample_check,
-        )
-        if self.eval_history:
-            result.eval_loss = self.eval_history[-1][1]
-        if self.rank == 0:
-            if folder is None:  # a fresh start: an earlier history is moved aside, not appended to
-                archive_previous_history(
-                    self.run_dir, log=(lambda m: print(m, flush=True)) if self.log else None
-                )
-            self.run_dir.mkdir(parents=True, exist_ok=True)
-            atomic_write(self.run_dir / "config.toml", to_toml(cfg))
-        metrics = open_run_metrics(
-            cfg,
-            self.run_dir,
-            start_step=start_step,
-            resumed_from=result.resumed_from,
-            enabled=self.rank == 0,
-            verbose=self.log,
-        )
-        if folder is not None and self.log:
-            metrics.write_line(f"resumed from {folder} at step {self.step}")
-        tokens_per_sample = cfg.data.seq_length
-        evidence = (  # sample digests and per-epoch evidence (epochal.train.observe.data_records)
-            DataRecords(self.data.train_loader.dataset, cfg.training.micro_batch_size)
-            if metrics.enabled
-            else None
-        )
+        started = time.perf_counter()
+        folder = self.resume_or_init()
+        rec = self.open_records(folder)
         batches = self.data.train_loader.stream()
-        train_time = 0.0
-        trained_tokens = 0
-        meter = self.throughput_meter()
-        profiler = StepProfiler(
-            cfg.logging.profile_steps,
-            self.run_dir / "profile",
-            self.device,
-            enabled=metrics.enabled,
-            log=metrics.write_line,
-        )
+        total = self.config.training.train_iters
         try:
             while self.step < total:
-                profiler.before_step(self.step + 1)
-                t0 = time.perf_counter()
-                samples_before = self.data.train_loader.consumed_samples
-                try:
-                    out = self.train_step(batches)
-                except StopIteration:
-                    metrics.write_line(f"training data exhausted at step {self.step}")
+                out = self.timed_step(batches, rec)
+                if out is None:
                     break
-                self.step += 1
-                samples = self.data.train_loader.consumed_samples - samples_before
-                tokens = samples * tokens_per_sample
-                self.tokens_seen += tokens
-                dt = time.perf_counter() - t0
-                train_time += dt
-                trained_tokens += tokens
-                profiler.after_step(self.step)
-                record = {
-                    **out,
-                    "consumed_samples": self.data.train_loader.consumed_samples,
-                    "tokens": self.tokens_seen,
-                    **meter.step_fields(tokens, dt),
-                    "step_time_s": dt,
-                }
-                if evidence is not None:
-                    after = self.data.train_loader.consumed_samples
-                    evidence.annotate(record, samples_before, after, self.step, metrics.log_record)
-                metrics.log_train(self.step, record)
-                result.losses.append(out["loss"])
-                result.last_loss = out["loss"]
-                result.skipped_steps += int(out["skipped"])
+                record = rec.record(self.step, out, self.tokens_seen)
                 last = self.step == total
-                ei = cfg.training.eval_interval
-                if (ei and self.step % ei == 0) or (last and cfg.training.eval_iters > 0):
-                    loss = self.evaluate()
-                    if loss is not None:
-                        self.eval_history.append((self.step, loss))
-                        result.eval_loss = loss
-                        ppl = self.train_step_handler.perplexity(loss, self.last_eval_logged)
-                        result.eval_ppl = ppl
-                        metrics.log_eval(self.step, loss, self.last_eval_logged, ppl=ppl)
-                si = cfg.checkpoint.save_interval
-                saved = (si and self.step % si == 0) or (last and cfg.checkpoint.save_final)
-                if saved:
-                    result.last_checkpoint = self.save_checkpoint()
+                self.evaluate_if_due(last, rec)
+                saved = self.save_if_due(last, rec.result)
                 for fn in self.callbacks:
                     fn(self, self.step, record)
-                reason = None if last else self.preemption.should_stop(self.step)
-                if reason is not None:
-                    if not saved:
-                        result.last_checkpoint = self.save_checkpoint()
-                    # reported once, by the caller's summary (`epochal train`: "stopped early")
-                    result.stopped_by = self.preemption.describe(reason)
+                if not last and self.stop_if_asked(saved, rec.result):
                     break
         finally:
-            profiler.close(self.step)
-            if result.skipped_steps:
-                metrics.write_line(skipped_line(result.skipped_steps, len(result.losses)))
-            metrics.close()
-        result.final_step = self.step
-        result.tokens_per_s = trained_tokens / train_time if train_time > 0 else 0.0
-        result.mfu = meter.mfu(result.tokens_per_s)
-        result.hardware, result.utilization = meter.describe(), meter.summary(result.tokens_per_s)
-        result.profile_files = profiler.files
-        result.wall_time_s = time.perf_counter() - t_start
-        return result
+            rec.close(self.step)
+        return rec.finish(self.step, started)
+
+    def open_records(self, folder: Path | None) -> RunRecorder:
+        """Start this call's records (:func:`~epochal.train.observe.run_recorder.open_run_records`)."""
+        return open_run_records(
+            self.config,
+            self.run_dir,
+            resumed_from=folder,
+            start_step=self.step,
+            eval_history=self.eval_history,
+            sample_check=self.checkpointer.sample_check,
+            loader=self.data.train_loader,
+            meter=self.throughput_meter(),
+            device=self.device,
+            rank=self.rank,
+            log=self.log,
+        )
+
+    def timed_step(
+        self, batches: Iterator[dict[str, Any]], rec: RunRecorder
+    ) -> dict[str, Any] | None:
+        """One optimizer step (:meth:`train_step`), timed by ``rec``; None when the data ran out."""
+        rec.start_step(self.step + 1)
+        try:
+            out = self.train_step(batches)
+        except StopIteration:
+            rec.metrics.write_line(f"training data exhausted at step {self.step}")
+            return None
+        self.step += 1
+        self.tokens_seen += rec.end_step(self.step)
+        return out
+
+    def evaluate_if_due(self, last: bool, rec: RunRecorder) -> None:
+        """Evaluate when :meth:`Evaluator.due`, and record the loss (history, result, metrics)."""
+        if not self.evaluator.due(self.step, last):
+            return
+        loss = self.evaluate()
+        if loss is not None:
+            self.eval_history.append((self.step, loss))
+            ppl = self.train_step_handler.perplexity(loss, self.last_eval_logged)
+            rec.result.eval_loss, rec.result.eval_ppl = loss, ppl
+            rec.metrics.log_eval(self.step, loss, self.last_eval_logged, ppl=ppl)
+
+    def save_if_due(self, last: bool, result: TrainResult) -> bool:
+        """Save a checkpoint when :meth:`RunCheckpointer.due`; whether it saved."""
+        if not self.checkpointer.due(self.step, last):
+            return False
+        result.last_checkpoint = self.save_checkpoint()
+        return True
+
+    def stop_if_asked(self, saved: bool, result: TrainResult) -> bool:
+        """Whether to stop early (a signal, ``training.exit_*``): then save the step if not
+        ``saved`` and say why in ``result.stopped_by``."""
+        reason = self.preemption.should_stop(self.step)
+        if reason is None:
+            return False
+        if not saved:
+            result.last_checkpoint = self.save_checkpoint()
+        # reported once, by the caller's summary (`epochal train`: "stopped early")
+        result.stopped_by = self.preemption.describe(reason)
+        return True

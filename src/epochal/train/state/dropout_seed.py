@@ -14,53 +14,83 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Iterator, Sequence
+
+import torch
+from torch import nn
 
 from epochal.parallel.dropout_keys import has_dropout, preserved_rng, seed_micro_batch, step_seeds
 
-__all__ = ["KeyedDropoutSeams"]
+__all__ = ["DropoutKeys"]
 
 
-class KeyedDropoutSeams:
-    """Mixin of :class:`~epochal.train.trainer.Trainer`: the dropout seeds of a step's micro-batches.
+class DropoutKeys:
+    """The dropout seeds of a step's micro-batches, held by the trainer (``trainer.dropout_keys``).
 
-    Uses the trainer's ``config``, ``device``, ``model_parts``, ``step`` and
-    ``data_parallel_info()``.
+    Args:
+        seed: ``training.seed``.
+        device: the device the model runs on (its CUDA generator is reseeded too).
+        model_parts: this rank's model parts (keyed only if one draws random numbers).
+        layout_invariant: ``training.layout_invariant`` (False: nothing is ever reseeded).
+        dp_rank: this rank's data-parallel coordinate.
+        dp_size: the data-parallel size.
     """
 
-    config: Any
-    device: Any
-    model_parts: Any
-    step: int
-    _step_seeds: list[int] | None = None
-    _seed_iter: Iterator[int] | None = None
+    def __init__(
+        self,
+        *,
+        seed: int,
+        device: torch.device,
+        model_parts: Sequence[nn.Module],
+        layout_invariant: bool,
+        dp_rank: int = 0,
+        dp_size: int = 1,
+    ) -> None:
+        self.seed = seed
+        self.device = device
+        self.model_parts = list(model_parts)
+        self.layout_invariant = layout_invariant
+        self.dp_rank = dp_rank
+        self.dp_size = dp_size
+        #: the seeds of this rank's micro-batches while a step runs (:meth:`step`), else None
+        self.seeds: list[int] | None = None
+        self._next: Iterator[int] | None = None
 
     @functools.cached_property
-    def keyed_dropout(self) -> bool:
-        """``training.layout_invariant`` and a model part that draws random numbers in training."""
-        invariant = self.config.training.layout_invariant
-        return invariant and any(has_dropout(part) for part in self.model_parts)
+    def keyed(self) -> bool:
+        """``layout_invariant`` and a model part that draws random numbers in training."""
+        return self.layout_invariant and any(has_dropout(part) for part in self.model_parts)
 
-    def micro_batch_seeds(self, num_microbatches: int) -> list[int] | None:
-        """The seeds of this rank's micro-batches of the next step (None: the running stream)."""
-        if not self.keyed_dropout:
+    def micro_batch_seeds(self, step: int, num_microbatches: int) -> list[int] | None:
+        """The seeds of this rank's micro-batches of the step after ``step`` optimizer steps
+        (None: the running random stream)."""
+        if not self.keyed:
             return None
-        info = self.data_parallel_info()  # type: ignore[attr-defined]
-        return step_seeds(self.config.training.seed, self.step, num_microbatches, **info)
+        return step_seeds(self.seed, step, num_microbatches, self.dp_rank, self.dp_size)
 
     @contextlib.contextmanager
-    def keyed_step(self, num_microbatches: int) -> Iterator[list[int] | None]:
-        """Around one step's forward/backward: fix its seeds, keep the global streams as they were."""
-        self._step_seeds = self.micro_batch_seeds(num_microbatches)
-        self._seed_iter = iter(self._step_seeds) if self._step_seeds is not None else None
-        try:
-            with preserved_rng(self.device) if self._step_seeds else contextlib.nullcontext():
-                yield self._step_seeds
-        finally:
-            self._seed_iter = None
+    def step(self, step: int, num_microbatches: int) -> Iterator[list[int] | None]:
+        """Around one step's forward/backward: fix its seeds (:attr:`seeds`), keep the global
+        streams as they were.
 
-    def seed_next_micro_batch(self) -> None:
-        """Before a micro-batch's forward: reseed with its seed (nothing without keyed dropout)."""
-        if self._seed_iter is not None:
-            seed_micro_batch(next(self._seed_iter), self.device)
+        Args:
+            step: the optimizer steps done before this one.
+            num_microbatches: this rank's micro-batches in the step.
+        """
+        self.seeds = self.micro_batch_seeds(step, num_microbatches)
+        self._next = iter(self.seeds) if self.seeds is not None else None
+        try:
+            with preserved_rng(self.device) if self.seeds else contextlib.nullcontext():
+                yield self.seeds
+        finally:
+            self.seeds = None
+            self._next = None
+
+    def seed_next(self) -> None:
+        """Before a micro-batch's forward: reseed with its seed (nothing without keyed dropout).
+
+        Raises:
+            StopIteration: more micro-batches than the step was given seeds for.
+        """
+        if self._next is not None:
+            seed_micro_batch(next(self._next), self.device)

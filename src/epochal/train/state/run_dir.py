@@ -15,7 +15,8 @@
   ``checkpoint.init_from``'s), so a saved ``config.toml``, which names the resolved
   tokenizer, and the command that started the run are the same run. The model
   must agree too; the trainer compares the *resolved* model (vocabulary size
-  included) with the checkpoint's (``Trainer.check_model_config``), so a
+  included) with the checkpoint's
+  (:func:`~epochal.train.state.run_checkpointer.check_model_config`), so a
   ``[model]`` spelling that resolves to the same model is accepted.
   Everything else may change on resume: ``training.train_iters``,
   evaluation, device, ``bf16``, ``compile``, ``optimizer``, ``scheduler``,
@@ -75,7 +76,7 @@ __all__ = [
 ]
 
 # section -> the options of that section that define a run (None: all of them); the
-# model is compared resolved, by Trainer.check_model_config
+# model is compared resolved, by run_checkpointer.check_model_config
 RUN_DEFINING: dict[str, frozenset[str] | None] = {
     "data": frozenset(
         f.name
@@ -190,8 +191,8 @@ def _saved_config(path: Path) -> TrainConfig:
 def _model_changes(recorded: Any, config: TrainConfig) -> list[str]:
     """``model.<field>: recorded -> configured`` for each field the configuration sets otherwise.
 
-    As :meth:`Trainer.check_model_config` compares the resolved model: an unset
-    ``model.vocab_size`` (the tokenizer's) is not compared, an unset
+    As :func:`~epochal.train.state.run_checkpointer.check_model_config` compares the
+    resolved model: an unset ``model.vocab_size`` (the tokenizer's) is not compared, an unset
     ``model.max_position_embeddings`` is the sequence length.
     """
     if not isinstance(recorded, dict):
