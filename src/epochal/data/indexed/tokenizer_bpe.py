@@ -32,23 +32,21 @@ TIKTOKEN_PATTERNS = {
 }
 
 
-class _PicklesItsFiles:
-    """Pickles ``source`` and the file contents in ``_state``; the subclass's ``_build()``
-    remakes the engine (a Rust object that cannot be pickled) in the process that loads it."""
-
-    source: str
-    _state: Any
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {"source": self.source, "state": self._state}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.source = state["source"]
-        self._state = state["state"]
-        self._build()
+def _pickled_state(tokenizer: Any) -> dict[str, Any]:
+    """What a BPE tokenizer pickles: its ``source`` and the file contents in ``_state``
+    (the engine, a Rust object, cannot be pickled)."""
+    return {"source": tokenizer.source, "state": tokenizer._state}
 
 
-class TiktokenTokenizer(_PicklesItsFiles, Tokenizer):
+def _restore_state(tokenizer: Any, state: dict[str, Any]) -> None:
+    """Unpickle what :func:`_pickled_state` gave and remake the engine (``_build()``) in
+    the loading process."""
+    tokenizer.source = state["source"]
+    tokenizer._state = state["state"]
+    tokenizer._build()
+
+
+class TiktokenTokenizer(Tokenizer):
     """A tiktoken BPE from a local ``.tiktoken`` file.
 
     Args:
@@ -62,6 +60,9 @@ class TiktokenTokenizer(_PicklesItsFiles, Tokenizer):
         TokenizerFileError: a line is malformed (named with its
             line number), or ``eod_token`` is not among the special tokens.
     """
+
+    __getstate__ = _pickled_state
+    __setstate__ = _restore_state
 
     def __init__(
         self,
@@ -169,7 +170,7 @@ def _gpt2_layout_ranks(
     return {bytes(char_to_byte[c] for c in token): vocab[token] for token in mergeable}
 
 
-class GPT2BPETokenizer(_PicklesItsFiles, Tokenizer):
+class GPT2BPETokenizer(Tokenizer):
     """GPT-2's byte-level BPE from a vocabulary and a merges file (Megatron's arguments).
 
     Ids equal Hugging Face's ``GPT2Tokenizer`` built from the same files. Two engines:
@@ -190,6 +191,9 @@ class GPT2BPETokenizer(_PicklesItsFiles, Tokenizer):
         TokenizerFileError: a file is malformed, has no ``<|endoftext|>``, or
             ``backend="tiktoken"`` for files without GPT-2's layout.
     """
+
+    __getstate__ = _pickled_state
+    __setstate__ = _restore_state
 
     def __init__(
         self, vocab_file: str | os.PathLike, merge_file: str | os.PathLike, backend: str = "auto"
