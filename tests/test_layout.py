@@ -13,7 +13,7 @@ top-level package under ``epochal/`` (``data``, ``model``, ...) or, for a top-le
 module, its name (``cli``); the private helpers ``_atomic``, ``_checksum``, ``_lazy``, ``_paths``,
 ``_text``, ``_dcp``, ``_env`` (checked numeric environment variables), ``_ownership`` (which
 writer owns a path), ``_eager`` (functions ``torch.compile`` leaves alone), ``_fast_exit`` (a finished command's
-exit), ``_checks`` (option checks and ``ConfigError``) and ``epochal/__init__.py`` are the *base* that every layer may use, and import no
+exit), ``_checks`` (option checks and ``ConfigError``), ``_masked_mean`` (the one masked mean of losses) and ``epochal/__init__.py`` are the *base* that every layer may use, and import no
 layer. Each layer may import itself, the base and:
 
     data      nothing else (usable on its own under Megatron-Core, NeMo, Lightning)
@@ -63,6 +63,7 @@ BASE = frozenset(
         "_eager",
         "_fast_exit",
         "_checks",
+        "_masked_mean",
     }
 )
 #: layer -> the other layers it may import (itself and the base are always allowed).

@@ -41,6 +41,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 
+from epochal._masked_mean import masked_mean
 from epochal.model.build import build_model
 from epochal.model.config import ModelConfig
 from epochal.model.init import canonical_name
@@ -335,7 +336,7 @@ class ParallelEngine(PipelineSteps):
         if self.cp is not None:  # per-token losses of the whole sequence (context_parallel.py)
             losses = model(mb["tokens"], labels=mb["labels"], **kwargs).flatten()
             mask = mb["loss_mask"].flatten().to(losses.dtype)
-            return (losses * mask).sum() / mask.sum().clamp(min=1.0)
+            return masked_mean(losses, mask)
         logits = model.module(mb["tokens"], **kwargs)  # type: ignore[misc]
         return self._loss(loss_fn, mb["labels"], logits, mb["loss_mask"])
 

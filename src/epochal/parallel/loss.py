@@ -30,6 +30,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from epochal._masked_mean import masked_mean
 from epochal.parallel.token_loss import plain_cross_entropy
 
 __all__ = [
@@ -145,7 +146,7 @@ def masked_mean_loss_parallel(
     """
     losses = vocab_parallel_cross_entropy(local_logits, labels, group, vocab).flatten()
     mask = loss_mask.flatten().to(losses.dtype)
-    return (losses * mask).sum() / mask.sum().clamp(min=1.0)
+    return masked_mean(losses, mask)
 
 
 @torch.no_grad()

@@ -28,6 +28,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from epochal._masked_mean import masked_mean
 from epochal.model.layers.moe import moe_records, set_moe_loss_scale, take_moe_layer_stats
 from epochal.parallel.dropout_keys import DROPOUT_SEED_KWARG
 from epochal.parallel.global_order import gather_in_order, sequential_sum
@@ -127,7 +128,7 @@ class PipelineSteps:
             )
             losses = replay(labels=labels).flatten()
             mask = mask.flatten().to(losses.dtype)
-            loss = (losses * mask).sum() / mask.sum().clamp(min=1.0)
+            loss = masked_mean(losses, mask)
         else:
             loss = self._loss(self._loss_fn, labels, output, mask)
         index = int(target[0, 0, 2].item()) if self.layout_invariant else 0  # see _pipeline_step

@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from epochal._masked_mean import masked_mean
+
 __all__ = ["masked_token_mean_loss"]
 
 
@@ -23,4 +25,4 @@ def masked_token_mean_loss(
     """
     losses = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), reduction="none")
     mask = loss_mask.flatten().to(losses.dtype)
-    return (losses * mask).sum() / mask.sum().clamp(min=1.0)
+    return masked_mean(losses, mask)

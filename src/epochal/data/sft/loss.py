@@ -19,6 +19,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from epochal._masked_mean import mean_from_sum
+
 __all__ = ["IGNORE_INDEX", "count_loss_tokens", "shift_labels", "sft_loss", "sft_loss_sum"]
 
 #: the label of a position without a target (``transformers``' and PyTorch's ignore index)
@@ -102,4 +104,4 @@ def sft_loss(
     total = sft_loss_sum(logits, labels)
     count = count_loss_tokens(labels) if num_items_in_batch is None else num_items_in_batch
     count = torch.as_tensor(count, device=total.device, dtype=total.dtype)
-    return total / count.clamp(min=1)
+    return mean_from_sum(total, count)

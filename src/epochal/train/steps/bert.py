@@ -33,6 +33,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from epochal._masked_mean import masked_mean
 from epochal.data.loading.packing import PACKED_KEY
 from epochal.train.steps.base import TrainStep
 from epochal.train.steps.registry import register_train_step
@@ -90,8 +91,7 @@ class BertTrainStep(TrainStep):
             output_tensor if isinstance(output_tensor, tuple) else (output_tensor, None)
         )
         mask = loss_mask.reshape(-1).float()
-        denominator = mask.sum().clamp(min=1.0)
-        lm_loss = (losses.float().reshape(-1) * mask).sum() / denominator
+        lm_loss = masked_mean(losses.float().reshape(-1), mask)
         logged: dict[str, Any] = {"lm loss": lm_loss.detach()}
         loss = lm_loss
         if binary_logits is not None:
@@ -105,7 +105,7 @@ class BertTrainStep(TrainStep):
             loss = lm_loss + sop_loss
             logged["sop loss"] = sop_loss.detach()
         if hits is not None:
-            logged["mlm accuracy"] = (hits.reshape(-1).float() * mask).sum() / denominator
+            logged["mlm accuracy"] = masked_mean(hits.reshape(-1).float(), mask)
         return loss, logged
 
     def forward_step(

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from epochal._masked_mean import masked_mean
 from epochal.train.steps.base import TrainStep
 from epochal.train.steps.registry import register_train_step
 
@@ -46,7 +47,7 @@ class GPTTrainStep(TrainStep):
         """Token mean of the per-token losses ``output_tensor`` ``[b, s]`` under ``loss_mask``."""
         losses = output_tensor.float()
         mask = loss_mask.reshape(-1).to(losses.dtype)
-        loss = (losses.reshape(-1) * mask).sum() / mask.sum().clamp(min=1.0)
+        loss = masked_mean(losses.reshape(-1), mask)
         return loss, {"lm loss": loss.detach()}
 
     def forward_step(

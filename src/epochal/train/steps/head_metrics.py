@@ -21,6 +21,8 @@ from collections.abc import Mapping
 import torch
 import torch.nn.functional as F
 
+from epochal._masked_mean import masked_mean, mean_from_sum
+
 __all__ = [
     "accuracy_from_counts",
     "classification_counts",
@@ -48,7 +50,7 @@ def masked_mse(
 ) -> torch.Tensor:
     """Mean squared error over the elements where ``scored`` is set (float32 scalar; 0 when none)."""
     errors = (predictions.float() - torch.nan_to_num(targets.float())) ** 2
-    return torch.where(scored, errors, 0.0).sum() / scored.sum().clamp(min=1)
+    return mean_from_sum(torch.where(scored, errors, 0.0).sum(), scored.sum())
 
 
 def mse_from_sums(values: Mapping[str, float]) -> float:
@@ -69,7 +71,7 @@ def masked_cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Te
     losses = F.cross_entropy(
         logits.reshape(-1, logits.shape[-1]).float(), flat.clamp(min=0), reduction="none"
     )
-    return (losses * valid).sum() / valid.sum().clamp(min=1)
+    return masked_mean(losses, valid)
 
 
 def regression_sums(predictions: torch.Tensor, targets: torch.Tensor) -> dict[str, torch.Tensor]:

@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from epochal._masked_mean import masked_sum_and_count, mean_from_sum
 from epochal.train.steps.gpt import GPTTrainStep
 
 __all__ = ["SFTTrainStep", "token_mean_step"]
@@ -93,12 +94,11 @@ class SFTTrainStep(GPTTrainStep):
         """Summed cross-entropy times :attr:`loss_scale` (training), else the token mean."""
         losses = output_tensor.float()
         mask = loss_mask.reshape(-1).to(losses.dtype)
-        total = (losses.reshape(-1) * mask).sum()
+        total, count = masked_sum_and_count(losses.reshape(-1), mask)
         if self.loss_scale is not None:
             loss = total * self.loss_scale
             return loss, {"lm loss": loss.detach()}
-        count = mask.sum()
-        loss = total / count.clamp(min=1.0)
+        loss = mean_from_sum(total, count)
         return loss, {"lm loss": loss.detach(), _SUM: total.detach(), _COUNT: count.detach()}
 
     def eval_summary(self, logged: dict[str, float]) -> dict[str, float]:

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from epochal._masked_mean import masked_mean
 from epochal.train.steps.base import TrainStep
 from epochal.train.steps.registry import register_train_step
 
@@ -57,11 +58,10 @@ class T5TrainStep(TrainStep):
             hits: bool ``[b, s_dec]`` top-1 correctness (evaluation), or None.
         """
         mask = loss_mask.reshape(-1).float()
-        denominator = mask.sum().clamp(min=1.0)
-        lm_loss = (output_tensor.float().reshape(-1) * mask).sum() / denominator
+        lm_loss = masked_mean(output_tensor.float().reshape(-1), mask)
         logged: dict[str, Any] = {"lm loss": lm_loss.detach()}
         if hits is not None:
-            logged["lm accuracy"] = (hits.reshape(-1).float() * mask).sum() / denominator
+            logged["lm accuracy"] = masked_mean(hits.reshape(-1).float(), mask)
         return lm_loss, logged
 
     def forward_step(
