@@ -15,7 +15,7 @@ from epochal.model.layers.moe import (
     MoEMLP,
     pop_moe_stats,
     route,
-    set_moe_loss_scale,
+    set_moe_aux_grad_factor,
     switch_aux_loss,
 )
 
@@ -122,7 +122,7 @@ def test_aux_and_z_losses_join_the_gradient_scaled_and_are_recorded():
     for p in layer.parameters():
         p.data.normal_(0, 0.2)
     x = torch.randn(2, 8, 64)
-    set_moe_loss_scale(layer, 0.5)
+    set_moe_aux_grad_factor(layer, 0.5)
     layer(x).sum().backward()
     got = layer.router.weight.grad.clone()
     layer.zero_grad()
@@ -133,7 +133,7 @@ def test_aux_and_z_losses_join_the_gradient_scaled_and_are_recorded():
     counts = torch.bincount(experts.reshape(-1), minlength=4)
     aux = switch_aux_loss(probs, counts, 2)
     z = torch.logsumexp(logits, -1).square().mean()
-    layer.loss_scale = 0.0
+    layer.aux_grad_factor = 0.0
     (layer(x).sum() + 0.5 * (0.5 * aux + 0.25 * z)).backward()
     torch.testing.assert_close(got, layer.router.weight.grad)
     stats = pop_moe_stats(layer)

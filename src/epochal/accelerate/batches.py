@@ -51,12 +51,13 @@ from typing import Any
 
 import torch
 
-__all__ = ["LOSS_SCALE_KEY", "BatchAdapter", "BatchError"]
+__all__ = ["NUM_ITEMS_WEIGHT_KEY", "BatchAdapter", "BatchError"]
 
 IGNORE = -100
 
-#: a micro-batch's loss multiplier per row (``num_items_in_batch``; see the engine)
-LOSS_SCALE_KEY = "num_items_loss_scale"
+#: a micro-batch's loss weight per row, ``micro-batches x dp / num_items_in_batch``
+#: (see the engine); not the fp16 loss scale
+NUM_ITEMS_WEIGHT_KEY = "num_items_weight"
 
 #: the batch keys each family's transformers models take
 _KEYS = {

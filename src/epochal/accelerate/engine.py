@@ -71,7 +71,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from epochal.accelerate.batches import LOSS_SCALE_KEY, BatchAdapter
+from epochal.accelerate.batches import NUM_ITEMS_WEIGHT_KEY, BatchAdapter
 from epochal.accelerate.trainer import AccelerateTrainer
 
 __all__ = ["EngineError", "MegatronEngine"]
@@ -174,7 +174,7 @@ class MegatronEngine(nn.Module):
             factor = len(micro_batches) * self.trainer.dims.dp / num_items
             for mb in micro_batches:
                 rows = int(next(iter(mb.values())).shape[0])
-                mb[LOSS_SCALE_KEY] = torch.full((rows,), factor, dtype=torch.float64)
+                mb[NUM_ITEMS_WEIGHT_KEY] = torch.full((rows,), factor, dtype=torch.float64)
         if not self.training:
             self.complete_step()
         out = (
@@ -269,7 +269,7 @@ class MegatronEngine(nn.Module):
         loss = torch.tensor(float(self._pending[0].item()), device=trainer.device)
         if not self.deferred_update:
             self.complete_step()
-        if LOSS_SCALE_KEY in micro_batches[0]:
+        if NUM_ITEMS_WEIGHT_KEY in micro_batches[0]:
             # num_items_in_batch: each process returns its share of the step's loss, so
             # the sum over processes is the loss (what transformers' loss gives under DDP)
             loss = loss / trainer.dims.world_size

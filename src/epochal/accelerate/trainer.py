@@ -32,7 +32,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from epochal.accelerate.batches import LOSS_SCALE_KEY
+from epochal.accelerate.batches import NUM_ITEMS_WEIGHT_KEY
 from epochal.accelerate.prepare_model import HFSource
 from epochal.model.init import canonical_name
 from epochal.train.optim.optimizer import OptimizersContainer
@@ -69,7 +69,7 @@ def mask_padded_vocab(part: nn.Module, vocab_size: int, padded: int, tp_rank: in
 
 
 def _token_sum(forward_step: Callable[..., Any]) -> Callable[..., Any]:
-    """``forward_step`` whose loss is ``token sum x scale`` for a micro-batch with ``LOSS_SCALE_KEY``.
+    """``forward_step`` whose loss is ``token sum x weight`` for a micro-batch with ``NUM_ITEMS_WEIGHT_KEY``.
 
     The step's loss is the token mean under ``loss_mask``; times the micro-batch's
     target count it is the token sum (``num_items_in_batch``: see
@@ -85,10 +85,10 @@ def _token_sum(forward_step: Callable[..., Any]) -> Callable[..., Any]:
                 yield mb
 
         output, loss_func = forward_step(tap(), model)
-        scale = seen[0].get(LOSS_SCALE_KEY) if seen else None
-        if scale is None:
+        weight = seen[0].get(NUM_ITEMS_WEIGHT_KEY) if seen else None
+        if weight is None:
             return output, loss_func
-        factor = seen[0]["loss_mask"].sum(dtype=torch.float64) * scale.reshape(-1)[0]
+        factor = seen[0]["loss_mask"].sum(dtype=torch.float64) * weight.reshape(-1)[0]
 
         def scaled(output_tensor: Any) -> Any:
             loss, logged = loss_func(output_tensor)

@@ -45,7 +45,7 @@ from epochal._masked_mean import masked_mean
 from epochal.model.build import build_model
 from epochal.model.config import ModelConfig
 from epochal.model.init import canonical_name
-from epochal.model.layers.moe import set_moe_loss_scale
+from epochal.model.layers.moe import set_moe_aux_grad_factor
 from epochal.parallel.config import ParallelConfig
 from epochal.parallel.context_parallel import (
     ContextParallel,
@@ -122,7 +122,7 @@ class ParallelEngine(PipelineSteps):
             gathered over the vocabulary (no vocabulary-parallel loss).
         bf16: run forwards under bfloat16 autocast (pipeline stages wrap their
             forward; otherwise :meth:`forward_backward` does).
-        fp16: the same with float16 (the trainer scales the loss: :attr:`grad_scale`).
+        fp16: the same with float16 (the trainer scales the loss: :attr:`fp16_scale`).
         layout_invariant: compute bit-identical results under any data-parallel
             size and accumulation (module docstring; ``training.layout_invariant``).
         frozen: parameter names (canonical) that are not trained: they get
@@ -157,8 +157,9 @@ class ParallelEngine(PipelineSteps):
         if bf16 and fp16:
             raise ValueError("bf16 and fp16 are exclusive")
         self.autocast_dtype = torch.bfloat16 if bf16 else torch.float16 if fp16 else None
-        #: the training backward's loss multiplier (fp16 loss scaling); the returned loss is not scaled.
-        self.grad_scale = 1.0
+        #: the fp16 loss scaler's scale, set by the trainer before each step: the training
+        #: backward's loss multiplier (1.0 without fp16); the returned loss is not scaled.
+        self.fp16_scale = 1.0
         self.loss_parallel = config.loss_parallel and not custom_loss and dims.tp > 1
         if mesh is None and dims.world_size > 1:
             raise ValueError(f"layout {dims} needs a device mesh")
@@ -194,7 +195,8 @@ class ParallelEngine(PipelineSteps):
         self._schedules: dict[tuple[int, bool], Any] = {}
         self._eval_stages: list[Any] = []
         self._loss_fn: LossFn | None = None
-        self._loss_scale = 1.0
+        #: a pipeline micro-batch's loss multiplier in the backward, ``fp16_scale / micro-batches``.
+        self._micro_batch_factor = 1.0
         self._step: Any = None
         self._pp_micro_batches: Sequence[dict[str, torch.Tensor]] = ()
         self._pp_training = True
@@ -425,7 +427,9 @@ class ParallelEngine(PipelineSteps):
                 part = self.model_parts[0]
                 model = self._step_model(part)
                 divisor = n * self.dims.dp if invariant else n  # invariant: the global count
-                set_moe_loss_scale(part, self.grad_scale / divisor)  # the balance loss's gradient
+                set_moe_aux_grad_factor(
+                    part, self.fp16_scale / divisor
+                )  # the balance loss's gradient
                 scaled_losses = []
                 for i, mb in enumerate(micro_batches):
                     set_gradient_sync(self.model_parts, i == n - 1 and self.reducer is None)
@@ -440,7 +444,7 @@ class ParallelEngine(PipelineSteps):
                     scaled = loss / divisor
                     if self.reducer is not None:
                         self.reducer.arm()  # send each unit's gradients once complete
-                    (scaled * self.grad_scale).backward()
+                    (scaled * self.fp16_scale).backward()
                     if self.reducer is not None:
                         self.reducer.after_backward(0)
                     scaled_losses.append(scaled.detach().float())

@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 
 from epochal._masked_mean import masked_mean
-from epochal.model.layers.moe import moe_records, set_moe_loss_scale, take_moe_layer_stats
+from epochal.model.layers.moe import moe_records, set_moe_aux_grad_factor, take_moe_layer_stats
 from epochal.parallel.dropout_keys import DROPOUT_SEED_KWARG
 from epochal.parallel.global_order import gather_in_order, sequential_sum
 from epochal.parallel.pipeline import build_schedule
@@ -135,12 +135,12 @@ class PipelineSteps:
         return self._scale_pipeline_loss(loss, index)
 
     def _scale_pipeline_loss(self, loss: torch.Tensor, index: int) -> torch.Tensor:
-        """Plain: ``loss * grad_scale / n``; layout-invariant: ``(loss / M) * grad_scale``, as one process."""
+        """Plain: ``loss * fp16_scale / n``; layout-invariant: ``(loss / M) * fp16_scale``, as one process."""
         if not self.layout_invariant:
-            return loss * self._loss_scale
+            return loss * self._micro_batch_factor
         scaled = loss / (self._pp_n * self.dims.dp)
         self._pp_losses[index] = (scaled if self._pp_training else loss).detach().float()
-        return scaled * (self.grad_scale if self._pp_training else 1.0)
+        return scaled * (self.fp16_scale if self._pp_training else 1.0)
 
     def _schedule(self, n_microbatches: int, train: bool) -> Any:
         """The schedule of ``n_microbatches`` for training or evaluation (each built once).
@@ -184,11 +184,11 @@ class PipelineSteps:
     ) -> torch.Tensor:
         self._loss_fn = loss_fn
         self._pp_on_logits = on_logits
-        grad_scale = self.grad_scale if train else 1.0
-        self._loss_scale = grad_scale / n
-        moe_scale = grad_scale / (n * self.dims.dp) if self.layout_invariant else grad_scale / n
+        fp16_scale = self.fp16_scale if train else 1.0
+        self._micro_batch_factor = fp16_scale / n
+        moe_factor = fp16_scale / (n * self.dims.dp) if self.layout_invariant else fp16_scale / n
         for part in self.model_parts:
-            set_moe_loss_scale(part, moe_scale)
+            set_moe_aux_grad_factor(part, moe_factor)
         self._pp_n, self._pp_losses = n, {}
         self._step = step
         self._pp_micro_batches = micro_batches
@@ -248,7 +248,7 @@ class PipelineSteps:
             total = self._ordered_pipeline_losses(n, train)
         elif losses:  # the schedule's losses carry the fp16 loss scale (a power of two): exact
             total = torch.stack([loss.detach().float() for loss in losses]).sum().to(self.device)
-            total = total / grad_scale
+            total = total / fp16_scale
         assert self.mesh is not None
         dist.broadcast(total, group=self.pp_group, group_src=self.dims.pp - 1)
         return total

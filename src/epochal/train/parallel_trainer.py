@@ -292,7 +292,7 @@ class ParallelTrainer(Trainer):
             raise StopIteration
         if not micro_batches:
             self._advance_without_reading(n_mb)
-        self.engine.grad_scale = self.grad_scale()
+        self.engine.fp16_scale = self.grad_scale()
         return self.engine.forward_backward(
             micro_batches,
             num_microbatches=n_mb,

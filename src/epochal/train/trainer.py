@@ -59,7 +59,7 @@ from torch import nn
 from epochal.data.loading.packing import pack_padded_batch
 from epochal.model.build import build_model
 from epochal.model.config import ModelConfig
-from epochal.model.layers.moe import set_moe_loss_scale
+from epochal.model.layers.moe import set_moe_aux_grad_factor
 from epochal.parallel.dropout_keys import install_keyed_dropout
 from epochal.parallel.engine import compile_part
 from epochal.parallel.logged import reduce_logged
@@ -289,7 +289,7 @@ class Trainer:
         )
 
     def grad_scale(self) -> float:
-        """What the loss is multiplied by before the backward (fp16 loss scaling; else 1)."""
+        """The fp16 loss scaler's scale: what the loss is multiplied by before the backward (else 1)."""
         return self.loss_scaler.scale if self.loss_scaler is not None else 1.0
 
     def gradient_parameters(self) -> list[torch.Tensor]:
@@ -415,7 +415,9 @@ class Trainer:
         """Forward and backward of ONE micro-batch; returns its detached ``loss / num_microbatches``."""
         mb = self.step_batch(micro_batch)
         self.dropout_keys.seed_next()
-        set_moe_loss_scale(self.model_parts, self.grad_scale() / num_microbatches)  # MoE balance
+        set_moe_aux_grad_factor(
+            self.model_parts, self.grad_scale() / num_microbatches
+        )  # MoE balance
         with self.autocast():
             loss = self.run_step(mb)
         scaled = loss / num_microbatches

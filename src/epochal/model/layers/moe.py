@@ -34,7 +34,7 @@ as Megatron): the load-balancing loss of Switch Transformer in Megatron's normal
 ``mean_t(logsumexp(logits_t)^2)``. In training, ``moe_aux_loss_coeff * aux +
 moe_z_loss_coeff * z`` joins the objective as Megatron's ``MoEAuxLossAutoScaler``
 does: the layer's output carries it into the backward, where its gradient is
-scaled by :attr:`MoEMLP.loss_scale` (set with :func:`set_moe_loss_scale` to the
+scaled by :attr:`MoEMLP.aux_grad_factor` (set with :func:`set_moe_aux_grad_factor` to the
 factor the trainer scales the main loss's gradient by: ``1 / micro-batches``, times
 a loss scale). So it works under any schedule, pipeline stages included, and the
 reported language-model loss stays the cross-entropy alone (Megatron logs the
@@ -65,7 +65,7 @@ __all__ = [
     "pop_moe_stats",
     "take_moe_layer_stats",
     "route",
-    "set_moe_loss_scale",
+    "set_moe_aux_grad_factor",
     "switch_aux_loss",
 ]
 
@@ -121,7 +121,7 @@ def route(
 
 
 class _AttachAuxLoss(torch.autograd.Function):
-    """Identity on ``output``; in the backward the auxiliary loss gets the gradient ``layer.loss_scale``."""
+    """Identity on ``output``; in the backward the auxiliary loss gets the gradient ``layer.aux_grad_factor``."""
 
     @staticmethod
     def forward(ctx: Any, output: torch.Tensor, aux: torch.Tensor, layer: MoEMLP) -> torch.Tensor:
@@ -132,7 +132,7 @@ class _AttachAuxLoss(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, None]:
         scale = torch.full(
-            ctx.aux_shape, ctx.layer.loss_scale, dtype=torch.float32, device=grad.device
+            ctx.aux_shape, ctx.layer.aux_grad_factor, dtype=torch.float32, device=grad.device
         )
         return grad, scale, None
 
@@ -167,8 +167,8 @@ class MoEMLP(nn.Module):
             self.shared_expert = MLP(config, ffn_size=config.moe_shared_expert_intermediate_size)
             if config.moe_shared_expert_gate:
                 self.shared_expert_gate = nn.Linear(h, 1, bias=False)
-        #: the factor the trainer scales the main loss's gradient by (see :func:`set_moe_loss_scale`).
-        self.loss_scale = 1.0
+        #: the factor the trainer scales the main loss's gradient by (see :func:`set_moe_aux_grad_factor`).
+        self.aux_grad_factor = 1.0
         #: the last forward's ``{"aux", "z", "tokens"}`` (detached; ``tokens`` = fraction per expert).
         self.last_stats: dict[str, torch.Tensor] | None = None
         #: the token dispatcher ``(layer, tokens, weights, experts, keep) -> slots``
@@ -271,18 +271,18 @@ def local_expert_slots(
     return slots
 
 
-def set_moe_loss_scale(module: nn.Module | Sequence[nn.Module], scale: float) -> None:
-    """Set :attr:`MoEMLP.loss_scale` of every MoE layer in ``module`` (no-op for a dense model).
+def set_moe_aux_grad_factor(module: nn.Module | Sequence[nn.Module], factor: float) -> None:
+    """Set :attr:`MoEMLP.aux_grad_factor` of every MoE layer in ``module`` (no-op for a dense model).
 
     Args:
         module: a model or model part, or a list of them.
-        scale: the factor the main loss's gradient is scaled by in the backward
-            (``grad_scale / micro-batches``).
+        factor: the factor the main loss's gradient is multiplied by in the backward
+            (the fp16 loss scaler's scale / micro-batches; 1 / micro-batches without fp16).
     """
     for part in [module] if isinstance(module, nn.Module) else module:
         for sub in part.modules():
             if isinstance(sub, MoEMLP):
-                sub.loss_scale = float(scale)
+                sub.aux_grad_factor = float(factor)
 
 
 def take_moe_layer_stats(module: nn.Module) -> list[tuple[int, dict[str, torch.Tensor]]]:

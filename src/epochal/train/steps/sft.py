@@ -5,7 +5,7 @@ whole global batch divided by their number: ``transformers``' ``num_items_in_bat
 (the loss TRL's ``SFTTrainer`` trains with) and Megatron-Core's
 ``calculate_per_token_loss``. Before each step the trainer counts the global batch's
 loss tokens ``N`` from the data (no communication: every rank knows every sample's
-count) and sets :attr:`SFTTrainStep.loss_scale` to ``M / N``, ``M`` the micro-batches
+count) and sets :attr:`SFTTrainStep.summed_loss_weight` to ``M / N``, ``M`` the micro-batches
 of the global batch (all data-parallel ranks). Each micro-batch's loss is then its
 summed cross-entropy times ``M / N``; the trainer divides it by ``M`` (its micro-batches
 times the data-parallel averaging of the gradients), so the step's loss and gradient
@@ -13,7 +13,7 @@ are ``sum / N`` whatever the split over micro-batches and ranks, and the same nu
 under ``training.layout_invariant`` bit for bit. A micro-batch's logged ``lm loss``
 averages to the step's loss.
 
-Evaluation (no :attr:`~SFTTrainStep.loss_scale`): each micro-batch logs its summed
+Evaluation (no :attr:`~SFTTrainStep.summed_loss_weight`): each micro-batch logs its summed
 cross-entropy and its loss tokens, and the evaluation's loss is their ratio over the
 whole validation set (:meth:`SFTTrainStep.evaluation_loss`): the token mean over
 every loss token of the validation rows.
@@ -39,11 +39,13 @@ class SFTTrainStep(GPTTrainStep):
     """The GPT step with the fine-tuning loss of the module docstring.
 
     Attributes:
-        loss_scale: during a training step, (micro-batches of the global batch) /
-            (its loss tokens), set by the trainer; None otherwise (evaluation).
+        summed_loss_weight: during a training step, the factor a micro-batch's summed
+            cross-entropy is multiplied by: (micro-batches of the global batch) / (its
+            loss tokens), set by the trainer; None otherwise (evaluation). Not a loss
+            scale: the fp16 scaler's scale is applied by the trainer on top.
     """
 
-    loss_scale: float | None = None
+    summed_loss_weight: float | None = None
 
     @property
     def trims_padding(self) -> bool:
@@ -91,12 +93,12 @@ class SFTTrainStep(GPTTrainStep):
     def loss_func(
         self, loss_mask: torch.Tensor, output_tensor: torch.Tensor
     ) -> tuple[torch.Tensor, dict[str, Any]]:
-        """Summed cross-entropy times :attr:`loss_scale` (training), else the token mean."""
+        """Summed cross-entropy times :attr:`summed_loss_weight` (training), else the token mean."""
         losses = output_tensor.float()
         mask = loss_mask.reshape(-1).to(losses.dtype)
         total, count = masked_sum_and_count(losses.reshape(-1), mask)
-        if self.loss_scale is not None:
-            loss = total * self.loss_scale
+        if self.summed_loss_weight is not None:
+            loss = total * self.summed_loss_weight
             return loss, {"lm loss": loss.detach()}
         loss = mean_from_sum(total, count)
         return loss, {"lm loss": loss.detach(), _SUM: total.detach(), _COUNT: count.detach()}
@@ -115,7 +117,7 @@ class SFTTrainStep(GPTTrainStep):
 
 @contextlib.contextmanager
 def token_mean_step(trainer: Any, num_microbatches: int) -> Iterator[None]:
-    """Around one training step: set :attr:`SFTTrainStep.loss_scale` (module docstring).
+    """Around one training step: set :attr:`SFTTrainStep.summed_loss_weight` (module docstring).
 
     ``trainer`` is the :class:`~epochal.train.Trainer` (its step, data and
     data-parallel size); the global batch is the ``num_microbatches x micro_batch_size
@@ -129,8 +131,8 @@ def token_mean_step(trainer: Any, num_microbatches: int) -> Iterator[None]:
     dp = trainer.data_parallel_info()["dp_size"]
     samples = num_microbatches * trainer.config.training.micro_batch_size * dp
     tokens = counter(trainer.data.train_loader.consumed_samples, samples)
-    step.loss_scale = num_microbatches * dp / max(tokens, 1)
+    step.summed_loss_weight = num_microbatches * dp / max(tokens, 1)
     try:
         yield
     finally:
-        step.loss_scale = None
+        step.summed_loss_weight = None
