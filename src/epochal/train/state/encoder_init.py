@@ -43,6 +43,7 @@ from epochal.model.init import canonical_name
 from epochal.model.lora import is_lora_name
 from epochal.train.config.model import CHECKPOINT_KEPT_FIELDS
 from epochal.train.state.checkpoint import CheckpointError
+from epochal.train.state.errors import refuse_other_model
 
 __all__ = [
     "copy_full_state",
@@ -243,13 +244,7 @@ def load_encoder_weights(
     source, state, _ = read_encoder(folder)
     _check_type(source, model_config.type, folder)
     ours, theirs = _encoder_fields(model_config), _encoder_fields(source)
-    diff = [
-        f"{k}: checkpoint {theirs[k]!r} vs config {v!r}"
-        for k, v in ours.items()
-        if k in theirs and theirs[k] != v
-    ]
-    if diff:
-        raise CheckpointError(f"{folder} holds another model: " + "; ".join(diff))
+    refuse_other_model(folder, ours, theirs)
     with torch.device("meta"):
         whole = build_model(model_config)
     shapes = {name: tuple(p.shape) for name, p in whole.state_dict().items()}

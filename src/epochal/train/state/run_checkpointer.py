@@ -28,6 +28,7 @@ from epochal.train.config import TrainConfig, to_toml
 from epochal.train.inputs.loaders import DataBundle
 from epochal.train.state.checkpoint import Checkpointer, CheckpointError
 from epochal.train.state.encoder_init import is_hf_folder, load_encoder_weights
+from epochal.train.state.errors import refuse_other_model
 from epochal.train.state.model_state import ModelState
 from epochal.train.state.resume_notes import resume_notes
 from epochal.train.state.rng import get_rng_state, set_rng_state
@@ -104,13 +105,7 @@ def check_model_config(
         theirs = ModelConfig.from_dict(recorded).resolved_dict()
     except (ValueError, TypeError):  # a config this version cannot build: as written
         theirs = recorded
-    diff = [
-        f"model.{k}: checkpoint {theirs.get(k)!r} vs config {v!r}"
-        for k, v in ours.items()
-        if k in theirs and theirs[k] != v
-    ]
-    if diff:
-        raise CheckpointError(f"{folder} holds another model: " + "; ".join(diff))
+    refuse_other_model(folder, ours, theirs, prefix="model.")
 
 
 class RunCheckpointer:
