@@ -136,3 +136,16 @@ def test_checkpointer_using_another_store_puts_its_own_back(tmp_path) -> None:
         assert ck.store is other
         raise RuntimeError
     assert ck.store is own
+
+
+def test_another_model_is_refused_naming_each_differing_field(tmp_path):
+    from epochal.train.state.errors import CheckpointError, refuse_other_model
+
+    ours = {"hidden_size": 128, "num_layers": 2, "ffn_hidden_size": 512}
+    refuse_other_model(tmp_path, ours, {"hidden_size": 128, "num_layers": 2})  # a field it lacks
+    with pytest.raises(CheckpointError) as err:
+        refuse_other_model(tmp_path, ours, {"hidden_size": 64, "num_layers": 4}, prefix="model.")
+    assert str(err.value) == (
+        f"{tmp_path} holds another model: model.hidden_size: checkpoint 64 vs config 128; "
+        "model.num_layers: checkpoint 4 vs config 2"
+    )
