@@ -214,40 +214,20 @@ class GPTDataset(Dataset):
         cache_dir: str | os.PathLike | None = None,
         group: Any = None,
     ) -> None:
-        if not hasattr(indexed_dataset, "sequence_lengths") or not callable(
-            getattr(indexed_dataset, "get", None)
-        ):
-            raise TypeError(
-                "indexed_dataset must have Megatron's IndexedDataset interface "
-                f"(sequence_lengths and get(idx, offset, length)), got {type(indexed_dataset).__name__}"
-            )
+        _check_interface(indexed_dataset)
         if split not in SPLIT_NAMES:
             raise ValueError(f"split must be one of {SPLIT_NAMES}, got {split!r}")
         self.seq_length = _as_int(seq_length, "seq_length", 1)
         self.seed = _as_int(seed, "seed", 0, 2**32 - 1)
         if num_samples is not None:
             num_samples = _as_int(num_samples, "num_samples", 0)
-        for flag_name, flag in (
-            ("reset_position_ids", reset_position_ids),
-            ("reset_attention_mask", reset_attention_mask),
-            ("eod_mask_loss", eod_mask_loss),
-        ):
-            if flag and eod_token_id is None:
-                raise ValueError(f"{flag_name}=True needs eod_token_id")
-        if eod_token_id is not None:
-            eod_token_id = _as_int(eod_token_id, "eod_token_id")
-        if pad_token_id is None:
-            pad_token_id = PAD_SENTINEL
-        else:
-            pad_token_id = _as_int(pad_token_id, "pad_token_id")
-            if pad_token_id == eod_token_id:
-                warnings.warn(
-                    f"pad_token_id {pad_token_id} equals eod_token_id; using the -1 pad sentinel "
-                    "instead so that real EOD tokens are not masked (as Megatron-Core does)",
-                    stacklevel=2,
-                )
-                pad_token_id = PAD_SENTINEL
-
+        eod_token_id, pad_token_id = _checked_token_ids(
+            eod_token_id,
+            pad_token_id,
+            reset_position_ids=reset_position_ids,
+            reset_attention_mask=reset_attention_mask,
+            eod_mask_loss=eod_mask_loss,
+        )
         self.dataset = indexed_dataset
         self.name = os.fspath(
             getattr(indexed_dataset, "path_prefix", None) or type(indexed_dataset).__name__
@@ -262,59 +242,55 @@ class GPTDataset(Dataset):
         self.eod_token_id = eod_token_id
         self.pad_token_id = pad_token_id
         self.num_samples_requested = num_samples
-        # epochal's IndexedDataset copies a window's documents in one call (read_pieces)
-        self._reads_pieces = callable(getattr(indexed_dataset, "read_pieces", None))
-        self._pad_may_be_a_token = _pad_may_be_a_token(indexed_dataset, pad_token_id)
+        self._set_read_path()
+        lengths = np.asarray(indexed_dataset.sequence_lengths)
+        self.documents = _checked_documents(self.name, split, lengths, document_ids)
+        tokens = tokens_in_documents(lengths, self.documents)
+        self._check_holds_a_sample(tokens, lengths.shape[0])
+        self._load_indices(lengths, tokens, cache_dir, group)
+
+    def _set_read_path(self) -> None:
+        """Choose how samples are read: ``read_pieces`` (epochal's IndexedDataset copies a
+        window's documents in one call) or ``get`` calls; the constant masks of a sample
+        without EOD options."""
+        self._reads_pieces = callable(getattr(self.dataset, "read_pieces", None))
+        self._pad_may_be_a_token = _pad_may_be_a_token(self.dataset, self.pad_token_id)
         self._plain_masks = None
         if not (
-            reset_position_ids or reset_attention_mask or eod_mask_loss or create_attention_mask
+            self.reset_position_ids
+            or self.reset_attention_mask
+            or self.eod_mask_loss
+            or self.create_attention_mask
         ):
             self._plain_masks = (
                 np.ones(self.seq_length, dtype=np.float32),
                 np.arange(self.seq_length, dtype=np.int64),
             )
 
-        lengths = np.asarray(indexed_dataset.sequence_lengths)
-        if lengths.ndim != 1 or not np.issubdtype(lengths.dtype, np.integer):
-            raise ValueError(
-                f"{self.name}: sequence_lengths must be a 1-D integer array, got {lengths.dtype}{lengths.shape}"
-            )
-        corpus = lengths.shape[0]
-        if document_ids is None:
-            documents = np.arange(corpus, dtype=np.int32)
-        else:
-            documents = np.asarray(document_ids)
-            if documents.ndim != 1 or not np.issubdtype(documents.dtype, np.integer):
-                raise ValueError(
-                    f"document_ids must be a 1-D integer array, got {documents.dtype}{documents.shape}"
-                )
-            if documents.size and (int(documents.min()) < 0 or int(documents.max()) >= corpus):
-                raise IndexError(
-                    f"document_ids must lie in [0, {corpus}) for {self.name}, got "
-                    f"[{int(documents.min())}, {int(documents.max())}]"
-                )
-        if documents.size == 0:
-            raise ValueError(
-                f"the {split} split of {self.name} is empty: 0 of its {corpus} documents are "
-                "assigned to it (check the split string and the corpus size)"
-            )
-        tokens = tokens_in_documents(lengths, documents)
+    def _check_holds_a_sample(self, tokens: int, corpus: int) -> None:
+        """Refuse a split without tokens, or (one epoch, last window dropped) with fewer
+        than one sample's; the message names the split, the corpus and ``seq_length``."""
         if tokens <= 0:
             raise ValueError(
-                f"the {split} split of {self.name} holds no tokens: its {documents.size} of "
-                f"{corpus} documents are all empty"
+                f"the {self.split} split of {self.name} holds no tokens: its "
+                f"{self.documents.size} of {corpus} documents are all empty"
             )
         extra = int(self.add_extra_token_to_sequence)
         if (
             self.drop_last_partial_sequence
-            and num_samples is None
+            and self.num_samples_requested is None
             and tokens - extra < self.seq_length
         ):
             raise ValueError(
-                f"the {split} split of {self.name} holds {tokens} tokens, fewer than one sample of "
-                f"seq_length={self.seq_length} (+{extra}); use a smaller seq_length or more documents"
+                f"the {self.split} split of {self.name} holds {tokens} tokens, fewer than one "
+                f"sample of seq_length={self.seq_length} (+{extra}); use a smaller seq_length "
+                "or more documents"
             )
-        self.documents = documents
+
+    def _load_indices(self, lengths: np.ndarray, tokens: int, cache_dir: Any, group: Any) -> None:
+        """Build the document, sample and shuffle indices, or map them from the cache
+        (keyed by what determines them); sets ``num_epochs``, ``cache_info`` and the length."""
+        documents, num_samples = self.documents, self.num_samples_requested
 
         def identity() -> dict[str, Any]:
             bounds = document_range(documents)
@@ -349,12 +325,12 @@ class GPTDataset(Dataset):
         arrays, self.cache_info = cached_arrays(
             cache_dir,
             type(self).__name__,
-            split,
+            self.split,
             identity,
             ("document_index", "sample_index", "shuffle_index"),
             build,
             group=group,
-            note={"dataset": self.name, "corpus_documents": corpus},
+            note={"dataset": self.name, "corpus_documents": lengths.shape[0]},
         )
         self.document_index = arrays["document_index"]
         self.sample_index = arrays["sample_index"]
@@ -517,3 +493,77 @@ class GPTDataset(Dataset):
             f"GPTDataset({self.name!r}, split={self.split}, samples={self._length}, "
             f"seq_length={self.seq_length}, epochs={self.num_epochs}, seed={self.seed})"
         )
+
+
+def _check_interface(indexed_dataset: Any) -> None:
+    """Raise TypeError unless ``indexed_dataset`` has ``sequence_lengths`` and ``get``."""
+    if not hasattr(indexed_dataset, "sequence_lengths") or not callable(
+        getattr(indexed_dataset, "get", None)
+    ):
+        raise TypeError(
+            "indexed_dataset must have Megatron's IndexedDataset interface "
+            f"(sequence_lengths and get(idx, offset, length)), got {type(indexed_dataset).__name__}"
+        )
+
+
+def _checked_token_ids(
+    eod_token_id: Any, pad_token_id: Any, **eod_options: bool
+) -> tuple[int | None, int]:
+    """``(eod_token_id, pad_token_id)`` checked: each EOD option needs ``eod_token_id``; a
+    missing pad id, or one equal to the EOD id (with a warning), is the -1 sentinel.
+
+    Raises:
+        ValueError: an EOD option without ``eod_token_id``, or an id that is not an int.
+    """
+    for flag_name, flag in eod_options.items():
+        if flag and eod_token_id is None:
+            raise ValueError(f"{flag_name}=True needs eod_token_id")
+    if eod_token_id is not None:
+        eod_token_id = _as_int(eod_token_id, "eod_token_id")
+    if pad_token_id is None:
+        return eod_token_id, PAD_SENTINEL
+    pad_token_id = _as_int(pad_token_id, "pad_token_id")
+    if pad_token_id == eod_token_id:
+        warnings.warn(
+            f"pad_token_id {pad_token_id} equals eod_token_id; using the -1 pad sentinel "
+            "instead so that real EOD tokens are not masked (as Megatron-Core does)",
+            stacklevel=3,
+        )
+        return eod_token_id, PAD_SENTINEL
+    return eod_token_id, pad_token_id
+
+
+def _checked_documents(
+    name: str, split: str, lengths: np.ndarray, document_ids: np.ndarray | None
+) -> np.ndarray:
+    """The split's document ids (all ``N`` for None), checked against the corpus.
+
+    Raises:
+        ValueError: ``lengths`` or ``document_ids`` is not a 1-D integer array, or the split
+            is empty (named with the corpus size).
+        IndexError: a document id outside ``[0, N)``.
+    """
+    if lengths.ndim != 1 or not np.issubdtype(lengths.dtype, np.integer):
+        raise ValueError(
+            f"{name}: sequence_lengths must be a 1-D integer array, got {lengths.dtype}{lengths.shape}"
+        )
+    corpus = lengths.shape[0]
+    if document_ids is None:
+        documents = np.arange(corpus, dtype=np.int32)
+    else:
+        documents = np.asarray(document_ids)
+        if documents.ndim != 1 or not np.issubdtype(documents.dtype, np.integer):
+            raise ValueError(
+                f"document_ids must be a 1-D integer array, got {documents.dtype}{documents.shape}"
+            )
+        if documents.size and (int(documents.min()) < 0 or int(documents.max()) >= corpus):
+            raise IndexError(
+                f"document_ids must lie in [0, {corpus}) for {name}, got "
+                f"[{int(documents.min())}, {int(documents.max())}]"
+            )
+    if documents.size == 0:
+        raise ValueError(
+            f"the {split} split of {name} is empty: 0 of its {corpus} documents are "
+            "assigned to it (check the split string and the corpus size)"
+        )
+    return documents
