@@ -20,6 +20,8 @@ predicted), ``is_random``, ``padding_mask``, ``loss_mask``, ``truncated``), whic
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +31,13 @@ from epochal.train.config import TrainConfig
 from epochal.train.inputs.corpus import default_cache_dir, prepare_corpus, tokenizer_from_config
 from epochal.train.inputs.gpt import blend_schedule_from_config
 
-__all__ = ["build_bert_train_datasets", "masked_data_sources", "masking_options"]
+__all__ = [
+    "MaskedTrainData",
+    "build_bert_train_datasets",
+    "build_masked_train_datasets",
+    "masked_data_sources",
+    "masking_options",
+]
 
 #: the ``[data]`` options that are Megatron's masking fields, passed on by name.
 MASKING_OPTIONS = (
@@ -88,6 +96,92 @@ def masked_data_sources(
     return paths, tokenizer_from_config(d)
 
 
+@dataclass(frozen=True)
+class MaskedTrainData:
+    """What :func:`build_masked_train_datasets` gives a masked-LM run.
+
+    Attributes:
+        train / valid: the datasets (``valid`` None when the split has none).
+        tokenizer: the WordPiece tokenizer of the data.
+        source: the data paths, as ``key=value`` text for the description.
+        train_samples / valid_samples: the samples the run draws.
+    """
+
+    train: Any
+    valid: Any | None
+    tokenizer: Any
+    source: str
+    train_samples: int
+    valid_samples: int
+
+    def counts(self) -> str:
+        """``N train samples (of M indexed in whole epochs)[, K validation]``."""
+        return (
+            f"{self.train_samples:,} train samples (of {len(self.train):,} indexed in whole epochs)"
+            + (
+                f", {min(self.valid_samples, len(self.valid)):,} validation"
+                if self.valid is not None
+                else ""
+            )
+        )
+
+
+def build_masked_train_datasets(
+    config: TrainConfig,
+    cache_name: str,
+    build: Callable[..., list[Any]],
+    dataset_config: Callable[..., Any],
+    *,
+    check_tokenizer: Callable[[Any], None] | None = None,
+    log: Any = None,
+    group: Any = None,
+    **fields: Any,
+) -> MaskedTrainData:
+    """The train and validation datasets of a masked-LM run (BERT, T5) from ``config.data``.
+
+    Args:
+        config: the run's config.
+        cache_name: the index caches' folder under the cache dir (``bert-index``, ...).
+        build: the data layer's builder, ``(dataset config, sizes, group=) -> [train, valid, test]``.
+        dataset_config: the data layer's config class (BERT's or T5's).
+        check_tokenizer: raises :class:`ConfigError` for a tokenizer the model cannot use.
+        log, group: as :func:`masked_data_sources` and the builder.
+        **fields: the config fields of that model only.
+
+    Raises:
+        ConfigError: no data files, an option the data layer rejects (named), or a split
+            that gives the train split no documents.
+    """
+    d, t = config.data, config.training
+    cache = Path(d.cache_dir) if d.cache_dir else default_cache_dir()
+    paths, tokenizer = masked_data_sources(config, cache, log=log)
+    if check_tokenizer is not None:
+        check_tokenizer(tokenizer)
+    train_samples = t.train_iters * t.global_batch_size
+    valid_samples = t.eval_iters * t.global_batch_size
+    try:
+        data_config = dataset_config(
+            seq_length=d.seq_length,
+            seed=t.seed,
+            tokenizer=tokenizer,
+            split=d.split,
+            path_to_cache=str(cache / cache_name),
+            **masking_options(d),
+            **schedule_options(config),
+            **fields,
+            **paths,
+        )
+        train, valid, _test = build(data_config, [train_samples, valid_samples, 0], group=group)
+    except ValueError as exc:
+        raise ConfigError("data", str(exc)) from None
+    if train is None:
+        raise ConfigError("data.split", f"gives the train split no documents ({d.split!r})")
+    if valid is not None and len(valid) == 0:
+        valid = None
+    source = ", ".join(f"{k}={v}" for k, v in paths.items() if v)
+    return MaskedTrainData(train, valid, tokenizer, source, train_samples, valid_samples)
+
+
 def build_bert_train_datasets(
     config: TrainConfig, *, log: Any = None, group: Any = None
 ) -> tuple[Any, Any | None, int, Any, str]:
@@ -98,40 +192,21 @@ def build_bert_train_datasets(
             cannot use, or an option the data layer rejects (named ``data.<option>``).
         FileNotFoundError / OSError: missing or unreadable indexed files (named).
     """
-    d, t = config.data, config.training
-    cache = Path(d.cache_dir) if d.cache_dir else default_cache_dir()
-    paths, tokenizer = masked_data_sources(config, cache, log=log)
-    train_samples = t.train_iters * t.global_batch_size
-    valid_samples = t.eval_iters * t.global_batch_size
-    try:
-        bcfg = BERTDatasetConfig(
-            seq_length=d.seq_length,
-            seed=t.seed,
-            tokenizer=tokenizer,
-            split=d.split,
-            path_to_cache=str(cache / "bert-index"),
-            **masking_options(d),
-            **schedule_options(config),
-            classification_head=config.model.bert_binary_head,
-            **paths,
-        )
-        train, valid, _test = build_bert_datasets(
-            bcfg, [train_samples, valid_samples, 0], group=group
-        )
-    except ValueError as exc:
-        raise ConfigError("data", str(exc)) from None
-    if train is None:
-        raise ConfigError("data.split", f"gives the train split no documents ({d.split!r})")
-    if valid is not None and len(valid) == 0:
-        valid = None
-    source = ", ".join(f"{k}={v}" for k, v in paths.items() if v)
-    description = (
-        f"BERT samples of {source} ({type(tokenizer).__name__}, {tokenizer.vocab_size} ids); "
-        f"{train_samples:,} train samples (of {len(train):,} indexed in whole epochs)"
-        + (f", {min(valid_samples, len(valid)):,} validation" if valid is not None else "")
-        + f", {d.seq_length} tokens each"
+    data = build_masked_train_datasets(
+        config,
+        "bert-index",
+        build_bert_datasets,
+        BERTDatasetConfig,
+        log=log,
+        group=group,
+        classification_head=config.model.bert_binary_head,
     )
-    return train, valid, tokenizer.vocab_size, tokenizer, description
+    tokenizer = data.tokenizer
+    description = (
+        f"BERT samples of {data.source} ({type(tokenizer).__name__}, {tokenizer.vocab_size} ids); "
+        f"{data.counts()}, {config.data.seq_length} tokens each"
+    )
+    return data.train, data.valid, tokenizer.vocab_size, tokenizer, description
 
 
 def schedule_options(config: TrainConfig) -> dict[str, Any]:

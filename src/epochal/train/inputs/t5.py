@@ -15,14 +15,12 @@ reads. Index caches go to ``<cache_dir>/t5-index``.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from epochal.data.datasets.t5_builder import T5DatasetConfig, build_t5_datasets
 from epochal.model.config import ConfigError
 from epochal.train.config import TrainConfig
-from epochal.train.inputs.bert import masked_data_sources, masking_options, schedule_options
-from epochal.train.inputs.corpus import default_cache_dir
+from epochal.train.inputs.bert import build_masked_train_datasets
 
 __all__ = ["build_t5_train_datasets"]
 
@@ -37,45 +35,31 @@ def build_t5_train_datasets(
             ``data.vocab_extra_ids``), or an option the data layer rejects (named).
         FileNotFoundError / OSError: missing or unreadable indexed files (named).
     """
-    d, t = config.data, config.training
-    cache = Path(d.cache_dir) if d.cache_dir else default_cache_dir()
-    paths, tokenizer = masked_data_sources(config, cache, log=log)
-    if not getattr(tokenizer, "additional_special_tokens_ids", None):
-        raise ConfigError(
-            "data.vocab_extra_ids",
-            f"must be > 0 for model.type='t5' (got {d.vocab_extra_ids}): T5 replaces each "
-            f"masked span by a sentinel <extra_id_N>; {type(tokenizer).__name__} has none "
-            "(Megatron uses --vocab-extra-ids 100)",
-        )
-    train_samples = t.train_iters * t.global_batch_size
-    valid_samples = t.eval_iters * t.global_batch_size
-    try:
-        tcfg = T5DatasetConfig(
-            seq_length=d.seq_length,
-            seq_length_decoder=d.seq_length_decoder,
-            seed=t.seed,
-            tokenizer=tokenizer,
-            split=d.split,
-            path_to_cache=str(cache / "t5-index"),
-            **masking_options(d),
-            **schedule_options(config),
-            **paths,
-        )
-        train, valid, _test = build_t5_datasets(
-            tcfg, [train_samples, valid_samples, 0], group=group
-        )
-    except ValueError as exc:
-        raise ConfigError("data", str(exc)) from None
-    if train is None:
-        raise ConfigError("data.split", f"gives the train split no documents ({d.split!r})")
-    if valid is not None and len(valid) == 0:
-        valid = None
-    source = ", ".join(f"{k}={v}" for k, v in paths.items() if v)
-    description = (
-        f"T5 span-corruption samples of {source} ({type(tokenizer).__name__}, "
-        f"{tokenizer.vocab_size} ids, {len(tokenizer.additional_special_tokens_ids)} sentinels); "
-        f"{train_samples:,} train samples (of {len(train):,} indexed in whole epochs)"
-        + (f", {min(valid_samples, len(valid)):,} validation" if valid is not None else "")
-        + f", {d.seq_length} encoder / {d.seq_length_decoder} decoder tokens"
+    d = config.data
+
+    def check_sentinels(tokenizer: Any) -> None:
+        if not getattr(tokenizer, "additional_special_tokens_ids", None):
+            raise ConfigError(
+                "data.vocab_extra_ids",
+                f"must be > 0 for model.type='t5' (got {d.vocab_extra_ids}): T5 replaces each "
+                f"masked span by a sentinel <extra_id_N>; {type(tokenizer).__name__} has none "
+                "(Megatron uses --vocab-extra-ids 100)",
+            )
+
+    data = build_masked_train_datasets(
+        config,
+        "t5-index",
+        build_t5_datasets,
+        T5DatasetConfig,
+        check_tokenizer=check_sentinels,
+        log=log,
+        group=group,
+        seq_length_decoder=d.seq_length_decoder,
     )
-    return train, valid, tokenizer.vocab_size, tokenizer, description
+    tokenizer = data.tokenizer
+    description = (
+        f"T5 span-corruption samples of {data.source} ({type(tokenizer).__name__}, "
+        f"{tokenizer.vocab_size} ids, {len(tokenizer.additional_special_tokens_ids)} sentinels); "
+        f"{data.counts()}, {d.seq_length} encoder / {d.seq_length_decoder} decoder tokens"
+    )
+    return data.train, data.valid, tokenizer.vocab_size, tokenizer, description
