@@ -65,6 +65,7 @@ from epochal.parallel.config import ParallelConfig
 from epochal.parallel.dims import ParallelDims
 from epochal.parallel.engine import ParallelEngine
 from epochal.train.optim.optimizer import OptimizersContainer, build_adamw
+from epochal.train.steps.gpt import GPTTrainStep
 
 #: name -> (processes, ParallelConfig fields, layout_invariant)
 LAYOUTS: dict[str, tuple[int, dict[str, Any], bool]] = {
@@ -173,7 +174,9 @@ def measure(rank: int, world: int, name: str, args: argparse.Namespace) -> dict[
 
     def step(m: int) -> None:
         opts.zero_grad()
-        engine.forward_backward(micro[:m] if engine.needs_batches() else [], num_microbatches=m)
+        engine.forward_backward(
+            micro[:m] if engine.needs_batches() else [], num_microbatches=m, step=GPTTrainStep()
+        )
         engine.clip_grad_norm(1.0)
         opts.step()
 

@@ -31,6 +31,7 @@ from epochal.parallel.config import ParallelConfig
 from epochal.parallel.dims import ParallelDims
 from epochal.parallel.engine import ParallelEngine
 from epochal.train.optim.optimizer import OptimizersContainer, build_adamw
+from epochal.train.steps.gpt import GPTTrainStep
 
 
 def _rss_mib(field: str) -> float:
@@ -81,7 +82,7 @@ def _rank(rank: int, world: int, port: int, args: argparse.Namespace, out: Any) 
             dist.barrier()
             t0 = time.perf_counter()
             opts.zero_grad(set_to_none=True)
-            engine.forward_backward([batch])
+            engine.forward_backward([batch], step=GPTTrainStep())
             opts.step()
             dist.barrier()
             if i:  # the first step is warmup

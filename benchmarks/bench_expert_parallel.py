@@ -35,6 +35,7 @@ from epochal.parallel.dims import ParallelDims
 from epochal.parallel.engine import ParallelEngine
 from epochal.train.config import build_config, model_config_from_section
 from epochal.train.optim.optimizer import OptimizersContainer, build_adamw
+from epochal.train.steps.gpt import GPTTrainStep
 
 VOCAB = 4096  # moe-tiny's BPE vocabulary
 
@@ -89,7 +90,7 @@ def _rank(rank: int, world: int, ep: int, port: int, args: argparse.Namespace, o
                 dist.barrier()
             t0 = time.perf_counter()
             opts.zero_grad(set_to_none=True)
-            engine.forward_backward(mbs)
+            engine.forward_backward(mbs, step=GPTTrainStep())
             engine.clip_grad_norm(1.0)
             opts.step()
             if world > 1:

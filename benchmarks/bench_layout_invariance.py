@@ -46,6 +46,7 @@ from epochal.parallel.dims import ParallelDims
 from epochal.parallel.engine import ParallelEngine
 from epochal.train.config import build_config, model_config_from_section
 from epochal.train.optim.optimizer import OptimizersContainer, build_adamw
+from epochal.train.steps.gpt import GPTTrainStep
 
 MODES = {"plain": False, "invariant": True}
 
@@ -89,7 +90,7 @@ def _engine(
 
     def step() -> None:
         opts.zero_grad()
-        engine.forward_backward(micro)
+        engine.forward_backward(micro, step=GPTTrainStep())
         engine.clip_grad_norm(1.0)
         opts.step()
 
@@ -175,7 +176,7 @@ def _tp_drift(rank: int, world: int, args: argparse.Namespace) -> dict[str, Any]
         losses = []
         for micro in steps:
             opts.zero_grad()
-            losses.append(float(engine.forward_backward(micro)))
+            losses.append(float(engine.forward_backward(micro, step=GPTTrainStep())))
             engine.clip_grad_norm(1.0)
             opts.step()
         params = {

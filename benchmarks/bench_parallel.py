@@ -41,6 +41,7 @@ from epochal.parallel.config import ParallelConfig
 from epochal.parallel.dims import ParallelDims
 from epochal.parallel.engine import ParallelEngine
 from epochal.train.optim.optimizer import OptimizersContainer, build_adamw
+from epochal.train.steps.gpt import GPTTrainStep
 
 PEAK_BF16_TFLOPS = {
     "H100": 989.0,
@@ -213,7 +214,7 @@ def _measure(
 
     def step() -> None:
         opts.zero_grad()
-        engine.forward_backward(feed, num_microbatches=n_mb)
+        engine.forward_backward(feed, num_microbatches=n_mb, step=GPTTrainStep())
         engine.clip_grad_norm(1.0)
         opts.step()
 

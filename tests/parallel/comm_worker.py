@@ -14,6 +14,7 @@ from epochal.parallel.config import ParallelConfig
 from epochal.parallel.dims import ParallelDims
 from epochal.parallel.engine import ParallelEngine
 from epochal.train.optim.optimizer import OptimizersContainer, build_adamw
+from epochal.train.steps.gpt import GPTTrainStep
 
 SEQ, MBS = 32, 2
 
@@ -57,7 +58,7 @@ def one_step_ledger(
 
     def step() -> None:
         opts.zero_grad()
-        engine.forward_backward(micro)
+        engine.forward_backward(micro, step=GPTTrainStep())
         engine.clip_grad_norm(1.0)
         opts.step()
 

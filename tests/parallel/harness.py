@@ -25,6 +25,7 @@ from epochal.train.optim.optimizer import OptimizersContainer, build_adamw, clip
 from epochal.train.state.checkpoint import Checkpointer
 from epochal.train.state.model_state import ModelState
 from epochal.train.state.rng import get_rng_state
+from epochal.train.steps.gpt import GPTTrainStep, LossFnStep
 
 SEQ = 16
 LR = 5e-3
@@ -181,24 +182,13 @@ def parallel_run(
     first = micro_batches(batches[0], mbs, engine.dp_rank, dims.dp)
     per_document = "attention_mask" in batches[0]  # packed documents: masks and positions
     reads = engine.needs_batches(per_document)
-    eval0 = float(
-        engine.eval_loss(
-            first if reads else [],
-            num_microbatches=len(first),
-            loss_fn=loss_fn,
-            per_document=per_document,
-        )
-    )
+    step = GPTTrainStep() if loss_fn is None else LossFnStep(loss_fn)
+    eval0 = float(engine.eval_loss(first if reads else [], num_microbatches=len(first), step=step))
     losses, norms, grads = [], [], []
     for batch in batches:
         opts.zero_grad(set_to_none=True)
         mb = micro_batches(batch, mbs, engine.dp_rank, dims.dp)
-        loss = engine.forward_backward(
-            mb if reads else [],
-            num_microbatches=len(mb),
-            loss_fn=loss_fn,
-            per_document=per_document,
-        )
+        loss = engine.forward_backward(mb if reads else [], num_microbatches=len(mb), step=step)
         step_grads = {}
         for part in engine.model_parts:
             for name, p in part.named_parameters():

@@ -14,6 +14,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from epochal.parallel.recompute import unwrap_block
+from epochal.parallel.step_plan import StepPlan
 from tests.train.test_trainer import trainer
 
 GRANULARITIES = {
@@ -59,7 +60,7 @@ def _saved_bytes(tr) -> int:
     batch = tr.step_batch(next(iter(tr.data.train_loader.stream())))
     mode = _LiveActivations()
     with mode:
-        loss = tr.run_step(batch)
+        loss = tr.run_step(batch, StepPlan.evaluation(1))
     alive = mode.alive_bytes()
     loss.backward()
     return alive

@@ -31,18 +31,13 @@ def _keys(p: float, invariant: bool = True, **dp: int) -> DropoutKeys:
     return DropoutKeys(seed=7, device=CPU, model_parts=parts, layout_invariant=invariant, **dp)
 
 
-def test_dropout_keys_seed_each_micro_batch_and_keep_the_global_stream() -> None:
+def test_dropout_keys_give_each_micro_batch_its_seed_and_keep_the_global_stream() -> None:
     keys = _keys(0.1, dp_rank=1, dp_size=2)
     torch.manual_seed(123)
     before = torch.get_rng_state()
     with keys.step(4, 3) as seeds:
-        assert seeds == keys.seeds == step_seeds(7, 4, 3, dp_rank=1, dp_size=2)
-        for expected in seeds:
-            keys.seed_next()
-            assert torch.initial_seed() == expected
-        with pytest.raises(StopIteration):
-            keys.seed_next()  # one seed per micro-batch, no more
-    assert keys.seeds is None
+        assert seeds == step_seeds(7, 4, 3, dp_rank=1, dp_size=2)
+        torch.manual_seed(99)  # a step reseeds per micro-batch; the stream comes back
     assert torch.equal(torch.get_rng_state(), before)
 
 
@@ -51,8 +46,7 @@ def test_dropout_keys_leave_the_stream_alone_without_keyed_dropout(p, invariant)
     keys = _keys(p, invariant)
     torch.manual_seed(5)
     with keys.step(0, 2) as seeds:
-        assert seeds is None and keys.seeds is None
-        keys.seed_next()  # nothing to reseed
+        assert seeds is None
         drawn = torch.rand(1)
     torch.manual_seed(5)
     assert torch.equal(drawn, torch.rand(1))

@@ -51,13 +51,9 @@ from typing import Any
 
 import torch
 
-__all__ = ["NUM_ITEMS_WEIGHT_KEY", "BatchAdapter", "BatchError"]
+__all__ = ["BatchAdapter", "BatchError"]
 
 IGNORE = -100
-
-#: a micro-batch's loss weight per row, ``micro-batches x dp / num_items_in_batch``
-#: (see the engine); not the fp16 loss scale
-NUM_ITEMS_WEIGHT_KEY = "num_items_weight"
 
 #: the batch keys each family's transformers models take
 _KEYS = {

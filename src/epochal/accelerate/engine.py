@@ -71,7 +71,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from epochal.accelerate.batches import NUM_ITEMS_WEIGHT_KEY, BatchAdapter
+from epochal.accelerate.batches import BatchAdapter
 from epochal.accelerate.trainer import AccelerateTrainer
 
 __all__ = ["EngineError", "MegatronEngine"]
@@ -168,17 +168,10 @@ class MegatronEngine(nn.Module):
                 kind = self.adapter.decide_problem_type(batch["labels"])
                 self.trainer.train_step_handler.problem_type = kind
         micro_batches = self.adapter.split(batch)
-        if num_items is not None:
-            # each micro-batch's token mean becomes its token sum / num_items; the step
-            # divides by the micro-batches and averages over data-parallel ranks
-            factor = len(micro_batches) * self.trainer.dims.dp / num_items
-            for mb in micro_batches:
-                rows = int(next(iter(mb.values())).shape[0])
-                mb[NUM_ITEMS_WEIGHT_KEY] = torch.full((rows,), factor, dtype=torch.float64)
         if not self.training:
             self.complete_step()
         out = (
-            self._train_step(micro_batches)
+            self._train_step(micro_batches, num_items)
             if self.training
             else self._eval_step(batch, micro_batches, has_labels)
         )
@@ -262,14 +255,18 @@ class MegatronEngine(nn.Module):
         """Forget a waiting update (``load_state`` replaces the whole run)."""
         self._pending = None
 
-    def _train_step(self, micro_batches: list[dict[str, torch.Tensor]]) -> Any:
+    def _train_step(
+        self, micro_batches: list[dict[str, torch.Tensor]], num_items: float | None
+    ) -> Any:
+        """One train step; with ``num_items`` (``num_items_in_batch``) the step plan makes the
+        loss the global batch's token sum divided by it (:mod:`epochal.parallel.step_plan`)."""
         trainer = self.trainer
         self.complete_step()  # the previous step's, if the script did not step the optimizer
-        self._pending = trainer.compute_gradients(iter(micro_batches))
+        self._pending = trainer.compute_gradients(iter(micro_batches), loss_tokens=num_items)
         loss = torch.tensor(float(self._pending[0].item()), device=trainer.device)
         if not self.deferred_update:
             self.complete_step()
-        if NUM_ITEMS_WEIGHT_KEY in micro_batches[0]:
+        if num_items is not None:
             # num_items_in_batch: each process returns its share of the step's loss, so
             # the sum over processes is the loss (what transformers' loss gives under DDP)
             loss = loss / trainer.dims.world_size

@@ -32,7 +32,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from epochal.accelerate.batches import NUM_ITEMS_WEIGHT_KEY
 from epochal.accelerate.prepare_model import HFSource
 from epochal.model.init import canonical_name
 from epochal.train.optim.optimizer import OptimizersContainer
@@ -66,37 +65,6 @@ def mask_padded_vocab(part: nn.Module, vocab_size: int, padded: int, tp_rank: in
         return _mask_logits(output, vocab_size, padded, tp_rank)
 
     part.register_forward_hook(hook)
-
-
-def _token_sum(forward_step: Callable[..., Any]) -> Callable[..., Any]:
-    """``forward_step`` whose loss is ``token sum x weight`` for a micro-batch with ``NUM_ITEMS_WEIGHT_KEY``.
-
-    The step's loss is the token mean under ``loss_mask``; times the micro-batch's
-    target count it is the token sum (``num_items_in_batch``: see
-    :mod:`epochal.accelerate.engine`).
-    """
-
-    def wrapped(data_iterator: Any, model: Any) -> tuple[Any, Callable[..., Any]]:
-        seen: list[dict[str, torch.Tensor]] = []
-
-        def tap() -> Any:
-            for mb in data_iterator:
-                seen.append(mb)
-                yield mb
-
-        output, loss_func = forward_step(tap(), model)
-        weight = seen[0].get(NUM_ITEMS_WEIGHT_KEY) if seen else None
-        if weight is None:
-            return output, loss_func
-        factor = seen[0]["loss_mask"].sum(dtype=torch.float64) * weight.reshape(-1)[0]
-
-        def scaled(output_tensor: Any) -> Any:
-            loss, logged = loss_func(output_tensor)
-            return loss * factor.to(loss.dtype), logged
-
-        return output, scaled
-
-    return wrapped
 
 
 class AccelerateTrainer(ParallelTrainer):
@@ -152,7 +120,6 @@ class AccelerateTrainer(ParallelTrainer):
             step.get_batch = self.custom_get_batch  # type: ignore[method-assign]
         if self.custom_loss_func is not None:
             step.loss_func = self.custom_loss_func  # type: ignore[method-assign]
-        step.forward_step = _token_sum(step.forward_step)  # type: ignore[method-assign]
         return step
 
     def step_batch(self, micro_batch: dict[str, Any]) -> dict[str, torch.Tensor]:

@@ -6,20 +6,18 @@ schedule. The trainer keeps its loop; it asks the engine for the model parts,
 hands it the micro-batches of a step and calls its gradient clipping (see
 :mod:`epochal.train.trainer`).
 
-Loss semantics are the trainer's (Megatron's default): each micro-batch's loss is
-its token mean under ``loss_mask``, divided by the number of micro-batches of
-this data-parallel rank; gradients are averaged over data-parallel ranks. The
-step loss returned by :meth:`ParallelEngine.forward_backward` is the mean over
-the whole global batch, the same on every rank.
-
-``layout_invariant``: the same numbers under every data-parallel size and
-accumulation (see ``docs/concepts/layout-invariance.md``): each micro-batch's
-loss is divided by the global number of micro-batches (the same value), the
-gradients are accumulated in the global micro-batch order
-(:mod:`epochal.parallel.ordered_reduce`), the step loss and logged values are
-summed in that order (:mod:`epochal.parallel.global_order`), the gradient norm is
-exact (:mod:`epochal.parallel.exact_norm`) and dropout is keyed by the sample
-(:mod:`epochal.parallel.dropout_keys`).
+One step (:meth:`ParallelEngine.forward_backward`): the trainer's
+:class:`~epochal.parallel.step_plan.StepPlan` says what each micro-batch loss is
+divided and scaled by and its dropout seed; every micro-batch goes through the train
+step (unpipelined here, or through :class:`~epochal.parallel.pipeline_step.PipelineRunner`);
+the gradient synchronisation chosen when the engine is built
+(:mod:`epochal.parallel.grad_sync`: Megatron's, or the exact one of
+``layout_invariant``) makes the gradients final, the step loss the same on every rank
+and clips. Loss semantics are the trainer's (Megatron's default): each micro-batch's
+loss is its token mean under ``loss_mask``, divided by the number of micro-batches; the
+step loss is the mean over the whole global batch. With ``layout_invariant`` the same
+numbers come out under every data-parallel size, accumulation and pipeline split (see
+``docs/concepts/layout-invariance.md``).
 
 Batches: every rank of a data-parallel group (all its tensor-parallel and
 pipeline ranks) reads the same micro-batches — the data layer is deterministic
@@ -39,9 +37,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor
 
-from epochal._masked_mean import masked_mean
 from epochal.model.build import build_model
 from epochal.model.config import ModelConfig
 from epochal.model.init import canonical_name
@@ -52,21 +48,17 @@ from epochal.parallel.context_parallel import (
     apply_context_parallel,
     context_seed,
 )
-from epochal.parallel.data_parallel import apply_data_parallel, set_gradient_sync
+from epochal.parallel.data_parallel import apply_data_parallel
 from epochal.parallel.dims import ParallelDims
 from epochal.parallel.dropout_keys import (
     install_keyed_dropout,
     preserved_rng,
     seed_micro_batch,
 )
-from epochal.parallel.exact_norm import clip_grad_norm_exact
 from epochal.parallel.expert_parallel import ExpertParallel
-from epochal.parallel.global_order import gather_in_order, sequential_sum
-from epochal.parallel.grad_clip import clip_grad_norm_parallel
-from epochal.parallel.logged import ordered_logged, reduce_logged
-from epochal.parallel.loss import masked_mean_loss_parallel
+from epochal.parallel.grad_sync import PlainGradSync, finalize_grads, gradient_sync
+from epochal.parallel.logged import ordered_logged
 from epochal.parallel.model_support import check_model_layout
-from epochal.parallel.ordered_reduce import OrderedGradReducer, finalize_partial_grads
 from epochal.parallel.part_wrappers import autocast_forward, compile_part
 from epochal.parallel.pipeline import (
     EmbeddingGroup,
@@ -75,13 +67,10 @@ from epochal.parallel.pipeline import (
     stage_layer_counts,
     stage_layer_ranges,
 )
-from epochal.parallel.pipeline_step import PipelineSteps
+from epochal.parallel.pipeline_step import PipelineRunner
 from epochal.parallel.recompute import recompute_part
-from epochal.parallel.step_model import (
-    LogitsObserver,
-    StepModel,
-    run_train_step,
-)
+from epochal.parallel.step_model import LogitsObserver, StepModel, run_train_step
+from epochal.parallel.step_plan import StepPlan
 from epochal.parallel.tensor_parallel import apply_tensor_parallel
 
 __all__ = ["LossFn", "ParallelEngine", "compile_part", "finalize_grads"]
@@ -89,24 +78,7 @@ __all__ = ["LossFn", "ParallelEngine", "compile_part", "finalize_grads"]
 LossFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
-@torch.no_grad()
-def finalize_grads(parts: Sequence[nn.Module]) -> None:
-    """Turn ``Partial`` DTensor gradients into the parameters' placements (one reduction each).
-
-    Replicated tensor-parallel parameters whose use is split over the ranks
-    (sequence-parallel norms, replicated key/value projections, positions)
-    accumulate partial gradients; without a data-parallel wrapper (which does
-    this itself) they are summed here once per step, as Megatron's
-    ``finalize_model_grads`` does.
-    """
-    for part in parts:
-        for p in part.parameters():
-            g = p.grad
-            if isinstance(g, DTensor) and isinstance(p, DTensor) and g.placements != p.placements:
-                p.grad = g.redistribute(placements=p.placements)
-
-
-class ParallelEngine(PipelineSteps):
+class ParallelEngine:
     """The model of one rank under a parallel layout, and how to run a step on it.
 
     Args:
@@ -122,9 +94,9 @@ class ParallelEngine(PipelineSteps):
             gathered over the vocabulary (no vocabulary-parallel loss).
         bf16: run forwards under bfloat16 autocast (pipeline stages wrap their
             forward; otherwise :meth:`forward_backward` does).
-        fp16: the same with float16 (the trainer scales the loss: :attr:`fp16_scale`).
-        layout_invariant: compute bit-identical results under any data-parallel
-            size and accumulation (module docstring; ``training.layout_invariant``).
+        fp16: the same with float16 (the step plan's ``loss_scale`` scales the backward).
+        layout_invariant: the exact gradient synchronisation (bit-identical results
+            under any data-parallel size and accumulation, :mod:`epochal.parallel.grad_sync`).
         frozen: parameter names (canonical) that are not trained: they get
             ``requires_grad=False`` before data parallelism wraps the parts.
     """
@@ -147,7 +119,8 @@ class ParallelEngine(PipelineSteps):
     ) -> None:
         self.config = config
         self.frozen = frozen
-        self.layout_invariant = layout_invariant
+        #: dropout keyed by the micro-batch (the exact synchronisation's, installed per part)
+        self.keyed_dropout = layout_invariant
         self.model_config = model_config
         self.dims = dims
         self.mesh = mesh
@@ -157,9 +130,6 @@ class ParallelEngine(PipelineSteps):
         if bf16 and fp16:
             raise ValueError("bf16 and fp16 are exclusive")
         self.autocast_dtype = torch.bfloat16 if bf16 else torch.float16 if fp16 else None
-        #: the fp16 loss scaler's scale, set by the trainer before each step: the training
-        #: backward's loss multiplier (1.0 without fp16); the returned loss is not scaled.
-        self.fp16_scale = 1.0
         self.loss_parallel = config.loss_parallel and not custom_loss and dims.tp > 1
         if mesh is None and dims.world_size > 1:
             raise ValueError(f"layout {dims} needs a device mesh")
@@ -191,25 +161,14 @@ class ParallelEngine(PipelineSteps):
         self.model_parts = [self._build_part(i) for i in self.stage_ids]
         self.tied = model_config.tie_embeddings and dims.pp > 1
         self.embedding_group = EmbeddingGroup(mesh, self.tied)
-        self.stages = self._build_stages(mesh, device)
-        self._schedules: dict[tuple[int, bool], Any] = {}
-        self._eval_stages: list[Any] = []
-        self._loss_fn: LossFn | None = None
-        #: a pipeline micro-batch's loss multiplier in the backward, ``fp16_scale / micro-batches``.
-        self._micro_batch_factor = 1.0
-        self._step: Any = None
-        self._pp_micro_batches: Sequence[dict[str, torch.Tensor]] = ()
-        self._pp_training = True
-        self._pp_logged: dict[int, dict[str, Any]] = {}
-        self._pp_on_logits: LogitsObserver | None = None
-        self._pp_logits: dict[int, list[torch.Tensor]] = {}
-        self._pp_losses: dict[int, torch.Tensor] = {}
-        self._pp_n = 0
-        self._install_moe_stage_records(getattr(model_config, "num_experts", None) is not None)
         self.logged: list[dict[str, Any]] = []
-        #: layout_invariant: the last call's per-micro-batch losses, global order, every rank.
+        #: with the exact synchronisation: the last call's per-micro-batch losses, global order
         self.micro_batch_losses: list[float] = []
-        self.reducer = self._build_reducer() if layout_invariant else None
+        moe = getattr(model_config, "num_experts", None) is not None
+        #: the pipeline stages and schedules (None without pipeline parallelism)
+        self.pipeline = PipelineRunner(self, moe=moe) if dims.pp > 1 else None
+        #: the gradient synchronisation (:mod:`epochal.parallel.grad_sync`)
+        self.sync: PlainGradSync = gradient_sync(self, exact=layout_invariant)
 
     # ------------------------------------------------------------------ building
     @property
@@ -281,7 +240,7 @@ class ParallelEngine(PipelineSteps):
         unit_keys = recompute_part(part, pc)
         if self.compile:
             compile_part(part, unit_keys, tensor_parallel=self.dims.tp > 1)
-        if self.layout_invariant:
+        if self.keyed_dropout:
             install_keyed_dropout(part)
         if self.autocast_dtype is not None and self.dims.pp > 1:
             autocast_forward(part, self.autocast_dtype, self.device.type)
@@ -290,75 +249,18 @@ class ParallelEngine(PipelineSteps):
             part = apply_data_parallel(part, self.mesh["dp"], pc.dp_sharding, unit_keys=unit_keys)
         return part
 
-    def _build_reducer(self) -> OrderedGradReducer | None:
-        """The ordered gradient reduction (data parallelism, tied pipeline copies), or None."""
-        tied = None
-        if self.tied and self.has_first_stage:
-            tied = ("first", self.model_parts[self.stage_ids.index(0)].tok_embeddings.weight)
-        elif self.tied and self.has_last_stage:
-            last = self.model_parts[self.stage_ids.index(self.dims.num_stages - 1)]
-            tied = ("last", last.output.weight)
-        reducer = OrderedGradReducer(
-            self.model_parts,
-            self.dp_group,
-            replicate=self.config.dp_sharding == "none",
-            tied=tied,
-            tied_group=self.embedding_group.group,
-        )
-        if not reducer.active:
-            return None
-        for index, stage in enumerate(self.stages):  # after each stage's backward of a micro-batch
-            backward = stage.backward_one_chunk
-
-            def hooked(*args: Any, _b: Any = backward, _i: int = index, **kwargs: Any) -> Any:
-                out = _b(*args, **kwargs)
-                reducer.after_backward(_i)
-                return out
-
-            stage.backward_one_chunk = hooked  # type: ignore[method-assign]
-        return reducer
+    def stage_part(self, stage_idx: int) -> nn.Module:
+        """This rank's model part of pipeline stage ``stage_idx`` (it must hold it)."""
+        return self.model_parts[self.stage_ids.index(stage_idx)]
 
     # -------------------------------------------------------------------- loss
-    def _loss(
-        self, loss_fn: LossFn | None, labels: torch.Tensor, logits: torch.Tensor, mask: torch.Tensor
-    ) -> torch.Tensor:
-        if loss_fn is not None:
-            return loss_fn(labels, logits, mask)
-        group, vocab = self.loss_group, self.model_config.softmax_vocab_size
-        return masked_mean_loss_parallel(labels, logits, mask, group, vocab)
-
     def _step_model(self, part: nn.Module) -> StepModel:
         return StepModel(part, loss_group=self.loss_group, module=part, context_parallel=self.cp)
-
-    def _plain_loss(
-        self, model: StepModel, mb: dict[str, torch.Tensor], loss_fn: LossFn | None, per_doc: bool
-    ) -> torch.Tensor:
-        """A micro-batch's loss without a train step: ``loss_fn``, or the token mean."""
-        kwargs = self._forward_kwargs(mb, per_doc)
-        if self.cp is not None:  # per-token losses of the whole sequence (context_parallel.py)
-            losses = model(mb["tokens"], labels=mb["labels"], **kwargs).flatten()
-            mask = mb["loss_mask"].flatten().to(losses.dtype)
-            return masked_mean(losses, mask)
-        logits = model.module(mb["tokens"], **kwargs)  # type: ignore[misc]
-        return self._loss(loss_fn, mb["labels"], logits, mb["loss_mask"])
 
     @property
     def loss_group(self) -> dist.ProcessGroup | None:
         """The group the logits are sharded over (vocabulary-parallel loss), else None."""
         return self.tp_group if self.loss_parallel else None
-
-    def _step_loss(
-        self,
-        step: Any,
-        mb: dict[str, torch.Tensor],
-        model: StepModel,
-        on_logits: LogitsObserver | None = None,
-    ) -> torch.Tensor:
-        """One micro-batch through a train step: its loss (its logged values kept; what
-        ``on_logits`` returns among them)."""
-        loss, logged = run_train_step(step, mb, model, on_logits)
-        self.logged.append(logged)
-        return loss
 
     def _autocast(self) -> contextlib.AbstractContextManager:
         """bf16 / fp16 autocast for the unpipelined forward (pipeline stages wrap their own)."""
@@ -366,110 +268,102 @@ class ParallelEngine(PipelineSteps):
             return torch.autocast(self.device.type, dtype=self.autocast_dtype)
         return contextlib.nullcontext()
 
-    @staticmethod
-    def _forward_kwargs(mb: dict[str, torch.Tensor], per_document: bool) -> dict[str, torch.Tensor]:
-        kwargs = {}
-        if per_document:
-            for key in ("position_ids", "attention_mask"):
-                if key in mb:
-                    kwargs[key] = mb[key]
-        return kwargs
+    def step_plan(
+        self,
+        num_microbatches: int,
+        *,
+        loss_scale: float = 1.0,
+        seeds: Sequence[int] | None = None,
+        loss_tokens: float | None = None,
+    ) -> StepPlan:
+        """The plan of a training step of ``num_microbatches`` on this rank (module docstring).
+
+        Args:
+            num_microbatches: this rank's micro-batches.
+            loss_scale: the fp16 scaler's scale (1.0 without fp16).
+            seeds: the micro-batches' dropout seeds (exact synchronisation), or None.
+            loss_tokens: the global batch's loss tokens for a global token mean, or None.
+        """
+        return StepPlan.training_step(
+            num_microbatches,
+            divisor=self.sync.loss_divisor(num_microbatches),
+            loss_scale=loss_scale,
+            global_micro_batches=num_microbatches * self.dims.dp,
+            loss_tokens=loss_tokens,
+            seeds=seeds,
+        )
 
     # ------------------------------------------------------------------- steps
     def forward_backward(
         self,
         micro_batches: Sequence[dict[str, torch.Tensor]],
+        plan: StepPlan | None = None,
         *,
+        step: Any,
         num_microbatches: int | None = None,
-        loss_fn: LossFn | None = None,
-        per_document: bool = False,
-        step: Any = None,
-        micro_batch_seeds: Sequence[int] | None = None,
     ) -> torch.Tensor:
         """Forward and backward over this rank's micro-batches of one step; gradients are final after it.
 
         Args:
             micro_batches: the micro-batches of this data-parallel rank, on the
-                device, each a dict with ``tokens``, ``labels`` (int64 ``[b, s]``),
-                ``loss_mask`` (float ``[b, s]``) and optionally ``position_ids`` /
-                ``attention_mask``. Middle pipeline ranks may pass an empty list
-                (give ``num_microbatches`` then).
-            num_microbatches: the count when ``micro_batches`` is empty.
-            loss_fn: a custom ``(labels, logits, loss_mask) -> loss``; None = Megatron's token mean.
-            per_document: pass ``position_ids``/``attention_mask`` to the model.
-            step: a train step (``forward_step(data_iterator, model) ->
-                (output, loss_func)``, see ``epochal.train.steps``) run for every
-                micro-batch instead of ``loss_fn``; its logged values of the step
-                are then in :attr:`logged` (see :meth:`reduce_logged`).
-            micro_batch_seeds: with ``layout_invariant``, the dropout seed of each
-                of this rank's micro-batches
-                (:func:`~epochal.parallel.dropout_keys.step_seeds`); None keeps the
-                running random stream.
+                device, as the train step reads them (GPT: ``tokens``, ``labels`` int64
+                ``[b, s]``, ``loss_mask`` float ``[b, s]``, optionally ``position_ids``
+                / ``attention_mask``). Middle pipeline ranks may pass an empty list.
+            plan: the step plan (:meth:`step_plan`); None: :meth:`step_plan` of
+                ``len(micro_batches)`` (or ``num_microbatches``) without fp16, seeds or a
+                global token count.
+            step: the train step (``forward_step(data_iterator, model) -> (output,
+                loss_func)``, see ``epochal.train.steps``) run for every micro-batch; its
+                logged values are then in :attr:`logged` (see :meth:`reduce_logged`).
+            num_microbatches: the count when ``micro_batches`` is empty and no plan is given.
 
         Returns:
             The step loss (mean of the micro-batch losses over the global batch),
             a detached float32 scalar, the same on every rank.
         """
-        n = len(micro_batches) if micro_batches else int(num_microbatches or 0)
-        if n < 1:
-            raise ValueError("forward_backward needs at least one micro-batch")
+        if plan is None:
+            n = len(micro_batches) if micro_batches else int(num_microbatches or 0)
+            if n < 1:
+                raise ValueError("forward_backward needs at least one micro-batch")
+            plan = self.step_plan(n)
         self.logged = []
-        invariant = self.layout_invariant
-        keyed = invariant and micro_batch_seeds is not None
-        with preserved_rng(self.device) if keyed else contextlib.nullcontext():
-            if self.dims.pp > 1:
-                total = self._pipeline_step(
-                    micro_batches, n, loss_fn, per_document, train=True, step=step,
-                    seeds=micro_batch_seeds if keyed else None,
-                )  # fmt: skip
+        for part in self.model_parts:  # the balance losses' gradient
+            set_moe_aux_grad_factor(part, plan.aux_grad_factor)
+        with preserved_rng(self.device) if plan.seeds is not None else contextlib.nullcontext():
+            if self.pipeline is not None:
+                total, self.logged = self.pipeline.run(micro_batches, plan, step)
             else:
-                total = torch.zeros((), device=self.device)
-                part = self.model_parts[0]
-                model = self._step_model(part)
-                divisor = n * self.dims.dp if invariant else n  # invariant: the global count
-                set_moe_aux_grad_factor(
-                    part, self.fp16_scale / divisor
-                )  # the balance loss's gradient
-                scaled_losses = []
-                for i, mb in enumerate(micro_batches):
-                    set_gradient_sync(self.model_parts, i == n - 1 and self.reducer is None)
-                    if keyed:
-                        seed = micro_batch_seeds[i]  # type: ignore[index]
-                        seed_micro_batch(context_seed(seed, self.cp_rank), self.device)
-                    with self._autocast():
-                        if step is not None:
-                            loss = self._step_loss(step, mb, model)
-                        else:
-                            loss = self._plain_loss(model, mb, loss_fn, per_document)
-                    scaled = loss / divisor
-                    if self.reducer is not None:
-                        self.reducer.arm()  # send each unit's gradients once complete
-                    (scaled * self.fp16_scale).backward()
-                    if self.reducer is not None:
-                        self.reducer.after_backward(0)
-                    scaled_losses.append(scaled.detach().float())
-                    total += scaled_losses[-1]
-                if invariant:
-                    ordered = gather_in_order(torch.stack(scaled_losses), self.dp_group)
-                    self.micro_batch_losses = ordered.tolist()
-                    total = sequential_sum(ordered)
-        self.finish_grads()
-        return total if invariant else self._average_over_dp(total)
+                total = self._unpipelined_step(micro_batches, plan, step)
+        self.sync.finish()
+        return total
+
+    def _unpipelined_step(
+        self, micro_batches: Sequence[dict[str, torch.Tensor]], plan: StepPlan, step: Any
+    ) -> torch.Tensor:
+        n, sync = plan.num_microbatches, self.sync
+        model = self._step_model(self.model_parts[0])
+        divided = []
+        for i, mb in enumerate(micro_batches):
+            sync.before_forward(i, n)
+            if plan.seeds is not None:
+                seed_micro_batch(context_seed(plan.seeds[i], self.cp_rank), self.device)
+            with self._autocast():
+                loss, logged = run_train_step(step, mb, model, plan)
+            self.logged.append(logged)
+            scaled = plan.divided(loss)
+            sync.before_backward()
+            (scaled * plan.loss_scale).backward()
+            sync.after_backward(0)
+            divided.append(scaled.detach().float())
+        return sync.step_loss(divided)
 
     def reduce_logged(self) -> dict[str, float]:
         """The last step's logged values, averaged over micro-batches and data-parallel ranks.
 
         A collective over the pipeline and data-parallel groups: every rank calls it
-        after :meth:`forward_backward` / :meth:`eval_loss` with a ``step``.
+        after :meth:`forward_backward` / :meth:`eval_loss`.
         """
-        return reduce_logged(
-            self.logged,
-            pp_group=self.pp_group,
-            pp_src=self.dims.pp - 1,
-            dp_group=self.dp_group,
-            device=self.device,
-            ordered=self.layout_invariant,
-        )
+        return self.sync.reduce_logged(self.logged)
 
     def ordered_logged(self) -> list[dict[str, float]]:
         """The last step's logged values of every micro-batch, in global order (a collective)."""
@@ -477,87 +371,37 @@ class ParallelEngine(PipelineSteps):
             self.logged, pp_group=self.pp_group, pp_src=self.dims.pp - 1, dp_group=self.dp_group
         )
 
-    def _average_over_dp(self, total: torch.Tensor) -> torch.Tensor:
-        group = self.dp_group
-        if group is not None:
-            dist.all_reduce(total, group=group)
-            total = total / self.dims.dp
-        return total
-
-    def finish_grads(self) -> None:
-        """Sum tied-embedding gradients over the pipeline ends and reduce partial DTensor gradients."""
-        if self.ep is not None:
-            self.ep.finish_grads()
-        if self.layout_invariant:
-            if self.reducer is not None:
-                self.reducer.finish()
-            if self.dims.dp == 1:
-                finalize_partial_grads(self.model_parts)
-            if self.cp is not None:  # the ordered per-rank sums, then summed over the chunks
-                self.cp.reduce_grads(self.parameters())
-            return
-        if self.dims.dp == 1:
-            finalize_grads(self.model_parts)
-        if self.cp is not None:  # after the data-parallel averaging: a sum over the chunks
-            self.cp.reduce_grads(self.parameters())
-        if self.tied:
-            tied = []
-            if self.has_first_stage:
-                tied.append(self.model_parts[self.stage_ids.index(0)].tok_embeddings.weight)
-            if self.has_last_stage:
-                tied.append(
-                    self.model_parts[self.stage_ids.index(self.dims.num_stages - 1)].output.weight
-                )
-            self.embedding_group.all_reduce_grads(tied)
-
     @torch.no_grad()
     def eval_loss(
         self,
         micro_batches: Sequence[dict[str, torch.Tensor]],
         *,
+        step: Any,
         num_microbatches: int | None = None,
-        loss_fn: LossFn | None = None,
-        per_document: bool = False,
-        step: Any = None,
         on_logits: LogitsObserver | None = None,
     ) -> torch.Tensor:
         """Mean loss of one global batch without gradients (same on every rank); see :meth:`forward_backward`.
 
         Args:
-            on_logits: with a ``step``, called on the ranks holding the last stage
-                with each micro-batch and its whole logits ``[b, s, V]`` (padded
-                vocabulary), in micro-batch order; a dict it returns is logged with
-                the step's values (see :meth:`reduce_logged`).
-
-        Raises:
-            ValueError: ``on_logits`` without a ``step``.
+            on_logits: called on the ranks holding the last stage with each
+                micro-batch and its whole logits ``[b, s, V]`` (padded vocabulary), in
+                micro-batch order; a dict it returns is logged with the step's values
+                (see :meth:`reduce_logged`).
         """
         n = len(micro_batches) if micro_batches else int(num_microbatches or 0)
-        if on_logits is not None and step is None:
-            raise ValueError("eval_loss: on_logits needs a train step (step=...)")
+        plan = StepPlan.evaluation(n)
         self.logged = []
-        if self.dims.pp > 1:
-            total = self._pipeline_step(
-                micro_batches, n, loss_fn, per_document, train=False, step=step, on_logits=on_logits
-            )
-        else:
-            total = torch.zeros((), device=self.device)
-            part = self.model_parts[0]
-            model = self._step_model(part)
-            losses = []
-            for mb in micro_batches:
-                with self._autocast():
-                    if step is not None:
-                        loss = self._step_loss(step, mb, model, on_logits)
-                    else:
-                        loss = self._plain_loss(model, mb, loss_fn, per_document)
-                    losses.append(loss.float())
-                    total += loss.float() / n
-            if self.layout_invariant:
-                ordered = gather_in_order(torch.stack(losses), self.dp_group)
-                self.micro_batch_losses = ordered.tolist()
-                return sequential_sum(ordered) / len(ordered)
-        return total if self.layout_invariant else self._average_over_dp(total)
+        if self.pipeline is not None:
+            total, self.logged = self.pipeline.run(micro_batches, plan, step, on_logits)
+            return total
+        model = self._step_model(self.model_parts[0])
+        losses = []
+        for mb in micro_batches:
+            with self._autocast():
+                loss, logged = run_train_step(step, mb, model, plan, on_logits)
+            self.logged.append(logged)
+            losses.append(loss.float())
+        return self.sync.eval_loss(losses)
 
     # -------------------------------------------------------------- gradients
     def parameters(self) -> list[torch.Tensor]:
@@ -574,24 +418,9 @@ class ParallelEngine(PipelineSteps):
     def duplicated_parameters(self) -> list[torch.Tensor]:
         """Parameters that are a second copy of another rank's (the last stage's tied head)."""
         if self.tied and self.has_last_stage:
-            return [self.model_parts[self.stage_ids.index(self.dims.num_stages - 1)].output.weight]
+            return [self.stage_part(self.dims.num_stages - 1).output.weight]
         return []
 
     def clip_grad_norm(self, max_norm: float) -> torch.Tensor:
         """Clip all gradients to the global L2 norm ``max_norm`` (0 = measure only); return the norm."""
-        if self.ep is not None:
-            return self.ep.clip_grad_norm(self, max_norm)
-        if self.layout_invariant:
-            return clip_grad_norm_exact(
-                self.parameters(),
-                max_norm,
-                group=dist.group.WORLD if self.mesh is not None else None,
-                exclude=self.duplicated_parameters(),
-                coords={"dp": self.dp_rank, "cp": self.cp_rank, "tp": self.tp_rank},
-            )
-        return clip_grad_norm_parallel(
-            self.parameters(),
-            max_norm,
-            pp_group=self.pp_group,
-            exclude_from_norm=self.duplicated_parameters(),
-        )
+        return self.sync.clip_norm(max_norm)

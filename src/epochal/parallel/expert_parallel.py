@@ -83,8 +83,6 @@ from torch.func import functional_call
 from epochal._eager import eager
 from epochal.model.config import ConfigError, ModelConfig
 from epochal.model.layers.moe import MoEMLP
-from epochal.parallel.exact_norm import clip_grad_norm_exact
-from epochal.parallel.grad_clip import clip_grad_norm_parallel
 from epochal.parallel.ordered_reduce import placed_grad
 
 __all__ = [
@@ -489,33 +487,17 @@ class ExpertParallel:
             start += local.numel()
         self._placements.clear()
 
-    def clip_grad_norm(self, engine: Any, max_norm: float) -> torch.Tensor:
-        """:meth:`ParallelEngine.clip_grad_norm` with each expert counted once (by its owners'
-        expert-data-parallel rank 0)."""
-        experts = self.parameters()
-        if engine.layout_invariant:
-            own = {"dp": self.edp_rank, "cp": engine.cp_rank, "tp": engine.tp_rank}
-            return clip_grad_norm_exact(
-                engine.parameters(),
-                max_norm,
-                group=dist.group.WORLD,
-                exclude=engine.duplicated_parameters(),
-                coords={"dp": engine.dp_rank, "cp": engine.cp_rank, "tp": engine.tp_rank},
-                param_coords={id(p): own for p in experts},
-            )
-        exclude = list(engine.duplicated_parameters())
-        group = self.group
-        if self.ep_tp_group is not None:  # shards over expert x tensor-parallel ranks
-            group = self.ep_tp_group
-            if self.tp_rank != 0:  # a tensor-parallel replica (a row-parallel bias) counts once
-                exclude += [p for p in experts if _replicated(p)]
-        return clip_grad_norm_parallel(
-            engine.parameters(),
-            max_norm,
-            pp_group=engine.pp_group,
-            exclude_from_norm=exclude,
-            sharded=(experts, group),
-        )
+    def norm_group(self) -> dist.ProcessGroup:
+        """The group the experts' gradient norm is summed over (expert x tensor-parallel
+        ranks where the experts are also split by tensor parallelism)."""
+        return self.ep_tp_group if self.ep_tp_group is not None else self.group
+
+    def norm_replicas(self) -> list[nn.Parameter]:
+        """Expert parameters this rank leaves out of the norm: a tensor-parallel replica
+        (a row-parallel bias) counts on tensor-parallel rank 0 only."""
+        if self.ep_tp_group is None or self.tp_rank == 0:
+            return []
+        return [p for p in self.parameters() if _replicated(p)]
 
 
 def apply_expert_parallel(part: nn.Module, ep: ExpertParallel) -> nn.Module:

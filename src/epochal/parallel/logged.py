@@ -1,6 +1,7 @@
 """The values a train step's loss function logs: checked, averaged over micro-batches and ranks.
 
-A loss function returns ``(loss, {"name": value, ...})`` (Megatron's contract).
+A loss function returns ``(loss, {"name": value, ...})`` or ``(loss_sum, count, {...})``
+(Megatron's contract, :func:`~epochal.parallel.step_plan.split_loss_output`).
 Per step, each name's values are averaged over the micro-batches (in micro-batch
 order), sent from the last pipeline stage to every pipeline rank, and averaged
 over the data-parallel ranks, so every rank logs the same numbers. With
@@ -20,31 +21,7 @@ import torch.distributed as dist
 
 from epochal.parallel.global_order import gather_objects_in_order
 
-__all__ = ["ordered_logged", "reduce_logged", "split_loss_output"]
-
-
-def split_loss_output(result: Any) -> tuple[torch.Tensor, dict[str, torch.Tensor | float]]:
-    """Check a loss function's result and return ``(loss, logged)``.
-
-    Raises:
-        ValueError: the result is not ``(scalar tensor, dict of numbers)``.
-    """
-    if not (isinstance(result, tuple) and len(result) == 2 and isinstance(result[1], Mapping)):
-        raise ValueError(
-            "a train step's loss_func must return (loss, {'name': value}) as in Megatron, "
-            f"got {type(result).__name__}"
-        )
-    loss, logged = result
-    if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
-        raise ValueError(f"a train step's loss must be a one-element tensor, got {loss!r}")
-    for name, value in logged.items():
-        if not isinstance(name, str):
-            raise ValueError(f"a train step's logged names must be strings, got {name!r}")
-        if isinstance(value, torch.Tensor) and value.numel() != 1:
-            raise ValueError(
-                f"logged value {name!r} must have one element, got {tuple(value.shape)}"
-            )
-    return loss.reshape(()), dict(logged)
+__all__ = ["ordered_logged", "reduce_logged"]
 
 
 def _as_float(value: Any) -> float:

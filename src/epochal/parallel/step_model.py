@@ -37,12 +37,12 @@ import torch
 import torch.distributed as dist
 
 from epochal.model.layers.moe import pop_moe_stats
-from epochal.parallel.logged import split_loss_output
 from epochal.parallel.loss import (
     gather_vocab_shards,
     vocab_parallel_cross_entropy,
     vocab_parallel_prediction_hits,
 )
+from epochal.parallel.step_plan import StepPlan, split_loss_output
 
 __all__ = ["LogitsObserver", "StepModel", "merge_observers", "observe_logits", "run_train_step"]
 
@@ -178,12 +178,15 @@ def run_train_step(
     step: Any,
     micro_batch: dict[str, torch.Tensor],
     model: StepModel,
+    plan: StepPlan,
     on_logits: LogitsObserver | None = None,
 ) -> tuple[torch.Tensor, dict[str, Any]]:
-    """One micro-batch through a train step: ``(loss, logged)`` (Megatron's contract).
+    """One micro-batch through a train step: ``(loss, logged)``, the loss as ``plan`` makes it.
 
     ``output, loss_func = step.forward_step(iter([micro_batch]), model)``, then
-    ``loss_func(output)`` checked by :func:`~epochal.parallel.logged.split_loss_output`.
+    ``loss_func(output)`` checked by :func:`~epochal.parallel.step_plan.split_loss_output`
+    and turned into the micro-batch's loss by :meth:`StepPlan.micro_batch_loss`
+    (not yet divided by the plan's divisor).
     With ``on_logits``, the step's model call hands its logits to it (see
     :func:`observe_logits`) and what it returns joins ``logged``. The records of
     the mixture-of-experts layers of ``model.module`` (none for a pipeline stage's replay,
@@ -192,14 +195,16 @@ def run_train_step(
     z-losses, tokens per expert; nothing for a dense model).
 
     Raises:
-        ValueError: the loss function returned no ``(loss, dict)`` pair.
+        ValueError: the loss function returned neither Megatron form, or a mean where
+            ``plan`` wants a sum.
     """
     captured: list[torch.Tensor] = []
     if on_logits is not None:
         model = copy.copy(model)
         model.on_logits = captured.append
     output, loss_func = step.forward_step(iter([micro_batch]), model)
-    loss, logged = split_loss_output(loss_func(output))
+    out = split_loss_output(loss_func(output))
+    loss, logged = plan.micro_batch_loss(out), out.logged
     if on_logits is not None:
         observe_logits(on_logits, micro_batch, captured, logged)
     if model.module is not None:

@@ -26,7 +26,7 @@ exactly what :class:`Trainer` computes.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +43,7 @@ from epochal.parallel.launch import DistributedInfo, init_distributed, is_loggin
 from epochal.parallel.model_support import check_model_layout
 from epochal.parallel.rng import pipeline_stage_seed
 from epochal.parallel.step_model import LogitsObserver
+from epochal.parallel.step_plan import StepPlan
 from epochal.train.config import TrainConfig, model_config_from_section, position_length
 from epochal.train.device import resolve_device
 from epochal.train.inputs.loaders import DataBundle, build_data
@@ -271,16 +272,26 @@ class ParallelTrainer(Trainer):
             {"consumed_samples": loader.consumed_samples + step_samples, "mode": "train"}
         )
 
-    def forward_backward(
-        self, batches: Iterator[dict[str, Any]], num_microbatches: int
-    ) -> torch.Tensor:
+    def step_plan(
+        self,
+        num_microbatches: int,
+        *,
+        seeds: Sequence[int] | None = None,
+        loss_tokens: float | None = None,
+    ) -> StepPlan:
+        """The engine's plan of the step (:meth:`ParallelEngine.step_plan`: its gradient
+        synchronisation's divisor) with the fp16 scale, the seeds and a global token count."""
+        return self.engine.step_plan(
+            num_microbatches, loss_scale=self.grad_scale(), seeds=seeds, loss_tokens=loss_tokens
+        )
+
+    def forward_backward(self, batches: Iterator[dict[str, Any]], plan: StepPlan) -> torch.Tensor:
         """Forward and backward of one global batch through the engine (all ranks together).
 
         Raises:
             StopIteration: on every rank, when any rank ran out of training data.
         """
-        n_mb = num_microbatches
-        per_doc = self._per_document()
+        n_mb = plan.num_microbatches
         micro_batches: list[dict[str, torch.Tensor]] = []
         ok = True
         if self.engine.needs_batches(self._every_stage_reads()):
@@ -292,14 +303,7 @@ class ParallelTrainer(Trainer):
             raise StopIteration
         if not micro_batches:
             self._advance_without_reading(n_mb)
-        self.engine.fp16_scale = self.grad_scale()
-        return self.engine.forward_backward(
-            micro_batches,
-            num_microbatches=n_mb,
-            per_document=per_doc,
-            step=self.train_step_handler,
-            micro_batch_seeds=self.dropout_keys.seeds,
-        )
+        return self.engine.forward_backward(micro_batches, plan, step=self.train_step_handler)
 
     def reduce_logged(self) -> dict[str, float]:
         """The last step's logged values, averaged over micro-batches and data-parallel ranks."""
@@ -320,8 +324,9 @@ class ParallelTrainer(Trainer):
 
         Returns:
             The mean loss and the logged values (per global batch; per micro-batch in
-            the global order with ``training.layout_invariant``), or None without
-            validation data.
+            the global order under the exact synchronisation,
+            :meth:`~epochal.parallel.grad_sync.PlainGradSync.evaluation_record`), or
+            None without validation data.
         """
         loader = self.data.valid_loader
         iters = self.config.training.eval_iters
@@ -336,37 +341,21 @@ class ParallelTrainer(Trainer):
             return None
         for part in self.model_parts:
             part.eval()
-        per_doc = self._per_document()
         reading = self.engine.needs_batches(self._every_stage_reads())
         it = iter(loader) if reading else None
-        total = 0.0
-        logged: list[dict[str, float]] = []
-        losses: list[float] = []  # layout-invariant: every micro-batch's, in global order
-        invariant = self.config.training.layout_invariant
+        record = self.engine.sync.evaluation_record()
         for n in sizes:
             mbs = [self.step_batch(next(it)) for _ in range(n)] if it is not None else []
             loss = self.engine.eval_loss(
                 mbs,
                 num_microbatches=n,
-                per_document=per_doc,
                 step=self.train_step_handler,
                 on_logits=observer,
             )
-            if invariant:  # summed and averaged as one process does (Trainer.validation_pass)
-                logged += self.engine.ordered_logged()
-                losses += self.engine.micro_batch_losses
-            else:
-                logged.append(self.engine.reduce_logged())
-            total += float(loss.item())
+            record.add(loss)
         for part in self.model_parts:
             part.train()
-        mean = total / len(sizes)
-        if invariant:  # added in the global order and averaged per micro-batch, as one process
-            mean = 0.0
-            for value in losses:
-                mean += value
-            mean /= len(losses)
-        return mean, logged
+        return record.mean(), record.logged
 
 
 def print_line(message: str) -> None:

@@ -49,7 +49,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -60,11 +60,12 @@ from epochal.data.loading.packing import pack_padded_batch
 from epochal.model.build import build_model
 from epochal.model.config import ModelConfig
 from epochal.model.layers.moe import set_moe_aux_grad_factor
-from epochal.parallel.dropout_keys import install_keyed_dropout
+from epochal.parallel.dropout_keys import install_keyed_dropout, seed_micro_batch
 from epochal.parallel.engine import compile_part
 from epochal.parallel.logged import reduce_logged
 from epochal.parallel.recompute import recompute_part
 from epochal.parallel.step_model import LogitsObserver, StepModel, run_train_step
+from epochal.parallel.step_plan import StepPlan
 from epochal.parallel.token_loss import token_cross_entropy
 from epochal.train.config import (
     TrainConfig,
@@ -97,7 +98,6 @@ from epochal.train.steps import (
     TrainStep,
     load_eval_callback,
     load_train_step,
-    token_mean_step,
     train_step_class,
 )
 
@@ -396,32 +396,35 @@ class Trainer:
         return out
 
     def run_step(
-        self, micro_batch: dict[str, torch.Tensor], on_logits: LogitsObserver | None = None
+        self,
+        micro_batch: dict[str, torch.Tensor],
+        plan: StepPlan,
+        on_logits: LogitsObserver | None = None,
     ) -> torch.Tensor:
-        """One micro-batch (on the device) through the train step: its loss; logged values kept.
+        """One micro-batch (on the device) through the train step: its loss as ``plan`` makes it
+        (not yet divided); logged values kept.
 
         ``on_logits(micro_batch, logits)`` (evaluation callbacks) sees the logits
         of the step's model call; what it returns is logged with the step's values.
         """
         loss, logged = run_train_step(
-            self.train_step_handler, micro_batch, self.step_model(), on_logits
+            self.train_step_handler, micro_batch, self.step_model(), plan, on_logits
         )
         self.logged.append(logged)
         return loss
 
     def forward_backward_step(
-        self, micro_batch: dict[str, Any], num_microbatches: int
+        self, micro_batch: dict[str, Any], plan: StepPlan, index: int
     ) -> torch.Tensor:
-        """Forward and backward of ONE micro-batch; returns its detached ``loss / num_microbatches``."""
+        """Forward and backward of micro-batch ``index`` of the step; returns its detached share
+        of the step loss (``loss / plan.divisor``)."""
         mb = self.step_batch(micro_batch)
-        self.dropout_keys.seed_next()
-        set_moe_aux_grad_factor(
-            self.model_parts, self.grad_scale() / num_microbatches
-        )  # MoE balance
+        if plan.seeds is not None:
+            seed_micro_batch(plan.seeds[index], self.device)
         with self.autocast():
-            loss = self.run_step(mb)
-        scaled = loss / num_microbatches
-        (scaled * self.grad_scale()).backward()
+            loss = self.run_step(mb, plan)
+        scaled = plan.divided(loss)
+        (scaled * plan.loss_scale).backward()
         return scaled.detach()
 
     def reduce_logged(self) -> dict[str, float]:
@@ -443,31 +446,68 @@ class Trainer:
         return {**self.optimizer_step(loss), **logged}
 
     def compute_gradients(
-        self, batches: Iterator[dict[str, Any]]
+        self, batches: Iterator[dict[str, Any]], *, loss_tokens: float | None = None
     ) -> tuple[torch.Tensor, dict[str, Any]]:
         """The first half of :meth:`train_step`: cleared gradients, then the forward and
         backward of one global batch; returns the detached loss and the logged values
-        (:meth:`optimizer_step` completes the step)."""
+        (:meth:`optimizer_step` completes the step).
+
+        Args:
+            batches: the micro-batches of this rank.
+            loss_tokens: the global batch's loss tokens for a global token mean
+                (``num_items_in_batch``); None: the train step's own choice
+                (:meth:`global_loss_tokens`).
+        """
         n_mb = self.num_microbatches()
         for part in self.model_parts:
             part.train()
         self.optimizers.zero_grad(set_to_none=True)
         self.logged = []
-        with self.dropout_keys.step(self.step, n_mb), token_mean_step(self, n_mb):  # SFT's loss
-            loss = self.forward_backward(batches, n_mb)
+        if loss_tokens is None:
+            loss_tokens = self.global_loss_tokens(n_mb)
+        with self.dropout_keys.step(self.step, n_mb) as seeds:
+            plan = self.step_plan(n_mb, seeds=seeds, loss_tokens=loss_tokens)
+            loss = self.forward_backward(batches, plan)
         return loss, self.reduce_logged()
 
-    def forward_backward(
-        self, batches: Iterator[dict[str, Any]], num_microbatches: int
-    ) -> torch.Tensor:
-        """Forward and backward of one global batch; returns the step's detached loss.
+    def global_loss_tokens(self, num_microbatches: int) -> int | None:
+        """The loss tokens of the next global batch when the train step trains on their mean
+        (:attr:`~epochal.train.steps.SFTTrainStep.global_token_mean` and data that counts
+        them: no communication, every rank knows every sample's count), else None."""
+        counter = getattr(self.data, "loss_tokens", None)
+        if counter is None or not self.train_step_handler.global_token_mean:
+            return None
+        dp = self.data_parallel_info()["dp_size"]
+        samples = num_microbatches * self.config.training.micro_batch_size * dp
+        return counter(self.data.train_loader.consumed_samples, samples)
+
+    def step_plan(
+        self,
+        num_microbatches: int,
+        *,
+        seeds: Sequence[int] | None = None,
+        loss_tokens: float | None = None,
+    ) -> StepPlan:
+        """The step plan (:mod:`epochal.parallel.step_plan`): each micro-batch loss divided by
+        the step's micro-batches, the fp16 scale, the dropout seeds, a global token count."""
+        return StepPlan.training_step(
+            num_microbatches,
+            divisor=num_microbatches,
+            loss_scale=self.grad_scale(),
+            loss_tokens=loss_tokens,
+            seeds=seeds,
+        )
+
+    def forward_backward(self, batches: Iterator[dict[str, Any]], plan: StepPlan) -> torch.Tensor:
+        """Forward and backward of one global batch as ``plan`` says; returns the step's detached loss.
 
         Raises:
             StopIteration: ``batches`` ran out.
         """
+        set_moe_aux_grad_factor(self.model_parts, plan.aux_grad_factor)  # MoE balance losses
         total = torch.zeros((), device=self.device)
-        for _ in range(num_microbatches):
-            total += self.forward_backward_step(next(batches), num_microbatches)
+        for i in range(plan.num_microbatches):
+            total += self.forward_backward_step(next(batches), plan, i)
         return total
 
     def optimizer_step(self, loss: torch.Tensor, max_norm: float | None = None) -> dict[str, Any]:
@@ -558,12 +598,13 @@ class Trainer:
         total, count = 0.0, 0
         self.logged = []
         limit = len(loader) if self.data.whole_validation else iters * n_mb
+        plan = StepPlan.evaluation(n_mb)
         for i, mb in enumerate(loader):
             if i >= limit:
                 break
             batch = self.step_batch(mb)
             with self.autocast():
-                total += float(self.run_step(batch, observer).item())
+                total += float(self.run_step(batch, plan, observer).item())
             count += 1
         for part in self.model_parts:
             part.train()

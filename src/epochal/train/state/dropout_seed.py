@@ -19,7 +19,7 @@ from collections.abc import Iterator, Sequence
 import torch
 from torch import nn
 
-from epochal.parallel.dropout_keys import has_dropout, preserved_rng, seed_micro_batch, step_seeds
+from epochal.parallel.dropout_keys import has_dropout, preserved_rng, step_seeds
 
 __all__ = ["DropoutKeys"]
 
@@ -52,10 +52,6 @@ class DropoutKeys:
         self.layout_invariant = layout_invariant
         self.dp_rank = dp_rank
         self.dp_size = dp_size
-        #: the seeds of this rank's micro-batches while a step runs (:meth:`step`), else None
-        self.seeds: list[int] | None = None
-        self._next: Iterator[int] | None = None
-
     @functools.cached_property
     def keyed(self) -> bool:
         """``layout_invariant`` and a model part that draws random numbers in training."""
@@ -70,27 +66,16 @@ class DropoutKeys:
 
     @contextlib.contextmanager
     def step(self, step: int, num_microbatches: int) -> Iterator[list[int] | None]:
-        """Around one step's forward/backward: fix its seeds (:attr:`seeds`), keep the global
-        streams as they were.
+        """Around one step's forward/backward: its micro-batches' seeds (for the step plan),
+        the global random streams kept as they were.
 
         Args:
             step: the optimizer steps done before this one.
             num_microbatches: this rank's micro-batches in the step.
-        """
-        self.seeds = self.micro_batch_seeds(step, num_microbatches)
-        self._next = iter(self.seeds) if self.seeds is not None else None
-        try:
-            with preserved_rng(self.device) if self.seeds else contextlib.nullcontext():
-                yield self.seeds
-        finally:
-            self.seeds = None
-            self._next = None
 
-    def seed_next(self) -> None:
-        """Before a micro-batch's forward: reseed with its seed (nothing without keyed dropout).
-
-        Raises:
-            StopIteration: more micro-batches than the step was given seeds for.
+        Yields:
+            :meth:`micro_batch_seeds` (None: nothing is reseeded).
         """
-        if self._next is not None:
-            seed_micro_batch(next(self._next), self.device)
+        seeds = self.micro_batch_seeds(step, num_microbatches)
+        with preserved_rng(self.device) if seeds else contextlib.nullcontext():
+            yield seeds

@@ -24,7 +24,7 @@ from epochal.train.steps.reduce import (
     set_data_parallel_group,
 )
 from epochal.train.steps.registry import register_train_step, train_step_class
-from epochal.train.steps.sft import SFTTrainStep, token_mean_step
+from epochal.train.steps.sft import SFTTrainStep
 from epochal.train.steps.t5 import T5TrainStep
 
 __all__ = [
@@ -45,6 +45,5 @@ __all__ = [
     "load_train_step",
     "register_train_step",
     "set_data_parallel_group",
-    "token_mean_step",
     "train_step_class",
 ]

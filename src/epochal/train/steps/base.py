@@ -105,6 +105,11 @@ class TrainStep:
     #: ``data.pack_sequences`` (:func:`epochal.data.loading.packing.pack_padded_batch`).
     per_sample_keys: tuple[str, ...] = ()
 
+    #: The step's loss is the global batch's token mean: the trainer counts the global
+    #: batch's loss tokens and the step plan weighs each micro-batch's summed loss
+    #: (:mod:`epochal.parallel.step_plan`); False: each micro-batch's own mean (Megatron's).
+    global_token_mean: bool = False
+
     #: Under pipeline parallelism every stage (not only the first and last) reads
     #: the micro-batches, for :meth:`stage_kwargs` (e.g. BERT's padding mask).
     every_stage_reads_batches: bool = False

@@ -2,7 +2,9 @@
 
 The loss of a micro-batch is the cross-entropy averaged over the tokens where
 ``loss_mask`` is 1 (``sum(ce * loss_mask) / max(sum(loss_mask), 1)``), logged as
-``"lm loss"``. :class:`LossFnStep` runs a plain ``loss_fn(labels, logits, loss_mask)``
+``"lm loss"``: the step returns the sum and the count, and the step plan divides
+(:mod:`epochal.parallel.step_plan`; with a global token count it is the global token
+mean instead, as for fine-tuning rows and ``num_items_in_batch``). :class:`LossFnStep` runs a plain ``loss_fn(labels, logits, loss_mask)``
 through the same contract (the trainer's ``loss_fn=`` argument).
 """
 
@@ -14,7 +16,7 @@ from typing import Any
 
 import torch
 
-from epochal._masked_mean import masked_mean
+from epochal._masked_mean import masked_sum_and_count
 from epochal.train.steps.base import TrainStep
 from epochal.train.steps.registry import register_train_step
 
@@ -43,12 +45,17 @@ class GPTTrainStep(TrainStep):
 
     def loss_func(
         self, loss_mask: torch.Tensor, output_tensor: torch.Tensor
-    ) -> tuple[torch.Tensor, dict[str, Any]]:
-        """Token mean of the per-token losses ``output_tensor`` ``[b, s]`` under ``loss_mask``."""
+    ) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
+        """``(sum, count, {})`` of the per-token losses ``output_tensor`` ``[b, s]`` under ``loss_mask``.
+
+        The summed form (Megatron-Core's per-token loss): the step plan makes it the
+        micro-batch's token mean, or its share of a global token mean, and logs it as
+        ``lm loss`` (:mod:`epochal.parallel.step_plan`).
+        """
         losses = output_tensor.float()
         mask = loss_mask.reshape(-1).to(losses.dtype)
-        loss = masked_mean(losses.reshape(-1), mask)
-        return loss, {"lm loss": loss.detach()}
+        total, count = masked_sum_and_count(losses.reshape(-1), mask)
+        return total, count, {}
 
     def forward_step(
         self, data_iterator: Iterator[dict[str, torch.Tensor]], model: Any

@@ -3,49 +3,41 @@
 A training step's loss is the sum of the cross-entropy over the loss tokens of the
 whole global batch divided by their number: ``transformers``' ``num_items_in_batch``
 (the loss TRL's ``SFTTrainer`` trains with) and Megatron-Core's
-``calculate_per_token_loss``. Before each step the trainer counts the global batch's
-loss tokens ``N`` from the data (no communication: every rank knows every sample's
-count) and sets :attr:`SFTTrainStep.summed_loss_weight` to ``M / N``, ``M`` the micro-batches
-of the global batch (all data-parallel ranks). Each micro-batch's loss is then its
-summed cross-entropy times ``M / N``; the trainer divides it by ``M`` (its micro-batches
-times the data-parallel averaging of the gradients), so the step's loss and gradient
-are ``sum / N`` whatever the split over micro-batches and ranks, and the same numbers
-under ``training.layout_invariant`` bit for bit. A micro-batch's logged ``lm loss``
-averages to the step's loss.
+``calculate_per_token_loss``. The step returns each micro-batch's summed
+cross-entropy and its loss tokens (the GPT step's summed form); the trainer counts
+the global batch's loss tokens ``N`` from the data before the step (no
+communication: every rank knows every sample's count, :attr:`SFTTrainStep.global_token_mean`)
+and its step plan weighs each sum by ``M / N``, ``M`` the micro-batches of the global
+batch (:mod:`epochal.parallel.step_plan`), so the step's loss and gradient are
+``sum / N`` whatever the split over micro-batches and ranks, and the same numbers
+under the exact gradient synchronisation bit for bit. A micro-batch's logged
+``lm loss`` averages to the step's loss.
 
-Evaluation (no :attr:`~SFTTrainStep.summed_loss_weight`): each micro-batch logs its summed
-cross-entropy and its loss tokens, and the evaluation's loss is their ratio over the
-whole validation set (:meth:`SFTTrainStep.evaluation_loss`): the token mean over
-every loss token of the validation rows.
+Evaluation (no gradients): each micro-batch also logs its summed cross-entropy and its
+loss tokens, and the evaluation's loss is their ratio over the whole validation set
+(:meth:`SFTTrainStep.evaluation_loss`): the token mean over every loss token of the
+validation rows.
 """
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Iterator
 from typing import Any
 
 import torch
 
-from epochal._masked_mean import masked_sum_and_count, mean_from_sum
 from epochal.train.steps.gpt import GPTTrainStep
 
-__all__ = ["SFTTrainStep", "token_mean_step"]
+__all__ = ["SFTTrainStep"]
 
 _SUM, _COUNT = "sft loss sum", "sft loss tokens"
 
 
 class SFTTrainStep(GPTTrainStep):
-    """The GPT step with the fine-tuning loss of the module docstring.
+    """The GPT step with the fine-tuning loss of the module docstring."""
 
-    Attributes:
-        summed_loss_weight: during a training step, the factor a micro-batch's summed
-            cross-entropy is multiplied by: (micro-batches of the global batch) / (its
-            loss tokens), set by the trainer; None otherwise (evaluation). Not a loss
-            scale: the fp16 scaler's scale is applied by the trainer on top.
-    """
-
-    summed_loss_weight: float | None = None
+    #: the trainer plans a global token mean for this step (the data's loss-token counts)
+    global_token_mean = True
 
     @property
     def trims_padding(self) -> bool:
@@ -92,16 +84,13 @@ class SFTTrainStep(GPTTrainStep):
 
     def loss_func(
         self, loss_mask: torch.Tensor, output_tensor: torch.Tensor
-    ) -> tuple[torch.Tensor, dict[str, Any]]:
-        """Summed cross-entropy times :attr:`summed_loss_weight` (training), else the token mean."""
-        losses = output_tensor.float()
-        mask = loss_mask.reshape(-1).to(losses.dtype)
-        total, count = masked_sum_and_count(losses.reshape(-1), mask)
-        if self.summed_loss_weight is not None:
-            loss = total * self.summed_loss_weight
-            return loss, {"lm loss": loss.detach()}
-        loss = mean_from_sum(total, count)
-        return loss, {"lm loss": loss.detach(), _SUM: total.detach(), _COUNT: count.detach()}
+    ) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
+        """The GPT step's ``(sum, count, logged)``; in an evaluation (no gradients) the sum and
+        the count are logged too, for :meth:`eval_summary`."""
+        total, count, logged = super().loss_func(loss_mask, output_tensor)
+        if not torch.is_grad_enabled():
+            logged.update({_SUM: total.detach(), _COUNT: count.detach()})
+        return total, count, logged
 
     def eval_summary(self, logged: dict[str, float]) -> dict[str, float]:
         """``lm loss``: the token mean over every loss token of the evaluation."""
@@ -113,26 +102,3 @@ class SFTTrainStep(GPTTrainStep):
     def evaluation_loss(self, mean_loss: float, summary: dict[str, float]) -> float:
         """The token mean over every loss token of the evaluation (not a mean of means)."""
         return summary.get("lm loss", mean_loss)
-
-
-@contextlib.contextmanager
-def token_mean_step(trainer: Any, num_microbatches: int) -> Iterator[None]:
-    """Around one training step: set :attr:`SFTTrainStep.summed_loss_weight` (module docstring).
-
-    ``trainer`` is the :class:`~epochal.train.Trainer` (its step, data and
-    data-parallel size); the global batch is the ``num_microbatches x micro_batch_size
-    x dp`` samples from the train loader's ``consumed_samples``. Nothing happens for
-    another step or data that does not count its loss tokens.
-    """
-    step, counter = trainer.train_step_handler, getattr(trainer.data, "loss_tokens", None)
-    if counter is None or not isinstance(step, SFTTrainStep):
-        yield
-        return
-    dp = trainer.data_parallel_info()["dp_size"]
-    samples = num_microbatches * trainer.config.training.micro_batch_size * dp
-    tokens = counter(trainer.data.train_loader.consumed_samples, samples)
-    step.summed_loss_weight = num_microbatches * dp / max(tokens, 1)
-    try:
-        yield
-    finally:
-        step.summed_loss_weight = None
