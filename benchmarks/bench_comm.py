@@ -161,7 +161,7 @@ def measure(rank: int, world: int, name: str, args: argparse.Namespace) -> dict[
         )  # fmt: skip
     mesh = dims.build_mesh("cpu")
     engine = ParallelEngine(
-        pconf, cfg, dims, mesh, device=torch.device("cpu"), seed=0, layout_invariant=invariant
+        pconf, cfg, dims, mesh, device=torch.device("cpu"), seed=0, exact_sync=invariant
     )
     opts = OptimizersContainer(
         engine.model_parts, lambda p: build_adamw([p], lr=1e-4, weight_decay=0.1)

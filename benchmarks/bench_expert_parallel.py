@@ -69,7 +69,7 @@ def _rank(rank: int, world: int, ep: int, port: int, args: argparse.Namespace, o
             mesh,
             device=torch.device("cpu"),
             seed=0,
-            layout_invariant=not args.plain,
+            exact_sync=not args.plain,
         )
         opts = OptimizersContainer(
             engine.model_parts, lambda p: build_adamw([p], lr=1e-3, weight_decay=0.1)

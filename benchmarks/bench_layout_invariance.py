@@ -68,9 +68,7 @@ def _engine(
     pconf = ParallelConfig(dp_sharding=sharding)
     dims = ParallelDims.from_config(pconf, dp)
     mesh = dims.build_mesh(device.type)
-    engine = ParallelEngine(
-        pconf, cfg, dims, mesh, device=device, seed=0, layout_invariant=invariant
-    )
+    engine = ParallelEngine(pconf, cfg, dims, mesh, device=device, seed=0, exact_sync=invariant)
     opts = OptimizersContainer(
         engine.model_parts, lambda p: build_adamw([p], lr=1e-4, weight_decay=0.1)
     )
@@ -168,7 +166,7 @@ def _tp_drift(rank: int, world: int, args: argparse.Namespace) -> dict[str, Any]
         dims = ParallelDims.from_config(pconf, tp)
         mesh = dims.build_mesh("cpu") if tp > 1 else None
         engine = ParallelEngine(
-            pconf, cfg, dims, mesh, device=torch.device("cpu"), seed=0, layout_invariant=True
+            pconf, cfg, dims, mesh, device=torch.device("cpu"), seed=0, exact_sync=True
         )
         opts = OptimizersContainer(
             engine.model_parts, lambda p: build_adamw([p], lr=2e-3, weight_decay=0.1)

@@ -45,7 +45,7 @@ def one_step_ledger(
     dims = ParallelDims.from_config(pconf, world)
     mesh = dims.build_mesh("cpu")
     engine = ParallelEngine(
-        pconf, cfg, dims, mesh, device=torch.device("cpu"), seed=0, layout_invariant=invariant
+        pconf, cfg, dims, mesh, device=torch.device("cpu"), seed=0, exact_sync=invariant
     )
     opts = OptimizersContainer(
         engine.model_parts, lambda p: build_adamw([p], lr=1e-3, weight_decay=0.0)

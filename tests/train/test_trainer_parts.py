@@ -28,7 +28,7 @@ def test_the_trainers_inherit_no_mixin() -> None:
 # ------------------------------------------------------------------ dropout keys
 def _keys(p: float, invariant: bool = True, **dp: int) -> DropoutKeys:
     parts = [nn.Sequential(nn.Linear(2, 2), nn.Dropout(p))]
-    return DropoutKeys(seed=7, device=CPU, model_parts=parts, layout_invariant=invariant, **dp)
+    return DropoutKeys(seed=7, device=CPU, model_parts=parts, keyed=invariant, **dp)
 
 
 def test_dropout_keys_give_each_micro_batch_its_seed_and_keep_the_global_stream() -> None:

@@ -78,7 +78,7 @@ the stages whole ``[b, S]`` micro-batches (tokens, keyword inputs) and
 stages send and receive the local ``[b, L, hidden]`` activations. The last
 stage's losses are gathered to ``[b, S]`` as without pipelining.
 
-``training.layout_invariant``: every rank accumulates its gradients in the global
+The exact gradient synchronisation: every rank accumulates its gradients in the global
 micro-batch order over its data-parallel group (the ranks with its
 context-parallel coordinate), then the sums are summed over the chunks; so with
 ``context_parallel`` fixed, data-parallel and accumulation changes stay
@@ -185,7 +185,7 @@ def packed_document_mask(packed: PackedSequences, local: torch.Tensor) -> torch.
 def context_seed(seed: int, cp_rank: int) -> int:
     """A keyed dropout seed for context-parallel rank ``cp_rank`` (rank 0: ``seed`` itself).
 
-    Under ``training.layout_invariant`` dropout is keyed by the micro-batch; the ranks
+    Under the exact gradient synchronisation dropout is keyed by the micro-batch; the ranks
     of a context-parallel group hold different tokens of the same micro-batch and
     would otherwise draw the same masks for them.
     """

@@ -12,10 +12,10 @@ divided and scaled by and its dropout seed; every micro-batch goes through the t
 step (unpipelined here, or through :class:`~epochal.parallel.pipeline_step.PipelineRunner`);
 the gradient synchronisation chosen when the engine is built
 (:mod:`epochal.parallel.grad_sync`: Megatron's, or the exact one of
-``layout_invariant``) makes the gradients final, the step loss the same on every rank
+``exact_sync``) makes the gradients final, the step loss the same on every rank
 and clips. Loss semantics are the trainer's (Megatron's default): each micro-batch's
 loss is its token mean under ``loss_mask``, divided by the number of micro-batches; the
-step loss is the mean over the whole global batch. With ``layout_invariant`` the same
+step loss is the mean over the whole global batch. With ``exact_sync`` the same
 numbers come out under every data-parallel size, accumulation and pipeline split (see
 ``docs/concepts/layout-invariance.md``).
 
@@ -95,7 +95,7 @@ class ParallelEngine:
         bf16: run forwards under bfloat16 autocast (pipeline stages wrap their
             forward; otherwise :meth:`forward_backward` does).
         fp16: the same with float16 (the step plan's ``loss_scale`` scales the backward).
-        layout_invariant: the exact gradient synchronisation (bit-identical results
+        exact_sync: the exact gradient synchronisation (bit-identical results
             under any data-parallel size and accumulation, :mod:`epochal.parallel.grad_sync`).
         frozen: parameter names (canonical) that are not trained: they get
             ``requires_grad=False`` before data parallelism wraps the parts.
@@ -114,13 +114,13 @@ class ParallelEngine:
         custom_loss: bool = False,
         bf16: bool = False,
         fp16: bool = False,
-        layout_invariant: bool = False,
+        exact_sync: bool = False,
         frozen: frozenset[str] = frozenset(),
     ) -> None:
         self.config = config
         self.frozen = frozen
         #: dropout keyed by the micro-batch (the exact synchronisation's, installed per part)
-        self.keyed_dropout = layout_invariant
+        self.keyed_dropout = exact_sync
         self.model_config = model_config
         self.dims = dims
         self.mesh = mesh
@@ -148,7 +148,7 @@ class ParallelEngine:
             ContextParallel.check_training(custom_loss=custom_loss)
             self.cp = ContextParallel(mesh["cp"].get_group())
         #: expert parallelism (:mod:`epochal.parallel.expert_parallel`), None without
-        self.ep = ExpertParallel(dims, invariant=layout_invariant) if dims.ep > 1 else None
+        self.ep = ExpertParallel(dims, invariant=exact_sync) if dims.ep > 1 else None
         counts = stage_layer_counts(
             model_config.num_layers,
             dims.pp,
@@ -168,7 +168,7 @@ class ParallelEngine:
         #: the pipeline stages and schedules (None without pipeline parallelism)
         self.pipeline = PipelineRunner(self, moe=moe) if dims.pp > 1 else None
         #: the gradient synchronisation (:mod:`epochal.parallel.grad_sync`)
-        self.sync: PlainGradSync = gradient_sync(self, exact=layout_invariant)
+        self.sync: PlainGradSync = gradient_sync(self, exact=exact_sync)
 
     # ------------------------------------------------------------------ building
     @property

@@ -26,7 +26,7 @@ the tokens are added in the order one process adds them, so EP changes no bits o
 anything but the expert weights' gradients, whose contributions come from several
 micro-batches in one backward pass:
 
-- ``training.layout_invariant``: each expert call's weight gradient is captured on its
+- the exact gradient synchronisation: each expert call's weight gradient is captured on its
   own (not accumulated by autograd); after the step's last backward they are added in
   the global micro-batch order (``k = i * dp + d``, as
   :mod:`epochal.parallel.ordered_reduce` does for every other weight), the contributions
@@ -327,7 +327,7 @@ class ExpertParallel:
 
     Args:
         dims: the layout (a :class:`~epochal.parallel.dims.ParallelDims`, ``ep > 1``).
-        invariant: ``training.layout_invariant`` (ordered expert-gradient sums).
+        invariant: the exact gradient synchronisation (ordered expert-gradient sums).
 
     Attributes:
         size: the expert-parallel size ``P``.

@@ -20,7 +20,7 @@ partial tensor-parallel gradients are summed once (:func:`finalize_grads`), tied
 pipeline copies summed over the embedding group; the loss is averaged over the
 data-parallel ranks.
 
-:class:`ExactGradSync` (``training.layout_invariant``): the same bits under every
+:class:`ExactGradSync` (the trainer's ``training.layout_invariant``): the same bits under every
 data-parallel size, accumulation, sharding and pipeline split: each micro-batch loss
 divided by the global number of micro-batches, gradients accumulated in the global
 micro-batch order (:class:`~epochal.parallel.ordered_reduce.OrderedGradReducer`, armed

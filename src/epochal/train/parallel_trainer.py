@@ -183,7 +183,7 @@ class ParallelTrainer(Trainer):
             custom_loss=self.custom_loss is not None,
             bf16=c.training.bf16,
             fp16=c.training.fp16,
-            layout_invariant=c.training.layout_invariant,
+            exact_sync=self.exact,
             frozen=self.frozen,
         )
         return self.engine.model_parts

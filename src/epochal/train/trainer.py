@@ -30,7 +30,7 @@ sum(loss_mask)``) is divided by the number of micro-batches and back-propagated 
 a mixture of experts' balance losses, :mod:`epochal.model.layers.moe`); the step's
 reported loss is the sum of these, i.e. the mean of the micro-batch means. The step's
 logged values are averaged over micro-batches and logged by name. With
-``training.layout_invariant`` (:mod:`epochal.train.state.dropout_seed`,
+the exact synchronisation (:mod:`epochal.train.state.dropout_seed`,
 :mod:`epochal.parallel.exact_norm`) the parallel trainer reproduces all of this bit for
 bit under any data-parallel size and accumulation. A custom ``loss_fn(labels, logits,
 loss_mask) -> scalar`` replaces the GPT per-micro-batch loss (``labels`` are the target
@@ -121,7 +121,9 @@ class Trainer:
             (:class:`~epochal.train.state.run_checkpointer.RunCheckpointer`).
         evaluator: when to evaluate, the evaluation callbacks, the last evaluation's
             values (:class:`~epochal.train.observe.evaluator.Evaluator`).
-        dropout_keys: each micro-batch's dropout seed under ``training.layout_invariant``
+        exact: the exact gradient synchronisation (``training.layout_invariant``: keyed
+            dropout, the exact gradient norm), read once here.
+        dropout_keys: each micro-batch's dropout seed under :attr:`exact`
             (:class:`~epochal.train.state.dropout_seed.DropoutKeys`).
         step / tokens_seen / eval_history: the run's counters (what a checkpoint keeps).
 
@@ -148,6 +150,7 @@ class Trainer:
             exit_interval=t.exit_interval,
             any_rank=self.max_over_ranks,
         )
+        self.exact = t.layout_invariant
         seed_everything(self.global_seed())
         self.run_dir = Path(config.run_dir)
         self.device = resolve_device(t.device, deterministic=t.deterministic_kernels)
@@ -188,7 +191,7 @@ class Trainer:
             seed=t.seed,
             device=self.device,
             model_parts=self.model_parts,
-            layout_invariant=t.layout_invariant,
+            keyed=self.exact,
             **self.data_parallel_info(),
         )
         self.step = 0
@@ -252,7 +255,7 @@ class Trainer:
             unit_keys = recompute_part(part, pc)
             if self.config.training.compile:
                 compile_part(part, unit_keys, tensor_parallel=False)
-            if self.config.training.layout_invariant:
+            if self.exact:
                 install_keyed_dropout(part)
         return model_parts
 
@@ -277,9 +280,7 @@ class Trainer:
         """Clip to ``max_norm`` (default ``optimizer.clip_grad``; 0 = measure only) as a global
         L2 norm; return the norm before clipping."""
         clip = self.config.optimizer.clip_grad if max_norm is None else max_norm
-        return clip_grad_norm(
-            self.gradient_parameters(), clip, self.config.training.layout_invariant
-        )
+        return clip_grad_norm(self.gradient_parameters(), clip, self.exact)
 
     def autocast(self) -> contextlib.AbstractContextManager:
         """bf16 / fp16 autocast (``training.bf16`` / ``fp16``) and ``training.attention_backend``."""

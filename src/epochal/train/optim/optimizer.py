@@ -132,7 +132,7 @@ def clip_grad_norm(
     """Clip gradients to a global L2 norm of ``max_norm`` (0 = only measure); return the norm.
 
     ``exact``: the norm of :func:`epochal.parallel.exact_norm.exact_grad_norm` (the
-    same bits as under any parallel layout; ``training.layout_invariant``).
+    same bits as under any parallel layout under the exact gradient synchronisation).
 
     Returns:
         The total gradient norm before clipping (float32 scalar tensor); ``inf``

@@ -1,6 +1,6 @@
 """Keyed dropout in the trainers: each micro-batch's random stream from its step and global index.
 
-With ``training.layout_invariant`` and a model that draws random numbers, the
+Under the exact gradient synchronisation and with a model that draws random numbers, the
 trainer hands every micro-batch the seed
 :func:`~epochal.parallel.dropout_keys.micro_batch_seed` of ``(training.seed, the
 optimizer step, its global micro-batch index)`` (the blocks derive theirs from
@@ -31,7 +31,8 @@ class DropoutKeys:
         seed: ``training.seed``.
         device: the device the model runs on (its CUDA generator is reseeded too).
         model_parts: this rank's model parts (keyed only if one draws random numbers).
-        layout_invariant: ``training.layout_invariant`` (False: nothing is ever reseeded).
+        keyed: key dropout by the micro-batch (the exact synchronisation; False:
+            nothing is ever reseeded).
         dp_rank: this rank's data-parallel coordinate.
         dp_size: the data-parallel size.
     """
@@ -42,20 +43,21 @@ class DropoutKeys:
         seed: int,
         device: torch.device,
         model_parts: Sequence[nn.Module],
-        layout_invariant: bool,
+        keyed: bool,
         dp_rank: int = 0,
         dp_size: int = 1,
     ) -> None:
         self.seed = seed
         self.device = device
         self.model_parts = list(model_parts)
-        self.layout_invariant = layout_invariant
+        self.keyed_dropout = keyed
         self.dp_rank = dp_rank
         self.dp_size = dp_size
+
     @functools.cached_property
     def keyed(self) -> bool:
-        """``layout_invariant`` and a model part that draws random numbers in training."""
-        return self.layout_invariant and any(has_dropout(part) for part in self.model_parts)
+        """Keyed dropout asked for and a model part that draws random numbers in training."""
+        return self.keyed_dropout and any(has_dropout(part) for part in self.model_parts)
 
     def micro_batch_seeds(self, step: int, num_microbatches: int) -> list[int] | None:
         """The seeds of this rank's micro-batches of the step after ``step`` optimizer steps
