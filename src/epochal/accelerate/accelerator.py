@@ -48,7 +48,7 @@ from epochal.accelerate import checkpointing, configuration, operations, refusal
 from epochal.accelerate.accumulation import apply_gradient_accumulation
 from epochal.accelerate.engine import MegatronEngine
 from epochal.accelerate.plugin import ENV_PREFIX, MegatronLMPlugin, env_bool
-from epochal.accelerate.preparation import Prepared, prepare_objects
+from epochal.accelerate.preparation import Preparation, Prepared
 from epochal.accelerate.schedulers import PreparedTorchScheduler
 from epochal.accelerate.state import (
     AcceleratorError,
@@ -274,7 +274,15 @@ class Accelerator:
 
         See :mod:`epochal.accelerate.preparation`; objects come back in the order given.
         """
-        return prepare_objects(self, args)
+        return Preparation(
+            self._prepared,
+            self.state,
+            self._dist,
+            self._on_step,
+            self.dataloader_config,
+            self.mixed_precision,
+            self.project_dir,
+        ).prepare(args)
 
     def _engine(self, model: Any = None) -> MegatronEngine:
         engine = self._prepared.engine
