@@ -56,7 +56,7 @@ from epochal.parallel.launch import DistributedInfo
 from epochal.train.config import TrainConfig
 from epochal.train.inputs.loaders import DataBundle
 
-__all__ = ["PrepareError", "Prepared", "Preparation", "prepare_objects"]
+__all__ = ["PrepareError", "Prepared", "Preparation"]
 
 
 #: how the trainer's option names read in an Accelerate script
@@ -124,19 +124,6 @@ class _Sorted:
     def schedulers(self) -> list[Any]:
         """The dummy schedulers, then the PyTorch ones."""
         return self.dummy_schedulers + self.torch_schedulers
-
-
-def prepare_objects(acc: Any, args: tuple[Any, ...]) -> tuple[Any, ...]:
-    """Prepare ``args`` for ``acc`` (see the module docstring); same order as given.
-
-    Args:
-        acc: the :class:`~epochal.accelerate.accelerator.Accelerator`.
-        args: the objects to prepare.
-
-    Returns:
-        What ``acc.prepare(*args)`` returns: the one prepared object, or a tuple of them.
-    """
-    return acc.prepare(*args)
 
 
 class Preparation:

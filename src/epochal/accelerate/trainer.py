@@ -38,6 +38,7 @@ from epochal.train.optim.optimizer import OptimizersContainer
 from epochal.train.parallel_trainer import ParallelTrainer
 from epochal.train.state.encoder_init import copy_full_state
 from epochal.train.steps import TrainStep
+from epochal.train.steps.gpt import GPTTrainStep
 
 __all__ = ["AccelerateTrainer", "mask_padded_vocab"]
 
@@ -120,6 +121,9 @@ class AccelerateTrainer(ParallelTrainer):
             step.get_batch = self.custom_get_batch  # type: ignore[method-assign]
         if self.custom_loss_func is not None:
             step.loss_func = self.custom_loss_func  # type: ignore[method-assign]
+        elif type(step) is GPTTrainStep and self.custom_get_batch is None:
+            # summed losses: the plan divides by num_items_in_batch when the script gives it
+            step.calculate_per_token_loss = True
         return step
 
     def step_batch(self, micro_batch: dict[str, Any]) -> dict[str, torch.Tensor]:

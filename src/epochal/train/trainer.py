@@ -473,10 +473,10 @@ class Trainer:
 
     def global_loss_tokens(self, num_microbatches: int) -> int | None:
         """The loss tokens of the next global batch when the train step trains on their mean
-        (:attr:`~epochal.train.steps.SFTTrainStep.global_token_mean` and data that counts
+        (:attr:`~epochal.train.steps.TrainStep.calculate_per_token_loss` and data that counts
         them: no communication, every rank knows every sample's count), else None."""
         counter = getattr(self.data, "loss_tokens", None)
-        if counter is None or not self.train_step_handler.global_token_mean:
+        if counter is None or not self.train_step_handler.calculate_per_token_loss:
             return None
         dp = self.data_parallel_info()["dp_size"]
         samples = num_microbatches * self.config.training.micro_batch_size * dp

@@ -105,10 +105,12 @@ class TrainStep:
     #: ``data.pack_sequences`` (:func:`epochal.data.loading.packing.pack_padded_batch`).
     per_sample_keys: tuple[str, ...] = ()
 
-    #: The step's loss is the global batch's token mean: the trainer counts the global
-    #: batch's loss tokens and the step plan weighs each micro-batch's summed loss
-    #: (:mod:`epochal.parallel.step_plan`); False: each micro-batch's own mean (Megatron's).
-    global_token_mean: bool = False
+    #: Megatron-Core's ``calculate_per_token_loss``: the loss function returns ``(loss_sum,
+    #: count, logged)`` and the step's loss is the global batch's token mean where the
+    #: trainer knows the global count (the data's loss-token counts, ``num_items_in_batch``;
+    #: else each micro-batch's token mean), weighed by the step plan
+    #: (:mod:`epochal.parallel.step_plan`). False: each micro-batch's own mean (Megatron's default).
+    calculate_per_token_loss: bool = False
 
     #: Under pipeline parallelism every stage (not only the first and last) reads
     #: the micro-batches, for :meth:`stage_kwargs` (e.g. BERT's padding mask).

@@ -2,9 +2,10 @@
 
 The loss of a micro-batch is the cross-entropy averaged over the tokens where
 ``loss_mask`` is 1 (``sum(ce * loss_mask) / max(sum(loss_mask), 1)``), logged as
-``"lm loss"``: the step returns the sum and the count, and the step plan divides
-(:mod:`epochal.parallel.step_plan`; with a global token count it is the global token
-mean instead, as for fine-tuning rows and ``num_items_in_batch``). :class:`LossFnStep` runs a plain ``loss_fn(labels, logits, loss_mask)``
+``"lm loss"``. With :attr:`~epochal.train.steps.TrainStep.calculate_per_token_loss`
+the step returns the sum and the count instead and the step plan divides
+(:mod:`epochal.parallel.step_plan`: by a global token count where the trainer has one,
+as for fine-tuning rows and ``num_items_in_batch``). :class:`LossFnStep` runs a plain ``loss_fn(labels, logits, loss_mask)``
 through the same contract (the trainer's ``loss_fn=`` argument).
 """
 
@@ -16,7 +17,7 @@ from typing import Any
 
 import torch
 
-from epochal._masked_mean import masked_sum_and_count
+from epochal._masked_mean import masked_sum_and_count, mean_from_sum
 from epochal.train.steps.base import TrainStep
 from epochal.train.steps.registry import register_train_step
 
@@ -43,19 +44,18 @@ class GPTTrainStep(TrainStep):
             batch.get("position_ids"),
         )
 
-    def loss_func(
-        self, loss_mask: torch.Tensor, output_tensor: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
-        """``(sum, count, {})`` of the per-token losses ``output_tensor`` ``[b, s]`` under ``loss_mask``.
-
-        The summed form (Megatron-Core's per-token loss): the step plan makes it the
-        micro-batch's token mean, or its share of a global token mean, and logs it as
-        ``lm loss`` (:mod:`epochal.parallel.step_plan`).
-        """
+    def loss_func(self, loss_mask: torch.Tensor, output_tensor: torch.Tensor) -> tuple[Any, ...]:
+        """The per-token losses ``output_tensor`` ``[b, s]`` under ``loss_mask``: their token mean
+        ``(loss, {"lm loss": loss})``, or with :attr:`calculate_per_token_loss` their sum and
+        count ``(sum, count, {})`` (the step plan divides and logs ``lm loss``,
+        :mod:`epochal.parallel.step_plan`)."""
         losses = output_tensor.float()
         mask = loss_mask.reshape(-1).to(losses.dtype)
         total, count = masked_sum_and_count(losses.reshape(-1), mask)
-        return total, count, {}
+        if self.calculate_per_token_loss:
+            return total, count, {}
+        loss = mean_from_sum(total, count)
+        return loss, {"lm loss": loss.detach()}
 
     def forward_step(
         self, data_iterator: Iterator[dict[str, torch.Tensor]], model: Any

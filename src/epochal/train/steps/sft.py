@@ -6,7 +6,7 @@ whole global batch divided by their number: ``transformers``' ``num_items_in_bat
 ``calculate_per_token_loss``. The step returns each micro-batch's summed
 cross-entropy and its loss tokens (the GPT step's summed form); the trainer counts
 the global batch's loss tokens ``N`` from the data before the step (no
-communication: every rank knows every sample's count, :attr:`SFTTrainStep.global_token_mean`)
+communication: every rank knows every sample's count, :attr:`SFTTrainStep.calculate_per_token_loss`)
 and its step plan weighs each sum by ``M / N``, ``M`` the micro-batches of the global
 batch (:mod:`epochal.parallel.step_plan`), so the step's loss and gradient are
 ``sum / N`` whatever the split over micro-batches and ranks, and the same numbers
@@ -36,8 +36,8 @@ _SUM, _COUNT = "sft loss sum", "sft loss tokens"
 class SFTTrainStep(GPTTrainStep):
     """The GPT step with the fine-tuning loss of the module docstring."""
 
-    #: the trainer plans a global token mean for this step (the data's loss-token counts)
-    global_token_mean = True
+    #: summed losses; the trainer plans a global token mean (the data's loss-token counts)
+    calculate_per_token_loss = True
 
     @property
     def trims_padding(self) -> bool:
