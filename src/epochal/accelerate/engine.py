@@ -173,7 +173,7 @@ class MegatronEngine(nn.Module):
         out = (
             self._train_step(micro_batches, num_items)
             if self.training
-            else self._eval_step(batch, micro_batches, has_labels)
+            else self._eval_step(batch, micro_batches, has_labels, num_items)
         )
         return out.to_tuple() if as_tuple else out
 
@@ -274,7 +274,11 @@ class MegatronEngine(nn.Module):
 
     @torch.no_grad()
     def _eval_step(
-        self, batch: dict[str, Any], split: list[dict[str, torch.Tensor]], has_labels: bool = True
+        self,
+        batch: dict[str, Any],
+        split: list[dict[str, torch.Tensor]],
+        has_labels: bool = True,
+        num_items: float | None = None,
     ) -> Any:
         trainer = self.trainer
         micro_batches = [trainer.step_batch(mb) for mb in split]
@@ -290,6 +294,7 @@ class MegatronEngine(nn.Module):
             num_microbatches=len(micro_batches),
             step=trainer.train_step_handler,
             on_logits=keep if self.return_logits or classifier else None,
+            loss_tokens=num_items,
         )
         trainer.engine.reduce_logged()  # every rank takes part in the logged values' reduction
         logits = None

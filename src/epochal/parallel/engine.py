@@ -379,6 +379,7 @@ class ParallelEngine:
         step: Any,
         num_microbatches: int | None = None,
         on_logits: LogitsObserver | None = None,
+        loss_tokens: float | None = None,
     ) -> torch.Tensor:
         """Mean loss of one global batch without gradients (same on every rank); see :meth:`forward_backward`.
 
@@ -387,9 +388,13 @@ class ParallelEngine:
                 micro-batch and its whole logits ``[b, s, V]`` (padded vocabulary), in
                 micro-batch order; a dict it returns is logged with the step's values
                 (see :meth:`reduce_logged`).
+            loss_tokens: the global batch's loss tokens for a global token mean
+                (``num_items_in_batch``), or None (each micro-batch's mean).
         """
         n = len(micro_batches) if micro_batches else int(num_microbatches or 0)
-        plan = StepPlan.evaluation(n)
+        plan = StepPlan.evaluation(
+            n, global_micro_batches=n * self.dims.dp, loss_tokens=loss_tokens
+        )
         self.logged = []
         if self.pipeline is not None:
             total, self.logged = self.pipeline.run(micro_batches, plan, step, on_logits)

@@ -148,9 +148,27 @@ class StepPlan:
         )
 
     @classmethod
-    def evaluation(cls, num_microbatches: int) -> StepPlan:
-        """The plan of an evaluation batch: micro-batch means, divided by this rank's count."""
-        return cls(num_microbatches, num_microbatches, training=False)
+    def evaluation(
+        cls,
+        num_microbatches: int,
+        *,
+        global_micro_batches: int | None = None,
+        loss_tokens: float | None = None,
+    ) -> StepPlan:
+        """The plan of an evaluation batch: each micro-batch loss divided by this rank's count.
+
+        Args:
+            num_microbatches: this rank's micro-batches.
+            global_micro_batches / loss_tokens: as for :meth:`training_step` (a global
+                token mean, ``num_items_in_batch``); None: each micro-batch's own mean.
+        """
+        train = cls.training_step(
+            num_microbatches,
+            divisor=num_microbatches,
+            global_micro_batches=global_micro_batches,
+            loss_tokens=loss_tokens,
+        )
+        return dataclasses.replace(train, training=False)
 
     @property
     def aux_grad_factor(self) -> float:
