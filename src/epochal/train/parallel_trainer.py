@@ -26,7 +26,7 @@ exactly what :class:`Trainer` computes.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -272,18 +272,10 @@ class ParallelTrainer(Trainer):
             {"consumed_samples": loader.consumed_samples + step_samples, "mode": "train"}
         )
 
-    def step_plan(
-        self,
-        num_microbatches: int,
-        *,
-        seeds: Sequence[int] | None = None,
-        loss_tokens: float | None = None,
-    ) -> StepPlan:
-        """The engine's plan of the step (:meth:`ParallelEngine.step_plan`: its gradient
-        synchronisation's divisor) with the fp16 scale, the seeds and a global token count."""
-        return self.engine.step_plan(
-            num_microbatches, loss_scale=self.grad_scale(), seeds=seeds, loss_tokens=loss_tokens
-        )
+    def loss_divisor(self, num_microbatches: int) -> int:
+        """The gradient synchronisation's divisor (:meth:`PlainGradSync.loss_divisor`: this
+        rank's micro-batches, or the global number under the exact synchronisation)."""
+        return self.engine.sync.loss_divisor(num_microbatches)
 
     def forward_backward(self, batches: Iterator[dict[str, Any]], plan: StepPlan) -> torch.Tensor:
         """Forward and backward of one global batch through the engine (all ranks together).

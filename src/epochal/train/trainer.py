@@ -490,14 +490,19 @@ class Trainer:
         loss_tokens: float | None = None,
     ) -> StepPlan:
         """The step plan (:mod:`epochal.parallel.step_plan`): each micro-batch loss divided by
-        the step's micro-batches, the fp16 scale, the dropout seeds, a global token count."""
+        :meth:`loss_divisor`, the fp16 scale, the dropout seeds, a global token count."""
         return StepPlan.training_step(
             num_microbatches,
-            divisor=num_microbatches,
+            divisor=self.loss_divisor(num_microbatches),
             loss_scale=self.grad_scale(),
+            global_micro_batches=num_microbatches * self.data_parallel_info()["dp_size"],
             loss_tokens=loss_tokens,
             seeds=seeds,
         )
+
+    def loss_divisor(self, num_microbatches: int) -> int:
+        """What each micro-batch loss is divided by: the step's micro-batches (one process)."""
+        return num_microbatches
 
     def forward_backward(self, batches: Iterator[dict[str, Any]], plan: StepPlan) -> torch.Tensor:
         """Forward and backward of one global batch as ``plan`` says; returns the step's detached loss.
