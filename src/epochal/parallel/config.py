@@ -119,6 +119,15 @@ class ParallelConfig:
             FSDP2 with ``reshard_after_forward=False``) or ``full`` (parameters
             sharded too, gathered per layer in forward and backward: ZeRO-3,
             FSDP2).
+        invariant_degree: with ``training.layout_invariant``, the number of fixed
+            chunks every sum over a dimension that tensor or sequence parallelism
+            splits is computed in (a power of two; every ``tensor_parallel`` that
+            divides it, with or without ``sequence_parallel``, then trains the bits
+            of one process: :mod:`epochal.parallel.canonical`). 1 keeps the
+            data-parallel rule only (tensor-parallel layouts then agree with each
+            other, not with one process). Needs the hidden size, MLP width, query
+            and key/value widths, padded vocabulary and sequence length divisible
+            by it; GPT models without experts or QK-norm.
         recompute_granularity: ``none``, ``full`` (recompute whole transformer
             layers in the backward) or ``selective`` (keep the matmul and
             attention outputs, recompute the pointwise ops: norms, activations,
@@ -153,6 +162,7 @@ class ParallelConfig:
     decoder_last_pipeline_num_layers: int | None = checked(None, ge=0, none="even split")
     data_parallel: int | None = checked(None, ge=1, none="derived from the world size")
     dp_sharding: DpSharding = checked("none")
+    invariant_degree: int = checked(8, ge=1, le=1024)
     recompute_granularity: RecomputeGranularity = checked("none")
     recompute_method: RecomputeMethod = checked("uniform")
     recompute_num_layers: int = checked(1, ge=1)
@@ -180,6 +190,11 @@ class ParallelConfig:
             not self.sequence_parallel or self.tensor_parallel > 1,
             "sequence_parallel",
             f"needs tensor_parallel > 1, got tensor_parallel={self.tensor_parallel}",
+        )
+        require(
+            self.invariant_degree & (self.invariant_degree - 1) == 0,
+            "invariant_degree",
+            f"must be a power of two, got {self.invariant_degree}",
         )
         if self.virtual_pipeline > 1:
             require(

@@ -71,6 +71,7 @@ from epochal.parallel.pipeline_step import PipelineRunner
 from epochal.parallel.recompute import recompute_part
 from epochal.parallel.step_model import LogitsObserver, StepModel, run_train_step
 from epochal.parallel.step_plan import StepPlan
+from epochal.parallel.canonical_plan import install_canonical
 from epochal.parallel.tensor_parallel import apply_tensor_parallel
 
 __all__ = ["LossFn", "ParallelEngine", "compile_part", "finalize_grads"]
@@ -115,12 +116,15 @@ class ParallelEngine:
         bf16: bool = False,
         fp16: bool = False,
         exact_sync: bool = False,
+        canonical_degree: int = 0,
         frozen: frozenset[str] = frozenset(),
     ) -> None:
         self.config = config
         self.frozen = frozen
         #: dropout keyed by the micro-batch (the exact synchronisation's, installed per part)
         self.keyed_dropout = exact_sync
+        #: the invariance degree the model computes in (0: none; :mod:`epochal.parallel.canonical`)
+        self.canonical_degree = canonical_degree
         self.model_config = model_config
         self.dims = dims
         self.mesh = mesh
@@ -222,7 +226,16 @@ class ParallelEngine:
             self.ep.shard(part)
         part.to_empty(device=self.device)
         part.init_weights(seed=self.seed)
-        if self.dims.tp > 1:
+        if self.canonical_degree:
+            assert self.mesh is not None or self.dims.tp == 1
+            install_canonical(
+                part,
+                self.canonical_degree,
+                self.mesh["tp"] if self.dims.tp > 1 else None,
+                sequence_parallel=pc.sequence_parallel,
+                gather_logits=not self.loss_parallel,
+            )
+        elif self.dims.tp > 1:
             assert self.mesh is not None
             apply_tensor_parallel(
                 part,
@@ -255,7 +268,13 @@ class ParallelEngine:
 
     # -------------------------------------------------------------------- loss
     def _step_model(self, part: nn.Module) -> StepModel:
-        return StepModel(part, loss_group=self.loss_group, module=part, context_parallel=self.cp)
+        return StepModel(
+            part,
+            loss_group=self.loss_group,
+            module=part,
+            context_parallel=self.cp,
+            canonical_degree=self.canonical_degree,
+        )
 
     @property
     def loss_group(self) -> dist.ProcessGroup | None:

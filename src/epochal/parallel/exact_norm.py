@@ -35,9 +35,17 @@ from torch.distributed.tensor import DTensor
 __all__ = ["clip_grad_norm_exact", "exact_grad_norm", "exact_sum", "row_square_sums"]
 
 
-def row_square_sums(grad: torch.Tensor) -> torch.Tensor:
-    """float64 ``[rows]``: the sum of squares of each dim-0 row of ``grad`` (a 0-d tensor is one row)."""
-    rows = grad.detach().reshape(grad.shape[0] if grad.dim() else 1, -1).double()
+def row_square_sums(grad: torch.Tensor, width: int | None = None) -> torch.Tensor:
+    """float64 ``[rows]``: the sum of squares of each dim-0 row of ``grad`` (a 0-d tensor is one row).
+
+    ``width``: cut the last dimension into pieces of that many elements first, each
+    piece a row (the canonical chunks of :mod:`epochal.parallel.canonical`, so that a
+    tensor-parallel shard of the last dimension holds whole pieces).
+    """
+    if width is not None and grad.dim() and grad.shape[-1] % width == 0:
+        rows = grad.detach().reshape(-1, width).double()
+    else:
+        rows = grad.detach().reshape(grad.shape[0] if grad.dim() else 1, -1).double()
     if rows.shape[0] == 0:
         return rows.new_zeros(0)
     squares = rows * rows
@@ -122,6 +130,7 @@ def exact_grad_norm(
     exclude: Sequence[torch.Tensor] = (),
     coords: Mapping[str, int] | None = None,
     param_coords: Mapping[int, Mapping[str, int]] | None = None,
+    pieces: int = 1,
 ) -> torch.Tensor:
     """The global L2 norm of the gradients of ``params``, identical under every layout.
 
@@ -135,6 +144,8 @@ def exact_grad_norm(
         param_coords: ``id(param) -> coords`` for parameters replicated over other
             ranks than ``coords`` says (expert weights: over the expert-data-parallel
             ranks only, :mod:`epochal.parallel.expert_parallel`).
+        pieces: cut each gradient's (whole) last dimension into this many pieces, each
+            a row (:func:`row_square_sums`): the canonical chunks, whole on every layout.
 
     Returns:
         float32 scalar tensor on the gradients' device, the same on every rank
@@ -151,7 +162,9 @@ def exact_grad_norm(
         device = local.device
         own = param_coords.get(id(p)) if param_coords else None
         if _counted(g, own if own is not None else coords or {}):
-            sums.append(row_square_sums(local))
+            full = g.shape[-1] if g.dim() else 0
+            width = full // pieces if pieces > 1 and full and full % pieces == 0 else None
+            sums.append(row_square_sums(local, width))
     local_sums = torch.cat(sums) if sums else torch.zeros(0, dtype=torch.float64)
     total = exact_sum(local_sums, group)
     return torch.tensor(math.sqrt(total), dtype=torch.float32, device=device)

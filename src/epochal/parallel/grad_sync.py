@@ -295,6 +295,7 @@ class ExactGradSync(PlainGradSync):
             exclude=e.duplicated_parameters(),
             coords={"dp": e.dp_rank, "cp": e.cp_rank, "tp": e.tp_rank},
             param_coords=param_coords,
+            pieces=e.canonical_degree or 1,
         )
 
 

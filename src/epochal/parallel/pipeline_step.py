@@ -230,6 +230,7 @@ class PipelineRunner:
                 on_logits=on_logits,
                 context_parallel=e.cp,
                 vocab_size=e.model_config.softmax_vocab_size,
+                canonical_degree=e.canonical_degree,
             )
 
         return replay

@@ -37,6 +37,8 @@ import torch
 import torch.distributed as dist
 
 from epochal.model.layers.moe import pop_moe_stats
+from epochal.parallel.canonical import Reductions
+from epochal.parallel.canonical_ops import canonical_cross_entropy
 from epochal.parallel.loss import (
     gather_vocab_shards,
     vocab_parallel_cross_entropy,
@@ -69,6 +71,9 @@ class StepModel:
             ``module``'s ``config.softmax_vocab_size``, else every column.
         context_parallel: a ``ContextParallel``: cut the inputs, gather the outputs
             (module docstring).
+        canonical_degree: the invariance degree the model computes in (0: none):
+            the cross-entropy is then :func:`~epochal.parallel.canonical_ops.canonical_cross_entropy`
+            (its vocabulary sum in that many chunks), sharded or not.
     """
 
     def __init__(
@@ -83,8 +88,13 @@ class StepModel:
         | None = None,
         context_parallel: Any = None,
         vocab_size: int | None = None,
+        canonical_degree: int = 0,
     ) -> None:
         self.context_parallel = context_parallel
+        self.canonical: Reductions | None = None
+        if canonical_degree:
+            sharded = loss_group is not None and dist.get_world_size(loss_group) > 1
+            self.canonical = Reductions(canonical_degree, loss_group if sharded else None)
         if vocab_size is None and module is not None:
             vocab_size = getattr(getattr(module, "config", None), "softmax_vocab_size", None)
         self.vocab_size = vocab_size
@@ -107,6 +117,7 @@ class StepModel:
         on_logits: Callable[[torch.Tensor], None] | None = None,
         context_parallel: Any = None,
         vocab_size: int | None = None,
+        canonical_degree: int = 0,
     ) -> StepModel:
         """A model whose every call returns ``output`` (the pipeline's last-stage output).
 
@@ -120,6 +131,7 @@ class StepModel:
             on_logits=on_logits,
             context_parallel=context_parallel,
             vocab_size=vocab_size,
+            canonical_degree=canonical_degree,
         )
 
     @property
@@ -129,6 +141,8 @@ class StepModel:
 
     def per_token_loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """Cross-entropy per token, float32 shaped like ``labels`` (vocabulary-parallel if sharded)."""
+        if self.canonical is not None:
+            return canonical_cross_entropy(logits, labels, self.canonical, self.vocab_size)
         sharded = self.loss_group is not None and dist.get_world_size(self.loss_group) > 1
         if self.cross_entropy is not None and not sharded:
             return self.cross_entropy(logits, labels, self.vocab_size)

@@ -184,6 +184,7 @@ class ParallelTrainer(Trainer):
             bf16=c.training.bf16,
             fp16=c.training.fp16,
             exact_sync=self.exact,
+            canonical_degree=self.canonical_degree,
             frozen=self.frozen,
         )
         return self.engine.model_parts

@@ -60,6 +60,7 @@ from epochal.data.loading.packing import pack_padded_batch
 from epochal.model.build import build_model
 from epochal.model.config import ModelConfig
 from epochal.model.layers.moe import set_moe_aux_grad_factor
+from epochal.parallel.canonical_plan import canonical_refusal, install_canonical
 from epochal.parallel.dropout_keys import install_keyed_dropout, seed_micro_batch
 from epochal.parallel.engine import compile_part
 from epochal.parallel.logged import reduce_logged
@@ -171,6 +172,8 @@ class Trainer:
             config.model, vocab_size=self.data.vocab_size, seq_length=position_length(config)
         )
         check_state_memory(config, self.model_config, self.device)
+        #: the invariance degree the model computes in (0: no canonical units)
+        self.canonical_degree = self.choose_canonical_degree()
         self.model_parts = self.parallelize(self.build_model_parts())
         self.optimizers = self.build_optimizers()
         self.loss_scaler = build_loss_scaler(t, self.device)
@@ -248,10 +251,35 @@ class Trainer:
             model = build_model(self.model_config, seed=self.config.training.seed)
         return [model]
 
+    def choose_canonical_degree(self) -> int:
+        """``parallel.invariant_degree`` when the model computes in canonical units, else 0.
+
+        The units hold under ``training.layout_invariant`` for the models and layouts
+        :func:`~epochal.parallel.canonical_plan.canonical_refusal` accepts; otherwise
+        the run keeps the data-parallel rule and says why (once, on rank 0).
+        """
+        pc = self.config.parallel
+        if not self.exact or pc.invariant_degree <= 1:
+            return 0
+        reason = canonical_refusal(
+            self.model_config,
+            pc.invariant_degree,
+            tp=pc.tensor_parallel,
+            cp=pc.context_parallel,
+            seq_length=self.config.data.seq_length,
+        )
+        if reason is None:
+            return pc.invariant_degree
+        if self.log and self.rank == 0:
+            print(f"layout invariance holds across data-parallel layouts only: {reason}")
+        return 0
+
     def parallelize(self, model_parts: list[nn.Module]) -> list[nn.Module]:
-        """Apply recompute (``parallel.recompute_*``), then ``torch.compile`` per block if asked."""
+        """Canonical units (:meth:`choose_canonical_degree`), recompute, ``torch.compile`` if asked."""
         pc = self.config.parallel
         for part in model_parts:
+            if self.canonical_degree:
+                install_canonical(part, self.canonical_degree)
             unit_keys = recompute_part(part, pc)
             if self.config.training.compile:
                 compile_part(part, unit_keys, tensor_parallel=False)
@@ -280,7 +308,9 @@ class Trainer:
         """Clip to ``max_norm`` (default ``optimizer.clip_grad``; 0 = measure only) as a global
         L2 norm; return the norm before clipping."""
         clip = self.config.optimizer.clip_grad if max_norm is None else max_norm
-        return clip_grad_norm(self.gradient_parameters(), clip, self.exact)
+        return clip_grad_norm(
+            self.gradient_parameters(), clip, self.exact, pieces=self.canonical_degree or 1
+        )
 
     def autocast(self) -> contextlib.AbstractContextManager:
         """bf16 / fp16 autocast (``training.bf16`` / ``fp16``) and ``training.attention_backend``."""
@@ -372,7 +402,9 @@ class Trainer:
         ce = token_cross_entropy(
             chunk_tokens=t.loss_chunk_tokens, compiled=t.compile and t.compile_loss
         )
-        return StepModel(part, module=part, cross_entropy=ce)
+        return StepModel(
+            part, module=part, cross_entropy=ce, canonical_degree=self.canonical_degree
+        )
 
     def step_batch(self, micro_batch: dict[str, Any]) -> dict[str, torch.Tensor]:
         """A micro-batch on the device as the train step gets it.

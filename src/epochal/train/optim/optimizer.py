@@ -127,12 +127,13 @@ def build_adamw(
 
 
 def clip_grad_norm(
-    parameters: Iterable[torch.Tensor], max_norm: float, exact: bool = False
+    parameters: Iterable[torch.Tensor], max_norm: float, exact: bool = False, pieces: int = 1
 ) -> torch.Tensor:
     """Clip gradients to a global L2 norm of ``max_norm`` (0 = only measure); return the norm.
 
     ``exact``: the norm of :func:`epochal.parallel.exact_norm.exact_grad_norm` (the
-    same bits as under any parallel layout under the exact gradient synchronisation).
+    same bits as under any parallel layout under the exact gradient synchronisation;
+    ``pieces``: the canonical chunks of each gradient's last dimension).
 
     Returns:
         The total gradient norm before clipping (float32 scalar tensor); ``inf``
@@ -140,7 +141,7 @@ def clip_grad_norm(
     """
     params = [p for p in parameters if p.grad is not None]
     if exact:
-        return clip_grad_norm_exact(params, max_norm)
+        return clip_grad_norm_exact(params, max_norm, pieces=pieces)
     if not params:
         return torch.zeros(())
     total = torch.nn.utils.get_total_norm([p.grad for p in params])

@@ -1,0 +1,243 @@
+"""Canonical reduction units: every sum over a split dimension in ``degree`` fixed chunks, one fixed tree.
+
+Tensor and sequence parallelism cut a model's reductions across ranks: a
+row-parallel product sums over its input width, a column-parallel input gradient
+over its output width, a norm's weight gradient over the tokens of a sequence
+shard, the cross-entropy's softmax over the vocabulary. Floating-point addition is
+not associative, so a sum split over two ranks and then all-reduced is not the
+sum one process computes, and the runs drift apart.
+
+The invariance degree ``D`` (``parallel.invariant_degree``, a power of two) fixes
+the units: every such dimension is cut into ``D`` equal chunks whatever the
+layout, each chunk reduced by the same kernel call shape, and the ``D`` partial
+results added as one balanced binary tree over adjacent chunks::
+
+    ((c0 + c1) + (c2 + c3)) + ((c4 + c5) + (c6 + c7))        D = 8
+
+A tensor-parallel group of ``n`` ranks (``n`` divides ``D``) holds ``D / n``
+adjacent chunks per rank, so each rank first adds its own chunks as a subtree
+(:func:`tree_sum`) and the ranks then complete the tree over the group
+(:func:`tree_all_reduce`, :func:`tree_reduce_scatter`) by recursive halving: at
+step ``k`` rank ``r`` exchanges half of what it holds with rank ``r ^ 2**k`` and
+adds, which is exactly the tree's next level (addition is commutative, so
+``a + b`` is the same bits on either rank). The bytes each rank sends are those
+of a ring all-reduce (``2 (n - 1) / n`` of the tensor; ``(n - 1) / n`` for the
+reduce-scatter), issued as point-to-point messages that the communication
+ledger counts (:mod:`epochal.parallel.comm_ledger`). One process runs the same
+tree over all ``D`` chunks, so one process and every group size that divides
+``D`` compute the same bits.
+
+Because ``D`` is a power of two, every size that divides it is one too, and the
+pairing above always exists; an uneven group never arises.
+
+Errors: :class:`ValueError` when the group size does not divide the degree, the
+degree is not a power of two, or a tensor's dimension does not split into the
+chunks asked for.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.distributed as dist
+
+__all__ = [
+    "Reductions",
+    "sequence_all_gather",
+    "token_chunk_sum",
+    "tree_all_reduce",
+    "tree_reduce_scatter",
+    "tree_sum",
+]
+
+
+def _power_of_two(value: int) -> bool:
+    return value >= 1 and value & (value - 1) == 0
+
+
+class Reductions:
+    """The canonical units of one run: the degree and the group that splits them.
+
+    Args:
+        degree: the invariance degree ``D`` (a power of two).
+        group: the tensor-parallel process group, or None for one rank.
+
+    Attributes:
+        degree: ``D``.
+        group: the group (None for one rank).
+        size: the group's size ``n`` (1 without a group).
+        rank: this rank's index in the group.
+        local: the chunks this rank holds of a split dimension (``D / n``).
+
+    Raises:
+        ValueError: ``degree`` is not a power of two, or ``n`` does not divide it.
+    """
+
+    def __init__(self, degree: int, group: dist.ProcessGroup | None = None) -> None:
+        if not _power_of_two(degree):
+            raise ValueError(f"parallel.invariant_degree must be a power of two, got {degree}")
+        size = dist.get_world_size(group) if group is not None else 1
+        if degree % size:
+            raise ValueError(
+                f"parallel.invariant_degree={degree} is not a multiple of the "
+                f"tensor-parallel size {size}: every size that gives the same bits divides it"
+            )
+        self.degree = degree
+        self.group = group if size > 1 else None
+        self.size = size
+        self.rank = dist.get_rank(group) if self.group is not None else 0
+        self.local = degree // size
+
+    def chunk_width(self, full: int, what: str) -> int:
+        """The width of one chunk of a dimension of ``full`` elements (whole, not this rank's)."""
+        if full % self.degree:
+            raise ValueError(
+                f"{what} ({full}) does not split into parallel.invariant_degree={self.degree} chunks"
+            )
+        return full // self.degree
+
+    def __repr__(self) -> str:
+        return f"Reductions(degree={self.degree}, size={self.size}, rank={self.rank})"
+
+
+def tree_sum(stack: torch.Tensor) -> torch.Tensor:
+    """The balanced binary tree sum of ``stack``'s leading dimension (adjacent pairs first).
+
+    Args:
+        stack: ``[L, ...]`` with ``L`` a power of two.
+
+    Returns:
+        ``[...]``: ``stack[0] + stack[1]`` at the first level, and so on.
+    """
+    if not _power_of_two(stack.shape[0]):
+        raise ValueError(f"a tree sum needs a power-of-two count of parts, got {stack.shape[0]}")
+    while stack.shape[0] > 1:
+        stack = stack[0::2] + stack[1::2]
+    return stack[0]
+
+
+def _exchange(send: torch.Tensor, partner: int, group: dist.ProcessGroup) -> torch.Tensor:
+    """Send ``send`` to group rank ``partner`` and receive its tensor of the same shape."""
+    recv = torch.empty_like(send)
+    peer = dist.get_global_rank(group, partner)
+    ops = [
+        dist.P2POp(dist.isend, send, peer, group),
+        dist.P2POp(dist.irecv, recv, peer, group),
+    ]
+    for work in dist.batch_isend_irecv(ops):
+        work.wait()
+    return recv
+
+
+def _halve(pieces: torch.Tensor, red: Reductions) -> torch.Tensor:
+    """Recursive halving over ``pieces`` ``[n, m]``: returns this rank's piece ``[m]``, tree-summed."""
+    assert red.group is not None
+    keep = list(range(red.size))
+    held = pieces
+    bit = 1
+    while bit < red.size:
+        mine = [i for i, p in enumerate(keep) if p & bit == red.rank & bit]
+        theirs = [i for i, p in enumerate(keep) if p & bit != red.rank & bit]
+        send = held[theirs].contiguous()
+        recv = _exchange(send, red.rank ^ bit, red.group)
+        held = held[mine] + recv
+        keep = [keep[i] for i in mine]
+        bit <<= 1
+    return held[0]
+
+
+def tree_all_reduce(local: torch.Tensor, red: Reductions) -> torch.Tensor:
+    """The tree sum over the group of every rank's subtree ``local`` (the same bits on every rank).
+
+    Args:
+        local: this rank's subtree (any shape, the same on every rank).
+        red: the units (its group; one rank returns ``local``).
+
+    Returns:
+        A tensor shaped like ``local``.
+    """
+    if red.group is None:
+        return local
+    flat = local.reshape(-1)
+    n = red.size
+    pad = (-flat.numel()) % n
+    if pad:
+        flat = torch.cat([flat, flat.new_zeros(pad)])
+    piece = _halve(flat.view(n, -1), red)
+    whole = torch.empty(n * piece.numel(), dtype=piece.dtype, device=piece.device)
+    dist.all_gather_into_tensor(whole, piece.contiguous(), group=red.group)
+    return whole[: local.numel()].view(local.shape)
+
+
+def tree_reduce_scatter(local: torch.Tensor, dim: int, red: Reductions) -> torch.Tensor:
+    """The tree sum over the group, each rank keeping its slice ``rank`` of ``dim`` (``n`` slices).
+
+    Args:
+        local: this rank's subtree; ``local.shape[dim]`` a multiple of the group size.
+        dim: the dimension to scatter (e.g. the sequence under sequence parallelism).
+        red: the units (one rank returns ``local``).
+
+    Returns:
+        ``local``'s shape with ``dim`` divided by the group size.
+    """
+    if red.group is None:
+        return local
+    if local.shape[dim] % red.size:
+        raise ValueError(
+            f"dimension {dim} ({local.shape[dim]}) does not split over {red.size} ranks"
+        )
+    slices = torch.stack(local.chunk(red.size, dim))
+    shape = slices.shape[1:]
+    return _halve(slices.reshape(red.size, -1), red).view(shape)
+
+
+def sequence_all_gather(local: torch.Tensor, dim: int, red: Reductions) -> torch.Tensor:
+    """Every rank's slice of ``dim`` joined in rank order (a copy: no arithmetic)."""
+    if red.group is None:
+        return local
+    local = local.contiguous()
+    whole = torch.empty(
+        (red.size * local.shape[0], *local.shape[1:]), dtype=local.dtype, device=local.device
+    )
+    dist.all_gather_into_tensor(whole, local, group=red.group)
+    return torch.cat(whole.view(red.size, *local.shape).unbind(0), dim=dim)
+
+
+def token_chunk_sum(values: torch.Tensor, red: Reductions, *, sharded: bool) -> torch.Tensor:
+    """The sum over every dimension but the last, in canonical chunks of dimension 1 (the sequence).
+
+    The weight gradient of a norm or a bias is a sum over tokens. Dimension 1 of
+    ``values`` ``[b, s, C]`` is cut into the canonical chunks (``D`` of them for
+    the whole sequence, ``D / n`` for a rank's sequence slice), each chunk summed
+    over its ``[b, s / D]`` tokens by the same call, and the chunks added as the
+    tree (over the group too when ``sharded``).
+
+    Args:
+        values: ``[b, s_local, C]`` (any leading dims after flattening to 3-D keep
+            the sequence at dim 1).
+        red: the units.
+        sharded: the sequence is split over the group (sequence parallelism).
+
+    Returns:
+        ``[C]``.
+    """
+    chunks = red.local if sharded else red.degree
+    if values.dim() == 2:
+        values = values.unsqueeze(0)
+    seq = values.shape[1]
+    if seq % chunks:
+        raise ValueError(
+            f"a sequence of {seq} tokens does not split into {chunks} chunks "
+            f"(parallel.invariant_degree={red.degree})"
+        )
+    parts = torch.stack(
+        [piece.contiguous().sum(dim=tuple(range(piece.dim() - 1))) for piece in values.chunk(chunks, 1)]
+    )
+    total = tree_sum(parts)
+    return tree_all_reduce(total, red) if sharded else total
+
+
+def split_columns(tensor: torch.Tensor, parts: int) -> Sequence[torch.Tensor]:
+    """``tensor``'s last dimension as ``parts`` contiguous chunks."""
+    return [chunk.contiguous() for chunk in tensor.chunk(parts, -1)]

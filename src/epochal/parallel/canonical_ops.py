@@ -1,0 +1,324 @@
+"""The model's reductions in canonical units (:mod:`epochal.parallel.canonical`): linears, norms, loss.
+
+Each function computes what its plain counterpart computes, with every sum over a
+dimension that tensor or sequence parallelism may split cut into the ``D``
+canonical chunks and added as the canonical tree, and every product whose
+reduction is not split run in the same chunk shapes, so that a kernel call on
+one rank is a kernel call of one process. Shapes (``N`` tokens, ``L = D / n``
+chunks held by this rank of an ``n``-rank group):
+
+- :func:`column_linear`: ``x [..., K]`` (whole) times this rank's rows of
+  ``W [M, K]`` -> ``[..., M / n]``; one ``[N, K] x [K, M / D]`` product per
+  chunk; the input gradient (a sum over the output width) as the tree over the
+  ``D`` chunks and the group (reduce-scattered over the sequence and padded with
+  zeros to the whole sequence when the input was gathered: see
+  :func:`gather_sequence`).
+- :func:`row_linear`: this rank's ``[..., K / n]`` times its columns of
+  ``W [M, K]`` -> ``[..., M]``, the sum over the input width as the tree (all
+  ranks keep the whole output, or their sequence slice under sequence
+  parallelism).
+- :func:`scale_shift`: a norm's ``xhat * weight (+ bias)``; the parameter
+  gradients are token sums in canonical sequence chunks (over the group's
+  sequence slices under sequence parallelism).
+- :func:`canonical_cross_entropy`: per-token cross-entropy of ``[..., V / n]``
+  logit shards: the max over the vocabulary (exact in any order), the sum of
+  exponentials per vocabulary chunk added as the tree.
+
+Weight gradients that sum over the tokens (``[N]``) are one product over every
+token: tensor and sequence parallelism give each rank all ``N`` tokens there.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from epochal.parallel.canonical import (
+    Reductions,
+    sequence_all_gather,
+    token_chunk_sum,
+    tree_all_reduce,
+    tree_reduce_scatter,
+    tree_sum,
+)
+
+__all__ = [
+    "canonical_cross_entropy",
+    "column_linear",
+    "gather_sequence",
+    "row_linear",
+    "scale_shift",
+]
+
+
+def _chunks_first(t2: torch.Tensor, chunks: int) -> torch.Tensor:
+    """``[N, chunks * w]`` -> contiguous ``[chunks, N, w]``."""
+    n, width = t2.shape
+    return t2.view(n, chunks, width // chunks).transpose(0, 1).contiguous()
+
+
+def _chunks_last(t3: torch.Tensor) -> torch.Tensor:
+    """contiguous ``[chunks, N, w]`` -> ``[N, chunks * w]``."""
+    chunks, n, width = t3.shape
+    return t3.transpose(0, 1).reshape(n, chunks * width)
+
+
+def _pad_sequence(local: torch.Tensor, red: Reductions) -> torch.Tensor:
+    """This rank's sequence slice placed in zeros of the whole sequence (dim 1)."""
+    whole = local.new_zeros((local.shape[0], local.shape[1] * red.size, *local.shape[2:]))
+    s = local.shape[1]
+    whole[:, red.rank * s : (red.rank + 1) * s] = local
+    return whole
+
+
+class _ColumnLinear(torch.autograd.Function):
+    @staticmethod
+    def forward(
+        ctx: Any,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        red: Reductions,
+        gathered: bool,
+    ) -> torch.Tensor:
+        k = x.shape[-1]
+        chunks = red.local
+        x2 = x.reshape(-1, k)
+        w3 = weight.view(chunks, weight.shape[0] // chunks, k)
+        out3 = torch.bmm(x2.unsqueeze(0).expand(chunks, -1, -1), w3.transpose(1, 2))
+        out = _chunks_last(out3).view(*x.shape[:-1], weight.shape[0])
+        if bias is not None:
+            out = out + bias
+        ctx.save_for_backward(x, weight)
+        ctx.red, ctx.gathered, ctx.has_bias = red, gathered, bias is not None
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+        x, weight = ctx.saved_tensors
+        red: Reductions = ctx.red
+        chunks, k = red.local, x.shape[-1]
+        w3 = weight.view(chunks, weight.shape[0] // chunks, k)
+        g3 = _chunks_first(grad.reshape(-1, weight.shape[0]), chunks)  # [L, N, M / D]
+        grad_x = grad_w = grad_b = None
+        if ctx.needs_input_grad[0]:
+            local = tree_sum(torch.bmm(g3, w3)).view(x.shape)
+            if ctx.gathered:
+                grad_x = _pad_sequence(tree_reduce_scatter(local, 1, red), red)
+            else:
+                grad_x = tree_all_reduce(local, red)
+        if ctx.needs_input_grad[1]:
+            x2 = x.reshape(-1, k)
+            gw3 = torch.bmm(g3.transpose(1, 2), x2.unsqueeze(0).expand(chunks, -1, -1))
+            grad_w = gw3.reshape(weight.shape)
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            tokens = grad.reshape(x.shape[0] if x.dim() > 2 else 1, -1, weight.shape[0])
+            grad_b = torch.cat(
+                [
+                    token_chunk_sum(part.contiguous(), red, sharded=False)
+                    for part in tokens.chunk(chunks, -1)
+                ]
+            )
+        return grad_x, grad_w, grad_b, None, None
+
+
+class _RowLinear(torch.autograd.Function):
+    @staticmethod
+    def forward(
+        ctx: Any, x: torch.Tensor, weight: torch.Tensor, red: Reductions, scatter: bool
+    ) -> torch.Tensor:
+        chunks, m = red.local, weight.shape[0]
+        x3 = _chunks_first(x.reshape(-1, x.shape[-1]), chunks)  # [L, N, K / D]
+        w3 = _chunks_first(weight, chunks)  # [L, M, K / D]
+        out = tree_sum(torch.bmm(x3, w3.transpose(1, 2))).view(*x.shape[:-1], m)
+        ctx.save_for_backward(x3, w3)
+        ctx.red, ctx.scatter, ctx.x_shape = red, scatter, x.shape
+        return tree_reduce_scatter(out, 1, red) if scatter else tree_all_reduce(out, red)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+        x3, w3 = ctx.saved_tensors
+        red: Reductions = ctx.red
+        if ctx.scatter:
+            grad = sequence_all_gather(grad, 1, red)
+        chunks, m = red.local, w3.shape[1]
+        g2 = grad.reshape(-1, m)
+        grad_x = grad_w = None
+        if ctx.needs_input_grad[0]:
+            gx3 = torch.bmm(g2.unsqueeze(0).expand(chunks, -1, -1), w3)
+            grad_x = _chunks_last(gx3).view(ctx.x_shape)
+        if ctx.needs_input_grad[1]:
+            gw3 = torch.bmm(g2.t().unsqueeze(0).expand(chunks, -1, -1), x3)
+            grad_w = _chunks_last(gw3)
+        return grad_x, grad_w, None, None
+
+
+class _GatherSequence(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, local: torch.Tensor, red: Reductions) -> torch.Tensor:
+        ctx.red, ctx.length = red, local.shape[1]
+        return sequence_all_gather(local, 1, red)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+        red, s = ctx.red, ctx.length
+        return grad[:, red.rank * s : (red.rank + 1) * s].contiguous(), None
+
+
+class _ScaleShift(torch.autograd.Function):
+    @staticmethod
+    def forward(
+        ctx: Any,
+        xhat: torch.Tensor,
+        weight: torch.Tensor | None,
+        bias: torch.Tensor | None,
+        red: Reductions,
+        sharded: bool,
+    ) -> torch.Tensor:
+        out = xhat if weight is None else xhat * weight
+        if bias is not None:
+            out = out + bias
+        ctx.save_for_backward(xhat, weight)
+        ctx.red, ctx.sharded, ctx.has_bias = red, sharded, bias is not None
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+        xhat, weight = ctx.saved_tensors
+        red, sharded = ctx.red, ctx.sharded
+        grad_x = grad if weight is None else grad * weight
+        grad_w = grad_b = None
+        if weight is not None and ctx.needs_input_grad[1]:
+            grad_w = token_chunk_sum(grad * xhat, red, sharded=sharded)
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            grad_b = token_chunk_sum(grad, red, sharded=sharded)
+        return grad_x, grad_w, grad_b, None, None
+
+
+def column_linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    red: Reductions,
+    *,
+    gathered: bool = False,
+) -> torch.Tensor:
+    """``x @ weight.T + bias`` for this rank's rows of the weight (module docstring).
+
+    Args:
+        x: ``[..., K]``, whole on every rank (``[b, s, K]`` gathered when ``gathered``).
+        weight: this rank's ``[M / n, K]`` (``M / D`` rows per chunk).
+        bias: this rank's ``[M / n]`` or None.
+        red: the canonical units.
+        gathered: ``x`` came from :func:`gather_sequence` (its gradient is
+            reduce-scattered over the sequence, zeros elsewhere).
+
+    Returns:
+        ``[..., M / n]``.
+    """
+    return _ColumnLinear.apply(x, weight, bias, red, gathered)
+
+
+def row_linear(
+    x: torch.Tensor, weight: torch.Tensor, red: Reductions, *, scatter: bool = False
+) -> torch.Tensor:
+    """``x @ weight.T`` summed over the input width in canonical chunks and over the group.
+
+    Args:
+        x: this rank's ``[b, s, K / n]``.
+        weight: this rank's ``[M, K / n]``.
+        red: the canonical units.
+        scatter: keep this rank's sequence slice (sequence parallelism) instead of
+            the whole output.
+
+    Returns:
+        ``[b, s, M]`` or ``[b, s / n, M]`` with ``scatter``.
+    """
+    return _RowLinear.apply(x, weight, red, scatter)
+
+
+def gather_sequence(local: torch.Tensor, red: Reductions) -> torch.Tensor:
+    """This rank's sequence slice ``[b, s / n, ...]`` joined into ``[b, s, ...]``.
+
+    The backward keeps this rank's slice of the gradient: the column linears that
+    read the gathered tensor have already summed their input gradients over the
+    group and padded them with zeros to the whole sequence.
+    """
+    return _GatherSequence.apply(local, red) if red.group is not None else local
+
+
+def scale_shift(
+    xhat: torch.Tensor,
+    weight: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    red: Reductions,
+    *,
+    sharded: bool,
+) -> torch.Tensor:
+    """A norm's affine step ``xhat * weight + bias`` with canonical parameter gradients.
+
+    Args:
+        xhat: the normalized ``[b, s_local, C]``.
+        weight, bias: ``[C]`` or None.
+        red: the canonical units.
+        sharded: ``xhat`` is this rank's sequence slice (sequence parallelism).
+    """
+    return _ScaleShift.apply(xhat, weight, bias, red, sharded)
+
+
+class _CanonicalCrossEntropy(torch.autograd.Function):
+    @staticmethod
+    def forward(
+        ctx: Any, logits: torch.Tensor, labels: torch.Tensor, red: Reductions, vocab: int | None
+    ) -> torch.Tensor:
+        local_v = logits.shape[-1]
+        start = red.rank * local_v
+        values = logits.float()
+        if vocab is not None and start + local_v > vocab:
+            columns = torch.arange(start, start + local_v, device=logits.device)
+            values = values.masked_fill(columns >= vocab, float("-inf"))
+        top = values.max(dim=-1).values
+        if red.group is not None:
+            torch.distributed.all_reduce(top, op=torch.distributed.ReduceOp.MAX, group=red.group)
+        shifted = values - top.unsqueeze(-1)
+        exp = shifted.exp()
+        flat = exp.reshape(-1, local_v)
+        sums = torch.stack([part.contiguous().sum(-1) for part in flat.chunk(red.local, -1)])
+        local_labels = labels - start
+        outside = (local_labels < 0) | (local_labels >= local_v)
+        local_labels = local_labels.masked_fill(outside, 0)
+        target = shifted.gather(-1, local_labels.unsqueeze(-1)).squeeze(-1)
+        target = target.masked_fill(outside, 0.0)
+        stacked = torch.stack([tree_sum(sums).view(target.shape), target])
+        stacked = tree_all_reduce(stacked, red)
+        sum_exp, target = stacked[0], stacked[1]
+        ctx.save_for_backward(exp, sum_exp, local_labels, outside)
+        return sum_exp.log() - target
+
+    @staticmethod
+    def backward(ctx: Any, grad_loss: torch.Tensor) -> tuple[Any, ...]:
+        exp, sum_exp, local_labels, outside = ctx.saved_tensors
+        grad = exp / sum_exp.unsqueeze(-1)
+        inside = (~outside).to(grad.dtype)
+        grad.scatter_add_(-1, local_labels.unsqueeze(-1), -inside.unsqueeze(-1))
+        grad.mul_(grad_loss.unsqueeze(-1))
+        return grad, None, None, None
+
+
+def canonical_cross_entropy(
+    logits: torch.Tensor, labels: torch.Tensor, red: Reductions, vocab: int | None = None
+) -> torch.Tensor:
+    """Per-token cross-entropy of vocabulary shards, the softmax's sum in canonical chunks.
+
+    Args:
+        logits: this rank's ``[..., V / n]`` (the whole ``[..., V]`` on one rank).
+        labels: int64 ``[...]``, global vocabulary ids.
+        red: the canonical units (``V`` splits into ``D`` chunks).
+        vocab: the columns inside the softmax (padded columns beyond are left out),
+            or None for all.
+
+    Returns:
+        float32 ``[...]``, the same on every rank of the group.
+    """
+    return _CanonicalCrossEntropy.apply(logits, labels, red, vocab)

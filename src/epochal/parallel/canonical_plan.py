@@ -1,0 +1,418 @@
+"""A GPT model (or pipeline stage) computed in canonical units, on one process or sharded by tensor parallelism.
+
+With ``training.layout_invariant`` and ``parallel.invariant_degree = D > 1``
+every reduction that tensor or sequence parallelism may split runs in the ``D``
+canonical chunks of :mod:`epochal.parallel.canonical_ops`, on one process as on
+any tensor-parallel size that divides ``D``, with or without sequence
+parallelism, so all of them compute the same bits:
+
+==========================  ==========================================================
+module                      canonical computation
+==========================  ==========================================================
+``wq``/``wk``/``wv``,       column linear (:func:`column_linear`): ``D`` output chunks,
+``fc1``/``w1``/``w3``,      the input gradient's tree over them; under tensor
+``output``                  parallelism this rank's ``D / n`` chunks (Megatron's
+                            column-parallel weights, ``Shard(0)`` DTensors)
+``wo``, ``fc2``/``w2``      row linear (:func:`row_linear`): the product's tree over
+                            ``D`` input chunks and the group (``Shard(1)`` weights);
+                            reduce-scattered over the sequence under sequence
+                            parallelism; the bias added after, its gradient a token sum
+norms                       ``xhat * weight + bias``, the parameter gradients token
+                            sums in ``D`` sequence chunks (:func:`scale_shift`);
+                            whole parameters on every rank
+``tok_embeddings``          vocabulary-parallel rows (the all-reduce adds one value and
+                            zeros: exact in any order)
+hidden / embedding dropout  a mask drawn for the whole tensor, this rank's sequence
+                            slice kept (:class:`PositionDropout`)
+attention                   per head as in one process (the kernel's result for a head
+                            does not depend on how many heads a call holds); attention
+                            dropout drawn per global head (:class:`KeyedHeadAttention`)
+loss                        :func:`canonical_cross_entropy` (the vocabulary in ``D``
+                            chunks)
+==========================  ==========================================================
+
+Under sequence parallelism the attention's and the MLP's inputs are gathered
+once (:func:`gather_sequence`); each column linear reduce-scatters its own input
+gradient (the tree) and pads it with zeros to the whole sequence, so the
+gradients of ``wq``, ``wk`` and ``wv`` add in the order one process adds them.
+
+Where the units cannot hold, :func:`canonical_refusal` says why (the run then
+keeps the data-parallel rule only): a model type other than GPT, experts,
+QK-norm, replicated key/value projections (fewer groups than ranks), context
+parallelism, sizes that do not split into ``D`` chunks, ALiBi or windows with
+attention dropout.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Replicate, Shard
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    RowwiseParallel,
+    parallelize_module,
+)
+from torch.distributed.tensor.parallel.style import ParallelStyle
+
+from epochal.data.epochs.permutation import derive_seed
+from epochal.model.config import ModelConfig
+from epochal.parallel.canonical import Reductions, sequence_all_gather
+from epochal.parallel.canonical_ops import (
+    column_linear,
+    gather_sequence,
+    row_linear,
+    scale_shift,
+)
+
+__all__ = [
+    "KeyedHeadAttention",
+    "PositionDropout",
+    "canonical_refusal",
+    "install_canonical",
+]
+
+_COLUMN = ("attention.wq", "attention.wk", "attention.wv", "mlp.fc1", "mlp.w1", "mlp.w3")
+_ROW = ("attention.wo", "mlp.fc2", "mlp.w2")
+
+
+def canonical_refusal(
+    config: ModelConfig, degree: int, *, tp: int = 1, cp: int = 1, seq_length: int | None = None
+) -> str | None:
+    """Why the canonical units cannot hold for this model and layout, or None when they do.
+
+    Args:
+        config: the model config.
+        degree: ``parallel.invariant_degree`` (1: off).
+        tp: the tensor-parallel size; cp: the context-parallel size.
+        seq_length: the training sequence length (None: not checked).
+    """
+    if degree <= 1:
+        return "parallel.invariant_degree is 1"
+    if degree % tp:
+        return f"parallel.invariant_degree={degree} is not a multiple of tensor_parallel={tp}"
+    if config.type != "gpt":
+        return f"model.type={config.type!r} (the canonical units cover GPT models)"
+    if config.num_experts:
+        return "mixture-of-experts layers"
+    if config.qk_layernorm:
+        return "model.qk_layernorm"
+    if cp > 1:
+        return "context parallelism"
+    if config.head != "mlm":
+        return "a fine-tuning head"
+    if config.num_kv_heads % tp:
+        return (
+            f"model.num_query_groups={config.num_kv_heads} does not split over "
+            f"tensor_parallel={tp} (replicated key/value projections)"
+        )
+    if config.attention_dropout > 0 and (
+        config.position_embedding_type == "alibi" or config.sliding_window
+    ):
+        return "attention dropout with ALiBi or a sliding window"
+    widths = {
+        "model.hidden_size": config.hidden_size,
+        "model.ffn_hidden_size": config.ffn_hidden_size,
+        "the key/value width": config.num_kv_heads * config.head_dim,
+        "the query width": config.num_attention_heads * config.head_dim,
+        "the padded vocabulary": config.padded_vocab_size,
+    }
+    if seq_length is not None:
+        widths["data.seq_length"] = seq_length
+    for name, width in widths.items():
+        if width % degree:
+            return f"{name} ({width}) does not split into parallel.invariant_degree={degree} chunks"
+    return None
+
+
+def _linear(block: nn.Module, name: str) -> nn.Module | None:
+    """The block's linear at ``name`` (``"attention.wq"``), None where the block has none."""
+    parent, child = name.split(".")
+    return getattr(block, parent)._modules.get(child)
+
+
+def _local(tensor: torch.Tensor | None) -> torch.Tensor | None:
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+
+
+def _column(module: nn.Linear, red: Reductions, *, gather: bool) -> None:
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        if gather:
+            x = gather_sequence(x, red)
+        return column_linear(
+            x, _local(module.weight), _local(module.bias), red, gathered=gather and red.size > 1
+        )
+
+    module.forward = forward
+
+
+def _row(module: nn.Linear, red: Reductions, *, scatter: bool) -> None:
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        out = row_linear(x, _local(module.weight), red, scatter=scatter)
+        if module.bias is None:
+            return out
+        return scale_shift(out, None, _local(module.bias), red, sharded=scatter)
+
+    module.forward = forward
+
+
+def _norm(norm: nn.Module, red: Reductions, *, sharded: bool) -> None:
+    rms = isinstance(norm, nn.RMSNorm)
+
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        if rms:
+            xhat = F.rms_norm(x, norm.normalized_shape, None, norm.eps)
+            bias = None
+        else:
+            xhat = F.layer_norm(x, norm.normalized_shape, None, None, norm.eps)
+            bias = _local(norm.bias)
+        return scale_shift(xhat, _local(norm.weight), bias, red, sharded=sharded)
+
+    norm.forward = forward
+
+
+class PositionDropout(nn.Module):
+    """Dropout whose mask is drawn for the whole sequence; this rank keeps its slice of dimension 1.
+
+    Args:
+        p: the drop probability.
+        rank, size: this rank's slice of ``size`` along the sequence (0 and 1: the whole).
+    """
+
+    def __init__(self, p: float, rank: int = 0, size: int = 1) -> None:
+        super().__init__()
+        self.p, self.rank, self.size = p, rank, size
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.training or self.p == 0:
+            return x
+        s = x.shape[1]
+        whole = (x.shape[0], s * self.size, *x.shape[2:])
+        noise = torch.empty(whole, dtype=x.dtype, device=x.device).bernoulli_(1 - self.p)
+        noise.div_(1 - self.p)
+        return x * noise.narrow(1, self.rank * s, s)
+
+    def extra_repr(self) -> str:
+        return f"p={self.p}, slice={self.rank}/{self.size}"
+
+
+class KeyedHeadAttention:
+    """Core attention (the model's ``core_attention`` seam) whose dropout is drawn per global head.
+
+    Head ``j`` of this rank is global head ``first_head + j``; its mask comes from a
+    generator seeded by ``derive_seed(torch.initial_seed(), global head)`` (the
+    block's keyed stream, :mod:`epochal.parallel.dropout_keys`), so a head draws the
+    same mask on every layout. Without dropout the call is PyTorch's
+    ``scaled_dot_product_attention`` over the key/value heads repeated per query head.
+
+    Args:
+        first_head: the global index of this rank's first query head.
+    """
+
+    def __init__(self, first_head: int) -> None:
+        self.first_head = first_head
+
+    def __call__(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        *,
+        causal: bool,
+        attention_mask: torch.Tensor | None,
+        dropout_p: float,
+        scale: float | None,
+    ) -> torch.Tensor:
+        b, heads, s, hd = q.shape
+        if k.shape[1] != heads:
+            k = k.repeat_interleave(heads // k.shape[1], dim=1)
+            v = v.repeat_interleave(heads // v.shape[1], dim=1)
+        masked_out = attention_mask
+        if causal:
+            future = torch.ones(s, k.shape[2], dtype=torch.bool, device=q.device).triu(1)
+            masked_out = future if masked_out is None else masked_out | future
+        if dropout_p == 0:
+            keep = None if masked_out is None else ~masked_out
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=keep, scale=scale)
+        s_k = k.shape[2]
+        # one [s, hd] x [hd, s_k] product per (sample, head), on contiguous copies: the
+        # call is the same whatever the number of heads (a lone head's view is otherwise
+        # taken as contiguous and multiplied by another path)
+        q3 = q.contiguous().view(b * heads, s, hd)
+        k3 = k.contiguous().view(b * heads, s_k, hd)
+        scores = torch.bmm(q3, k3.transpose(1, 2)).view(b, heads, s, s_k) * (
+            scale if scale is not None else 1.0 / math.sqrt(hd)
+        )
+        if masked_out is not None:
+            scores = scores.masked_fill(masked_out, float("-inf"))
+        probs = torch.softmax(scores, dim=-1)
+        seed = torch.initial_seed()
+        masks = []
+        for j in range(heads):
+            generator = torch.Generator(device=q.device)
+            generator.manual_seed(derive_seed(seed, self.first_head + j) >> 1)
+            masks.append(
+                torch.empty((b, s, s_k), dtype=q.dtype, device=q.device).bernoulli_(
+                    1 - dropout_p, generator=generator
+                )
+            )
+        keep = torch.stack(masks, dim=1).div_(1 - dropout_p)
+        dropped = (probs * keep).view(b * heads, s, s_k)
+        return torch.bmm(dropped, v.contiguous().view(b * heads, s_k, hd)).view(b, heads, s, hd)
+
+
+class _ShardOnly(ParallelStyle):
+    """Place a linear's parameters as a column- or row-parallel style does, with no hooks."""
+
+    def __init__(self, style: ColwiseParallel | RowwiseParallel) -> None:
+        super().__init__()
+        self.style = style
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        self.style._partition_linear_fn("", module, device_mesh)
+        return module
+
+
+def _shard_parameters(model: nn.Module, tp_mesh: DeviceMesh, sequence_parallel: bool) -> None:
+    """Tensor-parallel placements: column/row weights, vocabulary-parallel embedding rows."""
+    from epochal.parallel.tensor_parallel import SequenceShardedPositionEmbedding
+
+    plan: dict[str, ParallelStyle] = {}
+    if model.tok_embeddings is not None:
+        plan["tok_embeddings"] = RowwiseParallel(
+            input_layouts=Replicate(), output_layouts=Shard(1) if sequence_parallel else Replicate()
+        )
+    if model.pos_embeddings is not None and sequence_parallel:
+        plan["pos_embeddings"] = SequenceShardedPositionEmbedding()
+    if model.output is not None:
+        plan["output"] = _ShardOnly(ColwiseParallel())
+    for key, block in model.layers.items():
+        for name in _COLUMN + _ROW:
+            if _linear(block, name) is not None:
+                style = ColwiseParallel() if name in _COLUMN else RowwiseParallel()
+                plan[f"layers.{key}.{name}"] = _ShardOnly(style)
+    tied = (
+        model.config.tie_embeddings
+        and model.tok_embeddings is not None
+        and model.output is not None
+        and model.output.weight is model.tok_embeddings.weight
+    )
+    parallelize_module(model, tp_mesh, plan)
+    if tied:
+        model.output.weight = model.tok_embeddings.weight
+
+
+def install_canonical(
+    model: nn.Module,
+    degree: int,
+    tp_mesh: DeviceMesh | None = None,
+    *,
+    sequence_parallel: bool = False,
+    gather_logits: bool = False,
+) -> Reductions:
+    """Compute ``model`` (a GPT model or stage) in canonical units, sharded over ``tp_mesh`` if given.
+
+    Call it on a materialized, initialized model (every rank with the same values)
+    that :func:`canonical_refusal` accepts, before activation recompute, keyed
+    dropout and data parallelism wrap it.
+
+    Args:
+        model: the model or stage (``tok_embeddings``/``norm``/``output`` may be None).
+        degree: the invariance degree ``D``.
+        tp_mesh: the 1-D tensor-parallel mesh, or None for one rank.
+        sequence_parallel: shard the residual stream over the sequence between the
+            tensor-parallel regions.
+        gather_logits: return the whole vocabulary's logits on every rank (a copy;
+            without it each rank keeps its vocabulary shard ``[b, s, V / n]``).
+
+    Returns:
+        The :class:`~epochal.parallel.canonical.Reductions` the model computes with.
+    """
+    tp = tp_mesh.size() if tp_mesh is not None else 1
+    red = Reductions(degree, tp_mesh.get_group() if tp > 1 else None)
+    sp = sequence_parallel and tp > 1
+    if tp > 1:
+        assert tp_mesh is not None
+        _shard_parameters(model, tp_mesh, sp)
+    config: ModelConfig = model.config
+    heads_per_rank = config.num_attention_heads // tp
+    for block in model.layers.values():
+        for name in ("attention_norm", "ffn_norm"):
+            _norm(getattr(block, name), red, sharded=sp)
+        for name in _COLUMN:
+            module = _linear(block, name)
+            if module is not None:
+                _column(module, red, gather=False)
+        for name in _ROW:
+            module = _linear(block, name)
+            if module is not None:
+                _row(module, red, scatter=sp)
+        if sp:
+            for name in ("attention", "mlp"):
+                getattr(block, name).register_forward_pre_hook(_gather_first(red))
+            for name in _COLUMN:
+                module = _linear(block, name)
+                if module is not None:
+                    _column_after_gather(module, red)
+        block.dropout = PositionDropout(block.dropout.p, red.rank if sp else 0, tp if sp else 1)
+        if config.attention_dropout > 0:
+            block.attention.core_attention = KeyedHeadAttention(red.rank * heads_per_rank)
+    if model.tok_embeddings is not None:
+        model.embedding_dropout = PositionDropout(
+            model.embedding_dropout.p, red.rank if sp else 0, tp if sp else 1
+        )
+    if model.norm is not None:
+        _norm(model.norm, red, sharded=sp)
+    if model.output is not None:
+        _column(model.output, red, gather=sp)
+        if gather_logits and tp > 1:
+            model.output.register_forward_hook(_gather_vocabulary(red))
+    if sp and model.tok_embeddings is None:
+        from epochal.parallel.tensor_parallel import _full_sequence_positions
+
+        model.register_forward_pre_hook(_full_sequence_positions(tp), with_kwargs=True)
+    model.canonical_reductions = red
+    return red
+
+
+def _gather_vocabulary(red: Reductions) -> Any:
+    def hook(module: nn.Module, args: tuple[Any, ...], output: torch.Tensor) -> torch.Tensor:
+        return _GatherLast.apply(output, red)
+
+    return hook
+
+
+class _GatherLast(torch.autograd.Function):
+    """Every rank's shard of the last dimension joined in rank order; the backward keeps this rank's."""
+
+    @staticmethod
+    def forward(ctx: Any, local: torch.Tensor, red: Reductions) -> torch.Tensor:
+        ctx.red, ctx.width = red, local.shape[-1]
+        moved = sequence_all_gather(local.movedim(-1, 1).contiguous(), 1, red)
+        return moved.movedim(1, -1).contiguous()
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+        w, r = ctx.width, ctx.red.rank
+        return grad[..., r * w : (r + 1) * w].contiguous(), None
+
+
+def _gather_first(red: Reductions) -> Any:
+    def hook(module: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:
+        return (gather_sequence(args[0], red), *args[1:])
+
+    return hook
+
+
+def _column_after_gather(module: nn.Linear, red: Reductions) -> None:
+    """A column linear reading a gathered input: its input gradient is reduce-scattered and padded."""
+
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        return column_linear(x, _local(module.weight), _local(module.bias), red, gathered=True)
+
+    module.forward = forward
