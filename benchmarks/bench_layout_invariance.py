@@ -21,7 +21,14 @@ ESM micro-batches take minutes per step on a CPU). The global batch is
 
     python benchmarks/bench_layout_invariance.py                      # both shapes, DP2 and DP4
     python benchmarks/bench_layout_invariance.py --shapes tiny --dp 2 --steps 10
-    python benchmarks/bench_layout_invariance.py --drift-steps 100 --seq 64   # TP2 drift
+    python benchmarks/bench_layout_invariance.py --drift-steps 100 --seq 64   # TP2 against 1
+    python benchmarks/bench_layout_invariance.py --shapes wide --dp 1 --tp 2 --seq 512 --micro-batch-size 1 --micro-batches 2
+
+``--tp`` runs every row under tensor parallelism (``--sp``: with sequence
+parallelism); the invariant mode then computes in canonical units
+(``--degree``, :mod:`epochal.parallel.canonical`), the plain mode with
+DTensor's tensor parallelism. ``wide`` is the ``tiny`` preset's architecture at
+hidden 512, 4 layers, MLP 1408.
 """
 
 from __future__ import annotations
@@ -51,9 +58,28 @@ from epochal.train.steps.gpt import GPTTrainStep
 MODES = {"plain": False, "invariant": True}
 
 
+#: shapes that are a preset's architecture at another size
+WIDE = {
+    "wide": (
+        "tiny",
+        [
+            "--model.hidden_size=512",
+            "--model.num_layers=4",
+            "--model.num_attention_heads=8",
+            "--model.num_query_groups=8",
+            "--model.ffn_hidden_size=1408",
+        ],
+    )
+}
+
+
 def model_for(shape: str, seq: int) -> Any:
     """The model of a shape (the preset's architecture) for sequences of ``seq`` tokens."""
-    cfg = build_config(preset=shape, overrides=[f"--data.seq_length={seq}"], require_data=False)
+    preset, extra = WIDE.get(shape, (shape, []))
+    cfg = build_config(
+        preset=preset, overrides=[f"--data.seq_length={seq}", *extra], require_data=False
+    )
+    shape = preset
     vocab = 4096 if shape == "tiny" else 33
     return model_config_from_section(cfg.model, vocab_size=vocab, seq_length=seq)
 
@@ -65,15 +91,27 @@ def _engine(
     cuda = args.device == "cuda"
     device = torch.device("cuda", dist.get_rank()) if cuda else torch.device("cpu")
     cfg = model_for(shape, args.seq)
-    pconf = ParallelConfig(dp_sharding=sharding)
-    dims = ParallelDims.from_config(pconf, dp)
+    tp = args.tp
+    pconf = ParallelConfig(
+        dp_sharding=sharding, tensor_parallel=tp, sequence_parallel=args.sp and tp > 1
+    )
+    dims = ParallelDims.from_config(pconf, dp * tp)
     mesh = dims.build_mesh(device.type)
-    engine = ParallelEngine(pconf, cfg, dims, mesh, device=device, seed=0, exact_sync=invariant)
+    engine = ParallelEngine(
+        pconf,
+        cfg,
+        dims,
+        mesh,
+        device=device,
+        seed=0,
+        exact_sync=invariant,
+        canonical_degree=args.degree if invariant else 0,
+    )
     opts = OptimizersContainer(
         engine.model_parts, lambda p: build_adamw([p], lr=1e-4, weight_decay=0.1)
     )
     n_mb = args.micro_batches // dp
-    g = torch.Generator().manual_seed(dist.get_rank())
+    g = torch.Generator().manual_seed(dist.get_rank() // tp)  # a model replica's ranks agree
     data = torch.randint(
         4, cfg.vocab_size, (n_mb, args.micro_batch_size, args.seq + 1), generator=g
     )
@@ -107,10 +145,11 @@ def _timed(step: Any, cuda: bool) -> float:
 
 
 def _time_both(
-    rank: int, dp: int, args: argparse.Namespace, shape: str, sharding: str
+    rank: int, world: int, args: argparse.Namespace, shape: str, sharding: str
 ) -> dict[str, Any]:
     """Both modes in this group, steps alternating: each mode's step times."""
-    _setup(args, dp)
+    _setup(args, world)
+    dp = world // args.tp
     steps = {name: _engine(args, shape, dp, sharding, inv)[0] for name, inv in MODES.items()}
     times: dict[str, list[float]] = {name: [] for name in MODES}
     for i in range(args.warmup + args.steps):
@@ -122,10 +161,11 @@ def _time_both(
 
 
 def _peak_memory(
-    rank: int, dp: int, args: argparse.Namespace, shape: str, sharding: str, mode: str
+    rank: int, world: int, args: argparse.Namespace, shape: str, sharding: str, mode: str
 ) -> float:
     """One mode alone: its peak memory in MiB (max over ranks)."""
-    _setup(args, dp)
+    _setup(args, world)
+    dp = world // args.tp
     cuda = args.device == "cuda"
     step = _engine(args, shape, dp, sharding, MODES[mode])[0]
     if cuda:
@@ -166,7 +206,14 @@ def _tp_drift(rank: int, world: int, args: argparse.Namespace) -> dict[str, Any]
         dims = ParallelDims.from_config(pconf, tp)
         mesh = dims.build_mesh("cpu") if tp > 1 else None
         engine = ParallelEngine(
-            pconf, cfg, dims, mesh, device=torch.device("cpu"), seed=0, exact_sync=True
+            pconf,
+            cfg,
+            dims,
+            mesh,
+            device=torch.device("cpu"),
+            seed=0,
+            exact_sync=True,
+            canonical_degree=args.degree,
         )
         opts = OptimizersContainer(
             engine.model_parts, lambda p: build_adamw([p], lr=2e-3, weight_decay=0.1)
@@ -223,6 +270,14 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--threads", type=int, default=0, help="per process (0: cores / DP)")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument("--tp", type=int, default=1, help="tensor-parallel size of every row")
+    parser.add_argument("--sp", action="store_true", help="sequence parallelism with --tp")
+    parser.add_argument(
+        "--degree",
+        type=int,
+        default=8,
+        help="parallel.invariant_degree of the invariant mode (0: data-parallel rule only)",
+    )
     parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory runs")
     parser.add_argument("--timeout", type=float, default=3600)
     parser.add_argument(
@@ -258,15 +313,18 @@ def main() -> None:
     for shape in args.shapes.split(","):
         for dp in (int(x) for x in args.dp.split(",")):
             for sharding in args.sharding.split(","):
-                times = run(dp, _time_both, args, shape, sharding, timeout=args.timeout)
+                world = dp * args.tp
+                times = run(world, _time_both, args, shape, sharding, timeout=args.timeout)
                 plain, inv = (statistics.median(times[m]) for m in MODES)
                 mem = ["", ""]
                 if not args.no_memory:
                     mem = [
-                        f"{run(dp, _peak_memory, args, shape, sharding, m, timeout=args.timeout):.0f}"
+                        f"{run(world, _peak_memory, args, shape, sharding, m, timeout=args.timeout):.0f}"
                         for m in MODES
                     ]
                 layout = f"DP{dp} x GA{args.micro_batches // dp}"
+                if args.tp > 1:
+                    layout = f"TP{args.tp}{'+SP' if args.sp else ''} x " + layout
                 print(
                     f"{shape:<9} {layout:<15} {sharding:<9} {plain:>8.3f} {inv:>11.3f} "
                     f"{inv / plain:>6.3f} {mem[0]:>9} {mem[1]:>9}",

@@ -6,7 +6,9 @@ process (DP1 x GA4, the plain :class:`~epochal.train.trainer.Trainer`), on two
 data-parallel ranks (DP2 x GA2) and on four (DP4 x GA1), with every
 ``dp_sharding`` mode and activation recompute spread over the runs; then
 pipeline parallelism (PP2 x DP2 against one process, tied embeddings) and
-tensor parallelism (TP2 x DP2 against TP2 x DP1). Every loss list is compared
+tensor parallelism (GPT in canonical units, ``parallel.invariant_degree``: TP2,
+TP2 with sequence parallelism, TP4 with it, TP2 x DP2 with the distributed
+optimizer and TP2 x PP2, every one against one process). Every loss list is compared
 with ``==``, the final model and optimizer state by a digest of their full
 tensors. A checkpoint written on four ranks resumes in one process, and one
 written in one process resumes on two ranks, with the losses of the run that
@@ -34,6 +36,8 @@ MODELS = ["gpt", "bert", "t5", "esm"]
 HALF = W.STEPS // 2
 SAVE = [f"--checkpoint.save_interval={HALF}"]
 RECOMPUTE = ["--parallel.recompute_granularity=full"]
+SP = ["--parallel.sequence_parallel=true"]
+G4 = ["--model.num_query_groups=4"]  # key/value groups split over four ranks
 # (name, model, overrides): the sharding modes and recompute spread over the models
 TWO = [
     ("dp2-gpt", "gpt", SAVE),
@@ -41,6 +45,8 @@ TWO = [
     ("dp2-t5", "t5", ["--parallel.dp_sharding=full"]),
     ("dp2-esm", "esm", RECOMPUTE),
     ("tp2", "gpt", ["--parallel.tensor_parallel=2"]),
+    ("tp2-sp", "gpt", ["--parallel.tensor_parallel=2", "--parallel.sequence_parallel=true"]),
+    ("tp2-degree1", "gpt", ["--parallel.tensor_parallel=2", "--parallel.invariant_degree=1"]),
     ("dp2-plain", "gpt", ["--training.layout_invariant=false"]),
 ]
 FOUR = [
@@ -49,7 +55,13 @@ FOUR = [
     ("dp4-t5", "t5", ["--parallel.dp_sharding=optimizer"]),
     ("dp4-esm", "esm", []),
     ("pp2-dp2", "gpt", ["--parallel.pipeline_parallel=2", *RECOMPUTE]),
-    ("tp2-dp2", "gpt", ["--parallel.tensor_parallel=2"]),
+    ("tp2-dp2", "gpt", ["--parallel.tensor_parallel=2", "--parallel.dp_sharding=optimizer"]),
+    ("tp4-sp", "gpt", ["--parallel.tensor_parallel=4", "--parallel.sequence_parallel=true", *G4]),
+    (
+        "tp2-pp2",
+        "gpt",
+        ["--parallel.tensor_parallel=2", "--parallel.pipeline_parallel=2", *SP],
+    ),
 ]
 
 
@@ -64,7 +76,9 @@ def root(tmp_path_factory):
 @pytest.fixture(scope="module")
 def dp1(root):
     """One process (DP1 x GA4) per model; the GPT run saves a checkpoint half-way."""
-    return {m: W.single(str(root), f"dp1-{m}", m, SAVE if m == "gpt" else []) for m in MODELS}
+    runs = {m: W.single(str(root), f"dp1-{m}", m, SAVE if m == "gpt" else []) for m in MODELS}
+    runs["gpt-g4"] = W.single(str(root), "dp1-gpt-g4", "gpt", G4)
+    return runs
 
 
 @pytest.fixture(scope="module")
@@ -103,9 +117,23 @@ def test_pipeline_and_data_parallel_equal_one_process(dp1, four):
     assert_same(four["pp2-dp2"], dp1["gpt"])
 
 
-def test_tensor_parallel_keeps_data_parallel_invariance(dp1, two, four):
-    assert_same(four["tp2-dp2"], two["tp2"])
-    assert two["tp2"]["losses"] != dp1["gpt"]["losses"]  # TP changes the matrix products
+@pytest.mark.parametrize("case", ["tp2", "tp2-sp"])
+def test_two_tensor_parallel_ranks_train_the_bits_of_one_process(dp1, two, case):
+    assert_same(two[case], dp1["gpt"])
+
+
+@pytest.mark.parametrize("case", ["tp2-dp2", "tp2-pp2"])
+def test_tensor_parallel_with_data_or_pipeline_parallel_equals_one_process(dp1, four, case):
+    assert_same(four[case], dp1["gpt"])
+
+
+def test_four_tensor_parallel_ranks_with_sequence_parallel_equal_one_process(dp1, four):
+    assert_same(four["tp4-sp"], dp1["gpt-g4"])
+
+
+def test_without_canonical_units_tensor_parallel_drifts(dp1, two):
+    # invariant_degree=1: the plain tensor-parallel products, which the comparison sees
+    assert two["tp2-degree1"]["losses"] != dp1["gpt"]["losses"]
 
 
 def test_the_comparison_sees_the_plain_reduction(dp1, two):

@@ -1,0 +1,184 @@
+"""Canonical reduction units: the group's tree equals one process's tree, bit for bit.
+
+The collectives (:func:`tree_all_reduce`, :func:`tree_reduce_scatter`) are compared
+with :func:`tree_sum` over all the chunks on one rank; the canonical model pieces
+(linears, norms, attention, loss) with the same model computed on one rank, on two
+and four tensor-parallel ranks, with and without sequence parallelism. The
+training runs themselves are in :mod:`tests.parallel.test_layout_invariance`.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from epochal.model.config import ConfigError, ModelConfig
+from epochal.parallel.canonical import Reductions, token_chunk_sum, tree_sum
+from epochal.parallel.canonical_plan import KeyedHeadAttention, canonical_refusal
+from epochal.parallel.config import ParallelConfig
+from tests.dist_utils import run_gloo
+
+DEGREE = 8
+
+
+def _chunks(seed: int) -> torch.Tensor:
+    """``[DEGREE, 6, 10]`` partial results of widely different magnitudes (rounding matters)."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(DEGREE, 6, 10, generator=g) * torch.logspace(-4, 4, DEGREE).view(-1, 1, 1)
+
+
+def _collectives(rank: int, world_size: int) -> dict:
+    """This rank's tree results, as lists (tensors do not travel back through the queue)."""
+    import torch.distributed as dist
+
+    from epochal.parallel.canonical import tree_all_reduce, tree_reduce_scatter
+
+    red = Reductions(DEGREE, dist.group.WORLD)
+    chunks = _chunks(0)
+    mine = chunks[rank * red.local : (rank + 1) * red.local]
+    local = tree_sum(mine)
+    scatter = tree_reduce_scatter(local, 1, red) if 6 % world_size == 0 else None
+    return {
+        "all_reduce": tree_all_reduce(local, red).tolist(),
+        "scatter": None if scatter is None else scatter.tolist(),
+    }
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_the_groups_tree_is_one_processs_tree(world_size):
+    whole = tree_sum(_chunks(0))
+    results = run_gloo(_collectives, world_size)
+    for rank, got in enumerate(results):
+        assert got["all_reduce"] == whole.tolist()
+        if got["scatter"] is not None:
+            assert got["scatter"] == whole.chunk(world_size, 1)[rank].tolist()
+    # the sequential sum (another order) is another number: the comparison can fail
+    sequential = _chunks(0)[0]
+    for part in _chunks(0)[1:]:
+        sequential = sequential + part
+    assert not torch.equal(sequential, whole)
+
+
+def test_tree_sum_adds_adjacent_pairs_first():
+    parts = _chunks(1)[:4]
+    want = (parts[0] + parts[1]) + (parts[2] + parts[3])
+    assert torch.equal(tree_sum(parts), want)
+    with pytest.raises(ValueError, match="power-of-two"):
+        tree_sum(parts[:3])
+
+
+def test_token_chunk_sum_cuts_the_sequence_into_the_degree():
+    values = torch.randn(2, 16, 5)
+    red = Reductions(DEGREE)
+    parts = torch.stack([c.contiguous().sum((0, 1)) for c in values.chunk(DEGREE, 1)])
+    assert torch.equal(token_chunk_sum(values, red, sharded=False), tree_sum(parts))
+    with pytest.raises(ValueError, match="invariant_degree=8"):
+        token_chunk_sum(torch.randn(2, 12, 5), red, sharded=False)
+
+
+def test_degree_must_be_a_power_of_two():
+    with pytest.raises(ValueError, match="power of two"):
+        Reductions(6)
+    with pytest.raises(ConfigError, match="invariant_degree"):
+        ParallelConfig(invariant_degree=12)
+
+
+def _config(**kw) -> ModelConfig:
+    base = dict(
+        type="gpt",
+        vocab_size=128,
+        hidden_size=32,
+        num_layers=2,
+        num_attention_heads=4,
+        num_query_groups=4,
+        ffn_hidden_size=64,
+        max_position_embeddings=16,
+    )
+    return ModelConfig(**{**base, **kw})
+
+
+def test_refusals_name_what_stops_the_units():
+    assert canonical_refusal(_config(), DEGREE, tp=4, seq_length=16) is None
+    assert "num_query_groups=2" in canonical_refusal(_config(num_query_groups=2), DEGREE, tp=4)
+    assert "tensor_parallel=16" in canonical_refusal(_config(), DEGREE, tp=16)
+    assert "data.seq_length" in canonical_refusal(_config(), DEGREE, seq_length=12)
+    assert "context parallelism" in canonical_refusal(_config(), DEGREE, cp=2)
+    assert "hidden_size" in canonical_refusal(_config(hidden_size=36, num_attention_heads=4), DEGREE)
+    assert canonical_refusal(_config(), 1) == "parallel.invariant_degree is 1"
+
+
+@pytest.mark.parametrize("dropout", [0.0, 0.1])
+def test_a_heads_attention_does_not_depend_on_the_heads_in_the_call(dropout):
+    # queries/keys/values as the model makes them: views of [b, s, heads * hd]
+    b, heads, s, hd = 2, 4, 16, 8
+    torch.manual_seed(0)
+    base = [torch.randn(b, s, heads * hd) for _ in range(3)]
+    grad = torch.randn(b, heads, s, hd)
+
+    def run(xs, first, g):
+        xs = [x.clone().requires_grad_() for x in xs]
+        q, k, v = (x.view(b, s, -1, hd).transpose(1, 2) for x in xs)
+        torch.manual_seed(7)
+        out = KeyedHeadAttention(first)(
+            q, k, v, causal=True, attention_mask=None, dropout_p=dropout, scale=None
+        )
+        return out, torch.autograd.grad(out, xs, g)
+
+    out, grads = run(base, 0, grad)
+    for per in (1, 2):
+        for r in range(heads // per):
+            cols = slice(r * per * hd, (r + 1) * per * hd)
+            part, part_grads = run([x[..., cols] for x in base], r * per, grad[:, r * per : (r + 1) * per])
+            assert torch.equal(part, out[:, r * per : (r + 1) * per])
+            for whole, piece in zip(grads, part_grads):
+                assert torch.equal(whole[..., cols], piece)
+
+
+def _model_grads(rank: int, world_size: int, llama: bool) -> list:
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from epochal.model.build import build_model
+    from epochal.parallel.canonical_ops import canonical_cross_entropy
+    from epochal.parallel.canonical_plan import install_canonical
+
+    torch.set_num_threads(1)
+    extra = (
+        dict(normalization="RMSNorm", activation="swiglu", add_bias_linear=False,
+             position_embedding_type="rope", num_query_groups=2 if world_size == 2 else 4)
+        if llama
+        else {}
+    )
+    cfg = _config(hidden_dropout=0.1, attention_dropout=0.1, **extra)
+    mesh = init_device_mesh("cpu", (world_size,), mesh_dim_names=("tp",))
+    out = []
+    for tp_mesh, sp in ((None, False), (mesh["tp"], False), (mesh["tp"], True)):
+        model = build_model(cfg, seed=1)
+        model.init_weights(seed=1)
+        red = install_canonical(model, DEGREE, tp_mesh, sequence_parallel=sp)
+        model.train()
+        torch.manual_seed(3)
+        tokens = torch.randint(0, 128, (2, 16))
+        torch.manual_seed(5)
+        loss = canonical_cross_entropy(model(tokens), tokens.roll(1, 1), red, 128).mean()
+        loss.backward()
+        grads = {
+            n: (p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad)
+            for n, p in model.named_parameters()
+        }
+        out.append((loss.detach(), grads))
+    dist.barrier()
+    (one, one_grads), *layouts = out
+    # compared here: tensors do not travel back through the result queue
+    return [
+        (torch.equal(loss, one), sorted(n for n, g in grads.items() if not torch.equal(g, one_grads[n])))
+        for loss, grads in layouts
+    ]
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize(("world_size", "llama"), [(2, False), (4, True)])
+def test_tensor_and_sequence_parallel_gradients_equal_one_process(world_size, llama):
+    for rank_result in run_gloo(_model_grads, world_size, llama):
+        assert rank_result == [(True, []), (True, [])]  # TP, then TP with SP
