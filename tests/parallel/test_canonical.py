@@ -104,7 +104,9 @@ def test_refusals_name_what_stops_the_units():
     assert "tensor_parallel=16" in canonical_refusal(_config(), DEGREE, tp=16)
     assert "data.seq_length" in canonical_refusal(_config(), DEGREE, seq_length=12)
     assert "context parallelism" in canonical_refusal(_config(), DEGREE, cp=2)
-    assert "hidden_size" in canonical_refusal(_config(hidden_size=36, num_attention_heads=4), DEGREE)
+    assert "hidden_size" in canonical_refusal(
+        _config(hidden_size=36, num_attention_heads=4), DEGREE
+    )
     assert canonical_refusal(_config(), 1) == "parallel.invariant_degree is 1"
 
 
@@ -129,7 +131,9 @@ def test_a_heads_attention_does_not_depend_on_the_heads_in_the_call(dropout):
     for per in (1, 2):
         for r in range(heads // per):
             cols = slice(r * per * hd, (r + 1) * per * hd)
-            part, part_grads = run([x[..., cols] for x in base], r * per, grad[:, r * per : (r + 1) * per])
+            part, part_grads = run(
+                [x[..., cols] for x in base], r * per, grad[:, r * per : (r + 1) * per]
+            )
             assert torch.equal(part, out[:, r * per : (r + 1) * per])
             for whole, piece in zip(grads, part_grads):
                 assert torch.equal(whole[..., cols], piece)
@@ -145,8 +149,13 @@ def _model_grads(rank: int, world_size: int, llama: bool) -> list:
 
     torch.set_num_threads(1)
     extra = (
-        dict(normalization="RMSNorm", activation="swiglu", add_bias_linear=False,
-             position_embedding_type="rope", num_query_groups=2 if world_size == 2 else 4)
+        dict(
+            normalization="RMSNorm",
+            activation="swiglu",
+            add_bias_linear=False,
+            position_embedding_type="rope",
+            num_query_groups=2 if world_size == 2 else 4,
+        )
         if llama
         else {}
     )
@@ -172,7 +181,10 @@ def _model_grads(rank: int, world_size: int, llama: bool) -> list:
     (one, one_grads), *layouts = out
     # compared here: tensors do not travel back through the result queue
     return [
-        (torch.equal(loss, one), sorted(n for n, g in grads.items() if not torch.equal(g, one_grads[n])))
+        (
+            torch.equal(loss, one),
+            sorted(n for n, g in grads.items() if not torch.equal(g, one_grads[n])),
+        )
         for loss, grads in layouts
     ]
 

@@ -232,7 +232,10 @@ def token_chunk_sum(values: torch.Tensor, red: Reductions, *, sharded: bool) -> 
             f"(parallel.invariant_degree={red.degree})"
         )
     parts = torch.stack(
-        [piece.contiguous().sum(dim=tuple(range(piece.dim() - 1))) for piece in values.chunk(chunks, 1)]
+        [
+            piece.contiguous().sum(dim=tuple(range(piece.dim() - 1)))
+            for piece in values.chunk(chunks, 1)
+        ]
     )
     total = tree_sum(parts)
     return tree_all_reduce(total, red) if sharded else total

@@ -196,6 +196,21 @@ class _ScaleShift(torch.autograd.Function):
         return grad_x, grad_w, grad_b, None, None
 
 
+def _autocast(*tensors: torch.Tensor | None) -> list[torch.Tensor | None]:
+    """The tensors in the autocast dtype when autocast is on (a differentiable cast), else as given.
+
+    The products below are custom autograd functions: autocast casts their forward's
+    operands, not their backward's, so the cast happens here, before the function, and
+    both passes run in one dtype (the gradients flow back through the casts).
+    """
+    first = next(t for t in tensors if t is not None)
+    device = first.device.type
+    if not torch.is_autocast_enabled(device):
+        return list(tensors)
+    dtype = torch.get_autocast_dtype(device)
+    return [None if t is None else t.to(dtype) for t in tensors]
+
+
 def column_linear(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -217,6 +232,7 @@ def column_linear(
     Returns:
         ``[..., M / n]``.
     """
+    x, weight, bias = _autocast(x, weight, bias)
     return _ColumnLinear.apply(x, weight, bias, red, gathered)
 
 
@@ -235,6 +251,7 @@ def row_linear(
     Returns:
         ``[b, s, M]`` or ``[b, s / n, M]`` with ``scatter``.
     """
+    x, weight = _autocast(x, weight)
     return _RowLinear.apply(x, weight, red, scatter)
 
 

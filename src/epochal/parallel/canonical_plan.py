@@ -56,7 +56,6 @@ from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     RowwiseParallel,
-    parallelize_module,
 )
 from torch.distributed.tensor.parallel.style import ParallelStyle
 
@@ -280,7 +279,10 @@ class _ShardOnly(ParallelStyle):
 
 def _shard_parameters(model: nn.Module, tp_mesh: DeviceMesh, sequence_parallel: bool) -> None:
     """Tensor-parallel placements: column/row weights, vocabulary-parallel embedding rows."""
-    from epochal.parallel.tensor_parallel import SequenceShardedPositionEmbedding
+    from epochal.parallel.tensor_parallel import (
+        SequenceShardedPositionEmbedding,
+        parallelize_keeping_ties,
+    )
 
     plan: dict[str, ParallelStyle] = {}
     if model.tok_embeddings is not None:
@@ -296,15 +298,7 @@ def _shard_parameters(model: nn.Module, tp_mesh: DeviceMesh, sequence_parallel: 
             if _linear(block, name) is not None:
                 style = ColwiseParallel() if name in _COLUMN else RowwiseParallel()
                 plan[f"layers.{key}.{name}"] = _ShardOnly(style)
-    tied = (
-        model.config.tie_embeddings
-        and model.tok_embeddings is not None
-        and model.output is not None
-        and model.output.weight is model.tok_embeddings.weight
-    )
-    parallelize_module(model, tp_mesh, plan)
-    if tied:
-        model.output.weight = model.tok_embeddings.weight
+    parallelize_keeping_ties(model, tp_mesh, plan)
 
 
 def install_canonical(
@@ -373,9 +367,9 @@ def install_canonical(
         if gather_logits and tp > 1:
             model.output.register_forward_hook(_gather_vocabulary(red))
     if sp and model.tok_embeddings is None:
-        from epochal.parallel.tensor_parallel import _full_sequence_positions
+        from epochal.parallel.tensor_parallel import full_sequence_positions
 
-        model.register_forward_pre_hook(_full_sequence_positions(tp), with_kwargs=True)
+        model.register_forward_pre_hook(full_sequence_positions(tp), with_kwargs=True)
     model.canonical_reductions = red
     return red
 

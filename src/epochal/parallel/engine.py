@@ -42,6 +42,7 @@ from epochal.model.build import build_model
 from epochal.model.config import ModelConfig
 from epochal.model.init import canonical_name
 from epochal.model.layers.moe import set_moe_aux_grad_factor
+from epochal.parallel.canonical_plan import install_canonical
 from epochal.parallel.config import ParallelConfig
 from epochal.parallel.context_parallel import (
     ContextParallel,
@@ -71,7 +72,6 @@ from epochal.parallel.pipeline_step import PipelineRunner
 from epochal.parallel.recompute import recompute_part
 from epochal.parallel.step_model import LogitsObserver, StepModel, run_train_step
 from epochal.parallel.step_plan import StepPlan
-from epochal.parallel.canonical_plan import install_canonical
 from epochal.parallel.tensor_parallel import apply_tensor_parallel
 
 __all__ = ["LossFn", "ParallelEngine", "compile_part", "finalize_grads"]

@@ -479,6 +479,26 @@ TOP_PLAN_FINISH: dict[str, tuple[Callable[[nn.Module, DeviceMesh, bool], None], 
 }
 
 
+def parallelize_keeping_ties(
+    model: nn.Module, tp_mesh: DeviceMesh, plan: dict[str, ParallelStyle]
+) -> None:
+    """``parallelize_module`` that keeps a tied output head one parameter with the embedding."""
+    tied = (
+        model.config.tie_embeddings
+        and model.tok_embeddings is not None
+        and model.output is not None
+        and model.output.weight is model.tok_embeddings.weight
+    )
+    parallelize_module(model, tp_mesh, plan)
+    if tied:
+        model.output.weight = model.tok_embeddings.weight
+
+
+def full_sequence_positions(tp: int) -> Any:
+    """The forward pre-hook that gives a later pipeline stage under SP the whole sequence's positions."""
+    return _full_sequence_positions(tp)
+
+
 def apply_tensor_parallel(
     model: nn.Module,
     tp_mesh: DeviceMesh,
@@ -507,15 +527,7 @@ def apply_tensor_parallel(
         return model
     config: ModelConfig = model.config
     top = TOP_PLANS[config.type](model, sequence_parallel, loss_parallel)
-    tied = (
-        config.tie_embeddings
-        and model.tok_embeddings is not None
-        and model.output is not None
-        and model.output.weight is model.tok_embeddings.weight
-    )
-    parallelize_module(model, tp_mesh, top)
-    if tied:
-        model.output.weight = model.tok_embeddings.weight
+    parallelize_keeping_ties(model, tp_mesh, top)
     for finish in TOP_PLAN_FINISH.get(config.type, ()):
         finish(model, tp_mesh, loss_parallel)
     if sequence_parallel and model.tok_embeddings is None:
