@@ -37,8 +37,6 @@ chunks asked for.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import torch
 import torch.distributed as dist
 
@@ -96,6 +94,10 @@ class Reductions:
                 f"{what} ({full}) does not split into parallel.invariant_degree={self.degree} chunks"
             )
         return full // self.degree
+
+    def __deepcopy__(self, memo: dict[int, object]) -> Reductions:
+        """The same units: a copied model computes in the same group (a handle, not state)."""
+        return self
 
     def __repr__(self) -> str:
         return f"Reductions(degree={self.degree}, size={self.size}, rank={self.rank})"
@@ -239,8 +241,3 @@ def token_chunk_sum(values: torch.Tensor, red: Reductions, *, sharded: bool) -> 
     )
     total = tree_sum(parts)
     return tree_all_reduce(total, red) if sharded else total
-
-
-def split_columns(tensor: torch.Tensor, parts: int) -> Sequence[torch.Tensor]:
-    """``tensor``'s last dimension as ``parts`` contiguous chunks."""
-    return [chunk.contiguous() for chunk in tensor.chunk(parts, -1)]

@@ -46,6 +46,7 @@ attention dropout.
 from __future__ import annotations
 
 import math
+import types
 from typing import Any
 
 import torch
@@ -116,7 +117,7 @@ def canonical_refusal(
         return "attention dropout with ALiBi or a sliding window"
     widths = {
         "model.hidden_size": config.hidden_size,
-        "model.ffn_hidden_size": config.ffn_hidden_size,
+        "the MLP width (model.ffn_hidden_size)": config.ffn_size,
         "the key/value width": config.num_kv_heads * config.head_dim,
         "the query width": config.num_attention_heads * config.head_dim,
         "the padded vocabulary": config.padded_vocab_size,
@@ -139,40 +140,65 @@ def _local(tensor: torch.Tensor | None) -> torch.Tensor | None:
     return tensor.to_local() if isinstance(tensor, DTensor) else tensor
 
 
-def _column(module: nn.Linear, red: Reductions, *, gather: bool) -> None:
-    def forward(x: torch.Tensor) -> torch.Tensor:
-        if gather:
-            x = gather_sequence(x, red)
-        return column_linear(
-            x, _local(module.weight), _local(module.bias), red, gathered=gather and red.size > 1
-        )
+def _install(module: nn.Module, forward: Any, red: Reductions, **options: bool) -> None:
+    """Make ``forward(module, x)`` the module's forward, its state kept on the module.
 
-    module.forward = forward
+    A bound method (not a closure) so that a copy of the model (``copy.deepcopy``)
+    computes with the copy's own parameters.
+    """
+    module.canonical_reductions = red
+    module.canonical_options = options
+    module.forward = types.MethodType(forward, module)
+
+
+def _column_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    red, gather = self.canonical_reductions, self.canonical_options["gather"]
+    if gather:
+        x = gather_sequence(x, red)
+    after = self.canonical_options["after_gather"]
+    return column_linear(
+        x,
+        _local(self.weight),
+        _local(self.bias),
+        red,
+        gathered=after or (gather and red.size > 1),
+    )
+
+
+def _column(module: nn.Linear, red: Reductions, *, gather: bool) -> None:
+    _install(module, _column_forward, red, gather=gather, after_gather=False)
+
+
+def _column_after_gather(module: nn.Linear, red: Reductions) -> None:
+    """A column linear reading a gathered input: its input gradient is reduce-scattered and padded."""
+    _install(module, _column_forward, red, gather=False, after_gather=True)
+
+
+def _row_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    red, scatter = self.canonical_reductions, self.canonical_options["scatter"]
+    out = row_linear(x, _local(self.weight), red, scatter=scatter)
+    if self.bias is None:
+        return out
+    return scale_shift(out, None, _local(self.bias), red, sharded=scatter)
 
 
 def _row(module: nn.Linear, red: Reductions, *, scatter: bool) -> None:
-    def forward(x: torch.Tensor) -> torch.Tensor:
-        out = row_linear(x, _local(module.weight), red, scatter=scatter)
-        if module.bias is None:
-            return out
-        return scale_shift(out, None, _local(module.bias), red, sharded=scatter)
+    _install(module, _row_forward, red, scatter=scatter)
 
-    module.forward = forward
+
+def _norm_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    red, sharded = self.canonical_reductions, self.canonical_options["sharded"]
+    if isinstance(self, nn.RMSNorm):
+        xhat = F.rms_norm(x, self.normalized_shape, None, self.eps)
+        bias = None
+    else:
+        xhat = F.layer_norm(x, self.normalized_shape, None, None, self.eps)
+        bias = _local(self.bias)
+    return scale_shift(xhat, _local(self.weight), bias, red, sharded=sharded)
 
 
 def _norm(norm: nn.Module, red: Reductions, *, sharded: bool) -> None:
-    rms = isinstance(norm, nn.RMSNorm)
-
-    def forward(x: torch.Tensor) -> torch.Tensor:
-        if rms:
-            xhat = F.rms_norm(x, norm.normalized_shape, None, norm.eps)
-            bias = None
-        else:
-            xhat = F.layer_norm(x, norm.normalized_shape, None, None, norm.eps)
-            bias = _local(norm.bias)
-        return scale_shift(xhat, _local(norm.weight), bias, red, sharded=sharded)
-
-    norm.forward = forward
+    _install(norm, _norm_forward, red, sharded=sharded)
 
 
 class PositionDropout(nn.Module):
@@ -401,12 +427,3 @@ def _gather_first(red: Reductions) -> Any:
         return (gather_sequence(args[0], red), *args[1:])
 
     return hook
-
-
-def _column_after_gather(module: nn.Linear, red: Reductions) -> None:
-    """A column linear reading a gathered input: its input gradient is reduce-scattered and padded."""
-
-    def forward(x: torch.Tensor) -> torch.Tensor:
-        return column_linear(x, _local(module.weight), _local(module.bias), red, gathered=True)
-
-    module.forward = forward
