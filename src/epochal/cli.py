@@ -67,6 +67,11 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "show counts, a length histogram and decoded samples of indexed files, or the samples "
         "of a step of a training run (RUN --step N)",
     ),
+    "replay": (
+        "epochal.commands.replay",
+        "re-train a step of a run (RUN --step N) from the checkpoint before it, on one process "
+        "or another layout, and say whether its loss, gradient norm and weights are identical",
+    ),
     "demo-epochs": (
         "epochal.commands.demo_epochs",
         "show a small text's per-epoch shuffles and masks and check that they are reproducible",

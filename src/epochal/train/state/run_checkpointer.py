@@ -26,6 +26,7 @@ from epochal.data.datasets.scheduled_blend import (
 from epochal.model.config import ConfigError, ModelConfig
 from epochal.train.config import TrainConfig, to_toml
 from epochal.train.inputs.loaders import DataBundle
+from epochal.train.state import weight_digest
 from epochal.train.state.checkpoint import Checkpointer, CheckpointError
 from epochal.train.state.encoder_init import is_hf_folder, load_encoder_weights
 from epochal.train.state.errors import refuse_other_model
@@ -191,6 +192,8 @@ class RunCheckpointer:
             ),
             **self._sample_digests(progress.step),
             **self._blend_state(),
+            # the weights after the step, whatever the layout (`epochal replay` reads it)
+            weight_digest.KEY: weight_digest.weight_digest(self.model_parts),
         }
 
     def _blend_state(self) -> dict[str, Any]:
