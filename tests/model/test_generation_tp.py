@@ -82,3 +82,47 @@ def test_tp2_generation_equals_single_process_and_sharded_checkpoint_loads(tmp_p
     assert ck.step == 3 and ck.config == reference.config
     for name, tensor in reference.state_dict().items():
         assert torch.equal(ck.state[name], tensor), name
+
+
+#: canonical units need key/value heads that split over the ranks (no replicated case)
+CANONICAL_CASES = ("gqa_swiglu_rope", "gpt2_alibi_tied")
+
+
+def _run_canonical(rank: int, world: int) -> dict[str, list]:
+    import torch
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from epochal.model.generation.decoding import generate
+    from epochal.parallel.canonical_plan import install_canonical
+    from tests.convert.hf_models import llama_like, ours
+
+    torch.set_num_threads(1)
+    mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("tp",))
+    results: dict[str, list] = {}
+    for case in CANONICAL_CASES:
+        single = ours(llama_like(**CASES[case]), seed=8)
+        parallel = ours(llama_like(**CASES[case]), seed=8)
+        install_canonical(single, 8)
+        install_canonical(parallel, 8, mesh["tp"], gather_logits=True)
+        assert any(hasattr(p, "placements") for p in parallel.parameters())  # really sharded
+        for model in (single, parallel):  # every forward's logits: the prefill, then each step
+            model.seen = []
+            model.register_forward_hook(lambda m, a, out: m.seen.append(out.detach().clone()))
+        for name, opts in OPTIONS.items():
+            single.seen.clear()
+            parallel.seen.clear()
+            want = generate(single, PROMPTS, **opts).tokens
+            got = generate(parallel, PROMPTS, **opts).tokens
+            same = len(single.seen) == len(parallel.seen) and all(
+                torch.equal(a, b) for a, b in zip(single.seen, parallel.seen, strict=True)
+            )
+            results[f"{case}/{name}"] = [want, got, same, len(single.seen)]
+    return results
+
+
+def test_tp2_generation_in_canonical_units_gives_one_process_logits_bit_for_bit():
+    ranks = run_gloo(_run_canonical, 2)
+    for key, (want, got, same, forwards) in ranks[0].items():
+        assert got == want, key
+        assert same and forwards > 1, key  # every step's logits, the same bits
+        assert ranks[1][key][:3] == [want, got, True], key

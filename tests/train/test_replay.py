@@ -102,3 +102,34 @@ def test_a_step_the_run_never_trained_is_refused(tp2_run):
     assert proc.returncode == 2
     assert f"{tp2_run} has no record of step 9" in proc.stderr
     assert "records steps 1-4" in proc.stderr
+
+
+def test_generation_in_canonical_units_gives_the_same_tokens_on_tp2_and_one_process(
+    tp2_run, tmp_path
+):
+    outputs = []
+    for tp in (1, 2):
+        out = tmp_path / f"tp{tp}.jsonl"
+        proc = epochal(
+            "generate",
+            "--checkpoint",
+            str(tp2_run),
+            "--prompt-ids",
+            "5,17,3,9",
+            "--max-new-tokens",
+            "6",
+            "--device",
+            "cpu",
+            "--invariant-degree",
+            "8",
+            "--tensor-parallel",
+            str(tp),
+            "--output",
+            str(out),
+        )
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        outputs.append([json.loads(line)["tokens"] for line in out.read_text().splitlines()])
+    assert outputs[0] == outputs[1] and len(outputs[0][0]) >= 6
+    proc = epochal("generate", "--checkpoint", str(tp2_run), "--prompt-ids", "5,17",
+                   "--invariant-degree", "3", "--device", "cpu")  # fmt: skip
+    assert proc.returncode == 2 and "power of two" in proc.stderr

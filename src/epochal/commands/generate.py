@@ -37,7 +37,10 @@ folder's ``tokenizer_config.json`` / ``chat_template.jinja``, or the folder
 
 With ``--tensor-parallel N`` the model is sharded over N processes
 (``epochal.parallel``'s tensor-parallel plan, gathered logits); every rank runs
-the same generation and rank 0 prints. Outside ``torchrun`` the command
+the same generation and rank 0 prints. With ``--invariant-degree D`` (GPT models)
+every product and the attention run in the canonical units of
+:mod:`epochal.parallel.canonical_plan`, so one process and every ``N`` dividing ``D``
+give the same logits bit for bit, hence the same tokens. Outside ``torchrun`` the command
 re-launches itself under it.
 """
 
@@ -135,6 +138,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     run_g.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32")
     run_g.add_argument(
         "--tensor-parallel", type=int, default=1, help="shard the model over this many processes"
+    )
+    run_g.add_argument(
+        "--invariant-degree",
+        type=int,
+        default=1,
+        metavar="D",
+        help="compute in the canonical units of parallel.invariant_degree=D (a power of two): "
+        "the logits of one process and of every --tensor-parallel dividing D are the same "
+        "bits, those a layout-invariant run trained with (GPT models; default 1: off)",
     )
     run_g.add_argument("--output", default=None, help="also write the results as JSONL here")
 
@@ -353,17 +365,7 @@ def _generate(args, parallel, init_distributed, is_logging_rank) -> int:
     )
     model = model_from_state(config, ck.state)  # GPT, or T5 (the prompts are its encoder input)
     model = model.to(device=info.device, dtype=dtype).eval()
-    if args.tensor_parallel > 1:
-        from torch.distributed.device_mesh import init_device_mesh
-
-        from epochal.parallel.tensor_parallel import apply_tensor_parallel
-
-        if info.world_size != args.tensor_parallel:
-            raise ValueError(
-                f"--tensor-parallel {args.tensor_parallel} needs exactly that many processes, got {info.world_size}"
-            )
-        mesh = init_device_mesh(info.device.type, (args.tensor_parallel,), mesh_dim_names=("tp",))
-        apply_tensor_parallel(model, mesh["tp"], sequence_parallel=False, loss_parallel=False)
+    _parallelize(model, args, info)
     t_load = time.perf_counter() - t0
     t1 = time.perf_counter()
     out = generate(model, ids, gen_config)
@@ -402,3 +404,39 @@ def _generate(args, parallel, init_distributed, is_logging_rank) -> int:
         f"load {t_load:.2f} s; TP{args.tensor_parallel})"
     )
     return 0
+
+
+def _parallelize(model, args: argparse.Namespace, info) -> None:  # noqa: ANN001 - a model, DistInfo
+    """Shard ``model`` over ``--tensor-parallel`` ranks, in canonical units with ``--invariant-degree``.
+
+    Raises:
+        ValueError: the process count is not the tensor-parallel size, or the model
+            cannot be computed in the canonical units asked for (the reason named).
+    """
+    mesh = None
+    if args.tensor_parallel > 1:
+        from torch.distributed.device_mesh import init_device_mesh
+
+        if info.world_size != args.tensor_parallel:
+            raise ValueError(
+                f"--tensor-parallel {args.tensor_parallel} needs exactly that many processes, got {info.world_size}"
+            )
+        mesh = init_device_mesh(info.device.type, (args.tensor_parallel,), mesh_dim_names=("tp",))
+    degree = args.invariant_degree
+    if degree > 1:
+        from epochal.parallel.canonical_plan import canonical_refusal, install_canonical
+
+        why = canonical_refusal(model.config, degree, tp=args.tensor_parallel)
+        if why is not None:
+            raise ValueError(f"--invariant-degree {degree}: not for this model: {why}")
+        install_canonical(
+            model,
+            degree,
+            mesh["tp"] if mesh is not None else None,
+            gather_logits=True,
+            training=False,
+        )
+    elif mesh is not None:
+        from epochal.parallel.tensor_parallel import apply_tensor_parallel
+
+        apply_tensor_parallel(model, mesh["tp"], sequence_parallel=False, loss_parallel=False)

@@ -53,9 +53,16 @@ __all__ = [
 
 
 def _chunks_first(t2: torch.Tensor, chunks: int) -> torch.Tensor:
-    """``[N, chunks * w]`` -> contiguous ``[chunks, N, w]``."""
+    """``[N, chunks * w]`` -> ``[chunks, N, w]`` with the row-major strides of its shape.
+
+    A copy into fresh memory, not ``contiguous()``: with ``N = 1`` (a decoding step)
+    the transposed view already counts as contiguous but keeps the stride of the
+    ``chunks``, and the batched product then reads it by another path whose bits
+    depend on ``chunks``, which differs between layouts.
+    """
     n, width = t2.shape
-    return t2.view(n, chunks, width // chunks).transpose(0, 1).contiguous()
+    view = t2.view(n, chunks, width // chunks).transpose(0, 1)
+    return torch.empty(view.shape, dtype=t2.dtype, device=t2.device).copy_(view)
 
 
 def _chunks_last(t3: torch.Tensor) -> torch.Tensor:

@@ -94,6 +94,8 @@ def canonical_refusal(
     """
     if degree <= 1:
         return "parallel.invariant_degree is 1"
+    if degree & (degree - 1):
+        return f"parallel.invariant_degree={degree} is not a power of two"
     if degree % tp:
         return f"parallel.invariant_degree={degree} is not a multiple of tensor_parallel={tp}"
     if config.type != "gpt":
@@ -199,6 +201,38 @@ def _norm_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
 
 def _norm(norm: nn.Module, red: Reductions, *, sharded: bool) -> None:
     _install(norm, _norm_forward, red, sharded=sharded)
+
+
+#: each activation's function of the pre-activation (the MLP's own formulas)
+_ACTIVATIONS = {
+    "swiglu": F.silu,
+    "gated_gelu": lambda t: F.gelu(t, approximate="tanh"),
+    "relu": F.relu,
+    "gelu_tanh": lambda t: F.gelu(t, approximate="tanh"),
+    "gelu": F.gelu,
+}
+
+
+def _per_chunk(fn: Any, t: torch.Tensor, chunks: int) -> torch.Tensor:
+    """``fn`` applied to each of ``t``'s ``chunks`` last-dimension chunks on its own.
+
+    A vectorized activation computes a tensor's last, partial vector by another
+    path (other bits for ``exp``/``tanh``/``erf``), and where that tail falls depends
+    on the tensor's size; each chunk has the same shape on every layout, so its
+    elements take the same path everywhere.
+    """
+    if chunks == 1:
+        return fn(t)
+    return torch.cat([fn(piece.contiguous()) for piece in t.chunk(chunks, -1)], -1)
+
+
+def _mlp_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """The MLP with its activation computed per canonical chunk (``[..., hidden]`` in and out)."""
+    chunks = self.canonical_reductions.local
+    act = _ACTIVATIONS[self.activation]
+    if self.activation in ("swiglu", "gated_gelu"):
+        return self.w2(_per_chunk(act, self.w1(x), chunks) * self.w3(x))
+    return self.fc2(_per_chunk(act, self.fc1(x), chunks))
 
 
 class PositionDropout(nn.Module):
@@ -334,6 +368,7 @@ def install_canonical(
     *,
     sequence_parallel: bool = False,
     gather_logits: bool = False,
+    training: bool = True,
 ) -> Reductions:
     """Compute ``model`` (a GPT model or stage) in canonical units, sharded over ``tp_mesh`` if given.
 
@@ -349,6 +384,8 @@ def install_canonical(
             tensor-parallel regions.
         gather_logits: return the whole vocabulary's logits on every rank (a copy;
             without it each rank keeps its vocabulary shard ``[b, s, V / n]``).
+        training: draw attention dropout per global head (:class:`KeyedHeadAttention`);
+            False for inference (generation with a KV cache, which that seam does not take).
 
     Returns:
         The :class:`~epochal.parallel.canonical.Reductions` the model computes with.
@@ -364,6 +401,7 @@ def install_canonical(
     for block in model.layers.values():
         for name in ("attention_norm", "ffn_norm"):
             _norm(getattr(block, name), red, sharded=sp)
+        _install(block.mlp, _mlp_forward, red)
         for name in _COLUMN:
             module = _linear(block, name)
             if module is not None:
@@ -380,8 +418,12 @@ def install_canonical(
                 if module is not None:
                     _column_after_gather(module, red)
         block.dropout = PositionDropout(block.dropout.p, red.rank if sp else 0, tp if sp else 1)
-        if config.attention_dropout > 0:
+        if training and config.attention_dropout > 0:
             block.attention.core_attention = KeyedHeadAttention(red.rank * heads_per_rank)
+        if block.attention.use_alibi and tp > 1:  # this rank's heads' slopes
+            first = red.rank * heads_per_rank
+            block.attention.alibi_heads = slice(first, first + heads_per_rank)
+            block.attention.init_buffers()
     if model.tok_embeddings is not None:
         model.embedding_dropout = PositionDropout(
             model.embedding_dropout.p, red.rank if sp else 0, tp if sp else 1
