@@ -139,14 +139,18 @@ class _RowLinear(torch.autograd.Function):
         x3 = _chunks_first(x.reshape(-1, x.shape[-1]), chunks)  # [L, N, K / D]
         w3 = _chunks_first(weight, chunks)  # [L, M, K / D]
         out = tree_sum(torch.bmm(x3, w3.transpose(1, 2))).view(*x.shape[:-1], m)
-        ctx.save_for_backward(x3, w3)
+        # the input and the weight themselves (the weight is a parameter, the input what
+        # a plain linear keeps); their chunked copies are made again in the backward
+        ctx.save_for_backward(x, weight)
         ctx.red, ctx.scatter, ctx.x_shape = red, scatter, x.shape
         return tree_reduce_scatter(out, 1, red) if scatter else tree_all_reduce(out, red)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
-        x3, w3 = ctx.saved_tensors
+        x, weight = ctx.saved_tensors
         red: Reductions = ctx.red
+        x3 = _chunks_first(x.reshape(-1, x.shape[-1]), red.local)  # [L, N, K / D]
+        w3 = _chunks_first(weight, red.local)  # [L, M, K / D]
         if ctx.scatter:
             grad = sequence_all_gather(grad, 1, red)
         chunks, m = red.local, w3.shape[1]
