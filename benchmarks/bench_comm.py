@@ -74,6 +74,8 @@ LAYOUTS: dict[str, tuple[int, dict[str, Any], bool]] = {
     "dp2_zero2": (2, {"dp_sharding": "optimizer"}, False),
     "dp2_zero2_inv": (2, {"dp_sharding": "optimizer"}, True),
     "tp2_sp": (2, {"tensor_parallel": 2, "sequence_parallel": True}, False),
+    # layout-invariant TP in canonical units (parallel.invariant_degree = 8)
+    "tp2_sp_exact": (2, {"tensor_parallel": 2, "sequence_parallel": True}, True),
     "pp2": (2, {"pipeline_parallel": 2}, False),
     "dp2_tp2_sp": (4, {"tensor_parallel": 2, "sequence_parallel": True}, False),
     "dp2_tp2_sp_inv": (4, {"tensor_parallel": 2, "sequence_parallel": True}, True),
@@ -160,8 +162,16 @@ def measure(rank: int, world: int, name: str, args: argparse.Namespace) -> dict[
             config=pconf,
         )  # fmt: skip
     mesh = dims.build_mesh("cpu")
+    canonical = pconf.invariant_degree if name.endswith("_exact") else 0
     engine = ParallelEngine(
-        pconf, cfg, dims, mesh, device=torch.device("cpu"), seed=0, exact_sync=invariant
+        pconf,
+        cfg,
+        dims,
+        mesh,
+        device=torch.device("cpu"),
+        seed=0,
+        exact_sync=invariant,
+        canonical_degree=canonical,
     )
     opts = OptimizersContainer(
         engine.model_parts, lambda p: build_adamw([p], lr=1e-4, weight_decay=0.1)
