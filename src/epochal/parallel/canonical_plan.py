@@ -311,18 +311,47 @@ class KeyedHeadAttention:
             scores = scores.masked_fill(masked_out, float("-inf"))
         probs = torch.softmax(scores, dim=-1)
         seed = torch.initial_seed()
-        masks = []
+        keep = torch.empty((b, heads, s, s_k), dtype=torch.bool, device=q.device)
         for j in range(heads):
             generator = torch.Generator(device=q.device)
             generator.manual_seed(derive_seed(seed, self.first_head + j) >> 1)
-            masks.append(
-                torch.empty((b, s, s_k), dtype=q.dtype, device=q.device).bernoulli_(
-                    1 - dropout_p, generator=generator
-                )
-            )
-        keep = torch.stack(masks, dim=1).div_(1 - dropout_p)
-        dropped = (probs * keep).view(b * heads, s, s_k)
-        return torch.bmm(dropped, v.contiguous().view(b * heads, s_k, hd)).view(b, heads, s, hd)
+            draw = torch.empty((b, s, s_k), dtype=q.dtype, device=q.device)
+            keep[:, j] = draw.bernoulli_(1 - dropout_p, generator=generator).bool()
+        out = _DroppedValues.apply(
+            probs.view(b * heads, s, s_k),
+            keep.view(b * heads, s, s_k),
+            1.0 / (1 - dropout_p),
+            v.contiguous().view(b * heads, s_k, hd),
+        )
+        return out.view(b, heads, s, hd)
+
+
+class _DroppedValues(torch.autograd.Function):
+    """``dropout(probs) @ v`` keeping ``probs`` and a boolean mask, not the dropped product.
+
+    Shapes: ``probs`` and ``keep`` ``[B, s, s_k]``, ``v`` ``[B, s_k, hd]`` -> ``[B, s, hd]``;
+    the dropped probabilities ``where(keep, probs * scale, 0)`` are made again in the
+    backward (a quarter of a float mask's memory, and no third copy kept).
+    """
+
+    @staticmethod
+    def forward(
+        ctx: Any, probs: torch.Tensor, keep: torch.Tensor, scale: float, v: torch.Tensor
+    ) -> torch.Tensor:
+        ctx.save_for_backward(probs, keep, v)
+        ctx.scale = scale
+        return torch.bmm(torch.where(keep, probs * scale, 0.0), v)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+        probs, keep, v = ctx.saved_tensors
+        grad_probs = grad_v = None
+        if ctx.needs_input_grad[0]:
+            grad_probs = torch.where(keep, torch.bmm(grad, v.transpose(1, 2)) * ctx.scale, 0.0)
+        if ctx.needs_input_grad[3]:
+            dropped = torch.where(keep, probs * ctx.scale, 0.0)
+            grad_v = torch.bmm(dropped.transpose(1, 2), grad)
+        return grad_probs, None, None, grad_v
 
 
 class _ShardOnly(ParallelStyle):
