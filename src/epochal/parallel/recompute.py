@@ -24,6 +24,11 @@ The attention kernel differs by device: CUDA uses
 ``_cudnn_attention``; the CPU uses ``aten._scaled_dot_product_flash_attention_for_cpu``
 (and the decomposed math path with dropout). All are in the save list.
 
+In canonical units (:mod:`epochal.parallel.canonical_plan`) the products are custom
+autograd functions whose inner batched matmuls give ``D / n`` partial results each;
+those are recomputed, not kept, so selective recompute there recomputes the products
+too and keeps the attention's kernel outputs.
+
 Dropout masks are the same in the recomputation (the RNG state is restored),
 so losses and gradients equal those without recompute.
 
@@ -88,7 +93,11 @@ SAVE_OPS: set[Any] = _ops(
 
 
 def _selective_policy(ctx: Any, func: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
-    if func in SAVE_OPS:
+    # Inside a custom autograd function (its forward runs without grad: the canonical
+    # units' chunked products) the partial results are not kept: the function saves
+    # what its backward needs itself, and a stack of partials would outweigh the
+    # activations it stands for.
+    if func in SAVE_OPS and torch.is_grad_enabled():
         return CheckpointPolicy.MUST_SAVE
     return CheckpointPolicy.PREFER_RECOMPUTE
 
