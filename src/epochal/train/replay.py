@@ -119,7 +119,6 @@ def replay_step(
     overrides: list[str] | None = None,
     *,
     work_dir: str | os.PathLike | None = None,
-    log=None,  # noqa: ANN001 - a print-like callable
 ) -> ReplayResult:
     """Replay step ``step`` of the run in ``run_dir``; see the module docstring.
 
@@ -129,7 +128,6 @@ def replay_step(
         overrides: ``--section.key=value`` options after :data:`ONE_PROCESS` (the
             layout to replay in, e.g. ``--parallel.tensor_parallel=2``).
         work_dir: the replay's run directory (kept); default a temporary one, removed.
-        log: called with the replay's training output when it fails (default: none).
 
     Raises:
         ReplayError: see the module docstring.
@@ -170,8 +168,6 @@ def replay_step(
         proc = subprocess.run(command, capture_output=True, text=True, check=False)
         if proc.returncode != 0:
             output = (proc.stdout + proc.stderr)[-4000:]
-            if log is not None:
-                log(output)
             raise ReplayError(
                 f"replaying step {step} of {run_dir} failed (exit status {proc.returncode}):\n"
                 f"{output}"
