@@ -2,8 +2,9 @@
 
 The collectives (:func:`tree_all_reduce`, :func:`tree_reduce_scatter`) are compared
 with :func:`tree_sum` over all the chunks on one rank; the canonical model pieces
-(linears, norms, attention, loss) with the same model computed on one rank, on two
-and four tensor-parallel ranks, with and without sequence parallelism. The
+(linears, norms, embeddings, attention, loss) with the same model computed on one
+rank, on two and four tensor-parallel ranks, with and without sequence parallelism,
+and on two and four context-parallel ranks (the head exchange). The
 training runs themselves are in :mod:`tests.parallel.test_layout_invariance`.
 """
 
@@ -13,7 +14,7 @@ import pytest
 import torch
 
 from epochal.model.config import ConfigError, ModelConfig
-from epochal.parallel.canonical import Reductions, token_chunk_sum, tree_sum
+from epochal.parallel.canonical import Reductions, folded_tree, token_chunk_sum, tree_sum
 from epochal.parallel.canonical_plan import KeyedHeadAttention, canonical_refusal
 from epochal.parallel.config import ParallelConfig
 from tests.dist_utils import run_gloo
@@ -68,13 +69,53 @@ def test_tree_sum_adds_adjacent_pairs_first():
         tree_sum(parts[:3])
 
 
-def test_token_chunk_sum_cuts_the_sequence_into_the_degree():
-    values = torch.randn(2, 16, 5)
+def test_token_chunk_sum_adds_the_folded_sequence_chunks():
+    values = torch.randn(2, 32, 5) * torch.logspace(-3, 3, 32).view(1, -1, 1)
     red = Reductions(DEGREE)
-    parts = torch.stack([c.contiguous().sum((0, 1)) for c in values.chunk(DEGREE, 1)])
-    assert torch.equal(token_chunk_sum(values, red, sharded=False), tree_sum(parts))
-    with pytest.raises(ValueError, match="invariant_degree=8"):
+    parts = [c.contiguous().sum((0, 1)) for c in values.chunk(2 * DEGREE, 1)]
+    # leaf j: chunk j and its mirror 2D - 1 - j, the leaves added as the tree
+    leaves = torch.stack([parts[j] + parts[2 * DEGREE - 1 - j] for j in range(DEGREE)])
+    assert torch.equal(token_chunk_sum(values, red, sharded=False), tree_sum(leaves))
+    assert not torch.equal(tree_sum(torch.stack(parts)), tree_sum(leaves))  # the order shows
+    with pytest.raises(ValueError, match="invariant_degree=16"):
         token_chunk_sum(torch.randn(2, 12, 5), red, sharded=False)
+
+
+def test_the_folded_tree_keeps_few_partials_and_is_the_tree():
+    leaves = _chunks(2)
+    calls = []
+
+    def partial(i):
+        calls.append(i)
+        return leaves[i % DEGREE] * (1 + i)
+
+    got = folded_tree(partial, 2 * DEGREE)
+    want = tree_sum(torch.stack([partial(j) + partial(2 * DEGREE - 1 - j) for j in range(DEGREE)]))
+    assert torch.equal(got, want)
+    assert calls[:4] == [0, 15, 1, 14]  # each leaf's two chunks, in the tree's order
+    with pytest.raises(ValueError, match="folded tree"):
+        folded_tree(partial, 6)
+
+
+def _context_token_sum(rank: int, world_size: int) -> list:
+    import torch.distributed as dist
+
+    from epochal.parallel.context_parallel import chunk_positions
+
+    red = Reductions(DEGREE, None, dist.group.WORLD)
+    g = torch.Generator().manual_seed(4)
+    values = torch.randn(2, 32, 5, generator=g) * torch.logspace(-3, 3, 32).view(1, -1, 1)
+    mine = values.index_select(1, chunk_positions(32, world_size, rank))
+    return token_chunk_sum(mine, red, sharded=False).tolist()
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_a_context_parallel_token_sum_is_one_processs(world_size):
+    g = torch.Generator().manual_seed(4)
+    values = torch.randn(2, 32, 5, generator=g) * torch.logspace(-3, 3, 32).view(1, -1, 1)
+    want = token_chunk_sum(values, Reductions(DEGREE), sharded=False).tolist()
+    assert run_gloo(_context_token_sum, world_size) == [want] * world_size
 
 
 def test_degree_must_be_a_power_of_two():
@@ -102,8 +143,20 @@ def test_refusals_name_what_stops_the_units():
     assert canonical_refusal(_config(), DEGREE, tp=4, seq_length=16) is None
     assert "num_query_groups=2" in canonical_refusal(_config(num_query_groups=2), DEGREE, tp=4)
     assert "tensor_parallel=16" in canonical_refusal(_config(), DEGREE, tp=16)
-    assert "data.seq_length" in canonical_refusal(_config(), DEGREE, seq_length=12)
-    assert "context parallelism" in canonical_refusal(_config(), DEGREE, cp=2)
+    assert "data.seq_length" in canonical_refusal(_config(), DEGREE, seq_length=24)
+    assert canonical_refusal(_config(), DEGREE, tp=2, cp=2, seq_length=32) is None
+    assert "pipeline" in canonical_refusal(_config(), DEGREE, cp=2, pp=2)
+    assert "context_parallel = 4" in canonical_refusal(
+        _config(num_query_groups=2), DEGREE, tp=2, cp=2
+    )
+    assert "context_parallel=16" in canonical_refusal(_config(), DEGREE, cp=16)
+    assert "sequence chunks" in canonical_refusal(
+        _config(num_attention_heads=16, num_query_groups=16, hidden_size=64),
+        4,
+        tp=4,
+        cp=4,
+        sequence_parallel=True,
+    )
     assert "hidden_size" in canonical_refusal(
         _config(hidden_size=36, num_attention_heads=4), DEGREE
     )
@@ -177,6 +230,7 @@ def _model_grads(rank: int, world_size: int, llama: bool) -> list:
             for n, p in model.named_parameters()
         }
         out.append((loss.detach(), grads))
+    out.append(_context_parallel_grads(cfg))
     dist.barrier()
     (one, one_grads), *layouts = out
     # compared here: tensors do not travel back through the result queue
@@ -189,8 +243,33 @@ def _model_grads(rank: int, world_size: int, llama: bool) -> list:
     ]
 
 
+def _context_parallel_grads(cfg: ModelConfig) -> tuple:
+    """The loss and gradients of the same step with every rank of the world one context-parallel rank."""
+    import torch.distributed as dist
+
+    from epochal.model.build import build_model
+    from epochal.parallel.canonical_ops import canonical_cross_entropy
+    from epochal.parallel.canonical_plan import install_canonical
+    from epochal.parallel.context_parallel import ContextParallel
+
+    model = build_model(cfg, seed=1)
+    model.init_weights(seed=1)
+    cp = ContextParallel(dist.group.WORLD)
+    red = install_canonical(model, DEGREE, cp_group=cp.group)
+    model.train()
+    torch.manual_seed(3)
+    tokens = torch.randint(0, 128, (2, 16))
+    torch.manual_seed(5)  # every rank draws the whole sequence's masks
+    logits = cp.forward(model)(tokens)  # this rank's chunks
+    local = canonical_cross_entropy(logits, cp.shard(tokens.roll(1, 1)), red, 128)
+    loss = cp.gather(local).mean()  # every token's loss, global order
+    loss.backward()
+    return loss.detach(), {n: p.grad for n, p in model.named_parameters()}
+
+
 @pytest.mark.distributed
 @pytest.mark.parametrize(("world_size", "llama"), [(2, False), (4, True)])
-def test_tensor_and_sequence_parallel_gradients_equal_one_process(world_size, llama):
+def test_tensor_sequence_and_context_parallel_gradients_equal_one_process(world_size, llama):
+    # learned positions at 2 ranks, RoPE with grouped keys/values at 4
     for rank_result in run_gloo(_model_grads, world_size, llama):
-        assert rank_result == [(True, []), (True, [])]  # TP, then TP with SP
+        assert rank_result == [(True, []), (True, []), (True, [])]  # TP, TP with SP, CP

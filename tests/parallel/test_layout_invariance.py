@@ -6,9 +6,10 @@ process (DP1 x GA4, the plain :class:`~epochal.train.trainer.Trainer`), on two
 data-parallel ranks (DP2 x GA2) and on four (DP4 x GA1), with every
 ``dp_sharding`` mode and activation recompute spread over the runs; then
 pipeline parallelism (PP2 x DP2 against one process, tied embeddings) and
-tensor parallelism (GPT in canonical units, ``parallel.invariant_degree``: TP2,
-TP2 with sequence parallelism, TP4 with it, TP2 x DP2 with the distributed
-optimizer and TP2 x PP2, every one against one process). Every loss list is compared
+tensor and context parallelism (GPT in canonical units, ``parallel.invariant_degree``:
+TP2, TP2 with sequence parallelism, TP4 with it, TP2 x DP2 with the distributed
+optimizer, TP2 x PP2, CP2, CP4 and TP2 x CP2 with sequence parallelism, every one
+against one process). Every loss list is compared
 with ``==``, the final model and optimizer state by a digest of their full
 tensors. A checkpoint written on four ranks resumes in one process, and one
 written in one process resumes on two ranks, with the losses of the run that
@@ -38,6 +39,7 @@ SAVE = [f"--checkpoint.save_interval={HALF}"]
 RECOMPUTE = ["--parallel.recompute_granularity=full"]
 SP = ["--parallel.sequence_parallel=true"]
 G4 = ["--model.num_query_groups=4"]  # key/value groups split over four ranks
+CP2 = ["--parallel.context_parallel=2"]
 # (name, model, overrides): the sharding modes and recompute spread over the models
 TWO = [
     ("dp2-gpt", "gpt", SAVE),
@@ -47,6 +49,8 @@ TWO = [
     ("tp2", "gpt", ["--parallel.tensor_parallel=2"]),
     ("tp2-sp", "gpt", ["--parallel.tensor_parallel=2", "--parallel.sequence_parallel=true"]),
     ("tp2-degree1", "gpt", ["--parallel.tensor_parallel=2", "--parallel.invariant_degree=1"]),
+    ("cp2", "gpt", [*CP2, *G4]),
+    ("cp2-degree1", "gpt", [*CP2, *G4, "--parallel.invariant_degree=1"]),
     ("dp2-plain", "gpt", ["--training.layout_invariant=false"]),
 ]
 FOUR = [
@@ -57,6 +61,8 @@ FOUR = [
     ("pp2-dp2", "gpt", ["--parallel.pipeline_parallel=2", *RECOMPUTE]),
     ("tp2-dp2", "gpt", ["--parallel.tensor_parallel=2", "--parallel.dp_sharding=optimizer"]),
     ("tp4-sp", "gpt", ["--parallel.tensor_parallel=4", "--parallel.sequence_parallel=true", *G4]),
+    ("cp4", "gpt", ["--parallel.context_parallel=4", *G4]),
+    ("tp2-cp2-sp", "gpt", ["--parallel.tensor_parallel=2", *CP2, *SP, *G4]),
     (
         "tp2-pp2",
         "gpt",
@@ -129,6 +135,20 @@ def test_tensor_parallel_with_data_or_pipeline_parallel_equals_one_process(dp1, 
 
 def test_four_tensor_parallel_ranks_with_sequence_parallel_equal_one_process(dp1, four):
     assert_same(four["tp4-sp"], dp1["gpt-g4"])
+
+
+def test_two_context_parallel_ranks_train_the_bits_of_one_process(dp1, two):
+    assert_same(two["cp2"], dp1["gpt-g4"])
+
+
+@pytest.mark.parametrize("case", ["cp4", "tp2-cp2-sp"])
+def test_four_context_or_tensor_and_context_parallel_ranks_equal_one_process(dp1, four, case):
+    assert_same(four[case], dp1["gpt-g4"])
+
+
+def test_without_canonical_units_context_parallel_drifts(dp1, two):
+    # the plain exchange (all-gathered keys, per-rank sums added after): another number
+    assert two["cp2-degree1"]["losses"] != dp1["gpt-g4"]["losses"]
 
 
 def test_without_canonical_units_tensor_parallel_drifts(dp1, two):

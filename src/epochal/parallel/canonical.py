@@ -30,6 +30,17 @@ tree over all ``D`` chunks, so one process and every group size that divides
 Because ``D`` is a power of two, every size that divides it is one too, and the
 pairing above always exists; an uneven group never arises.
 
+Sums over tokens (weight, bias and norm gradients, which context and sequence
+parallelism split) use ``2 D`` sequence chunks in the *folded* order: leaf ``p``
+(``p < D``) is chunk ``p`` plus its mirror chunk ``2 D - 1 - p``, and the ``D``
+leaves are added as the tree above (:func:`folded_tree`). A context-parallel rank
+``r`` of ``cp`` holds the sequence chunks ``r`` and ``2 cp - 1 - r`` of the
+load-balanced cut, i.e. exactly the leaves ``[r D / cp, (r + 1) D / cp)``: its
+subtree, which the context-parallel group completes by recursive halving
+(:func:`folded_token_sum`). One process, every context-parallel size dividing
+``D`` and every sequence-parallel split therefore add the same partial sums in
+the same tree.
+
 Errors: :class:`ValueError` when the group size does not divide the degree, the
 degree is not a power of two, or a tensor's dimension does not split into the
 chunks asked for.
@@ -37,12 +48,19 @@ chunks asked for.
 
 from __future__ import annotations
 
+import operator
+from collections.abc import Callable
+from typing import Any
+
 import torch
 import torch.distributed as dist
 
 __all__ = [
     "Reductions",
+    "folded_token_sum",
+    "folded_tree",
     "sequence_all_gather",
+    "sequence_chunks",
     "token_chunk_sum",
     "tree_all_reduce",
     "tree_reduce_scatter",
@@ -60,6 +78,7 @@ class Reductions:
     Args:
         degree: the invariance degree ``D`` (a power of two).
         group: the tensor-parallel process group, or None for one rank.
+        cp_group: the context-parallel process group, or None without.
 
     Attributes:
         degree: ``D``.
@@ -67,12 +86,22 @@ class Reductions:
         size: the group's size ``n`` (1 without a group).
         rank: this rank's index in the group.
         local: the chunks this rank holds of a split dimension (``D / n``).
+        cp: the context-parallel group's units (None without context parallelism).
+        token_chunks: the folded sequence chunks this rank's sequence holds
+            (``2 D / cp``; a tensor-parallel rank's slice of it under sequence
+            parallelism holds ``1 / n`` of them).
 
     Raises:
-        ValueError: ``degree`` is not a power of two, or ``n`` does not divide it.
+        ValueError: ``degree`` is not a power of two, or ``n`` (or the
+        context-parallel size) does not divide it.
     """
 
-    def __init__(self, degree: int, group: dist.ProcessGroup | None = None) -> None:
+    def __init__(
+        self,
+        degree: int,
+        group: dist.ProcessGroup | None = None,
+        cp_group: dist.ProcessGroup | None = None,
+    ) -> None:
         if not _power_of_two(degree):
             raise ValueError(f"parallel.invariant_degree must be a power of two, got {degree}")
         size = dist.get_world_size(group) if group is not None else 1
@@ -86,6 +115,11 @@ class Reductions:
         self.size = size
         self.rank = dist.get_rank(group) if self.group is not None else 0
         self.local = degree // size
+        cp = dist.get_world_size(cp_group) if cp_group is not None else 1
+        self.cp = Reductions(degree, cp_group) if cp > 1 else None
+        self.cp_size = cp
+        self.cp_rank = self.cp.rank if self.cp is not None else 0
+        self.token_chunks = 2 * degree // cp
 
     def chunk_width(self, full: int, what: str) -> int:
         """The width of one chunk of a dimension of ``full`` elements (whole, not this rank's)."""
@@ -100,7 +134,10 @@ class Reductions:
         return self
 
     def __repr__(self) -> str:
-        return f"Reductions(degree={self.degree}, size={self.size}, rank={self.rank})"
+        return (
+            f"Reductions(degree={self.degree}, size={self.size}, rank={self.rank}, "
+            f"cp_size={self.cp_size}, cp_rank={self.cp_rank})"
+        )
 
 
 def tree_sum(stack: torch.Tensor) -> torch.Tensor:
@@ -206,38 +243,89 @@ def sequence_all_gather(local: torch.Tensor, dim: int, red: Reductions) -> torch
     return torch.cat(whole.view(red.size, *local.shape).unbind(0), dim=dim)
 
 
-def token_chunk_sum(values: torch.Tensor, red: Reductions, *, sharded: bool) -> torch.Tensor:
-    """The sum over every dimension but the last, in canonical chunks of dimension 1 (the sequence).
+def folded_tree(
+    partial: Callable[[int], Any], count: int, add: Callable[[Any, Any], Any] = operator.add
+) -> Any:
+    """The folded tree of ``count`` sequence chunks: leaf ``j`` is chunk ``j`` plus chunk ``count - 1 - j``.
 
-    The weight gradient of a norm or a bias is a sum over tokens. Dimension 1 of
-    ``values`` ``[b, s, C]`` is cut into the canonical chunks (``D`` of them for
-    the whole sequence, ``D / n`` for a rank's sequence slice), each chunk summed
-    over its ``[b, s / D]`` tokens by the same call, and the chunks added as the
-    tree (over the group too when ``sharded``).
+    The ``count / 2`` leaves are added as the balanced binary tree of
+    :func:`tree_sum`, built as they come (a binary counter), so at most
+    ``log2(count)`` partial results are alive at once; ``partial(i)`` is called
+    once per chunk, in the order the tree needs it.
 
     Args:
-        values: ``[b, s_local, C]`` (any leading dims after flattening to 3-D keep
-            the sequence at dim 1).
+        partial: the partial result of local chunk ``i`` (a tensor, or what ``add`` takes).
+        count: the local chunks, an even number whose half is a power of two.
+        add: the addition (``a + b`` by default).
+    """
+    if count < 2 or not _power_of_two(count // 2) or count % 2:
+        raise ValueError(f"a folded tree needs 2 * (a power of two) chunks, got {count}")
+    stack: list[tuple[int, Any]] = []
+    for j in range(count // 2):
+        node, level = add(partial(j), partial(count - 1 - j)), 0
+        while stack and stack[-1][0] == level:
+            node, level = add(stack.pop()[1], node), level + 1
+        stack.append((level, node))
+    return stack[0][1]
+
+
+def folded_token_sum(partial: Callable[[int], torch.Tensor], red: Reductions) -> torch.Tensor:
+    """A sum over the tokens of this rank's sequence and its context-parallel group's (module docstring).
+
+    Args:
+        partial: the sum over local sequence chunk ``i`` of ``red.token_chunks``
+            (each chunk ``[b, s / token_chunks]`` tokens, the same call on every layout).
+        red: the units (their context-parallel group completes the tree).
+
+    Returns:
+        The whole sum, the same bits on every rank of the context-parallel group.
+    """
+    local = folded_tree(partial, red.token_chunks)
+    return tree_all_reduce(local, red.cp) if red.cp is not None else local
+
+
+def sequence_chunks(values: torch.Tensor, red: Reductions, *, sharded: bool = False) -> int:
+    """The folded chunks dimension 1 of ``values`` holds (``token_chunks``, or ``1/n`` when ``sharded``).
+
+    Raises:
+        ValueError: the sequence does not split into them.
+    """
+    chunks = red.token_chunks // (red.size if sharded else 1)
+    if chunks < 1 or values.shape[1] % chunks:
+        raise ValueError(
+            f"a sequence of {values.shape[1]} tokens does not split into {max(chunks, 1)} "
+            f"chunks (2 * parallel.invariant_degree={2 * red.degree} over the context-"
+            f"and sequence-parallel ranks)"
+        )
+    return chunks
+
+
+def token_chunk_sum(values: torch.Tensor, red: Reductions, *, sharded: bool) -> torch.Tensor:
+    """The sum over every dimension but the last, in the folded sequence chunks of dimension 1.
+
+    The weight gradient of a norm or a bias is a sum over tokens. Each sequence
+    chunk of ``values`` ``[b, s, C]`` is summed over its ``[b, s / chunks]`` tokens
+    by the same call on every layout, and the chunks added as the folded tree
+    (:func:`folded_token_sum`); under sequence parallelism (``sharded``) the
+    chunks' sums are gathered over the group first (``C`` values per chunk).
+
+    Args:
+        values: ``[b, s_local, C]`` (2-D: one sequence).
         red: the units.
-        sharded: the sequence is split over the group (sequence parallelism).
+        sharded: the sequence is split over the tensor-parallel group.
 
     Returns:
         ``[C]``.
     """
-    chunks = red.local if sharded else red.degree
     if values.dim() == 2:
         values = values.unsqueeze(0)
-    seq = values.shape[1]
-    if seq % chunks:
-        raise ValueError(
-            f"a sequence of {seq} tokens does not split into {chunks} chunks "
-            f"(parallel.invariant_degree={red.degree})"
-        )
+    chunks = sequence_chunks(values, red, sharded=sharded)
     parts = torch.stack(
         [
             piece.contiguous().sum(dim=tuple(range(piece.dim() - 1)))
             for piece in values.chunk(chunks, 1)
         ]
     )
-    total = tree_sum(parts)
-    return tree_all_reduce(total, red) if sharded else total
+    if sharded and red.group is not None:
+        parts = sequence_all_gather(parts, 0, red)
+    return folded_token_sum(lambda i: parts[i], red)

@@ -24,8 +24,12 @@ chunks held by this rank of an ``n``-rank group):
   logit shards: the max over the vocabulary (exact in any order), the sum of
   exponentials per vocabulary chunk added as the tree.
 
-Weight gradients that sum over the tokens (``[N]``) are one product over every
-token: tensor and sequence parallelism give each rank all ``N`` tokens there.
+Weight gradients sum over the tokens: one product per folded sequence chunk
+(``2 D`` of them in one process, ``2 D / cp`` on a context-parallel rank; the
+same ``[b, s / 2D]`` tokens on every layout), the chunks added as the folded
+tree and completed over the context-parallel group
+(:func:`~epochal.parallel.canonical.folded_token_sum`). Tensor and sequence
+parallelism give each rank all of its context-parallel rank's tokens there.
 """
 
 from __future__ import annotations
@@ -36,7 +40,9 @@ import torch
 
 from epochal.parallel.canonical import (
     Reductions,
+    folded_token_sum,
     sequence_all_gather,
+    sequence_chunks,
     token_chunk_sum,
     tree_all_reduce,
     tree_reduce_scatter,
@@ -69,6 +75,19 @@ def _chunks_last(t3: torch.Tensor) -> torch.Tensor:
     """contiguous ``[chunks, N, w]`` -> ``[N, chunks * w]``."""
     chunks, n, width = t3.shape
     return t3.transpose(0, 1).reshape(n, chunks * width)
+
+
+def _tokens(t: torch.Tensor) -> torch.Tensor:
+    """``t`` as ``[b, s, C]`` (a 2-D ``[N, C]`` is one sequence of ``N`` tokens)."""
+    return t.unsqueeze(0) if t.dim() == 2 else t.reshape(t.shape[0], -1, t.shape[-1])
+
+
+def _chunk_rows(t3: torch.Tensor, i: int, chunks: int) -> torch.Tensor:
+    """Sequence chunk ``i`` of ``chunks`` of ``t3`` ``[b, s, C]`` as fresh row-major ``[b * s / chunks, C]``."""
+    width = t3.shape[1] // chunks
+    piece = t3[:, i * width : (i + 1) * width]
+    out = torch.empty((piece.shape[0] * width, t3.shape[-1]), dtype=t3.dtype, device=t3.device)
+    return out.view(piece.shape).copy_(piece).view(-1, t3.shape[-1])
 
 
 def _pad_sequence(local: torch.Tensor, red: Reductions) -> torch.Tensor:
@@ -116,9 +135,15 @@ class _ColumnLinear(torch.autograd.Function):
             else:
                 grad_x = tree_all_reduce(local, red)
         if ctx.needs_input_grad[1]:
-            x2 = x.reshape(-1, k)
-            gw3 = torch.bmm(g3.transpose(1, 2), x2.unsqueeze(0).expand(chunks, -1, -1))
-            grad_w = gw3.reshape(weight.shape)
+            x3, gt = _tokens(x), _tokens(grad)
+            n = sequence_chunks(x3, red)
+
+            def partial(i: int) -> torch.Tensor:  # the chunk's [M / n, K], in D / n pieces
+                gi = _chunks_first(_chunk_rows(gt, i, n), chunks)  # [L, N_i, M / D]
+                xi = _chunk_rows(x3, i, n).unsqueeze(0).expand(chunks, -1, -1)
+                return torch.bmm(gi.transpose(1, 2), xi).reshape(weight.shape)
+
+            grad_w = folded_token_sum(partial, red)
         if ctx.has_bias and ctx.needs_input_grad[2]:
             tokens = grad.reshape(x.shape[0] if x.dim() > 2 else 1, -1, weight.shape[0])
             grad_b = torch.cat(
@@ -149,7 +174,6 @@ class _RowLinear(torch.autograd.Function):
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
         x, weight = ctx.saved_tensors
         red: Reductions = ctx.red
-        x3 = _chunks_first(x.reshape(-1, x.shape[-1]), red.local)  # [L, N, K / D]
         w3 = _chunks_first(weight, red.local)  # [L, M, K / D]
         if ctx.scatter:
             grad = sequence_all_gather(grad, 1, red)
@@ -160,8 +184,15 @@ class _RowLinear(torch.autograd.Function):
             gx3 = torch.bmm(g2.unsqueeze(0).expand(chunks, -1, -1), w3)
             grad_x = _chunks_last(gx3).view(ctx.x_shape)
         if ctx.needs_input_grad[1]:
-            gw3 = torch.bmm(g2.t().unsqueeze(0).expand(chunks, -1, -1), x3)
-            grad_w = _chunks_last(gw3)
+            xt, gt = _tokens(x), _tokens(grad)
+            n = sequence_chunks(xt, red)
+
+            def partial(i: int) -> torch.Tensor:  # the chunk's [M, K / n]
+                gi = _chunk_rows(gt, i, n).t().unsqueeze(0).expand(chunks, -1, -1)
+                xi = _chunks_first(_chunk_rows(xt, i, n), chunks)  # [L, N_i, K / D]
+                return _chunks_last(torch.bmm(gi, xi))
+
+            grad_w = folded_token_sum(partial, red)
         return grad_x, grad_w, None, None
 
 

@@ -1,4 +1,4 @@
-"""A GPT model (or pipeline stage) computed in canonical units, on one process or sharded by tensor parallelism.
+"""A GPT model (or pipeline stage) computed in canonical units, on one process or sharded by tensor and context parallelism.
 
 With ``training.layout_invariant`` and ``parallel.invariant_degree = D > 1``
 every reduction that tensor or sequence parallelism may split runs in the ``D``
@@ -20,13 +20,18 @@ module                      canonical computation
 norms                       ``xhat * weight + bias``, the parameter gradients token
                             sums in ``D`` sequence chunks (:func:`scale_shift`);
                             whole parameters on every rank
-``tok_embeddings``          vocabulary-parallel rows (the all-reduce adds one value and
-                            zeros: exact in any order)
+``tok_embeddings``,         :mod:`~epochal.parallel.canonical_embedding`: the token
+``pos_embeddings``          table's rows vocabulary-parallel (the all-reduce adds one
+                            value and zeros: exact in any order); the gradient per
+                            folded sequence chunk, added as the folded tree
 hidden / embedding dropout  a mask drawn for the whole tensor, this rank's sequence
-                            slice kept (:class:`PositionDropout`)
+                            positions kept (:class:`PositionDropout`)
 attention                   per head as in one process (the kernel's result for a head
                             does not depend on how many heads a call holds); attention
-                            dropout drawn per global head (:class:`KeyedHeadAttention`)
+                            dropout drawn per global head (:class:`KeyedHeadAttention`);
+                            under context parallelism the heads are exchanged so that
+                            each rank holds whole heads over the whole sequence
+                            (:mod:`~epochal.parallel.canonical_context`)
 loss                        :func:`canonical_cross_entropy` (the vocabulary in ``D``
                             chunks)
 ==========================  ==========================================================
@@ -36,11 +41,16 @@ once (:func:`gather_sequence`); each column linear reduce-scatters its own input
 gradient (the tree) and pads it with zeros to the whole sequence, so the
 gradients of ``wq``, ``wk`` and ``wv`` add in the order one process adds them.
 
+Weight, bias, norm and embedding gradients sum over tokens: in ``2 D`` folded
+sequence chunks (:func:`~epochal.parallel.canonical.folded_token_sum`), so that a
+context-parallel rank's tokens form a subtree that its group completes.
+
 Where the units cannot hold, :func:`canonical_refusal` says why (the run then
 keeps the data-parallel rule only): a model type other than GPT, experts,
-QK-norm, replicated key/value projections (fewer groups than ranks), context
-parallelism, sizes that do not split into ``D`` chunks, ALiBi or windows with
-attention dropout.
+QK-norm, heads that do not split over ``tp x cp`` ranks (replicated key/value
+projections, or the head exchange), context parallelism with pipeline stages,
+sizes that do not split into ``D`` chunks (the sequence into ``2 D``), ALiBi or
+windows with attention dropout.
 """
 
 from __future__ import annotations
@@ -53,7 +63,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor, Replicate, Shard
+from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     RowwiseParallel,
@@ -63,6 +73,8 @@ from torch.distributed.tensor.parallel.style import ParallelStyle
 from epochal.data.epochs.permutation import derive_seed
 from epochal.model.config import ModelConfig
 from epochal.parallel.canonical import Reductions, sequence_all_gather
+from epochal.parallel.canonical_context import HeadExchangeAttention
+from epochal.parallel.canonical_embedding import install_canonical_embedding
 from epochal.parallel.canonical_ops import (
     column_linear,
     gather_sequence,
@@ -82,36 +94,52 @@ _ROW = ("attention.wo", "mlp.fc2", "mlp.w2")
 
 
 def canonical_refusal(
-    config: ModelConfig, degree: int, *, tp: int = 1, cp: int = 1, seq_length: int | None = None
+    config: ModelConfig,
+    degree: int,
+    *,
+    tp: int = 1,
+    cp: int = 1,
+    pp: int = 1,
+    seq_length: int | None = None,
+    sequence_parallel: bool = False,
 ) -> str | None:
     """Why the canonical units cannot hold for this model and layout, or None when they do.
 
     Args:
         config: the model config.
         degree: ``parallel.invariant_degree`` (1: off).
-        tp: the tensor-parallel size; cp: the context-parallel size.
+        tp, cp, pp: the tensor-, context-parallel and pipeline sizes.
         seq_length: the training sequence length (None: not checked).
+        sequence_parallel: sequence parallelism is on.
     """
     if degree <= 1:
         return "parallel.invariant_degree is 1"
     if degree & (degree - 1):
         return f"parallel.invariant_degree={degree} is not a power of two"
-    if degree % tp:
-        return f"parallel.invariant_degree={degree} is not a multiple of tensor_parallel={tp}"
+    for name, size in (("tensor_parallel", tp), ("context_parallel", cp)):
+        if degree % size:
+            return f"parallel.invariant_degree={degree} is not a multiple of {name}={size}"
     if config.type != "gpt":
         return f"model.type={config.type!r} (the canonical units cover GPT models)"
     if config.num_experts:
         return "mixture-of-experts layers"
     if config.qk_layernorm:
         return "model.qk_layernorm"
-    if cp > 1:
-        return "context parallelism"
+    if cp > 1 and pp > 1:
+        return "context parallelism with pipeline stages"
     if config.head != "mlm":
         return "a fine-tuning head"
-    if config.num_kv_heads % tp:
+    if config.num_kv_heads % (tp * cp) or config.num_attention_heads % (tp * cp):
         return (
-            f"model.num_query_groups={config.num_kv_heads} does not split over "
-            f"tensor_parallel={tp} (replicated key/value projections)"
+            f"model.num_attention_heads={config.num_attention_heads} and "
+            f"model.num_query_groups={config.num_kv_heads} do not both split over "
+            f"tensor_parallel x context_parallel = {tp * cp} (replicated key/value "
+            "projections, or the head exchange of context parallelism)"
+        )
+    if sequence_parallel and tp * cp > 2 * degree:
+        return (
+            f"tensor_parallel x context_parallel = {tp * cp} under sequence parallelism "
+            f"exceeds the 2 * parallel.invariant_degree = {2 * degree} sequence chunks"
         )
     if config.attention_dropout > 0 and (
         config.position_embedding_type == "alibi" or config.sliding_window
@@ -124,11 +152,14 @@ def canonical_refusal(
         "the query width": config.num_attention_heads * config.head_dim,
         "the padded vocabulary": config.padded_vocab_size,
     }
-    if seq_length is not None:
-        widths["data.seq_length"] = seq_length
     for name, width in widths.items():
         if width % degree:
             return f"{name} ({width}) does not split into parallel.invariant_degree={degree} chunks"
+    if seq_length is not None and seq_length % (2 * degree):
+        return (
+            f"data.seq_length ({seq_length}) does not split into 2 * "
+            f"parallel.invariant_degree={2 * degree} sequence chunks"
+        )
     return None
 
 
@@ -236,28 +267,39 @@ def _mlp_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
 
 
 class PositionDropout(nn.Module):
-    """Dropout whose mask is drawn for the whole sequence; this rank keeps its slice of dimension 1.
+    """Dropout whose mask is drawn for the whole sequence; this rank keeps its positions' rows of dimension 1.
 
     Args:
         p: the drop probability.
-        rank, size: this rank's slice of ``size`` along the sequence (0 and 1: the whole).
+        rank, size: this rank's slice of ``size`` along its context-parallel
+            rank's sequence (0 and 1: all of it; sequence parallelism).
+        cp_rank, cp_size: the context-parallel rank holding chunks ``cp_rank`` and
+            ``2 cp_size - 1 - cp_rank`` of the sequence (0 and 1: the whole).
     """
 
-    def __init__(self, p: float, rank: int = 0, size: int = 1) -> None:
+    def __init__(
+        self, p: float, rank: int = 0, size: int = 1, cp_rank: int = 0, cp_size: int = 1
+    ) -> None:
         super().__init__()
         self.p, self.rank, self.size = p, rank, size
+        self.cp_rank, self.cp_size = cp_rank, cp_size
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.training or self.p == 0:
             return x
         s = x.shape[1]
-        whole = (x.shape[0], s * self.size, *x.shape[2:])
+        whole = (x.shape[0], s * self.size * self.cp_size, *x.shape[2:])
         noise = torch.empty(whole, dtype=x.dtype, device=x.device).bernoulli_(1 - self.p)
         noise.div_(1 - self.p)
-        return x * noise.narrow(1, self.rank * s, s)
+        if self.cp_size == 1:
+            return x * noise.narrow(1, self.rank * s, s)
+        from epochal.parallel.context_parallel import chunk_positions
+
+        held = chunk_positions(whole[1], self.cp_size, self.cp_rank, x.device)
+        return x * noise.index_select(1, held[self.rank * s : (self.rank + 1) * s])
 
     def extra_repr(self) -> str:
-        return f"p={self.p}, slice={self.rank}/{self.size}"
+        return f"p={self.p}, slice={self.rank}/{self.size}, cp={self.cp_rank}/{self.cp_size}"
 
 
 class KeyedHeadAttention:
@@ -362,24 +404,20 @@ class _ShardOnly(ParallelStyle):
         self.style = style
 
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
-        self.style._partition_linear_fn("", module, device_mesh)
+        if isinstance(module, nn.Embedding):  # rows: the vocabulary (RowwiseParallel's)
+            self.style._partition_embedding_fn("", module, device_mesh)
+        else:
+            self.style._partition_linear_fn("", module, device_mesh)
         return module
 
 
-def _shard_parameters(model: nn.Module, tp_mesh: DeviceMesh, sequence_parallel: bool) -> None:
+def _shard_parameters(model: nn.Module, tp_mesh: DeviceMesh) -> None:
     """Tensor-parallel placements: column/row weights, vocabulary-parallel embedding rows."""
-    from epochal.parallel.tensor_parallel import (
-        SequenceShardedPositionEmbedding,
-        parallelize_keeping_ties,
-    )
+    from epochal.parallel.tensor_parallel import parallelize_keeping_ties
 
     plan: dict[str, ParallelStyle] = {}
     if model.tok_embeddings is not None:
-        plan["tok_embeddings"] = RowwiseParallel(
-            input_layouts=Replicate(), output_layouts=Shard(1) if sequence_parallel else Replicate()
-        )
-    if model.pos_embeddings is not None and sequence_parallel:
-        plan["pos_embeddings"] = SequenceShardedPositionEmbedding()
+        plan["tok_embeddings"] = _ShardOnly(RowwiseParallel())
     if model.output is not None:
         plan["output"] = _ShardOnly(ColwiseParallel())
     for key, block in model.layers.items():
@@ -398,6 +436,7 @@ def install_canonical(
     sequence_parallel: bool = False,
     gather_logits: bool = False,
     training: bool = True,
+    cp_group: Any = None,
 ) -> Reductions:
     """Compute ``model`` (a GPT model or stage) in canonical units, sharded over ``tp_mesh`` if given.
 
@@ -415,18 +454,25 @@ def install_canonical(
             without it each rank keeps its vocabulary shard ``[b, s, V / n]``).
         training: draw attention dropout per global head (:class:`KeyedHeadAttention`);
             False for inference (generation with a KV cache, which that seam does not take).
+        cp_group: the context-parallel group (None without): attention exchanges
+            heads (:class:`~epochal.parallel.canonical_context.HeadExchangeAttention`)
+            and token sums complete their tree over it.
 
     Returns:
         The :class:`~epochal.parallel.canonical.Reductions` the model computes with.
     """
     tp = tp_mesh.size() if tp_mesh is not None else 1
-    red = Reductions(degree, tp_mesh.get_group() if tp > 1 else None)
+    red = Reductions(degree, tp_mesh.get_group() if tp > 1 else None, cp_group)
     sp = sequence_parallel and tp > 1
     if tp > 1:
         assert tp_mesh is not None
-        _shard_parameters(model, tp_mesh, sp)
+        _shard_parameters(model, tp_mesh)
     config: ModelConfig = model.config
     heads_per_rank = config.num_attention_heads // tp
+    group_heads = heads_per_rank // red.cp_size  # a rank's heads after the head exchange
+    first_head = red.rank * heads_per_rank + red.cp_rank * group_heads
+    slices = {"rank": red.rank if sp else 0, "size": tp if sp else 1}
+    slices.update(cp_rank=red.cp_rank, cp_size=red.cp_size)
     for block in model.layers.values():
         for name in ("attention_norm", "ffn_norm"):
             _norm(getattr(block, name), red, sharded=sp)
@@ -446,16 +492,26 @@ def install_canonical(
                 module = _linear(block, name)
                 if module is not None:
                     _column_after_gather(module, red)
-        block.dropout = PositionDropout(block.dropout.p, red.rank if sp else 0, tp if sp else 1)
+        block.dropout = PositionDropout(block.dropout.p, **slices)
+        core = None
         if training and config.attention_dropout > 0:
-            block.attention.core_attention = KeyedHeadAttention(red.rank * heads_per_rank)
+            core = KeyedHeadAttention(first_head)
+        if red.cp is not None:
+            core = HeadExchangeAttention(red.cp.group, block.attention, core)
+        if core is not None:
+            block.attention.core_attention = core
         if block.attention.use_alibi and tp > 1:  # this rank's heads' slopes
             first = red.rank * heads_per_rank
             block.attention.alibi_heads = slice(first, first + heads_per_rank)
             block.attention.init_buffers()
     if model.tok_embeddings is not None:
-        model.embedding_dropout = PositionDropout(
-            model.embedding_dropout.p, red.rank if sp else 0, tp if sp else 1
+        install_canonical_embedding(
+            model.tok_embeddings, red, vocab_parallel=tp > 1, sequence_parallel=sp
+        )
+        model.embedding_dropout = PositionDropout(model.embedding_dropout.p, **slices)
+    if model.pos_embeddings is not None:
+        install_canonical_embedding(
+            model.pos_embeddings, red, vocab_parallel=False, sequence_parallel=sp
         )
     if model.norm is not None:
         _norm(model.norm, red, sharded=sp)

@@ -78,6 +78,15 @@ the stages whole ``[b, S]`` micro-batches (tokens, keyword inputs) and
 stages send and receive the local ``[b, L, hidden]`` activations. The last
 stage's losses are gathered to ``[b, S]`` as without pipelining.
 
+In canonical units (``training.layout_invariant`` with ``parallel.invariant_degree``,
+GPT models) the run computes the bits of one process instead: attention exchanges
+heads (:mod:`epochal.parallel.canonical_context`, not this module's all-gather), every
+sum over tokens runs in folded sequence chunks completed over the group inside the
+backward pass (:mod:`epochal.parallel.canonical`), so :meth:`ContextParallel.reduce_grads`
+is not called, and dropout keys are not folded with the rank (each rank keeps its
+positions of the whole sequence's mask). The cutting of inputs and the gathering of
+losses below are the same.
+
 The exact gradient synchronisation: every rank accumulates its gradients in the global
 micro-batch order over its data-parallel group (the ranks with its
 context-parallel coordinate), then the sums are summed over the chunks; so with

@@ -234,6 +234,7 @@ class ParallelEngine:
                 self.mesh["tp"] if self.dims.tp > 1 else None,
                 sequence_parallel=pc.sequence_parallel,
                 gather_logits=not self.loss_parallel,
+                cp_group=self.cp.group if self.cp is not None else None,
             )
         elif self.dims.tp > 1:
             assert self.mesh is not None
@@ -243,7 +244,7 @@ class ParallelEngine:
                 sequence_parallel=pc.sequence_parallel,
                 loss_parallel=self.loss_parallel,
             )
-        if self.cp is not None:
+        if self.cp is not None and not self.canonical_degree:  # canonical: heads exchanged
             apply_context_parallel(part, self.cp)
             if self.dims.num_stages > 1:  # the schedule feeds the stage whole micro-batches
                 self.cp.install_stage_hook(part, is_first=stage_idx == 0)
@@ -365,7 +366,7 @@ class ParallelEngine:
         for i, mb in enumerate(micro_batches):
             sync.before_forward(i, n)
             if plan.seeds is not None:
-                seed_micro_batch(context_seed(plan.seeds[i], self.cp_rank), self.device)
+                seed_micro_batch(self._dropout_seed(plan.seeds[i]), self.device)
             with self._autocast():
                 loss, logged = run_train_step(step, mb, model, plan)
             self.logged.append(logged)
@@ -375,6 +376,15 @@ class ParallelEngine:
             sync.after_backward(0)
             divided.append(scaled.detach().float())
         return sync.step_loss(divided)
+
+    def _dropout_seed(self, seed: int) -> int:
+        """A micro-batch's dropout seed on this rank.
+
+        In canonical units every context-parallel rank draws the whole sequence's masks
+        and keeps its positions' (the same seed); otherwise the rank is folded in
+        (:func:`~epochal.parallel.context_parallel.context_seed`).
+        """
+        return seed if self.canonical_degree else context_seed(seed, self.cp_rank)
 
     def reduce_logged(self) -> dict[str, float]:
         """The last step's logged values, averaged over micro-batches and data-parallel ranks.

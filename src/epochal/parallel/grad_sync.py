@@ -242,8 +242,10 @@ class ExactGradSync(PlainGradSync):
             self.reducer.finish()
         if e.dims.dp == 1:
             finalize_partial_grads(e.model_parts)
-        if e.cp is not None:  # the ordered per-rank sums, then summed over the chunks
-            e.cp.reduce_grads(e.parameters())
+        if e.cp is not None and not e.canonical_degree:  # the ordered per-rank sums, then
+            e.cp.reduce_grads(
+                e.parameters()
+            )  # summed over the chunks (canonical: done in the backward)
 
     def _ordered(self, losses: Sequence[torch.Tensor]) -> torch.Tensor:
         ordered = gather_in_order(torch.stack(list(losses)), self.engine.dp_group)

@@ -266,7 +266,9 @@ class Trainer:
             pc.invariant_degree,
             tp=pc.tensor_parallel,
             cp=pc.context_parallel,
+            pp=pc.pipeline_parallel,
             seq_length=self.config.data.seq_length,
+            sequence_parallel=pc.sequence_parallel,
         )
         if reason is None:
             return pc.invariant_degree

@@ -240,6 +240,27 @@ class Attention(nn.Module):
         q, k, v = self._self_qkv(x, rope)
         if self.core_attention is not None:
             return self._replaced_core(q, k, v, True, attention_mask, kv_cache, position_bias)
+        out = self.causal_core(q, k, v, attention_mask, kv_cache, position_bias)
+        out = out.transpose(1, 2).reshape(b, s, -1)
+        return self.wo(out)
+
+    def causal_core(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        kv_cache: LayerKVCache | CrossKVCache | None = None,
+        position_bias: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """This module's causal attention of ``[b, heads, s, hd]`` queries (keys/values ``[b, kv_heads, s, hd]``).
+
+        The computation :meth:`forward` runs without a replaced core (windows, ALiBi,
+        bias, the cache's keys); a replaced core that only rearranges the heads (an
+        all-to-all over ranks) calls it to compute what one process computes.
+        Returns ``[b, heads, s, hd]``.
+        """
+        s = q.shape[2]
         past = 0
         if kv_cache is not None:
             past = kv_cache.offset
@@ -292,8 +313,7 @@ class Attention(nn.Module):
             out = F.scaled_dot_product_attention(
                 q, k, v, attn_mask=keep, dropout_p=dropout_p, scale=scale
             )
-        out = out.transpose(1, 2).reshape(b, s, -1)
-        return self.wo(out)
+        return out
 
     def _forward_noncausal(
         self,

@@ -1,0 +1,155 @@
+"""Exact context parallelism: attention by an all-to-all of heads (Ulysses), each head on the whole sequence.
+
+Under context parallelism a rank holds the tokens of the sequence chunks ``r``
+and ``2 cp - 1 - r`` (:mod:`epochal.parallel.context_parallel`). Every reduction
+over tokens outside attention is a folded token sum in canonical units
+(:mod:`epochal.parallel.canonical`); attention reduces over the keys, and for one
+query to get one process's bits its softmax and its product with the values must
+run over the same keys by the same kernel call. An all-gather of keys and values
+(the plain path) gives each rank the keys but computes only its own queries: the
+kernel's blocking over queries, the causal block skipping and the key length of
+each call then differ from one process. Exchanging heads instead (DeepSpeed-
+Ulysses, Megatron-Core's ``--cp-comm-type a2a``) gives each rank ``heads / cp``
+whole heads over the whole sequence, so each head is computed by the very call
+one process makes for it (the kernel's result for a head does not depend on how
+many heads a call holds, as under tensor parallelism), and its memory falls as
+``1 / cp`` too: no rank holds another rank's keys of other heads.
+
+The exchange: queries, keys and values ``[b, heads, L, hd]`` (this rank's ``L =
+S / cp`` tokens) go out as ``cp`` head groups (``all_to_all_single``); what comes
+back is this rank's head group for every rank's tokens, put in global order
+(``[b, heads / cp, S, hd]``); the attention's output goes back the same way.
+Its backward is the same exchange in reverse. A per-document mask over this
+rank's query rows (``[b, 1, L, S]``) is gathered to all rows.
+
+Needs the query heads and the key/value heads of a tensor-parallel rank to split
+over the context-parallel group (:func:`~epochal.parallel.canonical_plan.canonical_refusal`).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from epochal.parallel.context_parallel import gather_sequence
+
+__all__ = ["HeadExchangeAttention"]
+
+
+def _global_order(pieces: list[torch.Tensor]) -> torch.Tensor:
+    """Every rank's ``[chunk r, chunk 2cp-1-r]`` of dim 2 joined in the sequence's order."""
+    cp = len(pieces)
+    halves = [p.chunk(2, dim=2) for p in pieces]
+    return torch.cat(
+        [halves[j][0] if j < cp else halves[2 * cp - 1 - j][1] for j in range(2 * cp)], dim=2
+    )
+
+
+def _rank_order(whole: torch.Tensor, cp: int) -> list[torch.Tensor]:
+    """The inverse of :func:`_global_order`: rank ``r``'s ``[chunk r, chunk 2cp-1-r]`` of dim 2."""
+    chunks = whole.chunk(2 * cp, dim=2)
+    return [torch.cat([chunks[r], chunks[2 * cp - 1 - r]], dim=2) for r in range(cp)]
+
+
+class _AllToAll(torch.autograd.Function):
+    """``all_to_all_single`` of ``[cp, ...]`` (piece ``g`` to rank ``g``); the backward is the same exchange."""
+
+    @staticmethod
+    def forward(ctx: Any, stacked: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+        ctx.group = group
+        out = torch.empty_like(stacked, memory_format=torch.contiguous_format)
+        dist.all_to_all_single(out, stacked.contiguous(), group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+        out = torch.empty_like(grad, memory_format=torch.contiguous_format)
+        dist.all_to_all_single(out, grad.contiguous(), group=ctx.group)
+        return out, None
+
+
+def _to_heads(t: torch.Tensor, group: dist.ProcessGroup, cp: int) -> torch.Tensor:
+    """``[b, h, L, hd]`` this rank's tokens -> ``[b, h / cp, S, hd]`` its head group, global order."""
+    b, h, length, hd = t.shape
+    stacked = t.reshape(b, cp, h // cp, length, hd).transpose(0, 1)
+    received = _AllToAll.apply(stacked, group)  # [cp (source rank), b, h / cp, L, hd]
+    return _global_order(list(received.unbind(0)))
+
+
+def _to_sequence(t: torch.Tensor, group: dist.ProcessGroup, cp: int) -> torch.Tensor:
+    """The inverse of :func:`_to_heads`: ``[b, h / cp, S, hd]`` -> ``[b, h, L, hd]``."""
+    stacked = torch.stack(_rank_order(t, cp))  # [cp (destination rank), b, h / cp, L, hd]
+    received = _AllToAll.apply(stacked, group)  # [cp (source head group), ...]
+    b, length, hd = received.shape[1], received.shape[3], received.shape[4]
+    return received.transpose(0, 1).reshape(b, -1, length, hd)
+
+
+class HeadExchangeAttention:
+    """The attention seam (``core_attention``) under exact context parallelism (module docstring).
+
+    Args:
+        group: the context-parallel process group.
+        module: the attention module whose own causal computation
+            (:meth:`~epochal.model.layers.attention.Attention.causal_core`) runs this
+            rank's head group over the whole sequence when ``inner`` is None.
+        inner: a replaced core to run instead (keyed dropout per global head).
+    """
+
+    def __init__(
+        self,
+        group: dist.ProcessGroup,
+        module: Any,
+        inner: Callable[..., torch.Tensor] | None = None,
+    ) -> None:
+        self.group = group
+        self.size = dist.get_world_size(group)
+        self.module = module
+        self.inner = inner
+
+    def __deepcopy__(self, memo: dict[int, object]) -> HeadExchangeAttention:
+        """The copy attends with the copied module (the group is a handle, shared)."""
+        return HeadExchangeAttention(
+            self.group, copy.deepcopy(self.module, memo), copy.deepcopy(self.inner, memo)
+        )
+
+    def __call__(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        *,
+        causal: bool,
+        attention_mask: torch.Tensor | None,
+        dropout_p: float,
+        scale: float | None,
+    ) -> torch.Tensor:
+        cp = self.size
+        if q.shape[1] % cp or k.shape[1] % cp:
+            raise ValueError(
+                f"{q.shape[1]} query and {k.shape[1]} key/value heads do not split over "
+                f"context_parallel={cp} (the head exchange)"
+            )
+        seq = q.shape[2] * cp
+        q, k, v = (_to_heads(t, self.group, cp) for t in (q, k, v))
+        if attention_mask is not None and attention_mask.shape[-2] not in (1, seq):
+            with torch.no_grad():  # this rank's query rows -> every row, global order
+                attention_mask = gather_sequence(attention_mask.contiguous(), self.group, 2)
+        if self.inner is not None:
+            out = self.inner(
+                q,
+                k,
+                v,
+                causal=causal,
+                attention_mask=attention_mask,
+                dropout_p=dropout_p,
+                scale=scale,
+            )
+        elif causal:
+            out = self.module.causal_core(q, k, v, attention_mask)
+        else:
+            raise ValueError("the head exchange without a replaced core covers causal attention")
+        return _to_sequence(out, self.group, cp)
