@@ -92,7 +92,7 @@ def killed(tmp_path_factory) -> Path:
         kill_tree(proc)  # SIGKILL torchrun and every worker
     for marker in markers:
         marker.unlink()
-    ckpts = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
+    ckpts = sorted(p.name for p in (run_dir / "checkpoints").glob("step_*"))
     assert ckpts == ["step_0000003", "step_0000006"]
     return run_dir
 
