@@ -23,9 +23,11 @@ ESM micro-batches take minutes per step on a CPU). The global batch is
     python benchmarks/bench_layout_invariance.py --shapes tiny --dp 2 --steps 10
     python benchmarks/bench_layout_invariance.py --drift-steps 100 --seq 64   # TP2 against 1
     python benchmarks/bench_layout_invariance.py --shapes wide --dp 1 --tp 2 --seq 512 --micro-batch-size 1 --micro-batches 2
+    python benchmarks/bench_layout_invariance.py --shapes wide --dp 1 --cp 2 --seq 512 --micro-batch-size 1 --micro-batches 2
 
 ``--tp`` runs every row under tensor parallelism (``--sp``: with sequence
-parallelism); the invariant mode then computes in canonical units
+parallelism), ``--cp`` under context parallelism (the plain mode all-gathers keys
+and values, the invariant one exchanges heads); the invariant mode then computes in canonical units
 (``--degree``, :mod:`epochal.parallel.canonical`), the plain mode with
 DTensor's tensor parallelism. ``wide`` is the ``tiny`` preset's architecture at
 hidden 512, 4 layers, MLP 1408.
@@ -93,9 +95,12 @@ def _engine(
     cfg = model_for(shape, args.seq)
     tp = args.tp
     pconf = ParallelConfig(
-        dp_sharding=sharding, tensor_parallel=tp, sequence_parallel=args.sp and tp > 1
+        dp_sharding=sharding,
+        tensor_parallel=tp,
+        sequence_parallel=args.sp and tp > 1,
+        context_parallel=args.cp,
     )
-    dims = ParallelDims.from_config(pconf, dp * tp)
+    dims = ParallelDims.from_config(pconf, dp * tp * args.cp)
     mesh = dims.build_mesh(device.type)
     engine = ParallelEngine(
         pconf,
@@ -111,7 +116,8 @@ def _engine(
         engine.model_parts, lambda p: build_adamw([p], lr=1e-4, weight_decay=0.1)
     )
     n_mb = args.micro_batches // dp
-    g = torch.Generator().manual_seed(dist.get_rank() // tp)  # a model replica's ranks agree
+    # a model replica's ranks (tensor- and context-parallel) agree
+    g = torch.Generator().manual_seed(dist.get_rank() // (tp * args.cp))
     data = torch.randint(
         4, cfg.vocab_size, (n_mb, args.micro_batch_size, args.seq + 1), generator=g
     )
@@ -149,7 +155,7 @@ def _time_both(
 ) -> dict[str, Any]:
     """Both modes in this group, steps alternating: each mode's step times."""
     _setup(args, world)
-    dp = world // args.tp
+    dp = world // (args.tp * args.cp)
     steps = {name: _engine(args, shape, dp, sharding, inv)[0] for name, inv in MODES.items()}
     times: dict[str, list[float]] = {name: [] for name in MODES}
     for i in range(args.warmup + args.steps):
@@ -165,7 +171,7 @@ def _peak_memory(
 ) -> float:
     """One mode alone: its peak memory in MiB (max over ranks)."""
     _setup(args, world)
-    dp = world // args.tp
+    dp = world // (args.tp * args.cp)
     cuda = args.device == "cuda"
     step = _engine(args, shape, dp, sharding, MODES[mode])[0]
     if cuda:
@@ -272,6 +278,7 @@ def main() -> None:
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--tp", type=int, default=1, help="tensor-parallel size of every row")
     parser.add_argument("--sp", action="store_true", help="sequence parallelism with --tp")
+    parser.add_argument("--cp", type=int, default=1, help="context-parallel size of every row")
     parser.add_argument(
         "--degree",
         type=int,
@@ -313,7 +320,7 @@ def main() -> None:
     for shape in args.shapes.split(","):
         for dp in (int(x) for x in args.dp.split(",")):
             for sharding in args.sharding.split(","):
-                world = dp * args.tp
+                world = dp * args.tp * args.cp
                 times = run(world, _time_both, args, shape, sharding, timeout=args.timeout)
                 plain, inv = (statistics.median(times[m]) for m in MODES)
                 mem = ["", ""]
@@ -323,6 +330,8 @@ def main() -> None:
                         for m in MODES
                     ]
                 layout = f"DP{dp} x GA{args.micro_batches // dp}"
+                if args.cp > 1:
+                    layout = f"CP{args.cp} x " + layout
                 if args.tp > 1:
                     layout = f"TP{args.tp}{'+SP' if args.sp else ''} x " + layout
                 print(

@@ -82,19 +82,19 @@ def test_token_chunk_sum_adds_the_folded_sequence_chunks():
 
 
 def test_the_folded_tree_keeps_few_partials_and_is_the_tree():
-    leaves = _chunks(2)
+    chunks = _chunks(2)
     calls = []
 
-    def partial(i):
-        calls.append(i)
-        return leaves[i % DEGREE] * (1 + i)
+    def leaf(j, mirror):
+        calls.append((j, mirror))
+        return chunks[j] + chunks[mirror % DEGREE] * 3
 
-    got = folded_tree(partial, 2 * DEGREE)
-    want = tree_sum(torch.stack([partial(j) + partial(2 * DEGREE - 1 - j) for j in range(DEGREE)]))
+    got = folded_tree(leaf, 2 * DEGREE)
+    want = tree_sum(torch.stack([leaf(j, 2 * DEGREE - 1 - j) for j in range(DEGREE)]))
     assert torch.equal(got, want)
-    assert calls[:4] == [0, 15, 1, 14]  # each leaf's two chunks, in the tree's order
+    assert calls[:2] == [(0, 15), (1, 14)]  # each leaf's two chunks, in the tree's order
     with pytest.raises(ValueError, match="folded tree"):
-        folded_tree(partial, 6)
+        folded_tree(leaf, 6)
 
 
 def _context_token_sum(rank: int, world_size: int) -> list:

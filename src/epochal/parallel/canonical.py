@@ -243,44 +243,53 @@ def sequence_all_gather(local: torch.Tensor, dim: int, red: Reductions) -> torch
     return torch.cat(whole.view(red.size, *local.shape).unbind(0), dim=dim)
 
 
+def _add_in_place(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return a.add_(b)  # the bits of a + b, into a fresh partial's memory
+
+
 def folded_tree(
-    partial: Callable[[int], Any], count: int, add: Callable[[Any, Any], Any] = operator.add
+    leaf: Callable[[int, int], Any],
+    count: int,
+    add: Callable[[Any, Any], Any] = _add_in_place,
 ) -> Any:
-    """The folded tree of ``count`` sequence chunks: leaf ``j`` is chunk ``j`` plus chunk ``count - 1 - j``.
+    """The folded tree of ``count`` sequence chunks: leaf ``j`` holds chunks ``j`` and ``count - 1 - j``.
 
     The ``count / 2`` leaves are added as the balanced binary tree of
     :func:`tree_sum`, built as they come (a binary counter), so at most
-    ``log2(count)`` partial results are alive at once; ``partial(i)`` is called
-    once per chunk, in the order the tree needs it.
+    ``log2(count)`` partial results are alive at once.
 
     Args:
-        partial: the partial result of local chunk ``i`` (a tensor, or what ``add`` takes).
+        leaf: ``leaf(j, mirror)`` is the sum of local chunks ``j`` and ``mirror``
+            (a fresh tensor, or what ``add`` takes), computed by the same calls on
+            every layout.
         count: the local chunks, an even number whose half is a power of two.
-        add: the addition (``a + b`` by default).
+        add: the addition of two nodes; the default adds in place into the first
+            (every node is a fresh result).
     """
     if count < 2 or not _power_of_two(count // 2) or count % 2:
         raise ValueError(f"a folded tree needs 2 * (a power of two) chunks, got {count}")
     stack: list[tuple[int, Any]] = []
     for j in range(count // 2):
-        node, level = add(partial(j), partial(count - 1 - j)), 0
+        node, level = leaf(j, count - 1 - j), 0
         while stack and stack[-1][0] == level:
             node, level = add(stack.pop()[1], node), level + 1
         stack.append((level, node))
     return stack[0][1]
 
 
-def folded_token_sum(partial: Callable[[int], torch.Tensor], red: Reductions) -> torch.Tensor:
+def folded_token_sum(leaf: Callable[[int, int], torch.Tensor], red: Reductions) -> torch.Tensor:
     """A sum over the tokens of this rank's sequence and its context-parallel group's (module docstring).
 
     Args:
-        partial: the sum over local sequence chunk ``i`` of ``red.token_chunks``
-            (each chunk ``[b, s / token_chunks]`` tokens, the same call on every layout).
+        leaf: ``leaf(j, mirror)``: the sum over local sequence chunks ``j`` and
+            ``mirror`` of ``red.token_chunks`` (each chunk ``[b, s / token_chunks]``
+            tokens; the same calls on every layout), a fresh tensor.
         red: the units (their context-parallel group completes the tree).
 
     Returns:
         The whole sum, the same bits on every rank of the context-parallel group.
     """
-    local = folded_tree(partial, red.token_chunks)
+    local = folded_tree(leaf, red.token_chunks)
     return tree_all_reduce(local, red.cp) if red.cp is not None else local
 
 
@@ -328,4 +337,4 @@ def token_chunk_sum(values: torch.Tensor, red: Reductions, *, sharded: bool) -> 
     )
     if sharded and red.group is not None:
         parts = sequence_all_gather(parts, 0, red)
-    return folded_token_sum(lambda i: parts[i], red)
+    return folded_token_sum(lambda j, m: parts[j] + parts[m], red)

@@ -138,12 +138,11 @@ class _ColumnLinear(torch.autograd.Function):
             x3, gt = _tokens(x), _tokens(grad)
             n = sequence_chunks(x3, red)
 
-            def partial(i: int) -> torch.Tensor:  # the chunk's [M / n, K], in D / n pieces
-                gi = _chunks_first(_chunk_rows(gt, i, n), chunks)  # [L, N_i, M / D]
-                xi = _chunk_rows(x3, i, n).unsqueeze(0).expand(chunks, -1, -1)
-                return torch.bmm(gi.transpose(1, 2), xi).reshape(weight.shape)
+            def leaf(j: int, mirror: int) -> torch.Tensor:  # chunks j + mirror: [M / n, K]
+                first = _chunk_rows(gt, j, n).t() @ _chunk_rows(x3, j, n)
+                return first.addmm_(_chunk_rows(gt, mirror, n).t(), _chunk_rows(x3, mirror, n))
 
-            grad_w = folded_token_sum(partial, red)
+            grad_w = folded_token_sum(leaf, red)
         if ctx.has_bias and ctx.needs_input_grad[2]:
             tokens = grad.reshape(x.shape[0] if x.dim() > 2 else 1, -1, weight.shape[0])
             grad_b = torch.cat(
@@ -187,12 +186,14 @@ class _RowLinear(torch.autograd.Function):
             xt, gt = _tokens(x), _tokens(grad)
             n = sequence_chunks(xt, red)
 
-            def partial(i: int) -> torch.Tensor:  # the chunk's [M, K / n]
+            def product(i: int) -> tuple[torch.Tensor, torch.Tensor]:
                 gi = _chunk_rows(gt, i, n).t().unsqueeze(0).expand(chunks, -1, -1)
-                xi = _chunks_first(_chunk_rows(xt, i, n), chunks)  # [L, N_i, K / D]
-                return _chunks_last(torch.bmm(gi, xi))
+                return gi, _chunks_first(_chunk_rows(xt, i, n), chunks)  # [L, N_i, K / D]
 
-            grad_w = folded_token_sum(partial, red)
+            def leaf(j: int, mirror: int) -> torch.Tensor:  # chunks j + mirror: [L, M, K / D]
+                return torch.bmm(*product(j)).baddbmm_(*product(mirror))
+
+            grad_w = _chunks_last(folded_token_sum(leaf, red))
         return grad_x, grad_w, None, None
 
 
