@@ -48,7 +48,6 @@ chunks asked for.
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Callable
 from typing import Any
 
