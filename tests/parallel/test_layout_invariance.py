@@ -8,8 +8,8 @@ data-parallel ranks (DP2 x GA2) and on four (DP4 x GA1), with every
 pipeline parallelism (PP2 x DP2 against one process, tied embeddings) and
 tensor and context parallelism (GPT in canonical units, ``parallel.invariant_degree``:
 TP2, TP2 with sequence parallelism, TP4 with it, TP2 x DP2 with the distributed
-optimizer, TP2 x PP2, CP2, CP4 and TP2 x CP2 with sequence parallelism, every one
-against one process). Every loss list is compared
+optimizer, TP2 x PP2, CP2, CP4 and TP2 x CP2 with sequence parallelism; BERT and
+ESM-2 at TP2, every one against one process). Every loss list is compared
 with ``==``, the final model and optimizer state by a digest of their full
 tensors. A checkpoint written on four ranks resumes in one process, and one
 written in one process resumes on two ranks, with the losses of the run that
@@ -50,6 +50,8 @@ TWO = [
     ("tp2-sp", "gpt", ["--parallel.tensor_parallel=2", "--parallel.sequence_parallel=true"]),
     ("tp2-degree1", "gpt", ["--parallel.tensor_parallel=2", "--parallel.invariant_degree=1"]),
     ("cp2", "gpt", [*CP2, *G4]),
+    ("tp2-bert", "bert", ["--parallel.tensor_parallel=2"]),
+    ("tp2-esm", "esm", ["--parallel.tensor_parallel=2"]),
     ("cp2-degree1", "gpt", [*CP2, *G4, "--parallel.invariant_degree=1"]),
     ("dp2-plain", "gpt", ["--training.layout_invariant=false"]),
 ]
@@ -135,6 +137,11 @@ def test_tensor_parallel_with_data_or_pipeline_parallel_equals_one_process(dp1, 
 
 def test_four_tensor_parallel_ranks_with_sequence_parallel_equal_one_process(dp1, four):
     assert_same(four["tp4-sp"], dp1["gpt-g4"])
+
+
+@pytest.mark.parametrize("model", ["bert", "esm"])
+def test_two_tensor_parallel_ranks_train_a_bert_or_esm2_model_as_one_process(dp1, two, model):
+    assert_same(two[f"tp2-{model}"], dp1[model])
 
 
 def test_two_context_parallel_ranks_train_the_bits_of_one_process(dp1, two):

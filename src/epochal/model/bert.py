@@ -100,6 +100,11 @@ class BertLMHead(nn.Module):
         """``[..., hidden] -> [..., hidden]`` (the transform; add :attr:`bias` after the decoder)."""
         return self.norm(F.gelu(self.dense(h), approximate=self.approximate))
 
+    def add_bias(self, logits: torch.Tensor) -> torch.Tensor:
+        """The decoder's logits ``[..., V]`` plus :attr:`bias` (a seam: a parallel plan may
+        replace it, e.g. to sum the bias gradient in fixed chunks)."""
+        return logits + self.bias
+
 
 class BertPooler(nn.Module):
     """``tanh(dense(h[:, 0]))``: the first ([CLS]) token's pooled representation ``[b, hidden]``."""
@@ -297,7 +302,7 @@ class BertModel(TransformerModel):
             return self.head(h, residue_mask, cu_seqlens=cu_seqlens)
         if self.output is None:
             return h
-        logits = self.output(self.lm_head(h)) + self.lm_head.bias
+        logits = self.lm_head.add_bias(self.output(self.lm_head(h)))
         if self.binary_head is None:
             return logits
         if cu_seqlens is None:

@@ -50,6 +50,7 @@ from epochal.parallel.canonical import (
 )
 
 __all__ = [
+    "add_vocabulary_bias",
     "canonical_cross_entropy",
     "column_linear",
     "gather_sequence",
@@ -364,6 +365,39 @@ class _CanonicalCrossEntropy(torch.autograd.Function):
         grad.scatter_add_(-1, local_labels.unsqueeze(-1), -inside.unsqueeze(-1))
         grad.mul_(grad_loss.unsqueeze(-1))
         return grad, None, None, None
+
+
+class _AddVocabularyBias(torch.autograd.Function):
+    @staticmethod
+    def forward(
+        ctx: Any, logits: torch.Tensor, bias: torch.Tensor, red: Reductions, chunks: int
+    ) -> torch.Tensor:
+        ctx.red, ctx.chunks, ctx.dtypes = red, chunks, (logits.dtype, bias.dtype)
+        return logits + bias  # the promoted dtype, as the plain addition
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+        parts = _tokens(grad).chunk(ctx.chunks, -1)
+        grad_bias = torch.cat(
+            [token_chunk_sum(part.contiguous(), ctx.red, sharded=False) for part in parts]
+        )
+        return grad.to(ctx.dtypes[0]), grad_bias.to(ctx.dtypes[1]), None, None
+
+
+def add_vocabulary_bias(
+    logits: torch.Tensor, bias: torch.Tensor, red: Reductions, vocab: int
+) -> torch.Tensor:
+    """``logits + bias`` over (a shard of) the vocabulary, the bias gradient in canonical chunks.
+
+    Args:
+        logits: ``[..., W]``, ``W`` this rank's ``V / n`` columns or all ``V``.
+        bias: ``[W]``, the same columns.
+        red: the units.
+        vocab: ``V``, the whole (padded) vocabulary: the bias gradient is a token sum
+            per ``V / D`` columns, the same width on every layout.
+    """
+    chunks = logits.shape[-1] // red.chunk_width(vocab, "the padded vocabulary")
+    return _AddVocabularyBias.apply(logits, bias, red, chunks)
 
 
 def canonical_cross_entropy(

@@ -1,4 +1,8 @@
-"""A GPT model (or pipeline stage) computed in canonical units, on one process or sharded by tensor and context parallelism.
+"""A GPT, BERT or ESM-2 model (or pipeline stage) computed in canonical units, on one process or sharded.
+
+GPT models run on any tensor-, sequence- and context-parallel layout the degree
+divides; BERT and ESM-2 under tensor parallelism without sequence or context
+parallelism.
 
 With ``training.layout_invariant`` and ``parallel.invariant_degree = D > 1``
 every reduction that tensor or sequence parallelism may split runs in the ``D``
@@ -34,6 +38,11 @@ attention                   per head as in one process (the kernel's result for 
                             (:mod:`~epochal.parallel.canonical_context`)
 loss                        :func:`canonical_cross_entropy` (the vocabulary in ``D``
                             chunks)
+BERT / ESM-2 head           ``lm_head.dense`` a column linear replicated on every rank,
+                            ``lm_head.norm`` a norm, the decoder's bias vocabulary-
+                            sharded with its gradient per ``V / D`` columns
+                            (:func:`add_vocabulary_bias`); token types and the
+                            embedding norm as the tables and norms above
 ==========================  ==========================================================
 
 Under sequence parallelism the attention's and the MLP's inputs are gathered
@@ -63,7 +72,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     RowwiseParallel,
@@ -76,6 +85,7 @@ from epochal.parallel.canonical import Reductions, sequence_all_gather
 from epochal.parallel.canonical_context import HeadExchangeAttention
 from epochal.parallel.canonical_embedding import install_canonical_embedding
 from epochal.parallel.canonical_ops import (
+    add_vocabulary_bias,
     column_linear,
     gather_sequence,
     row_linear,
@@ -119,8 +129,15 @@ def canonical_refusal(
     for name, size in (("tensor_parallel", tp), ("context_parallel", cp)):
         if degree % size:
             return f"parallel.invariant_degree={degree} is not a multiple of {name}={size}"
+    if config.type not in ("gpt", "bert", "esm"):
+        return f"model.type={config.type!r} (the canonical units cover GPT, BERT and ESM-2)"
     if config.type != "gpt":
-        return f"model.type={config.type!r} (the canonical units cover GPT models)"
+        if cp > 1:
+            return "context parallelism for BERT and ESM-2 models"
+        if sequence_parallel and tp > 1:
+            return "sequence parallelism for BERT and ESM-2 models"
+        if config.bert_binary_head:
+            return "model.bert_binary_head"
     if config.num_experts:
         return "mixture-of-experts layers"
     if config.qk_layernorm:
@@ -412,7 +429,7 @@ class _ShardOnly(ParallelStyle):
 
 
 def _shard_parameters(model: nn.Module, tp_mesh: DeviceMesh) -> None:
-    """Tensor-parallel placements: column/row weights, vocabulary-parallel embedding rows."""
+    """Tensor-parallel placements: column/row weights, vocabulary-parallel embedding rows and bias."""
     from epochal.parallel.tensor_parallel import parallelize_keeping_ties
 
     plan: dict[str, ParallelStyle] = {}
@@ -426,6 +443,44 @@ def _shard_parameters(model: nn.Module, tp_mesh: DeviceMesh) -> None:
                 style = ColwiseParallel() if name in _COLUMN else RowwiseParallel()
                 plan[f"layers.{key}.{name}"] = _ShardOnly(style)
     parallelize_keeping_ties(model, tp_mesh, plan)
+    head = getattr(model, "lm_head", None)
+    if head is not None:  # the decoder's bias [V]: sharded like the output's rows
+        bias = distribute_tensor(head.bias.data, tp_mesh, [Shard(0)])
+        head.register_parameter("bias", nn.Parameter(bias, requires_grad=head.bias.requires_grad))
+
+
+def _add_bias(self: nn.Module, logits: torch.Tensor) -> torch.Tensor:
+    """BERT's ``lm_head.add_bias`` in canonical units (the logits whole or this rank's shard)."""
+    bias = self.bias
+    if logits.shape[-1] != _local(bias).shape[0]:  # gathered over the vocabulary
+        bias = bias.full_tensor() if isinstance(bias, DTensor) else bias
+    else:
+        bias = _local(bias)
+    red = self.canonical_reductions
+    return add_vocabulary_bias(logits, bias, red, self.canonical_options["vocab"])
+
+
+def _install_encoder_top(model: nn.Module, red: Reductions, cp_group: Any) -> None:
+    """BERT / ESM-2's parts outside the blocks: token types, the embedding norm, the masked-LM head.
+
+    The head's ``dense`` is replicated on every tensor-parallel rank (Megatron's), so it
+    computes in units of its own without the tensor-parallel group; the decoder's bias
+    (``lm_head.bias``, vocabulary-sharded) gets its gradient in canonical vocabulary chunks.
+    """
+    if getattr(model, "tokentype_embeddings", None) is not None:
+        install_canonical_embedding(
+            model.tokentype_embeddings, red, vocab_parallel=False, sequence_parallel=False
+        )
+    if getattr(model, "embedding_norm", None) is not None:
+        _norm(model.embedding_norm, red, sharded=False)
+    head = getattr(model, "lm_head", None)
+    if head is None:
+        return
+    _column(head.dense, Reductions(red.degree, None, cp_group), gather=False)
+    _norm(head.norm, red, sharded=False)
+    head.canonical_reductions = red
+    head.canonical_options = {"vocab": model.config.padded_vocab_size}
+    head.add_bias = types.MethodType(_add_bias, head)
 
 
 def install_canonical(
@@ -513,6 +568,7 @@ def install_canonical(
         install_canonical_embedding(
             model.pos_embeddings, red, vocab_parallel=False, sequence_parallel=sp
         )
+    _install_encoder_top(model, red, cp_group)
     if model.norm is not None:
         _norm(model.norm, red, sharded=sp)
     if model.output is not None:
