@@ -102,7 +102,7 @@ def _context_token_sum(rank: int, world_size: int) -> list:
 
     from epochal.parallel.context_parallel import chunk_positions
 
-    red = Reductions(DEGREE, None, dist.group.WORLD)
+    red = Reductions(DEGREE, None, dist.group.WORLD, context_degree=world_size)
     g = torch.Generator().manual_seed(4)
     values = torch.randn(2, 32, 5, generator=g) * torch.logspace(-3, 3, 32).view(1, -1, 1)
     mine = values.index_select(1, chunk_positions(32, world_size, rank))
@@ -144,18 +144,23 @@ def test_refusals_name_what_stops_the_units():
     assert "num_query_groups=2" in canonical_refusal(_config(num_query_groups=2), DEGREE, tp=4)
     assert "tensor_parallel=16" in canonical_refusal(_config(), DEGREE, tp=16)
     assert "data.seq_length" in canonical_refusal(_config(), DEGREE, seq_length=24)
-    assert canonical_refusal(_config(), DEGREE, tp=2, cp=2, seq_length=32) is None
-    assert "pipeline" in canonical_refusal(_config(), DEGREE, cp=2, pp=2)
+    assert canonical_refusal(_config(), DEGREE, tp=2, cp=2, seq_length=32, context_degree=2) is None
+    assert "invariant_context_degree=1" in canonical_refusal(_config(), DEGREE, cp=2)
+    assert "pipeline" in canonical_refusal(_config(), DEGREE, cp=2, pp=2, context_degree=2)
     assert "context_parallel = 4" in canonical_refusal(
-        _config(num_query_groups=2), DEGREE, tp=2, cp=2
+        _config(num_query_groups=2), DEGREE, tp=2, cp=2, context_degree=2
     )
-    assert "context_parallel=16" in canonical_refusal(_config(), DEGREE, cp=16)
+    assert "context_parallel=16" in canonical_refusal(_config(), DEGREE, cp=16, context_degree=16)
+    assert "32 sequence chunks" in canonical_refusal(
+        _config(), DEGREE, seq_length=16, context_degree=16
+    )
     assert "sequence chunks" in canonical_refusal(
         _config(num_attention_heads=16, num_query_groups=16, hidden_size=64),
         4,
         tp=4,
         cp=4,
         sequence_parallel=True,
+        context_degree=4,
     )
     assert "hidden_size" in canonical_refusal(
         _config(hidden_size=36, num_attention_heads=4), DEGREE
@@ -218,7 +223,9 @@ def _model_grads(rank: int, world_size: int, llama: bool) -> list:
     for tp_mesh, sp in ((None, False), (mesh["tp"], False), (mesh["tp"], True)):
         model = build_model(cfg, seed=1)
         model.init_weights(seed=1)
-        red = install_canonical(model, DEGREE, tp_mesh, sequence_parallel=sp)
+        red = install_canonical(
+            model, DEGREE, tp_mesh, sequence_parallel=sp, context_degree=world_size
+        )
         model.train()
         torch.manual_seed(3)
         tokens = torch.randint(0, 128, (2, 16))
@@ -230,7 +237,7 @@ def _model_grads(rank: int, world_size: int, llama: bool) -> list:
             for n, p in model.named_parameters()
         }
         out.append((loss.detach(), grads))
-    out.append(_context_parallel_grads(cfg))
+    out.append(_context_parallel_grads(cfg, world_size))
     dist.barrier()
     (one, one_grads), *layouts = out
     # compared here: tensors do not travel back through the result queue
@@ -243,7 +250,7 @@ def _model_grads(rank: int, world_size: int, llama: bool) -> list:
     ]
 
 
-def _context_parallel_grads(cfg: ModelConfig) -> tuple:
+def _context_parallel_grads(cfg: ModelConfig, world_size: int) -> tuple:
     """The loss and gradients of the same step with every rank of the world one context-parallel rank."""
     import torch.distributed as dist
 
@@ -255,7 +262,7 @@ def _context_parallel_grads(cfg: ModelConfig) -> tuple:
     model = build_model(cfg, seed=1)
     model.init_weights(seed=1)
     cp = ContextParallel(dist.group.WORLD)
-    red = install_canonical(model, DEGREE, cp_group=cp.group)
+    red = install_canonical(model, DEGREE, cp_group=cp.group, context_degree=world_size)
     model.train()
     torch.manual_seed(3)
     tokens = torch.randint(0, 128, (2, 16))

@@ -39,7 +39,9 @@ SAVE = [f"--checkpoint.save_interval={HALF}"]
 RECOMPUTE = ["--parallel.recompute_granularity=full"]
 SP = ["--parallel.sequence_parallel=true"]
 G4 = ["--model.num_query_groups=4"]  # key/value groups split over four ranks
-CP2 = ["--parallel.context_parallel=2"]
+# weight gradients summed in 2 x 4 sequence chunks: CP2 and CP4 give the bits of one process
+CTX4 = ["--parallel.invariant_context_degree=4"]
+CP2 = ["--parallel.context_parallel=2", *CTX4]
 # (name, model, overrides): the sharding modes and recompute spread over the models
 TWO = [
     ("dp2-gpt", "gpt", SAVE),
@@ -62,8 +64,12 @@ FOUR = [
     ("dp4-esm", "esm", []),
     ("pp2-dp2", "gpt", ["--parallel.pipeline_parallel=2", *RECOMPUTE]),
     ("tp2-dp2", "gpt", ["--parallel.tensor_parallel=2", "--parallel.dp_sharding=optimizer"]),
-    ("tp4-sp", "gpt", ["--parallel.tensor_parallel=4", "--parallel.sequence_parallel=true", *G4]),
-    ("cp4", "gpt", ["--parallel.context_parallel=4", *G4]),
+    (
+        "tp4-sp",
+        "gpt",
+        ["--parallel.tensor_parallel=4", "--parallel.sequence_parallel=true", *G4, *CTX4],
+    ),
+    ("cp4", "gpt", ["--parallel.context_parallel=4", *G4, *CTX4]),
     ("tp2-cp2-sp", "gpt", ["--parallel.tensor_parallel=2", *CP2, *SP, *G4]),
     (
         "tp2-pp2",
@@ -85,7 +91,7 @@ def root(tmp_path_factory):
 def dp1(root):
     """One process (DP1 x GA4) per model; the GPT run saves a checkpoint half-way."""
     runs = {m: W.single(str(root), f"dp1-{m}", m, SAVE if m == "gpt" else []) for m in MODELS}
-    runs["gpt-g4"] = W.single(str(root), "dp1-gpt-g4", "gpt", G4)
+    runs["gpt-g4"] = W.single(str(root), "dp1-gpt-g4", "gpt", [*G4, *CTX4])
     return runs
 
 

@@ -78,6 +78,9 @@ class Reductions:
         degree: the invariance degree ``D`` (a power of two).
         group: the tensor-parallel process group, or None for one rank.
         cp_group: the context-parallel process group, or None without.
+        context_degree: ``parallel.invariant_context_degree`` ``C``: the weight
+            gradients' token sums use ``2 C`` sequence chunks (a multiple of the
+            context-parallel size).
 
     Attributes:
         degree: ``D``.
@@ -86,9 +89,11 @@ class Reductions:
         rank: this rank's index in the group.
         local: the chunks this rank holds of a split dimension (``D / n``).
         cp: the context-parallel group's units (None without context parallelism).
-        token_chunks: the folded sequence chunks this rank's sequence holds
-            (``2 D / cp``; a tensor-parallel rank's slice of it under sequence
-            parallelism holds ``1 / n`` of them).
+        token_chunks: the folded sequence chunks this rank's sequence holds for
+            the token sums of vectors (norm and bias gradients: ``2 D / cp``; a
+            tensor-parallel rank's slice of it under sequence parallelism holds
+            ``1 / n`` of them).
+        weight_chunks: the same for weight gradients (``2 C / cp``).
 
     Raises:
         ValueError: ``degree`` is not a power of two, or ``n`` (or the
@@ -100,6 +105,7 @@ class Reductions:
         degree: int,
         group: dist.ProcessGroup | None = None,
         cp_group: dist.ProcessGroup | None = None,
+        context_degree: int = 1,
     ) -> None:
         if not _power_of_two(degree):
             raise ValueError(f"parallel.invariant_degree must be a power of two, got {degree}")
@@ -118,7 +124,14 @@ class Reductions:
         self.cp = Reductions(degree, cp_group) if cp > 1 else None
         self.cp_size = cp
         self.cp_rank = self.cp.rank if self.cp is not None else 0
+        if not _power_of_two(context_degree) or context_degree % cp:
+            raise ValueError(
+                f"parallel.invariant_context_degree={context_degree} is not a power of two "
+                f"and a multiple of context_parallel={cp}"
+            )
+        self.context_degree = context_degree
         self.token_chunks = 2 * degree // cp
+        self.weight_chunks = 2 * context_degree // cp
 
     def chunk_width(self, full: int, what: str) -> int:
         """The width of one chunk of a dimension of ``full`` elements (whole, not this rank's)."""
@@ -135,7 +148,8 @@ class Reductions:
     def __repr__(self) -> str:
         return (
             f"Reductions(degree={self.degree}, size={self.size}, rank={self.rank}, "
-            f"cp_size={self.cp_size}, cp_rank={self.cp_rank})"
+            f"cp_size={self.cp_size}, cp_rank={self.cp_rank}, "
+            f"context_degree={self.context_degree})"
         )
 
 
@@ -276,34 +290,45 @@ def folded_tree(
     return stack[0][1]
 
 
-def folded_token_sum(leaf: Callable[[int, int], torch.Tensor], red: Reductions) -> torch.Tensor:
+def folded_token_sum(
+    leaf: Callable[[int, int], torch.Tensor], red: Reductions, count: int | None = None
+) -> torch.Tensor:
     """A sum over the tokens of this rank's sequence and its context-parallel group's (module docstring).
 
     Args:
         leaf: ``leaf(j, mirror)``: the sum over local sequence chunks ``j`` and
-            ``mirror`` of ``red.token_chunks`` (each chunk ``[b, s / token_chunks]``
-            tokens; the same calls on every layout), a fresh tensor.
+            ``mirror`` of ``count`` (each chunk ``[b, s / count]`` tokens; the same
+            calls on every layout), a fresh tensor.
         red: the units (their context-parallel group completes the tree).
+        count: the local chunks (default ``red.token_chunks``; weight gradients
+            ``red.weight_chunks``).
 
     Returns:
         The whole sum, the same bits on every rank of the context-parallel group.
     """
-    local = folded_tree(leaf, red.token_chunks)
+    local = folded_tree(leaf, count or red.token_chunks)
     return tree_all_reduce(local, red.cp) if red.cp is not None else local
 
 
-def sequence_chunks(values: torch.Tensor, red: Reductions, *, sharded: bool = False) -> int:
-    """The folded chunks dimension 1 of ``values`` holds (``token_chunks``, or ``1/n`` when ``sharded``).
+def sequence_chunks(
+    values: torch.Tensor, red: Reductions, *, sharded: bool = False, weights: bool = False
+) -> int:
+    """The folded chunks dimension 1 of ``values`` holds.
+
+    ``token_chunks`` (``weight_chunks`` for ``weights``), or ``1 / n`` of them when
+    ``sharded`` over the tensor-parallel group.
 
     Raises:
         ValueError: the sequence does not split into them.
     """
-    chunks = red.token_chunks // (red.size if sharded else 1)
+    total = red.weight_chunks if weights else red.token_chunks
+    chunks = total // (red.size if sharded else 1)
     if chunks < 1 or values.shape[1] % chunks:
         raise ValueError(
             f"a sequence of {values.shape[1]} tokens does not split into {max(chunks, 1)} "
-            f"chunks (2 * parallel.invariant_degree={2 * red.degree} over the context-"
-            f"and sequence-parallel ranks)"
+            f"chunks (2 * parallel.invariant_degree={2 * red.degree} or 2 * "
+            f"parallel.invariant_context_degree={2 * red.context_degree}, over the context- "
+            "and sequence-parallel ranks)"
         )
     return chunks
 

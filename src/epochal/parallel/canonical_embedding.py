@@ -4,7 +4,7 @@ An embedding's weight gradient adds, for every row, the output gradients of the
 tokens that looked it up; context parallelism splits those tokens over ranks, so
 the plain backward (each rank's rows summed, then all-reduced) adds them in
 another order than one process. Here each folded sequence chunk
-(:mod:`epochal.parallel.canonical`) adds its own tokens' gradients row by row in
+(:mod:`epochal.parallel.canonical`; the weight gradients' ``2 C`` of them) adds its own tokens' gradients row by row in
 token order (the same call on every layout: ``index_add_`` over the chunk's
 ``[b, s / 2D]`` tokens), as a sparse partial (the rows it touched and their
 sums); the chunks' partials are added as the folded tree (a row missing from a
@@ -100,7 +100,7 @@ class _CanonicalEmbedding(torch.autograd.Function):
         red: Reductions = ctx.red
         if ctx.sp and red.group is not None:
             grad = sequence_all_gather(grad.contiguous(), 1, red)
-        n = sequence_chunks(local, red)
+        n = sequence_chunks(local, red, weights=True)
         width = local.shape[1] // n
 
         def partial(i: int) -> Sparse:

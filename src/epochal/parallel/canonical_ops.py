@@ -25,9 +25,9 @@ chunks held by this rank of an ``n``-rank group):
   exponentials per vocabulary chunk added as the tree.
 
 Weight gradients sum over the tokens: one product per folded sequence chunk
-(``2 D`` of them in one process, ``2 D / cp`` on a context-parallel rank; the
-same ``[b, s / 2D]`` tokens on every layout), the chunks added as the folded
-tree and completed over the context-parallel group
+(``2 C`` of them in one process, ``2 C / cp`` on a context-parallel rank, ``C``
+the invariant context degree; the same ``[b, s / 2C]`` tokens on every layout),
+the chunks added as the folded tree and completed over the context-parallel group
 (:func:`~epochal.parallel.canonical.folded_token_sum`). Tensor and sequence
 parallelism give each rank all of its context-parallel rank's tokens there.
 """
@@ -84,9 +84,16 @@ def _tokens(t: torch.Tensor) -> torch.Tensor:
 
 
 def _chunk_rows(t3: torch.Tensor, i: int, chunks: int) -> torch.Tensor:
-    """Sequence chunk ``i`` of ``chunks`` of ``t3`` ``[b, s, C]`` as fresh row-major ``[b * s / chunks, C]``."""
+    """Sequence chunk ``i`` of ``chunks`` of ``t3`` ``[b, s, C]`` as row-major ``[b * s / chunks, C]``.
+
+    A view where the chunk already is row-major memory aligned to 64 bytes (one
+    sequence, contiguous), else a copy into fresh (aligned) memory: a kernel then
+    reads every chunk the same way, wherever the chunk sits in a rank's tensor.
+    """
     width = t3.shape[1] // chunks
     piece = t3[:, i * width : (i + 1) * width]
+    if t3.shape[0] == 1 and t3.is_contiguous() and piece.data_ptr() % 64 == 0:
+        return piece.view(-1, t3.shape[-1])
     out = torch.empty((piece.shape[0] * width, t3.shape[-1]), dtype=t3.dtype, device=t3.device)
     return out.view(piece.shape).copy_(piece).view(-1, t3.shape[-1])
 
@@ -137,13 +144,13 @@ class _ColumnLinear(torch.autograd.Function):
                 grad_x = tree_all_reduce(local, red)
         if ctx.needs_input_grad[1]:
             x3, gt = _tokens(x), _tokens(grad)
-            n = sequence_chunks(x3, red)
+            n = sequence_chunks(x3, red, weights=True)
 
             def leaf(j: int, mirror: int) -> torch.Tensor:  # chunks j + mirror: [M / n, K]
                 first = _chunk_rows(gt, j, n).t() @ _chunk_rows(x3, j, n)
                 return first.addmm_(_chunk_rows(gt, mirror, n).t(), _chunk_rows(x3, mirror, n))
 
-            grad_w = folded_token_sum(leaf, red)
+            grad_w = folded_token_sum(leaf, red, n)
         if ctx.has_bias and ctx.needs_input_grad[2]:
             tokens = grad.reshape(x.shape[0] if x.dim() > 2 else 1, -1, weight.shape[0])
             grad_b = torch.cat(
@@ -185,7 +192,7 @@ class _RowLinear(torch.autograd.Function):
             grad_x = _chunks_last(gx3).view(ctx.x_shape)
         if ctx.needs_input_grad[1]:
             xt, gt = _tokens(x), _tokens(grad)
-            n = sequence_chunks(xt, red)
+            n = sequence_chunks(xt, red, weights=True)
 
             def product(i: int) -> tuple[torch.Tensor, torch.Tensor]:
                 gi = _chunk_rows(gt, i, n).t().unsqueeze(0).expand(chunks, -1, -1)
@@ -194,7 +201,7 @@ class _RowLinear(torch.autograd.Function):
             def leaf(j: int, mirror: int) -> torch.Tensor:  # chunks j + mirror: [L, M, K / D]
                 return torch.bmm(*product(j)).baddbmm_(*product(mirror))
 
-            grad_w = _chunks_last(folded_token_sum(leaf, red))
+            grad_w = _chunks_last(folded_token_sum(leaf, red, n))
         return grad_x, grad_w, None, None
 
 

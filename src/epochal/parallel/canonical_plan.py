@@ -112,6 +112,7 @@ def canonical_refusal(
     pp: int = 1,
     seq_length: int | None = None,
     sequence_parallel: bool = False,
+    context_degree: int = 1,
 ) -> str | None:
     """Why the canonical units cannot hold for this model and layout, or None when they do.
 
@@ -121,6 +122,7 @@ def canonical_refusal(
         tp, cp, pp: the tensor-, context-parallel and pipeline sizes.
         seq_length: the training sequence length (None: not checked).
         sequence_parallel: sequence parallelism is on.
+        context_degree: ``parallel.invariant_context_degree``.
     """
     if degree <= 1:
         return "parallel.invariant_degree is 1"
@@ -129,6 +131,11 @@ def canonical_refusal(
     for name, size in (("tensor_parallel", tp), ("context_parallel", cp)):
         if degree % size:
             return f"parallel.invariant_degree={degree} is not a multiple of {name}={size}"
+    if context_degree % cp:
+        return (
+            f"context_parallel={cp} does not divide parallel.invariant_context_degree="
+            f"{context_degree} (the weight gradients' sequence chunks of this run)"
+        )
     if config.type not in ("gpt", "bert", "esm"):
         return f"model.type={config.type!r} (the canonical units cover GPT, BERT and ESM-2)"
     if config.type != "gpt":
@@ -172,10 +179,11 @@ def canonical_refusal(
     for name, width in widths.items():
         if width % degree:
             return f"{name} ({width}) does not split into parallel.invariant_degree={degree} chunks"
-    if seq_length is not None and seq_length % (2 * degree):
+    chunks = 2 * max(degree, context_degree)
+    if seq_length is not None and seq_length % chunks:
         return (
-            f"data.seq_length ({seq_length}) does not split into 2 * "
-            f"parallel.invariant_degree={2 * degree} sequence chunks"
+            f"data.seq_length ({seq_length}) does not split into {chunks} sequence chunks "
+            "(2 * parallel.invariant_degree and 2 * parallel.invariant_context_degree)"
         )
     return None
 
@@ -476,7 +484,7 @@ def _install_encoder_top(model: nn.Module, red: Reductions, cp_group: Any) -> No
     head = getattr(model, "lm_head", None)
     if head is None:
         return
-    _column(head.dense, Reductions(red.degree, None, cp_group), gather=False)
+    _column(head.dense, Reductions(red.degree, None, cp_group, red.context_degree), gather=False)
     _norm(head.norm, red, sharded=False)
     head.canonical_reductions = red
     head.canonical_options = {"vocab": model.config.padded_vocab_size}
@@ -492,6 +500,7 @@ def install_canonical(
     gather_logits: bool = False,
     training: bool = True,
     cp_group: Any = None,
+    context_degree: int = 1,
 ) -> Reductions:
     """Compute ``model`` (a GPT model or stage) in canonical units, sharded over ``tp_mesh`` if given.
 
@@ -512,12 +521,14 @@ def install_canonical(
         cp_group: the context-parallel group (None without): attention exchanges
             heads (:class:`~epochal.parallel.canonical_context.HeadExchangeAttention`)
             and token sums complete their tree over it.
+        context_degree: ``parallel.invariant_context_degree`` (the weight
+            gradients' sequence chunks; a multiple of the context-parallel size).
 
     Returns:
         The :class:`~epochal.parallel.canonical.Reductions` the model computes with.
     """
     tp = tp_mesh.size() if tp_mesh is not None else 1
-    red = Reductions(degree, tp_mesh.get_group() if tp > 1 else None, cp_group)
+    red = Reductions(degree, tp_mesh.get_group() if tp > 1 else None, cp_group, context_degree)
     sp = sequence_parallel and tp > 1
     if tp > 1:
         assert tp_mesh is not None

@@ -128,6 +128,16 @@ class ParallelConfig:
             other, not with one process). Needs the hidden size, MLP width, query
             and key/value widths, padded vocabulary and sequence length divisible
             by it; GPT models without experts or QK-norm.
+        invariant_context_degree: in canonical units, the largest
+            ``context_parallel`` whose weight gradients are summed the way one process
+            sums them (a power of two; every context-parallel size that divides it
+            trains the same bits): each sequence's tokens are cut into ``2 x`` this
+            many chunks, and every weight gradient is one product per chunk added as
+            a fixed tree. More chunks cost more (each product writes a whole weight
+            gradient): 1 keeps one product per weight and half-sequence. 0 (the
+            default) takes ``context_parallel`` and is written into the run's
+            configuration as that number, so resuming or replaying the run on fewer
+            context-parallel ranks keeps it.
         recompute_granularity: ``none``, ``full`` (recompute whole transformer
             layers in the backward) or ``selective`` (keep the matmul and
             attention outputs, recompute the pointwise ops: norms, activations,
@@ -163,6 +173,7 @@ class ParallelConfig:
     data_parallel: int | None = checked(None, ge=1, none="derived from the world size")
     dp_sharding: DpSharding = checked("none")
     invariant_degree: int = checked(8, ge=1, le=1024)
+    invariant_context_degree: int = checked(0, ge=0, le=1024, note="0 = context_parallel")
     recompute_granularity: RecomputeGranularity = checked("none")
     recompute_method: RecomputeMethod = checked("uniform")
     recompute_num_layers: int = checked(1, ge=1)
@@ -177,6 +188,8 @@ class ParallelConfig:
     )
 
     def __post_init__(self) -> None:
+        if self.invariant_context_degree == 0 and isinstance(self.context_parallel, int):
+            self.invariant_context_degree = self.context_parallel
         self.validate()
 
     def validate(self) -> None:
@@ -191,11 +204,9 @@ class ParallelConfig:
             "sequence_parallel",
             f"needs tensor_parallel > 1, got tensor_parallel={self.tensor_parallel}",
         )
-        require(
-            self.invariant_degree & (self.invariant_degree - 1) == 0,
-            "invariant_degree",
-            f"must be a power of two, got {self.invariant_degree}",
-        )
+        for name in ("invariant_degree", "invariant_context_degree"):
+            value = getattr(self, name)
+            require(value & (value - 1) == 0, name, f"must be a power of two, got {value}")
         if self.virtual_pipeline > 1:
             require(
                 self.pipeline_schedule == "interleaved_1f1b",

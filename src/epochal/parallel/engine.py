@@ -235,6 +235,7 @@ class ParallelEngine:
                 sequence_parallel=pc.sequence_parallel,
                 gather_logits=not self.loss_parallel,
                 cp_group=self.cp.group if self.cp is not None else None,
+                context_degree=pc.invariant_context_degree,
             )
         elif self.dims.tp > 1:
             assert self.mesh is not None

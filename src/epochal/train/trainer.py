@@ -269,6 +269,7 @@ class Trainer:
             pp=pc.pipeline_parallel,
             seq_length=self.config.data.seq_length,
             sequence_parallel=pc.sequence_parallel,
+            context_degree=pc.invariant_context_degree,
         )
         if reason is None:
             return pc.invariant_degree
@@ -281,7 +282,11 @@ class Trainer:
         pc = self.config.parallel
         for part in model_parts:
             if self.canonical_degree:
-                install_canonical(part, self.canonical_degree)
+                install_canonical(
+                    part,
+                    self.canonical_degree,
+                    context_degree=self.config.parallel.invariant_context_degree,
+                )
             unit_keys = recompute_part(part, pc)
             if self.config.training.compile:
                 compile_part(part, unit_keys, tensor_parallel=False)
