@@ -93,7 +93,8 @@ class Reductions:
             the token sums of vectors (norm and bias gradients: ``2 D / cp``; a
             tensor-parallel rank's slice of it under sequence parallelism holds
             ``1 / n`` of them).
-        weight_chunks: the same for weight gradients (``2 C / cp``).
+        weight_chunks: the same for weight gradients (``2 C / cp``; 1 when ``C = 1``:
+            the whole sequence).
 
     Raises:
         ValueError: ``degree`` is not a power of two, or ``n`` (or the
@@ -131,7 +132,8 @@ class Reductions:
             )
         self.context_degree = context_degree
         self.token_chunks = 2 * degree // cp
-        self.weight_chunks = 2 * context_degree // cp
+        # C = 1 (no context parallelism to match): the whole sequence, one product
+        self.weight_chunks = 2 * context_degree // cp if context_degree > 1 else 1
 
     def chunk_width(self, full: int, what: str) -> int:
         """The width of one chunk of a dimension of ``full`` elements (whole, not this rank's)."""
@@ -261,7 +263,7 @@ def _add_in_place(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 def folded_tree(
-    leaf: Callable[[int, int], Any],
+    leaf: Callable[[int, int | None], Any],
     count: int,
     add: Callable[[Any, Any], Any] = _add_in_place,
 ) -> Any:
@@ -275,10 +277,13 @@ def folded_tree(
         leaf: ``leaf(j, mirror)`` is the sum of local chunks ``j`` and ``mirror``
             (a fresh tensor, or what ``add`` takes), computed by the same calls on
             every layout.
-        count: the local chunks, an even number whose half is a power of two.
+        count: the local chunks, an even number whose half is a power of two, or 1
+            (the whole sequence: ``leaf(0, None)``).
         add: the addition of two nodes; the default adds in place into the first
             (every node is a fresh result).
     """
+    if count == 1:
+        return leaf(0, None)
     if count < 2 or not _power_of_two(count // 2) or count % 2:
         raise ValueError(f"a folded tree needs 2 * (a power of two) chunks, got {count}")
     stack: list[tuple[int, Any]] = []
@@ -291,7 +296,7 @@ def folded_tree(
 
 
 def folded_token_sum(
-    leaf: Callable[[int, int], torch.Tensor], red: Reductions, count: int | None = None
+    leaf: Callable[[int, int | None], torch.Tensor], red: Reductions, count: int | None = None
 ) -> torch.Tensor:
     """A sum over the tokens of this rank's sequence and its context-parallel group's (module docstring).
 

@@ -110,7 +110,10 @@ class _CanonicalEmbedding(torch.autograd.Function):
             values = grad[:, cut].reshape(-1, grad.shape[-1])[keep]
             return _chunk_partial(ids, values)
 
-        rows, sums = folded_tree(lambda j, m: _add_sparse(partial(j), partial(m)), n, _add_sparse)
+        def leaf(j: int, mirror: int | None) -> Sparse:
+            return partial(j) if mirror is None else _add_sparse(partial(j), partial(mirror))
+
+        rows, sums = folded_tree(leaf, n, _add_sparse)
         dense = grad.new_zeros(ctx.shape)
         dense.index_copy_(0, rows, sums)
         if red.cp is not None:

@@ -146,8 +146,10 @@ class _ColumnLinear(torch.autograd.Function):
             x3, gt = _tokens(x), _tokens(grad)
             n = sequence_chunks(x3, red, weights=True)
 
-            def leaf(j: int, mirror: int) -> torch.Tensor:  # chunks j + mirror: [M / n, K]
+            def leaf(j: int, mirror: int | None) -> torch.Tensor:  # chunks j + mirror: [M / n, K]
                 first = _chunk_rows(gt, j, n).t() @ _chunk_rows(x3, j, n)
+                if mirror is None:
+                    return first
                 return first.addmm_(_chunk_rows(gt, mirror, n).t(), _chunk_rows(x3, mirror, n))
 
             grad_w = folded_token_sum(leaf, red, n)
@@ -198,8 +200,11 @@ class _RowLinear(torch.autograd.Function):
                 gi = _chunk_rows(gt, i, n).t().unsqueeze(0).expand(chunks, -1, -1)
                 return gi, _chunks_first(_chunk_rows(xt, i, n), chunks)  # [L, N_i, K / D]
 
-            def leaf(j: int, mirror: int) -> torch.Tensor:  # chunks j + mirror: [L, M, K / D]
-                return torch.bmm(*product(j)).baddbmm_(*product(mirror))
+            def leaf(
+                j: int, mirror: int | None
+            ) -> torch.Tensor:  # chunks j + mirror: [L, M, K / D]
+                first = torch.bmm(*product(j))
+                return first if mirror is None else first.baddbmm_(*product(mirror))
 
             grad_w = _chunks_last(folded_token_sum(leaf, red, n))
         return grad_x, grad_w, None, None
