@@ -113,6 +113,7 @@ def canonical_refusal(
     seq_length: int | None = None,
     sequence_parallel: bool = False,
     context_degree: int = 1,
+    packed: bool = False,
 ) -> str | None:
     """Why the canonical units cannot hold for this model and layout, or None when they do.
 
@@ -123,6 +124,7 @@ def canonical_refusal(
         seq_length: the training sequence length (None: not checked).
         sequence_parallel: sequence parallelism is on.
         context_degree: ``parallel.invariant_context_degree``.
+        packed: rows of packed sequences of any length (``data.pack_sequences``).
     """
     if degree <= 1:
         return "parallel.invariant_degree is 1"
@@ -136,6 +138,8 @@ def canonical_refusal(
             f"context_parallel={cp} does not divide parallel.invariant_context_degree="
             f"{context_degree} (the weight gradients' sequence chunks of this run)"
         )
+    if packed:
+        return "packed sequences (data.pack_sequences: rows of any length)"
     if config.type not in ("gpt", "bert", "esm"):
         return f"model.type={config.type!r} (the canonical units cover GPT, BERT and ESM-2)"
     if config.type != "gpt":

@@ -270,6 +270,7 @@ class Trainer:
             seq_length=self.config.data.seq_length,
             sequence_parallel=pc.sequence_parallel,
             context_degree=pc.invariant_context_degree,
+            packed=bool(getattr(self.config.data, "pack_sequences", False)),
         )
         if reason is None:
             return pc.invariant_degree
