@@ -35,24 +35,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from epochal.parallel.context_parallel import gather_sequence
+from epochal.parallel.context_parallel import (
+    gather_sequence,
+    global_order_chunks,
+    rank_order_chunks,
+)
 
 __all__ = ["HeadExchangeAttention"]
-
-
-def _global_order(pieces: list[torch.Tensor]) -> torch.Tensor:
-    """Every rank's ``[chunk r, chunk 2cp-1-r]`` of dim 2 joined in the sequence's order."""
-    cp = len(pieces)
-    halves = [p.chunk(2, dim=2) for p in pieces]
-    return torch.cat(
-        [halves[j][0] if j < cp else halves[2 * cp - 1 - j][1] for j in range(2 * cp)], dim=2
-    )
-
-
-def _rank_order(whole: torch.Tensor, cp: int) -> list[torch.Tensor]:
-    """The inverse of :func:`_global_order`: rank ``r``'s ``[chunk r, chunk 2cp-1-r]`` of dim 2."""
-    chunks = whole.chunk(2 * cp, dim=2)
-    return [torch.cat([chunks[r], chunks[2 * cp - 1 - r]], dim=2) for r in range(cp)]
 
 
 class _AllToAll(torch.autograd.Function):
@@ -77,12 +66,13 @@ def _to_heads(t: torch.Tensor, group: dist.ProcessGroup, cp: int) -> torch.Tenso
     b, h, length, hd = t.shape
     stacked = t.reshape(b, cp, h // cp, length, hd).transpose(0, 1)
     received = _AllToAll.apply(stacked, group)  # [cp (source rank), b, h / cp, L, hd]
-    return _global_order(list(received.unbind(0)))
+    return torch.cat(global_order_chunks(list(received.unbind(0)), 2), dim=2)
 
 
 def _to_sequence(t: torch.Tensor, group: dist.ProcessGroup, cp: int) -> torch.Tensor:
     """The inverse of :func:`_to_heads`: ``[b, h / cp, S, hd]`` -> ``[b, h, L, hd]``."""
-    stacked = torch.stack(_rank_order(t, cp))  # [cp (destination rank), b, h / cp, L, hd]
+    # [cp (destination rank), b, h / cp, L, hd]
+    stacked = torch.stack(rank_order_chunks(list(t.chunk(2 * cp, dim=2)), 2))
     received = _AllToAll.apply(stacked, group)  # [cp (source head group), ...]
     b, length, hd = received.shape[1], received.shape[3], received.shape[4]
     return received.transpose(0, 1).reshape(b, -1, length, hd)

@@ -98,6 +98,12 @@ def _chunk_rows(t3: torch.Tensor, i: int, chunks: int) -> torch.Tensor:
     return out.view(piece.shape).copy_(piece).view(-1, t3.shape[-1])
 
 
+def _column_bias_grad(grad3: torch.Tensor, red: Reductions, chunks: int) -> torch.Tensor:
+    """A bias gradient over ``grad3`` ``[b, s, W]``'s tokens, per ``W / chunks`` columns (the canonical width)."""
+    parts = grad3.chunk(chunks, -1)
+    return torch.cat([token_chunk_sum(part.contiguous(), red, sharded=False) for part in parts])
+
+
 def _pad_sequence(local: torch.Tensor, red: Reductions) -> torch.Tensor:
     """This rank's sequence slice placed in zeros of the whole sequence (dim 1)."""
     whole = local.new_zeros((local.shape[0], local.shape[1] * red.size, *local.shape[2:]))
@@ -154,13 +160,7 @@ class _ColumnLinear(torch.autograd.Function):
 
             grad_w = folded_token_sum(leaf, red, n)
         if ctx.has_bias and ctx.needs_input_grad[2]:
-            tokens = grad.reshape(x.shape[0] if x.dim() > 2 else 1, -1, weight.shape[0])
-            grad_b = torch.cat(
-                [
-                    token_chunk_sum(part.contiguous(), red, sharded=False)
-                    for part in tokens.chunk(chunks, -1)
-                ]
-            )
+            grad_b = _column_bias_grad(_tokens(grad), red, chunks)
         return grad_x, grad_w, grad_b, None, None
 
 
@@ -389,10 +389,7 @@ class _AddVocabularyBias(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
-        parts = _tokens(grad).chunk(ctx.chunks, -1)
-        grad_bias = torch.cat(
-            [token_chunk_sum(part.contiguous(), ctx.red, sharded=False) for part in parts]
-        )
+        grad_bias = _column_bias_grad(_tokens(grad), ctx.red, ctx.chunks)
         return grad.to(ctx.dtypes[0]), grad_bias.to(ctx.dtypes[1]), None, None
 
 

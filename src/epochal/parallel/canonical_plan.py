@@ -472,7 +472,7 @@ def _add_bias(self: nn.Module, logits: torch.Tensor) -> torch.Tensor:
     return add_vocabulary_bias(logits, bias, red, self.canonical_options["vocab"])
 
 
-def _install_encoder_top(model: nn.Module, red: Reductions, cp_group: Any) -> None:
+def _install_encoder_top(model: nn.Module, red: Reductions) -> None:
     """BERT / ESM-2's parts outside the blocks: token types, the embedding norm, the masked-LM head.
 
     The head's ``dense`` is replicated on every tensor-parallel rank (Megatron's), so it
@@ -488,7 +488,7 @@ def _install_encoder_top(model: nn.Module, red: Reductions, cp_group: Any) -> No
     head = getattr(model, "lm_head", None)
     if head is None:
         return
-    _column(head.dense, Reductions(red.degree, None, cp_group, red.context_degree), gather=False)
+    _column(head.dense, Reductions(red.degree, context_degree=red.context_degree), gather=False)
     _norm(head.norm, red, sharded=False)
     head.canonical_reductions = red
     head.canonical_options = {"vocab": model.config.padded_vocab_size}
@@ -583,7 +583,7 @@ def install_canonical(
         install_canonical_embedding(
             model.pos_embeddings, red, vocab_parallel=False, sequence_parallel=sp
         )
-    _install_encoder_top(model, red, cp_group)
+    _install_encoder_top(model, red)
     if model.norm is not None:
         _norm(model.norm, red, sharded=sp)
     if model.output is not None:

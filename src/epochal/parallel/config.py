@@ -134,7 +134,7 @@ class ParallelConfig:
             trains the same bits): each sequence's tokens are cut into ``2 x`` this
             many chunks, and every weight gradient is one product per chunk added as
             a fixed tree. More chunks cost more (each product writes a whole weight
-            gradient): 1 keeps one product per weight and half-sequence. 0 (the
+            gradient): 1 keeps one product per weight over the whole sequence. 0 (the
             default) takes ``context_parallel`` and is written into the run's
             configuration as that number, so resuming or replaying the run on fewer
             context-parallel ranks keeps it.

@@ -120,7 +120,9 @@ __all__ = [
     "chunk_positions",
     "context_seed",
     "gather_sequence",
+    "global_order_chunks",
     "packed_document_mask",
+    "rank_order_chunks",
 ]
 
 _CP_SEED_WORD = 0xC0C0  # the derivation's domain word for context-parallel dropout keys
@@ -201,15 +203,15 @@ def context_seed(seed: int, cp_rank: int) -> int:
     return seed if cp_rank == 0 else derive_seed(seed, _CP_SEED_WORD, cp_rank) >> 1
 
 
-def _global_order(pieces: list[torch.Tensor], dim: int) -> list[torch.Tensor]:
+def global_order_chunks(pieces: list[torch.Tensor], dim: int) -> list[torch.Tensor]:
     """Every rank's two chunks (rank order) as the ``2 * cp`` chunks of the global sequence."""
     cp = len(pieces)
     halves = [p.chunk(2, dim=dim) for p in pieces]
     return [halves[j][0] if j < cp else halves[2 * cp - 1 - j][1] for j in range(2 * cp)]
 
 
-def _rank_order(chunks: list[torch.Tensor], dim: int) -> list[torch.Tensor]:
-    """The inverse of :func:`_global_order`: each rank's ``[chunk r, chunk 2cp-1-r]``."""
+def rank_order_chunks(chunks: list[torch.Tensor], dim: int) -> list[torch.Tensor]:
+    """The inverse of :func:`global_order_chunks`: each rank's ``[chunk r, chunk 2cp-1-r]``."""
     cp = len(chunks) // 2
     return [torch.cat([chunks[r], chunks[2 * cp - 1 - r]], dim=dim) for r in range(cp)]
 
@@ -229,7 +231,7 @@ class _GatherSequence(torch.autograd.Function):
         x = x.contiguous()
         parts = [torch.empty_like(x) for _ in range(ctx.size)]
         dist.all_gather(parts, x, group=group)
-        return torch.cat(_global_order(parts, dim) if ordered else parts, dim=dim)
+        return torch.cat(global_order_chunks(parts, dim) if ordered else parts, dim=dim)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
@@ -237,7 +239,7 @@ class _GatherSequence(torch.autograd.Function):
         local = grad.shape[dim] // size
         none = (None, None, None, None)
         if ctx.ordered:  # back to rank order: rank r's slice is [chunk r, chunk 2cp-1-r]
-            grad = torch.cat(_rank_order(list(grad.chunk(2 * size, dim=dim)), dim), dim=dim)
+            grad = torch.cat(rank_order_chunks(list(grad.chunk(2 * size, dim=dim)), dim), dim=dim)
         if not ctx.reduce:
             return grad.narrow(dim, rank * local, local).contiguous(), *none
         if dist.get_backend(ctx.group) == "gloo":  # gloo has no reduce-scatter

@@ -270,7 +270,7 @@ class Trainer:
             seq_length=self.config.data.seq_length,
             sequence_parallel=pc.sequence_parallel,
             context_degree=pc.invariant_context_degree,
-            packed=bool(getattr(self.config.data, "pack_sequences", False)),
+            packed=self.config.data.pack_sequences,
         )
         if reason is None:
             return pc.invariant_degree
@@ -286,7 +286,7 @@ class Trainer:
                 install_canonical(
                     part,
                     self.canonical_degree,
-                    context_degree=self.config.parallel.invariant_context_degree,
+                    context_degree=pc.invariant_context_degree,
                 )
             unit_keys = recompute_part(part, pc)
             if self.config.training.compile:
