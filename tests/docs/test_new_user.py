@@ -12,9 +12,11 @@ tiny preset for 300 steps (about 90 s on two cores); the walk runs it for 5 step
 (the same data, tokenizer, model and cache), which nothing later relies on.
 
 Two tiers: the default one leaves out the how-to pages whose commands start several
-processes (:data:`MULTI_PROCESS_PAGES`: about 100 of the walk's 200 s on two cores;
-relaunching under torchrun, the layouts, resuming on other layouts, expert and context
-parallelism are the parallel tests' ground); the ``slow`` tier walks every page.
+processes or train the presets that tests of their own train (:data:`SLOW_WALK_PAGES`:
+about 170 of the walk's 300 s on two cores; relaunching under torchrun, the layouts,
+resuming on other layouts, expert and context parallelism are the parallel tests'
+ground; BERT, T5, fine-tuning, SFT and generation the training and model tests'); the
+``slow`` tier walks every page.
 """
 
 from __future__ import annotations
@@ -55,25 +57,31 @@ EXPECTED = [
 ]
 
 
-#: The how-to pages whose commands start several processes (see the module docstring).
-MULTI_PROCESS_PAGES = {
+#: The how-to pages the default tier leaves out (see the module docstring): their commands
+#: start several processes, or train the presets whose own tests run the same commands
+#: (BERT, T5, fine-tuning, SFT and generation: tests/train, tests/model).
+SLOW_WALK_PAGES = {
     "inspect-samples.md",
     "parallel-layouts.md",
     "resume-on-other-gpus.md",
     "train-a-mixture-of-experts.md",
+    "train-bert-and-t5.md",
+    "generate.md",
+    "finetune-and-embed.md",
+    "finetune-a-chat-model.md",
 }
 
 
 def walk_pages(every_page: bool = True):
     """The quick start, the README, then the getting-started and how-to pages in nav order.
 
-    ``every_page=False`` leaves out :data:`MULTI_PROCESS_PAGES`.
+    ``every_page=False`` leaves out :data:`SLOW_WALK_PAGES`.
     """
     pages = [path for section, path in nav_pages() if section in WALK_SECTIONS]
     ordered = [DOCS / QUICK_START, README] + [DOCS / p for p in pages if p != QUICK_START]
     names = {page.name for page in ordered}
-    assert MULTI_PROCESS_PAGES <= names, f"not walked: {MULTI_PROCESS_PAGES - names}"
-    return [p for p in ordered if every_page or p.name not in MULTI_PROCESS_PAGES]
+    assert SLOW_WALK_PAGES <= names, f"not walked: {SLOW_WALK_PAGES - names}"
+    return [p for p in ordered if every_page or p.name not in SLOW_WALK_PAGES]
 
 
 def _shape(line: str) -> str:
@@ -101,7 +109,7 @@ def test_a_new_user_runs_every_command_in_one_home(tmp_path, make_runner, every_
                 )
             outputs.setdefault(page.name, []).append(result)
     for page, piece, expected in EXPECTED:
-        if not every_page and page in MULTI_PROCESS_PAGES:
+        if not every_page and page in SLOW_WALK_PAGES:
             continue
         found = [r for r in outputs[page] if piece in r.command]
         assert found, f"{page}: no command with {piece!r}"

@@ -23,6 +23,7 @@ count). One launch per process count runs all its cases
 
 from __future__ import annotations
 
+import os
 import shutil
 
 import pytest
@@ -56,11 +57,17 @@ TWO = [
     ("tp2-esm", "esm", ["--parallel.tensor_parallel=2"]),
     ("dp2-plain", "gpt", ["--training.layout_invariant=false"]),
 ]
-FOUR = [
-    ("dp4-gpt", "gpt", SAVE),
+#: the slow tier also runs BERT, T5 and ESM-2 on four data-parallel ranks (two ranks and
+#: the GPT model's four cover the rule in the default tier)
+SLOW_TIER = os.environ.get("EPOCHAL_SLOW_TESTS", "") not in ("", "0")
+FOUR_DP_SLOW = [
     ("dp4-bert", "bert", ["--parallel.dp_sharding=full", *RECOMPUTE]),
     ("dp4-t5", "t5", ["--parallel.dp_sharding=optimizer"]),
     ("dp4-esm", "esm", []),
+]
+FOUR = [
+    ("dp4-gpt", "gpt", SAVE),
+    *(FOUR_DP_SLOW if SLOW_TIER else []),
     ("pp2-dp2", "gpt", ["--parallel.pipeline_parallel=2", *RECOMPUTE]),
     ("tp2-dp2", "gpt", ["--parallel.tensor_parallel=2", "--parallel.dp_sharding=optimizer"]),
     (
@@ -121,7 +128,9 @@ def test_two_data_parallel_ranks_train_the_bits_of_one_process(dp1, two, model):
     assert_same(two[f"dp2-{model}"], dp1[model])
 
 
-@pytest.mark.parametrize("model", MODELS)
+@pytest.mark.parametrize(
+    "model", ["gpt", *(pytest.param(m, marks=pytest.mark.slow) for m in MODELS[1:])]
+)
 def test_four_data_parallel_ranks_train_the_bits_of_one_process(dp1, four, model):
     assert_same(four[f"dp4-{model}"], dp1[model])
 

@@ -84,6 +84,7 @@ def _assert_close(got: dict, want: dict) -> None:
         assert abs(got["params"][name] - p).max() < PARAM_ATOL, name
 
 
+@pytest.mark.slow  # tensor parallelism of experts: the EP2 x TP2 tests below
 def test_moe_with_sequence_parallelism_equals_one_process(runs):
     _, one, two = runs
     _assert_close(two["tp2-sp"], one)
@@ -107,6 +108,7 @@ def _assert_resumes_in_one_process(runs: tuple, name: str) -> None:
         assert abs(resumed["params"][key] - p).max() < PARAM_ATOL, key
 
 
+@pytest.mark.slow
 def test_a_tp2_moe_checkpoint_resumes_in_one_process(runs):
     _assert_resumes_in_one_process(runs, "tp2-sp")
 

@@ -139,7 +139,13 @@ def uninterrupted(tmp_path_factory) -> dict[int, float]:
 
 
 @pytest.mark.parametrize(
-    "how", ["launcher", pytest.param("rank1_under_torchrun", marks=pytest.mark.slow)]
+    # the slow tier: a multi-rank stop on SIGTERM (the default tier's kill -9 of the
+    # launcher in test_orphans_and_stalls.py stops the ranks the same way)
+    "how",
+    [
+        pytest.param("launcher", marks=pytest.mark.slow),
+        pytest.param("rank1_under_torchrun", marks=pytest.mark.slow),
+    ],
 )
 def test_sigterm_stops_every_rank_after_one_step_saves_exits_0_and_resumes_exactly(
     tmp_path, uninterrupted, how

@@ -269,6 +269,7 @@ def test_bert_tiny_preset_on_a_fixed_corpus_resumes_exactly_and_fills_masks(
     assert "[MASK] 0:" in capsys.readouterr().out
 
 
+@pytest.mark.slow  # torch.compile of GPT blocks: tests/train/test_speed_levers.py
 def test_compiled_bert_equals_eager(tmp_path):
     """``training.compile`` (each block compiled) gives the eager losses (pairs, post-LN, padding)."""
     from tests.parallel import bert_worker as W

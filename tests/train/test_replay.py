@@ -104,6 +104,13 @@ def test_a_step_the_run_never_trained_is_refused(tp2_run):
     assert "records steps 1-4" in proc.stderr
 
 
+def test_generation_refuses_an_invariance_degree_that_is_not_a_power_of_two(tp2_run):
+    proc = epochal("generate", "--checkpoint", str(tp2_run), "--prompt-ids", "5,17",
+                   "--invariant-degree", "3", "--device", "cpu")  # fmt: skip
+    assert proc.returncode == 2 and "power of two" in proc.stderr
+
+
+@pytest.mark.slow  # the same bits in process: tests/model/test_generation_tp.py
 def test_generation_in_canonical_units_gives_the_same_tokens_on_tp2_and_one_process(
     tp2_run, tmp_path
 ):
@@ -130,6 +137,3 @@ def test_generation_in_canonical_units_gives_the_same_tokens_on_tp2_and_one_proc
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
         outputs.append([json.loads(line)["tokens"] for line in out.read_text().splitlines()])
     assert outputs[0] == outputs[1] and len(outputs[0][0]) >= 6
-    proc = epochal("generate", "--checkpoint", str(tp2_run), "--prompt-ids", "5,17",
-                   "--invariant-degree", "3", "--device", "cpu")  # fmt: skip
-    assert proc.returncode == 2 and "power of two" in proc.stderr
