@@ -86,6 +86,32 @@ def test_tp2_generation_equals_single_process_and_sharded_checkpoint_loads(tmp_p
 
 #: canonical units need key/value heads that split over the ranks (no replicated case)
 CANONICAL_CASES = ("gqa_swiglu_rope", "gpt2_alibi_tied")
+#: T5 models (encoder-decoder generation: a cross-attention cache), dropout set, evaluated
+T5_CASES = {
+    "t5_megatron": dict(position_embedding_type="learned_absolute"),
+    "t5_hf_relative": dict(
+        position_embedding_type="relative",
+        relative_attention_num_buckets=8,
+        relative_attention_max_distance=16,
+        normalization="RMSNorm",
+        activation="gated_gelu",
+        add_bias_linear=False,
+        softmax_scale=1.0,
+        untie_embeddings_and_output_weights=True,
+    ),
+}
+
+
+def _t5(**overrides):
+    from epochal.model.build import build_model
+    from epochal.model.config import ModelConfig
+
+    config = ModelConfig(
+        type="t5", vocab_size=128, hidden_size=32, num_layers=2, num_attention_heads=4,
+        num_query_groups=4, ffn_hidden_size=64, max_position_embeddings=64,
+        hidden_dropout=0.1, attention_dropout=0.1, **overrides,
+    )  # fmt: skip
+    return build_model(config, seed=8).eval()
 
 
 def _run_canonical(rank: int, world: int) -> dict[str, list]:
@@ -99,15 +125,29 @@ def _run_canonical(rank: int, world: int) -> dict[str, list]:
     torch.set_num_threads(1)
     mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("tp",))
     results: dict[str, list] = {}
-    for case in CANONICAL_CASES:
-        single = ours(llama_like(**CASES[case]), seed=8)
-        parallel = ours(llama_like(**CASES[case]), seed=8)
-        install_canonical(single, 8)
-        install_canonical(parallel, 8, mesh["tp"], gather_logits=True)
+    builders = {
+        case: lambda c=case: ours(llama_like(**CASES[c]), seed=8) for case in CANONICAL_CASES
+    }
+    builders.update({case: lambda c=case: _t5(**T5_CASES[c]) for case in T5_CASES})
+    for case, build in builders.items():
+        single, parallel, plain = build(), build(), build()
+        # installed on evaluated models (as `epochal generate` does): they stay in evaluation
+        install_canonical(single, 8, training=False)
+        install_canonical(parallel, 8, mesh["tp"], gather_logits=True, training=False)
         assert any(hasattr(p, "placements") for p in parallel.parameters())  # really sharded
+        prompts = torch.tensor([PROMPTS[0]])
+        with torch.no_grad():  # the units compute the plain model's logits, up to rounding
+            if case in T5_CASES:
+                args = (prompts, torch.tensor([[0, 3, 7]]))
+            else:
+                args = (prompts,)
+            near = torch.allclose(single(*args), plain(*args), atol=1e-4)
+        results[f"{case}/plain"] = near
         for model in (single, parallel):  # every forward's logits: the prefill, then each step
             model.seen = []
-            model.register_forward_hook(lambda m, a, out: m.seen.append(out.detach().clone()))
+            model.output.register_forward_hook(  # the head: GPT's forward, T5's decode
+                lambda m, a, out, model=model: model.seen.append(out.detach().clone())
+            )
         for name, opts in OPTIONS.items():
             single.seen.clear()
             parallel.seen.clear()
@@ -122,6 +162,9 @@ def _run_canonical(rank: int, world: int) -> dict[str, list]:
 
 def test_tp2_generation_in_canonical_units_gives_one_process_logits_bit_for_bit():
     ranks = run_gloo(_run_canonical, 2)
+    for key in [k for k in ranks[0] if k.endswith("/plain")]:
+        assert ranks[0].pop(key) and ranks[1].pop(key), key
+    assert {k.split("/")[0] for k in ranks[0]} == {*CANONICAL_CASES, *T5_CASES}
     for key, (want, got, same, forwards) in ranks[0].items():
         assert got == want, key
         assert same and forwards > 1, key  # every step's logits, the same bits

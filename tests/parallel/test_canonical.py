@@ -166,33 +166,53 @@ def test_refusals_name_what_stops_the_units():
         _config(hidden_size=36, num_attention_heads=4), DEGREE
     )
     assert canonical_refusal(_config(), 1) == "parallel.invariant_degree is 1"
+    t5 = _config(type="t5", num_layers=2, decoder_num_layers=1)
+    assert canonical_refusal(t5, DEGREE, tp=2, seq_length=32, decoder_seq_length=16) is None
+    assert "data.seq_length_decoder (12)" in canonical_refusal(
+        t5, DEGREE, tp=2, seq_length=32, decoder_seq_length=12
+    )
+    assert "sequence parallelism for BERT, ESM-2 and T5" in canonical_refusal(
+        t5, DEGREE, tp=2, sequence_parallel=True
+    )
+    assert "context parallelism for BERT, ESM-2 and T5" in canonical_refusal(
+        t5, DEGREE, cp=2, context_degree=2
+    )
 
 
 @pytest.mark.parametrize("dropout", [0.0, 0.1])
-def test_a_heads_attention_does_not_depend_on_the_heads_in_the_call(dropout):
-    # queries/keys/values as the model makes them: views of [b, s, heads * hd]
+@pytest.mark.parametrize("kind", ["causal", "cross_biased"])
+def test_a_heads_attention_does_not_depend_on_the_heads_in_the_call(dropout, kind):
+    # queries/keys/values as the model makes them: views of [b, s, heads * hd]; a T5
+    # cross-attention's keys are longer than its queries, and its self-attention adds the
+    # relative bias of its heads
     b, heads, s, hd = 2, 4, 16, 8
+    s_k = s if kind == "causal" else 24
     torch.manual_seed(0)
-    base = [torch.randn(b, s, heads * hd) for _ in range(3)]
+    base = [torch.randn(b, n, heads * hd) for n in (s, s_k, s_k)]
+    bias = None if kind == "causal" else torch.randn(1, heads, s, s_k)
     grad = torch.randn(b, heads, s, hd)
 
-    def run(xs, first, g):
+    def run(xs, first, g, heads_bias):
         xs = [x.clone().requires_grad_() for x in xs]
-        q, k, v = (x.view(b, s, -1, hd).transpose(1, 2) for x in xs)
+        q, k, v = (x.view(b, x.shape[1], -1, hd).transpose(1, 2) for x in xs)
         torch.manual_seed(7)
         out = KeyedHeadAttention(first)(
-            q, k, v, causal=True, attention_mask=None, dropout_p=dropout, scale=None
-        )
+            q, k, v, causal=kind == "causal", attention_mask=None, dropout_p=dropout,
+            scale=None, position_bias=heads_bias,
+        )  # fmt: skip
         return out, torch.autograd.grad(out, xs, g)
 
-    out, grads = run(base, 0, grad)
+    out, grads = run(base, 0, grad, bias)
     for per in (1, 2):
         for r in range(heads // per):
-            cols = slice(r * per * hd, (r + 1) * per * hd)
+            cols, heads_of = slice(r * per * hd, (r + 1) * per * hd), slice(r * per, (r + 1) * per)
             part, part_grads = run(
-                [x[..., cols] for x in base], r * per, grad[:, r * per : (r + 1) * per]
+                [x[..., cols] for x in base],
+                r * per,
+                grad[:, heads_of],
+                None if bias is None else bias[:, heads_of],
             )
-            assert torch.equal(part, out[:, r * per : (r + 1) * per])
+            assert torch.equal(part, out[:, heads_of])
             for whole, piece in zip(grads, part_grads):
                 assert torch.equal(whole[..., cols], piece)
 

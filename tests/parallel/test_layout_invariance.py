@@ -8,8 +8,9 @@ data-parallel ranks (DP2 x GA2) and on four (DP4 x GA1), with every
 pipeline parallelism (PP2 x DP2 against one process, tied embeddings) and
 tensor and context parallelism (GPT in canonical units, ``parallel.invariant_degree``:
 TP2, TP2 with sequence parallelism, TP4 with it, TP2 x DP2 with the distributed
-optimizer, TP2 x PP2, CP2, CP4 and TP2 x CP2 with sequence parallelism; BERT and
-ESM-2 at TP2, every one against one process). Every loss list is compared
+optimizer, TP2 x PP2, CP2, CP4 and TP2 x CP2 with sequence parallelism; BERT,
+ESM-2 and Megatron's T5 at TP2, Hugging Face's T5 v1.1 too in the slow tier, every
+one against one process). Every loss list is compared
 with ``==``, the final model and optimizer state by a digest of their full
 tensors. A checkpoint written on four ranks resumes in one process, and one
 written in one process resumes on two ranks, with the losses of the run that
@@ -31,6 +32,7 @@ import pytest
 from epochal.train.state.checkpoint import step_folder_name
 from tests.dist_utils import run_gloo
 from tests.parallel import invariance_worker as W
+from tests.parallel import t5_worker
 
 pytestmark = pytest.mark.distributed
 
@@ -43,6 +45,8 @@ G4 = ["--model.num_query_groups=4"]  # key/value groups split over four ranks
 # weight gradients summed in 2 x 4 sequence chunks: CP2 and CP4 give the bits of one process
 CTX4 = ["--parallel.invariant_context_degree=4"]
 CP2 = ["--parallel.context_parallel=2", *CTX4]
+T5_HF = t5_worker.HF_STYLE
+SLOW_TIER = os.environ.get("EPOCHAL_SLOW_TESTS", "") not in ("", "0")
 # (name, model, overrides): the sharding modes and recompute spread over the models
 TWO = [
     ("dp2-gpt", "gpt", SAVE),
@@ -55,11 +59,13 @@ TWO = [
     ("cp2", "gpt", [*CP2, *G4]),
     ("tp2-bert", "bert", ["--parallel.tensor_parallel=2"]),
     ("tp2-esm", "esm", ["--parallel.tensor_parallel=2"]),
+    ("tp2-t5", "t5", ["--parallel.tensor_parallel=2"]),
     ("dp2-plain", "gpt", ["--training.layout_invariant=false"]),
+    # the slow tier: Hugging Face's T5 v1.1 (relative bias, RMSNorm, gated GELU, untied head)
+    *([("tp2-t5-hf", "t5", ["--parallel.tensor_parallel=2", *T5_HF])] if SLOW_TIER else []),
 ]
 #: the slow tier also runs BERT, T5 and ESM-2 on four data-parallel ranks (two ranks and
 #: the GPT model's four cover the rule in the default tier)
-SLOW_TIER = os.environ.get("EPOCHAL_SLOW_TESTS", "") not in ("", "0")
 FOUR_DP_SLOW = [
     ("dp4-bert", "bert", ["--parallel.dp_sharding=full", *RECOMPUTE]),
     ("dp4-t5", "t5", ["--parallel.dp_sharding=optimizer"]),
@@ -98,6 +104,8 @@ def dp1(root):
     """One process (DP1 x GA4) per model; the GPT run saves a checkpoint half-way."""
     runs = {m: W.single(str(root), f"dp1-{m}", m, SAVE if m == "gpt" else []) for m in MODELS}
     runs["gpt-g4"] = W.single(str(root), "dp1-gpt-g4", "gpt", [*G4, *CTX4])
+    if SLOW_TIER:
+        runs["t5-hf"] = W.single(str(root), "dp1-t5-hf", "t5", T5_HF)
     return runs
 
 
@@ -153,8 +161,10 @@ def test_four_tensor_parallel_ranks_with_sequence_parallel_equal_one_process(dp1
     assert_same(four["tp4-sp"], dp1["gpt-g4"])
 
 
-@pytest.mark.parametrize("model", ["bert", "esm"])
-def test_two_tensor_parallel_ranks_train_a_bert_or_esm2_model_as_one_process(dp1, two, model):
+@pytest.mark.parametrize(
+    "model", ["bert", "esm", "t5", pytest.param("t5-hf", marks=pytest.mark.slow)]
+)
+def test_two_tensor_parallel_ranks_train_a_bert_esm2_or_t5_model_as_one_process(dp1, two, model):
     assert_same(two[f"tp2-{model}"], dp1[model])
 
 

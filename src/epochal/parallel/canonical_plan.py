@@ -1,7 +1,7 @@
-"""A GPT, BERT or ESM-2 model (or pipeline stage) computed in canonical units, on one process or sharded.
+"""A GPT, BERT, ESM-2 or T5 model (or pipeline stage) computed in canonical units, on one process or sharded.
 
 GPT models run on any tensor-, sequence- and context-parallel layout the degree
-divides; BERT and ESM-2 under tensor parallelism without sequence or context
+divides; BERT, ESM-2 and T5 under tensor parallelism without sequence or context
 parallelism.
 
 With ``training.layout_invariant`` and ``parallel.invariant_degree = D > 1``
@@ -38,6 +38,12 @@ attention                   per head as in one process (the kernel's result for 
                             (:mod:`~epochal.parallel.canonical_context`)
 loss                        :func:`canonical_cross_entropy` (the vocabulary in ``D``
                             chunks)
+T5                          the cross-attention's ``wq``/``wk``/``wv`` column and ``wo``
+                            row linears, its norm, both stacks' final norms; its dropout
+                            per global head ``heads + h`` (a stream apart from the
+                            self-attention's); the relative bias tables whole on every
+                            rank, each self-attention adding its heads' slice, their
+                            gradient (a rank's heads' columns) summed over the group
 BERT / ESM-2 head           ``lm_head.dense`` a column linear replicated on every rank,
                             ``lm_head.norm`` a norm, the decoder's bias vocabulary-
                             sharded with its gradient per ``V / D`` columns
@@ -55,7 +61,7 @@ sequence chunks (:func:`~epochal.parallel.canonical.folded_token_sum`), so that 
 context-parallel rank's tokens form a subtree that its group completes.
 
 Where the units cannot hold, :func:`canonical_refusal` says why (the run then
-keeps the data-parallel rule only): a model type other than GPT, experts,
+keeps the data-parallel rule only): a model type other than GPT, BERT, ESM-2 or T5, experts,
 QK-norm, heads that do not split over ``tp x cp`` ranks (replicated key/value
 projections, or the head exchange), context parallelism with pipeline stages,
 sizes that do not split into ``D`` chunks (the sequence into ``2 D``), ALiBi or
@@ -101,6 +107,9 @@ __all__ = [
 
 _COLUMN = ("attention.wq", "attention.wk", "attention.wv", "mlp.fc1", "mlp.w1", "mlp.w3")
 _ROW = ("attention.wo", "mlp.fc2", "mlp.w2")
+#: a T5 decoder block's cross-attention (keys and values from the encoder's output)
+_CROSS_COLUMN = ("cross_attention.wq", "cross_attention.wk", "cross_attention.wv")
+_CROSS_ROW = ("cross_attention.wo",)
 
 
 def canonical_refusal(
@@ -114,6 +123,7 @@ def canonical_refusal(
     sequence_parallel: bool = False,
     context_degree: int = 1,
     packed: bool = False,
+    decoder_seq_length: int | None = None,
 ) -> str | None:
     """Why the canonical units cannot hold for this model and layout, or None when they do.
 
@@ -125,6 +135,8 @@ def canonical_refusal(
         sequence_parallel: sequence parallelism is on.
         context_degree: ``parallel.invariant_context_degree``.
         packed: rows of packed sequences of any length (``data.pack_sequences``).
+        decoder_seq_length: a T5 model's decoder length (``data.seq_length_decoder``;
+            None: not checked).
     """
     if degree <= 1:
         return "parallel.invariant_degree is 1"
@@ -140,13 +152,13 @@ def canonical_refusal(
         )
     if packed:
         return "packed sequences (data.pack_sequences: rows of any length)"
-    if config.type not in ("gpt", "bert", "esm"):
-        return f"model.type={config.type!r} (the canonical units cover GPT, BERT and ESM-2)"
+    if config.type not in ("gpt", "bert", "esm", "t5"):
+        return f"model.type={config.type!r} (the canonical units cover GPT, BERT, ESM-2 and T5)"
     if config.type != "gpt":
         if cp > 1:
-            return "context parallelism for BERT and ESM-2 models"
+            return "context parallelism for BERT, ESM-2 and T5 models"
         if sequence_parallel and tp > 1:
-            return "sequence parallelism for BERT and ESM-2 models"
+            return "sequence parallelism for BERT, ESM-2 and T5 models"
         if config.bert_binary_head:
             return "model.bert_binary_head"
     if config.num_experts:
@@ -184,18 +196,21 @@ def canonical_refusal(
         if width % degree:
             return f"{name} ({width}) does not split into parallel.invariant_degree={degree} chunks"
     chunks = 2 * max(degree, context_degree)
-    if seq_length is not None and seq_length % chunks:
-        return (
-            f"data.seq_length ({seq_length}) does not split into {chunks} sequence chunks "
-            "(2 * parallel.invariant_degree and 2 * parallel.invariant_context_degree)"
-        )
+    lengths = {"data.seq_length": seq_length, "data.seq_length_decoder": decoder_seq_length}
+    for name, length in lengths.items():
+        if length is not None and length % chunks:
+            return (
+                f"{name} ({length}) does not split into {chunks} sequence chunks "
+                "(2 * parallel.invariant_degree and 2 * parallel.invariant_context_degree)"
+            )
     return None
 
 
 def _linear(block: nn.Module, name: str) -> nn.Module | None:
     """The block's linear at ``name`` (``"attention.wq"``), None where the block has none."""
     parent, child = name.split(".")
-    return getattr(block, parent)._modules.get(child)
+    owner = block._modules.get(parent)
+    return None if owner is None else owner._modules.get(child)
 
 
 def _local(tensor: torch.Tensor | None) -> torch.Tensor | None:
@@ -344,6 +359,9 @@ class KeyedHeadAttention:
         first_head: the global index of this rank's first query head.
     """
 
+    #: T5's relative bias (``[1 or b, heads, s, s_k]``, this rank's heads) is added to the scores
+    takes_position_bias = True
+
     def __init__(self, first_head: int) -> None:
         self.first_head = first_head
 
@@ -357,6 +375,7 @@ class KeyedHeadAttention:
         attention_mask: torch.Tensor | None,
         dropout_p: float,
         scale: float | None,
+        position_bias: torch.Tensor | None = None,
     ) -> torch.Tensor:
         b, heads, s, hd = q.shape
         if k.shape[1] != heads:
@@ -367,8 +386,12 @@ class KeyedHeadAttention:
             future = torch.ones(s, k.shape[2], dtype=torch.bool, device=q.device).triu(1)
             masked_out = future if masked_out is None else masked_out | future
         if dropout_p == 0:
-            keep = None if masked_out is None else ~masked_out
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=keep, scale=scale)
+            mask = None if masked_out is None else ~masked_out
+            if position_bias is not None:
+                mask = position_bias
+                if masked_out is not None:
+                    mask = position_bias.masked_fill(masked_out, float("-inf"))
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
         s_k = k.shape[2]
         # one [s, hd] x [hd, s_k] product per (sample, head), on contiguous copies: the
         # call is the same whatever the number of heads (a lone head's view is otherwise
@@ -378,6 +401,8 @@ class KeyedHeadAttention:
         scores = torch.bmm(q3, k3.transpose(1, 2)).view(b, heads, s, s_k) * (
             scale if scale is not None else 1.0 / math.sqrt(hd)
         )
+        if position_bias is not None:
+            scores = scores + position_bias
         if masked_out is not None:
             scores = scores.masked_fill(masked_out, float("-inf"))
         probs = torch.softmax(scores, dim=-1)
@@ -450,9 +475,10 @@ def _shard_parameters(model: nn.Module, tp_mesh: DeviceMesh) -> None:
     if model.output is not None:
         plan["output"] = _ShardOnly(ColwiseParallel())
     for key, block in model.layers.items():
-        for name in _COLUMN + _ROW:
+        for name in _COLUMN + _CROSS_COLUMN + _ROW + _CROSS_ROW:
             if _linear(block, name) is not None:
-                style = ColwiseParallel() if name in _COLUMN else RowwiseParallel()
+                column = name in _COLUMN or name in _CROSS_COLUMN
+                style = ColwiseParallel() if column else RowwiseParallel()
                 plan[f"layers.{key}.{name}"] = _ShardOnly(style)
     parallelize_keeping_ties(model, tp_mesh, plan)
     head = getattr(model, "lm_head", None)
@@ -544,17 +570,22 @@ def install_canonical(
     slices = {"rank": red.rank if sp else 0, "size": tp if sp else 1}
     slices.update(cp_rank=red.cp_rank, cp_size=red.cp_size)
     for block in model.layers.values():
-        for name in ("attention_norm", "ffn_norm"):
-            _norm(getattr(block, name), red, sharded=sp)
+        for name in ("attention_norm", "cross_attention_norm", "ffn_norm"):
+            if block._modules.get(name) is not None:
+                _norm(block._modules[name], red, sharded=sp)
         _install(block.mlp, _mlp_forward, red)
-        for name in _COLUMN:
+        for name in _COLUMN + _CROSS_COLUMN:
             module = _linear(block, name)
             if module is not None:
                 _column(module, red, gather=False)
-        for name in _ROW:
+        for name in _ROW + _CROSS_ROW:
             module = _linear(block, name)
             if module is not None:
                 _row(module, red, scatter=sp)
+        cross = block._modules.get("cross_attention")
+        if cross is not None and training and config.attention_dropout > 0:
+            # the cross-attention's heads draw after the self-attention's: streams of their own
+            cross.core_attention = KeyedHeadAttention(first_head + config.num_attention_heads)
         if sp:
             for name in ("attention", "mlp"):
                 getattr(block, name).register_forward_pre_hook(_gather_first(red))
@@ -574,6 +605,11 @@ def install_canonical(
             first = red.rank * heads_per_rank
             block.attention.alibi_heads = slice(first, first + heads_per_rank)
             block.attention.init_buffers()
+    if tp > 1 and getattr(model, "encoder_relative_bias", None) is not None:
+        # T5's tables whole on every rank, each self-attention its heads' slice
+        from epochal.parallel.tensor_parallel import share_relative_bias
+
+        share_relative_bias(model, tp_mesh, False)
     if model.tok_embeddings is not None:
         install_canonical_embedding(
             model.tok_embeddings, red, vocab_parallel=tp > 1, sequence_parallel=sp
@@ -584,8 +620,9 @@ def install_canonical(
             model.pos_embeddings, red, vocab_parallel=False, sequence_parallel=sp
         )
     _install_encoder_top(model, red)
-    if model.norm is not None:
-        _norm(model.norm, red, sharded=sp)
+    for name in ("norm", "encoder_norm", "decoder_norm"):
+        if model._modules.get(name) is not None:
+            _norm(model._modules[name], red, sharded=sp)
     if model.output is not None:
         _column(model.output, red, gather=sp)
         if gather_logits and tp > 1:
@@ -595,6 +632,7 @@ def install_canonical(
 
         model.register_forward_pre_hook(full_sequence_positions(tp), with_kwargs=True)
     model.canonical_reductions = red
+    model.train(model.training)  # the new modules (dropout by position) take the model's mode
     return red
 
 

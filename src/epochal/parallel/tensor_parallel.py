@@ -108,7 +108,7 @@ from epochal.model.layers.moe import MoEMLP
 from epochal.parallel.rng import apply_dropout_rng_regions
 from epochal.parallel.tensor_parallel_moe import finish_moe_tensor_parallel, moe_mlp_plan
 
-__all__ = ["apply_tensor_parallel", "kv_heads_replicated", "local_output"]
+__all__ = ["apply_tensor_parallel", "kv_heads_replicated", "local_output", "share_relative_bias"]
 
 
 class _NotAView(torch.autograd.Function):
@@ -414,7 +414,7 @@ def _t5_top_plan(
       cross-attention gathers it (its keys and values need every encoder position);
     - ``output`` (and its bias): column-parallel over the vocabulary, tied to the
       embedding rows like GPT's head;
-    - the relative bias tables: see :func:`_t5_relative_bias`.
+    - the relative bias tables: see :func:`share_relative_bias`.
     """
     seq = Shard(1)
     top: dict[str, ParallelStyle] = {
@@ -435,7 +435,7 @@ def _t5_top_plan(
     return top
 
 
-def _t5_relative_bias(model: nn.Module, tp_mesh: DeviceMesh, loss_parallel: bool) -> None:
+def share_relative_bias(model: nn.Module, tp_mesh: DeviceMesh, loss_parallel: bool) -> None:
     """T5's relative bias tables ``[buckets, heads]``: replicated, each rank uses its heads.
 
     The tables are small, so every rank keeps them whole (plain tensors) and computes
@@ -475,7 +475,7 @@ TOP_PLANS: dict[str, Callable[[nn.Module, bool, bool], dict[str, ParallelStyle]]
 TOP_PLAN_FINISH: dict[str, tuple[Callable[[nn.Module, DeviceMesh, bool], None], ...]] = {
     "bert": (_shard_lm_head_bias, _restore_trainable),
     "esm": (_shard_lm_head_bias, _restore_trainable),
-    "t5": (_t5_relative_bias,),
+    "t5": (share_relative_bias,),
 }
 
 

@@ -271,6 +271,9 @@ class Trainer:
             sequence_parallel=pc.sequence_parallel,
             context_degree=pc.invariant_context_degree,
             packed=self.config.data.pack_sequences,
+            decoder_seq_length=(
+                self.config.data.seq_length_decoder if self.model_config.type == "t5" else None
+            ),
         )
         if reason is None:
             return pc.invariant_degree

@@ -53,11 +53,13 @@ each sequence (:func:`~epochal.model.layers.packing.packed_attention`); ``rope``
 then holds each token's position within its own sequence.
 
 Core attention seam: :attr:`Attention.core_attention` (None by default) replaces the
-softmax(QK^T)V of causal and bidirectional self-attention when set from outside
-(``epochal.parallel`` installs context parallelism there): it is called as
+softmax(QK^T)V of causal and bidirectional self-attention, and of cross-attention
+without a cache, when set from outside (``epochal.parallel`` installs context
+parallelism and per-head dropout there): it is called as
 ``core_attention(q, k, v, causal=..., attention_mask=..., dropout_p=..., scale=...)``
-with queries ``[b, heads, s, head_dim]`` and keys/values ``[b, kv_heads, s, head_dim]``
-(rotated, before any GQA repeat) and returns ``[b, heads, s, head_dim]``. Its owner
+with queries ``[b, heads, s, head_dim]`` and keys/values ``[b, kv_heads, s_k, head_dim]``
+(rotated, before any GQA repeat; ``s_k`` the context's length for cross-attention)
+and returns ``[b, heads, s, head_dim]``. Its owner
 refuses the features it does not handle (caches, biases, windows, packing); the
 model raises if one of them reaches a replaced seam.
 
@@ -340,6 +342,13 @@ class Attention(nn.Module):
             q, k, v = self._self_qkv(x, rope)
             return self._replaced_core(q, k, v, False, attention_mask, kv_cache, position_bias)
         kv_in = x if context is None else context
+        if self.core_attention is not None and kv_cache is None:  # cross-attention
+            s_k = kv_in.shape[1]
+            q = self.wq(x).view(b, s, -1, hd)
+            q, k = self._qk_norm(q, self.wk(kv_in).view(b, s_k, -1, hd))
+            v = self.wv(kv_in).view(b, s_k, -1, hd)
+            q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+            return self._replaced_core(q, k, v, False, attention_mask, None, position_bias)
         q = self.wq(x).view(b, s, -1, hd)
         if kv_cache is not None and kv_cache.keys is not None:  # cross: computed at step 0
             k, v = kv_cache.keys, kv_cache.values
@@ -376,12 +385,21 @@ class Attention(nn.Module):
         kv_cache: object,
         position_bias: torch.Tensor | None,
     ) -> torch.Tensor:
-        """Self-attention through :attr:`core_attention` (no cache, bias, window or ALiBi)."""
-        if kv_cache is not None or position_bias is not None or self.use_alibi:
-            raise ValueError("a replaced core attention takes no KV cache, position_bias or ALiBi")
+        """Attention through :attr:`core_attention` (no cache, window or ALiBi).
+
+        ``position_bias`` (this module's heads of it) reaches a core that declares
+        ``takes_position_bias``, as its ``position_bias`` keyword; others refuse it.
+        """
+        if kv_cache is not None or self.use_alibi:
+            raise ValueError("a replaced core attention takes no KV cache or ALiBi")
         if causal and self.sliding_window is not None:
             raise ValueError("a replaced core attention takes no sliding_window")
         assert self.core_attention is not None
+        extra = {}
+        if position_bias is not None:
+            if not getattr(self.core_attention, "takes_position_bias", False):
+                raise ValueError("this replaced core attention takes no position_bias")
+            extra["position_bias"] = self._bias(position_bias, None, q.dtype)
         b, _, s, _ = q.shape
         out = self.core_attention(
             q,
@@ -391,6 +409,7 @@ class Attention(nn.Module):
             attention_mask=attention_mask,
             dropout_p=self.dropout_p if self.training else 0.0,
             scale=self.softmax_scale,
+            **extra,
         )
         return self.wo(out.transpose(1, 2).reshape(b, s, -1))
 
