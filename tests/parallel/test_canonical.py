@@ -166,6 +166,10 @@ def test_refusals_name_what_stops_the_units():
         _config(hidden_size=36, num_attention_heads=4), DEGREE
     )
     assert canonical_refusal(_config(), 1) == "parallel.invariant_degree is 1"
+    assert canonical_refusal(_config(), DEGREE, tp=2, packed=True) is None
+    assert "packed sequences" in canonical_refusal(
+        _config(), DEGREE, cp=2, context_degree=2, packed=True
+    )
     t5 = _config(type="t5", num_layers=2, decoder_num_layers=1)
     assert canonical_refusal(t5, DEGREE, tp=2, seq_length=32, decoder_seq_length=16) is None
     assert "data.seq_length_decoder (12)" in canonical_refusal(
@@ -233,6 +237,7 @@ def _model_grads(rank: int, world_size: int, llama: bool) -> list:
             add_bias_linear=False,
             position_embedding_type="rope",
             num_query_groups=2 if world_size == 2 else 4,
+            qk_layernorm=True,
         )
         if llama
         else {}
@@ -300,3 +305,15 @@ def test_tensor_sequence_and_context_parallel_gradients_equal_one_process(world_
     # learned positions at 2 ranks, RoPE with grouped keys/values at 4
     for rank_result in run_gloo(_model_grads, world_size, llama):
         assert rank_result == [(True, []), (True, []), (True, [])]  # TP, TP with SP, CP
+
+
+def test_packed_rows_are_padded_to_the_same_multiple_on_every_layout():
+    from epochal.parallel.config import ParallelConfig
+
+    # the token sums' 2 * max(D, C) sequence chunks, whatever the layout
+    layouts = [{}, {"tensor_parallel": 2}, {"tensor_parallel": 4, "sequence_parallel": True}]
+    got = {ParallelConfig(**layout).packed_row_multiple(canonical=True) for layout in layouts}
+    assert got == {2 * DEGREE}
+    assert ParallelConfig(invariant_context_degree=16).packed_row_multiple(canonical=True) == 32
+    # the plain rule: only what the layout cuts
+    assert ParallelConfig(tensor_parallel=4, sequence_parallel=True).packed_row_multiple() == 4

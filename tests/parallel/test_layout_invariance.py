@@ -8,9 +8,10 @@ data-parallel ranks (DP2 x GA2) and on four (DP4 x GA1), with every
 pipeline parallelism (PP2 x DP2 against one process, tied embeddings) and
 tensor and context parallelism (GPT in canonical units, ``parallel.invariant_degree``:
 TP2, TP2 with sequence parallelism, TP4 with it, TP2 x DP2 with the distributed
-optimizer, TP2 x PP2, CP2, CP4 and TP2 x CP2 with sequence parallelism; BERT,
-ESM-2 and Megatron's T5 at TP2, Hugging Face's T5 v1.1 too in the slow tier, every
-one against one process). Every loss list is compared
+optimizer, TP2 x PP2, CP2, CP4 and TP2 x CP2 with sequence parallelism, QK-norm in
+TP4, CP2, CP4 and TP2 x CP2; BERT, packed ESM-2 (token dropout on, rows of several
+proteins) and Megatron's T5 at TP2, Hugging Face's T5 v1.1 too in the slow tier,
+every one against one process). Every loss list is compared
 with ``==``, the final model and optimizer state by a digest of their full
 tensors. A checkpoint written on four ranks resumes in one process, and one
 written in one process resumes on two ranks, with the losses of the run that
@@ -41,11 +42,13 @@ HALF = W.STEPS // 2
 SAVE = [f"--checkpoint.save_interval={HALF}"]
 RECOMPUTE = ["--parallel.recompute_granularity=full"]
 SP = ["--parallel.sequence_parallel=true"]
-G4 = ["--model.num_query_groups=4"]  # key/value groups split over four ranks
+# key/value groups split over four ranks, QK-norm (its weight shared by heads split over ranks)
+G4 = ["--model.num_query_groups=4", "--model.qk_layernorm=true"]
 # weight gradients summed in 2 x 4 sequence chunks: CP2 and CP4 give the bits of one process
 CTX4 = ["--parallel.invariant_context_degree=4"]
 CP2 = ["--parallel.context_parallel=2", *CTX4]
 T5_HF = t5_worker.HF_STYLE
+PACKED = ["--data.pack_sequences=true"]  # ESM-2 with token dropout, rows of several proteins
 SLOW_TIER = os.environ.get("EPOCHAL_SLOW_TESTS", "") not in ("", "0")
 # (name, model, overrides): the sharding modes and recompute spread over the models
 TWO = [
@@ -58,7 +61,7 @@ TWO = [
     ("tp2-degree1", "gpt", ["--parallel.tensor_parallel=2", "--parallel.invariant_degree=1"]),
     ("cp2", "gpt", [*CP2, *G4]),
     ("tp2-bert", "bert", ["--parallel.tensor_parallel=2"]),
-    ("tp2-esm", "esm", ["--parallel.tensor_parallel=2"]),
+    ("tp2-esm-packed", "esm", ["--parallel.tensor_parallel=2", *PACKED]),
     ("tp2-t5", "t5", ["--parallel.tensor_parallel=2"]),
     ("dp2-plain", "gpt", ["--training.layout_invariant=false"]),
     # the slow tier: Hugging Face's T5 v1.1 (relative bias, RMSNorm, gated GELU, untied head)
@@ -104,6 +107,7 @@ def dp1(root):
     """One process (DP1 x GA4) per model; the GPT run saves a checkpoint half-way."""
     runs = {m: W.single(str(root), f"dp1-{m}", m, SAVE if m == "gpt" else []) for m in MODELS}
     runs["gpt-g4"] = W.single(str(root), "dp1-gpt-g4", "gpt", [*G4, *CTX4])
+    runs["esm-packed"] = W.single(str(root), "dp1-esm-packed", "esm", PACKED)
     if SLOW_TIER:
         runs["t5-hf"] = W.single(str(root), "dp1-t5-hf", "t5", T5_HF)
     return runs
@@ -162,7 +166,7 @@ def test_four_tensor_parallel_ranks_with_sequence_parallel_equal_one_process(dp1
 
 
 @pytest.mark.parametrize(
-    "model", ["bert", "esm", "t5", pytest.param("t5-hf", marks=pytest.mark.slow)]
+    "model", ["bert", "esm-packed", "t5", pytest.param("t5-hf", marks=pytest.mark.slow)]
 )
 def test_two_tensor_parallel_ranks_train_a_bert_esm2_or_t5_model_as_one_process(dp1, two, model):
     assert_same(two[f"tp2-{model}"], dp1[model])

@@ -54,6 +54,7 @@ __all__ = [
     "canonical_cross_entropy",
     "column_linear",
     "gather_sequence",
+    "head_scale_shift",
     "row_linear",
     "scale_shift",
 ]
@@ -250,6 +251,77 @@ class _ScaleShift(torch.autograd.Function):
         if ctx.has_bias and ctx.needs_input_grad[2]:
             grad_b = token_chunk_sum(grad, red, sharded=sharded)
         return grad_x, grad_w, grad_b, None, None
+
+
+def _head_sum(values: torch.Tensor, red: Reductions) -> torch.Tensor:
+    """``[b, s, heads_local, hd]`` summed to ``[hd]``: per head in the folded chunks, then over every head.
+
+    Each head's sum over its tokens is the token sum of a norm (the same call on
+    every layout, on a contiguous copy); the heads' sums are gathered over the
+    tensor-parallel group in global head order and added in that order.
+    """
+    per_head = torch.stack(
+        [
+            token_chunk_sum(values[:, :, j].contiguous(), red, sharded=False)
+            for j in range(values.shape[2])
+        ]
+    )
+    if red.group is not None:
+        per_head = sequence_all_gather(per_head, 0, red)
+    total = per_head[0].clone()
+    for row in per_head[1:]:
+        total.add_(row)
+    return total
+
+
+class _HeadScaleShift(torch.autograd.Function):
+    """QK-norm's affine step over ``[b, s, heads_local, hd]`` (weight, bias ``[hd]``)."""
+
+    @staticmethod
+    def forward(
+        ctx: Any,
+        xhat: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        red: Reductions,
+    ) -> torch.Tensor:
+        out = xhat * weight
+        if bias is not None:
+            out = out + bias
+        ctx.save_for_backward(xhat, weight)
+        ctx.red, ctx.has_bias = red, bias is not None
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+        xhat, weight = ctx.saved_tensors
+        # the gradient arrives in the attention's [b, heads, s, hd] memory order, a layout
+        # that depends on the heads a rank holds; the norm's backward (a reduction over
+        # head_dim) is then computed in one fixed layout
+        grad = grad.contiguous()
+        grad_w = grad_b = None
+        if ctx.needs_input_grad[1]:
+            grad_w = _head_sum(grad * xhat, ctx.red)
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            grad_b = _head_sum(grad, ctx.red)
+        return grad * weight, grad_w, grad_b, None
+
+
+def head_scale_shift(
+    xhat: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, red: Reductions
+) -> torch.Tensor:
+    """QK-norm's ``xhat * weight + bias`` per head, its parameter gradients summed over every head.
+
+    The norm's weight is shared by the heads that tensor parallelism splits: each
+    head's gradient is a token sum in the canonical chunks, and the heads' are added
+    in global head order after a gather over the group, so every layout adds them alike.
+
+    Args:
+        xhat: the normalized ``[b, s, heads_local, head_dim]`` queries or keys.
+        weight, bias: ``[head_dim]`` (bias None for RMSNorm).
+        red: the canonical units.
+    """
+    return _HeadScaleShift.apply(xhat, weight, bias, red)
 
 
 def _autocast(*tensors: torch.Tensor | None) -> list[torch.Tensor | None]:

@@ -17,6 +17,9 @@ module                      canonical computation
 ``fc1``/``w1``/``w3``,      the input gradient's tree over them; under tensor
 ``output``                  parallelism this rank's ``D / n`` chunks (Megatron's
                             column-parallel weights, ``Shard(0)`` DTensors)
+QK-norm                     ``xhat * weight + bias`` per head, each head's gradient a
+                            token sum, the heads' added in global head order after a
+                            gather over the group (:func:`head_scale_shift`)
 ``wo``, ``fc2``/``w2``      row linear (:func:`row_linear`): the product's tree over
                             ``D`` input chunks and the group (``Shard(1)`` weights);
                             reduce-scattered over the sequence under sequence
@@ -62,7 +65,7 @@ context-parallel rank's tokens form a subtree that its group completes.
 
 Where the units cannot hold, :func:`canonical_refusal` says why (the run then
 keeps the data-parallel rule only): a model type other than GPT, BERT, ESM-2 or T5, experts,
-QK-norm, heads that do not split over ``tp x cp`` ranks (replicated key/value
+heads that do not split over ``tp x cp`` ranks (replicated key/value
 projections, or the head exchange), context parallelism with pipeline stages,
 sizes that do not split into ``D`` chunks (the sequence into ``2 D``), ALiBi or
 windows with attention dropout.
@@ -94,6 +97,7 @@ from epochal.parallel.canonical_ops import (
     add_vocabulary_bias,
     column_linear,
     gather_sequence,
+    head_scale_shift,
     row_linear,
     scale_shift,
 )
@@ -134,7 +138,8 @@ def canonical_refusal(
         seq_length: the training sequence length (None: not checked).
         sequence_parallel: sequence parallelism is on.
         context_degree: ``parallel.invariant_context_degree``.
-        packed: rows of packed sequences of any length (``data.pack_sequences``).
+        packed: rows of packed sequences (``data.pack_sequences``; their lengths padded
+            to the token sums' chunks, :meth:`~epochal.parallel.config.ParallelConfig.packed_row_multiple`).
         decoder_seq_length: a T5 model's decoder length (``data.seq_length_decoder``;
             None: not checked).
     """
@@ -150,8 +155,8 @@ def canonical_refusal(
             f"context_parallel={cp} does not divide parallel.invariant_context_degree="
             f"{context_degree} (the weight gradients' sequence chunks of this run)"
         )
-    if packed:
-        return "packed sequences (data.pack_sequences: rows of any length)"
+    if packed and cp > 1:
+        return "packed sequences (data.pack_sequences) under context parallelism"
     if config.type not in ("gpt", "bert", "esm", "t5"):
         return f"model.type={config.type!r} (the canonical units cover GPT, BERT, ESM-2 and T5)"
     if config.type != "gpt":
@@ -163,8 +168,6 @@ def canonical_refusal(
             return "model.bert_binary_head"
     if config.num_experts:
         return "mixture-of-experts layers"
-    if config.qk_layernorm:
-        return "model.qk_layernorm"
     if cp > 1 and pp > 1:
         return "context parallelism with pipeline stages"
     if config.head != "mlm":
@@ -276,6 +279,17 @@ def _norm_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
 
 def _norm(norm: nn.Module, red: Reductions, *, sharded: bool) -> None:
     _install(norm, _norm_forward, red, sharded=sharded)
+
+
+def _head_norm_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """QK-norm over ``[b, s, heads_local, head_dim]``: its weight shared by every head."""
+    if isinstance(self, nn.RMSNorm):
+        xhat = F.rms_norm(x, self.normalized_shape, None, self.eps)
+        bias = None
+    else:
+        xhat = F.layer_norm(x, self.normalized_shape, None, None, self.eps)
+        bias = _local(self.bias)
+    return head_scale_shift(xhat, _local(self.weight), bias, self.canonical_reductions)
 
 
 #: each activation's function of the pre-activation (the MLP's own formulas)
@@ -582,6 +596,9 @@ def install_canonical(
             module = _linear(block, name)
             if module is not None:
                 _row(module, red, scatter=sp)
+        for name in ("q_layernorm", "k_layernorm"):
+            if block.attention._modules.get(name) is not None:
+                _install(block.attention._modules[name], _head_norm_forward, red)
         cross = block._modules.get("cross_attention")
         if cross is not None and training and config.attention_dropout > 0:
             # the cross-attention's heads draw after the self-attention's: streams of their own

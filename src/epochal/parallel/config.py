@@ -228,16 +228,22 @@ class ParallelConfig:
         """``tensor_parallel * context_parallel * pipeline_parallel`` (processes per model replica)."""
         return self.tensor_parallel * self.context_parallel * self.pipeline_parallel
 
-    def packed_row_multiple(self) -> int:
+    def packed_row_multiple(self, canonical: bool = False) -> int:
         """The multiple a packed row's length (``data.pack_sequences``) is padded to.
 
         The tensor-parallel size under sequence parallelism (the row is sharded over
         it), ``2 * context_parallel`` under context parallelism (the row is cut into
-        that many chunks), their least common multiple with both, else 1.
+        that many chunks), their least common multiple with both, else 1. In
+        canonical units (``canonical``) also ``2 * max(invariant_degree,
+        invariant_context_degree)``, the token sums' sequence chunks: a multiple that
+        does not depend on the layout, so every layout packs the same rows.
         """
         multiple = self.tensor_parallel if self.sequence_parallel else 1
         if self.context_parallel > 1:
             multiple = math.lcm(multiple, 2 * self.context_parallel)
+        if canonical:
+            chunks = 2 * max(self.invariant_degree, self.invariant_context_degree)
+            multiple = math.lcm(multiple, chunks)
         return multiple
 
     @property

@@ -429,7 +429,9 @@ class Trainer:
         if self.config.data.pack_sequences:
             micro_batch = pack_padded_batch(
                 micro_batch,
-                pad_to_multiple_of=self.config.parallel.packed_row_multiple(),
+                pad_to_multiple_of=self.config.parallel.packed_row_multiple(
+                    canonical=bool(self.canonical_degree)
+                ),
                 per_sample_keys=self.train_step_handler.per_sample_keys,
             )
         out = batch_on_device(micro_batch, self.device)
