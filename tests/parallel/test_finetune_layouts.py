@@ -1,5 +1,7 @@
 """Fine-tuning heads under TP2, PP2 and DP2 give the single-process losses and metrics.
 
+In canonical units (``training.layout_invariant``) TP2 gives them bit for bit.
+
 BioNeMo's fine-tuning losses were wrong under data and model parallelism
 (bionemo-framework #946, #959); here every layout must reproduce one process's step
 losses, validation loss and evaluation metrics (MSE, Pearson, Spearman; accuracy
@@ -76,3 +78,22 @@ def test_bert_sequence_head_under_tp2_with_sequence_parallelism(setup, tmp_path)
     for out in run_gloo(W.rank_main, 2, str(tmp_path), files, head, layout):
         assert out["losses"] == pytest.approx(reference["losses"], abs=1e-5)
         assert out["logged"] == pytest.approx(reference["logged"], abs=1e-5)
+
+
+@pytest.mark.parametrize(
+    "head", ["sequence_regression", pytest.param("residue_classification", marks=pytest.mark.slow)]
+)
+def test_tp2_in_canonical_units_fine_tunes_the_bits_of_one_process(head, tmp_path):
+    """``training.layout_invariant``: every loss, the validation loss and every metric with ``==``.
+
+    The head (replicated on every tensor-parallel rank) sees the trunk's canonical
+    output (the plain products' drift: tests/parallel/test_layout_invariance.py).
+    """
+    files = W.prepare(tmp_path / "files", head, "esm")
+    exact = ["--training.layout_invariant=true"]
+    reference = W.single(str(tmp_path / "single"), files, head, exact)
+    layout = ["--parallel.tensor_parallel=2", *exact]
+    for got in run_gloo(W.rank_main, 2, str(tmp_path / "tp2"), files, head, layout):
+        assert got["losses"] == reference["losses"]
+        assert got["eval"] == reference["eval"]
+        assert got["logged"] == reference["logged"]

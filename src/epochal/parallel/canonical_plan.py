@@ -67,6 +67,8 @@ Where the units cannot hold, :func:`canonical_refusal` says why (the run then
 keeps the data-parallel rule only): a model type other than GPT, BERT, ESM-2 or T5, experts,
 heads that do not split over ``tp x cp`` ranks (replicated key/value
 projections, or the head exchange), context parallelism with pipeline stages,
+fine-tuning heads (replicated modules, computed as they are) under sequence or
+context parallelism,
 sizes that do not split into ``D`` chunks (the sequence into ``2 D``), ALiBi or
 windows with attention dropout.
 """
@@ -170,8 +172,8 @@ def canonical_refusal(
         return "mixture-of-experts layers"
     if cp > 1 and pp > 1:
         return "context parallelism with pipeline stages"
-    if config.head != "mlm":
-        return "a fine-tuning head"
+    if config.head != "mlm" and (cp > 1 or (sequence_parallel and tp > 1)):
+        return "a fine-tuning head under sequence or context parallelism"
     if config.num_kv_heads % (tp * cp) or config.num_attention_heads % (tp * cp):
         return (
             f"model.num_attention_heads={config.num_attention_heads} and "
