@@ -2,8 +2,9 @@
 
 A *case* is ``(name, model, overrides)``: ``model`` picks the model and its data
 (``gpt``: the counting sequences with dropout; ``bert``: BioNeMo-style masked
-sequences with dropout; ``t5``: Megatron's span corruption with dropout;
-``esm``: ``epochal train``'s own synthetic proteins), ``overrides`` the layout. Every
+sequences as Megatron's pairs (token types, the binary head) with dropout;
+``t5``: Megatron's span corruption with dropout; ``esm``: ``epochal train``'s own
+synthetic proteins), ``overrides`` the layout. Every
 case trains :data:`STEPS` steps of a global batch of 4 micro-batches of 2 samples
 and reports its per-step losses, evaluation losses and logged values, and one
 SHA-256 digest of the final model and optimizer state (full tensors, FQN-keyed,
@@ -77,8 +78,8 @@ def _overrides(model: str, data_dir: str, extra: list[str]) -> tuple[Any, list[s
             *extra,
         ]
     shape = [*bert_worker.BASE, *BASE, "--model.num_layers=2"]
-    if model == "bert":
-        return bert_worker, [*shape, *DROPOUT, *extra]
+    if model == "bert":  # Megatron's pairs: token types, the binary head, post-LN blocks
+        return bert_worker, [*shape, *bert_worker.PAIRS, *DROPOUT, *extra]
     return bert_worker, [*shape, *bert_worker.esm(os.path.join(data_dir, "esm-cache")), *extra]
 
 

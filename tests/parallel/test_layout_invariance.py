@@ -9,7 +9,7 @@ pipeline parallelism (PP2 x DP2 against one process, tied embeddings) and
 tensor and context parallelism (GPT in canonical units, ``parallel.invariant_degree``:
 TP2, TP2 with sequence parallelism, TP4 with it, TP2 x DP2 with the distributed
 optimizer, TP2 x PP2, CP2, CP4 and TP2 x CP2 with sequence parallelism, QK-norm in
-TP4, CP2, CP4 and TP2 x CP2; BERT, packed ESM-2 (token dropout on, rows of several
+TP4, CP2, CP4 and TP2 x CP2; BERT (pairs with the binary head), packed ESM-2 (token dropout on, rows of several
 proteins) and Megatron's T5 at TP2, Hugging Face's T5 v1.1 too in the slow tier,
 every one against one process). Every loss list is compared
 with ``==``, the final model and optimizer state by a digest of their full

@@ -166,8 +166,6 @@ def canonical_refusal(
             return "context parallelism for BERT, ESM-2 and T5 models"
         if sequence_parallel and tp > 1:
             return "sequence parallelism for BERT, ESM-2 and T5 models"
-        if config.bert_binary_head:
-            return "model.bert_binary_head"
     if config.num_experts:
         return "mixture-of-experts layers"
     if cp > 1 and pp > 1:
