@@ -52,6 +52,9 @@ BERT / ESM-2 head           ``lm_head.dense`` a column linear replicated on ever
                             sharded with its gradient per ``V / D`` columns
                             (:func:`add_vocabulary_bias`); token types and the
                             embedding norm as the tables and norms above
+binary and fine-tuning      replicated on every rank and computed as in one process
+heads                       (no sum of theirs is split without sequence or context
+                            parallelism)
 ==========================  ==========================================================
 
 Under sequence parallelism the attention's and the MLP's inputs are gathered
