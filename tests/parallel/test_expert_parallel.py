@@ -1,7 +1,7 @@
 """Expert parallelism trains the bits of one process, and its checkpoints load under any EP size.
 
 The tiny MoE GPT of ``test_moe_layouts.py`` (4 experts, top-2, the balance and z-losses
-on, dropout on) trains 20 steps (``invariance_worker.STEPS``) in one process (DP1 x GA4) and with
+on, dropout on) trains ``invariance_worker.STEPS`` steps (20, or 10 in the default tier) in one process (DP1 x GA4) and with
 ``parallel.expert_parallel=2`` on two data-parallel ranks (each holds two experts,
 tokens travel by all-to-all): losses, evaluations, logged values and the final model
 and optimizer state are bit-identical. Its checkpoint of the middle step resumes in one

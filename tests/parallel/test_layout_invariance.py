@@ -1,7 +1,7 @@
 """The same bits on 1, 2 or 4 data-parallel ranks: losses, evaluations, weights and optimizer state.
 
 Tiny GPT (dropout on), BERT (dropout on), T5 (dropout on) and ESM-2 models train
-20 steps with a global batch of four micro-batches of two samples: in one
+20 steps (10 in the default test tier) with a global batch of four micro-batches of two samples: in one
 process (DP1 x GA4, the plain :class:`~epochal.train.trainer.Trainer`), on two
 data-parallel ranks (DP2 x GA2) and on four (DP4 x GA1), with every
 ``dp_sharding`` mode and activation recompute spread over the runs; then
@@ -9,7 +9,8 @@ pipeline parallelism (PP2 x DP2 against one process, tied embeddings) and
 tensor and context parallelism (GPT in canonical units, ``parallel.invariant_degree``:
 TP2, TP2 with sequence parallelism, TP4 with it, TP2 x DP2 with the distributed
 optimizer, TP2 x PP2, CP2, CP4 and TP2 x CP2 with sequence parallelism, QK-norm in
-TP4, CP2, CP4 and TP2 x CP2; BERT (pairs with the binary head), packed ESM-2 (token dropout on, rows of several
+TP4, CP2, CP4 and TP2 x CP2; BERT (pairs with the binary head, also with sequence
+parallelism), packed ESM-2 (token dropout on, rows of several
 proteins) and Megatron's T5 at TP2, Hugging Face's T5 v1.1 too in the slow tier,
 every one against one process). Every loss list is compared
 with ``==``, the final model and optimizer state by a digest of their full
@@ -62,6 +63,13 @@ TWO = [
     ("cp2", "gpt", [*CP2, *G4]),
     ("tp2-bert", "bert", ["--parallel.tensor_parallel=2"]),
     ("tp2-esm-packed", "esm", ["--parallel.tensor_parallel=2", *PACKED]),
+    ("tp2-sp-bert", "bert", ["--parallel.tensor_parallel=2", *SP]),
+    # the slow tier: packed ESM-2 under sequence parallelism
+    *(
+        [("tp2-sp-esm-packed", "esm", ["--parallel.tensor_parallel=2", *SP, *PACKED])]
+        if SLOW_TIER
+        else []
+    ),
     ("tp2-t5", "t5", ["--parallel.tensor_parallel=2"]),
     ("dp2-plain", "gpt", ["--training.layout_invariant=false"]),
     # the slow tier: Hugging Face's T5 v1.1 (relative bias, RMSNorm, gated GELU, untied head)
@@ -170,6 +178,17 @@ def test_four_tensor_parallel_ranks_with_sequence_parallel_equal_one_process(dp1
 )
 def test_two_tensor_parallel_ranks_train_a_bert_esm2_or_t5_model_as_one_process(dp1, two, model):
     assert_same(two[f"tp2-{model}"], dp1[model])
+
+
+@pytest.mark.parametrize(
+    ("case", "model"),
+    [
+        ("tp2-sp-bert", "bert"),
+        pytest.param("tp2-sp-esm-packed", "esm-packed", marks=pytest.mark.slow),
+    ],
+)
+def test_sequence_parallel_bert_and_esm2_train_the_bits_of_one_process(dp1, two, case, model):
+    assert_same(two[case], dp1[model])
 
 
 def test_two_context_parallel_ranks_train_the_bits_of_one_process(dp1, two):

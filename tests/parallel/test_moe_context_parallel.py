@@ -1,7 +1,7 @@
 """A mixture-of-experts GPT under context parallelism: one process's losses and records.
 
 The tiny MoE GPT of ``test_moe_layouts.py`` (4 experts, top-2, the balance and
-z-losses on) with dropout off trains 20 steps (``invariance_worker.STEPS``) in one process and at
+z-losses on) with dropout off trains ``invariance_worker.STEPS`` steps (20, or 10 in the default tier) in one process and at
 ``parallel.context_parallel=2`` on two ranks (each holds half of every sequence; the
 expert counts and the token total of the balance loss are summed over the two, as
 Megatron-Core does over its TP x CP group): the training losses, the evaluations,

@@ -1,7 +1,7 @@
 """A mixture-of-experts GPT under the parallel layouts: the bits of one process.
 
 The tiny GPT of the layout-invariance tests with 4 experts, top-2 routing, the
-balance and z-losses on (and dropout on) trains 20 steps (``invariance_worker.STEPS``) in one process (DP1 x GA4),
+balance and z-losses on (and dropout on) trains ``invariance_worker.STEPS`` steps (20, or 10 in the default tier) in one process (DP1 x GA4),
 on two data-parallel ranks (DP2 x GA2) and on two pipeline stages (PP2 x GA4): the
 loss of every step (the steps after a mid-run evaluation included), the evaluations
 and the final model and optimizer state are bit-identical. Tensor parallelism: ``test_moe_tensor_parallel.py``.

@@ -1,7 +1,7 @@
 """A mixture-of-experts GPT under tensor (and sequence) parallelism equals one process.
 
 Top-2 of 4 experts with a gated shared expert, the balance and z-losses on, no
-dropout: 20 steps (``invariance_worker.STEPS``) on two tensor-parallel ranks (TP2, and TP2 with sequence
+dropout: ``invariance_worker.STEPS`` steps (20, or 10 in the default tier) on two tensor-parallel ranks (TP2, and TP2 with sequence
 parallelism) give the single-process losses, gradient norms, balance and z-losses
 within the bound of the other tensor-parallel tests (``tests/parallel/harness.py``:
 1e-5 absolute, the gradient norm relative to max(1, norm)), the same tokens per

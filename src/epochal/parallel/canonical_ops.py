@@ -55,6 +55,7 @@ __all__ = [
     "column_linear",
     "gather_sequence",
     "head_scale_shift",
+    "keep_sequence_slice",
     "row_linear",
     "scale_shift",
 ]
@@ -391,6 +392,28 @@ def gather_sequence(local: torch.Tensor, red: Reductions) -> torch.Tensor:
     group and padded them with zeros to the whole sequence.
     """
     return _GatherSequence.apply(local, red) if red.group is not None else local
+
+
+class _KeepSlice(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, whole: torch.Tensor, red: Reductions) -> torch.Tensor:
+        ctx.red = red
+        s = whole.shape[1] // red.size
+        return whole[:, red.rank * s : (red.rank + 1) * s].contiguous()
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+        return sequence_all_gather(grad, 1, ctx.red), None
+
+
+def keep_sequence_slice(whole: torch.Tensor, red: Reductions) -> torch.Tensor:
+    """This rank's slice ``[b, s / n, ...]`` of a tensor every rank computed whole ``[b, s, ...]``.
+
+    The backward gathers the slices' gradients, so that the whole computation before
+    it (an encoder's embedding stage, replicated) gets the whole gradient on every
+    rank, as one process does.
+    """
+    return _KeepSlice.apply(whole, red) if red.group is not None else whole
 
 
 def scale_shift(

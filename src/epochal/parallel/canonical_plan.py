@@ -103,6 +103,7 @@ from epochal.parallel.canonical_ops import (
     column_linear,
     gather_sequence,
     head_scale_shift,
+    keep_sequence_slice,
     row_linear,
     scale_shift,
 )
@@ -167,14 +168,14 @@ def canonical_refusal(
     if config.type != "gpt":
         if cp > 1:
             return "context parallelism for BERT, ESM-2 and T5 models"
-        if sequence_parallel and tp > 1:
-            return "sequence parallelism for BERT, ESM-2 and T5 models"
+        if sequence_parallel and tp > 1 and config.type == "t5":
+            return "sequence parallelism for T5 models"
     if config.num_experts:
         return "mixture-of-experts layers"
     if cp > 1 and pp > 1:
         return "context parallelism with pipeline stages"
-    if config.head != "mlm" and (cp > 1 or (sequence_parallel and tp > 1)):
-        return "a fine-tuning head under sequence or context parallelism"
+    if config.head != "mlm" and cp > 1:
+        return "a fine-tuning head under context parallelism"
     if config.num_kv_heads % (tp * cp) or config.num_attention_heads % (tp * cp):
         return (
             f"model.num_attention_heads={config.num_attention_heads} and "
@@ -515,13 +516,25 @@ def _add_bias(self: nn.Module, logits: torch.Tensor) -> torch.Tensor:
     return add_vocabulary_bias(logits, bias, red, self.canonical_options["vocab"])
 
 
-def _install_encoder_top(model: nn.Module, red: Reductions) -> None:
-    """BERT / ESM-2's parts outside the blocks: token types, the embedding norm, the masked-LM head.
+def _install_encoder_top(model: nn.Module, red: Reductions, sp: bool) -> None:
+    """BERT / ESM-2's parts outside the blocks: token types, the embedding norm, the heads.
 
     The head's ``dense`` is replicated on every tensor-parallel rank (Megatron's), so it
     computes in units of its own without the tensor-parallel group; the decoder's bias
     (``lm_head.bias``, vocabulary-sharded) gets its gradient in canonical vocabulary chunks.
+    Under sequence parallelism (``sp``) the embedding stage runs whole on every rank
+    (ESM-2's token dropout counts each sequence's masks) and keeps this rank's slice
+    after its dropout; the heads (masked-LM, pooler, fine-tuning) read the gathered
+    sequence.
     """
+    if sp and model.tok_embeddings is not None:
+        model.embedding_dropout.register_forward_hook(
+            lambda module, args, out: keep_sequence_slice(out, red)
+        )
+    if sp:
+        for name in ("lm_head", "pooler", "head"):
+            if model._modules.get(name) is not None:
+                model._modules[name].register_forward_pre_hook(_gather_first(red))
     if getattr(model, "tokentype_embeddings", None) is not None:
         install_canonical_embedding(
             model.tokentype_embeddings, red, vocab_parallel=False, sequence_parallel=False
@@ -613,6 +626,12 @@ def install_canonical(
                 module = _linear(block, name)
                 if module is not None:
                     _column_after_gather(module, red)
+        elif getattr(block, "post_norm", False):
+            # a post-LN block's input also feeds the residual: the linears' input gradients
+            # are added first, then the residual's, as under sequence parallelism (where
+            # the gather groups them)
+            for name in ("attention", "mlp"):
+                getattr(block, name).register_forward_pre_hook(_group_first)
         block.dropout = PositionDropout(block.dropout.p, **slices)
         core = None
         if training and config.attention_dropout > 0:
@@ -630,21 +649,27 @@ def install_canonical(
         from epochal.parallel.tensor_parallel import share_relative_bias
 
         share_relative_bias(model, tp_mesh, False)
+    encoder = config.type in ("bert", "esm")
+    embed_sp = sp and not encoder  # an encoder's embedding stage runs whole
     if model.tok_embeddings is not None:
         install_canonical_embedding(
-            model.tok_embeddings, red, vocab_parallel=tp > 1, sequence_parallel=sp
+            model.tok_embeddings, red, vocab_parallel=tp > 1, sequence_parallel=embed_sp
         )
-        model.embedding_dropout = PositionDropout(model.embedding_dropout.p, **slices)
+        whole = {**slices, "rank": 0, "size": 1}
+        model.embedding_dropout = PositionDropout(
+            model.embedding_dropout.p, **(slices if embed_sp else whole)
+        )
     if model.pos_embeddings is not None:
         install_canonical_embedding(
-            model.pos_embeddings, red, vocab_parallel=False, sequence_parallel=sp
+            model.pos_embeddings, red, vocab_parallel=False, sequence_parallel=embed_sp
         )
-    _install_encoder_top(model, red)
+    if encoder:
+        _install_encoder_top(model, red, sp)
     for name in ("norm", "encoder_norm", "decoder_norm"):
         if model._modules.get(name) is not None:
             _norm(model._modules[name], red, sharded=sp)
-    if model.output is not None:
-        _column(model.output, red, gather=sp)
+    if model.output is not None:  # an encoder's head gathered the sequence already
+        _column(model.output, red, gather=sp and not encoder)
         if gather_logits and tp > 1:
             model.output.register_forward_hook(_gather_vocabulary(red))
     if sp and model.tok_embeddings is None:
@@ -676,6 +701,11 @@ class _GatherLast(torch.autograd.Function):
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
         w, r = ctx.width, ctx.red.rank
         return grad[..., r * w : (r + 1) * w].contiguous(), None
+
+
+def _group_first(module: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:
+    """The first input through a view of its own: its consumers' gradients add up there first."""
+    return (args[0].view_as(args[0]), *args[1:])
 
 
 def _gather_first(red: Reductions) -> Any:
