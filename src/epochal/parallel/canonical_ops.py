@@ -269,10 +269,7 @@ def _head_sum(values: torch.Tensor, red: Reductions) -> torch.Tensor:
     )
     if red.group is not None:
         per_head = sequence_all_gather(per_head, 0, red)
-    total = per_head[0].clone()
-    for row in per_head[1:]:
-        total.add_(row)
-    return total
+    return per_head.sum(0)  # [heads, hd] on every layout: one call, one order
 
 
 class _HeadScaleShift(torch.autograd.Function):

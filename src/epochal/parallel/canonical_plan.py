@@ -1,8 +1,9 @@
 """A GPT, BERT, ESM-2 or T5 model (or pipeline stage) computed in canonical units, on one process or sharded.
 
 GPT models run on any tensor-, sequence- and context-parallel layout the degree
-divides; BERT, ESM-2 and T5 under tensor parallelism without sequence or context
-parallelism.
+divides; BERT under tensor and sequence parallelism, ESM-2 and T5 under tensor
+parallelism (ESM-2 under sequence parallelism is refused by the model checks); none
+of the three under context parallelism.
 
 With ``training.layout_invariant`` and ``parallel.invariant_degree = D > 1``
 every reduction that tensor or sequence parallelism may split runs in the ``D``
@@ -53,8 +54,9 @@ BERT / ESM-2 head           ``lm_head.dense`` a column linear replicated on ever
                             (:func:`add_vocabulary_bias`); token types and the
                             embedding norm as the tables and norms above
 binary and fine-tuning      replicated on every rank and computed as in one process
-heads                       (no sum of theirs is split without sequence or context
-                            parallelism)
+heads                       on the whole sequence (gathered under sequence parallelism,
+                            where an encoder's embedding stage also runs whole and
+                            keeps this rank's slice: :func:`keep_sequence_slice`)
 ==========================  ==========================================================
 
 Under sequence parallelism the attention's and the MLP's inputs are gathered
@@ -70,8 +72,7 @@ Where the units cannot hold, :func:`canonical_refusal` says why (the run then
 keeps the data-parallel rule only): a model type other than GPT, BERT, ESM-2 or T5, experts,
 heads that do not split over ``tp x cp`` ranks (replicated key/value
 projections, or the head exchange), context parallelism with pipeline stages,
-fine-tuning heads (replicated modules, computed as they are) under sequence or
-context parallelism,
+fine-tuning heads under context parallelism, T5 under sequence parallelism,
 sizes that do not split into ``D`` chunks (the sequence into ``2 D``), ALiBi or
 windows with attention dropout.
 """
@@ -270,14 +271,16 @@ def _row(module: nn.Linear, red: Reductions, *, scatter: bool) -> None:
     _install(module, _row_forward, red, scatter=scatter)
 
 
+def _normalized(norm: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``(xhat, bias)``: ``x`` normalized without the norm's affine step, and its bias (None for RMSNorm)."""
+    if isinstance(norm, nn.RMSNorm):
+        return F.rms_norm(x, norm.normalized_shape, None, norm.eps), None
+    return F.layer_norm(x, norm.normalized_shape, None, None, norm.eps), _local(norm.bias)
+
+
 def _norm_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
     red, sharded = self.canonical_reductions, self.canonical_options["sharded"]
-    if isinstance(self, nn.RMSNorm):
-        xhat = F.rms_norm(x, self.normalized_shape, None, self.eps)
-        bias = None
-    else:
-        xhat = F.layer_norm(x, self.normalized_shape, None, None, self.eps)
-        bias = _local(self.bias)
+    xhat, bias = _normalized(self, x)
     return scale_shift(xhat, _local(self.weight), bias, red, sharded=sharded)
 
 
@@ -287,12 +290,7 @@ def _norm(norm: nn.Module, red: Reductions, *, sharded: bool) -> None:
 
 def _head_norm_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """QK-norm over ``[b, s, heads_local, head_dim]``: its weight shared by every head."""
-    if isinstance(self, nn.RMSNorm):
-        xhat = F.rms_norm(x, self.normalized_shape, None, self.eps)
-        bias = None
-    else:
-        xhat = F.layer_norm(x, self.normalized_shape, None, None, self.eps)
-        bias = _local(self.bias)
+    xhat, bias = _normalized(self, x)
     return head_scale_shift(xhat, _local(self.weight), bias, self.canonical_reductions)
 
 
@@ -527,11 +525,11 @@ def _install_encoder_top(model: nn.Module, red: Reductions, sp: bool) -> None:
     after its dropout; the heads (masked-LM, pooler, fine-tuning) read the gathered
     sequence.
     """
-    if sp and model.tok_embeddings is not None:
-        model.embedding_dropout.register_forward_hook(
-            lambda module, args, out: keep_sequence_slice(out, red)
-        )
     if sp:
+        if model.tok_embeddings is not None:
+            model.embedding_dropout.register_forward_hook(
+                lambda module, args, out: keep_sequence_slice(out, red)
+            )
         for name in ("lm_head", "pooler", "head"):
             if model._modules.get(name) is not None:
                 model._modules[name].register_forward_pre_hook(_gather_first(red))
@@ -626,10 +624,10 @@ def install_canonical(
                 module = _linear(block, name)
                 if module is not None:
                     _column_after_gather(module, red)
-        elif getattr(block, "post_norm", False):
-            # a post-LN block's input also feeds the residual: the linears' input gradients
-            # are added first, then the residual's, as under sequence parallelism (where
-            # the gather groups them)
+        else:
+            # the linears' input gradients are added up first, then (a post-LN block's
+            # input also feeds the residual) the residual's, as the gather groups them
+            # under sequence parallelism
             for name in ("attention", "mlp"):
                 getattr(block, name).register_forward_pre_hook(_group_first)
         block.dropout = PositionDropout(block.dropout.p, **slices)

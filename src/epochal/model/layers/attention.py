@@ -342,13 +342,6 @@ class Attention(nn.Module):
             q, k, v = self._self_qkv(x, rope)
             return self._replaced_core(q, k, v, False, attention_mask, kv_cache, position_bias)
         kv_in = x if context is None else context
-        if self.core_attention is not None and kv_cache is None:  # cross-attention
-            s_k = kv_in.shape[1]
-            q = self.wq(x).view(b, s, -1, hd)
-            q, k = self._qk_norm(q, self.wk(kv_in).view(b, s_k, -1, hd))
-            v = self.wv(kv_in).view(b, s_k, -1, hd)
-            q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-            return self._replaced_core(q, k, v, False, attention_mask, None, position_bias)
         q = self.wq(x).view(b, s, -1, hd)
         if kv_cache is not None and kv_cache.keys is not None:  # cross: computed at step 0
             k, v = kv_cache.keys, kv_cache.values
@@ -364,6 +357,8 @@ class Attention(nn.Module):
             if kv_cache is not None:
                 kv_cache.keys, kv_cache.values = k, v
         q = q.transpose(1, 2)
+        if self.core_attention is not None and kv_cache is None:  # cross-attention
+            return self._replaced_core(q, k, v, False, attention_mask, None, position_bias)
         k, v = _repeat_kv(q, k, v)
         if position_bias is not None:
             mask = self._bias(position_bias, attention_mask, q.dtype)
