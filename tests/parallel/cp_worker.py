@@ -116,7 +116,14 @@ def two_rank_checks(rank: int, world: int, tmp: str) -> dict[str, Any]:
 
 
 #: packed ESM-2 (THD rows, bidirectional) at CP2: the rows are padded to a multiple of 4
-ESM_PACKED_CP2 = [*ESM_CP2, "--data.pack_sequences=true", "--training.train_iters=20"]
+#: (four rows per micro-batch: a rank's share of a row is longer than the model's
+#: max_position_embeddings, as in the presets' packed runs)
+PACKED_ROWS = [
+    "--data.pack_sequences=true",
+    "--training.train_iters=20",
+    "--training.micro_batch_size=4",
+]
+ESM_PACKED_CP2 = [*ESM_CP2, *PACKED_ROWS]
 #: packed and pipeline runs are 20 steps (losses compared at every step)
 LONG = 20
 

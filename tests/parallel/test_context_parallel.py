@@ -150,7 +150,7 @@ def test_four_rank_layouts_match_one_process(four_rank, name):
 def _esm_packed_reference(tmp_path) -> dict:
     from tests.parallel import bert_worker
 
-    extra = [*bert_worker.ESM, "--model.token_dropout=false", *cp_worker.ESM_PACKED_CP2[-2:]]
+    extra = [*bert_worker.ESM, "--model.token_dropout=false", *cp_worker.PACKED_ROWS]
     return bert_worker.single(str(tmp_path / "one"), extra, variable=True)
 
 

@@ -338,7 +338,9 @@ class BertModel(TransformerModel):
                 raise ValueError("packed sequences (cu_seqlens) take no attention_mask")
             packed = PackedSequences.from_cu_seqlens(cu_seqlens.to(tokens.device), total=s)
             s = packed.max_seqlen
-        if s > self.config.max_position_embeddings:
+        if position_ids is None and s > self.config.max_position_embeddings:
+            # given position ids (context parallelism's chunks of a packed row) are the
+            # caller's: the row's local length is then no sequence length
             raise ValueError(
                 f"sequence length {s} exceeds max_position_embeddings="
                 f"{self.config.max_position_embeddings}"
