@@ -167,8 +167,12 @@ def test_refusals_name_what_stops_the_units():
     )
     assert canonical_refusal(_config(), 1) == "parallel.invariant_degree is 1"
     assert canonical_refusal(_config(), DEGREE, tp=2, packed=True) is None
-    assert "packed sequences" in canonical_refusal(
-        _config(), DEGREE, cp=2, context_degree=2, packed=True
+    esm = _config(type="esm", token_dropout=True, mask_token_id=3)
+    assert canonical_refusal(esm, DEGREE, cp=2, context_degree=2, packed=True) is None
+    pairs = _config(type="bert", bert_binary_head=True, num_tokentypes=2)
+    assert canonical_refusal(pairs, DEGREE, tp=2) is None
+    assert "binary head under context parallelism" in canonical_refusal(
+        pairs, DEGREE, cp=2, context_degree=2
     )
     t5 = _config(type="t5", num_layers=2, decoder_num_layers=1)
     assert canonical_refusal(t5, DEGREE, tp=2, seq_length=32, decoder_seq_length=16) is None
@@ -178,9 +182,7 @@ def test_refusals_name_what_stops_the_units():
     assert "sequence parallelism for T5" in canonical_refusal(
         t5, DEGREE, tp=2, sequence_parallel=True
     )
-    assert "context parallelism for BERT, ESM-2 and T5" in canonical_refusal(
-        t5, DEGREE, cp=2, context_degree=2
-    )
+    assert "context parallelism for T5" in canonical_refusal(t5, DEGREE, cp=2, context_degree=2)
 
 
 @pytest.mark.parametrize("dropout", [0.0, 0.1])

@@ -202,11 +202,13 @@ class BertModel(TransformerModel):
         token_types: torch.Tensor | None,
         padding_mask: torch.Tensor | None,
         packed: PackedSequences | None = None,
+        mask_ratio: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """The embedding stage: token ids ``[b, s]`` -> ``[b, s, hidden]`` (see the module docstring).
 
         ``packed``: ``tokens`` is a packed row ``[1, T]``; ESM's token dropout then
-        counts masks per sequence.
+        counts masks per sequence. ``mask_ratio``: ESM's token dropout's ratios
+        ``[b, s]`` (:meth:`mask_ratio_of`; None: counted from ``tokens``).
 
         Raises:
             ValueError: ``token_types`` given to a model without a token-type table.
@@ -214,19 +216,10 @@ class BertModel(TransformerModel):
         c = self.config
         h = self.tok_embeddings(tokens)
         if c.token_dropout:
-            is_mask = tokens == c.mask_token_id
-            h = h.masked_fill(is_mask.unsqueeze(-1), 0.0)
-            if packed is not None:  # per sequence: [n] ratios, then one per token [1, T]
-                lengths = torch.tensor(packed.lengths, device=tokens.device)
-                observed = packed.segment_sum(is_mask[0].long()).float() / lengths
-                observed = observed[packed.document_ids()].unsqueeze(0)
-            else:
-                if padding_mask is not None:
-                    lengths = padding_mask.sum(-1)
-                else:
-                    lengths = torch.full_like(tokens[:, 0], tokens.shape[1])
-                observed = (is_mask.sum(-1).float() / lengths)[:, None]
-            h = (h * (1 - ESM_MASK_RATIO_TRAIN) / (1 - observed)[:, :, None]).to(h.dtype)
+            h = h.masked_fill((tokens == c.mask_token_id).unsqueeze(-1), 0.0)
+            if mask_ratio is None:
+                mask_ratio = self.mask_ratio_of(tokens, padding_mask, packed)
+            h = (h * (1 - ESM_MASK_RATIO_TRAIN) / (1 - mask_ratio)[:, :, None]).to(h.dtype)
         if self.pos_embeddings is not None:
             h = h + self.pos_embeddings(position_ids)
         if self.tokentype_embeddings is not None:
@@ -243,6 +236,30 @@ class BertModel(TransformerModel):
             h = (h * padding_mask.unsqueeze(-1)).to(h.dtype)
         return self.embedding_dropout(h)
 
+    def mask_ratio_of(
+        self,
+        tokens: torch.Tensor,
+        padding_mask: torch.Tensor | None = None,
+        packed: PackedSequences | None = None,
+    ) -> torch.Tensor:
+        """ESM's token dropout: each token's sequence's ratio of ``<mask>`` tokens, float ``[b, s]``.
+
+        The ratio is the sequence's mask count over its length (its real tokens under
+        ``padding_mask``; each sequence of a ``packed`` row ``[1, T]``). A caller that
+        gives the model a slice of every sequence (context parallelism) computes the
+        ratios on the whole sequences and passes its slice as ``mask_ratio``.
+        """
+        is_mask = tokens == self.config.mask_token_id
+        if packed is not None:  # per sequence: [n] ratios, then one per token [1, T]
+            lengths = torch.tensor(packed.lengths, device=tokens.device)
+            observed = packed.segment_sum(is_mask[0].long()).float() / lengths
+            return observed[packed.document_ids()].unsqueeze(0)
+        if padding_mask is not None:
+            lengths = padding_mask.sum(-1)
+        else:
+            lengths = torch.full_like(tokens[:, 0], tokens.shape[1])
+        return (is_mask.sum(-1).float() / lengths)[:, None].expand(tokens.shape)
+
     def forward(
         self,
         tokens: torch.Tensor,
@@ -252,6 +269,7 @@ class BertModel(TransformerModel):
         cu_seqlens: torch.Tensor | None = None,
         residue_mask: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
+        mask_ratio: torch.Tensor | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Run the (stage of the) encoder.
 
@@ -275,6 +293,10 @@ class BertModel(TransformerModel):
                 out: replaces the attention mask ``padding_mask`` gives (which then
                 only zeroes ESM's padded embeddings), e.g. a document mask; not with
                 ``cu_seqlens``. Context parallelism passes packed rows this way.
+            mask_ratio: ESM's token dropout only: float ``[b, s]``, each token's
+                sequence's ratio of ``<mask>`` tokens (:meth:`mask_ratio_of`); default
+                counted from ``tokens``. For a caller whose ``tokens`` are a slice of
+                each sequence (context parallelism), as ``position_ids`` are.
 
         Returns:
             MLM logits ``[b, s, padded_vocab_size]``; with ``bert_binary_head``
@@ -291,7 +313,9 @@ class BertModel(TransformerModel):
                 cover the row (:meth:`PackedSequences.from_cu_seqlens`), or packed
                 sequences with the convolutional residue head.
         """
-        h = self.encode(tokens, token_types, padding_mask, position_ids, cu_seqlens, attention_mask)
+        h = self.encode(
+            tokens, token_types, padding_mask, position_ids, cu_seqlens, attention_mask, mask_ratio
+        )
         if self.head is not None:
             if residue_mask is None:
                 residue_mask = (
@@ -321,6 +345,7 @@ class BertModel(TransformerModel):
         position_ids: torch.Tensor | None = None,
         cu_seqlens: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
+        mask_ratio: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """The (stage's) last hidden states ``[b, s, hidden]``, after the final norm (pre-LN).
 
@@ -351,7 +376,7 @@ class BertModel(TransformerModel):
             else:
                 position_ids = torch.arange(s, device=tokens.device).unsqueeze(0)
         if self.tok_embeddings is not None:
-            h = self.embed(tokens, position_ids, token_types, padding_mask, packed)
+            h = self.embed(tokens, position_ids, token_types, padding_mask, packed, mask_ratio)
         else:
             h = tokens
         rope = None

@@ -20,7 +20,11 @@ S / cp`` tokens) go out as ``cp`` head groups (``all_to_all_single``); what come
 back is this rank's head group for every rank's tokens, put in global order
 (``[b, heads / cp, S, hd]``); the attention's output goes back the same way.
 Its backward is the same exchange in reverse. A per-document mask over this
-rank's query rows (``[b, 1, L, S]``) is gathered to all rows.
+rank's query rows (``[b, 1, L, S]``) is gathered to all rows, a key padding mask
+over this rank's keys (``[b, 1, 1, L]``, BERT / ESM-2) to all keys. A packed row
+(``data.pack_sequences``) attends within each of its sequences, by the call one
+process makes for it (:meth:`~epochal.model.layers.attention.Attention.bidirectional_core`
+with the row's sequences, :meth:`~epochal.parallel.context_parallel.ContextParallel.packed_row`).
 
 Needs the query heads and the key/value heads of a tensor-parallel rank to split
 over the context-parallel group (:func:`~epochal.parallel.canonical_plan.canonical_refusal`).
@@ -35,6 +39,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from epochal.model.layers.packing import PackedSequences
 from epochal.parallel.context_parallel import (
     gather_sequence,
     global_order_chunks,
@@ -87,6 +92,8 @@ class HeadExchangeAttention:
             (:meth:`~epochal.model.layers.attention.Attention.causal_core`) runs this
             rank's head group over the whole sequence when ``inner`` is None.
         inner: a replaced core to run instead (keyed dropout per global head).
+        packed_row: returns the sequences of the packed row being computed (whole), or
+            None for a padded batch (bidirectional attention only).
     """
 
     def __init__(
@@ -94,16 +101,21 @@ class HeadExchangeAttention:
         group: dist.ProcessGroup,
         module: Any,
         inner: Callable[..., torch.Tensor] | None = None,
+        packed_row: Callable[[], PackedSequences | None] | None = None,
     ) -> None:
         self.group = group
         self.size = dist.get_world_size(group)
         self.module = module
         self.inner = inner
+        self.packed_row = packed_row
 
     def __deepcopy__(self, memo: dict[int, object]) -> HeadExchangeAttention:
-        """The copy attends with the copied module (the group is a handle, shared)."""
+        """The copy attends with the copied module (the group and the row's source are shared)."""
         return HeadExchangeAttention(
-            self.group, copy.deepcopy(self.module, memo), copy.deepcopy(self.inner, memo)
+            self.group,
+            copy.deepcopy(self.module, memo),
+            copy.deepcopy(self.inner, memo),
+            self.packed_row,
         )
 
     def __call__(
@@ -123,11 +135,21 @@ class HeadExchangeAttention:
                 f"{q.shape[1]} query and {k.shape[1]} key/value heads do not split over "
                 f"context_parallel={cp} (the head exchange)"
             )
-        seq = q.shape[2] * cp
+        local = q.shape[2]
+        seq = local * cp
         q, k, v = (_to_heads(t, self.group, cp) for t in (q, k, v))
-        if attention_mask is not None and attention_mask.shape[-2] not in (1, seq):
-            with torch.no_grad():  # this rank's query rows -> every row, global order
-                attention_mask = gather_sequence(attention_mask.contiguous(), self.group, 2)
+        packed = None if causal or self.packed_row is None else self.packed_row()
+        if packed is not None:  # within each sequence of the row: no mask
+            if self.inner is not None:
+                raise ValueError("packed sequences do not go through a replaced core attention")
+            out = self.module.bidirectional_core(q, k, v, packed=packed)
+            return _to_sequence(out, self.group, cp)
+        if attention_mask is not None:
+            with torch.no_grad():  # global order: every query row, every key
+                if attention_mask.shape[-2] not in (1, seq):
+                    attention_mask = gather_sequence(attention_mask.contiguous(), self.group, 2)
+                if attention_mask.shape[-1] == local and local != seq:
+                    attention_mask = gather_sequence(attention_mask.contiguous(), self.group, 3)
         if self.inner is not None:
             out = self.inner(
                 q,
@@ -141,5 +163,5 @@ class HeadExchangeAttention:
         elif causal:
             out = self.module.causal_core(q, k, v, attention_mask)
         else:
-            raise ValueError("the head exchange without a replaced core covers causal attention")
+            out = self.module.bidirectional_core(q, k, v, attention_mask)
         return _to_sequence(out, self.group, cp)

@@ -1,9 +1,9 @@
 """A GPT, BERT, ESM-2 or T5 model (or pipeline stage) computed in canonical units, on one process or sharded.
 
 GPT models run on any tensor-, sequence- and context-parallel layout the degree
-divides; BERT under tensor and sequence parallelism, ESM-2 and T5 under tensor
-parallelism (ESM-2 under sequence parallelism is refused by the model checks); none
-of the three under context parallelism.
+divides; BERT under tensor, sequence and context parallelism, ESM-2 under tensor and
+context parallelism (padded or packed rows, token dropout on; ESM-2 under sequence
+parallelism is refused by the model checks), T5 under tensor parallelism.
 
 With ``training.layout_invariant`` and ``parallel.invariant_degree = D > 1``
 every reduction that tensor or sequence parallelism may split runs in the ``D``
@@ -72,7 +72,8 @@ Where the units cannot hold, :func:`canonical_refusal` says why (the run then
 keeps the data-parallel rule only): a model type other than GPT, BERT, ESM-2 or T5, experts,
 heads that do not split over ``tp x cp`` ranks (replicated key/value
 projections, or the head exchange), context parallelism with pipeline stages,
-fine-tuning heads under context parallelism, T5 under sequence parallelism,
+fine-tuning heads and the BERT binary head under context parallelism, T5 under
+sequence or context parallelism,
 sizes that do not split into ``D`` chunks (the sequence into ``2 D``), ALiBi or
 windows with attention dropout.
 """
@@ -81,6 +82,7 @@ from __future__ import annotations
 
 import math
 import types
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -96,6 +98,7 @@ from torch.distributed.tensor.parallel.style import ParallelStyle
 
 from epochal.data.epochs.permutation import derive_seed
 from epochal.model.config import ModelConfig
+from epochal.model.layers.packing import PackedSequences
 from epochal.parallel.canonical import Reductions, sequence_all_gather
 from epochal.parallel.canonical_context import HeadExchangeAttention
 from epochal.parallel.canonical_embedding import install_canonical_embedding
@@ -162,15 +165,15 @@ def canonical_refusal(
             f"context_parallel={cp} does not divide parallel.invariant_context_degree="
             f"{context_degree} (the weight gradients' sequence chunks of this run)"
         )
-    if packed and cp > 1:
-        return "packed sequences (data.pack_sequences) under context parallelism"
     if config.type not in ("gpt", "bert", "esm", "t5"):
         return f"model.type={config.type!r} (the canonical units cover GPT, BERT, ESM-2 and T5)"
-    if config.type != "gpt":
+    if config.type == "t5":
         if cp > 1:
-            return "context parallelism for BERT, ESM-2 and T5 models"
-        if sequence_parallel and tp > 1 and config.type == "t5":
+            return "context parallelism for T5 models"
+        if sequence_parallel and tp > 1:
             return "sequence parallelism for T5 models"
+    if config.bert_binary_head and cp > 1:
+        return "the BERT binary head under context parallelism"
     if config.num_experts:
         return "mixture-of-experts layers"
     if cp > 1 and pp > 1:
@@ -542,7 +545,8 @@ def _install_encoder_top(model: nn.Module, red: Reductions, sp: bool) -> None:
     head = getattr(model, "lm_head", None)
     if head is None:
         return
-    _column(head.dense, Reductions(red.degree, context_degree=red.context_degree), gather=False)
+    cp_group = red.cp.group if red.cp is not None else None
+    _column(head.dense, Reductions(red.degree, None, cp_group, red.context_degree), gather=False)
     _norm(head.norm, red, sharded=False)
     head.canonical_reductions = red
     head.canonical_options = {"vocab": model.config.padded_vocab_size}
@@ -559,6 +563,7 @@ def install_canonical(
     training: bool = True,
     cp_group: Any = None,
     context_degree: int = 1,
+    packed_row: Callable[[], PackedSequences | None] | None = None,
 ) -> Reductions:
     """Compute ``model`` (a GPT model or stage) in canonical units, sharded over ``tp_mesh`` if given.
 
@@ -581,6 +586,9 @@ def install_canonical(
             and token sums complete their tree over it.
         context_degree: ``parallel.invariant_context_degree`` (the weight
             gradients' sequence chunks; a multiple of the context-parallel size).
+        packed_row: under context parallelism, the sequences of the packed row being
+            computed (:meth:`~epochal.parallel.context_parallel.ContextParallel.packed_row`):
+            BERT / ESM-2's exchanged heads attend within each, as one process does.
 
     Returns:
         The :class:`~epochal.parallel.canonical.Reductions` the model computes with.
@@ -635,7 +643,7 @@ def install_canonical(
         if training and config.attention_dropout > 0:
             core = KeyedHeadAttention(first_head)
         if red.cp is not None:
-            core = HeadExchangeAttention(red.cp.group, block.attention, core)
+            core = HeadExchangeAttention(red.cp.group, block.attention, core, packed_row)
         if core is not None:
             block.attention.core_attention = core
         if block.attention.use_alibi and tp > 1:  # this rank's heads' slopes

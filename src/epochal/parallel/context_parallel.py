@@ -42,14 +42,15 @@ summed over the context-parallel group once per step (:meth:`ContextParallel.
 reduce_grads`, one all-reduce of a flat buffer; like data parallelism, CP does
 not shard weights). The data-parallel reduction (averaging) is unchanged.
 
-Supported: GPT (causal) and BERT / ESM-2 (bidirectional, padded batches), with
+Supported: GPT (causal) and BERT / ESM-2 (bidirectional, padded batches; ESM-2's
+token dropout counts each sequence's masked tokens on the whole sequence before the
+cut and passes the model this rank's slice of the ratios, ``mask_ratio``), with
 data parallelism (any ``dp_sharding``), tensor and sequence parallelism (each
 tensor-parallel rank gathers its heads' keys and values over its own
 context-parallel group), recompute (full and selective: a recomputed layer gathers
 its keys and values again, in the same order on every rank) and pipeline
 parallelism. Refused by name (:func:`check_context_parallel`,
-:meth:`ContextParallel.check_training`): T5, ALiBi, sliding windows, ESM's token
-dropout, the BERT binary head and fine-tuning heads, mixture-of-experts models and a
+:meth:`ContextParallel.check_training`): T5, ALiBi, sliding windows, the BERT binary head and fine-tuning heads, mixture-of-experts models and a
 custom ``loss_fn`` (it would see local logits).
 
 Packed rows: GPT rows of several documents (a per-document ``attention_mask``
@@ -128,7 +129,7 @@ __all__ = [
 _CP_SEED_WORD = 0xC0C0  # the derivation's domain word for context-parallel dropout keys
 
 #: model arguments of shape ``[b, s]`` that are cut along the sequence with the tokens
-SEQUENCE_ARGS = ("token_types", "padding_mask", "position_ids", "residue_mask")
+SEQUENCE_ARGS = ("token_types", "padding_mask", "position_ids", "residue_mask", "mask_ratio")
 
 
 def check_context_parallel(
@@ -153,8 +154,6 @@ def check_context_parallel(
         refused.append("model.position_embedding_type='alibi'")
     if getattr(model, "sliding_window", None) is not None:
         refused.append("model.sliding_window")
-    if getattr(model, "token_dropout", False):
-        refused.append("model.token_dropout (a per-sequence ratio of masked tokens)")
     if getattr(model, "bert_binary_head", False):
         refused.append("model.bert_binary_head (pooled from the first token)")
     if getattr(model, "head", "mlm") not in ("mlm", None):
@@ -279,6 +278,18 @@ class ContextParallel:
         self.size = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
         self._masks: dict[tuple[Any, ...], torch.Tensor] = {}
+        #: the packed row (``cu_seqlens``) of the micro-batch being computed, whole; None
+        #: for a padded batch (:meth:`packed_row`)
+        self._row: PackedSequences | None = None
+
+    def packed_row(self) -> PackedSequences | None:
+        """The sequences of the packed row the model is computing (the whole row), or None.
+
+        Set by every cut of the inputs (:meth:`forward`, the pipeline hook): a core
+        attention that holds whole sequences (the head exchange of canonical units)
+        attends within each of them as one process does.
+        """
+        return self._row
 
     @staticmethod
     def check_training(*, custom_loss: bool) -> None:
@@ -448,7 +459,7 @@ class ContextParallel:
             values = signature.bind_partial(*args, **kwargs).arguments
             tokens = values[names[0]]
             seq = tokens.shape[1]
-            self._cut(values, names, seq, tokens.device, getattr(module, "config", None))
+            self._cut(values, names, seq, tokens.device, module, tokens)
             values[names[0]] = self.shard(tokens)
             return module(**values)
 
@@ -472,7 +483,7 @@ class ContextParallel:
             values = dict(kwargs)
             x = args[0] if args else values[names[0]]
             seq = x.shape[1] if is_first else x.shape[1] * self.size
-            self._cut(values, names, seq, x.device, getattr(module, "config", None))
+            self._cut(values, names, seq, x.device, module, x if is_first else None)
             if is_first:
                 x = self.shard(x)
             if args:
@@ -488,7 +499,8 @@ class ContextParallel:
         names: list[str],
         seq: int,
         device: torch.device,
-        config: Any,
+        module: nn.Module,
+        tokens: torch.Tensor | None,
     ) -> None:
         """Cut the keyword inputs in ``values`` (in place) to this rank's chunks of ``seq`` tokens.
 
@@ -496,7 +508,9 @@ class ContextParallel:
         document mask (:func:`packed_document_mask`); a per-document ``attention_mask``
         ``[b, 1, S, S]`` keeps this rank's query rows (over all ``S`` keys, global order);
         ``[b, S]`` inputs (:data:`SEQUENCE_ARGS`) are cut; missing position ids become
-        this rank's global positions.
+        this rank's global positions. ESM's token dropout: its ratios of masked tokens
+        are counted on the whole sequences (``tokens``, ``[b, S]``, the model's
+        ``mask_ratio_of``) and cut like the tokens.
 
         Raises:
             ConfigError: a KV cache, or ``seq`` not divisible by ``2 * cp``.
@@ -509,14 +523,25 @@ class ContextParallel:
                 "> 1 is not supported with a KV cache (generation); use context_parallel=1",
             )
         local = self.positions(seq, device)
+        config = getattr(module, "config", None)
         cu_seqlens = values.get("cu_seqlens")
+        packed = None
         if cu_seqlens is not None:
+            packed = PackedSequences.from_cu_seqlens(cu_seqlens.to(device), total=seq)
+        self._row = packed
+        if (
+            tokens is not None
+            and getattr(config, "token_dropout", False)
+            and "mask_ratio" in names
+            and values.get("mask_ratio") is None
+        ):
+            values["mask_ratio"] = module.mask_ratio_of(tokens, values.get("padding_mask"), packed)
+        if packed is not None:
             if "attention_mask" not in names:
                 raise ValueError(
                     "context parallelism over packed sequences (cu_seqlens) needs a model "
                     "whose forward takes attention_mask"
                 )
-            packed = PackedSequences.from_cu_seqlens(cu_seqlens.to(device), total=seq)
             limit = getattr(config, "max_position_embeddings", None)
             if limit is not None and packed.max_seqlen > limit:
                 raise ValueError(

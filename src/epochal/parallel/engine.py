@@ -236,6 +236,7 @@ class ParallelEngine:
                 gather_logits=not self.loss_parallel,
                 cp_group=self.cp.group if self.cp is not None else None,
                 context_degree=pc.invariant_context_degree,
+                packed_row=self.cp.packed_row if self.cp is not None else None,
             )
         elif self.dims.tp > 1:
             assert self.mesh is not None

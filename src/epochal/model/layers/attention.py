@@ -359,16 +359,37 @@ class Attention(nn.Module):
         q = q.transpose(1, 2)
         if self.core_attention is not None and kv_cache is None:  # cross-attention
             return self._replaced_core(q, k, v, False, attention_mask, None, position_bias)
+        out = self.bidirectional_core(q, k, v, attention_mask, position_bias)
+        return self.wo(out.transpose(1, 2).reshape(b, s, -1))
+
+    def bidirectional_core(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        position_bias: torch.Tensor | None = None,
+        packed: PackedSequences | None = None,
+    ) -> torch.Tensor:
+        """This module's attention without a causal mask: ``[b, heads, s, hd]`` queries against
+        ``[b, kv_heads, s_k, hd]`` keys/values (bidirectional self-attention, or cross-attention).
+
+        The computation :meth:`forward` runs without a replaced core; ``packed``: ``s``
+        is a packed row (``b = 1``) and each sequence attends within itself (no mask or
+        bias then). A replaced core that only rearranges the heads (an all-to-all over
+        ranks) calls it to compute what one process computes. Returns ``[b, heads, s, hd]``.
+        """
         k, v = _repeat_kv(q, k, v)
+        dropout_p = self.dropout_p if self.training else 0.0
+        if packed is not None:
+            return packed_attention(q, k, v, packed, dropout_p=dropout_p, scale=self.softmax_scale)
         if position_bias is not None:
             mask = self._bias(position_bias, attention_mask, q.dtype)
         else:
             mask = None if attention_mask is None else ~attention_mask
-        dropout_p = self.dropout_p if self.training else 0.0
-        out = F.scaled_dot_product_attention(
+        return F.scaled_dot_product_attention(
             q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=self.softmax_scale
         )
-        return self.wo(out.transpose(1, 2).reshape(b, s, -1))
 
     def _replaced_core(
         self,
@@ -465,9 +486,7 @@ class Attention(nn.Module):
             raise ValueError("packed sequences do not go through a replaced core attention")
         b, s, _ = x.shape
         q, k, v = self._self_qkv(x, rope)
-        k, v = _repeat_kv(q, k, v)
-        dropout_p = self.dropout_p if self.training else 0.0
-        out = packed_attention(q, k, v, packed, dropout_p=dropout_p, scale=self.softmax_scale)
+        out = self.bidirectional_core(q, k, v, packed=packed)
         return self.wo(out.transpose(1, 2).reshape(b, s, -1))
 
     def _bias(
