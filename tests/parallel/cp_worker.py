@@ -112,7 +112,16 @@ def two_rank_checks(rank: int, world: int, tmp: str) -> dict[str, Any]:
     out["esm_packed"] = bert_worker.rank_main(
         rank, world, f"{tmp}/esm_packed_cp2", ESM_PACKED_CP2, variable=True
     )
+    out["bert_pairs"] = bert_worker.rank_main(rank, world, f"{tmp}/pairs_cp2", PAIRS_CP2_PLAIN)
     return out
+
+
+#: BERT's pairs (token types, padding, the binary head) at CP2 outside the canonical units
+PAIRS_CP2_PLAIN = [
+    *bert_worker.PAIRS,
+    "--parallel.context_parallel=2",
+    "--parallel.invariant_degree=1",
+]
 
 
 #: packed ESM-2 (THD rows, bidirectional) at CP2: the rows are padded to a multiple of 4

@@ -53,6 +53,8 @@ GPT = [
     *DROPOUT,
 ]
 GPT_VOCAB = 96
+#: every BERT / ESM-2 case (one reference serves data, tensor and context parallelism)
+ENCODER_UNITS = ["--parallel.invariant_context_degree=4"]
 
 
 def prepare(data_dir: str) -> None:
@@ -79,7 +81,8 @@ def _overrides(model: str, data_dir: str, extra: list[str]) -> tuple[Any, list[s
             "--model.num_layers=1",
             *extra,
         ]
-    shape = [*bert_worker.BASE, *BASE, "--model.num_layers=2"]
+    # weight gradients in 2 x 4 sequence chunks: CP2 gives the bits of the other layouts
+    shape = [*bert_worker.BASE, *BASE, "--model.num_layers=2", *ENCODER_UNITS]
     if model == "bert":  # Megatron's pairs: token types, the binary head, post-LN blocks
         return bert_worker, [*shape, *bert_worker.PAIRS, *DROPOUT, *extra]
     return bert_worker, [*shape, *bert_worker.esm(os.path.join(data_dir, "esm-cache")), *extra]

@@ -142,8 +142,10 @@ def test_unsupported_layouts_are_refused(tmp_path):
     cfg = W.config(str(tmp_path), ["--parallel.tensor_parallel=2"])
     dims = ParallelDims.from_config(cfg.parallel, 2)
     check_model_layout(model, dims)  # TP without SP: fine
-    with pytest.raises(ConfigError, match="parallel.sequence_parallel"):
+    with pytest.raises(ConfigError, match="parallel.sequence_parallel.*token_dropout"):
         check_model_layout(model, dims, sequence_parallel=True)
+    # canonical units run ESM-2's embedding stage whole on every rank
+    check_model_layout(model, dims, sequence_parallel=True, canonical=True)
 
 
 def test_bert_sequence_parallelism_on_an_old_torch_is_refused_by_name(monkeypatch, tmp_path):

@@ -170,9 +170,12 @@ def test_refusals_name_what_stops_the_units():
     esm = _config(type="esm", token_dropout=True, mask_token_id=3)
     assert canonical_refusal(esm, DEGREE, cp=2, context_degree=2, packed=True) is None
     pairs = _config(type="bert", bert_binary_head=True, num_tokentypes=2)
-    assert canonical_refusal(pairs, DEGREE, tp=2) is None
-    assert "binary head under context parallelism" in canonical_refusal(
-        pairs, DEGREE, cp=2, context_degree=2
+    assert canonical_refusal(pairs, DEGREE, tp=2, cp=2, context_degree=2) is None
+    assert "head of a GPT model under context" in canonical_refusal(
+        _config(head="pooled_classifier", num_labels=2), DEGREE, cp=2, context_degree=2
+    )
+    assert "binary head on packed rows" in canonical_refusal(
+        pairs, DEGREE, cp=2, context_degree=2, packed=True
     )
     t5 = _config(type="t5", num_layers=2, decoder_num_layers=1)
     assert canonical_refusal(t5, DEGREE, tp=2, seq_length=32, decoder_seq_length=16) is None

@@ -122,6 +122,20 @@ def test_cp2_esm_bidirectional_matches_one_process(two_rank, tmp_path):
 
 
 @pytest.mark.distributed
+def test_cp2_bert_binary_head_matches_one_process(two_rank, tmp_path):
+    # the pooler reads the first token from the rank that holds it; only that rank
+    # back-propagates the binary logits before the gradients are summed over the group
+    from tests.parallel import bert_worker
+
+    ref = bert_worker.single(str(tmp_path / "one"), bert_worker.PAIRS)
+    for result in two_rank:
+        assert _close(result["bert_pairs"]["losses"], ref["losses"]), (result["bert_pairs"], ref)
+        assert abs(result["bert_pairs"]["eval"] - ref["eval"]) <= 1e-5 * abs(ref["eval"])
+        for key, value in ref["logged"].items():
+            assert result["bert_pairs"]["logged"][key] == pytest.approx(value, rel=1e-5), key
+
+
+@pytest.mark.distributed
 def test_layout_invariant_with_cp_fixed_data_parallel_changes_nothing(two_rank, four_rank):
     # the trainer under training.layout_invariant (the presets' default): CP2 on two
     # processes (4 micro-batches per step) and CP2 x DP2 on four (2 each), bit for bit

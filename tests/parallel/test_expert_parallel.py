@@ -8,7 +8,8 @@ and optimizer state are bit-identical. Its checkpoint of the middle step resumes
 process with the losses of the run that never stopped. Four ranks (the slow tier: one
 launch of about a minute on two cores): EP2 x DP4 (expert weights reduced over two
 expert-data-parallel ranks), EP2 x PP2 and the EP2 checkpoint resumed under EP4.
-Without layout invariance EP2 stays within float32 rounding of plain DP2. The
+Without layout invariance EP2 stays within float32 rounding of plain DP2. In canonical
+units TP2 (each expert's linears split over the pair) trains the bits of one process too. The
 communication ledger counts the all-to-all bytes of a step.
 """
 
@@ -51,6 +52,7 @@ def two(root):
         ("ep2", "gpt", [*EP2, f"--checkpoint.save_interval={HALF}"]),
         ("ep2-plain", "gpt", [*EP2, *PLAIN]),
         ("dp2-plain", "gpt", [*MOE, *PLAIN]),
+        ("tp2", "gpt", [*MOE, "--parallel.tensor_parallel=2"]),
     ]
     ranks = run_gloo(ep_worker.rank_main, 2, str(root), cases, timeout=600)
     return {**ranks[0], "ledgers": [r["ledger"] for r in ranks]}
@@ -78,6 +80,14 @@ def test_two_expert_parallel_ranks_train_the_bits_of_one_process(one, two):
     assert got["losses"] == one["losses"]
     assert got["eval"] == one["eval"] and len(one["eval"]) == 2
     assert got["logged"] == one["logged"]  # balance loss, z-loss, tokens per expert
+    assert got["digest"] == one["digest"]
+
+
+def test_two_tensor_parallel_ranks_train_the_bits_of_one_process_in_canonical_units(one, two):
+    # each expert's linears split over the pair, their products in the canonical chunks
+    got = two["tp2"]
+    assert got["losses"] == one["losses"]
+    assert got["eval"] == one["eval"] and got["logged"] == one["logged"]
     assert got["digest"] == one["digest"]
 
 

@@ -1,6 +1,6 @@
 """Fine-tuning heads under TP2, PP2 and DP2 give the single-process losses and metrics.
 
-In canonical units (``training.layout_invariant``) TP2 gives them bit for bit.
+In canonical units (``training.layout_invariant``) TP2 and CP2 give them bit for bit.
 
 BioNeMo's fine-tuning losses were wrong under data and model parallelism
 (bionemo-framework #946, #959); here every layout must reproduce one process's step
@@ -80,20 +80,43 @@ def test_bert_sequence_head_under_tp2_with_sequence_parallelism(setup, tmp_path)
         assert out["logged"] == pytest.approx(reference["logged"], abs=1e-5)
 
 
+CANONICAL = {
+    "tp2": ["--parallel.tensor_parallel=2"],
+    # the head reads the gathered sequence; the trunk's heads exchanged
+    "cp2": ["--parallel.context_parallel=2"],
+}
+
+
 @pytest.mark.parametrize(
-    "head", ["sequence_regression", pytest.param("residue_classification", marks=pytest.mark.slow)]
+    ("layout", "head"),
+    [
+        ("tp2", "sequence_regression"),
+        pytest.param("tp2", "residue_classification", marks=pytest.mark.slow),
+        ("cp2", "sequence_regression"),
+        ("cp2", "residue_classification"),
+    ],
 )
-def test_tp2_in_canonical_units_fine_tunes_the_bits_of_one_process(head, tmp_path):
+def test_canonical_units_fine_tune_the_bits_of_one_process(layout, head, tmp_path):
     """``training.layout_invariant``: every loss, the validation loss and every metric with ``==``.
 
-    The head (replicated on every tensor-parallel rank) sees the trunk's canonical
-    output (the plain products' drift: tests/parallel/test_layout_invariance.py).
+    The head (replicated on every rank) sees the trunk's canonical output, under context
+    parallelism gathered over the sequence (the plain products' drift:
+    tests/parallel/test_layout_invariance.py).
     """
     files = W.prepare(tmp_path / "files", head, "esm")
-    exact = ["--training.layout_invariant=true"]
+    exact = ["--training.layout_invariant=true", "--parallel.invariant_context_degree=2"]
     reference = W.single(str(tmp_path / "single"), files, head, exact)
-    layout = ["--parallel.tensor_parallel=2", *exact]
-    for got in run_gloo(W.rank_main, 2, str(tmp_path / "tp2"), files, head, layout):
+    layout_args = [*CANONICAL[layout], *exact]
+    for got in run_gloo(W.rank_main, 2, str(tmp_path / layout), files, head, layout_args):
         assert got["losses"] == reference["losses"]
         assert got["eval"] == reference["eval"]
         assert got["logged"] == reference["logged"]
+
+
+def test_a_head_under_context_parallelism_needs_the_canonical_units():
+    from epochal.model.config import ConfigError
+    from epochal.parallel.context_parallel import ContextParallel
+
+    ContextParallel.check_training(custom_loss=False, head="sequence_regression", canonical=True)
+    with pytest.raises(ConfigError, match="context_parallel.*sequence_regression.*canonical"):
+        ContextParallel.check_training(custom_loss=False, head="sequence_regression")

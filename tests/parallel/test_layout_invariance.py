@@ -10,10 +10,10 @@ tensor and context parallelism (GPT in canonical units, ``parallel.invariant_deg
 TP2, TP2 with sequence parallelism, TP4 with it, TP2 x DP2 with the distributed
 optimizer, TP2 x PP2, CP2, CP4 and TP2 x CP2 with sequence parallelism, QK-norm in
 TP4, CP2, CP4 and TP2 x CP2; BERT (pairs with the binary head, also with sequence
-parallelism), packed ESM-2 (token dropout on, rows of several
-proteins) and Megatron's T5 at TP2, Hugging Face's T5 v1.1 too in the slow tier; ESM-2
-(padded and packed, token dropout on) and BERT's masked-LM model at CP2, every one
-against one process). Every loss list is compared
+parallelism), ESM-2 at TP2 with sequence parallelism, packed ESM-2 (token dropout on,
+rows of several proteins) and Megatron's T5 at TP2, Hugging Face's T5 v1.1 too in the slow tier; ESM-2
+(padded and packed, token dropout on) and BERT's pairs (the binary head) at CP2, every
+one against one process). Every loss list is compared
 with ``==``, the final model and optimizer state by a digest of their full
 tensors. A checkpoint written on four ranks resumes in one process, and one
 written in one process resumes on two ranks, with the losses of the run that
@@ -51,27 +51,24 @@ CTX4 = ["--parallel.invariant_context_degree=4"]
 CP2 = ["--parallel.context_parallel=2", *CTX4]
 T5_HF = t5_worker.HF_STYLE
 PACKED = ["--data.pack_sequences=true"]  # ESM-2 with token dropout, rows of several proteins
-# every ESM-2 run: weight gradients in 2 x 4 sequence chunks (CP2 gives one process's bits)
-ESM_UNITS = CTX4
-# BERT's masked-LM model (no binary head: refused under context parallelism), dropout on
-BERT_MLM = ["--model.bert_binary_head=false", *CTX4]
 SLOW_TIER = os.environ.get("EPOCHAL_SLOW_TESTS", "") not in ("", "0")
 # (name, model, overrides): the sharding modes and recompute spread over the models
 TWO = [
     ("dp2-gpt", "gpt", SAVE),
     ("dp2-bert", "bert", ["--parallel.dp_sharding=optimizer"]),
     ("dp2-t5", "t5", ["--parallel.dp_sharding=full"]),
-    ("dp2-esm", "esm", [*RECOMPUTE, *ESM_UNITS]),
+    ("dp2-esm", "esm", RECOMPUTE),
     ("tp2", "gpt", ["--parallel.tensor_parallel=2"]),
     ("tp2-sp", "gpt", ["--parallel.tensor_parallel=2", "--parallel.sequence_parallel=true"]),
     ("tp2-degree1", "gpt", ["--parallel.tensor_parallel=2", "--parallel.invariant_degree=1"]),
     ("cp2", "gpt", [*CP2, *G4]),
     ("tp2-bert", "bert", ["--parallel.tensor_parallel=2"]),
-    ("tp2-esm-packed", "esm", ["--parallel.tensor_parallel=2", *PACKED, *ESM_UNITS]),
+    ("tp2-esm-packed", "esm", ["--parallel.tensor_parallel=2", *PACKED]),
     ("cp2-esm", "esm", CP2),
     ("cp2-esm-packed", "esm", [*CP2, *PACKED]),
-    ("cp2-bert", "bert", [*CP2, *BERT_MLM]),
+    ("cp2-bert", "bert", CP2),
     ("tp2-sp-bert", "bert", ["--parallel.tensor_parallel=2", *SP]),
+    ("tp2-sp-esm", "esm", ["--parallel.tensor_parallel=2", *SP]),
     ("tp2-t5", "t5", ["--parallel.tensor_parallel=2"]),
     ("dp2-plain", "gpt", ["--training.layout_invariant=false"]),
     # the slow tier: Hugging Face's T5 v1.1 (relative bias, RMSNorm, gated GELU, untied head)
@@ -82,7 +79,7 @@ TWO = [
 FOUR_DP_SLOW = [
     ("dp4-bert", "bert", ["--parallel.dp_sharding=full", *RECOMPUTE]),
     ("dp4-t5", "t5", ["--parallel.dp_sharding=optimizer"]),
-    ("dp4-esm", "esm", ESM_UNITS),
+    ("dp4-esm", "esm", []),
 ]
 FOUR = [
     ("dp4-gpt", "gpt", SAVE),
@@ -115,11 +112,9 @@ def root(tmp_path_factory):
 @pytest.fixture(scope="module")
 def dp1(root):
     """One process (DP1 x GA4) per model; the GPT run saves a checkpoint half-way."""
-    extra = {"gpt": SAVE, "esm": ESM_UNITS}
-    runs = {m: W.single(str(root), f"dp1-{m}", m, extra.get(m, [])) for m in MODELS}
+    runs = {m: W.single(str(root), f"dp1-{m}", m, SAVE if m == "gpt" else []) for m in MODELS}
     runs["gpt-g4"] = W.single(str(root), "dp1-gpt-g4", "gpt", [*G4, *CTX4])
-    runs["esm-packed"] = W.single(str(root), "dp1-esm-packed", "esm", [*PACKED, *ESM_UNITS])
-    runs["bert-mlm"] = W.single(str(root), "dp1-bert-mlm", "bert", BERT_MLM)
+    runs["esm-packed"] = W.single(str(root), "dp1-esm-packed", "esm", PACKED)
     if SLOW_TIER:
         runs["t5-hf"] = W.single(str(root), "dp1-t5-hf", "t5", T5_HF)
     return runs
@@ -184,21 +179,23 @@ def test_two_tensor_parallel_ranks_train_a_bert_esm2_or_t5_model_as_one_process(
     assert_same(two[f"tp2-{model}"], dp1[model])
 
 
-def test_sequence_parallel_bert_trains_the_bits_of_one_process(dp1, two):
-    # pairs with the binary head, post-LN: the embedding stage whole, the heads gathered
-    assert_same(two["tp2-sp-bert"], dp1["bert"])
+@pytest.mark.parametrize("model", ["bert", "esm"])
+def test_sequence_parallel_bert_or_esm2_trains_the_bits_of_one_process(dp1, two, model):
+    # BERT: pairs with the binary head, post-LN; ESM-2: token dropout. The embedding stage
+    # whole on every rank (this rank's slice kept after its dropout), the heads gathered
+    assert_same(two[f"tp2-sp-{model}"], dp1[model])
 
 
 def test_two_context_parallel_ranks_train_the_bits_of_one_process(dp1, two):
     assert_same(two["cp2"], dp1["gpt-g4"])
 
 
-@pytest.mark.parametrize("model", ["esm", "esm-packed", "bert-mlm"])
+@pytest.mark.parametrize("model", ["esm", "esm-packed", "bert"])
 def test_two_context_parallel_ranks_train_a_bert_or_esm2_model_as_one_process(dp1, two, model):
     # heads exchanged, each attending over the whole sequence (padded: the padding mask
-    # gathered; packed: within each protein); ESM-2's token dropout counted per whole sequence
-    case = "cp2-bert" if model == "bert-mlm" else f"cp2-{model}"
-    assert_same(two[case], dp1[model])
+    # gathered; packed: within each protein); ESM-2's token dropout counted per whole
+    # sequence; BERT's pairs pool the first token from the rank that holds it
+    assert_same(two[f"cp2-{model}"], dp1[model])
 
 
 @pytest.mark.parametrize("case", ["cp4", "tp2-cp2-sp"])

@@ -46,3 +46,5 @@ def test_pack_sequences_is_refused_where_it_does_not_apply(tmp_path):
         W.config(str(tmp_path), [*PACK, "--model.type=gpt"])
     with pytest.raises(ConfigError, match="data.pack_sequences.*pipeline"):
         W.config(str(tmp_path), [*PACK, "--parallel.pipeline_parallel=2"])
+    with pytest.raises(ConfigError, match="data.pack_sequences.*binary_head.*context paral"):
+        W.config(str(tmp_path), [*W.PAIRS, *PACK, "--parallel.context_parallel=2"])

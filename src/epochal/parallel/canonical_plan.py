@@ -1,9 +1,10 @@
 """A GPT, BERT, ESM-2 or T5 model (or pipeline stage) computed in canonical units, on one process or sharded.
 
 GPT models run on any tensor-, sequence- and context-parallel layout the degree
-divides; BERT under tensor, sequence and context parallelism, ESM-2 under tensor and
-context parallelism (padded or packed rows, token dropout on; ESM-2 under sequence
-parallelism is refused by the model checks), T5 under tensor parallelism.
+divides; BERT and ESM-2 under tensor, sequence and context parallelism (ESM-2 padded or
+packed, token dropout on), T5 under tensor parallelism.
+Mixture-of-experts blocks (GPT) under tensor and expert parallelism: each routed expert
+and the shared expert compute as the dense MLP does, the router replicated.
 
 With ``training.layout_invariant`` and ``parallel.invariant_degree = D > 1``
 every reduction that tensor or sequence parallelism may split runs in the ``D``
@@ -69,11 +70,12 @@ sequence chunks (:func:`~epochal.parallel.canonical.folded_token_sum`), so that 
 context-parallel rank's tokens form a subtree that its group completes.
 
 Where the units cannot hold, :func:`canonical_refusal` says why (the run then
-keeps the data-parallel rule only): a model type other than GPT, BERT, ESM-2 or T5, experts,
+keeps the data-parallel rule only): a model type other than GPT, BERT, ESM-2 or T5, experts
+under sequence or context parallelism or with biases,
 heads that do not split over ``tp x cp`` ranks (replicated key/value
 projections, or the head exchange), context parallelism with pipeline stages,
-fine-tuning heads and the BERT binary head under context parallelism, T5 under
-sequence or context parallelism,
+fine-tuning heads and the BERT binary head on packed rows under context
+parallelism, T5 under sequence or context parallelism,
 sizes that do not split into ``D`` chunks (the sequence into ``2 D``), ALiBi or
 windows with attention dropout.
 """
@@ -98,6 +100,7 @@ from torch.distributed.tensor.parallel.style import ParallelStyle
 
 from epochal.data.epochs.permutation import derive_seed
 from epochal.model.config import ModelConfig
+from epochal.model.layers.moe import MoEMLP
 from epochal.model.layers.packing import PackedSequences
 from epochal.parallel.canonical import Reductions, sequence_all_gather
 from epochal.parallel.canonical_context import HeadExchangeAttention
@@ -111,6 +114,7 @@ from epochal.parallel.canonical_ops import (
     row_linear,
     scale_shift,
 )
+from epochal.parallel.context_parallel import first_token_hook, head_inputs_hook
 
 __all__ = [
     "KeyedHeadAttention",
@@ -124,6 +128,9 @@ _ROW = ("attention.wo", "mlp.fc2", "mlp.w2")
 #: a T5 decoder block's cross-attention (keys and values from the encoder's output)
 _CROSS_COLUMN = ("cross_attention.wq", "cross_attention.wk", "cross_attention.wv")
 _CROSS_ROW = ("cross_attention.wo",)
+#: a dense MLP's (and an expert's) column and row linears
+_MLP_COLUMN = ("fc1", "w1", "w3")
+_MLP_ROW = ("fc2", "w2")
 
 
 def canonical_refusal(
@@ -172,14 +179,18 @@ def canonical_refusal(
             return "context parallelism for T5 models"
         if sequence_parallel and tp > 1:
             return "sequence parallelism for T5 models"
-    if config.bert_binary_head and cp > 1:
-        return "the BERT binary head under context parallelism"
+    if config.bert_binary_head and cp > 1 and packed:
+        return "the BERT binary head on packed rows under context parallelism"
     if config.num_experts:
-        return "mixture-of-experts layers"
+        if cp > 1 or (sequence_parallel and tp > 1):
+            return "mixture-of-experts layers under context or sequence parallelism"
+        if config.add_bias_linear:
+            return "mixture-of-experts layers with biases (model.add_bias_linear)"
     if cp > 1 and pp > 1:
         return "context parallelism with pipeline stages"
-    if config.head != "mlm" and cp > 1:
-        return "a fine-tuning head under context parallelism"
+    if config.head != "mlm" and cp > 1 and (packed or config.type == "gpt"):
+        where = "on packed rows" if packed else "of a GPT model"
+        return f"a fine-tuning head {where} under context parallelism"
     if config.num_kv_heads % (tp * cp) or config.num_attention_heads % (tp * cp):
         return (
             f"model.num_attention_heads={config.num_attention_heads} and "
@@ -203,6 +214,11 @@ def canonical_refusal(
         "the query width": config.num_attention_heads * config.head_dim,
         "the padded vocabulary": config.padded_vocab_size,
     }
+    if config.num_experts:
+        widths["the experts' width (model.moe_ffn_hidden_size)"] = config.moe_ffn_size
+        shared = config.moe_shared_expert_intermediate_size
+        if shared is not None:
+            widths["model.moe_shared_expert_intermediate_size"] = shared
     for name, width in widths.items():
         if width % degree:
             return f"{name} ({width}) does not split into parallel.invariant_degree={degree} chunks"
@@ -215,6 +231,40 @@ def canonical_refusal(
                 "(2 * parallel.invariant_degree and 2 * parallel.invariant_context_degree)"
             )
     return None
+
+
+def _expert_mlps(block: nn.Module) -> list[tuple[str, nn.Module]]:
+    """A mixture-of-experts block's dense MLPs by their names in ``block.mlp``, or none.
+
+    Its routed experts (this rank's, under expert parallelism) and its shared expert;
+    each runs as the dense MLP does in canonical units, its output whole.
+    """
+    mlp = block.mlp
+    if not isinstance(mlp, MoEMLP):
+        return []
+    out = [(f"experts.{name}", expert) for name, expert in mlp.experts.named_children()]
+    if mlp.shared_expert is not None:
+        out.append(("shared_expert", mlp.shared_expert))
+    return out
+
+
+def _install_expert_mlps(block: nn.Module, red: Reductions) -> None:
+    """Canonical units for a mixture-of-experts block's MLPs (no sequence split: see the refusal).
+
+    Each expert's weight gradient is one product over the tokens routed to it (their
+    number is no multiple of anything: the units of the experts have ``C = 1`` and no
+    context group); its row-parallel product's sum is the tree over the group, so the
+    layer's output is whole on every tensor-parallel rank.
+    """
+    units = Reductions(red.degree, red.group, None, 1)
+    for _, mlp in _expert_mlps(block):
+        _install(mlp, _mlp_forward, units)
+        for name in _MLP_COLUMN:
+            if mlp._modules.get(name) is not None:
+                _column(mlp._modules[name], units, gather=False)
+        for name in _MLP_ROW:
+            if mlp._modules.get(name) is not None:
+                _row(mlp._modules[name], units, scatter=False)
 
 
 def _linear(block: nn.Module, name: str) -> nn.Module | None:
@@ -499,6 +549,11 @@ def _shard_parameters(model: nn.Module, tp_mesh: DeviceMesh) -> None:
                 column = name in _COLUMN or name in _CROSS_COLUMN
                 style = ColwiseParallel() if column else RowwiseParallel()
                 plan[f"layers.{key}.{name}"] = _ShardOnly(style)
+        for prefix, mlp in _expert_mlps(block):
+            for name in _MLP_COLUMN + _MLP_ROW:
+                if mlp._modules.get(name) is not None:
+                    style = ColwiseParallel() if name in _MLP_COLUMN else RowwiseParallel()
+                    plan[f"layers.{key}.mlp.{prefix}.{name}"] = _ShardOnly(style)
     parallelize_keeping_ties(model, tp_mesh, plan)
     head = getattr(model, "lm_head", None)
     if head is not None:  # the decoder's bias [V]: sharded like the output's rows
@@ -526,7 +581,10 @@ def _install_encoder_top(model: nn.Module, red: Reductions, sp: bool) -> None:
     Under sequence parallelism (``sp``) the embedding stage runs whole on every rank
     (ESM-2's token dropout counts each sequence's masks) and keeps this rank's slice
     after its dropout; the heads (masked-LM, pooler, fine-tuning) read the gathered
-    sequence.
+    sequence. Under context parallelism the pooler reads the first token from
+    context-parallel rank 0 (its chunk 0), so every rank pools the same token and
+    computes the binary head's whole gradient; a fine-tuning head reads the gathered
+    sequence (:func:`~epochal.parallel.context_parallel.head_inputs_hook`).
     """
     if sp:
         if model.tok_embeddings is not None:
@@ -536,6 +594,10 @@ def _install_encoder_top(model: nn.Module, red: Reductions, sp: bool) -> None:
         for name in ("lm_head", "pooler", "head"):
             if model._modules.get(name) is not None:
                 model._modules[name].register_forward_pre_hook(_gather_first(red))
+    if red.cp is not None and model._modules.get("pooler") is not None:
+        model.pooler.register_forward_pre_hook(first_token_hook(red.cp.group))
+    if red.cp is not None and model._modules.get("head") is not None:
+        model.head.register_forward_pre_hook(head_inputs_hook(red.cp.group))
     if getattr(model, "tokentype_embeddings", None) is not None:
         install_canonical_embedding(
             model.tokentype_embeddings, red, vocab_parallel=False, sequence_parallel=False
@@ -609,7 +671,10 @@ def install_canonical(
         for name in ("attention_norm", "cross_attention_norm", "ffn_norm"):
             if block._modules.get(name) is not None:
                 _norm(block._modules[name], red, sharded=sp)
-        _install(block.mlp, _mlp_forward, red)
+        if isinstance(block.mlp, MoEMLP):
+            _install_expert_mlps(block, red)
+        else:
+            _install(block.mlp, _mlp_forward, red)
         for name in _COLUMN + _CROSS_COLUMN:
             module = _linear(block, name)
             if module is not None:

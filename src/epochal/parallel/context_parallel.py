@@ -50,8 +50,11 @@ tensor-parallel rank gathers its heads' keys and values over its own
 context-parallel group), recompute (full and selective: a recomputed layer gathers
 its keys and values again, in the same order on every rank) and pipeline
 parallelism. Refused by name (:func:`check_context_parallel`,
-:meth:`ContextParallel.check_training`): T5, ALiBi, sliding windows, the BERT binary head and fine-tuning heads, mixture-of-experts models and a
-custom ``loss_fn`` (it would see local logits).
+:meth:`ContextParallel.check_training`): T5, ALiBi, sliding windows, fine-tuning heads outside the
+canonical units (in them the head reads the gathered sequence, :func:`head_inputs_hook`),
+and a custom ``loss_fn`` (it would see local logits). The
+BERT binary head pools the first token from context-parallel rank 0, which holds it
+(:func:`first_token_hook`; padded batches: on packed rows it is refused).
 
 Packed rows: GPT rows of several documents (a per-document ``attention_mask``
 ``[b, 1, S, S]`` and ``position_ids``, ``data.reset_attention_mask``) and packed
@@ -118,6 +121,8 @@ __all__ = [
     "ContextParallel",
     "apply_context_parallel",
     "check_context_parallel",
+    "first_token_hook",
+    "head_inputs_hook",
     "chunk_positions",
     "context_seed",
     "gather_sequence",
@@ -154,10 +159,6 @@ def check_context_parallel(
         refused.append("model.position_embedding_type='alibi'")
     if getattr(model, "sliding_window", None) is not None:
         refused.append("model.sliding_window")
-    if getattr(model, "bert_binary_head", False):
-        refused.append("model.bert_binary_head (pooled from the first token)")
-    if getattr(model, "head", "mlm") not in ("mlm", None):
-        refused.append(f"model.head={model.head!r}")
     if refused:
         raise ConfigError(
             "parallel.context_parallel",
@@ -292,12 +293,27 @@ class ContextParallel:
         return self._row
 
     @staticmethod
-    def check_training(*, custom_loss: bool) -> None:
+    def check_training(*, custom_loss: bool, head: str = "mlm", canonical: bool = False) -> None:
         """Refuse the trainer options context parallelism does not support (naming them).
 
+        Args:
+            custom_loss: the trainer has a custom ``loss_fn``.
+            head: ``model.head``.
+            canonical: the model computes in canonical units.
+
         Raises:
-            ConfigError: a custom ``loss_fn``.
+            ConfigError: a custom ``loss_fn``; a fine-tuning head outside the canonical
+                units (each rank would draw the head's dropout on its own rank's key and
+                the head's gradients would be summed once per rank).
         """
+        if head not in ("mlm", None) and not canonical:
+            raise ConfigError(
+                "parallel.context_parallel",
+                f"> 1 with model.head={head!r} needs the canonical units "
+                "(training.layout_invariant=true and parallel.invariant_degree > 1, with a "
+                "model and layout they cover: the run says why at start when they do not); "
+                "use context_parallel=1 or turn them on",
+            )
         if custom_loss:
             raise ConfigError(
                 "parallel.context_parallel",
@@ -593,8 +609,62 @@ class ContextParallel:
                 offset += n
 
 
+def first_token_hook(group: Any) -> Callable[..., tuple[Any, ...]]:
+    """A pooler's forward pre-hook: ``[b, L, hidden]`` -> the sequence's first token ``[b, 1, hidden]``.
+
+    Context-parallel rank 0 holds it (chunk 0 first): every rank gathers each rank's
+    first token and keeps rank 0's, so every rank pools the same token; the gather's
+    backward gives only rank 0 (its own token) the trunk's gradient.
+    """
+
+    def hook(module: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:
+        firsts = gather_sequence(args[0][:, :1].contiguous(), group, 1, ordered=False)
+        return (firsts[:, :1], *args[1:])
+
+    return hook
+
+
+def head_inputs_hook(group: Any) -> Callable[..., tuple[Any, ...]]:
+    """A fine-tuning head's forward pre-hook: its hidden states and residue mask gathered.
+
+    ``(hidden [b, L, h], residue_mask [b, L], ...)`` -> the whole sequence's, in global
+    order; every rank then computes the head as one process does (its output whole,
+    ``[b, num_labels]`` or ``[b, S, num_labels]``), and the gather's backward keeps each
+    rank's own slice of the trunk's gradient. Canonical units only: the head's
+    parameters get their whole gradient on every rank.
+    """
+
+    def hook(module: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:
+        hidden = gather_sequence(args[0], group, 1)
+        rest = list(args[1:])
+        if rest and isinstance(rest[0], torch.Tensor):
+            with torch.no_grad():
+                rest[0] = gather_sequence(rest[0].contiguous(), group, 1)
+        return (hidden, *rest)
+
+    return hook
+
+
+class _GradientOnRankZero(torch.autograd.Function):
+    """Identity forward; backward keeps the gradient on rank 0 of the group, zero elsewhere."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, keep: bool) -> torch.Tensor:
+        ctx.keep = keep
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+        return (grad if ctx.keep else torch.zeros_like(grad)), None
+
+
 def apply_context_parallel(part: nn.Module, cp: ContextParallel) -> int:
-    """Point every self-attention's seam at ``cp.attention``; return how many were replaced."""
+    """Point every self-attention's seam at ``cp.attention``; return how many were replaced.
+
+    A BERT binary head pools the first token from the rank that holds it
+    (:func:`first_token_hook`); every rank computes the same binary logits, and only
+    rank 0 back-propagates them (the gradients are summed over the group afterwards).
+    """
     from epochal.model.layers.attention import Attention  # local: model is a leaf
     from epochal.model.layers.moe import MoEMLP  # local: model is a leaf
 
@@ -605,4 +675,11 @@ def apply_context_parallel(part: nn.Module, cp: ContextParallel) -> int:
             count += 1
         if isinstance(module, MoEMLP):  # balance statistics over the whole sequence
             module.token_sum = cp.sum_tokens
+    if part._modules.get("pooler") is not None:
+        part.pooler.register_forward_pre_hook(first_token_hook(cp.group))
+    if part._modules.get("binary_head") is not None:
+        keep = cp.rank == 0
+        part.binary_head.register_forward_hook(
+            lambda module, args, out: _GradientOnRankZero.apply(out, keep)
+        )
     return count

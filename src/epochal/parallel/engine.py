@@ -137,7 +137,12 @@ class ParallelEngine:
         self.loss_parallel = config.loss_parallel and not custom_loss and dims.tp > 1
         if mesh is None and dims.world_size > 1:
             raise ValueError(f"layout {dims} needs a device mesh")
-        check_model_layout(model_config, dims, sequence_parallel=config.sequence_parallel)
+        check_model_layout(
+            model_config,
+            dims,
+            sequence_parallel=config.sequence_parallel,
+            canonical=bool(canonical_degree),
+        )
         coords = (
             {"pp": 0, "dp": 0, "cp": 0, "tp": 0}
             if mesh is None
@@ -149,7 +154,11 @@ class ParallelEngine:
         self.cp: ContextParallel | None = None
         if dims.cp > 1:
             assert mesh is not None
-            ContextParallel.check_training(custom_loss=custom_loss)
+            ContextParallel.check_training(
+                custom_loss=custom_loss,
+                head=model_config.head,
+                canonical=bool(canonical_degree),
+            )
             self.cp = ContextParallel(mesh["cp"].get_group())
         #: expert parallelism (:mod:`epochal.parallel.expert_parallel`), None without
         self.ep = ExpertParallel(dims, invariant=exact_sync) if dims.ep > 1 else None

@@ -1,9 +1,9 @@
 """Which parallel dimensions each model type has plans for (beyond data parallelism).
 
 GPT and BERT have tensor-parallel plans (with sequence parallelism) and a
-pipeline split. ESM has no sequence parallelism: its ``token_dropout`` rescaling
-and padding multiplication read the whole sequence's tokens inside the
-embedding. T5 has tensor and sequence parallelism but no pipeline split
+pipeline split. ESM has no sequence parallelism in the plain plan: its
+``token_dropout`` rescaling and padding multiplication read the whole sequence's tokens
+inside the embedding (canonical units have it: :data:`CANONICAL_SUPPORTED`). T5 has tensor and sequence parallelism but no pipeline split
 (:data:`UNSUPPORTED_REASONS` says why). Unsupported layouts are refused before anything is built.
 """
 
@@ -14,7 +14,13 @@ import torch
 from epochal.model.config import ConfigError, ModelConfig
 from epochal.parallel.dims import ParallelDims
 
-__all__ = ["MIN_TORCH", "SUPPORTED_DIMS", "UNSUPPORTED_REASONS", "check_model_layout"]
+__all__ = [
+    "CANONICAL_SUPPORTED",
+    "MIN_TORCH",
+    "SUPPORTED_DIMS",
+    "UNSUPPORTED_REASONS",
+    "check_model_layout",
+]
 
 #: model type -> the parallel dimensions (beyond data parallelism) it supports.
 SUPPORTED_DIMS: dict[str, frozenset[str]] = {
@@ -35,6 +41,11 @@ UNSUPPORTED_REASONS: dict[tuple[str, str], str] = {
         "tensor and data parallelism for T5"
     ),
 }
+
+#: ``(model type, option)`` pairs refused above that canonical units support
+#: (:mod:`epochal.parallel.canonical_plan`: ESM-2's embedding stage runs whole on every rank
+#: there, and keeps this rank's sequence slice after its dropout)
+CANONICAL_SUPPORTED: frozenset[tuple[str, str]] = frozenset({("esm", "sequence_parallel")})
 
 #: ``(model type, option)`` -> (the oldest torch release that runs it, why).
 MIN_TORCH: dict[tuple[str, str], tuple[str, str]] = {
@@ -64,9 +75,16 @@ def _check_moe_widths(model_config: ModelConfig, tp: int) -> None:
 
 
 def check_model_layout(
-    model_config: ModelConfig, dims: ParallelDims, *, sequence_parallel: bool = False
+    model_config: ModelConfig,
+    dims: ParallelDims,
+    *,
+    sequence_parallel: bool = False,
+    canonical: bool = False,
 ) -> None:
     """Refuse a layout the model type has no plan for.
+
+    ``canonical``: the model computes in canonical units, which also cover
+    :data:`CANONICAL_SUPPORTED`.
 
     Raises:
         ConfigError: naming ``parallel.tensor_parallel``, ``parallel.sequence_parallel``
@@ -89,6 +107,8 @@ def check_model_layout(
         ("pipeline_parallel", dims.pp > 1),
     )
     for option, on in used:
+        if canonical and (model_config.type, option) in CANONICAL_SUPPORTED:
+            continue
         if on and option not in supported:
             reason = UNSUPPORTED_REASONS.get((model_config.type, option))
             raise ConfigError(

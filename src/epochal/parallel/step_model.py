@@ -20,7 +20,8 @@ Context parallelism: a ``StepModel`` built with ``context_parallel`` (a
 :class:`~epochal.parallel.context_parallel.ContextParallel`) takes the whole
 micro-batch's ``[b, S]`` inputs, runs this rank's chunks and returns per-token
 losses gathered back to ``[b, S]`` in global order (without labels: the gathered
-output), so a train step's token mean is the global one; ``on_logits`` receives the
+output; of a tuple, its first item; a fine-tuning head's output, whole already,
+as it is), so a train step's token mean is the global one; ``on_logits`` receives the
 logits gathered to the whole sequence.
 
 Errors: a model output that is neither a tensor nor a tuple whose first item is
@@ -172,7 +173,12 @@ class StepModel:
                     self.on_logits(gather_vocab_shards(whole, self.loss_group))
                 losses = cp.gather(self.per_token_loss(first, cp.shard(labels)))
                 return (losses, *output[1:]) if isinstance(output, tuple) else losses
-            output = cp.gather(output)
+            if getattr(self.module, "head", None) is not None:
+                pass  # a fine-tuning head read the gathered sequence: its output is whole
+            elif isinstance(output, tuple):  # e.g. (logits, binary logits): the rest is whole
+                output = (cp.gather(output[0]), *output[1:])
+            else:
+                output = cp.gather(output)
         if self.on_logits is not None:
             first = output[0] if isinstance(output, tuple) and output else output
             if isinstance(first, torch.Tensor):

@@ -198,7 +198,12 @@ class ParallelTrainer(Trainer):
             config=c.parallel,
             decoder_seq_length=c.data.seq_length_decoder if model_config.type == "t5" else None,
         )
-        check_model_layout(model_config, self.dims, sequence_parallel=c.parallel.sequence_parallel)
+        check_model_layout(
+            model_config,
+            self.dims,
+            sequence_parallel=c.parallel.sequence_parallel,
+            canonical=bool(self.canonical_degree),
+        )
 
     def parallelize(self, model_parts: list[nn.Module]) -> list[nn.Module]:
         """Nothing left to do: the engine applied everything while building the parts."""

@@ -74,6 +74,17 @@ class TrainConfig:
                 "in length, a pipeline schedule needs one shape); set "
                 f"parallel.pipeline_parallel=1, got {self.parallel.pipeline_parallel}",
             )
+            pooled = "model.bert_binary_head" if model_config.bert_binary_head else None
+            if model_config.head != "mlm":
+                pooled = f"model.head={model_config.head!r}"
+            require(
+                pooled is None or self.parallel.context_parallel == 1,
+                "data.pack_sequences",
+                f"with {pooled} is not supported under context parallelism (the head reads "
+                "each packed sequence whole, which the ranks' chunks of the row do not "
+                "keep); set data.pack_sequences=false or "
+                f"parallel.context_parallel=1, got {self.parallel.context_parallel}",
+            )
             require(
                 not (
                     self.model.head == "residue_classification"
