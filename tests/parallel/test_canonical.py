@@ -146,7 +146,6 @@ def test_refusals_name_what_stops_the_units():
     assert "data.seq_length" in canonical_refusal(_config(), DEGREE, seq_length=24)
     assert canonical_refusal(_config(), DEGREE, tp=2, cp=2, seq_length=32, context_degree=2) is None
     assert "invariant_context_degree=1" in canonical_refusal(_config(), DEGREE, cp=2)
-    assert "pipeline" in canonical_refusal(_config(), DEGREE, cp=2, pp=2, context_degree=2)
     assert "context_parallel = 4" in canonical_refusal(
         _config(num_query_groups=2), DEGREE, tp=2, cp=2, context_degree=2
     )

@@ -9,7 +9,8 @@ process with the losses of the run that never stopped. Four ranks (the slow tier
 launch of about a minute on two cores): EP2 x DP4 (expert weights reduced over two
 expert-data-parallel ranks), EP2 x PP2 and the EP2 checkpoint resumed under EP4.
 Without layout invariance EP2 stays within float32 rounding of plain DP2. In canonical
-units TP2 (each expert's linears split over the pair) trains the bits of one process too. The
+units TP2 with sequence parallelism (each expert's linears split over the pair) trains the
+bits of one process too. The
 communication ledger counts the all-to-all bytes of a step.
 """
 
@@ -52,7 +53,11 @@ def two(root):
         ("ep2", "gpt", [*EP2, f"--checkpoint.save_interval={HALF}"]),
         ("ep2-plain", "gpt", [*EP2, *PLAIN]),
         ("dp2-plain", "gpt", [*MOE, *PLAIN]),
-        ("tp2", "gpt", [*MOE, "--parallel.tensor_parallel=2"]),
+        (
+            "tp2-sp",
+            "gpt",
+            [*MOE, "--parallel.tensor_parallel=2", "--parallel.sequence_parallel=true"],
+        ),
     ]
     ranks = run_gloo(ep_worker.rank_main, 2, str(root), cases, timeout=600)
     return {**ranks[0], "ledgers": [r["ledger"] for r in ranks]}
@@ -84,8 +89,9 @@ def test_two_expert_parallel_ranks_train_the_bits_of_one_process(one, two):
 
 
 def test_two_tensor_parallel_ranks_train_the_bits_of_one_process_in_canonical_units(one, two):
-    # each expert's linears split over the pair, their products in the canonical chunks
-    got = two["tp2"]
+    # each expert's linears split over the pair, their products in the canonical chunks;
+    # under sequence parallelism the layer reads the gathered sequence, keeps its slice
+    got = two["tp2-sp"]
     assert got["losses"] == one["losses"]
     assert got["eval"] == one["eval"] and got["logged"] == one["logged"]
     assert got["digest"] == one["digest"]

@@ -8,8 +8,8 @@ data-parallel ranks (DP2 x GA2) and on four (DP4 x GA1), with every
 pipeline parallelism (PP2 x DP2 against one process, tied embeddings) and
 tensor and context parallelism (GPT in canonical units, ``parallel.invariant_degree``:
 TP2, TP2 with sequence parallelism, TP4 with it, TP2 x DP2 with the distributed
-optimizer, TP2 x PP2, CP2, CP4 and TP2 x CP2 with sequence parallelism, QK-norm in
-TP4, CP2, CP4 and TP2 x CP2; BERT (pairs with the binary head, also with sequence
+optimizer, TP2 x PP2, CP2, CP4, TP2 x CP2 with sequence parallelism and CP2 x PP2
+(ESM-2 too), QK-norm in TP4, CP2, CP4, TP2 x CP2 and CP2 x PP2; BERT (pairs with the binary head, also with sequence
 parallelism), ESM-2 at TP2 with sequence parallelism, packed ESM-2 (token dropout on,
 rows of several proteins) and Megatron's T5 at TP2, Hugging Face's T5 v1.1 too in the slow tier; ESM-2
 (padded and packed, token dropout on) and BERT's pairs (the binary head) at CP2, every
@@ -93,6 +93,9 @@ FOUR = [
     ),
     ("cp4", "gpt", ["--parallel.context_parallel=4", *G4, *CTX4]),
     ("tp2-cp2-sp", "gpt", ["--parallel.tensor_parallel=2", *CP2, *SP, *G4]),
+    # each stage's inputs cut on the way in, its activations this rank's chunks
+    ("cp2-pp2", "gpt", [*CP2, "--parallel.pipeline_parallel=2", *G4]),
+    ("cp2-pp2-esm", "esm", [*CP2, "--parallel.pipeline_parallel=2"]),
     (
         "tp2-pp2",
         "gpt",
@@ -198,9 +201,14 @@ def test_two_context_parallel_ranks_train_a_bert_or_esm2_model_as_one_process(dp
     assert_same(two[f"cp2-{model}"], dp1[model])
 
 
-@pytest.mark.parametrize("case", ["cp4", "tp2-cp2-sp"])
+@pytest.mark.parametrize("case", ["cp4", "tp2-cp2-sp", "cp2-pp2"])
 def test_four_context_or_tensor_and_context_parallel_ranks_equal_one_process(dp1, four, case):
     assert_same(four[case], dp1["gpt-g4"])
+
+
+def test_context_and_pipeline_parallel_esm2_trains_the_bits_of_one_process(dp1, four):
+    # the first stage's cut counts ESM-2's token dropout on the whole sequences
+    assert_same(four["cp2-pp2-esm"], dp1["esm"])
 
 
 def test_without_canonical_units_tensor_parallel_drifts(dp1, two):

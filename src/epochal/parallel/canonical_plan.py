@@ -71,9 +71,9 @@ context-parallel rank's tokens form a subtree that its group completes.
 
 Where the units cannot hold, :func:`canonical_refusal` says why (the run then
 keeps the data-parallel rule only): a model type other than GPT, BERT, ESM-2 or T5, experts
-under sequence or context parallelism or with biases,
+under context parallelism or with biases,
 heads that do not split over ``tp x cp`` ranks (replicated key/value
-projections, or the head exchange), context parallelism with pipeline stages,
+projections, or the head exchange),
 fine-tuning heads and the BERT binary head on packed rows under context
 parallelism, T5 under sequence or context parallelism,
 sizes that do not split into ``D`` chunks (the sequence into ``2 D``), ALiBi or
@@ -139,7 +139,6 @@ def canonical_refusal(
     *,
     tp: int = 1,
     cp: int = 1,
-    pp: int = 1,
     seq_length: int | None = None,
     sequence_parallel: bool = False,
     context_degree: int = 1,
@@ -151,7 +150,7 @@ def canonical_refusal(
     Args:
         config: the model config.
         degree: ``parallel.invariant_degree`` (1: off).
-        tp, cp, pp: the tensor-, context-parallel and pipeline sizes.
+        tp, cp: the tensor- and context-parallel sizes (every pipeline size holds).
         seq_length: the training sequence length (None: not checked).
         sequence_parallel: sequence parallelism is on.
         context_degree: ``parallel.invariant_context_degree``.
@@ -182,12 +181,10 @@ def canonical_refusal(
     if config.bert_binary_head and cp > 1 and packed:
         return "the BERT binary head on packed rows under context parallelism"
     if config.num_experts:
-        if cp > 1 or (sequence_parallel and tp > 1):
-            return "mixture-of-experts layers under context or sequence parallelism"
+        if cp > 1:
+            return "mixture-of-experts layers under context parallelism"
         if config.add_bias_linear:
             return "mixture-of-experts layers with biases (model.add_bias_linear)"
-    if cp > 1 and pp > 1:
-        return "context parallelism with pipeline stages"
     if config.head != "mlm" and cp > 1 and (packed or config.type == "gpt"):
         where = "on packed rows" if packed else "of a GPT model"
         return f"a fine-tuning head {where} under context parallelism"
@@ -249,7 +246,10 @@ def _expert_mlps(block: nn.Module) -> list[tuple[str, nn.Module]]:
 
 
 def _install_expert_mlps(block: nn.Module, red: Reductions) -> None:
-    """Canonical units for a mixture-of-experts block's MLPs (no sequence split: see the refusal).
+    """Canonical units for a mixture-of-experts block's MLPs (no context split: see the refusal).
+
+    Under sequence parallelism the layer reads the gathered sequence and every rank
+    computes it whole (the router and each expert on every token), then keeps its slice.
 
     Each expert's weight gradient is one product over the tokens routed to it (their
     number is no multiple of anything: the units of the experts have ``C = 1`` and no
@@ -693,6 +693,10 @@ def install_canonical(
         if sp:
             for name in ("attention", "mlp"):
                 getattr(block, name).register_forward_pre_hook(_gather_first(red))
+            if isinstance(block.mlp, MoEMLP):  # computed whole: this rank keeps its slice
+                block.mlp.register_forward_hook(
+                    lambda module, args, out: keep_sequence_slice(out, red)
+                )
             for name in _COLUMN:
                 module = _linear(block, name)
                 if module is not None:

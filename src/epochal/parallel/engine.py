@@ -255,8 +255,9 @@ class ParallelEngine:
                 sequence_parallel=pc.sequence_parallel,
                 loss_parallel=self.loss_parallel,
             )
-        if self.cp is not None and not self.canonical_degree:  # canonical: heads exchanged
-            apply_context_parallel(part, self.cp)
+        if self.cp is not None:
+            if not self.canonical_degree:  # canonical: heads exchanged
+                apply_context_parallel(part, self.cp)
             if self.dims.num_stages > 1:  # the schedule feeds the stage whole micro-batches
                 self.cp.install_stage_hook(part, is_first=stage_idx == 0)
         for name, param in part.named_parameters():

@@ -266,7 +266,6 @@ class Trainer:
             pc.invariant_degree,
             tp=pc.tensor_parallel,
             cp=pc.context_parallel,
-            pp=pc.pipeline_parallel,
             seq_length=self.config.data.seq_length,
             sequence_parallel=pc.sequence_parallel,
             context_degree=pc.invariant_context_degree,
