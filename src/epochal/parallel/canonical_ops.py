@@ -24,10 +24,11 @@ chunks held by this rank of an ``n``-rank group):
   logit shards: the max over the vocabulary (exact in any order), the sum of
   exponentials per vocabulary chunk added as the tree.
 
-Weight gradients sum over the tokens: one product per folded sequence chunk
-(``2 C`` of them in one process, ``2 C / cp`` on a context-parallel rank, ``C``
-the invariant context degree; the same ``[b, s / 2C]`` tokens on every layout),
-the chunks added as the folded tree and completed over the context-parallel group
+Weight gradients sum over the tokens: one product per leaf of the folded tree, a
+sequence chunk and its mirror (``C`` leaves in one process, ``C / cp`` on a
+context-parallel rank, ``C`` the invariant context degree; the same ``[b, 2 s / 2C]``
+tokens on every layout, a rank with ``C = cp`` reading its own tokens in place), the
+leaves added as the folded tree and completed over the context-parallel group
 (:func:`~epochal.parallel.canonical.folded_token_sum`). Tensor and sequence
 parallelism give each rank all of its context-parallel rank's tokens there.
 """
@@ -100,6 +101,27 @@ def _chunk_rows(t3: torch.Tensor, i: int, chunks: int) -> torch.Tensor:
     return out.view(piece.shape).copy_(piece).view(-1, t3.shape[-1])
 
 
+def _pair_rows(t3: torch.Tensor, j: int, mirror: int | None, chunks: int) -> torch.Tensor:
+    """Sequence chunks ``j`` and ``mirror`` of ``chunks`` of ``t3`` ``[b, s, C]``, as row-major rows.
+
+    Each sequence's chunk ``j`` then its chunk ``mirror`` (``[b * 2 s / chunks, C]``;
+    ``mirror`` None: chunk ``j`` alone, :func:`_chunk_rows`). A weight gradient's leaf of
+    the folded tree is one product over these rows: a context-parallel rank holding
+    exactly the pair (``chunks = 2``: its two chunks back to back) reads its own tokens in
+    place, with one product as a plain linear makes; other layouts copy the pair into
+    fresh memory of the same layout, so the kernel reads the same rows the same way.
+    """
+    if mirror is None:
+        return _chunk_rows(t3, j, chunks)
+    if chunks == 2 and (j, mirror) == (0, 1) and t3.is_contiguous() and t3.data_ptr() % 64 == 0:
+        return t3.view(-1, t3.shape[-1])
+    width = t3.shape[1] // chunks
+    out = torch.empty((t3.shape[0], 2 * width, t3.shape[-1]), dtype=t3.dtype, device=t3.device)
+    out[:, :width] = t3[:, j * width : (j + 1) * width]
+    out[:, width:] = t3[:, mirror * width : (mirror + 1) * width]
+    return out.view(-1, t3.shape[-1])
+
+
 def _column_bias_grad(grad3: torch.Tensor, red: Reductions, chunks: int) -> torch.Tensor:
     """A bias gradient over ``grad3`` ``[b, s, W]``'s tokens, per ``W / chunks`` columns (the canonical width)."""
     parts = grad3.chunk(chunks, -1)
@@ -155,10 +177,7 @@ class _ColumnLinear(torch.autograd.Function):
             n = sequence_chunks(x3, red, weights=True)
 
             def leaf(j: int, mirror: int | None) -> torch.Tensor:  # chunks j + mirror: [M / n, K]
-                first = _chunk_rows(gt, j, n).t() @ _chunk_rows(x3, j, n)
-                if mirror is None:
-                    return first
-                return first.addmm_(_chunk_rows(gt, mirror, n).t(), _chunk_rows(x3, mirror, n))
+                return _pair_rows(gt, j, mirror, n).t() @ _pair_rows(x3, j, mirror, n)
 
             grad_w = folded_token_sum(leaf, red, n)
         if ctx.has_bias and ctx.needs_input_grad[2]:
@@ -198,15 +217,11 @@ class _RowLinear(torch.autograd.Function):
             xt, gt = _tokens(x), _tokens(grad)
             n = sequence_chunks(xt, red, weights=True)
 
-            def product(i: int) -> tuple[torch.Tensor, torch.Tensor]:
-                gi = _chunk_rows(gt, i, n).t().unsqueeze(0).expand(chunks, -1, -1)
-                return gi, _chunks_first(_chunk_rows(xt, i, n), chunks)  # [L, N_i, K / D]
-
             def leaf(
                 j: int, mirror: int | None
             ) -> torch.Tensor:  # chunks j + mirror: [L, M, K / D]
-                first = torch.bmm(*product(j))
-                return first if mirror is None else first.baddbmm_(*product(mirror))
+                gi = _pair_rows(gt, j, mirror, n).t().unsqueeze(0).expand(chunks, -1, -1)
+                return torch.bmm(gi, _chunks_first(_pair_rows(xt, j, mirror, n), chunks))
 
             grad_w = _chunks_last(folded_token_sum(leaf, red, n))
         return grad_x, grad_w, None, None
