@@ -170,6 +170,18 @@ def test_refusals_name_what_stops_the_units():
     assert canonical_refusal(esm, DEGREE, cp=2, context_degree=2, packed=True) is None
     pairs = _config(type="bert", bert_binary_head=True, num_tokentypes=2)
     assert canonical_refusal(pairs, DEGREE, tp=2, cp=2, context_degree=2) is None
+    moe = _config(num_experts=4, moe_ffn_hidden_size=32, add_bias_linear=False)
+    assert canonical_refusal(moe, DEGREE, tp=2, sequence_parallel=True) is None
+    assert canonical_refusal(moe, DEGREE, tp=2) is None
+    assert "mixture-of-experts layers under context parallelism" in canonical_refusal(
+        moe, DEGREE, cp=2, context_degree=2
+    )
+    assert "add_bias_linear" in canonical_refusal(
+        _config(num_experts=4, moe_ffn_hidden_size=32, add_bias_linear=True), DEGREE, tp=2
+    )
+    assert "moe_ffn_hidden_size" in canonical_refusal(
+        _config(num_experts=4, moe_ffn_hidden_size=36, add_bias_linear=False), DEGREE
+    )
     assert "head of a GPT model under context" in canonical_refusal(
         _config(head="pooled_classifier", num_labels=2), DEGREE, cp=2, context_degree=2
     )
