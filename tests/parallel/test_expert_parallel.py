@@ -9,8 +9,8 @@ process with the losses of the run that never stopped. Four ranks (the slow tier
 launch of about a minute on two cores): EP2 x DP4 (expert weights reduced over two
 expert-data-parallel ranks), EP2 x PP2 and the EP2 checkpoint resumed under EP4.
 Without layout invariance EP2 stays within float32 rounding of plain DP2. In canonical
-units TP2 with sequence parallelism (each expert's linears split over the pair) trains the
-bits of one process too. The
+units TP2 with sequence parallelism (each expert's linears split over the pair) and CP2
+(the layer computed on the gathered sequence) train the bits of one process too. The
 communication ledger counts the all-to-all bytes of a step.
 """
 
@@ -47,6 +47,15 @@ def one(root):
     return W.single(str(root), "dp1", "gpt", MOE)
 
 
+#: weight gradients in 2 x 2 sequence chunks: CP2 gives the bits of this one-process run
+C2 = ["--parallel.invariant_context_degree=2"]
+
+
+@pytest.fixture(scope="module")
+def one_c2(root):
+    return W.single(str(root), "dp1-c2", "gpt", [*MOE, *C2])
+
+
 @pytest.fixture(scope="module")
 def two(root):
     cases = [
@@ -58,6 +67,7 @@ def two(root):
             "gpt",
             [*MOE, "--parallel.tensor_parallel=2", "--parallel.sequence_parallel=true"],
         ),
+        ("cp2", "gpt", [*MOE, *C2, "--parallel.context_parallel=2"]),
     ]
     ranks = run_gloo(ep_worker.rank_main, 2, str(root), cases, timeout=600)
     return {**ranks[0], "ledgers": [r["ledger"] for r in ranks]}
@@ -95,6 +105,14 @@ def test_two_tensor_parallel_ranks_train_the_bits_of_one_process_in_canonical_un
     assert got["losses"] == one["losses"]
     assert got["eval"] == one["eval"] and got["logged"] == one["logged"]
     assert got["digest"] == one["digest"]
+
+
+def test_two_context_parallel_ranks_train_the_bits_of_one_process_in_canonical_units(one_c2, two):
+    # the layer computed on the gathered sequence on both ranks, each keeping its chunks
+    got = two["cp2"]
+    assert got["losses"] == one_c2["losses"]
+    assert got["eval"] == one_c2["eval"] and got["logged"] == one_c2["logged"]
+    assert got["digest"] == one_c2["digest"]
 
 
 def test_each_rank_holds_and_saves_only_its_experts(root, two):

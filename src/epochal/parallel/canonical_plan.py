@@ -3,8 +3,9 @@
 GPT models run on any tensor-, sequence- and context-parallel layout the degree
 divides; BERT and ESM-2 under tensor, sequence and context parallelism (ESM-2 padded or
 packed, token dropout on), T5 under tensor parallelism.
-Mixture-of-experts blocks (GPT) under tensor and expert parallelism: each routed expert
-and the shared expert compute as the dense MLP does, the router replicated.
+Mixture-of-experts blocks (GPT) under tensor, sequence, context and expert parallelism:
+each routed expert and the shared expert compute as the dense MLP does, the router
+replicated, the layer on the whole sequence (gathered under SP and CP).
 
 With ``training.layout_invariant`` and ``parallel.invariant_degree = D > 1``
 every reduction that tensor or sequence parallelism may split runs in the ``D``
@@ -71,7 +72,7 @@ context-parallel rank's tokens form a subtree that its group completes.
 
 Where the units cannot hold, :func:`canonical_refusal` says why (the run then
 keeps the data-parallel rule only): a model type other than GPT, BERT, ESM-2 or T5, experts
-under context parallelism or with biases,
+with biases,
 heads that do not split over ``tp x cp`` ranks (replicated key/value
 projections, or the head exchange),
 fine-tuning heads and the BERT binary head on packed rows under context
@@ -114,7 +115,8 @@ from epochal.parallel.canonical_ops import (
     row_linear,
     scale_shift,
 )
-from epochal.parallel.context_parallel import first_token_hook, head_inputs_hook
+from epochal.parallel.context_parallel import first_token_hook, head_inputs_hook, keep_chunks
+from epochal.parallel.context_parallel import gather_sequence as gather_context
 
 __all__ = [
     "KeyedHeadAttention",
@@ -181,8 +183,6 @@ def canonical_refusal(
     if config.bert_binary_head and cp > 1 and packed:
         return "the BERT binary head on packed rows under context parallelism"
     if config.num_experts:
-        if cp > 1:
-            return "mixture-of-experts layers under context parallelism"
         if config.add_bias_linear:
             return "mixture-of-experts layers with biases (model.add_bias_linear)"
     if config.head != "mlm" and cp > 1 and (packed or config.type == "gpt"):
@@ -265,6 +265,24 @@ def _install_expert_mlps(block: nn.Module, red: Reductions) -> None:
         for name in _MLP_ROW:
             if mlp._modules.get(name) is not None:
                 _row(mlp._modules[name], units, scatter=False)
+
+
+def _whole_sequence_moe(moe: nn.Module, red: Reductions, sp: bool) -> None:
+    """A mixture-of-experts layer computed on the whole sequence on every rank, then sliced.
+
+    Under sequence parallelism its input is gathered over the tensor-parallel group first
+    (the block's pre-hook), under context parallelism then over the context-parallel group;
+    every rank routes every token and runs every expert (its weight gradients whole on
+    every rank: no context-parallel sum), and keeps its chunks and slice of the output.
+    """
+    if red.cp is not None:
+        group = red.cp.group
+        moe.register_forward_pre_hook(
+            lambda module, args: (gather_context(args[0], group, 1), *args[1:])
+        )
+        moe.register_forward_hook(lambda module, args, out: keep_chunks(out, group))
+    if sp:
+        moe.register_forward_hook(lambda module, args, out: keep_sequence_slice(out, red))
 
 
 def _linear(block: nn.Module, name: str) -> nn.Module | None:
@@ -693,10 +711,6 @@ def install_canonical(
         if sp:
             for name in ("attention", "mlp"):
                 getattr(block, name).register_forward_pre_hook(_gather_first(red))
-            if isinstance(block.mlp, MoEMLP):  # computed whole: this rank keeps its slice
-                block.mlp.register_forward_hook(
-                    lambda module, args, out: keep_sequence_slice(out, red)
-                )
             for name in _COLUMN:
                 module = _linear(block, name)
                 if module is not None:
@@ -707,6 +721,8 @@ def install_canonical(
             # under sequence parallelism
             for name in ("attention", "mlp"):
                 getattr(block, name).register_forward_pre_hook(_group_first)
+        if isinstance(block.mlp, MoEMLP):
+            _whole_sequence_moe(block.mlp, red, sp)
         block.dropout = PositionDropout(block.dropout.p, **slices)
         core = None
         if training and config.attention_dropout > 0:

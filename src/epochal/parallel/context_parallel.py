@@ -123,6 +123,7 @@ __all__ = [
     "check_context_parallel",
     "first_token_hook",
     "head_inputs_hook",
+    "keep_chunks",
     "chunk_positions",
     "context_seed",
     "gather_sequence",
@@ -607,6 +608,30 @@ class ContextParallel:
                 n = g.numel()
                 g.copy_(flat[offset : offset + n].view_as(g))
                 offset += n
+
+
+class _KeepChunks(torch.autograd.Function):
+    """This rank's chunks of a whole sequence; the backward gathers every rank's gradient."""
+
+    @staticmethod
+    def forward(ctx: Any, whole: torch.Tensor, group: Any) -> torch.Tensor:
+        ctx.group = group
+        size, rank = dist.get_world_size(group), dist.get_rank(group)
+        local = chunk_positions(whole.shape[1], size, rank, whole.device)
+        return whole.index_select(1, local)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+        return gather_sequence(grad.contiguous(), ctx.group, 1), None
+
+
+def keep_chunks(whole: torch.Tensor, group: Any) -> torch.Tensor:
+    """This rank's chunks ``[b, L, ...]`` of ``whole`` ``[b, S, ...]``, which every rank computed.
+
+    The backward gathers the chunks' gradients in global order, so that the computation
+    before it gets the whole gradient on every rank, as one process does.
+    """
+    return _KeepChunks.apply(whole, group)
 
 
 def first_token_hook(group: Any) -> Callable[..., tuple[Any, ...]]:
