@@ -246,10 +246,7 @@ def _expert_mlps(block: nn.Module) -> list[tuple[str, nn.Module]]:
 
 
 def _install_expert_mlps(block: nn.Module, red: Reductions) -> None:
-    """Canonical units for a mixture-of-experts block's MLPs (no context split: see the refusal).
-
-    Under sequence parallelism the layer reads the gathered sequence and every rank
-    computes it whole (the router and each expert on every token), then keeps its slice.
+    """Canonical units for a mixture-of-experts block's MLPs.
 
     Each expert's weight gradient is one product over the tokens routed to it (their
     number is no multiple of anything: the units of the experts have ``C = 1`` and no
@@ -689,9 +686,7 @@ def install_canonical(
         for name in ("attention_norm", "cross_attention_norm", "ffn_norm"):
             if block._modules.get(name) is not None:
                 _norm(block._modules[name], red, sharded=sp)
-        if isinstance(block.mlp, MoEMLP):
-            _install_expert_mlps(block, red)
-        else:
+        if not isinstance(block.mlp, MoEMLP):
             _install(block.mlp, _mlp_forward, red)
         for name in _COLUMN + _CROSS_COLUMN:
             module = _linear(block, name)
@@ -721,7 +716,8 @@ def install_canonical(
             # under sequence parallelism
             for name in ("attention", "mlp"):
                 getattr(block, name).register_forward_pre_hook(_group_first)
-        if isinstance(block.mlp, MoEMLP):
+        if isinstance(block.mlp, MoEMLP):  # after the block's gather (sequence parallelism)
+            _install_expert_mlps(block, red)
             _whole_sequence_moe(block.mlp, red, sp)
         block.dropout = PositionDropout(block.dropout.p, **slices)
         core = None
