@@ -168,12 +168,31 @@ def _sigterm_action() -> str:
     return "default" if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL else "inherited"
 
 
+def test_early_stop_closes_the_pool_without_signalling_its_workers(tmp_path, monkeypatch):
+    """``--max-documents`` lets the in-flight chunks finish: ``Pool.terminate`` SIGTERMs
+    workers that may be writing a result, and one killed holding the result queue's lock
+    hangs the pool's join (the test suite once waited on it for an hour)."""
+    import multiprocessing.pool
+
+    def refuse(self):
+        raise AssertionError("an early stop terminated the pool")
+
+    monkeypatch.setattr(multiprocessing.pool.Pool, "terminate", refuse)
+    path = tmp_path / "in.jsonl"
+    path.write_text("".join(json.dumps({"text": f"doc {i} " * 40}) + "\n" for i in range(400)))
+    flags = ["--input", str(path), "--max-documents", "3", "--chunk-size", "64", "--workers", "2"]
+    assert run_cli(tmp_path, *flags) == 0
+    ds = IndexedDataset(str(tmp_path / "out_text_document"))
+    assert len(ds.document_indices) - 1 == 3
+    assert bytes(ds[2].tolist()) == ("doc 2 " * 40).encode()
+
+
 def test_pool_workers_stop_on_sigterm_whatever_their_parent_handles():
-    """``--max-documents`` ends the pool with ``Pool.terminate`` (SIGTERM to each worker).
-    A forked worker must not keep its parent's SIGTERM handler (a trainer's preemption
-    handler, a test runner's): delivered to one of the worker's other threads, the handler
-    never interrupts its main thread, blocked on a queue lock the terminating pool holds,
-    and the command never returns."""
+    """An error or an interrupt ends the pool with ``Pool.terminate`` (SIGTERM to each
+    worker). A forked worker must not keep its parent's SIGTERM handler (a trainer's
+    preemption handler, a test runner's): delivered to one of the worker's other threads,
+    the handler never interrupts its main thread, blocked on a queue lock the terminating
+    pool holds, and the command never returns."""
     import multiprocessing
     import signal
 

@@ -480,7 +480,15 @@ def _run_pool(
     mp_context: str | None,
     consume: Callable[[EncodedChunk, int], None],
 ) -> None:
-    """Encode chunks in a process pool, at most ``2 * workers + 2`` in flight, consumed in order."""
+    """Encode chunks in a process pool, at most ``2 * workers + 2`` in flight, consumed in order.
+
+    An early stop (``consume`` raising ``_Enough``) closes the pool instead of terminating
+    it: the in-flight chunks are encoded and dropped, and the workers leave on the pool's
+    own sentinels. ``Pool.terminate`` signals workers that may be writing a result; one
+    killed while it holds the result queue's write lock leaves the pool's task handler
+    waiting on that lock forever, and ``Pool.join`` with it. Only an error or an interrupt
+    (where the in-flight work may never finish) terminates the pool.
+    """
     context = multiprocessing.get_context(mp_context)
     pool = context.Pool(workers, initializer=init_worker, initargs=(encoder,))
     try:
@@ -493,9 +501,13 @@ def _run_pool(
         while pending:
             result, advance = pending.popleft()
             consume(result.get(), advance)
+    except _Enough:
         pool.close()
+        raise
     except BaseException:
         pool.terminate()
         raise
+    else:
+        pool.close()
     finally:
         pool.join()

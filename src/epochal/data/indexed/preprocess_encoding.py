@@ -291,8 +291,8 @@ _WORKER_ENCODER: ChunkEncoder | None = None  # set once per worker process by in
 def init_worker(encoder: ChunkEncoder) -> None:
     """Pool initializer: keep the encoder for this worker process, one core per worker.
 
-    SIGTERM gets its default action back: ``Pool.terminate`` (how an early stop, e.g.
-    ``--max-documents``, ends the pool) stops workers with it, and a forked worker
+    SIGTERM gets its default action back: ``Pool.terminate`` (how an error or an interrupt
+    ends the pool) stops workers with it, and a forked worker
     would otherwise keep a handler of its parent's (a trainer's preemption handler, a
     test runner's) and could outlive the pool, waiting on a queue lock the pool holds.
     """
