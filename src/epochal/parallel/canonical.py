@@ -23,7 +23,11 @@ adds, which is exactly the tree's next level (addition is commutative, so
 ``a + b`` is the same bits on either rank). The bytes each rank sends are those
 of a ring all-reduce (``2 (n - 1) / n`` of the tensor; ``(n - 1) / n`` for the
 reduce-scatter), issued as point-to-point messages that the communication
-ledger counts (:mod:`epochal.parallel.comm_ledger`). One process runs the same
+ledger counts (:mod:`epochal.parallel.comm_ledger`). A group of two ranks has one
+level, ``r0 + r1``: any all-reduce of two operands adds each element once and
+commutativity makes the order moot, so the library's own all-reduce and
+reduce-scatter compute it (the same bytes, one call: gloo's all-reduce of a
+model's gradients was 4x faster than the exchange and gather on a 2-core machine). One process runs the same
 tree over all ``D`` chunks, so one process and every group size that divides
 ``D`` compute the same bits.
 
@@ -205,7 +209,9 @@ def tree_all_reduce(local: torch.Tensor, red: Reductions) -> torch.Tensor:
     """The tree sum over the group of every rank's subtree ``local`` (the same bits on every rank).
 
     Args:
-        local: this rank's subtree (any shape, the same on every rank).
+        local: this rank's subtree (any shape, the same on every rank), a temporary of
+            the caller's: in a group of two the sum is written into it when it is
+            contiguous (no second buffer of a weight gradient's size).
         red: the units (its group; one rank returns ``local``).
 
     Returns:
@@ -213,6 +219,10 @@ def tree_all_reduce(local: torch.Tensor, red: Reductions) -> torch.Tensor:
     """
     if red.group is None:
         return local
+    if red.size == 2:  # one level: r0 + r1 (module docstring)
+        out = local if local.is_contiguous() else local.contiguous()
+        dist.all_reduce(out, group=red.group)
+        return out
     flat = local.reshape(-1)
     n = red.size
     pad = (-flat.numel()) % n
@@ -243,6 +253,10 @@ def tree_reduce_scatter(local: torch.Tensor, dim: int, red: Reductions) -> torch
         )
     slices = torch.stack(local.chunk(red.size, dim))
     shape = slices.shape[1:]
+    if red.size == 2:  # one level: r0 + r1 (module docstring)
+        out = torch.empty(shape.numel(), dtype=slices.dtype, device=slices.device)
+        dist.reduce_scatter_tensor(out, slices.view(-1), group=red.group)
+        return out.view(shape)
     return _halve(slices.reshape(red.size, -1), red).view(shape)
 
 
