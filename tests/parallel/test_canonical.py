@@ -276,7 +276,10 @@ def _model_grads(rank: int, world_size: int, llama: bool) -> list:
             for n, p in model.named_parameters()
         }
         out.append((loss.detach(), grads))
-    out.append(_context_parallel_grads(cfg, world_size))
+    blocking = {}
+    for defer in (False, True):
+        loss, grads, blocking[defer] = _context_parallel_grads(cfg, world_size, defer)
+        out.append((loss, grads))
     dist.barrier()
     (one, one_grads), *layouts = out
     # compared here: tensors do not travel back through the result queue
@@ -286,11 +289,15 @@ def _model_grads(rank: int, world_size: int, llama: bool) -> list:
             sorted(n for n, g in grads.items() if not torch.equal(g, one_grads[n])),
         )
         for loss, grads in layouts
-    ]
+    ] + [blocking]
 
 
-def _context_parallel_grads(cfg: ModelConfig, world_size: int) -> tuple:
-    """The loss and gradients of the same step with every rank of the world one context-parallel rank."""
+def _context_parallel_grads(cfg: ModelConfig, world_size: int, defer: bool) -> tuple:
+    """The loss, gradients and blocking all-reduces in the backward of the same step with every rank one context-parallel rank.
+
+    ``defer``: the weight gradients completed after the backward
+    (:mod:`epochal.parallel.canonical_deferred`), not in each op.
+    """
     import torch.distributed as dist
 
     from epochal.model.build import build_model
@@ -301,7 +308,9 @@ def _context_parallel_grads(cfg: ModelConfig, world_size: int) -> tuple:
     model = build_model(cfg, seed=1)
     model.init_weights(seed=1)
     cp = ContextParallel(dist.group.WORLD)
-    red = install_canonical(model, DEGREE, cp_group=cp.group, context_degree=world_size)
+    red = install_canonical(
+        model, DEGREE, cp_group=cp.group, context_degree=world_size, defer_completion=defer
+    )
     model.train()
     torch.manual_seed(3)
     tokens = torch.randint(0, 128, (2, 16))
@@ -309,16 +318,30 @@ def _context_parallel_grads(cfg: ModelConfig, world_size: int) -> tuple:
     logits = cp.forward(model)(tokens)  # this rank's chunks
     local = canonical_cross_entropy(logits, cp.shard(tokens.roll(1, 1)), red, 128)
     loss = cp.gather(local).mean()  # every token's loss, global order
-    loss.backward()
-    return loss.detach(), {n: p.grad for n, p in model.named_parameters()}
+    calls, all_reduce = [], dist.all_reduce
+
+    def counted(*args, **kwargs):
+        calls.append(kwargs.get("async_op", False))
+        return all_reduce(*args, **kwargs)
+
+    dist.all_reduce = counted
+    try:
+        loss.backward()
+    finally:
+        dist.all_reduce = all_reduce
+    grads = {n: p.grad for n, p in model.named_parameters()}
+    return loss.detach(), grads, calls.count(False)
 
 
 @pytest.mark.distributed
 @pytest.mark.parametrize(("world_size", "llama"), [(2, False), (4, True)])
 def test_tensor_sequence_and_context_parallel_gradients_equal_one_process(world_size, llama):
     # learned positions at 2 ranks, RoPE with grouped keys/values at 4
-    for rank_result in run_gloo(_model_grads, world_size, llama):
-        assert rank_result == [(True, []), (True, []), (True, [])]  # TP, TP with SP, CP
+    for *rank_result, blocking in run_gloo(_model_grads, world_size, llama):
+        # TP, TP with SP, CP with each weight gradient completed in its op, and after the backward
+        assert rank_result == [(True, []), (True, []), (True, []), (True, [])]
+        if world_size == 2:  # a group of two completes them with all-reduces started together
+            assert blocking[True] < blocking[False] // 4, blocking
 
 
 def test_packed_rows_are_padded_to_the_same_multiple_on_every_layout():

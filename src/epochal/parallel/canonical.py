@@ -310,7 +310,11 @@ def folded_tree(
 
 
 def folded_token_sum(
-    leaf: Callable[[int, int | None], torch.Tensor], red: Reductions, count: int | None = None
+    leaf: Callable[[int, int | None], torch.Tensor],
+    red: Reductions,
+    count: int | None = None,
+    *,
+    complete: bool = True,
 ) -> torch.Tensor:
     """A sum over the tokens of this rank's sequence and its context-parallel group's (module docstring).
 
@@ -321,12 +325,15 @@ def folded_token_sum(
         red: the units (their context-parallel group completes the tree).
         count: the local chunks (default ``red.token_chunks``; weight gradients
             ``red.weight_chunks``).
+        complete: complete the tree over the context-parallel group; False returns this
+            rank's subtree, which the caller completes later with :func:`tree_all_reduce`
+            over ``red.cp`` (:mod:`epochal.parallel.canonical_deferred`: the same bits).
 
     Returns:
         The whole sum, the same bits on every rank of the context-parallel group.
     """
     local = folded_tree(leaf, count or red.token_chunks)
-    return tree_all_reduce(local, red.cp) if red.cp is not None else local
+    return tree_all_reduce(local, red.cp) if red.cp is not None and complete else local
 
 
 def sequence_chunks(
@@ -352,7 +359,9 @@ def sequence_chunks(
     return chunks
 
 
-def token_chunk_sum(values: torch.Tensor, red: Reductions, *, sharded: bool) -> torch.Tensor:
+def token_chunk_sum(
+    values: torch.Tensor, red: Reductions, *, sharded: bool, complete: bool = True
+) -> torch.Tensor:
     """The sum over every dimension but the last, in the folded sequence chunks of dimension 1.
 
     The weight gradient of a norm or a bias is a sum over tokens. Each sequence
@@ -365,6 +374,7 @@ def token_chunk_sum(values: torch.Tensor, red: Reductions, *, sharded: bool) -> 
         values: ``[b, s_local, C]`` (2-D: one sequence).
         red: the units.
         sharded: the sequence is split over the tensor-parallel group.
+        complete: complete the tree over the context-parallel group (:func:`folded_token_sum`).
 
     Returns:
         ``[C]``.
@@ -380,4 +390,4 @@ def token_chunk_sum(values: torch.Tensor, red: Reductions, *, sharded: bool) -> 
     )
     if sharded and red.group is not None:
         parts = sequence_all_gather(parts, 0, red)
-    return folded_token_sum(lambda j, m: parts[j] + parts[m], red)
+    return folded_token_sum(lambda j, m: parts[j] + parts[m], red, complete=complete)

@@ -122,10 +122,13 @@ def _pair_rows(t3: torch.Tensor, j: int, mirror: int | None, chunks: int) -> tor
     return out.view(-1, t3.shape[-1])
 
 
-def _column_bias_grad(grad3: torch.Tensor, red: Reductions, chunks: int) -> torch.Tensor:
+def _column_bias_grad(
+    grad3: torch.Tensor, red: Reductions, chunks: int, complete: bool = True
+) -> torch.Tensor:
     """A bias gradient over ``grad3`` ``[b, s, W]``'s tokens, per ``W / chunks`` columns (the canonical width)."""
     parts = grad3.chunk(chunks, -1)
-    return torch.cat([token_chunk_sum(part.contiguous(), red, sharded=False) for part in parts])
+    sums = [token_chunk_sum(p.contiguous(), red, sharded=False, complete=complete) for p in parts]
+    return torch.cat(sums)
 
 
 def _pad_sequence(local: torch.Tensor, red: Reductions) -> torch.Tensor:
@@ -145,6 +148,7 @@ class _ColumnLinear(torch.autograd.Function):
         bias: torch.Tensor | None,
         red: Reductions,
         gathered: bool,
+        complete: tuple[bool, bool],
     ) -> torch.Tensor:
         k = x.shape[-1]
         chunks = red.local
@@ -156,6 +160,7 @@ class _ColumnLinear(torch.autograd.Function):
             out = out + bias
         ctx.save_for_backward(x, weight)
         ctx.red, ctx.gathered, ctx.has_bias = red, gathered, bias is not None
+        ctx.complete = complete
         return out
 
     @staticmethod
@@ -179,16 +184,21 @@ class _ColumnLinear(torch.autograd.Function):
             def leaf(j: int, mirror: int | None) -> torch.Tensor:  # chunks j + mirror: [M / n, K]
                 return _pair_rows(gt, j, mirror, n).t() @ _pair_rows(x3, j, mirror, n)
 
-            grad_w = folded_token_sum(leaf, red, n)
+            grad_w = folded_token_sum(leaf, red, n, complete=ctx.complete[0])
         if ctx.has_bias and ctx.needs_input_grad[2]:
-            grad_b = _column_bias_grad(_tokens(grad), red, chunks)
-        return grad_x, grad_w, grad_b, None, None
+            grad_b = _column_bias_grad(_tokens(grad), red, chunks, ctx.complete[1])
+        return grad_x, grad_w, grad_b, None, None, None
 
 
 class _RowLinear(torch.autograd.Function):
     @staticmethod
     def forward(
-        ctx: Any, x: torch.Tensor, weight: torch.Tensor, red: Reductions, scatter: bool
+        ctx: Any,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        red: Reductions,
+        scatter: bool,
+        complete: bool,
     ) -> torch.Tensor:
         chunks, m = red.local, weight.shape[0]
         x3 = _chunks_first(x.reshape(-1, x.shape[-1]), chunks)  # [L, N, K / D]
@@ -197,7 +207,7 @@ class _RowLinear(torch.autograd.Function):
         # the input and the weight themselves (the weight is a parameter, the input what
         # a plain linear keeps); their chunked copies are made again in the backward
         ctx.save_for_backward(x, weight)
-        ctx.red, ctx.scatter, ctx.x_shape = red, scatter, x.shape
+        ctx.red, ctx.scatter, ctx.x_shape, ctx.complete = red, scatter, x.shape, complete
         return tree_reduce_scatter(out, 1, red) if scatter else tree_all_reduce(out, red)
 
     @staticmethod
@@ -223,8 +233,8 @@ class _RowLinear(torch.autograd.Function):
                 gi = _pair_rows(gt, j, mirror, n).t().unsqueeze(0).expand(chunks, -1, -1)
                 return torch.bmm(gi, _chunks_first(_pair_rows(xt, j, mirror, n), chunks))
 
-            grad_w = _chunks_last(folded_token_sum(leaf, red, n))
-        return grad_x, grad_w, None, None
+            grad_w = _chunks_last(folded_token_sum(leaf, red, n, complete=ctx.complete))
+        return grad_x, grad_w, None, None, None
 
 
 class _GatherSequence(torch.autograd.Function):
@@ -248,12 +258,14 @@ class _ScaleShift(torch.autograd.Function):
         bias: torch.Tensor | None,
         red: Reductions,
         sharded: bool,
+        complete: tuple[bool, bool],
     ) -> torch.Tensor:
         out = xhat if weight is None else xhat * weight
         if bias is not None:
             out = out + bias
         ctx.save_for_backward(xhat, weight)
         ctx.red, ctx.sharded, ctx.has_bias = red, sharded, bias is not None
+        ctx.complete = complete
         return out
 
     @staticmethod
@@ -262,11 +274,12 @@ class _ScaleShift(torch.autograd.Function):
         red, sharded = ctx.red, ctx.sharded
         grad_x = grad if weight is None else grad * weight
         grad_w = grad_b = None
+        cw, cb = ctx.complete
         if weight is not None and ctx.needs_input_grad[1]:
-            grad_w = token_chunk_sum(grad * xhat, red, sharded=sharded)
+            grad_w = token_chunk_sum(grad * xhat, red, sharded=sharded, complete=cw)
         if ctx.has_bias and ctx.needs_input_grad[2]:
-            grad_b = token_chunk_sum(grad, red, sharded=sharded)
-        return grad_x, grad_w, grad_b, None, None
+            grad_b = token_chunk_sum(grad, red, sharded=sharded, complete=cb)
+        return grad_x, grad_w, grad_b, None, None, None
 
 
 def _head_sum(values: torch.Tensor, red: Reductions) -> torch.Tensor:
@@ -359,6 +372,7 @@ def column_linear(
     red: Reductions,
     *,
     gathered: bool = False,
+    complete: tuple[bool, bool] = (True, True),
 ) -> torch.Tensor:
     """``x @ weight.T + bias`` for this rank's rows of the weight (module docstring).
 
@@ -369,16 +383,24 @@ def column_linear(
         red: the canonical units.
         gathered: ``x`` came from :func:`gather_sequence` (its gradient is
             reduce-scattered over the sequence, zeros elsewhere).
+        complete: whether the weight's and the bias's gradients are completed over
+            the context-parallel group here (False: by the caller,
+            :mod:`epochal.parallel.canonical_deferred`).
 
     Returns:
         ``[..., M / n]``.
     """
     x, weight, bias = _autocast(x, weight, bias)
-    return _ColumnLinear.apply(x, weight, bias, red, gathered)
+    return _ColumnLinear.apply(x, weight, bias, red, gathered, complete)
 
 
 def row_linear(
-    x: torch.Tensor, weight: torch.Tensor, red: Reductions, *, scatter: bool = False
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    red: Reductions,
+    *,
+    scatter: bool = False,
+    complete: bool = True,
 ) -> torch.Tensor:
     """``x @ weight.T`` summed over the input width in canonical chunks and over the group.
 
@@ -388,12 +410,14 @@ def row_linear(
         red: the canonical units.
         scatter: keep this rank's sequence slice (sequence parallelism) instead of
             the whole output.
+        complete: the weight's gradient is completed over the context-parallel
+            group here (as :func:`column_linear`).
 
     Returns:
         ``[b, s, M]`` or ``[b, s / n, M]`` with ``scatter``.
     """
     x, weight = _autocast(x, weight)
-    return _RowLinear.apply(x, weight, red, scatter)
+    return _RowLinear.apply(x, weight, red, scatter, complete)
 
 
 def gather_sequence(local: torch.Tensor, red: Reductions) -> torch.Tensor:
@@ -435,6 +459,7 @@ def scale_shift(
     red: Reductions,
     *,
     sharded: bool,
+    complete: tuple[bool, bool] = (True, True),
 ) -> torch.Tensor:
     """A norm's affine step ``xhat * weight + bias`` with canonical parameter gradients.
 
@@ -443,8 +468,9 @@ def scale_shift(
         weight, bias: ``[C]`` or None.
         red: the canonical units.
         sharded: ``xhat`` is this rank's sequence slice (sequence parallelism).
+        complete: as :func:`column_linear`'s.
     """
-    return _ScaleShift.apply(xhat, weight, bias, red, sharded)
+    return _ScaleShift.apply(xhat, weight, bias, red, sharded, complete)
 
 
 class _CanonicalCrossEntropy(torch.autograd.Function):

@@ -105,6 +105,7 @@ from epochal.model.layers.moe import MoEMLP
 from epochal.model.layers.packing import PackedSequences
 from epochal.parallel.canonical import Reductions, sequence_all_gather
 from epochal.parallel.canonical_context import HeadExchangeAttention
+from epochal.parallel.canonical_deferred import DeferredCompletion
 from epochal.parallel.canonical_embedding import install_canonical_embedding
 from epochal.parallel.canonical_ops import (
     add_vocabulary_bias,
@@ -293,6 +294,19 @@ def _local(tensor: torch.Tensor | None) -> torch.Tensor | None:
     return tensor.to_local() if isinstance(tensor, DTensor) else tensor
 
 
+def _take(module: nn.Module, name: str) -> tuple[torch.Tensor | None, bool]:
+    """``(tensor, complete)`` of the module's parameter ``name`` for a canonical op.
+
+    Through the part's :class:`~epochal.parallel.canonical_deferred.DeferredCompletion`
+    where it has one (the op then leaves the context-parallel completion to it).
+    """
+    deferred = module.__dict__.get("canonical_deferred")
+    param = getattr(module, name)
+    if deferred is None:
+        return _local(param), True
+    return deferred.take(param)
+
+
 def _install(module: nn.Module, forward: Any, red: Reductions, **options: bool) -> None:
     """Make ``forward(module, x)`` the module's forward, its state kept on the module.
 
@@ -309,12 +323,9 @@ def _column_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     if gather:
         x = gather_sequence(x, red)
     after = self.canonical_options["after_gather"]
+    (weight, cw), (bias, cb) = _take(self, "weight"), _take(self, "bias")
     return column_linear(
-        x,
-        _local(self.weight),
-        _local(self.bias),
-        red,
-        gathered=after or (gather and red.size > 1),
+        x, weight, bias, red, gathered=after or (gather and red.size > 1), complete=(cw, cb)
     )
 
 
@@ -329,27 +340,35 @@ def _column_after_gather(module: nn.Linear, red: Reductions) -> None:
 
 def _row_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     red, scatter = self.canonical_reductions, self.canonical_options["scatter"]
-    out = row_linear(x, _local(self.weight), red, scatter=scatter)
+    weight, cw = _take(self, "weight")
+    out = row_linear(x, weight, red, scatter=scatter, complete=cw)
     if self.bias is None:
         return out
-    return scale_shift(out, None, _local(self.bias), red, sharded=scatter)
+    bias, cb = _take(self, "bias")
+    return scale_shift(out, None, bias, red, sharded=scatter, complete=(True, cb))
 
 
 def _row(module: nn.Linear, red: Reductions, *, scatter: bool) -> None:
     _install(module, _row_forward, red, scatter=scatter)
 
 
-def _normalized(norm: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """``(xhat, bias)``: ``x`` normalized without the norm's affine step, and its bias (None for RMSNorm)."""
+def _normalized(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """``x`` normalized without the norm's affine step (RMSNorm's or LayerNorm's)."""
     if isinstance(norm, nn.RMSNorm):
-        return F.rms_norm(x, norm.normalized_shape, None, norm.eps), None
-    return F.layer_norm(x, norm.normalized_shape, None, None, norm.eps), _local(norm.bias)
+        return F.rms_norm(x, norm.normalized_shape, None, norm.eps)
+    return F.layer_norm(x, norm.normalized_shape, None, None, norm.eps)
+
+
+def _norm_bias(norm: nn.Module) -> str | None:
+    """The norm's bias parameter's name (None for RMSNorm, which has none)."""
+    return None if isinstance(norm, nn.RMSNorm) else "bias"
 
 
 def _norm_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
     red, sharded = self.canonical_reductions, self.canonical_options["sharded"]
-    xhat, bias = _normalized(self, x)
-    return scale_shift(xhat, _local(self.weight), bias, red, sharded=sharded)
+    xhat, name = _normalized(self, x), _norm_bias(self)
+    (weight, cw), (bias, cb) = _take(self, "weight"), _take(self, name) if name else (None, True)
+    return scale_shift(xhat, weight, bias, red, sharded=sharded, complete=(cw, cb))
 
 
 def _norm(norm: nn.Module, red: Reductions, *, sharded: bool) -> None:
@@ -358,7 +377,8 @@ def _norm(norm: nn.Module, red: Reductions, *, sharded: bool) -> None:
 
 def _head_norm_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """QK-norm over ``[b, s, heads_local, head_dim]``: its weight shared by every head."""
-    xhat, bias = _normalized(self, x)
+    xhat = _normalized(self, x)
+    bias = _local(self.bias) if _norm_bias(self) else None
     return head_scale_shift(xhat, _local(self.weight), bias, self.canonical_reductions)
 
 
@@ -641,6 +661,7 @@ def install_canonical(
     cp_group: Any = None,
     context_degree: int = 1,
     packed_row: Callable[[], PackedSequences | None] | None = None,
+    defer_completion: bool = False,
 ) -> Reductions:
     """Compute ``model`` (a GPT model or stage) in canonical units, sharded over ``tp_mesh`` if given.
 
@@ -666,6 +687,10 @@ def install_canonical(
         packed_row: under context parallelism, the sequences of the packed row being
             computed (:meth:`~epochal.parallel.context_parallel.ContextParallel.packed_row`):
             BERT / ESM-2's exchanged heads attend within each, as one process does.
+        defer_completion: under context parallelism, complete the linears' and norms'
+            weight gradients once per micro-batch after its backward
+            (:mod:`~epochal.parallel.canonical_deferred`: the same bits, fewer waits);
+            not with a data-parallel wrapper, which expects them in each unit's backward.
 
     Returns:
         The :class:`~epochal.parallel.canonical.Reductions` the model computes with.
@@ -763,9 +788,29 @@ def install_canonical(
         from epochal.parallel.tensor_parallel import full_sequence_positions
 
         model.register_forward_pre_hook(full_sequence_positions(tp), with_kwargs=True)
+    if defer_completion and red.cp is not None:
+        _defer_completions(model, red.cp)
     model.canonical_reductions = red
     model.train(model.training)  # the new modules (dropout by position) take the model's mode
     return red
+
+
+def _defer_completions(model: nn.Module, cp: Reductions) -> None:
+    """The linears' and norms' context-parallel completions through one node per forward (``defer_completion``)."""
+    deferred = DeferredCompletion(cp)
+    uses: dict[int, int] = {}
+    for _, param in model.named_parameters(remove_duplicate=False):
+        uses[id(param)] = uses.get(id(param), 0) + 1
+    shared = {key for key, n in uses.items() if n > 1}
+    forwards = (_column_forward, _row_forward, _norm_forward)
+    for module in model.modules():
+        red = module.__dict__.get("canonical_reductions")
+        method = module.__dict__.get("forward")
+        if red is None or red.cp is None or getattr(method, "__func__", None) not in forwards:
+            continue  # not a canonical linear or norm, or one without the context group (experts)
+        deferred.register(module, "weight", "bias", shared=shared)
+        module.canonical_deferred = deferred
+    model.register_forward_pre_hook(deferred.open)
 
 
 def _gather_vocabulary(red: Reductions) -> Any:

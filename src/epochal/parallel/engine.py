@@ -246,6 +246,8 @@ class ParallelEngine:
                 cp_group=self.cp.group if self.cp is not None else None,
                 context_degree=pc.invariant_context_degree,
                 packed_row=self.cp.packed_row if self.cp is not None else None,
+                # FSDP2 (data parallelism) reduces each unit in its own backward hook
+                defer_completion=self.dims.dp == 1 and not self.compile,
             )
         elif self.dims.tp > 1:
             assert self.mesh is not None
