@@ -41,7 +41,8 @@ leaves are added as the tree above (:func:`folded_tree`). A context-parallel ran
 ``r`` of ``cp`` holds the sequence chunks ``r`` and ``2 cp - 1 - r`` of the
 load-balanced cut, i.e. exactly the leaves ``[r D / cp, (r + 1) D / cp)``: its
 subtree, which the context-parallel group completes by recursive halving
-(:func:`folded_token_sum`). One process, every context-parallel size dividing
+(:func:`folded_token_sum`; in the op, or for a whole micro-batch after its backward,
+:mod:`epochal.parallel.canonical_deferred`). One process, every context-parallel size dividing
 ``D`` and every sequence-parallel split therefore add the same partial sums in
 the same tree.
 
