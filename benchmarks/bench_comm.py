@@ -90,6 +90,8 @@ LAYOUTS: dict[str, tuple[int, dict[str, Any], bool]] = {
         False,
     ),
     "cp2": (2, {"context_parallel": 2}, False),
+    # layout-invariant CP in canonical units: heads exchanged, weight gradients per micro-batch
+    "cp2_exact": (2, {"context_parallel": 2}, True),
     "dp2_cp2": (4, {"context_parallel": 2}, False),
 }
 
@@ -239,9 +241,14 @@ UNITS = {
     "edp": ("param", "param"),  # expert gradients (layout-invariant: gathered per step)
     "cp": ("kv*layer", "param"),  # K/V all-gathers per micro-batch; the gradient sum per step
 }
+#: layout-invariant context parallelism (canonical units) exchanges heads with all-to-alls
+#: and sums the weight gradients over the group with all-reduces once per micro-batch
+INVARIANT_UNITS = {("cp", "all_reduce"): ("param", "param")}
 
 
-def fit(res: dict[str, Any], args: argparse.Namespace) -> list[dict[str, Any]]:
+def fit(
+    res: dict[str, Any], args: argparse.Namespace, invariant: bool = False
+) -> list[dict[str, Any]]:
     """Per collective: calls and bytes = per_micro_batch * m + per_step, from two counts m."""
     (m1, r1), (m2, r2) = sorted(res["per_count"].items())[:2]
     act = args.micro_batch_size * args.seq * args.hidden  # activation elements of a micro-batch
@@ -251,6 +258,8 @@ def fit(res: dict[str, Any], args: argparse.Namespace) -> list[dict[str, Any]]:
         (c1, b1), (c2, b2) = r1.get(key, [0, 0]), r2.get(key, [0, 0])
         calls_mb, bytes_mb = (c2 - c1) / (m2 - m1), (b2 - b1) / (m2 - m1)
         units = UNITS.get(group, ("1", "1")) if cls == "scaled" else ("1", "1")
+        if invariant and cls == "scaled":
+            units = INVARIANT_UNITS.get((group, kind), units)
         sizes = {"param": res["parameters"], "act*layer": act * res["layers"], "act": act, "1": 1}
         sizes["kv*layer"] = res.get("kv_elements", 0) * res["layers"]
         rows.append(
@@ -291,7 +300,7 @@ def report(name: str, ranks: list[dict[str, Any]], args: argparse.Namespace) -> 
     record["ranks"] = []
     for members in blocks.values():
         res = ranks[members[0]]
-        rows = fit(res, args)
+        rows = fit(res, args, invariant)
         for row in rows:
             (c1, b1), (c2, b2) = row["measured"].values()
             print(
