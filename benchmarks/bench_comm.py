@@ -28,7 +28,9 @@ projected to another model:
   element of the whole sequence per layer of the rank (micro-batch x sequence x
   the rank's key-value heads x head size: the all-gathers of K and V, and on gloo
   their backward all-reduce, NCCL's reduce-scatter of the same size); per step,
-  bytes per parameter (the gradient sum over the context-parallel group);
+  bytes per parameter (the gradient sum over the context-parallel group); the
+  layout-invariant ``cp2_exact`` exchanges heads (all-to-alls, per key element) and
+  sums the weight gradients per micro-batch, so its all-reduces count per parameter;
 - ``fixed`` rows: calls whose size does not grow with the model (loss scalars,
   the exact gradient norm's histogram, the experts' token counts), in bytes.
 
