@@ -8,10 +8,13 @@ warmup step through :class:`epochal.parallel.engine.ParallelEngine` with
 (``VmHWM``), the resident memory before the first step (model, optimizer, torch
 itself) and their difference: what the training step itself needed
 (activations, gradients, attention masks, communication buffers). tokens/s is
-the global batch's tokens over the mean step time.
+the global batch's tokens over the mean step time. Each CP > 1 runs with every
+exchange of ``--exchange`` (``parallel.context_parallel_exchange``: ``allgather``,
+``a2a``); the last column is the step memory against CP1's divided by CP (1.00:
+memory that falls as 1 / CP).
 
     python benchmarks/bench_context_parallel.py                    # seq 8192, CP 1/2/4
-    python benchmarks/bench_context_parallel.py --seq 16384 --cp 1,2
+    python benchmarks/bench_context_parallel.py --seq 16384 --cp 1,2 --exchange a2a
 """
 
 from __future__ import annotations
@@ -56,12 +59,14 @@ def _model(args: argparse.Namespace) -> ModelConfig:
     )
 
 
-def _rank(rank: int, world: int, port: int, args: argparse.Namespace, out: Any) -> None:
+def _rank(
+    rank: int, world: int, port: int, args: argparse.Namespace, exchange: str, out: Any
+) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
-        pc = ParallelConfig(context_parallel=world)
+        pc = ParallelConfig(context_parallel=world, context_parallel_exchange=exchange)
         dims = ParallelDims.from_config(pc, world)
         engine = ParallelEngine(
             pc, _model(args), dims, dims.build_mesh("cpu"), device=torch.device("cpu"), seed=0
@@ -101,11 +106,13 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def run(cp: int, args: argparse.Namespace) -> list[tuple[int, float, float, float]]:
+def run(
+    cp: int, args: argparse.Namespace, exchange: str = "allgather"
+) -> list[tuple[int, float, float, float]]:
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     port = _free_port()
-    procs = [ctx.Process(target=_rank, args=(r, cp, port, args, out)) for r in range(cp)]
+    procs = [ctx.Process(target=_rank, args=(r, cp, port, args, exchange, out)) for r in range(cp)]
     for p in procs:
         p.start()
     results = sorted(out.get(timeout=1800) for _ in range(cp))
@@ -125,19 +132,31 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--cp", default="1,2,4")
+    parser.add_argument("--exchange", default="allgather,a2a", help="exchanges for CP > 1")
     args = parser.parse_args()
     print(
         f"GPT hidden {args.hidden}, {args.layers} layers, {args.heads} heads, RoPE; one sequence "
         f"of {args.seq} tokens per step; {args.steps} timed steps; 1 thread per process"
     )
-    print("| CP | peak RSS per rank (MiB) | step memory per rank (MiB) | tokens/s |")
-    print("|---|---|---|---|")
+    print(
+        "| CP | exchange | peak RSS per rank (MiB) | step memory per rank (MiB) | tokens/s "
+        "| step memory / (CP1's / CP) |"
+    )
+    print("|---|---|---|---|---|---|")
+    one = None
     for cp in (int(x) for x in args.cp.split(",")):
-        res = run(cp, args)
-        peak = max(r[2] for r in res)
-        step = max(r[2] - r[1] for r in res)
-        secs = max(r[3] for r in res)
-        print(f"| {cp} | {peak:,.0f} | {step:,.0f} | {args.seq / secs:,.0f} |", flush=True)
+        for exchange in ["allgather"] if cp == 1 else args.exchange.split(","):
+            res = run(cp, args, exchange)
+            peak = max(r[2] for r in res)
+            step = max(r[2] - r[1] for r in res)
+            secs = max(r[3] for r in res)
+            one = step if cp == 1 else one
+            ratio = f"{step / (one / cp):.2f}" if one else ""
+            name = "(one process)" if cp == 1 else exchange
+            print(
+                f"| {cp} | {name} | {peak:,.0f} | {step:,.0f} | {args.seq / secs:,.0f} | {ratio} |",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

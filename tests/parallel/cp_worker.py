@@ -113,7 +113,17 @@ def two_rank_checks(rank: int, world: int, tmp: str) -> dict[str, Any]:
         rank, world, f"{tmp}/esm_packed_cp2", ESM_PACKED_CP2, variable=True
     )
     out["bert_pairs"] = bert_worker.rank_main(rank, world, f"{tmp}/pairs_cp2", PAIRS_CP2_PLAIN)
+    # the all-to-all of heads (parallel.context_parallel_exchange = "a2a")
+    out["gpt_a2a"] = compare_layout(rank, world, A2A, {})
+    out["gpt_packed_a2a"] = compare_layout(rank, world, A2A, {}, steps=3, packed=True)
+    out["esm_packed_a2a"] = bert_worker.rank_main(
+        rank, world, f"{tmp}/esm_packed_a2a", ESM_PACKED_A2A, variable=True
+    )
     return out
+
+
+#: context parallelism by an all-to-all of heads (DeepSpeed-Ulysses)
+A2A = {"context_parallel": 2, "context_parallel_exchange": "a2a"}
 
 
 #: BERT's pairs (token types, padding, the binary head) at CP2 outside the canonical units
@@ -133,6 +143,12 @@ PACKED_ROWS = [
     "--training.micro_batch_size=4",
 ]
 ESM_PACKED_CP2 = [*ESM_CP2, *PACKED_ROWS]
+#: the same outside the canonical units, heads exchanged (each protein of a row whole)
+ESM_PACKED_A2A = [
+    *ESM_PACKED_CP2,
+    "--parallel.invariant_degree=1",
+    "--parallel.context_parallel_exchange=a2a",
+]
 #: packed and pipeline runs are 20 steps (losses compared at every step)
 LONG = 20
 
@@ -144,6 +160,9 @@ def four_rank_checks(rank: int, world: int, tmp: str) -> dict[str, Any]:
     tp2_sp = {"context_parallel": 2, "tensor_parallel": 2, "sequence_parallel": True}
     return {
         "cp4": compare_layout(rank, world, {"context_parallel": 4}, {}),
+        "cp4_a2a": compare_layout(
+            rank, world, {**A2A, "context_parallel": 4}, {"num_query_groups": 4}
+        ),
         "cp2_dp2": compare_layout(
             rank, world, {"context_parallel": 2, "dp_sharding": "optimizer"}, {}
         ),

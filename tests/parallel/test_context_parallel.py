@@ -53,8 +53,12 @@ def test_rank_order_keeps_tensor_parallel_innermost():
     assert ParallelConfig(context_parallel=2, data_parallel=3).launch_world_size() == 6
 
 
-def _validate(seq: int = 32, cp: int = 2, pp: int = 1, **model) -> None:
-    pc = ParallelConfig(context_parallel=cp, pipeline_parallel=pp)
+def _validate(
+    seq: int = 32, cp: int = 2, pp: int = 1, exchange: str = "allgather", **model
+) -> None:
+    pc = ParallelConfig(
+        context_parallel=cp, pipeline_parallel=pp, context_parallel_exchange=exchange
+    )
     dims = ParallelDims.from_config(pc, cp * pp)
     config = cp_worker.gpt_config(max_position_embeddings=64, **model)
     dims.validate(config, micro_batch_size=1, global_batch_size=8, seq_length=seq, config=pc)
@@ -74,6 +78,11 @@ def test_refuses_what_it_does_not_support_by_name():
         ContextParallel.check_training(custom_loss=True)
     with pytest.raises(ConfigError, match=r"context_parallel"):
         ParallelConfig(context_parallel=0)
+    _validate(exchange="a2a")  # 4 query heads and 2 key/value groups split over CP2
+    with pytest.raises(ConfigError, match=r"context_parallel_exchange.*1 key/value heads"):
+        _validate(exchange="a2a", num_query_groups=1)
+    with pytest.raises(ConfigError, match=r"context_parallel_exchange"):
+        ParallelConfig(context_parallel_exchange="ring")
 
 
 # ------------------------------------------------------------------ gloo ranks
@@ -154,7 +163,21 @@ def test_cp2_checkpoint_resumes_on_one_process_and_on_cp4(two_rank, four_rank, c
 
 
 @pytest.mark.distributed
-@pytest.mark.parametrize("name", ["cp4", "cp2_dp2", "cp2_tp2_sp"])
+def test_cp2_by_an_all_to_all_of_heads_matches_one_process(two_rank, tmp_path):
+    # parallel.context_parallel_exchange = "a2a": GPT (padded, and rows of documents) and
+    # packed ESM-2 rows, each rank attending with whole heads over the whole sequence
+    ref = _esm_packed_reference(tmp_path)
+    for result in two_rank:
+        for name in ("gpt_a2a", "gpt_packed_a2a"):
+            assert result[name]["problems"] == [], "\n".join(result[name]["problems"])
+            assert _close(result[name]["losses"], result[name]["ref"])
+        esm = result["esm_packed_a2a"]
+        assert _close(esm["losses"], ref["losses"]), (esm, ref)
+        assert abs(esm["eval"] - ref["eval"]) <= 1e-5 * abs(ref["eval"])
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("name", ["cp4", "cp4_a2a", "cp2_dp2", "cp2_tp2_sp"])
 def test_four_rank_layouts_match_one_process(four_rank, name):
     for result in four_rank:
         assert result[name]["problems"] == [], "\n".join(result[name]["problems"])

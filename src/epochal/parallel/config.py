@@ -42,6 +42,7 @@ __all__ = [
 
 PipelineSchedule = Literal["gpipe", "1f1b", "interleaved_1f1b"]
 DpSharding = Literal["none", "optimizer", "full"]
+ContextExchange = Literal["allgather", "a2a"]
 RecomputeGranularity = Literal["none", "full", "selective"]
 RecomputeMethod = Literal["uniform", "block"]
 PIPELINE_SCHEDULES: tuple[str, ...] = typing.get_args(PipelineSchedule)
@@ -83,6 +84,17 @@ class ParallelConfig:
             Composes with tensor, sequence, pipeline and data parallelism and
             recompute. Weights are not sharded: gradients are summed over the
             context-parallel ranks.
+        context_parallel_exchange: how attention meets the other ranks' tokens
+            (Megatron-Core's ``--cp-comm-type``): ``allgather`` (the default: each
+            rank gathers every rank's keys and values and attends with its own
+            queries; any head count; a layer's keys and values of the whole
+            sequence per rank) or ``a2a`` (DeepSpeed-Ulysses: an all-to-all gives
+            each rank ``heads / context_parallel`` whole heads over the whole
+            sequence, and the output goes back the same way; each head is one
+            process's kernel call, and the keys and values a rank holds fall as
+            ``1 / context_parallel``; needs a tensor-parallel rank's query and
+            key/value heads to split over the context-parallel ranks). Canonical
+            units (``training.layout_invariant``) always exchange heads.
         expert_parallel: expert-parallel size (Megatron's
             ``--expert-model-parallel-size``); >= 1. The routed experts of every
             mixture-of-experts layer are split over ``expert_parallel`` ranks
@@ -164,6 +176,7 @@ class ParallelConfig:
     sequence_parallel: bool = checked(False)
     loss_parallel: bool = checked(True)
     context_parallel: int = checked(1, ge=1)
+    context_parallel_exchange: ContextExchange = checked("allgather")
     expert_parallel: int = checked(1, ge=1)
     pipeline_parallel: int = checked(1, ge=1)
     virtual_pipeline: int = checked(1, ge=1)

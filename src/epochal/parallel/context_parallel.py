@@ -21,10 +21,15 @@ mask. The gather's backward sums each rank's key/value gradients over the group
 reduce-scatter). All-gather rather than a ring of send/receive: it is exact
 with PyTorch's own kernels on every device (one SDPA call per chunk, no
 hand-written online-softmax merge), it composes with autograd in a few lines, and it is
-Megatron-Core's ``--cp-comm-type all_gather``; its cost is that each rank holds
+Megatron-Core's ``--cp-comm-type allgather``; its cost is that each rank holds
 the whole sequence's keys and values of one layer at a time (``2 * S * kv_heads
 * head_dim`` per sample), while queries, logits, MLP and norm activations fall to
 ``1/cp``. A ring (Megatron's ``p2p``) would hold only ``2/cp`` of them.
+``parallel.context_parallel_exchange = "a2a"`` exchanges heads instead (DeepSpeed-
+Ulysses, Megatron-Core's ``a2a``; :mod:`epochal.parallel.canonical_context`): each rank
+attends with ``heads / cp`` whole heads over the whole sequence, so the keys and values
+it holds fall as ``1/cp`` too, and each head is the kernel call one process makes for it;
+it needs a tensor-parallel rank's query and key/value heads to split over the group.
 
 Loss: the train step receives the whole micro-batch (every rank of a
 context-parallel group reads the same samples, as tensor-parallel ranks do). The
@@ -166,6 +171,15 @@ def check_context_parallel(
             f"> 1 is not supported with {', '.join(refused)}; use context_parallel=1 "
             "or change that option",
         )
+    if config is not None and config.context_parallel_exchange == "a2a":
+        heads, kv = model.num_attention_heads // dims.tp, model.num_kv_heads // dims.tp
+        if heads % cp or kv % cp:
+            raise ConfigError(
+                "parallel.context_parallel_exchange",
+                f"'a2a' gives each context-parallel rank heads / context_parallel whole "
+                f"heads: a tensor-parallel rank's {heads} query and {kv} key/value heads "
+                f"do not split over context_parallel={cp}; use 'allgather'",
+            )
 
 
 def chunk_positions(
@@ -683,8 +697,15 @@ class _GradientOnRankZero(torch.autograd.Function):
         return (grad if ctx.keep else torch.zeros_like(grad)), None
 
 
-def apply_context_parallel(part: nn.Module, cp: ContextParallel) -> int:
-    """Point every self-attention's seam at ``cp.attention``; return how many were replaced.
+def apply_context_parallel(
+    part: nn.Module, cp: ContextParallel, core: Callable[[nn.Module], Any] | None = None
+) -> int:
+    """Point every self-attention's seam at the exchange; return how many were replaced.
+
+    ``core(attention)`` builds an attention module's seam (``parallel.context_parallel_exchange``
+    ``a2a``: :class:`~epochal.parallel.canonical_context.HeadExchangeAttention`, whole heads
+    over the whole sequence); None points every seam at ``cp.attention`` (``allgather``:
+    every rank's keys and values gathered).
 
     A BERT binary head pools the first token from the rank that holds it
     (:func:`first_token_hook`); every rank computes the same binary logits, and only
@@ -696,7 +717,7 @@ def apply_context_parallel(part: nn.Module, cp: ContextParallel) -> int:
     count = 0
     for module in part.modules():
         if isinstance(module, Attention) and module.mask_kind != "cross":
-            module.core_attention = cp.attention
+            module.core_attention = cp.attention if core is None else core(module)
             count += 1
         if isinstance(module, MoEMLP):  # balance statistics over the whole sequence
             module.token_sum = cp.sum_tokens

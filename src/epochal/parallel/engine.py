@@ -30,6 +30,7 @@ stage needs): :attr:`ParallelEngine.needs_batches` tells the trainer.
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -42,6 +43,7 @@ from epochal.model.build import build_model
 from epochal.model.config import ModelConfig
 from epochal.model.init import canonical_name
 from epochal.model.layers.moe import set_moe_aux_grad_factor
+from epochal.parallel.canonical_context import HeadExchangeAttention
 from epochal.parallel.canonical_plan import install_canonical
 from epochal.parallel.config import ParallelConfig
 from epochal.parallel.context_parallel import (
@@ -259,7 +261,12 @@ class ParallelEngine:
             )
         if self.cp is not None:
             if not self.canonical_degree:  # canonical: heads exchanged
-                apply_context_parallel(part, self.cp)
+                core = None  # allgather: every rank's keys and values
+                if pc.context_parallel_exchange == "a2a":  # whole heads over the whole sequence
+                    core = functools.partial(
+                        HeadExchangeAttention, self.cp.group, packed_row=self.cp.packed_row
+                    )
+                apply_context_parallel(part, self.cp, core)
             if self.dims.num_stages > 1:  # the schedule feeds the stage whole micro-batches
                 self.cp.install_stage_hook(part, is_first=stage_idx == 0)
         for name, param in part.named_parameters():

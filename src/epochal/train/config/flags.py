@@ -119,6 +119,8 @@ MEGATRON_FLAGS: dict[str, str] = {
     "logging.profile_steps": "--profile-step-start / --profile-step-end (with --profile)",
     "parallel.tensor_parallel": "--tensor-model-parallel-size",
     "parallel.sequence_parallel": "--sequence-parallel",
+    "parallel.context_parallel": "--context-parallel-size",
+    "parallel.context_parallel_exchange": "--cp-comm-type",
     "parallel.pipeline_parallel": "--pipeline-model-parallel-size",
     "parallel.virtual_pipeline": "--num-virtual-stages-per-pipeline-rank",
     "parallel.decoder_first_pipeline_num_layers": "--decoder-first-pipeline-num-layers",
