@@ -8,7 +8,16 @@ warmup step through :class:`epochal.parallel.engine.ParallelEngine` with
 (``VmHWM``), the resident memory before the first step (model, optimizer, torch
 itself) and their difference: what the training step itself needed
 (activations, gradients, attention masks, communication buffers). tokens/s is
-the global batch's tokens over the mean step time. Each CP > 1 runs with every
+the global batch's tokens over the mean step time.
+
+Memory is glibc's resident set, so the ranks start with ``MALLOC_MMAP_THRESHOLD_=131072``
+(unless ``--allocator-default`` or the variable is set already): every block of 128 KiB
+or more is its own mapping, returned when the tensor is freed, so the peak counts the
+tensors alive at once. glibc's default threshold grows with the blocks freed, after which
+large tensors come from the heap and freed ones stay resident; the peak then also counts
+where they happened to fall (fragmentation), and varies from layout to layout.
+
+Each CP > 1 runs with every
 exchange of ``--exchange`` (``parallel.context_parallel_exchange``: ``allgather``,
 ``a2a``); the last column is the step memory against CP1's divided by CP (1.00:
 memory that falls as 1 / CP).
@@ -133,10 +142,18 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--cp", default="1,2,4")
     parser.add_argument("--exchange", default="allgather,a2a", help="exchanges for CP > 1")
+    parser.add_argument(
+        "--allocator-default",
+        action="store_true",
+        help="keep glibc's own mmap threshold (the peak then counts fragmentation too)",
+    )
     args = parser.parse_args()
+    if not args.allocator_default:  # read by glibc when each spawned rank starts
+        os.environ.setdefault("MALLOC_MMAP_THRESHOLD_", "131072")
     print(
         f"GPT hidden {args.hidden}, {args.layers} layers, {args.heads} heads, RoPE; one sequence "
-        f"of {args.seq} tokens per step; {args.steps} timed steps; 1 thread per process"
+        f"of {args.seq} tokens per step; {args.steps} timed steps; 1 thread per process; "
+        f"MALLOC_MMAP_THRESHOLD_={os.environ.get('MALLOC_MMAP_THRESHOLD_', 'glibc default')}"
     )
     print(
         "| CP | exchange | peak RSS per rank (MiB) | step memory per rank (MiB) | tokens/s "
