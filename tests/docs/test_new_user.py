@@ -65,6 +65,7 @@ SLOW_WALK_PAGES = {
     "parallel-layouts.md",
     "resume-on-other-gpus.md",
     "train-a-mixture-of-experts.md",
+    "train-on-long-sequences.md",
     "train-bert-and-t5.md",
     "generate.md",
     "finetune-and-embed.md",

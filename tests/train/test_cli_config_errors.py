@@ -127,6 +127,7 @@ def test_every_preset_can_be_shortened(preset, iters):
     full = build_config(preset=preset, overrides=["--data.mock=true"])
     warmups = {"tiny": 30, "bert-tiny": 30, "t5-tiny": 30, "esm-tiny": 20, "esm2-8m": 2000}
     warmups["sft-tiny"] = warmups["moe-tiny"] = 10
+    warmups["long-tiny"] = 6
     assert full.lr_warmup_iters == {**warmups, "gpt2-small": 700, "gpu-1b": 100}[preset]
 
 

@@ -1,5 +1,5 @@
-"""Named configurations: ``tiny`` (the CPU demo), ``moe-tiny``, ``sft-tiny``, ``bert-tiny``, ``t5-tiny``,
-``esm-tiny``, ``esm2-8m``, ``gpt2-small``, ``gpu-1b``.
+"""Named configurations: ``tiny`` (the CPU demo), ``moe-tiny``, ``long-tiny``, ``sft-tiny``, ``bert-tiny``,
+``t5-tiny``, ``esm-tiny``, ``esm2-8m``, ``gpt2-small``, ``gpu-1b``.
 
 A preset is a nested dict in the TOML layout of
 :class:`~epochal.train.config.TrainConfig`; a config file and overrides are
@@ -13,6 +13,13 @@ merged over it. ``epochal train --preset NAME --print-config`` shows the result.
   of width 192, top-2 routing renormalised as Mixtral, balance loss 0.01, z-loss
   0.001), 100 steps on ``tiny``'s corpus and tokenizer; the balance loss and tokens
   per expert of every block are in ``metrics.jsonl``. About three minutes on 2 CPU cores.
+- ``long-tiny``: ``tiny``'s model on 4096-token sequences of its corpus, each split over
+  two processes (``parallel.context_parallel = 2``, Megatron's load-balanced chunks;
+  attention by an all-to-all of heads, ``parallel.context_parallel_exchange = "a2a"``),
+  one sequence per micro-batch and 4 per step, 60 steps (about ten minutes on 2 CPU
+  cores). Layout-invariant like every
+  preset, so the run resumes or replays bit for bit on one process, and scales by raising
+  ``data.seq_length`` and ``parallel.context_parallel`` together.
 - ``sft-tiny``: supervised fine-tuning of ``tiny``'s model shape on the chat rows
   shipped with the package (``epochal/data/sft/examples/tiny_chat.jsonl``: 160 short
   conversations, arithmetic, weekdays, opposites, colours, capitals, counting) with a
@@ -130,6 +137,23 @@ _MOE_TINY = deep_merge(
         },
         "training": {"train_iters": 100, "eval_interval": 50, "eval_iters": 2},
         "checkpoint": {"save_interval": 50},
+    },
+)
+
+#: ``tiny``'s model on sequences of 4096 tokens, each split over two context-parallel ranks.
+_LONG_TINY = deep_merge(
+    _TINY,
+    {
+        "data": {"seq_length": 4096},
+        "parallel": {"context_parallel": 2, "context_parallel_exchange": "a2a"},
+        "training": {
+            "micro_batch_size": 1,
+            "global_batch_size": 4,
+            "train_iters": 60,
+            "eval_interval": 30,
+            "eval_iters": 2,
+        },
+        "checkpoint": {"save_interval": 30},
     },
 )
 
@@ -363,6 +387,7 @@ _GPT2_SMALL = deep_merge(
 PRESETS: dict[str, dict[str, Any]] = {
     "tiny": _TINY,
     "moe-tiny": _MOE_TINY,
+    "long-tiny": _LONG_TINY,
     "sft-tiny": _SFT_TINY,
     "bert-tiny": _BERT_TINY,
     "t5-tiny": _T5_TINY,
@@ -377,6 +402,7 @@ PRESETS: dict[str, dict[str, Any]] = {
 PRESET_SUMMARIES: dict[str, str] = {
     "tiny": "a 4-layer Llama-style GPT on Python's standard library, 300 steps; CPU, minutes",
     "moe-tiny": "tiny with 4 experts, top-2, in every block, 100 steps; CPU, about three minutes",
+    "long-tiny": "tiny on 4096-token sequences, each split over 2 processes (context parallelism)",
     "sft-tiny": "the tiny GPT fine-tuned on chat rows shipped with the package, packed; CPU",
     "bert-tiny": "a 4-layer BERT (masked LM + next sentence) on the standard library's sentences",
     "t5-tiny": "a 2+2-layer T5 with Megatron's span corruption on the same sentences",
