@@ -81,6 +81,13 @@ def test_refuses_what_it_does_not_support_by_name():
     _validate(exchange="a2a")  # 4 query heads and 2 key/value groups split over CP2
     with pytest.raises(ConfigError, match=r"context_parallel_exchange.*1 key/value heads"):
         _validate(exchange="a2a", num_query_groups=1)
+    # multi-query attention under TP2: each tensor-parallel rank keeps the one group
+    pc = ParallelConfig(tensor_parallel=2, context_parallel=2, context_parallel_exchange="a2a")
+    mqa = cp_worker.gpt_config(max_position_embeddings=64, num_query_groups=1)
+    with pytest.raises(ConfigError, match=r"context_parallel_exchange.*2 query and 1 key/value"):
+        ParallelDims.from_config(pc, 4).validate(
+            mqa, micro_batch_size=1, global_batch_size=8, seq_length=32, config=pc
+        )
     with pytest.raises(ConfigError, match=r"context_parallel_exchange"):
         ParallelConfig(context_parallel_exchange="ring")
 

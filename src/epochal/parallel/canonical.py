@@ -65,6 +65,7 @@ __all__ = [
     "folded_tree",
     "sequence_all_gather",
     "sequence_chunks",
+    "start_tree_all_reduce",
     "token_chunk_sum",
     "tree_all_reduce",
     "tree_reduce_scatter",
@@ -218,12 +219,36 @@ def tree_all_reduce(local: torch.Tensor, red: Reductions) -> torch.Tensor:
     Returns:
         A tensor shaped like ``local``.
     """
+    return start_tree_all_reduce(local, red, async_op=False)()
+
+
+def start_tree_all_reduce(
+    local: torch.Tensor, red: Reductions, *, async_op: bool = True
+) -> Callable[[], torch.Tensor]:
+    """:func:`tree_all_reduce` started now and finished by the returned function (call it once).
+
+    In a group of two the library's all-reduce runs in the background (``async_op``)
+    until the function waits for it, so several completions can be in flight at once;
+    larger groups run the recursive halving when the function is called. The bits are
+    :func:`tree_all_reduce`'s either way.
+    """
     if red.group is None:
-        return local
+        return lambda: local
     if red.size == 2:  # one level: r0 + r1 (module docstring)
         out = local if local.is_contiguous() else local.contiguous()
-        dist.all_reduce(out, group=red.group)
-        return out
+        work = dist.all_reduce(out, group=red.group, async_op=async_op)
+
+        def finish() -> torch.Tensor:
+            if work is not None:
+                work.wait()
+            return out
+
+        return finish
+    return lambda: _halving_all_reduce(local, red)
+
+
+def _halving_all_reduce(local: torch.Tensor, red: Reductions) -> torch.Tensor:
+    """:func:`tree_all_reduce` in a group of four or more: halving, then an all-gather."""
     flat = local.reshape(-1)
     n = red.size
     pad = (-flat.numel()) % n

@@ -29,14 +29,14 @@ by then.
 from __future__ import annotations
 
 import copy
+from collections.abc import Collection
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from epochal.parallel.canonical import Reductions, tree_all_reduce
+from epochal.parallel.canonical import Reductions, start_tree_all_reduce
 
 __all__ = ["DeferredCompletion"]
 
@@ -55,19 +55,9 @@ class _Complete(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor | None) -> tuple[Any, ...]:
-        cp: Reductions = ctx.cp
-        if cp.size != 2:  # recursive halving: the per-op call, one after another
-            return (None, *(None if g is None else tree_all_reduce(g, cp) for g in grads))
-        out: list[torch.Tensor | None] = []
-        works = []
-        for g in grads:  # every completion started, then waited for: one wait, not one per op
-            if g is not None:
-                g = g if g.is_contiguous() else g.contiguous()
-                works.append(dist.all_reduce(g, group=cp.group, async_op=True))
-            out.append(g)
-        for work in works:
-            work.wait()
-        return (None, *out)
+        # every completion started, then waited for: one wait, not one per op
+        started = [None if g is None else start_tree_all_reduce(g, ctx.cp) for g in grads]
+        return (None, *(None if finish is None else finish() for finish in started))
 
 
 class DeferredCompletion:
@@ -88,7 +78,7 @@ class DeferredCompletion:
         out.modules = [(copy.deepcopy(m, memo), n) for m, n in self.modules]
         return out
 
-    def register(self, module: nn.Module, *names: str, shared: set[int] = frozenset()) -> None:
+    def register(self, module: nn.Module, *names: str, shared: Collection[int] = ()) -> None:
         """The parameters ``names`` of ``module`` (those it has, not in ``shared``) complete through the node.
 
         Args:

@@ -301,7 +301,7 @@ def _take(module: nn.Module, name: str) -> tuple[torch.Tensor | None, bool]:
     where it has one (the op then leaves the context-parallel completion to it).
     """
     deferred = module.__dict__.get("canonical_deferred")
-    param = getattr(module, name)
+    param = getattr(module, name, None)  # RMSNorm has no bias at all
     if deferred is None:
         return _local(param), True
     return deferred.take(param)
@@ -359,16 +359,10 @@ def _normalized(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return F.layer_norm(x, norm.normalized_shape, None, None, norm.eps)
 
 
-def _norm_bias(norm: nn.Module) -> str | None:
-    """The norm's bias parameter's name (None for RMSNorm, which has none)."""
-    return None if isinstance(norm, nn.RMSNorm) else "bias"
-
-
 def _norm_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
     red, sharded = self.canonical_reductions, self.canonical_options["sharded"]
-    xhat, name = _normalized(self, x), _norm_bias(self)
-    (weight, cw), (bias, cb) = _take(self, "weight"), _take(self, name) if name else (None, True)
-    return scale_shift(xhat, weight, bias, red, sharded=sharded, complete=(cw, cb))
+    (weight, cw), (bias, cb) = _take(self, "weight"), _take(self, "bias")
+    return scale_shift(_normalized(self, x), weight, bias, red, sharded=sharded, complete=(cw, cb))
 
 
 def _norm(norm: nn.Module, red: Reductions, *, sharded: bool) -> None:
@@ -377,9 +371,10 @@ def _norm(norm: nn.Module, red: Reductions, *, sharded: bool) -> None:
 
 def _head_norm_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """QK-norm over ``[b, s, heads_local, head_dim]``: its weight shared by every head."""
-    xhat = _normalized(self, x)
-    bias = _local(self.bias) if _norm_bias(self) else None
-    return head_scale_shift(xhat, _local(self.weight), bias, self.canonical_reductions)
+    bias = _local(getattr(self, "bias", None))  # RMSNorm has no bias at all
+    return head_scale_shift(
+        _normalized(self, x), _local(self.weight), bias, self.canonical_reductions
+    )
 
 
 #: each activation's function of the pre-activation (the MLP's own formulas)

@@ -172,7 +172,9 @@ def check_context_parallel(
             "or change that option",
         )
     if config is not None and config.context_parallel_exchange == "a2a":
-        heads, kv = model.num_attention_heads // dims.tp, model.num_kv_heads // dims.tp
+        # a tensor-parallel rank's heads (one key/value group where the groups are
+        # replicated: fewer groups than tensor-parallel ranks)
+        heads, kv = model.num_attention_heads // dims.tp, max(1, model.num_kv_heads // dims.tp)
         if heads % cp or kv % cp:
             raise ConfigError(
                 "parallel.context_parallel_exchange",

@@ -248,7 +248,8 @@ class ParallelEngine:
                 cp_group=self.cp.group if self.cp is not None else None,
                 context_degree=pc.invariant_context_degree,
                 packed_row=self.cp.packed_row if self.cp is not None else None,
-                # FSDP2 (data parallelism) reduces each unit in its own backward hook
+                # not under FSDP2 (data parallelism), which reduces each unit in its own
+                # backward hook, nor torch.compile, which would trace the node's bookkeeping
                 defer_completion=self.dims.dp == 1 and not self.compile,
             )
         elif self.dims.tp > 1:
