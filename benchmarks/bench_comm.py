@@ -91,10 +91,11 @@ LAYOUTS: dict[str, tuple[int, dict[str, Any], bool]] = {
         {"tensor_parallel": 2, "sequence_parallel": True, "pipeline_parallel": 2},
         False,
     ),
-    "cp2": (2, {"context_parallel": 2}, False),
+    # plain CP gathering keys and values (what the projections price)
+    "cp2": (2, {"context_parallel": 2, "context_parallel_exchange": "allgather"}, False),
     # layout-invariant CP in canonical units: heads exchanged, weight gradients per micro-batch
     "cp2_exact": (2, {"context_parallel": 2}, True),
-    "dp2_cp2": (4, {"context_parallel": 2}, False),
+    "dp2_cp2": (4, {"context_parallel": 2, "context_parallel_exchange": "allgather"}, False),
 }
 
 

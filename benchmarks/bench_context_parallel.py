@@ -19,7 +19,7 @@ where they happened to fall (fragmentation), and varies from layout to layout.
 
 Each CP > 1 runs with every
 exchange of ``--exchange`` (``parallel.context_parallel_exchange``: ``allgather``,
-``a2a``); the last column is the step memory against CP1's divided by CP (1.00:
+``a2a``, ``p2p``); the last column is the step memory against CP1's divided by CP (1.00:
 memory that falls as 1 / CP).
 
     python benchmarks/bench_context_parallel.py                    # seq 8192, CP 1/2/4
@@ -141,7 +141,7 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--cp", default="1,2,4")
-    parser.add_argument("--exchange", default="allgather,a2a", help="exchanges for CP > 1")
+    parser.add_argument("--exchange", default="allgather,a2a,p2p", help="exchanges for CP > 1")
     parser.add_argument(
         "--allocator-default",
         action="store_true",

@@ -99,6 +99,7 @@ def _engine(
         tensor_parallel=tp,
         sequence_parallel=args.sp and tp > 1,
         context_parallel=args.cp,
+        invariant_context_accumulation=args.accumulation,
     )
     dims = ParallelDims.from_config(pconf, dp * tp * args.cp)
     mesh = dims.build_mesh(device.type)
@@ -284,6 +285,12 @@ def main() -> None:
         type=int,
         default=8,
         help="parallel.invariant_degree of the invariant mode (0: data-parallel rule only)",
+    )
+    parser.add_argument(
+        "--accumulation",
+        choices=["step", "micro_batch"],
+        default="step",
+        help="parallel.invariant_context_accumulation of the invariant mode (with --cp)",
     )
     parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory runs")
     parser.add_argument("--timeout", type=float, default=3600)

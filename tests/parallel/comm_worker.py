@@ -16,6 +16,9 @@ from epochal.parallel.engine import ParallelEngine
 from epochal.train.optim.optimizer import OptimizersContainer, build_adamw
 from epochal.train.steps.gpt import GPTTrainStep
 
+#: plain context parallelism gathering keys and values (the default, auto, exchanges heads)
+ALLGATHER = {"context_parallel_exchange": "allgather"}
+
 SEQ, MBS = 32, 2
 
 
@@ -93,5 +96,5 @@ def rank_main(rank: int, world: int, micro_batches: int) -> dict[str, Any]:
         "tp_sp": _ledger_of(
             world, {"tensor_parallel": 2, "sequence_parallel": True}, False, micro_batches
         ),
-        "cp": _ledger_of(world, {"context_parallel": 2}, False, micro_batches),
+        "cp": _ledger_of(world, {"context_parallel": 2, **ALLGATHER}, False, micro_batches),
     }

@@ -13,6 +13,9 @@ import torch
 from tests.parallel import bert_worker, harness
 
 STEPS = 5
+#: the layouts gather keys and values unless they name another exchange (the default,
+#: ``auto``, would exchange the tiny model's heads)
+ALLGATHER = {"context_parallel_exchange": "allgather"}
 #: a tiny ESM-2 at CP2 through the trainer (layout-invariant, as every preset); no token
 #: dropout (refused under context parallelism)
 ESM_CP2 = [*bert_worker.ESM, "--model.token_dropout=false", "--parallel.context_parallel=2"]
@@ -60,6 +63,7 @@ def compare_layout(
     from one process (losses, evaluation loss, gradient norms, gradients, final weights).
     ``packed``: on :func:`packed_gpt_batches` (per-document masks and positions)."""
     batches = packed_gpt_batches(steps) if packed else harness.global_batches(steps, 8)
+    layout = {**ALLGATHER, **layout}
     config = gpt_config(**overrides)
     ref = harness.reference_run(config, batches, 2)
     got = harness.parallel_run(harness.layout(**layout), config, batches, 2, save_dir=save_dir)
@@ -83,7 +87,11 @@ def resume_layout(rank: int, world: int, layout: dict[str, Any], save_dir: str, 
     torch.manual_seed(0)
     batches = harness.global_batches(2 * steps, 8)[steps:]
     got = harness.parallel_run(
-        harness.layout(**layout), gpt_config(), batches, 2, load_dir=step_folder(save_dir, steps)
+        harness.layout(**{**ALLGATHER, **layout}),
+        gpt_config(),
+        batches,
+        2,
+        load_dir=step_folder(save_dir, steps),
     )
     return got["losses"]
 
@@ -119,11 +127,15 @@ def two_rank_checks(rank: int, world: int, tmp: str) -> dict[str, Any]:
     out["esm_packed_a2a"] = bert_worker.rank_main(
         rank, world, f"{tmp}/esm_packed_a2a", ESM_PACKED_A2A, variable=True
     )
+    # the ring (parallel.context_parallel_exchange = "p2p"; its masks: test_context_ring)
+    out["gpt_p2p"] = compare_layout(rank, world, P2P, {})
     return out
 
 
 #: context parallelism by an all-to-all of heads (DeepSpeed-Ulysses)
 A2A = {"context_parallel": 2, "context_parallel_exchange": "a2a"}
+#: context parallelism by a ring of keys and values
+P2P = {"context_parallel": 2, "context_parallel_exchange": "p2p"}
 
 
 #: BERT's pairs (token types, padding, the binary head) at CP2 outside the canonical units
@@ -131,6 +143,7 @@ PAIRS_CP2_PLAIN = [
     *bert_worker.PAIRS,
     "--parallel.context_parallel=2",
     "--parallel.invariant_degree=1",
+    "--parallel.context_parallel_exchange=allgather",
 ]
 
 
@@ -163,6 +176,7 @@ def four_rank_checks(rank: int, world: int, tmp: str) -> dict[str, Any]:
         "cp4_a2a": compare_layout(
             rank, world, {**A2A, "context_parallel": 4}, {"num_query_groups": 4}
         ),
+        "cp4_p2p": compare_layout(rank, world, {**P2P, "context_parallel": 4}, {}),
         "cp2_dp2": compare_layout(
             rank, world, {"context_parallel": 2, "dp_sharding": "optimizer"}, {}
         ),

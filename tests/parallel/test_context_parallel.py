@@ -90,6 +90,9 @@ def test_refuses_what_it_does_not_support_by_name():
         )
     with pytest.raises(ConfigError, match=r"context_parallel_exchange"):
         ParallelConfig(context_parallel_exchange="ring")
+    _validate(exchange="p2p", num_query_groups=1)  # the ring: any head count
+    with pytest.raises(ConfigError, match=r"context_parallel_exchange.*attention_dropout=0.1"):
+        _validate(exchange="p2p", attention_dropout=0.1)
 
 
 # ------------------------------------------------------------------ gloo ranks
@@ -184,7 +187,15 @@ def test_cp2_by_an_all_to_all_of_heads_matches_one_process(two_rank, tmp_path):
 
 
 @pytest.mark.distributed
-@pytest.mark.parametrize("name", ["cp4", "cp4_a2a", "cp2_dp2", "cp2_tp2_sp"])
+def test_cp2_by_a_ring_of_keys_and_values_matches_one_process(two_rank):
+    # parallel.context_parallel_exchange = "p2p": keys and values passed around the ring
+    for result in two_rank:
+        assert result["gpt_p2p"]["problems"] == [], "\n".join(result["gpt_p2p"]["problems"])
+        assert _close(result["gpt_p2p"]["losses"], result["gpt_p2p"]["ref"])
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("name", ["cp4", "cp4_a2a", "cp4_p2p", "cp2_dp2", "cp2_tp2_sp"])
 def test_four_rank_layouts_match_one_process(four_rank, name):
     for result in four_rank:
         assert result[name]["problems"] == [], "\n".join(result[name]["problems"])

@@ -8,7 +8,7 @@ data-parallel ranks (DP2 x GA2) and on four (DP4 x GA1), with every
 pipeline parallelism (PP2 x DP2 against one process, tied embeddings) and
 tensor and context parallelism (GPT in canonical units, ``parallel.invariant_degree``:
 TP2, TP2 with sequence parallelism, TP4 with it, TP2 x DP2 with the distributed
-optimizer, TP2 x PP2, CP2, CP4, TP2 x CP2 with sequence parallelism and CP2 x PP2
+optimizer, TP2 x PP2, CP2, CP4, CP2 x DP2, TP2 x CP2 with sequence parallelism and CP2 x PP2
 (ESM-2 too), QK-norm in TP4, CP2, CP4, TP2 x CP2 and CP2 x PP2; BERT (pairs with the binary head, also with sequence
 parallelism), ESM-2 at TP2 with sequence parallelism, packed ESM-2 (token dropout on,
 rows of several proteins) and Megatron's T5 at TP2, Hugging Face's T5 v1.1 too in the slow tier; ESM-2
@@ -49,6 +49,7 @@ G4 = ["--model.num_query_groups=4", "--model.qk_layernorm=true"]
 # weight gradients summed in 2 x 4 sequence chunks: CP2 and CP4 give the bits of one process
 CTX4 = ["--parallel.invariant_context_degree=4"]
 CP2 = ["--parallel.context_parallel=2", *CTX4]
+CTX2 = ["--parallel.invariant_context_degree=2"]
 T5_HF = t5_worker.HF_STYLE
 PACKED = ["--data.pack_sequences=true"]  # ESM-2 with token dropout, rows of several proteins
 SLOW_TIER = os.environ.get("EPOCHAL_SLOW_TESTS", "") not in ("", "0")
@@ -64,11 +65,19 @@ TWO = [
     ("cp2", "gpt", [*CP2, *G4]),
     ("tp2-bert", "bert", ["--parallel.tensor_parallel=2"]),
     ("tp2-esm-packed", "esm", ["--parallel.tensor_parallel=2", *PACKED]),
-    ("cp2-esm", "esm", CP2),
     ("cp2-esm-packed", "esm", [*CP2, *PACKED]),
-    ("cp2-bert", "bert", CP2),
-    ("tp2-sp-bert", "bert", ["--parallel.tensor_parallel=2", *SP]),
-    ("tp2-sp-esm", "esm", ["--parallel.tensor_parallel=2", *SP]),
+    # the slow tier: padded ESM-2 and BERT's pairs at CP2, BERT and ESM-2 with SP (the
+    # default tier's packed ESM-2 at CP2 and TP2, BERT at TP2 cover their machinery)
+    *(
+        [
+            ("cp2-esm", "esm", CP2),
+            ("cp2-bert", "bert", CP2),
+            ("tp2-sp-bert", "bert", ["--parallel.tensor_parallel=2", *SP]),
+            ("tp2-sp-esm", "esm", ["--parallel.tensor_parallel=2", *SP]),
+        ]
+        if SLOW_TIER
+        else []
+    ),
     ("tp2-t5", "t5", ["--parallel.tensor_parallel=2"]),
     ("dp2-plain", "gpt", ["--training.layout_invariant=false"]),
     # the slow tier: Hugging Face's T5 v1.1 (relative bias, RMSNorm, gated GELU, untied head)
@@ -92,6 +101,9 @@ FOUR = [
         ["--parallel.tensor_parallel=4", "--parallel.sequence_parallel=true", *G4, *CTX4],
     ),
     ("cp4", "gpt", ["--parallel.context_parallel=4", *G4, *CTX4]),
+    # one sequence chunk pair per rank: its weight gradients accumulated in the global
+    # micro-batch order by the data-parallel reduction, completed over CP once per step
+    ("cp2-dp2", "gpt", ["--parallel.context_parallel=2", *G4, *CTX2]),
     ("tp2-cp2-sp", "gpt", ["--parallel.tensor_parallel=2", *CP2, *SP, *G4]),
     # each stage's inputs cut on the way in, its activations this rank's chunks
     ("cp2-pp2", "gpt", [*CP2, "--parallel.pipeline_parallel=2", *G4]),
@@ -117,6 +129,7 @@ def dp1(root):
     """One process (DP1 x GA4) per model; the GPT run saves a checkpoint half-way."""
     runs = {m: W.single(str(root), f"dp1-{m}", m, SAVE if m == "gpt" else []) for m in MODELS}
     runs["gpt-g4"] = W.single(str(root), "dp1-gpt-g4", "gpt", [*G4, *CTX4])
+    runs["gpt-g4-c2"] = W.single(str(root), "dp1-gpt-g4-c2", "gpt", [*G4, *CTX2])
     runs["esm-packed"] = W.single(str(root), "dp1-esm-packed", "esm", PACKED)
     if SLOW_TIER:
         runs["t5-hf"] = W.single(str(root), "dp1-t5-hf", "t5", T5_HF)
@@ -182,6 +195,7 @@ def test_two_tensor_parallel_ranks_train_a_bert_esm2_or_t5_model_as_one_process(
     assert_same(two[f"tp2-{model}"], dp1[model])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model", ["bert", "esm"])
 def test_sequence_parallel_bert_or_esm2_trains_the_bits_of_one_process(dp1, two, model):
     # BERT: pairs with the binary head, post-LN; ESM-2: token dropout. The embedding stage
@@ -193,7 +207,14 @@ def test_two_context_parallel_ranks_train_the_bits_of_one_process(dp1, two):
     assert_same(two["cp2"], dp1["gpt-g4"])
 
 
-@pytest.mark.parametrize("model", ["esm", "esm-packed", "bert"])
+@pytest.mark.parametrize(
+    "model",
+    [
+        pytest.param("esm", marks=pytest.mark.slow),
+        "esm-packed",
+        pytest.param("bert", marks=pytest.mark.slow),
+    ],
+)
 def test_two_context_parallel_ranks_train_a_bert_or_esm2_model_as_one_process(dp1, two, model):
     # heads exchanged, each attending over the whole sequence (padded: the padding mask
     # gathered; packed: within each protein); ESM-2's token dropout counted per whole
@@ -204,6 +225,10 @@ def test_two_context_parallel_ranks_train_a_bert_or_esm2_model_as_one_process(dp
 @pytest.mark.parametrize("case", ["cp4", "tp2-cp2-sp", "cp2-pp2"])
 def test_four_context_or_tensor_and_context_parallel_ranks_equal_one_process(dp1, four, case):
     assert_same(four[case], dp1["gpt-g4"])
+
+
+def test_context_and_data_parallel_equal_one_process(dp1, four):
+    assert_same(four["cp2-dp2"], dp1["gpt-g4-c2"])
 
 
 def test_context_and_pipeline_parallel_esm2_trains_the_bits_of_one_process(dp1, four):

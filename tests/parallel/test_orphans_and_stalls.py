@@ -72,7 +72,14 @@ def _agent(proc) -> int:
     raise AssertionError("no torchrun agent")
 
 
-@pytest.mark.parametrize("victim", ["launcher", pytest.param("agent", marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "victim",
+    # the default tier's stopped rank (above) goes through the same clean-up
+    [
+        pytest.param("launcher", marks=pytest.mark.slow),
+        pytest.param("agent", marks=pytest.mark.slow),
+    ],
+)
 def test_workers_stop_when_their_launcher_or_agent_is_killed(tmp_path, victim):
     run_dir = tmp_path / "run"
     proc = _launch(run_dir)

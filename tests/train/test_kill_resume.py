@@ -46,7 +46,8 @@ def losses(run_dir: Path, kind: str = "train") -> dict[int, dict[int, float]]:
         # ESM-2 resumes exactly in tests/parallel/test_bert_layouts.py (on two ranks, in the
         # default tier); its kill -9 here is the GPT's mechanism with BioNeMo's samples
         pytest.param("esm", marks=pytest.mark.slow),
-        "finetune",
+        # the fine-tuning heads resume exactly in process in tests/train (the default tier)
+        pytest.param("finetune", marks=pytest.mark.slow),
         # ~50 s of CPU over its four processes; tests/train/test_sft_training.py resumes
         # a fine-tuning run in process in the default tier
         pytest.param("sft", marks=pytest.mark.slow),

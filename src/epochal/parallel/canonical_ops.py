@@ -41,7 +41,6 @@ import torch
 
 from epochal.parallel.canonical import (
     Reductions,
-    folded_token_sum,
     sequence_all_gather,
     sequence_chunks,
     token_chunk_sum,
@@ -49,6 +48,7 @@ from epochal.parallel.canonical import (
     tree_reduce_scatter,
     tree_sum,
 )
+from epochal.parallel.canonical_step_sum import LeafSink, weight_gradient
 
 __all__ = [
     "add_vocabulary_bias",
@@ -184,7 +184,7 @@ class _ColumnLinear(torch.autograd.Function):
             def leaf(j: int, mirror: int | None) -> torch.Tensor:  # chunks j + mirror: [M / n, K]
                 return _pair_rows(gt, j, mirror, n).t() @ _pair_rows(x3, j, mirror, n)
 
-            grad_w = folded_token_sum(leaf, red, n, complete=ctx.complete[0])
+            grad_w = weight_gradient(leaf, red, n, ctx.complete[0])
         if ctx.has_bias and ctx.needs_input_grad[2]:
             grad_b = _column_bias_grad(_tokens(grad), red, chunks, ctx.complete[1])
         return grad_x, grad_w, grad_b, None, None, None
@@ -233,7 +233,7 @@ class _RowLinear(torch.autograd.Function):
                 gi = _pair_rows(gt, j, mirror, n).t().unsqueeze(0).expand(chunks, -1, -1)
                 return torch.bmm(gi, _chunks_first(_pair_rows(xt, j, mirror, n), chunks))
 
-            grad_w = _chunks_last(folded_token_sum(leaf, red, n, complete=ctx.complete))
+            grad_w = weight_gradient(leaf, red, n, ctx.complete, _chunks_last)
         return grad_x, grad_w, None, None, None
 
 
@@ -372,7 +372,7 @@ def column_linear(
     red: Reductions,
     *,
     gathered: bool = False,
-    complete: tuple[bool, bool] = (True, True),
+    complete: tuple[bool | LeafSink, bool] = (True, True),
 ) -> torch.Tensor:
     """``x @ weight.T + bias`` for this rank's rows of the weight (module docstring).
 
@@ -385,7 +385,9 @@ def column_linear(
             reduce-scattered over the sequence, zeros elsewhere).
         complete: whether the weight's and the bias's gradients are completed over
             the context-parallel group here (False: by the caller,
-            :mod:`epochal.parallel.canonical_deferred`).
+            :mod:`epochal.parallel.canonical_deferred`); for the weight also a
+            :class:`~epochal.parallel.canonical_step_sum.LeafSink` that accumulates
+            its sequence chunks' products over the step (the op returns no gradient).
 
     Returns:
         ``[..., M / n]``.
@@ -400,7 +402,7 @@ def row_linear(
     red: Reductions,
     *,
     scatter: bool = False,
-    complete: bool = True,
+    complete: bool | LeafSink = True,
 ) -> torch.Tensor:
     """``x @ weight.T`` summed over the input width in canonical chunks and over the group.
 

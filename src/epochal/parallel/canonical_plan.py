@@ -116,6 +116,7 @@ from epochal.parallel.canonical_ops import (
     row_linear,
     scale_shift,
 )
+from epochal.parallel.canonical_step_sum import StepSums
 from epochal.parallel.context_parallel import first_token_hook, head_inputs_hook, keep_chunks
 from epochal.parallel.context_parallel import gather_sequence as gather_context
 
@@ -294,14 +295,19 @@ def _local(tensor: torch.Tensor | None) -> torch.Tensor | None:
     return tensor.to_local() if isinstance(tensor, DTensor) else tensor
 
 
-def _take(module: nn.Module, name: str) -> tuple[torch.Tensor | None, bool]:
+def _take(module: nn.Module, name: str) -> tuple[torch.Tensor | None, Any]:
     """``(tensor, complete)`` of the module's parameter ``name`` for a canonical op.
 
-    Through the part's :class:`~epochal.parallel.canonical_deferred.DeferredCompletion`
-    where it has one (the op then leaves the context-parallel completion to it).
+    A weight summed once per step goes through the part's
+    :class:`~epochal.parallel.canonical_step_sum.StepSums`; others through its
+    :class:`~epochal.parallel.canonical_deferred.DeferredCompletion` where it has one
+    (the op then leaves the context-parallel completion to it).
     """
-    deferred = module.__dict__.get("canonical_deferred")
     param = getattr(module, name, None)  # RMSNorm has no bias at all
+    step_sums = module.__dict__.get("canonical_step_sums")
+    if step_sums is not None and name == "weight" and param is not None:
+        return step_sums.take(param)
+    deferred = module.__dict__.get("canonical_deferred")
     if deferred is None:
         return _local(param), True
     return deferred.take(param)
@@ -657,6 +663,7 @@ def install_canonical(
     context_degree: int = 1,
     packed_row: Callable[[], PackedSequences | None] | None = None,
     defer_completion: bool = False,
+    step_sums: bool = False,
 ) -> Reductions:
     """Compute ``model`` (a GPT model or stage) in canonical units, sharded over ``tp_mesh`` if given.
 
@@ -686,6 +693,11 @@ def install_canonical(
             weight gradients once per micro-batch after its backward
             (:mod:`~epochal.parallel.canonical_deferred`: the same bits, fewer waits);
             not with a data-parallel wrapper, which expects them in each unit's backward.
+        step_sums: ``parallel.invariant_context_accumulation == "step"``: the linears'
+            weight gradients add their sequence chunks' sums over the step's
+            micro-batches leaf by leaf and complete once per step
+            (:mod:`~epochal.parallel.canonical_step_sum`; the part's
+            ``canonical_step_sums``, finished by the step).
 
     Returns:
         The :class:`~epochal.parallel.canonical.Reductions` the model computes with.
@@ -783,20 +795,55 @@ def install_canonical(
         from epochal.parallel.tensor_parallel import full_sequence_positions
 
         model.register_forward_pre_hook(full_sequence_positions(tp), with_kwargs=True)
+    leaves = max(red.weight_chunks // 2, 1)
+    summed = _sum_per_step(model, red, leaves) if step_sums and (leaves > 1 or red.cp) else set()
     if defer_completion and red.cp is not None:
-        _defer_completions(model, red.cp)
+        _defer_completions(model, red.cp, summed)
     model.canonical_reductions = red
     model.train(model.training)  # the new modules (dropout by position) take the model's mode
     return red
 
 
-def _defer_completions(model: nn.Module, cp: Reductions) -> None:
-    """The linears' and norms' context-parallel completions through one node per forward (``defer_completion``)."""
-    deferred = DeferredCompletion(cp)
+def _shared(model: nn.Module) -> set[int]:
+    """Ids of the parameters that several modules of ``model`` use, and a tied output head's."""
     uses: dict[int, int] = {}
     for _, param in model.named_parameters(remove_duplicate=False):
         uses[id(param)] = uses.get(id(param), 0) + 1
     shared = {key for key, n in uses.items() if n > 1}
+    config = getattr(model, "config", None)
+    if config is not None and config.tie_embeddings and model._modules.get("output") is not None:
+        shared.add(id(model.output.weight))  # a pipeline's last stage holds one copy of two uses
+    return shared
+
+
+def _sum_per_step(model: nn.Module, red: Reductions, leaves: int) -> set[int]:
+    """The linears' weights that sum their chunks over the step (``step_sums``); their ids."""
+    sums, summed, shared = StepSums(red.cp, leaves), set(), _shared(model)
+    # the transformer blocks' linears and the output layer (a fine-tuning head, which
+    # reads the gathered sequence, completes per micro-batch)
+    blocks = [m for block in model.layers.values() for m in block.modules()]
+    output = model._modules.get("output")
+    for module in [*blocks, *([output] if output is not None else [])]:
+        own = module.__dict__.get("canonical_reductions")
+        method = module.__dict__.get("forward")
+        if own is not red or getattr(method, "__func__", None) not in (
+            _column_forward,
+            _row_forward,
+        ):
+            continue  # not a canonical linear, or one in units of its own (experts)
+        weight = module._parameters.get("weight")
+        if weight is not None and id(weight) not in shared and sums.register(module):
+            module.canonical_step_sums = sums
+            summed.add(id(weight))
+    if summed:
+        model.canonical_step_sums = sums
+    return summed
+
+
+def _defer_completions(model: nn.Module, cp: Reductions, summed: set[int]) -> None:
+    """The linears' and norms' context-parallel completions through one node per forward (``defer_completion``)."""
+    deferred = DeferredCompletion(cp)
+    shared = _shared(model) | summed
     forwards = (_column_forward, _row_forward, _norm_forward)
     for module in model.modules():
         red = module.__dict__.get("canonical_reductions")

@@ -42,7 +42,8 @@ __all__ = [
 
 PipelineSchedule = Literal["gpipe", "1f1b", "interleaved_1f1b"]
 DpSharding = Literal["none", "optimizer", "full"]
-ContextExchange = Literal["allgather", "a2a"]
+ContextExchange = Literal["auto", "allgather", "a2a", "p2p"]
+ContextAccumulation = Literal["step", "micro_batch"]
 RecomputeGranularity = Literal["none", "full", "selective"]
 RecomputeMethod = Literal["uniform", "block"]
 PIPELINE_SCHEDULES: tuple[str, ...] = typing.get_args(PipelineSchedule)
@@ -85,7 +86,10 @@ class ParallelConfig:
             recompute. Weights are not sharded: gradients are summed over the
             context-parallel ranks.
         context_parallel_exchange: how attention meets the other ranks' tokens
-            (Megatron-Core's ``--cp-comm-type``): ``allgather`` (the default: each
+            (Megatron-Core's ``--cp-comm-type``): ``auto`` (the default: ``a2a`` where
+            the heads split over the context-parallel ranks, else ``p2p`` without
+            attention dropout, else ``allgather``:
+            :func:`~epochal.parallel.context_parallel.resolve_exchange`), ``allgather`` (each
             rank gathers every rank's keys and values and attends with its own
             queries; any head count; a layer's keys and values of the whole
             sequence per rank) or ``a2a`` (DeepSpeed-Ulysses: an all-to-all gives
@@ -93,8 +97,13 @@ class ParallelConfig:
             sequence, and the output goes back the same way; each head is one
             process's kernel call, and the keys and values a rank holds fall as
             ``1 / context_parallel``; needs a tensor-parallel rank's query and
-            key/value heads to split over the context-parallel ranks). Canonical
-            units (``training.layout_invariant``) always exchange heads.
+            key/value heads to split over the context-parallel ranks) or ``p2p`` (a
+            ring: keys and values passed around the group while each rank computes
+            its queries against the block it holds, the partial results merged by
+            their log-sum-exp; any head count, keys and values per rank ``2 /
+            context_parallel`` of the sequence's; no attention dropout:
+            :mod:`epochal.parallel.context_ring`). Canonical units
+            (``training.layout_invariant``) always exchange heads.
         expert_parallel: expert-parallel size (Megatron's
             ``--expert-model-parallel-size``); >= 1. The routed experts of every
             mixture-of-experts layer are split over ``expert_parallel`` ranks
@@ -150,6 +159,20 @@ class ParallelConfig:
             default) takes ``context_parallel`` and is written into the run's
             configuration as that number, so resuming or replaying the run on fewer
             context-parallel ranks keeps it.
+        invariant_context_accumulation: in canonical units with
+            ``invariant_context_degree`` above 1, the order in which a linear's weight
+            gradient adds its ``C`` chunk sums and the step's micro-batches
+            (:mod:`epochal.parallel.canonical_step_sum`). ``step``: each
+            chunk sum accumulated over the micro-batches on its own, the ``C`` added
+            once per step, so context-parallel ranks sum their weight gradients once
+            per step as plain context parallelism does; a rank that holds several
+            chunks of the sequence (``context_parallel`` below the degree) keeps one
+            gradient buffer per chunk (one process replaying a ``C = 4`` run: four),
+            and data parallelism then is refused. ``micro_batch`` (the default): each micro-batch's
+            weight gradient completed, then accumulated: one buffer on every layout,
+            the context-parallel group summing every micro-batch's gradients. Both
+            are exact; a run keeps one order for its whole life (embedding tables,
+            norms and biases complete per micro-batch in either).
         recompute_granularity: ``none``, ``full`` (recompute whole transformer
             layers in the backward) or ``selective`` (keep the matmul and
             attention outputs, recompute the pointwise ops: norms, activations,
@@ -176,7 +199,7 @@ class ParallelConfig:
     sequence_parallel: bool = checked(False)
     loss_parallel: bool = checked(True)
     context_parallel: int = checked(1, ge=1)
-    context_parallel_exchange: ContextExchange = checked("allgather")
+    context_parallel_exchange: ContextExchange = checked("auto")
     expert_parallel: int = checked(1, ge=1)
     pipeline_parallel: int = checked(1, ge=1)
     virtual_pipeline: int = checked(1, ge=1)
@@ -187,6 +210,7 @@ class ParallelConfig:
     dp_sharding: DpSharding = checked("none")
     invariant_degree: int = checked(8, ge=1, le=1024)
     invariant_context_degree: int = checked(0, ge=0, le=1024, note="0 = context_parallel")
+    invariant_context_accumulation: ContextAccumulation = checked("micro_batch")
     recompute_granularity: RecomputeGranularity = checked("none")
     recompute_method: RecomputeMethod = checked("uniform")
     recompute_num_layers: int = checked(1, ge=1)

@@ -130,6 +130,7 @@ __all__ = [
     "head_inputs_hook",
     "keep_chunks",
     "chunk_positions",
+    "resolve_exchange",
     "context_seed",
     "gather_sequence",
     "global_order_chunks",
@@ -171,17 +172,45 @@ def check_context_parallel(
             f"> 1 is not supported with {', '.join(refused)}; use context_parallel=1 "
             "or change that option",
         )
-    if config is not None and config.context_parallel_exchange == "a2a":
-        # a tensor-parallel rank's heads (one key/value group where the groups are
-        # replicated: fewer groups than tensor-parallel ranks)
-        heads, kv = model.num_attention_heads // dims.tp, max(1, model.num_kv_heads // dims.tp)
-        if heads % cp or kv % cp:
-            raise ConfigError(
-                "parallel.context_parallel_exchange",
-                f"'a2a' gives each context-parallel rank heads / context_parallel whole "
-                f"heads: a tensor-parallel rank's {heads} query and {kv} key/value heads "
-                f"do not split over context_parallel={cp}; use 'allgather'",
-            )
+    if config is None:
+        return
+    exchange = config.context_parallel_exchange
+    heads, kv = _heads_per_tensor_rank(model, dims.tp)
+    if exchange == "p2p" and model.attention_dropout > 0:
+        raise ConfigError(
+            "parallel.context_parallel_exchange",
+            f"'p2p' (the ring) draws no attention dropout: model.attention_dropout="
+            f"{model.attention_dropout} must be 0, or use 'a2a' or 'allgather'",
+        )
+    if exchange == "a2a" and (heads % cp or kv % cp):
+        raise ConfigError(
+            "parallel.context_parallel_exchange",
+            f"'a2a' gives each context-parallel rank heads / context_parallel whole "
+            f"heads: a tensor-parallel rank's {heads} query and {kv} key/value heads "
+            f"do not split over context_parallel={cp}; use 'allgather'",
+        )
+
+
+def _heads_per_tensor_rank(model: ModelConfig, tp: int) -> tuple[int, int]:
+    """A tensor-parallel rank's query and key/value heads (one group where they are replicated)."""
+    return model.num_attention_heads // tp, max(1, model.num_kv_heads // tp)
+
+
+def resolve_exchange(exchange: str, model: ModelConfig, *, tp: int, cp: int) -> str:
+    """The exchange ``parallel.context_parallel_exchange`` names; ``auto`` resolved.
+
+    ``auto`` (the default) is the memory-light exchange that is exact where it can be:
+    ``a2a`` where a tensor-parallel rank's query and key/value heads split over the
+    context-parallel ranks (each head the very kernel call one process makes, keys
+    and values per rank ``1 / cp``), else ``p2p`` without attention dropout (the
+    ring: any head count, ``2 / cp`` of the keys and values), else ``allgather``.
+    """
+    if exchange != "auto":
+        return exchange
+    heads, kv = _heads_per_tensor_rank(model, tp)
+    if heads % cp == 0 and kv % cp == 0:
+        return "a2a"
+    return "p2p" if model.attention_dropout == 0 else "allgather"
 
 
 def chunk_positions(

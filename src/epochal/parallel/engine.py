@@ -45,12 +45,15 @@ from epochal.model.init import canonical_name
 from epochal.model.layers.moe import set_moe_aux_grad_factor
 from epochal.parallel.canonical_context import HeadExchangeAttention
 from epochal.parallel.canonical_plan import install_canonical
+from epochal.parallel.canonical_step_sum import begin_step_sums, step_sums_order
 from epochal.parallel.config import ParallelConfig
 from epochal.parallel.context_parallel import (
     ContextParallel,
     apply_context_parallel,
     context_seed,
+    resolve_exchange,
 )
+from epochal.parallel.context_ring import RingAttention
 from epochal.parallel.data_parallel import apply_data_parallel
 from epochal.parallel.dims import ParallelDims
 from epochal.parallel.dropout_keys import (
@@ -251,6 +254,9 @@ class ParallelEngine:
                 # not under FSDP2 (data parallelism), which reduces each unit in its own
                 # backward hook, nor torch.compile, which would trace the node's bookkeeping
                 defer_completion=self.dims.dp == 1 and not self.compile,
+                step_sums=step_sums_order(
+                    pc, cp=self.dims.cp, dp=self.dims.dp, compile=self.compile
+                ),
             )
         elif self.dims.tp > 1:
             assert self.mesh is not None
@@ -263,10 +269,16 @@ class ParallelEngine:
         if self.cp is not None:
             if not self.canonical_degree:  # canonical: heads exchanged
                 core = None  # allgather: every rank's keys and values
-                if pc.context_parallel_exchange == "a2a":  # whole heads over the whole sequence
+                exchange = resolve_exchange(
+                    pc.context_parallel_exchange, cfg, tp=self.dims.tp, cp=self.dims.cp
+                )
+                if exchange == "a2a":  # whole heads over the whole sequence
                     core = functools.partial(
                         HeadExchangeAttention, self.cp.group, packed_row=self.cp.packed_row
                     )
+                elif exchange == "p2p":  # keys and values around a ring
+                    ring = RingAttention(self.cp.group)
+                    core = lambda _attention: ring  # noqa: E731
                 apply_context_parallel(part, self.cp, core)
             if self.dims.num_stages > 1:  # the schedule feeds the stage whole micro-batches
                 self.cp.install_stage_hook(part, is_first=stage_idx == 0)
@@ -369,6 +381,7 @@ class ParallelEngine:
                 raise ValueError("forward_backward needs at least one micro-batch")
             plan = self.step_plan(n)
         self.logged = []
+        begin_step_sums(self.model_parts)
         for part in self.model_parts:  # the balance losses' gradient
             set_moe_aux_grad_factor(part, plan.aux_grad_factor)
         with preserved_rng(self.device) if plan.seeds is not None else contextlib.nullcontext():

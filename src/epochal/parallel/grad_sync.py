@@ -44,6 +44,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
+from epochal.parallel.canonical_step_sum import finish_step_sums
 from epochal.parallel.data_parallel import set_gradient_sync
 from epochal.parallel.exact_norm import clip_grad_norm_exact
 from epochal.parallel.global_order import gather_in_order, sequential_sum
@@ -242,6 +243,7 @@ class ExactGradSync(PlainGradSync):
             self.reducer.finish()
         if e.dims.dp == 1:
             finalize_partial_grads(e.model_parts)
+        finish_step_sums(e.model_parts)  # canonical units' weight trees, once per step
         if e.cp is not None and not e.canonical_degree:  # the ordered per-rank sums, then
             e.cp.reduce_grads(
                 e.parameters()

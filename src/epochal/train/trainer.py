@@ -61,6 +61,11 @@ from epochal.model.build import build_model
 from epochal.model.config import ModelConfig
 from epochal.model.layers.moe import set_moe_aux_grad_factor
 from epochal.parallel.canonical_plan import canonical_refusal, install_canonical
+from epochal.parallel.canonical_step_sum import (
+    begin_step_sums,
+    finish_step_sums,
+    step_sums_order,
+)
 from epochal.parallel.dropout_keys import install_keyed_dropout, seed_micro_batch
 from epochal.parallel.engine import compile_part
 from epochal.parallel.logged import reduce_logged
@@ -289,6 +294,7 @@ class Trainer:
                     part,
                     self.canonical_degree,
                     context_degree=pc.invariant_context_degree,
+                    step_sums=step_sums_order(pc, cp=1, dp=1, compile=self.config.training.compile),
                 )
             unit_keys = recompute_part(part, pc)
             if self.config.training.compile:
@@ -555,9 +561,11 @@ class Trainer:
             StopIteration: ``batches`` ran out.
         """
         set_moe_aux_grad_factor(self.model_parts, plan.aux_grad_factor)  # MoE balance losses
+        begin_step_sums(self.model_parts)
         total = torch.zeros((), device=self.device)
         for i in range(plan.num_microbatches):
             total += self.forward_backward_step(next(batches), plan, i)
+        finish_step_sums(self.model_parts)  # canonical units' weight trees, once per step
         return total
 
     def optimizer_step(self, loss: torch.Tensor, max_norm: float | None = None) -> dict[str, Any]:
