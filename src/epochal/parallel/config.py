@@ -171,7 +171,8 @@ class ParallelConfig:
             and data parallelism then is refused. ``micro_batch`` (the default): each micro-batch's
             weight gradient completed, then accumulated: one buffer on every layout,
             the context-parallel group summing every micro-batch's gradients. Both
-            are exact; a run keeps one order for its whole life (embedding tables,
+            are exact (``step`` with one known exception: a CP2 ESM-2
+            residue-classification fine-tuning run differs in the last bits); a run keeps one order for its whole life (embedding tables,
             norms and biases complete per micro-batch in either).
         recompute_granularity: ``none``, ``full`` (recompute whole transformer
             layers in the backward) or ``selective`` (keep the matmul and

@@ -127,6 +127,7 @@ __all__ = [
     "apply_context_parallel",
     "check_context_parallel",
     "first_token_hook",
+    "global_key_mask",
     "head_inputs_hook",
     "keep_chunks",
     "chunk_positions",
@@ -189,6 +190,31 @@ def check_context_parallel(
             f"heads: a tensor-parallel rank's {heads} query and {kv} key/value heads "
             f"do not split over context_parallel={cp}; use 'allgather'",
         )
+
+
+def global_key_mask(
+    mask: torch.Tensor, group: dist.ProcessGroup, local: int, seq: int, *, causal: bool
+) -> torch.Tensor:
+    """An attention mask over all ``seq`` keys in global order (bool, True = masked out).
+
+    A key padding mask over this rank's ``local`` tokens (``[b, 1, 1, L]``, bidirectional)
+    is gathered over ``group``; a mask over all keys (``[b, 1, L or 1, S]``: this rank's
+    query rows of a per-document or packed-document mask) is returned as it is.
+
+    Raises:
+        ValueError: a mask of another shape.
+    """
+    shape = tuple(mask.shape)
+    if mask.dim() == 4 and shape[-1] == seq and shape[-2] in (1, local):
+        return mask
+    if mask.dim() == 4 and shape[-1] == local and shape[-2] == 1 and not causal:
+        with torch.no_grad():
+            return gather_sequence(mask.contiguous(), group, 3)
+    raise ValueError(
+        "context parallelism takes an attention_mask [b, 1, 1, L] over this rank's keys "
+        f"(bidirectional padding) or [b, 1, L or 1, S] over all keys, got {shape} "
+        f"(L={local}, S={seq})"
+    )
 
 
 def _heads_per_tensor_rank(model: ModelConfig, tp: int) -> tuple[int, int]:
@@ -425,7 +451,7 @@ class ContextParallel:
             v_all = v_all.repeat_interleave(rep, dim=1)
         masked_out = None
         if attention_mask is not None:
-            masked_out = self._global_mask(attention_mask, q.shape[2], seq, causal)
+            masked_out = global_key_mask(attention_mask, self.group, q.shape[2], seq, causal=causal)
         if causal:
             return self._causal(q, k_all, v_all, seq, dropout_p, scale, masked_out)
         return F.scaled_dot_product_attention(
@@ -435,27 +461,6 @@ class ContextParallel:
             attn_mask=None if masked_out is None else ~masked_out,
             dropout_p=dropout_p,
             scale=scale,
-        )
-
-    def _global_mask(
-        self, attention_mask: torch.Tensor, local: int, seq: int, causal: bool
-    ) -> torch.Tensor:
-        """``attention_mask`` over all ``seq`` keys in global order (bool, True = masked out).
-
-        A key padding mask over this rank's tokens (``[b, 1, 1, L]``, bidirectional) is
-        gathered; a mask over all keys (``[b, 1, L or 1, S]``: this rank's query rows of
-        a per-document or packed-document mask) is used as it is.
-        """
-        shape = tuple(attention_mask.shape)
-        if attention_mask.dim() == 4 and shape[-1] == seq and shape[-2] in (1, local):
-            return attention_mask
-        if attention_mask.dim() == 4 and shape[-1] == local and shape[-2] == 1 and not causal:
-            with torch.no_grad():
-                return gather_sequence(attention_mask.contiguous(), self.group, 3)
-        raise ValueError(
-            "context parallelism takes an attention_mask [b, 1, 1, L] over this rank's keys "
-            f"(bidirectional padding) or [b, 1, L or 1, S] over all keys, got {shape} "
-            f"(L={local}, S={seq})"
         )
 
     def _causal(

@@ -43,7 +43,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from epochal.parallel.context_parallel import chunk_positions, gather_sequence
+from epochal.parallel.context_parallel import chunk_positions, global_key_mask
 
 __all__ = ["RingAttention"]
 
@@ -251,7 +251,7 @@ class RingAttention:
         seq = length * self.size
         masked_out = None
         if attention_mask is not None:
-            masked_out = self._global_mask(attention_mask, length, seq)
+            masked_out = global_key_mask(attention_mask, self.group, length, seq, causal=causal)
         rows = max(1, _BLOCK_ELEMENTS // max(1, h * length * b))
         q_pos = chunk_positions(seq, self.size, self.rank, q.device)
         blocks = _Blocks(q_pos, seq, self.size, causal, masked_out, rows)
@@ -260,20 +260,3 @@ class RingAttention:
             grouped, k.contiguous(), v.contiguous(), blocks, scale or d**-0.5, self.group
         )
         return out.view(b, h, length, d)
-
-    def _global_mask(self, mask: torch.Tensor, local: int, seq: int) -> torch.Tensor:
-        """bool ``[b, 1, L or 1, S]`` (True = masked out) over all keys in global order."""
-        shape = tuple(mask.shape)
-        if mask.dtype != torch.bool:
-            raise ValueError(
-                f"context parallelism takes a boolean attention_mask, got {mask.dtype}"
-            )
-        if mask.dim() == 4 and shape[-1] == seq and shape[-2] in (1, local):
-            return mask
-        if mask.dim() == 4 and shape[-1] == local and shape[-2] == 1:
-            with torch.no_grad():  # a key padding mask over this rank's keys
-                return gather_sequence(mask.contiguous(), self.group, 3)
-        raise ValueError(
-            "context parallelism takes an attention_mask [b, 1, 1, L] over this rank's keys "
-            f"or [b, 1, L or 1, S] over all keys, got {shape} (L={local}, S={seq})"
-        )
