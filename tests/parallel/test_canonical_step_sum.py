@@ -147,14 +147,15 @@ def test_a_sink_accumulates_each_leaf_then_adds_the_tree():
         sink.take_leaves(lambda j, m: torch.zeros(3), 2, lambda t: t)
 
 
-def test_step_order_is_refused_where_a_rank_holds_several_chunks_under_data_parallelism():
-    pc = ParallelConfig(invariant_context_degree=2, invariant_context_accumulation="step")
+def test_step_order_is_refused_where_a_rank_holds_several_chunks_under_compile():
+    pc = ParallelConfig(invariant_context_degree=2)
+    assert pc.invariant_context_accumulation == "step"  # the default
     assert step_sums_order(pc, cp=2, dp=4, compile=True)  # one chunk per rank: any layout
     assert step_sums_order(pc, cp=1, dp=1, compile=False)  # one process: a sink per weight
-    with pytest.raises(ValueError, match="invariant_context_accumulation=micro_batch"):
-        step_sums_order(pc, cp=1, dp=2, compile=False)
-    with pytest.raises(ValueError, match="training.compile"):
+    assert step_sums_order(pc, cp=1, dp=2, compile=False)  # sinks through the reducer
+    with pytest.raises(ValueError, match="training.compile.*accumulation=micro_batch"):
         step_sums_order(pc, cp=1, dp=1, compile=True)
-    micro = ParallelConfig(invariant_context_degree=2)  # the default order: any layout
-    assert not step_sums_order(micro, cp=1, dp=2, compile=False)
-    assert StepSums(None, 1).take(torch.nn.Parameter(torch.zeros(1)))[1] is False
+    micro = ParallelConfig(invariant_context_degree=2, invariant_context_accumulation="micro_batch")
+    assert not step_sums_order(micro, cp=1, dp=2, compile=True)
+    linear = torch.nn.Linear(1, 1)
+    assert StepSums(None, 1).take(linear, linear.weight)[1] is False

@@ -32,13 +32,9 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 ITERS = 9
 # key/value heads split over TP x CP = 4; weight gradients in 2 x 2 sequence chunks on
 # every layout (the TP2 x CP2 run's own default, given to the resumed runs too), each
-# micro-batch's completed before it is accumulated (the order data parallelism takes on
-# ranks that hold both chunks: TP2 x DP2)
-MODEL = [
-    "--model.num_query_groups=4",
-    "--parallel.invariant_context_degree=2",
-    "--parallel.invariant_context_accumulation=micro_batch",
-]
+# chunk's accumulated over the step (the default order: on TP2 x DP2, whose ranks hold
+# both chunks, each chunk goes through the ordered reduction)
+MODEL = ["--model.num_query_groups=4", "--parallel.invariant_context_degree=2"]
 TP2_CP2 = ["--parallel.tensor_parallel=2", "--parallel.context_parallel=2"]
 TP2_DP2 = ["--parallel.tensor_parallel=2", "--parallel.dp_sharding=optimizer"]
 

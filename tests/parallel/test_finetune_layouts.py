@@ -18,7 +18,7 @@ import torch
 from torch.torch_version import TorchVersion
 
 from epochal.parallel.model_support import MIN_TORCH
-from tests.dist_utils import run_gloo
+from tests.dist_utils import one_thread, run_gloo
 from tests.parallel import finetune_worker as W
 
 pytestmark = pytest.mark.distributed
@@ -88,24 +88,33 @@ CANONICAL = {
 
 
 @pytest.mark.parametrize(
-    ("layout", "head"),
+    ("layout", "head", "order"),
     [
-        ("tp2", "sequence_regression"),
-        pytest.param("tp2", "residue_classification", marks=pytest.mark.slow),
-        ("cp2", "sequence_regression"),
-        ("cp2", "residue_classification"),
+        ("tp2", "sequence_regression", "micro_batch"),
+        pytest.param("tp2", "residue_classification", "micro_batch", marks=pytest.mark.slow),
+        ("cp2", "sequence_regression", "micro_batch"),
+        ("cp2", "residue_classification", "step"),
+        pytest.param("cp2", "sequence_regression", "step", marks=pytest.mark.slow),
+        pytest.param("cp2", "residue_classification", "micro_batch", marks=pytest.mark.slow),
     ],
 )
-def test_canonical_units_fine_tune_the_bits_of_one_process(layout, head, tmp_path):
+def test_canonical_units_fine_tune_the_bits_of_one_process(layout, head, order, tmp_path):
     """``training.layout_invariant``: every loss, the validation loss and every metric with ``==``.
 
     The head (replicated on every rank) sees the trunk's canonical output, under context
     parallelism gathered over the sequence (the plain products' drift:
-    tests/parallel/test_layout_invariance.py).
+    tests/parallel/test_layout_invariance.py); both orders of the context-parallel weight
+    gradients (``parallel.invariant_context_accumulation``). The reference computes on one
+    thread, as each rank does: the convolutional head's kernels give other bits on two.
     """
     files = W.prepare(tmp_path / "files", head, "esm")
-    exact = ["--training.layout_invariant=true", "--parallel.invariant_context_degree=2"]
-    reference = W.single(str(tmp_path / "single"), files, head, exact)
+    exact = [
+        "--training.layout_invariant=true",
+        "--parallel.invariant_context_degree=2",
+        f"--parallel.invariant_context_accumulation={order}",
+    ]
+    with one_thread():
+        reference = W.single(str(tmp_path / "single"), files, head, exact)
     layout_args = [*CANONICAL[layout], *exact]
     for got in run_gloo(W.rank_main, 2, str(tmp_path / layout), files, head, layout_args):
         assert got["losses"] == reference["losses"]

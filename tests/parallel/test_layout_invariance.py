@@ -80,6 +80,9 @@ TWO = [
     ),
     ("tp2-t5", "t5", ["--parallel.tensor_parallel=2"]),
     ("dp2-plain", "gpt", ["--training.layout_invariant=false"]),
+    # both sequence chunks of each weight gradient on every rank: each chunk accumulated
+    # in the ordered reduction, the two added once per step (a CP2 run resumed on DP2)
+    ("dp2-c2", "gpt", [*G4, *CTX2, "--parallel.dp_sharding=optimizer"]),
     # the slow tier: Hugging Face's T5 v1.1 (relative bias, RMSNorm, gated GELU, untied head)
     *([("tp2-t5-hf", "t5", ["--parallel.tensor_parallel=2", *T5_HF])] if SLOW_TIER else []),
 ]
@@ -229,6 +232,11 @@ def test_four_context_or_tensor_and_context_parallel_ranks_equal_one_process(dp1
 
 def test_context_and_data_parallel_equal_one_process(dp1, four):
     assert_same(four["cp2-dp2"], dp1["gpt-g4-c2"])
+
+
+def test_data_parallel_ranks_holding_every_sequence_chunk_equal_one_process(dp1, two):
+    """A CP2 run's order on DP2: each rank's two chunk accumulators reduced in the global order."""
+    assert_same(two["dp2-c2"], dp1["gpt-g4-c2"])
 
 
 def test_context_and_pipeline_parallel_esm2_trains_the_bits_of_one_process(dp1, four):

@@ -306,7 +306,7 @@ def _take(module: nn.Module, name: str) -> tuple[torch.Tensor | None, Any]:
     param = getattr(module, name, None)  # RMSNorm has no bias at all
     step_sums = module.__dict__.get("canonical_step_sums")
     if step_sums is not None and name == "weight" and param is not None:
-        return step_sums.take(param)
+        return step_sums.take(module, param)
     deferred = module.__dict__.get("canonical_deferred")
     if deferred is None:
         return _local(param), True

@@ -19,8 +19,11 @@ the two sums must nest the same way on every layout. Two nestings are exact:
   completes the tree once per step: plain context parallelism's bytes. A rank that
   holds several leaves (fewer ranks than ``C``: one process replaying a CP run)
   keeps one accumulator per leaf in a :class:`LeafSink` and adds them as the
-  subtree before completing; data parallelism is refused there (its reducer
-  accumulates one buffer per parameter).
+  subtree before completing. Under data parallelism the ordered reducer
+  (:mod:`~epochal.parallel.ordered_reduce`) takes each micro-batch's leaves from the
+  sink instead and accumulates each one in the global micro-batch order (the bytes of
+  a reduce-scatter per leaf and micro-batch), adds their shards as the subtree and
+  installs it as the gradient, which this module then completes over the group.
 
 :class:`StepSums` holds a model part's weights that sum this way; the canonical
 ops ask it (:meth:`StepSums.take`) how to hand on their weight gradients, the step
@@ -31,8 +34,7 @@ embedding tables, norms and biases (small sums over ``2 D`` chunks), and a weigh
 that two modules share (a tied output head).
 
 Errors: :class:`ValueError` naming ``parallel.invariant_context_accumulation`` where
-a rank would hold several leaves under data parallelism or ``torch.compile``
-(:func:`step_sums_order`); :class:`RuntimeError` when a summed weight already has a
+a rank would hold several leaves under ``torch.compile`` (:func:`step_sums_order`); :class:`RuntimeError` when a summed weight already has a
 gradient at the end of the step (a second use this module did not see).
 """
 
@@ -74,21 +76,20 @@ def step_sums_order(config: Any, *, cp: int, dp: int, compile: bool) -> bool:
 
     Raises:
         ValueError: ``step`` where a rank holds several chunks of each weight gradient
-            (``context_parallel`` below ``invariant_context_degree``) under data
-            parallelism or ``torch.compile``.
+            (``context_parallel`` below ``invariant_context_degree``) under
+            ``torch.compile``.
     """
     if config.invariant_context_accumulation != "step":
         return False
     degree = config.invariant_context_degree
-    if degree > cp and (dp > 1 or compile):
-        what = f"data_parallel={dp}" if dp > 1 else "training.compile"
+    if degree > cp and compile:
         raise ValueError(
-            f"parallel.invariant_context_accumulation=step with {what} needs "
+            "parallel.invariant_context_accumulation=step with training.compile needs "
             f"context_parallel == parallel.invariant_context_degree (here {cp} and {degree}): "
-            "a rank holding several sequence chunks keeps one gradient buffer per chunk, which "
-            "the data-parallel reduction and torch.compile do not take. Resume on a layout "
-            f"with context_parallel={degree} or without data parallelism, or train the run "
-            "with parallel.invariant_context_accumulation=micro_batch from its start"
+            "a rank holding several sequence chunks keeps one gradient buffer per chunk "
+            "outside autograd, which torch.compile does not trace. Resume with "
+            f"context_parallel={degree} or training.compile=false, or train the run with "
+            "parallel.invariant_context_accumulation=micro_batch from its start"
         )
     return True
 
@@ -146,6 +147,11 @@ class LeafSink:
         sums, self.sums = self.sums, [None] * self.count
         return folded_tree(lambda j, m: sums[j], 2 * self.count)
 
+    def pop(self, j: int) -> torch.Tensor | None:
+        """Leaf ``j`` as accumulated so far (this micro-batch's, for the reducer), emptied."""
+        held, self.sums[j] = self.sums[j], None
+        return held
+
 
 def weight_gradient(
     leaf: Callable[[int, int | None], torch.Tensor],
@@ -179,11 +185,16 @@ class StepSums:
     Args:
         cp: the context-parallel units that complete the trees (None without a group).
         leaves: the leaves this rank holds of each weight's tree (``C / cp``).
+
+    Attributes:
+        reduced: set by the data-parallel reducer that takes the sinks' leaves each
+            micro-batch and installs each weight's subtree as its gradient.
     """
 
     def __init__(self, cp: Reductions | None, leaves: int) -> None:
         self.cp = cp
         self.leaves = leaves
+        self.reduced = False
         self.modules: list[tuple[nn.Module, str]] = []
         self._sinks: dict[int, LeafSink] = {}
 
@@ -193,6 +204,10 @@ class StepSums:
         out.modules = [(copy.deepcopy(m, memo), n) for m, n in self.modules]
         return out
 
+    def holds(self, module: nn.Module, name: str) -> bool:
+        """Whether ``module``'s parameter ``name`` sums this way."""
+        return any(m is module and n == name for m, n in self.modules)
+
     def register(self, module: nn.Module, name: str = "weight") -> bool:
         """Sum ``module``'s parameter ``name`` this way; False when it has none."""
         param = module._parameters.get(name)
@@ -201,17 +216,19 @@ class StepSums:
         self.modules.append((module, name))
         return True
 
-    def params(self) -> list[nn.Parameter]:
-        return [p for p in dict.fromkeys(getattr(m, n) for m, n in self.modules) if p is not None]
+    def sink(self, module: nn.Module) -> LeafSink:
+        """The leaf accumulators of ``module``'s weight (made on first use)."""
+        sink = self._sinks.get(id(module))
+        if sink is None:
+            sink = self._sinks[id(module)] = LeafSink(module.weight, self.leaves)
+        return sink
 
-    def take(self, param: torch.Tensor) -> tuple[torch.Tensor, bool | LeafSink]:
-        """``(tensor, complete)`` for an op: the local tensor, and False (one leaf) or the sink."""
+    def take(self, module: nn.Module, param: torch.Tensor) -> tuple[torch.Tensor, bool | LeafSink]:
+        """``(tensor, complete)`` for an op on ``module``'s weight ``param`` (the tensor the
+        forward sees): the local tensor, and False (one leaf) or the module's sink."""
         if self.leaves == 1:
             return _local(param), False
-        sink = self._sinks.get(id(param))
-        if sink is None:
-            sink = self._sinks[id(param)] = LeafSink(param, self.leaves)
-        return _local(param), sink
+        return _local(param), self.sink(module)
 
     def begin(self) -> None:
         """Drop what a step that did not finish left in the sinks."""
@@ -222,13 +239,15 @@ class StepSums:
     def finish(self) -> None:
         """Complete every weight's tree over the group and leave it in ``.grad``."""
         started: list[tuple[nn.Parameter, Any]] = []
-        for param in self.params():
-            if self.leaves == 1:
+        in_grad = self.leaves == 1 or self.reduced  # the tree's local part is in .grad
+        for module, name in self.modules:
+            param = getattr(module, name)
+            if in_grad:
                 if param.grad is None:
                     continue
                 local = _local(param.grad)
             else:
-                sink = self._sinks.get(id(param))
+                sink = self._sinks.get(id(module))
                 local = sink.subtree() if sink is not None else None
                 if local is None:
                     continue
@@ -242,7 +261,7 @@ class StepSums:
             started.append((param, (local, finish)))
         for param, (local, finish) in started:
             whole = finish() if finish is not None else local
-            if self.leaves == 1:
+            if in_grad:
                 held = _local(param.grad)
                 if whole is not held:
                     held.copy_(whole)

@@ -36,6 +36,14 @@ uses in one process: the last stage sends its copy's gradient to stage 0 after
 each backward, stage 0 adds it to its own before accumulating, and at the end
 sends the result back.
 
+Canonical units with the context-parallel weight gradients summed once per step
+(:mod:`~epochal.parallel.canonical_step_sum`) on a rank that holds several of a
+weight's sequence-chunk leaves: the weight gets one slot per leaf, taken from its
+sink after each micro-batch (no gradient reaches ``.grad``), each leaf accumulated in
+the global order like any gradient; at the end the leaves' pieces are added as the
+folded tree and installed as the weight's gradient (the step then completes it over
+the context-parallel group).
+
 Tensor parallelism: gradients that are partial sums over the tensor-parallel
 ranks are accumulated as partial sums and summed over those ranks once at the
 end in rank order (:func:`ordered_sum`), in every layout (also without data
@@ -54,6 +62,8 @@ from torch import nn
 from torch.distributed.fsdp import FSDPModule  # also registers torch.ops.fsdp.chunk_cat
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.placement_types import Partial
+
+from epochal.parallel.canonical_step_sum import LeafSink
 
 __all__ = ["OrderedGradReducer", "finalize_partial_grads", "ordered_sum", "placed_grad"]
 
@@ -237,6 +247,32 @@ class _Slot:
             self.param.grad = local.reshape(self.param.shape)
 
 
+class _LeafSlot(_Slot):
+    """Leaf ``j`` of a weight whose sequence chunks sum once per step, taken from its sink.
+
+    ``tree`` (shared by the weight's leaf slots) collects the leaves' final pieces and
+    adds them as the folded tree.
+    """
+
+    def __init__(self, fsdp: Any, sink: Any, j: int, tree: LeafSink) -> None:
+        super().__init__(fsdp.sharded_param, fsdp)
+        self.sink, self.j, self.tree = sink, j, tree
+
+    def take(self) -> torch.Tensor | None:
+        grad = self.sink().pop(self.j)
+        return None if grad is None else grad.detach().reshape(self.shape)
+
+    def autograd_param(self) -> torch.Tensor | None:
+        return None  # never in .grad: the bucket is sent after the backward pass
+
+    def install(self, local: torch.Tensor) -> None:
+        self.tree.add(self.j, local)
+        if all(t is not None for t in self.tree.sums):
+            whole = self.tree.subtree()
+            assert whole is not None
+            super().install(whole)
+
+
 class _Bucket:
     """Slots reduced together (one FSDP parameter group), with their offsets in a shard buffer."""
 
@@ -296,6 +332,7 @@ class OrderedGradReducer:
         self._in_flight: _Bucket | None = None
         for index, part in enumerate(parts):
             groups = _fsdp_groups(part) if self.dp > 1 else []
+            groups = [_leaf_slots(part, slots) for slots in groups]
             if not groups and tied_param is not None and _holds(part, tied_param):
                 groups = [[_Slot(tied_param)]]
             buckets = []
@@ -570,6 +607,25 @@ def _split(groups: list[list[_Slot]], numel: int) -> list[list[_Slot]]:
             size += n
         if run:
             out.append(run)
+    return out
+
+
+def _leaf_slots(part: nn.Module, slots: list[_Slot]) -> list[_Slot]:
+    """``slots`` with each weight whose sequence-chunk leaves sum once per step as one slot per leaf."""
+    sums = part.__dict__.get("canonical_step_sums")
+    if sums is None or sums.leaves == 1:
+        return slots
+    out: list[_Slot] = []
+    for slot in slots:
+        info = slot.fsdp._module_info
+        module = info.module
+        if not sums.holds(module, info.param_name):
+            out.append(slot)
+            continue
+        sums.reduced = True
+        tree = LeafSink(slot.param, sums.leaves)
+        sink = functools.partial(sums.sink, module)
+        out.extend(_LeafSlot(slot.fsdp, sink, j, tree) for j in range(sums.leaves))
     return out
 
 

@@ -36,6 +36,7 @@ import torch
 import torch.distributed as dist
 
 from epochal.model.layers.moe import moe_records, take_moe_layer_stats
+from epochal.parallel.canonical_step_sum import begin_step_sums
 from epochal.parallel.dropout_keys import DROPOUT_SEED_KWARG
 from epochal.parallel.pipeline import build_schedule
 from epochal.parallel.step_model import LogitsObserver, StepModel, observe_logits, run_train_step
@@ -58,6 +59,15 @@ def _stage_class() -> type:
             out = super().backward_one_chunk(*args, **kwargs)
             self._on_backward()
             return out
+
+        def _post_metadata_inference_cleanup(self) -> None:
+            # a new schedule's set-up runs a real forward and backward (the shapes of its
+            # messages); the leaves that backward left in the canonical units' step sums
+            # belong to no micro-batch (the parameters' .grad it leaves untouched)
+            cleanup = getattr(super(), "_post_metadata_inference_cleanup", None)
+            if cleanup is not None:
+                cleanup()
+            begin_step_sums([self.submod])
 
     return SyncedStage
 
