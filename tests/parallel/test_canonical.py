@@ -103,6 +103,8 @@ def _context_token_sum(rank: int, world_size: int) -> list:
     from epochal.parallel.context_parallel import chunk_positions
 
     red = Reductions(DEGREE, None, dist.group.WORLD, context_degree=world_size)
+    with pytest.raises(ValueError, match=f"invariant_degree=1 .*context_parallel={world_size}"):
+        Reductions(1, None, dist.group.WORLD)
     g = torch.Generator().manual_seed(4)
     values = torch.randn(2, 32, 5, generator=g) * torch.logspace(-3, 3, 32).view(1, -1, 1)
     mine = values.index_select(1, chunk_positions(32, world_size, rank))

@@ -128,6 +128,12 @@ class Reductions:
         self.rank = dist.get_rank(group) if self.group is not None else 0
         self.local = degree // size
         cp = dist.get_world_size(cp_group) if cp_group is not None else 1
+        if degree % cp:  # the norm and bias gradients' token sums: 2 D chunks over the group
+            raise ValueError(
+                f"parallel.invariant_degree={degree} is not a multiple of context_parallel={cp}: "
+                "the token sums of norm and bias gradients cut the sequence into 2 x "
+                "invariant_degree chunks, whole ones on every rank"
+            )
         self.cp = Reductions(degree, cp_group) if cp > 1 else None
         self.cp_size = cp
         self.cp_rank = self.cp.rank if self.cp is not None else 0
