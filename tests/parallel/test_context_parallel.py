@@ -69,10 +69,15 @@ def test_refuses_what_it_does_not_support_by_name():
     with pytest.raises(ConfigError, match=r"context_parallel.*seq_length=30.*divisible by 4"):
         _validate(seq=30)
     _validate(pp=2, num_layers=2)  # pipeline stages exchange each rank's chunks
-    with pytest.raises(ConfigError, match=r"context_parallel.*alibi"):
+    # ALiBi and sliding windows: each head over the whole sequence (the exchange of heads)
+    with pytest.raises(ConfigError, match=r"context_parallel_exchange.*alibi.*'a2a'"):
         _validate(position_embedding_type="alibi")
-    with pytest.raises(ConfigError, match=r"context_parallel.*sliding_window"):
-        _validate(sliding_window=8)
+    with pytest.raises(ConfigError, match=r"context_parallel_exchange.*sliding_window.*'a2a'"):
+        _validate(exchange="p2p", sliding_window=8)
+    with pytest.raises(ConfigError, match=r"context_parallel_exchange.*sliding_window"):
+        _validate(exchange="auto", sliding_window=8, num_query_groups=1)  # auto: the ring
+    _validate(exchange="a2a", position_embedding_type="alibi")
+    _validate(exchange="auto", sliding_window=8)  # auto: the heads split, a2a
     _validate(num_experts=2, moe_ffn_hidden_size=32)  # mixture of experts: supported
     with pytest.raises(ConfigError, match=r"context_parallel.*loss_fn"):
         ContextParallel.check_training(custom_loss=True)
@@ -177,8 +182,8 @@ def test_cp2_by_an_all_to_all_of_heads_matches_one_process(two_rank, tmp_path):
     # parallel.context_parallel_exchange = "a2a": GPT (padded, and rows of documents) and
     # packed ESM-2 rows, each rank attending with whole heads over the whole sequence
     ref = _esm_packed_reference(tmp_path)
-    for result in two_rank:
-        for name in ("gpt_a2a", "gpt_packed_a2a"):
+    for result in two_rank:  # ALiBi and a sliding window: each head group's slopes and window
+        for name in ("gpt_a2a", "gpt_packed_a2a", "gpt_a2a_alibi", "gpt_a2a_window"):
             assert result[name]["problems"] == [], "\n".join(result[name]["problems"])
             assert _close(result[name]["losses"], result[name]["ref"])
         esm = result["esm_packed_a2a"]

@@ -52,6 +52,13 @@ CP2 = ["--parallel.context_parallel=2", *CTX4]
 CTX2 = ["--parallel.invariant_context_degree=2"]
 T5_HF = t5_worker.HF_STYLE
 PACKED = ["--data.pack_sequences=true"]  # ESM-2 with token dropout, rows of several proteins
+# ALiBi and a sliding window (no attention dropout: keyed masks do not take them)
+POSITIONAL = [
+    "--model.position_embedding_type=alibi",
+    "--model.sliding_window=8",
+    "--model.attention_dropout=0.0",
+    *CTX2,
+]
 SLOW_TIER = os.environ.get("EPOCHAL_SLOW_TESTS", "") not in ("", "0")
 # (name, model, overrides): the sharding modes and recompute spread over the models
 TWO = [
@@ -66,6 +73,7 @@ TWO = [
     ("tp2-bert", "bert", ["--parallel.tensor_parallel=2"]),
     ("tp2-esm-packed", "esm", ["--parallel.tensor_parallel=2", *PACKED]),
     ("cp2-esm-packed", "esm", [*CP2, *PACKED]),
+    ("cp2-alibi-window", "gpt", ["--parallel.context_parallel=2", *POSITIONAL]),
     # the slow tier: padded ESM-2 and BERT's pairs at CP2, BERT and ESM-2 with SP (the
     # default tier's packed ESM-2 at CP2 and TP2, BERT at TP2 cover their machinery)
     *(
@@ -136,6 +144,7 @@ def dp1(root):
     runs["gpt-g4"] = W.single(str(root), "dp1-gpt-g4", "gpt", [*G4, *CTX4])
     runs["gpt-g4-c2"] = W.single(str(root), "dp1-gpt-g4-c2", "gpt", [*G4, *CTX2])
     runs["esm-packed"] = W.single(str(root), "dp1-esm-packed", "esm", PACKED)
+    runs["gpt-alibi-window"] = W.single(str(root), "dp1-gpt-alibi-window", "gpt", POSITIONAL)
     if SLOW_TIER:
         runs["t5-hf"] = W.single(str(root), "dp1-t5-hf", "t5", T5_HF)
     return runs
@@ -234,6 +243,12 @@ def test_four_context_or_tensor_and_context_parallel_ranks_equal_one_process(dp1
 
 def test_context_and_data_parallel_equal_one_process(dp1, four):
     assert_same(four["cp2-dp2"], dp1["gpt-g4-c2"])
+
+
+def test_context_parallel_alibi_and_a_sliding_window_train_the_bits_of_one_process(dp1, two):
+    """Each rank's head group over the whole sequence: its ALiBi slopes, the window's mask."""
+    assert_same(two["cp2-alibi-window"], dp1["gpt-alibi-window"])
+    assert two["cp2-alibi-window"]["losses"] != two["cp2"]["losses"]  # the biases took part
 
 
 def test_data_parallel_ranks_holding_every_sequence_chunk_equal_one_process(dp1, two):

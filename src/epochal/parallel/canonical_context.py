@@ -26,6 +26,10 @@ over this rank's keys (``[b, 1, 1, L]``, BERT / ESM-2) to all keys. A packed row
 process makes for it (:meth:`~epochal.model.layers.attention.Attention.bidirectional_core`
 with the row's sequences, :meth:`~epochal.parallel.context_parallel.ContextParallel.packed_row`).
 
+ALiBi and sliding windows (causal): each head group runs through the module's own causal
+core over the whole sequence, its ALiBi slopes those of the group's heads, so the
+biases and windows are one process's (not with a replaced ``inner`` core).
+
 Needs the query heads and the key/value heads of a tensor-parallel rank to split
 over the context-parallel group (:func:`~epochal.parallel.canonical_plan.canonical_refusal`).
 """
@@ -105,9 +109,16 @@ class HeadExchangeAttention:
     ) -> None:
         self.group = group
         self.size = dist.get_world_size(group)
+        self.rank = dist.get_rank(group)
         self.module = module
         self.inner = inner
         self.packed_row = packed_row
+
+    @property
+    def takes_positions(self) -> bool:
+        """Whether ALiBi and sliding windows apply: the module's own core runs each head
+        group over the whole sequence (not a replaced ``inner`` core)."""
+        return self.inner is None
 
     def __deepcopy__(self, memo: dict[int, object]) -> HeadExchangeAttention:
         """The copy attends with the copied module (the group and the row's source are shared)."""
@@ -160,8 +171,10 @@ class HeadExchangeAttention:
                 dropout_p=dropout_p,
                 scale=scale,
             )
-        elif causal:
-            out = self.module.causal_core(q, k, v, attention_mask)
+        elif causal:  # this rank's head group: its ALiBi slopes
+            group = q.shape[1]
+            heads = slice(self.rank * group, (self.rank + 1) * group)
+            out = self.module.causal_core(q, k, v, attention_mask, heads=heads)
         else:
             out = self.module.bidirectional_core(q, k, v, attention_mask)
         return _to_sequence(out, self.group, cp)

@@ -55,7 +55,8 @@ tensor-parallel rank gathers its heads' keys and values over its own
 context-parallel group), recompute (full and selective: a recomputed layer gathers
 its keys and values again, in the same order on every rank) and pipeline
 parallelism. Refused by name (:func:`check_context_parallel`,
-:meth:`ContextParallel.check_training`): T5, ALiBi, sliding windows, fine-tuning heads outside the
+:meth:`ContextParallel.check_training`): T5, ALiBi and sliding windows except with the
+exchange of heads (``a2a``, whose ranks attend over the whole sequence), fine-tuning heads outside the
 canonical units (in them the head reads the gathered sequence, :func:`head_inputs_hook`),
 and a custom ``loss_fn`` (it would see local logits). The
 BERT binary head pools the first token from context-parallel rank 0, which holds it
@@ -163,19 +164,32 @@ def check_context_parallel(
     refused = []
     if model.type not in ("gpt", "bert", "esm"):
         refused.append(f"model.type={model.type!r} (GPT, BERT and ESM-2 only)")
-    if model.position_embedding_type == "alibi":
-        refused.append("model.position_embedding_type='alibi'")
-    if getattr(model, "sliding_window", None) is not None:
-        refused.append("model.sliding_window")
     if refused:
         raise ConfigError(
             "parallel.context_parallel",
             f"> 1 is not supported with {', '.join(refused)}; use context_parallel=1 "
             "or change that option",
         )
+    exchange = config.context_parallel_exchange if config is not None else "allgather"
+    positional = [
+        name
+        for name, used in (
+            ("model.position_embedding_type='alibi'", model.position_embedding_type == "alibi"),
+            ("model.sliding_window", getattr(model, "sliding_window", None) is not None),
+        )
+        if used
+    ]
+    if positional and resolve_exchange(exchange, model, tp=dims.tp, cp=cp) != "a2a":
+        raise ConfigError(
+            "parallel.context_parallel_exchange",
+            f"{' and '.join(positional)} under context parallelism need the exchange of "
+            "heads ('a2a': each head over the whole sequence, its biases and window as one "
+            "process computes them); the keys' chunks of 'allgather' and 'p2p' carry no "
+            "positions. Use 'a2a' (a tensor-parallel rank's heads must split over "
+            "context_parallel) or context_parallel=1",
+        )
     if config is None:
         return
-    exchange = config.context_parallel_exchange
     heads, kv = _heads_per_tensor_rank(model, dims.tp)
     if exchange == "p2p" and model.attention_dropout > 0:
         raise ConfigError(

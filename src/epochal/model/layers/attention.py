@@ -254,13 +254,15 @@ class Attention(nn.Module):
         attention_mask: torch.Tensor | None = None,
         kv_cache: LayerKVCache | CrossKVCache | None = None,
         position_bias: torch.Tensor | None = None,
+        heads: slice | None = None,
     ) -> torch.Tensor:
         """This module's causal attention of ``[b, heads, s, hd]`` queries (keys/values ``[b, kv_heads, s, hd]``).
 
         The computation :meth:`forward` runs without a replaced core (windows, ALiBi,
         bias, the cache's keys); a replaced core that only rearranges the heads (an
-        all-to-all over ranks) calls it to compute what one process computes.
-        Returns ``[b, heads, s, hd]``.
+        all-to-all over ranks) calls it to compute what one process computes, with
+        ``heads`` the slice of this module's heads its queries are (ALiBi's slopes;
+        None: all of them). Returns ``[b, heads, s, hd]``.
         """
         s = q.shape[2]
         past = 0
@@ -293,9 +295,8 @@ class Attention(nn.Module):
                 q, k, v, attn_mask=bias, dropout_p=dropout_p, scale=scale
             )
         elif self.use_alibi:
-            bias = alibi_bias(
-                self.alibi_slopes, s, dtype=q.dtype, mask=attention_mask, key_length=s_k
-            )
+            slopes = self.alibi_slopes if heads is None else self.alibi_slopes[heads]
+            bias = alibi_bias(slopes, s, dtype=q.dtype, mask=attention_mask, key_length=s_k)
             out = F.scaled_dot_product_attention(
                 q, k, v, attn_mask=bias, dropout_p=dropout_p, scale=scale
             )
@@ -401,14 +402,17 @@ class Attention(nn.Module):
         kv_cache: object,
         position_bias: torch.Tensor | None,
     ) -> torch.Tensor:
-        """Attention through :attr:`core_attention` (no cache, window or ALiBi).
+        """Attention through :attr:`core_attention` (no cache; no window or ALiBi unless the core
+        declares ``takes_positions``: it attends with this module's own core over whole
+        sequences, windows and ALiBi included).
 
         ``position_bias`` (this module's heads of it) reaches a core that declares
         ``takes_position_bias``, as its ``position_bias`` keyword; others refuse it.
         """
-        if kv_cache is not None or self.use_alibi:
+        whole = getattr(self.core_attention, "takes_positions", False)
+        if kv_cache is not None or (self.use_alibi and not whole):
             raise ValueError("a replaced core attention takes no KV cache or ALiBi")
-        if causal and self.sliding_window is not None:
+        if causal and self.sliding_window is not None and not whole:
             raise ValueError("a replaced core attention takes no sliding_window")
         assert self.core_attention is not None
         extra = {}
