@@ -124,11 +124,6 @@ def two_rank_checks(rank: int, world: int, tmp: str) -> dict[str, Any]:
     # the all-to-all of heads (parallel.context_parallel_exchange = "a2a")
     out["gpt_a2a"] = compare_layout(rank, world, A2A, {})
     out["gpt_packed_a2a"] = compare_layout(rank, world, A2A, {}, steps=3, packed=True)
-    # ALiBi and a sliding window: each head group through the module's own causal core
-    out["gpt_a2a_alibi"] = compare_layout(
-        rank, world, A2A, {"position_embedding_type": "alibi"}, steps=3
-    )
-    out["gpt_a2a_window"] = compare_layout(rank, world, A2A, {"sliding_window": 8}, steps=3)
     out["esm_packed_a2a"] = bert_worker.rank_main(
         rank, world, f"{tmp}/esm_packed_a2a", ESM_PACKED_A2A, variable=True
     )

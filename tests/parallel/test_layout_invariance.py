@@ -65,7 +65,6 @@ TWO = [
     ("dp2-gpt", "gpt", SAVE),
     ("dp2-bert", "bert", ["--parallel.dp_sharding=optimizer"]),
     ("dp2-t5", "t5", ["--parallel.dp_sharding=full"]),
-    ("dp2-esm", "esm", RECOMPUTE),
     ("tp2", "gpt", ["--parallel.tensor_parallel=2"]),
     ("tp2-sp", "gpt", ["--parallel.tensor_parallel=2", "--parallel.sequence_parallel=true"]),
     ("tp2-degree1", "gpt", ["--parallel.tensor_parallel=2", "--parallel.invariant_degree=1"]),
@@ -74,10 +73,12 @@ TWO = [
     ("tp2-esm-packed", "esm", ["--parallel.tensor_parallel=2", *PACKED]),
     ("cp2-esm-packed", "esm", [*CP2, *PACKED]),
     ("cp2-alibi-window", "gpt", ["--parallel.context_parallel=2", *POSITIONAL]),
-    # the slow tier: padded ESM-2 and BERT's pairs at CP2, BERT and ESM-2 with SP (the
-    # default tier's packed ESM-2 at CP2 and TP2, BERT at TP2 cover their machinery)
+    # the slow tier: ESM-2 on DP2, padded ESM-2 and BERT's pairs at CP2, BERT and ESM-2
+    # with SP (the default tier's packed ESM-2 at CP2 and TP2, BERT at TP2 cover their
+    # machinery)
     *(
         [
+            ("dp2-esm", "esm", RECOMPUTE),
             ("cp2-esm", "esm", CP2),
             ("cp2-bert", "bert", CP2),
             ("tp2-sp-bert", "bert", ["--parallel.tensor_parallel=2", *SP]),
@@ -171,7 +172,12 @@ def assert_same(got: dict, want: dict) -> None:
     assert got["digest"] == want["digest"]
 
 
-@pytest.mark.parametrize("model", MODELS)
+@pytest.mark.parametrize(
+    "model",
+    # ESM-2 on two data-parallel ranks in the slow tier (its packed rows at TP2 and CP2,
+    # and CP2 x PP2, keep it in the default one)
+    [pytest.param(m, marks=pytest.mark.slow) if m == "esm" else m for m in MODELS],
+)
 def test_two_data_parallel_ranks_train_the_bits_of_one_process(dp1, two, model):
     assert len(dp1[model]["losses"]) == W.STEPS
     assert_same(two[f"dp2-{model}"], dp1[model])

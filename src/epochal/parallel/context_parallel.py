@@ -163,7 +163,11 @@ def check_context_parallel(
         )
     refused = []
     if model.type not in ("gpt", "bert", "esm"):
-        refused.append(f"model.type={model.type!r} (GPT, BERT and ESM-2 only)")
+        refused.append(
+            f"model.type={model.type!r} (GPT, BERT and ESM-2 only: an encoder-decoder's "
+            "decoder chunks each attend to the whole encoder sequence, of another length, "
+            "which none of the exchanges cuts and gathers)"
+        )
     if refused:
         raise ConfigError(
             "parallel.context_parallel",
