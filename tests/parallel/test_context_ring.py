@@ -32,7 +32,8 @@ def _case(name: str, seed: int = 0) -> dict:
     if name == "padding":
         lengths = torch.tensor([S, S - 13])
         masked_out = (torch.arange(S)[None, :] >= lengths[:, None])[:, None, None, :]
-    return dict(q=q, k=k, v=v, out_grad=out_grad, masked_out=masked_out, causal=name != "padding")
+    causal = name not in ("padding", "bidirectional")
+    return dict(q=q, k=k, v=v, out_grad=out_grad, masked_out=masked_out, causal=causal)
 
 
 def _reference(case: dict) -> tuple[torch.Tensor, ...]:
@@ -61,10 +62,12 @@ def _ring_checks(rank: int, world_size: int) -> dict:
     pos = chunk_positions(S, world_size, rank)
     ring = RingAttention(dist.group.WORLD)
     out = {}
-    whole = context_ring._BLOCK_ELEMENTS
-    for name in ("causal", "gqa", "documents", "padding", "blocks"):
-        # "blocks": the causal case computed five query rows at a time
+    whole, fused = context_ring._BLOCK_ELEMENTS, context_ring._FUSED_BACKWARD
+    for name in ("causal", "gqa", "bidirectional", "documents", "padding", "blocks"):
+        # without a mask the fused kernel's blocks; "blocks": the causal case by the
+        # float32 path (that of the masks), five query rows at a time
         context_ring._BLOCK_ELEMENTS = 5 * B * H * (S // world_size) if name == "blocks" else whole
+        context_ring._FUSED_BACKWARD = None if name == "blocks" else fused
         case = _case("causal" if name == "blocks" else name)
         want = [t[:, :, pos] for t in _reference(case)]
         q, k, v = (case[n][:, :, pos].clone().requires_grad_() for n in ("q", "k", "v"))

@@ -21,7 +21,17 @@ block's key and value gradients and its own query gradient, and passes the block
 after ``cp`` steps every block's gradients are back with its owner. Keys and values
 are sent ahead while the block computes; the gradients follow when it is done.
 
-The scores are computed in float32 in query blocks of bounded size (about
+Without a mask beyond causality, on the CPU, each block is one call of PyTorch's fused
+CPU attention kernel (``_scaled_dot_product_flash_attention_for_cpu``, which returns
+the block's log-sum-exp; its backward takes the merged output and log-sum-exp), on the
+blocks Megatron's load-balanced chunks leave: at step 0 the rank's own keys, causal
+within them (the two chunks are in increasing global order); from a rank ``j < r`` its
+first chunk, seen whole by every query; from ``j > r`` both chunks, seen whole by the
+rank's second chunk only; bidirectional, every block whole. Key/value heads are repeated
+to the query heads per block, and their gradients summed back.
+
+Otherwise (a key padding or document mask, or another device) the scores are computed
+in float32 in query blocks of bounded size (about
 ``_BLOCK_ELEMENTS`` scores at a time), so no ``[L, L]`` matrix of a whole head is ever
 alive either. Masks: causal by global position (each chunk's queries see the keys at or
 before their positions), a key padding mask over this rank's keys (``[b, 1, 1, L]``,
@@ -206,6 +216,98 @@ class _Ring(torch.autograd.Function):
         return dq.to(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype), None, None, None
 
 
+_FUSED = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+_FUSED_BACKWARD = getattr(
+    torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu_backward", None
+)
+
+
+def _fused_block(t: int, j: int, rank: int, half: int, causal: bool) -> tuple[slice, slice, bool]:
+    """(this rank's queries, the block's keys, causal within the block) at ring step ``t``."""
+    whole = slice(None)
+    if t == 0 or not causal:
+        return whole, whole, causal and t == 0
+    if j < rank:  # its first chunk precedes both of ours; its second follows both
+        return whole, slice(0, half), False
+    return slice(half, None), whole, False  # only our second chunk follows its two
+
+
+class _FusedRing(torch.autograd.Function):
+    """The ring with one fused CPU kernel call per block (module docstring); ``q`` ``[b, h, L, d]``."""
+
+    @staticmethod
+    def forward(
+        ctx: Any,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        causal: bool,
+        scale: float,
+        group: dist.ProcessGroup,
+    ) -> torch.Tensor:
+        rank, cp = dist.get_rank(group), dist.get_world_size(group)
+        rep, half = q.shape[1] // k.shape[1], q.shape[2] // 2
+        out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+        lse = torch.full(q.shape[:-1], float("-inf"), dtype=torch.float32, device=q.device)
+        kv = torch.stack([k, v]).contiguous()
+        for t in range(cp):
+            j = (rank - t) % cp
+            incoming = torch.empty_like(kv) if t < cp - 1 else None
+            works = _start_ring(kv, incoming, group) if incoming is not None else []
+            rows, keys, block_causal = _fused_block(t, j, rank, half, causal)
+            kr, vr = (x[:, :, keys].repeat_interleave(rep, dim=1) for x in kv)
+            part, part_lse = _FUSED(
+                q[:, :, rows].contiguous(), kr, vr, 0.0, block_causal, scale=scale
+            )
+            _merge(out[:, :, rows], lse[:, :, rows], part.float(), part_lse.float())
+            _wait(works)
+            if incoming is not None:
+                kv = incoming
+        result = out.to(q.dtype)
+        ctx.save_for_backward(q, k, v, result, lse)
+        ctx.causal, ctx.scale, ctx.group = causal, scale, group
+        return result
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+        q, k, v, out, lse = ctx.saved_tensors
+        group, scale = ctx.group, ctx.scale
+        rank, cp = dist.get_rank(group), dist.get_world_size(group)
+        b, g, length, d = k.shape
+        rep, half = q.shape[1] // g, q.shape[2] // 2
+        grad = grad.to(q.dtype).contiguous()
+        dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+        kv = torch.stack([k, v]).contiguous()
+        dkv = torch.zeros(kv.shape, dtype=torch.float32, device=kv.device)
+        for t in range(cp):
+            j = (rank - t) % cp
+            incoming = torch.empty_like(kv) if t < cp - 1 else None
+            works = _start_ring(kv, incoming, group) if incoming is not None else []
+            rows, keys, block_causal = _fused_block(t, j, rank, half, ctx.causal)
+            kr, vr = (x[:, :, keys].repeat_interleave(rep, dim=1) for x in kv)
+            dq_b, dk_b, dv_b = _FUSED_BACKWARD(
+                grad[:, :, rows].contiguous(),
+                q[:, :, rows].contiguous(),
+                kr,
+                vr,
+                out[:, :, rows].contiguous(),
+                lse[:, :, rows].contiguous(),
+                0.0,
+                block_causal,
+                scale=scale,
+            )
+            dq[:, :, rows] += dq_b.float()
+            for i, dx in enumerate((dk_b, dv_b)):  # the repeated heads' gradients added back
+                dkv[i][:, :, keys] += dx.float().view(b, g, rep, -1, d).sum(2)
+            _wait(works)
+            back = torch.empty_like(dkv)
+            _wait(_start_ring(dkv, back, group))  # the block's gradients follow it
+            dkv = back
+            if incoming is not None:
+                kv = incoming
+        return dq.to(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype), None, None, None
+
+
 class RingAttention:
     """The attention seam (``core_attention``) under ``context_parallel_exchange = "p2p"``.
 
@@ -252,11 +354,12 @@ class RingAttention:
         masked_out = None
         if attention_mask is not None:
             masked_out = global_key_mask(attention_mask, self.group, length, seq, causal=causal)
+        scale = scale or d**-0.5
+        if masked_out is None and q.device.type == "cpu" and _FUSED_BACKWARD is not None:
+            return _FusedRing.apply(q, k.contiguous(), v.contiguous(), causal, scale, self.group)
         rows = max(1, _BLOCK_ELEMENTS // max(1, h * length * b))
         q_pos = chunk_positions(seq, self.size, self.rank, q.device)
         blocks = _Blocks(q_pos, seq, self.size, causal, masked_out, rows)
         grouped = q.view(b, g, h // g, length, d)
-        out = _Ring.apply(
-            grouped, k.contiguous(), v.contiguous(), blocks, scale or d**-0.5, self.group
-        )
+        out = _Ring.apply(grouped, k.contiguous(), v.contiguous(), blocks, scale, self.group)
         return out.view(b, h, length, d)
