@@ -7,7 +7,8 @@ expert counts and the token total of the balance loss are summed over the two, a
 Megatron-Core does over its TP x CP group): the training losses, the evaluations,
 the balance and z-loss records and the tokens per expert agree within 1e-5 relative
 (context parallelism changes the sums, as tensor parallelism does). The slow tier runs
-CP2 x EP2 on four ranks (tokens of each rank's chunk travel to their experts).
+CP2 x EP2 on four ranks (tokens of each rank's chunk travel to their experts), and TP2 x
+CP2.
 """
 
 from __future__ import annotations
@@ -72,8 +73,14 @@ def test_moe_at_cp2_trains_one_process_losses_and_balance_records(root, one):
 
 
 @pytest.mark.slow
-def test_moe_at_cp2_x_ep2_trains_one_process_losses_and_balance_records(root, one):
-    case = ("cp2ep2", "gpt", [*CP2, "--parallel.expert_parallel=2"])
-    four = run_gloo(W.rank_main, 4, str(root), [case], timeout=900)
+def test_moe_at_cp2_x_ep2_and_tp2_x_cp2_trains_one_process_losses_and_balance_records(root, one):
+    cases = [
+        ("cp2ep2", "gpt", [*CP2, "--parallel.expert_parallel=2"]),
+        # each tensor-parallel rank's heads exchanged over its context-parallel group, the
+        # experts' linears split over the tensor-parallel ranks
+        ("tp2cp2", "gpt", [*CP2, "--parallel.tensor_parallel=2"]),
+    ]
+    four = run_gloo(W.rank_main, 4, str(root), cases, timeout=900)
     for result in four:
-        _assert_matches(one, result["cp2ep2"], root / "dp1", root / "cp2ep2")
+        for name, _, _ in cases:
+            _assert_matches(one, result[name], root / "dp1", root / name)
