@@ -114,6 +114,7 @@ def _close(a: float, b: float) -> bool:
 
 
 @pytest.mark.distributed
+@pytest.mark.slow  # the engine's CP2 against one process: tests/parallel/test_context_parallel.py
 def test_cp2_loop_equals_cp1(tmp_path):
     one = _in_process(tmp_path)
     out = tmp_path / "cp2.json"

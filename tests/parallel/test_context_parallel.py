@@ -162,6 +162,7 @@ def test_cp2_bert_binary_head_matches_one_process(two_rank, tmp_path):
 
 
 @pytest.mark.distributed
+@pytest.mark.slow  # four ranks: the canonical CP4 / CP2 x DP2 / CP2 x PP2 cover the default tier
 def test_layout_invariant_with_cp_fixed_data_parallel_changes_nothing(two_rank, four_rank):
     # the trainer under training.layout_invariant (the presets' default): CP2 on two
     # processes (4 micro-batches per step) and CP2 x DP2 on four (2 each), bit for bit
@@ -170,6 +171,7 @@ def test_layout_invariant_with_cp_fixed_data_parallel_changes_nothing(two_rank, 
 
 
 @pytest.mark.distributed
+@pytest.mark.slow  # four ranks: the canonical CP4 / CP2 x DP2 / CP2 x PP2 cover the default tier
 def test_cp2_checkpoint_resumes_on_one_process_and_on_cp4(two_rank, four_rank, cp_tmp):
     steps = cp_worker.STEPS
     straight = H.reference_run(cp_worker.gpt_config(), H.global_batches(2 * steps, 8), 2)
@@ -203,6 +205,7 @@ def test_cp2_by_a_ring_of_keys_and_values_matches_one_process(two_rank):
 
 
 @pytest.mark.distributed
+@pytest.mark.slow  # four ranks: the canonical CP4 / CP2 x DP2 / TP2 x CP2 cover the default tier
 @pytest.mark.parametrize("name", ["cp4", "cp4_a2a", "cp4_p2p", "cp2_dp2", "cp2_tp2_sp"])
 def test_four_rank_layouts_match_one_process(four_rank, name):
     for result in four_rank:
@@ -245,6 +248,7 @@ def test_cp4_packed_rows_match_one_process(four_rank_packed, tmp_path):
 
 
 @pytest.mark.distributed
+@pytest.mark.slow  # four ranks: the canonical CP4 / CP2 x DP2 / CP2 x PP2 cover the default tier
 def test_cp2_pp2_matches_one_process_in_training_and_evaluation(four_rank):
     # harness.compare checks the evaluation loss (the pipeline's eval schedule) too
     for result in four_rank:

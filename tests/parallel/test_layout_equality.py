@@ -18,6 +18,7 @@ def test_two_rank_layout_matches_single_process(two_rank_results, name):
     assert two_rank_results[name] == [], "\n".join(two_rank_results[name])
 
 
+@pytest.mark.slow  # the four-rank layouts' machinery: test_layout_invariance.py's FOUR
 @pytest.mark.parametrize("name", FOUR)
 def test_four_rank_layout_matches_single_process(four_rank_results, name):
     assert name in four_rank_results
@@ -39,6 +40,7 @@ def test_tensor_parallel_outputs_are_local_tensors_not_views(two_rank_results):
     assert two_rank_results["tp2_outputs_not_views"] == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["tp2_dp2", "tp2_sp_dp2_full_recompute"])
 def test_tp_x_dp_emits_no_fsdp_view_warning(four_rank_results, name):
     # FSDP2 over a tensor-parallel model: its losses equal the reference (above) and no

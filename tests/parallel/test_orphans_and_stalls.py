@@ -101,6 +101,7 @@ def test_workers_stop_when_their_launcher_or_agent_is_killed(tmp_path, victim):
         kill_tree(proc)
 
 
+@pytest.mark.slow
 def test_a_stopped_rank_ends_the_job_within_the_timeout(tmp_path):
     run_dir = tmp_path / "run"
     timeout_s = 3.0
