@@ -65,13 +65,12 @@ __all__ = [
 ]
 
 
-def step_sums_order(config: Any, *, cp: int, dp: int, compile: bool) -> bool:
+def step_sums_order(config: Any, *, cp: int, compile: bool) -> bool:
     """Whether a run's linears sum their weight gradients' chunks once per step.
 
     Args:
         config: the run's :class:`~epochal.parallel.config.ParallelConfig`.
         cp: this layout's context-parallel size.
-        dp: its data-parallel size.
         compile: ``training.compile``.
 
     Raises:

@@ -73,6 +73,23 @@ def _start_ring(
     return dist.batch_isend_irecv(ops)
 
 
+def _send_on(
+    kv: torch.Tensor, t: int, cp: int, group: dist.ProcessGroup
+) -> tuple[torch.Tensor | None, list[dist.Work]]:
+    """At ring step ``t``: the next block's buffer and the started exchange (none at the last step)."""
+    if t == cp - 1:
+        return None, []
+    incoming = torch.empty_like(kv)
+    return incoming, _start_ring(kv, incoming, group)
+
+
+def _pass_on(x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+    """``x`` sent to the next rank; the previous rank's, received (waited for)."""
+    back = torch.empty_like(x)
+    _wait(_start_ring(x, back, group))
+    return back
+
+
 def _wait(works: list[dist.Work]) -> None:
     for work in works:
         work.wait()
@@ -167,8 +184,7 @@ class _Ring(torch.autograd.Function):
         kv = torch.stack([k, v]).contiguous()
         for t in range(cp):
             j = (rank - t) % cp
-            incoming = torch.empty_like(kv) if t < cp - 1 else None
-            works = _start_ring(kv, incoming, group) if incoming is not None else []
+            incoming, works = _send_on(kv, t, cp, group)
             for a, b in blocks.spans():
                 s = _scores(q[..., a:b, :], kv[0], scale, blocks.allowed(j, a, b))
                 part_lse = torch.logsumexp(s, dim=-1)
@@ -194,8 +210,7 @@ class _Ring(torch.autograd.Function):
         dkv = torch.zeros(kv.shape, dtype=torch.float32, device=kv.device)
         for t in range(cp):
             j = (rank - t) % cp
-            incoming = torch.empty_like(kv) if t < cp - 1 else None
-            works = _start_ring(kv, incoming, group) if incoming is not None else []
+            incoming, works = _send_on(kv, t, cp, group)
             kf, vf = kv[0].float(), kv[1].float()
             for a, b in blocks.spans():
                 qa, ga = q[..., a:b, :].float(), grad[..., a:b, :]
@@ -208,9 +223,7 @@ class _Ring(torch.autograd.Function):
                 dq[..., a:b, :] += torch.einsum("bgrqk,bgkd->bgrqd", ds, kf) * scale
                 dkv[0] += torch.einsum("bgrqk,bgrqd->bgkd", ds, qa) * scale
             _wait(works)
-            back = torch.empty_like(dkv)
-            _wait(_start_ring(dkv, back, group))  # the block's gradients follow it
-            dkv = back
+            dkv = _pass_on(dkv, group)  # the block's gradients follow it
             if incoming is not None:
                 kv = incoming
         return dq.to(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype), None, None, None
@@ -252,8 +265,7 @@ class _FusedRing(torch.autograd.Function):
         kv = torch.stack([k, v]).contiguous()
         for t in range(cp):
             j = (rank - t) % cp
-            incoming = torch.empty_like(kv) if t < cp - 1 else None
-            works = _start_ring(kv, incoming, group) if incoming is not None else []
+            incoming, works = _send_on(kv, t, cp, group)
             rows, keys, block_causal = _fused_block(t, j, rank, half, causal)
             kr, vr = (x[:, :, keys].repeat_interleave(rep, dim=1) for x in kv)
             part, part_lse = _FUSED(
@@ -281,8 +293,7 @@ class _FusedRing(torch.autograd.Function):
         dkv = torch.zeros(kv.shape, dtype=torch.float32, device=kv.device)
         for t in range(cp):
             j = (rank - t) % cp
-            incoming = torch.empty_like(kv) if t < cp - 1 else None
-            works = _start_ring(kv, incoming, group) if incoming is not None else []
+            incoming, works = _send_on(kv, t, cp, group)
             rows, keys, block_causal = _fused_block(t, j, rank, half, ctx.causal)
             kr, vr = (x[:, :, keys].repeat_interleave(rep, dim=1) for x in kv)
             dq_b, dk_b, dv_b = _FUSED_BACKWARD(
@@ -300,9 +311,7 @@ class _FusedRing(torch.autograd.Function):
             for i, dx in enumerate((dk_b, dv_b)):  # the repeated heads' gradients added back
                 dkv[i][:, :, keys] += dx.float().view(b, g, rep, -1, d).sum(2)
             _wait(works)
-            back = torch.empty_like(dkv)
-            _wait(_start_ring(dkv, back, group))  # the block's gradients follow it
-            dkv = back
+            dkv = _pass_on(dkv, group)  # the block's gradients follow it
             if incoming is not None:
                 kv = incoming
         return dq.to(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype), None, None, None

@@ -254,9 +254,7 @@ class ParallelEngine:
                 # not under FSDP2 (data parallelism), which reduces each unit in its own
                 # backward hook, nor torch.compile, which would trace the node's bookkeeping
                 defer_completion=self.dims.dp == 1 and not self.compile,
-                step_sums=step_sums_order(
-                    pc, cp=self.dims.cp, dp=self.dims.dp, compile=self.compile
-                ),
+                step_sums=step_sums_order(pc, cp=self.dims.cp, compile=self.compile),
             )
         elif self.dims.tp > 1:
             assert self.mesh is not None

@@ -294,7 +294,7 @@ class Trainer:
                     part,
                     self.canonical_degree,
                     context_degree=pc.invariant_context_degree,
-                    step_sums=step_sums_order(pc, cp=1, dp=1, compile=self.config.training.compile),
+                    step_sums=step_sums_order(pc, cp=1, compile=self.config.training.compile),
                 )
             unit_keys = recompute_part(part, pc)
             if self.config.training.compile:
