@@ -5,9 +5,11 @@ seconds) runs ``--steps`` training steps (forward, backward, AdamW) after one
 warmup step through :class:`epochal.parallel.engine.ParallelEngine` with
 ``parallel.context_parallel = 1, 2, 4``: each layout is one spawned gloo group
 (1 thread per process). Every rank reports its peak resident memory
-(``VmHWM``), the resident memory before the first step (model, optimizer, torch
-itself) and their difference: what the training step itself needed
-(activations, gradients, attention masks, communication buffers). tokens/s is
+(``VmHWM``, reset before the first step), the resident memory before the first step
+(model, optimizer state, torch itself) and their difference: what the training steps
+themselves needed (activations, gradients, attention masks, communication buffers).
+AdamW creates its state in its first step, so one step on zero gradients creates it
+before the measure. tokens/s is
 the global batch's tokens over the mean step time.
 
 Memory is glibc's resident set, so the ranks start with ``MALLOC_MMAP_THRESHOLD_=131072``
@@ -54,6 +56,21 @@ def _rss_mib(field: str) -> float:
     raise RuntimeError(f"/proc/self/status has no {field}")
 
 
+def _reset_peak() -> None:
+    """Reset this process's ``VmHWM`` to its current resident set (Linux's ``clear_refs``)."""
+    with open("/proc/self/clear_refs", "w") as stream:
+        stream.write("5")
+
+
+def _prime_optimizer(parts: list[torch.nn.Module], opts: OptimizersContainer) -> None:
+    """Create AdamW's state (it does so in its first step) by one step on zero gradients."""
+    for part in parts:
+        for p in part.parameters():
+            p.grad = torch.zeros_like(p)
+    opts.step()
+    opts.zero_grad(set_to_none=True)
+
+
 def _model(args: argparse.Namespace) -> ModelConfig:
     return ModelConfig(
         vocab_size=512,
@@ -90,7 +107,9 @@ def _rank(
             "labels": tokens[:, 1:],
             "loss_mask": torch.ones(1, args.seq),
         }
+        _prime_optimizer(engine.model_parts, opts)
         base = _rss_mib("VmRSS")
+        _reset_peak()
         times = []
         for i in range(args.steps + 1):
             dist.barrier()

@@ -79,7 +79,7 @@ def test_refuses_what_it_does_not_support_by_name():
     _validate(exchange="a2a", position_embedding_type="alibi")
     _validate(exchange="auto", sliding_window=8)  # auto: the heads split, a2a
     _validate(num_experts=2, moe_ffn_hidden_size=32)  # mixture of experts: supported
-    with pytest.raises(ConfigError, match=r"context_parallel.*'t5'.*encoder sequence"):
+    with pytest.raises(ConfigError, match=r"context_parallel.*'relative' for T5"):
         _validate(type="t5", position_embedding_type="relative")
     with pytest.raises(ConfigError, match=r"context_parallel.*loss_fn"):
         ContextParallel.check_training(custom_loss=True)

@@ -43,7 +43,9 @@ Forward::
     h   = decoder_norm(decoder blocks(embed(decoder_tokens), enc))       (decode)
     logits = output(h * hidden ** -0.5 if scale_decoder_output else h)
 
-Positions start at 0 in each stack (Megatron's ``t5_position_ids``). Dropout
+Positions start at 0 in each stack (Megatron's ``t5_position_ids``); learned positions
+can be given instead (``encoder_position_ids`` / ``decoder_position_ids``: the global
+positions of the tokens passed, e.g. one context-parallel rank's chunks). Dropout
 (``hidden_dropout``) follows the embeddings and every residual branch.
 
 The model has no parallelism inside and returns logits; the loss is computed
@@ -148,22 +150,37 @@ class T5Model(TransformerModel):
         keys = list(self.layers.keys())
         return [[k for k in keys if int(k) < n], [k for k in keys if int(k) >= n]]
 
-    def _embed(self, tokens: torch.Tensor, offset: int) -> torch.Tensor:
+    def _embed(
+        self, tokens: torch.Tensor, offset: int, position_ids: torch.Tensor | None = None
+    ) -> torch.Tensor:
         s = tokens.shape[1]
         h = self.tok_embeddings(tokens)
+        if position_ids is not None and self.pos_embeddings is None:
+            raise ValueError(
+                "position ids need learned positions (model.position_embedding_type="
+                f"'learned_absolute'), not {self.config.position_embedding_type!r}: the "
+                "relative bias is computed over the whole sequence"
+            )
         if self.pos_embeddings is not None:
-            if offset + s > self.config.max_position_embeddings:
+            if position_ids is None:
+                position_ids = torch.arange(offset, offset + s, device=tokens.device).unsqueeze(0)
+                last = offset + s
+            else:  # given positions (a rank's chunks): the furthest one must fit
+                last = int(position_ids.max()) + 1 if position_ids.numel() else 0
+            if last > self.config.max_position_embeddings:
                 raise ValueError(
-                    f"sequence length {offset + s} exceeds max_position_embeddings="
+                    f"sequence length {last} exceeds max_position_embeddings="
                     f"{self.config.max_position_embeddings}"
                 )
-            positions = torch.arange(offset, offset + s, device=tokens.device).unsqueeze(0)
-            h = h + self.pos_embeddings(positions)
+            h = h + self.pos_embeddings(position_ids)
         return self.embedding_dropout(h)
 
     # ------------------------------------------------------------------- forward
     def encode(
-        self, encoder_tokens: torch.Tensor, encoder_padding_mask: torch.Tensor | None = None
+        self,
+        encoder_tokens: torch.Tensor,
+        encoder_padding_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Run the encoder.
 
@@ -171,14 +188,17 @@ class T5Model(TransformerModel):
             encoder_tokens: int64 ``[b, s_enc]``.
             encoder_padding_mask: ``[b, s_enc]``, 1/True = real token, 0/False =
                 padding (hidden from attention); ``None`` = no padding.
+            position_ids: int64 ``[1 or b, s_enc]``, the tokens' positions (learned
+                positions only); ``None`` = ``0 .. s_enc - 1``.
 
         Returns:
             The encoder output ``[b, s_enc, hidden]`` (after ``encoder_norm``).
 
         Raises:
-            ValueError: learned positions and ``s_enc > max_position_embeddings``.
+            ValueError: learned positions and ``s_enc > max_position_embeddings``;
+                ``position_ids`` with the relative bias.
         """
-        h = self._embed(encoder_tokens, 0)
+        h = self._embed(encoder_tokens, 0, position_ids)
         mask = None
         if encoder_padding_mask is not None:
             mask = padding_attention_mask(encoder_padding_mask)
@@ -197,6 +217,7 @@ class T5Model(TransformerModel):
         encoder_padding_mask: torch.Tensor | None = None,
         decoder_padding_mask: torch.Tensor | None = None,
         kv_cache: KVCache | None = None,
+        position_ids: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Run the decoder and the output head over ``encoder_output``.
 
@@ -212,17 +233,19 @@ class T5Model(TransformerModel):
                 incremental decoding of the self-attention: ``decoder_tokens``
                 continue after the ``cache.length`` cached tokens (positions and
                 the relative bias are offset), and the cache is advanced.
+            position_ids: int64 ``[1 or b, s_dec]``, the decoder tokens' positions
+                (learned positions only); ``None`` = from the cache's length on.
 
         Returns:
             Logits ``[b, s_dec, padded_vocab_size]``.
 
         Raises:
             ValueError: learned positions and a sequence longer than
-                ``max_position_embeddings``.
+                ``max_position_embeddings``; ``position_ids`` with the relative bias.
         """
         past = 0 if kv_cache is None else kv_cache.length
         s = decoder_tokens.shape[1]
-        h = self._embed(decoder_tokens, past)
+        h = self._embed(decoder_tokens, past, position_ids)
         self_mask = None
         if decoder_padding_mask is not None:
             self_mask = padding_attention_mask(decoder_padding_mask)
@@ -248,6 +271,8 @@ class T5Model(TransformerModel):
         decoder_tokens: torch.Tensor,
         encoder_padding_mask: torch.Tensor | None = None,
         decoder_padding_mask: torch.Tensor | None = None,
+        encoder_position_ids: torch.Tensor | None = None,
+        decoder_position_ids: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Encode ``encoder_tokens``, then decode ``decoder_tokens`` (teacher forcing).
 
@@ -257,11 +282,17 @@ class T5Model(TransformerModel):
             encoder_padding_mask: ``[b, s_enc]``, 1 = real token, 0 = padding
                 (Megatron's ``enc_mask`` as a padding mask); ``None`` = none.
             decoder_padding_mask: ``[b, s_dec]``, likewise for the decoder.
+            encoder_position_ids, decoder_position_ids: int64 ``[1 or b, s]``, each
+                stack's positions (learned positions only; ``None`` = from 0).
 
         Returns:
             Decoder logits ``[b, s_dec, padded_vocab_size]``.
         """
-        encoder_output = self.encode(encoder_tokens, encoder_padding_mask)
+        encoder_output = self.encode(encoder_tokens, encoder_padding_mask, encoder_position_ids)
         return self.decode(
-            decoder_tokens, encoder_output, encoder_padding_mask, decoder_padding_mask
+            decoder_tokens,
+            encoder_output,
+            encoder_padding_mask,
+            decoder_padding_mask,
+            position_ids=decoder_position_ids,
         )

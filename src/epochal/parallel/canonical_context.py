@@ -146,8 +146,8 @@ class HeadExchangeAttention:
                 f"{q.shape[1]} query and {k.shape[1]} key/value heads do not split over "
                 f"context_parallel={cp} (the head exchange)"
             )
-        local = q.shape[2]
-        seq = local * cp
+        local, key_local = q.shape[2], k.shape[2]  # they differ in cross-attention
+        seq, key_seq = local * cp, key_local * cp
         q, k, v = (_to_heads(t, self.group, cp) for t in (q, k, v))
         packed = None if causal or self.packed_row is None else self.packed_row()
         if packed is not None:  # within each sequence of the row: no mask
@@ -159,7 +159,7 @@ class HeadExchangeAttention:
             with torch.no_grad():  # global order: every query row, every key
                 if attention_mask.shape[-2] not in (1, seq):
                     attention_mask = gather_sequence(attention_mask.contiguous(), self.group, 2)
-                if attention_mask.shape[-1] == local and local != seq:
+                if attention_mask.shape[-1] == key_local and key_local != key_seq:
                     attention_mask = gather_sequence(attention_mask.contiguous(), self.group, 3)
         if self.inner is not None:
             out = self.inner(

@@ -54,8 +54,12 @@ data parallelism (any ``dp_sharding``), tensor and sequence parallelism (each
 tensor-parallel rank gathers its heads' keys and values over its own
 context-parallel group), recompute (full and selective: a recomputed layer gathers
 its keys and values again, in the same order on every rank) and pipeline
-parallelism. Refused by name (:func:`check_context_parallel`,
-:meth:`ContextParallel.check_training`): T5, ALiBi and sliding windows except with the
+parallelism. T5 (learned positions): each stack is cut into chunks of its own length
+(:meth:`ContextParallel._cut_stacks`), the self-attentions exchange as above and each
+cross-attention reads every rank's chunks of the encoder output
+(:meth:`ContextParallel.cross_attention`; the head exchange's own with ``a2a``).
+Refused by name (:func:`check_context_parallel`,
+:meth:`ContextParallel.check_training`): T5's relative bias, ALiBi and sliding windows except with the
 exchange of heads (``a2a``, whose ranks attend over the whole sequence), fine-tuning heads outside the
 canonical units (in them the head reads the gathered sequence, :func:`head_inputs_hook`),
 and a custom ``loss_fn`` (it would see local logits). The
@@ -147,26 +151,39 @@ SEQUENCE_ARGS = ("token_types", "padding_mask", "position_ids", "residue_mask", 
 
 
 def check_context_parallel(
-    dims: Any, model: ModelConfig, *, seq_length: int, config: Any = None
+    dims: Any,
+    model: ModelConfig,
+    *,
+    seq_length: int,
+    config: Any = None,
+    decoder_seq_length: int | None = None,
 ) -> None:
     """Refuse a context-parallel layout that does not divide or is not supported.
+
+    ``decoder_seq_length``: a T5 model's decoder length (cut into ``2 * cp`` chunks too).
 
     Raises:
         ConfigError: naming ``parallel.context_parallel`` (and the other option).
     """
     cp = dims.cp
-    if seq_length % (2 * cp):
-        raise ConfigError(
-            "parallel.context_parallel",
-            f"cuts each sequence into 2 * context_parallel = {2 * cp} chunks: "
-            f"data.seq_length={seq_length} must be divisible by {2 * cp}",
-        )
+    lengths = [("data.seq_length", seq_length)]
+    if model.type == "t5" and decoder_seq_length is not None:
+        lengths.append(("data.seq_length_decoder", decoder_seq_length))
+    for option, length in lengths:
+        if length % (2 * cp):
+            raise ConfigError(
+                "parallel.context_parallel",
+                f"cuts each sequence into 2 * context_parallel = {2 * cp} chunks: "
+                f"{option}={length} must be divisible by {2 * cp}",
+            )
     refused = []
-    if model.type not in ("gpt", "bert", "esm"):
+    if model.type not in ("gpt", "bert", "esm", "t5"):
+        refused.append(f"model.type={model.type!r} (GPT, BERT, ESM-2 and T5 only)")
+    if model.type == "t5" and model.position_embedding_type == "relative":
         refused.append(
-            f"model.type={model.type!r} (GPT, BERT and ESM-2 only: an encoder-decoder's "
-            "decoder chunks each attend to the whole encoder sequence, of another length, "
-            "which none of the exchanges cuts and gathers)"
+            "model.position_embedding_type='relative' for T5 (its bias is looked up for "
+            "every query and key position pair of a stack, which a rank holding its chunks "
+            "does not have; Megatron's T5 with learned_absolute positions is supported)"
         )
     if refused:
         raise ConfigError(
@@ -215,8 +232,8 @@ def global_key_mask(
 ) -> torch.Tensor:
     """An attention mask over all ``seq`` keys in global order (bool, True = masked out).
 
-    A key padding mask over this rank's ``local`` tokens (``[b, 1, 1, L]``, bidirectional)
-    is gathered over ``group``; a mask over all keys (``[b, 1, L or 1, S]``: this rank's
+    A key padding mask over this rank's ``local`` tokens (``[b, 1, 1, L]``: BERT / ESM-2,
+    T5's decoder, combined with the causal mask there) is gathered over ``group``; a mask over all keys (``[b, 1, L or 1, S]``: this rank's
     query rows of a per-document or packed-document mask) is returned as it is.
 
     Raises:
@@ -225,7 +242,7 @@ def global_key_mask(
     shape = tuple(mask.shape)
     if mask.dim() == 4 and shape[-1] == seq and shape[-2] in (1, local):
         return mask
-    if mask.dim() == 4 and shape[-1] == local and shape[-2] == 1 and not causal:
+    if mask.dim() == 4 and shape[-1] == local and shape[-2] == 1:
         with torch.no_grad():
             return gather_sequence(mask.contiguous(), group, 3)
     raise ValueError(
@@ -481,6 +498,53 @@ class ContextParallel:
             scale=scale,
         )
 
+    def cross_attention(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        *,
+        causal: bool = False,
+        attention_mask: torch.Tensor | None = None,
+        dropout_p: float = 0.0,
+        scale: float | None = None,
+    ) -> torch.Tensor:
+        """Cross-attention: this rank's queries against every rank's keys of the context.
+
+        T5's decoder chunks attend to the whole encoder output, which the ranks hold in
+        chunks of their own: each cross-attention gathers the context's keys and values
+        (in global order; the backward sums their gradients over the group) and attends
+        without a causal mask, like one process.
+
+        Args:
+            q: ``[b, heads, Lq, head_dim]``, this rank's chunks of the attending sequence.
+            k, v: ``[b, kv_heads, Lk, head_dim]``, its chunks of the context.
+            causal: must be False.
+            attention_mask: a key padding mask ``[b, 1, 1, Lk]`` over this rank's
+                context tokens (True = masked out; gathered), or None.
+
+        Returns:
+            ``[b, heads, Lq, head_dim]``.
+
+        Raises:
+            ValueError: ``causal``, or an ``attention_mask`` of another shape.
+        """
+        if causal:
+            raise ValueError("cross-attention under context parallelism takes no causal mask")
+        k_all = gather_sequence(k, self.group, 2, reduce_grad=True)
+        v_all = gather_sequence(v, self.group, 2, reduce_grad=True)
+        rep = q.shape[1] // k_all.shape[1]
+        if rep > 1:
+            k_all = k_all.repeat_interleave(rep, dim=1)
+            v_all = v_all.repeat_interleave(rep, dim=1)
+        keep = None
+        if attention_mask is not None:
+            seq = k_all.shape[2]
+            keep = ~global_key_mask(attention_mask, self.group, k.shape[2], seq, causal=False)
+        return F.scaled_dot_product_attention(
+            q, k_all, v_all, attn_mask=keep, dropout_p=dropout_p, scale=scale
+        )
+
     def _causal(
         self,
         q: torch.Tensor,
@@ -542,6 +606,9 @@ class ContextParallel:
 
         def run(*args: Any, **kwargs: Any) -> Any:
             values = signature.bind_partial(*args, **kwargs).arguments
+            if getattr(module, "is_encoder_decoder", False):
+                self._cut_stacks(values)
+                return module(**values)
             tokens = values[names[0]]
             seq = tokens.shape[1]
             self._cut(values, names, seq, tokens.device, module, tokens)
@@ -577,6 +644,26 @@ class ContextParallel:
             return args, values
 
         return part.register_forward_pre_hook(hook, with_kwargs=True)
+
+    def _cut_stacks(self, values: dict[str, Any]) -> None:
+        """An encoder-decoder's inputs (T5), cut in place: each stack by its own length.
+
+        ``encoder_tokens`` and ``decoder_tokens`` (``[b, S_enc]``, ``[b, S_dec]``) and their
+        padding masks keep this rank's chunks of their own sequence; the stacks' position
+        ids become the chunks' global positions (learned positions stay those of one
+        process). The decoder's cross-attention reads every rank's chunks of the encoder
+        output (:meth:`cross_attention`).
+        """
+        self._row = None
+        for stack in ("encoder", "decoder"):
+            tokens = values[f"{stack}_tokens"]
+            local = self.positions(tokens.shape[1], tokens.device)
+            values[f"{stack}_tokens"] = tokens.index_select(1, local)
+            mask = values.get(f"{stack}_padding_mask")
+            if isinstance(mask, torch.Tensor):
+                values[f"{stack}_padding_mask"] = mask.index_select(1, local.to(mask.device))
+            if values.get(f"{stack}_position_ids") is None:
+                values[f"{stack}_position_ids"] = local.unsqueeze(0)
 
     def _cut(
         self,
@@ -752,14 +839,19 @@ class _GradientOnRankZero(torch.autograd.Function):
 
 
 def apply_context_parallel(
-    part: nn.Module, cp: ContextParallel, core: Callable[[nn.Module], Any] | None = None
+    part: nn.Module,
+    cp: ContextParallel,
+    core: Callable[[nn.Module], Any] | None = None,
+    cross_core: Callable[[nn.Module], Any] | None = None,
 ) -> int:
-    """Point every self-attention's seam at the exchange; return how many were replaced.
+    """Point every attention's seam at the exchange; return how many were replaced.
 
-    ``core(attention)`` builds an attention module's seam (``parallel.context_parallel_exchange``
+    ``core(attention)`` builds a self-attention module's seam (``parallel.context_parallel_exchange``
     ``a2a``: :class:`~epochal.parallel.canonical_context.HeadExchangeAttention`, whole heads
     over the whole sequence); None points every seam at ``cp.attention`` (``allgather``:
-    every rank's keys and values gathered).
+    every rank's keys and values gathered). ``cross_core(attention)`` likewise for the
+    cross-attentions of an encoder-decoder (None: :meth:`ContextParallel.cross_attention`,
+    the context's keys and values gathered; the ring has no cross-attention form).
 
     A BERT binary head pools the first token from the rank that holds it
     (:func:`first_token_hook`); every rank computes the same binary logits, and only
@@ -772,6 +864,10 @@ def apply_context_parallel(
     for module in part.modules():
         if isinstance(module, Attention) and module.mask_kind != "cross":
             module.core_attention = cp.attention if core is None else core(module)
+            count += 1
+        elif isinstance(module, Attention):
+            seam = cp.cross_attention if cross_core is None else cross_core(module)
+            module.core_attention = seam
             count += 1
         if isinstance(module, MoEMLP):  # balance statistics over the whole sequence
             module.token_sum = cp.sum_tokens

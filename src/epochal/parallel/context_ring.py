@@ -161,7 +161,7 @@ def _merge(
     safe = torch.where(finite, new, 0.0)
     old_w = torch.where(finite, torch.exp(lse - safe), 0.0).unsqueeze(-1)
     new_w = torch.where(finite, torch.exp(part_lse - safe), 0.0).unsqueeze(-1)
-    out.mul_(old_w).add_(part * new_w)
+    out.mul_(old_w).addcmul_(part, new_w)  # no [b, h, rows, d] temporary
     lse.copy_(new)
 
 
@@ -245,6 +245,14 @@ def _fused_block(t: int, j: int, rank: int, half: int, causal: bool) -> tuple[sl
     return slice(half, None), whole, False  # only our second chunk follows its two
 
 
+def _block_heads(kv: torch.Tensor, keys: slice, rep: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The block's keys and values ``[b, h, keys, d]`` for the kernel: heads repeated ``rep``
+    times (grouped keys/values), a copy only where a repeat or a partial block needs one."""
+    if rep == 1:
+        return kv[0][:, :, keys].contiguous(), kv[1][:, :, keys].contiguous()
+    return tuple(x[:, :, keys].repeat_interleave(rep, dim=1) for x in kv)  # type: ignore[return-value]
+
+
 class _FusedRing(torch.autograd.Function):
     """The ring with one fused CPU kernel call per block (module docstring); ``q`` ``[b, h, L, d]``."""
 
@@ -262,12 +270,12 @@ class _FusedRing(torch.autograd.Function):
         rep, half = q.shape[1] // k.shape[1], q.shape[2] // 2
         out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
         lse = torch.full(q.shape[:-1], float("-inf"), dtype=torch.float32, device=q.device)
-        kv = torch.stack([k, v]).contiguous()
+        own = kv = torch.stack([k, v]).contiguous()  # kept for the backward: no second copy
         for t in range(cp):
             j = (rank - t) % cp
             incoming, works = _send_on(kv, t, cp, group)
             rows, keys, block_causal = _fused_block(t, j, rank, half, causal)
-            kr, vr = (x[:, :, keys].repeat_interleave(rep, dim=1) for x in kv)
+            kr, vr = _block_heads(kv, keys, rep)
             part, part_lse = _FUSED(
                 q[:, :, rows].contiguous(), kr, vr, 0.0, block_causal, scale=scale
             )
@@ -276,26 +284,26 @@ class _FusedRing(torch.autograd.Function):
             if incoming is not None:
                 kv = incoming
         result = out.to(q.dtype)
-        ctx.save_for_backward(q, k, v, result, lse)
+        ctx.save_for_backward(q, own, result, lse)
         ctx.causal, ctx.scale, ctx.group = causal, scale, group
         return result
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
-        q, k, v, out, lse = ctx.saved_tensors
+        q, kv, out, lse = ctx.saved_tensors
         group, scale = ctx.group, ctx.scale
         rank, cp = dist.get_rank(group), dist.get_world_size(group)
-        b, g, length, d = k.shape
+        _, b, g, length, d = kv.shape
         rep, half = q.shape[1] // g, q.shape[2] // 2
         grad = grad.to(q.dtype).contiguous()
         dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
-        kv = torch.stack([k, v]).contiguous()
+        dtype = kv.dtype
         dkv = torch.zeros(kv.shape, dtype=torch.float32, device=kv.device)
         for t in range(cp):
             j = (rank - t) % cp
             incoming, works = _send_on(kv, t, cp, group)
             rows, keys, block_causal = _fused_block(t, j, rank, half, ctx.causal)
-            kr, vr = (x[:, :, keys].repeat_interleave(rep, dim=1) for x in kv)
+            kr, vr = _block_heads(kv, keys, rep)
             dq_b, dk_b, dv_b = _FUSED_BACKWARD(
                 grad[:, :, rows].contiguous(),
                 q[:, :, rows].contiguous(),
@@ -309,12 +317,13 @@ class _FusedRing(torch.autograd.Function):
             )
             dq[:, :, rows] += dq_b.float()
             for i, dx in enumerate((dk_b, dv_b)):  # the repeated heads' gradients added back
-                dkv[i][:, :, keys] += dx.float().view(b, g, rep, -1, d).sum(2)
+                dx = dx.float() if rep == 1 else dx.float().view(b, g, rep, -1, d).sum(2)
+                dkv[i][:, :, keys] += dx
             _wait(works)
             dkv = _pass_on(dkv, group)  # the block's gradients follow it
             if incoming is not None:
                 kv = incoming
-        return dq.to(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype), None, None, None
+        return dq.to(q.dtype), dkv[0].to(dtype), dkv[1].to(dtype), None, None, None
 
 
 class RingAttention:

@@ -175,7 +175,13 @@ class ParallelDims:
         if self.cp > 1:
             from epochal.parallel.context_parallel import check_context_parallel  # local: a leaf
 
-            check_context_parallel(self, model, seq_length=seq_length, config=config)
+            check_context_parallel(
+                self,
+                model,
+                seq_length=seq_length,
+                config=config,
+                decoder_seq_length=decoder_seq_length,
+            )
         if config is not None and config.sequence_parallel and seq_length % tp:
             raise _err(
                 "parallel.sequence_parallel",

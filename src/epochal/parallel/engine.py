@@ -266,7 +266,7 @@ class ParallelEngine:
             )
         if self.cp is not None:
             if not self.canonical_degree:  # canonical: heads exchanged
-                core = None  # allgather: every rank's keys and values
+                core = cross = None  # allgather: every rank's keys and values
                 exchange = resolve_exchange(
                     pc.context_parallel_exchange, cfg, tp=self.dims.tp, cp=self.dims.cp
                 )
@@ -274,10 +274,11 @@ class ParallelEngine:
                     core = functools.partial(
                         HeadExchangeAttention, self.cp.group, packed_row=self.cp.packed_row
                     )
+                    cross = core  # T5's cross-attention: its heads over both whole sequences
                 elif exchange == "p2p":  # keys and values around a ring
                     ring = RingAttention(self.cp.group)
                     core = lambda _attention: ring  # noqa: E731
-                apply_context_parallel(part, self.cp, core)
+                apply_context_parallel(part, self.cp, core, cross)
             if self.dims.num_stages > 1:  # the schedule feeds the stage whole micro-batches
                 self.cp.install_stage_hook(part, is_first=stage_idx == 0)
         for name, param in part.named_parameters():
