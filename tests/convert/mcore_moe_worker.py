@@ -3,9 +3,10 @@
 Usage: python mcore_moe_worker.py OUT_DIR PORT [LOAD_DIR] (the tests run :func:`gloo_rank` on a
 rank forked by ``tests.dist_utils.run_gloo``)
 
-Builds two tiny MoE models (2 layers, hidden 64, 4 experts top-2, SwiGLU): ``shared``
-(a gated shared expert, every block MoE) and ``plain`` (no shared expert, MoE in block 0
-only: ``moe_layer_freq=[1, 0]``). Without ``LOAD_DIR`` it saves each, randomly initialised,
+Builds three tiny MoE models (2 layers, hidden 64, 4 experts top-2, SwiGLU): ``shared``
+(a gated shared expert, every block MoE), ``plain`` (no shared expert, MoE in block 0
+only: ``moe_layer_freq=[1, 0]``) and ``deepseek`` (DeepSeek-V3's routing: sigmoid scores,
+a random balancing bias, group-limited, scaled; an ungated shared expert). Without ``LOAD_DIR`` it saves each, randomly initialised,
 as Megatron-LM does: ``OUT_DIR/{name}/dist/iter_0000007`` (``dist_checkpointing.save``) and
 ``OUT_DIR/{name}/legacy/iter_0000007/mp_rank_00/model_optim_rng.pt`` (``state_dict()``;
 for ``shared`` also ``OUT_DIR/grouped/...``: the same weights loaded by ``dist_checkpointing``
@@ -26,13 +27,19 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-VARIANTS = ("shared", "plain")
+VARIANTS = ("shared", "plain", "deepseek")
 
 
 def our_config(variant: str):
     """Our ModelConfig of ``variant``."""
     from epochal.model import ModelConfig
 
+    moe = dict(
+        moe_shared_expert_intermediate_size=48 if variant == "shared" else None,
+        moe_shared_expert_gate=variant == "shared",
+        moe_layer_freq=1 if variant == "shared" else [1, 0],
+    )
+    moe.update(DEEPSEEK if variant == "deepseek" else {})
     return ModelConfig(
         vocab_size=100,
         make_vocab_size_divisible_by=64,
@@ -52,10 +59,22 @@ def our_config(variant: str):
         num_experts=4,
         moe_router_topk=2,
         moe_ffn_hidden_size=32,
-        moe_shared_expert_intermediate_size=48 if variant == "shared" else None,
-        moe_shared_expert_gate=variant == "shared",
-        moe_layer_freq=1 if variant == "shared" else [1, 0],
+        **moe,
     )
+
+
+#: DeepSeek-V3's routing: sigmoid scores with the balancing bias, the top-2 of the best
+#: one of two groups, the routed scaling factor, an ungated shared expert
+DEEPSEEK = dict(
+    moe_shared_expert_intermediate_size=48,
+    moe_shared_expert_gate=False,
+    moe_layer_freq=1,
+    moe_router_score_function="sigmoid",
+    moe_router_enable_expert_bias=True,
+    moe_router_num_groups=2,
+    moe_router_group_topk=1,
+    moe_router_topk_scaling_factor=2.5,
+)
 
 
 def _model(cfg, grouped: bool = False):
@@ -81,6 +100,11 @@ def _model(cfg, grouped: bool = False):
         moe_shared_expert_intermediate_size=cfg.moe_shared_expert_intermediate_size,
         moe_shared_expert_gate=cfg.moe_shared_expert_gate,
         moe_layer_freq=cfg.moe_layer_freq,
+        moe_router_score_function=cfg.moe_router_score_function,
+        moe_router_enable_expert_bias=cfg.moe_router_enable_expert_bias,
+        moe_router_num_groups=cfg.moe_router_num_groups,
+        moe_router_group_topk=cfg.moe_router_group_topk,
+        moe_router_topk_scaling_factor=cfg.moe_router_topk_scaling_factor,
         moe_token_dispatcher_type="allgather",
         moe_grouped_gemm=grouped,
         moe_aux_loss_coeff=0.0,
@@ -152,6 +176,9 @@ def gloo_rank(rank: int, world: int, out: str, load: str) -> None:
             for name, p in model.named_parameters():
                 if "layernorm" in name or "layer_norm" in name:
                     p.uniform_(0.5, 1.5)
+            for name, b in model.named_buffers():  # a balancing bias that moves the choice
+                if name.endswith("expert_bias"):
+                    b.normal_(std=0.05)
         (root / variant).mkdir(parents=True, exist_ok=True)
         if load:
             src = Path(load) / variant

@@ -166,3 +166,22 @@ def test_a_refused_moe_export_names_the_family_that_holds_it(tmp_path):
     with pytest.raises(ConversionError, match="no Hugging Face architecture") as info:
         save_hf_checkpoint(qk, GPTModel(qk).state_dict(), tmp_path / "qk", architecture="qwen3_moe")
     assert "qk_layernorm=True (Qwen2-MoE has no QK-norm)" in str(info.value)
+
+
+@pytest.mark.parametrize("architecture", ["qwen2_moe", "qwen3_moe", "mixtral"])
+def test_deepseek_routing_is_refused_by_the_softmax_families(tmp_path, architecture):
+    config = _moe_config(
+        moe_shared_expert_gate=True,
+        moe_router_score_function="sigmoid",
+        moe_router_enable_expert_bias=True,
+        moe_router_topk_scaling_factor=2.5,
+    )
+    with pytest.raises(ConversionError) as info:
+        save_hf_checkpoint(
+            config, GPTModel(config).state_dict(), tmp_path / "out", architecture=architecture
+        )
+    text = str(info.value)
+    assert "moe_router_score_function='sigmoid'" in text
+    assert "moe_router_enable_expert_bias=True" in text
+    assert "moe_router_topk_scaling_factor=2.5" in text
+    assert not (tmp_path / "out").exists()

@@ -2,7 +2,8 @@
 
 One worker process (:mod:`tests.convert.mcore_moe_worker`) builds Megatron-Core's own MoE
 ``GPTModel`` (4 experts top-2, SwiGLU; with a gated shared expert, and without one with
-a dense second block) and saves it with ``dist_checkpointing`` and as a legacy rank file;
+a dense second block; and with DeepSeek-V3's routing: sigmoid scores, a balancing bias,
+group-limited, scaled) and saves it with ``dist_checkpointing`` and as a legacy rank file;
 epochal reads both with Megatron's logits. epochal's exports (``torch_dist`` and legacy)
 load into fresh Megatron-Core models with the same logits.
 """
@@ -123,9 +124,9 @@ def test_routing_megatron_cannot_express_is_refused_by_name(tmp_path, megatron_s
     folder = root / "shared" / "legacy" / "iter_0000007" / "mp_rank_00"
     payload = torch.load(folder / "model_optim_rng.pt", weights_only=False)
     for name, value in (
-        ("moe_router_score_function", "sigmoid"),
-        ("moe_router_topk_scaling_factor", 2.5),
-        ("moe_router_enable_expert_bias", True),
+        ("moe_router_score_function", "sqrtsoftplus"),
+        ("moe_input_jitter_eps", 0.01),
+        ("moe_router_load_balancing_type", "sinkhorn"),
     ):
         bad = tmp_path / name / "iter_0000007" / "mp_rank_00"
         bad.mkdir(parents=True)

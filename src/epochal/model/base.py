@@ -109,12 +109,16 @@ class TransformerModel(nn.Module):
             self.output.weight = self.tok_embeddings.weight
 
     def init_buffers(self) -> None:
-        """Recompute the non-persistent RoPE / ALiBi buffers on the parameters' device."""
+        """Recompute the non-persistent RoPE / ALiBi buffers on the parameters' device, and
+        set an MoE layer's balancing bias and counts to zero (a checkpoint loads the bias)."""
         device = next(self.parameters()).device
         if self.config.position_embedding_type == "rope":
             self.rope_cos, self.rope_sin = rope_tables(self.config, device=device)
         for layer in self.layers.values():
             layer.attention.init_buffers()
+            reset = getattr(getattr(layer, "mlp", None), "init_buffers", None)  # MoE's bias
+            if reset is not None:
+                reset()
 
     @torch.no_grad()
     def init_weights(self, seed: int = 0) -> None:

@@ -45,7 +45,7 @@ from epochal.model.head_options import (
     HeadTransform,
     ResidueHead,
 )
-from epochal.model.moe_options import MOE_FIELDS
+from epochal.model.moe_options import MOE_FIELDS, BalanceLoss, RouterScore
 
 __all__ = [
     "ConfigError",
@@ -264,7 +264,31 @@ class ModelConfig(ModelConfigChecks):
             per micro-batch, the lowest-probability ones dropped
             (``--moe-expert-capacity-factor``, Megatron's ``"probs"`` drop policy).
         moe_layer_freq: ``k``: blocks ``0, k, 2k, ...`` are MoE blocks (default 1:
-            all); or a list of 0/1 per block (``--moe-layer-freq``).
+            all); or a list of 0/1 per block (``--moe-layer-freq``; DeepSeek's
+            ``first_k_dense_replace = n`` is ``[0] * n + [1] * (num_layers - n)``).
+        moe_router_score_function: ``"softmax"`` (default) or ``"sigmoid"`` (DeepSeek-V3:
+            each expert's score ``sigmoid(logit)``, the top-k scores renormalised when
+            ``moe_router_topk > 1``; ``--moe-router-score-function``).
+        moe_router_enable_expert_bias: DeepSeek-V3's auxiliary-loss-free balancing: a
+            per-expert bias added to the scores for choosing the top-k only (not to the
+            weights), moved after every step by ``moe_router_bias_update_rate`` towards
+            balance (:func:`epochal.model.layers.moe.update_expert_bias`); sigmoid scores
+            only (``--moe-router-enable-expert-bias``).
+        moe_router_bias_update_rate: the bias's step, > 0 (``--moe-router-bias-update-rate``;
+            1e-3, Megatron-Core's default).
+        moe_router_num_groups, moe_router_group_topk: group-limited routing: the experts
+            in ``num_groups`` equal groups, each token choosing among the experts of its
+            ``group_topk`` best groups (a group's score: the sum of its top
+            ``moe_router_topk / group_topk`` scores; DeepSeek-V3's ``n_group`` /
+            ``topk_group``; ``--moe-router-num-groups`` / ``--moe-router-group-topk``).
+        moe_router_topk_scaling_factor: the routed experts' weights multiplied by it
+            (DeepSeek-V3's ``routed_scaling_factor``; ``--moe-router-topk-scaling-factor``);
+            ``None`` = 1.
+        moe_router_load_balancing_type: what ``moe_aux_loss_coeff`` weighs:
+            ``"aux_loss"`` (default: the switch loss over the micro-batch's tokens),
+            ``"seq_aux_loss"`` (DeepSeek-V3's sequence-wise loss: each sequence's switch
+            loss, averaged over the sequences) or ``"none"`` (recorded, not trained on;
+            ``--moe-router-load-balancing-type``).
     """
 
     vocab_size: int = checked(ge=1)
@@ -334,6 +358,15 @@ class ModelConfig(ModelConfigChecks):
         None, gt=0, none="dropless routing", what="a number", group="moe"
     )
     moe_layer_freq: int | list[int] = 1
+    moe_router_score_function: RouterScore = checked("softmax", group="moe")
+    moe_router_enable_expert_bias: bool = checked(False, group="moe")
+    moe_router_bias_update_rate: float = checked(1e-3, gt=0, what="a number", group="moe")
+    moe_router_num_groups: int | None = checked(None, ge=1, none="no group limit", group="moe")
+    moe_router_group_topk: int | None = checked(None, ge=1, none="no group limit", group="moe")
+    moe_router_topk_scaling_factor: float | None = checked(
+        None, gt=0, none="1 (no scaling)", what="a number", group="moe"
+    )
+    moe_router_load_balancing_type: BalanceLoss = checked("aux_loss", group="moe")
 
     def __post_init__(self) -> None:
         self.validate()

@@ -15,16 +15,35 @@ option                                   Megatron-LM flag
 ``moe_z_loss_coeff``                     ``--moe-z-loss-coeff``
 ``moe_expert_capacity_factor``           ``--moe-expert-capacity-factor``
 ``moe_layer_freq``                       ``--moe-layer-freq``
+``moe_router_score_function``            ``--moe-router-score-function``
+``moe_router_enable_expert_bias``        ``--moe-router-enable-expert-bias``
+``moe_router_bias_update_rate``          ``--moe-router-bias-update-rate``
+``moe_router_num_groups``                ``--moe-router-num-groups``
+``moe_router_group_topk``                ``--moe-router-group-topk``
+``moe_router_topk_scaling_factor``       ``--moe-router-topk-scaling-factor``
+``moe_router_load_balancing_type``       ``--moe-router-load-balancing-type``
 =======================================  ==========================================
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from epochal._checks import check_fields, is_int, require
 
-__all__ = ["MOE_FIELDS", "is_moe_layer", "moe_layer_pattern", "validate_moe"]
+__all__ = [
+    "BalanceLoss",
+    "MOE_FIELDS",
+    "RouterScore",
+    "is_moe_layer",
+    "moe_layer_pattern",
+    "validate_moe",
+]
+
+#: the router's score functions (Megatron-Core's ``--moe-router-score-function``)
+RouterScore = Literal["softmax", "sigmoid"]
+#: the balancing losses (Megatron-Core's ``--moe-router-load-balancing-type``)
+BalanceLoss = Literal["aux_loss", "seq_aux_loss", "none"]
 
 #: The MoE fields; :meth:`ModelConfig.to_dict` omits them when ``num_experts`` is None (dense).
 MOE_FIELDS = (
@@ -38,6 +57,13 @@ MOE_FIELDS = (
     "moe_z_loss_coeff",
     "moe_expert_capacity_factor",
     "moe_layer_freq",
+    "moe_router_score_function",
+    "moe_router_enable_expert_bias",
+    "moe_router_bias_update_rate",
+    "moe_router_num_groups",
+    "moe_router_group_topk",
+    "moe_router_topk_scaling_factor",
+    "moe_router_load_balancing_type",
 )
 
 
@@ -72,6 +98,9 @@ def validate_moe(self: Any) -> None:
             "moe_ffn_hidden_size",
             "moe_shared_expert_intermediate_size",
             "moe_expert_capacity_factor",
+            "moe_router_num_groups",
+            "moe_router_group_topk",
+            "moe_router_topk_scaling_factor",
         ):
             require(
                 getattr(self, name) is None,
@@ -111,8 +140,50 @@ def validate_moe(self: Any) -> None:
             f"must be an integer >= 1 (every k-th block, block 0 first) or a list of 0/1 per "
             f"block, got {freq!r}",
         )
+    _validate_router(self)
     require(
         self.lora_rank == 0,
         "lora_rank",
         "LoRA adapters are not supported on mixture-of-experts models (num_experts is set)",
+    )
+
+
+def _validate_router(self: Any) -> None:
+    """The score function, expert bias and group-limited routing (Megatron-Core's rules)."""
+    n, k = self.num_experts, self.moe_router_topk
+    require(
+        not self.moe_router_enable_expert_bias or self.moe_router_score_function == "sigmoid",
+        "moe_router_enable_expert_bias",
+        "balances sigmoid scores (DeepSeek-V3): set moe_router_score_function='sigmoid'",
+    )
+    require(
+        not (self.moe_router_pre_softmax and self.moe_router_score_function == "sigmoid"),
+        "moe_router_pre_softmax",
+        "is a softmax option; sigmoid scores are renormalised over the top-k when "
+        "moe_router_topk > 1",
+    )
+    groups, group_topk = self.moe_router_num_groups, self.moe_router_group_topk
+    require(
+        (groups is None) == (group_topk is None),
+        "moe_router_group_topk" if groups is not None else "moe_router_num_groups",
+        "group-limited routing needs both moe_router_num_groups and moe_router_group_topk",
+    )
+    if groups is None:
+        return
+    require(
+        n % groups == 0,
+        "moe_router_num_groups",
+        f"must divide num_experts={n} into equal groups, got {groups}",
+    )
+    require(
+        group_topk <= groups,
+        "moe_router_group_topk",
+        f"chooses among moe_router_num_groups={groups} groups, got {group_topk}",
+    )
+    require(
+        group_topk <= k and k <= group_topk * (n // groups),
+        "moe_router_group_topk",
+        f"each chosen group scores its top moe_router_topk / group_topk experts and the "
+        f"top-{k} come from {group_topk} groups of {n // groups}: need group_topk <= "
+        f"moe_router_topk <= group_topk * {n // groups}, got group_topk={group_topk}",
     )

@@ -35,7 +35,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from epochal.model.layers.moe import moe_records, take_moe_layer_stats
+from epochal.model.layers.moe import moe_records, reset_expert_counts, take_moe_layer_stats
 from epochal.parallel.canonical_step_sum import begin_step_sums
 from epochal.parallel.dropout_keys import DROPOUT_SEED_KWARG
 from epochal.parallel.pipeline import build_schedule
@@ -68,6 +68,7 @@ def _stage_class() -> type:
             if cleanup is not None:
                 cleanup()
             begin_step_sums([self.submod])
+            reset_expert_counts([self.submod])  # MoE's balancing counts: none of the step's
 
     return SyncedStage
 

@@ -59,7 +59,7 @@ from torch import nn
 from epochal.data.loading.packing import pack_padded_batch
 from epochal.model.build import build_model
 from epochal.model.config import ModelConfig
-from epochal.model.layers.moe import set_moe_aux_grad_factor
+from epochal.model.layers.moe import set_moe_aux_grad_factor, update_expert_bias
 from epochal.parallel.canonical_plan import canonical_refusal, install_canonical
 from epochal.parallel.canonical_step_sum import (
     begin_step_sums,
@@ -568,6 +568,10 @@ class Trainer:
         finish_step_sums(self.model_parts)  # canonical units' weight trees, once per step
         return total
 
+    def sum_expert_counts(self, counts: torch.Tensor) -> None:
+        """Sum MoE experts' step counts (``[layers, E]``, in place) over the ranks holding
+        other tokens of the step's layers: nothing to do on one process."""
+
     def optimizer_step(self, loss: torch.Tensor, max_norm: float | None = None) -> dict[str, Any]:
         """Unscale (fp16), clip (to ``max_norm``, default ``optimizer.clip_grad``), and step
         the optimizers and the schedule.
@@ -588,6 +592,8 @@ class Trainer:
         if finite:
             self.optimizers.step()
             self.scheduler.step(1)
+        # MoE's auxiliary-loss-free balancing bias moves with the weights (kept on a skip)
+        update_expert_bias(self.model_parts, self.sum_expert_counts, apply=finite)
         out = {
             "loss": float(loss.item()),
             "grad_norm": float(grad_norm.item()),

@@ -115,6 +115,8 @@ def _moe_from_ours(
 ) -> dict[str, torch.Tensor]:
     """Our MoE MLP at ``src`` as Megatron-Core's ``MoELayer`` at ``dst`` (:mod:`~epochal.convert.megatron.moe`)."""
     out = {f"{dst}router.weight": state[f"{src}router.weight"]}
+    if f"{src}expert_bias" in state:  # the auxiliary-loss-free balancing bias
+        out[f"{dst}router.expert_bias"] = state[f"{src}expert_bias"]
     for e in range(config.num_experts or 0):
         out.update(
             _mlp_from_ours(state, f"{src}experts.{e}.", f"{dst}experts.local_experts.{e}.", config)
@@ -199,6 +201,8 @@ def _ours_from_megatron_full(
             mlp(f"{src}mlp.", f"{dst}mlp.")
             continue
         out[f"{dst}mlp.router.weight"] = take(f"{src}mlp.router.weight")
+        if config.moe_router_enable_expert_bias:
+            out[f"{dst}mlp.expert_bias"] = take(f"{src}mlp.router.expert_bias")
         for e in range(config.num_experts):
             mlp(f"{src}mlp.experts.local_experts.{e}.", f"{dst}mlp.experts.{e}.")
         if config.moe_shared_expert_intermediate_size is not None:

@@ -48,20 +48,21 @@ Arguments (Megatron-LM's names = ours; :func:`moe_args_from_config`,
 ``moe_shared_expert_gate``, ``moe_router_pre_softmax`` (softmax over all experts,
 top-k kept unnormalised: Qwen2-MoE's ``norm_topk_prob=False``; off: softmax over the
 top-k logits = renormalised), ``moe_aux_loss_coeff``, ``moe_z_loss_coeff``,
-``moe_expert_capacity_factor`` (``moe_token_drop_policy="probs"``), ``moe_layer_freq``.
+``moe_expert_capacity_factor`` (``moe_token_drop_policy="probs"``), ``moe_layer_freq``,
+and DeepSeek-V3's routing: ``moe_router_score_function`` (``softmax``, ``sigmoid``),
+``moe_router_enable_expert_bias`` with ``moe_router_bias_update_rate`` (the bias itself is
+the router's ``expert_bias`` tensor, ours ``mlp.expert_bias``), ``moe_router_num_groups``
+/ ``moe_router_group_topk``, ``moe_router_topk_scaling_factor``.
 Routing epochal does not build is refused by name on import:
-``moe_router_score_function="sigmoid"``, ``moe_router_topk_scaling_factor``,
-``moe_router_enable_expert_bias``, group-limited routing (``moe_router_num_groups``),
-``moe_input_jitter_eps``, ``moe_router_load_balancing_type="sinkhorn"``,
-``moe_token_drop_policy="position"``, ``moe_latent_size``. The sequence-level and global
-balance losses (``seq_aux_loss``, ``global_aux_loss``) import with a warning: the
-weights and logits are the same, epochal's training uses the micro-batch form.
+``moe_input_jitter_eps``, ``moe_router_load_balancing_type="sinkhorn"`` (and
+``global_aux_loss``, and several kinds at once),
+``moe_token_drop_policy="position"``, ``moe_latent_size``. The balance loss's kind
+(``moe_router_load_balancing_type``: ``aux_loss``, ``seq_aux_loss``, ``none``) is ours.
 """
 
 from __future__ import annotations
 
 import re
-import warnings
 from argparse import Namespace
 from collections.abc import Sequence
 from typing import Any
@@ -115,10 +116,13 @@ def moe_args_from_config(config: Any, *, tensor_parallel: int, expert_parallel: 
         "moe_shared_expert_intermediate_size": config.moe_shared_expert_intermediate_size,
         "moe_shared_expert_gate": config.moe_shared_expert_gate,
         "moe_router_pre_softmax": config.moe_router_pre_softmax,
-        "moe_router_score_function": "softmax",
-        "moe_router_topk_scaling_factor": None,
-        "moe_router_enable_expert_bias": False,
-        "moe_router_load_balancing_type": "aux_loss",
+        "moe_router_score_function": config.moe_router_score_function,
+        "moe_router_topk_scaling_factor": config.moe_router_topk_scaling_factor,
+        "moe_router_enable_expert_bias": config.moe_router_enable_expert_bias,
+        "moe_router_bias_update_rate": config.moe_router_bias_update_rate,
+        "moe_router_num_groups": config.moe_router_num_groups,
+        "moe_router_group_topk": config.moe_router_group_topk,
+        "moe_router_load_balancing_type": config.moe_router_load_balancing_type,
         "moe_aux_loss_coeff": config.moe_aux_loss_coeff,
         "moe_z_loss_coeff": config.moe_z_loss_coeff or None,
         "moe_expert_capacity_factor": config.moe_expert_capacity_factor,
@@ -145,20 +149,9 @@ def moe_fields_from_args(args: Namespace, source: str) -> dict[str, Any]:
     if not n:
         return {}
     score = _get(args, "moe_router_score_function", "softmax")
-    if score != "softmax":
-        raise _refuse(source, "moe_router_score_function", score, "epochal routes by softmax")
-    scale = _get(args, "moe_router_topk_scaling_factor")
-    if scale is not None and float(scale) != 1.0:
-        raise _refuse(
-            source,
-            "moe_router_topk_scaling_factor",
-            scale,
-            "epochal does not scale routing weights",
-        )
+    if score not in ("softmax", "sigmoid"):
+        raise _refuse(source, "moe_router_score_function", score, "softmax and sigmoid are built")
     for name, why in (
-        ("moe_router_enable_expert_bias", "no expert bias in epochal's router"),
-        ("moe_router_num_groups", "no group-limited routing in epochal"),
-        ("moe_router_group_topk", "no group-limited routing in epochal"),
         ("moe_input_jitter_eps", "no router input jitter in epochal"),
         ("moe_latent_size", "no latent expert projection in epochal"),
     ):
@@ -166,17 +159,14 @@ def moe_fields_from_args(args: Namespace, source: str) -> dict[str, Any]:
         if value not in (None, False, 0, 0.0):
             raise _refuse(source, name, value, why)
     balance = _get(args, "moe_router_load_balancing_type", "aux_loss")
-    for kind in balance if isinstance(balance, list | tuple) else [balance]:
-        if kind == "sinkhorn":
-            raise _refuse(
-                source, "moe_router_load_balancing_type", balance, "Sinkhorn routing is not built"
-            )
-        if kind in ("seq_aux_loss", "global_aux_loss"):
-            warnings.warn(
-                f"{source}: args.moe_router_load_balancing_type={balance!r}: the weights import "
-                "unchanged; epochal's balance loss is the micro-batch form (aux_loss)",
-                stacklevel=3,
-            )
+    kinds = list(balance) if isinstance(balance, list | tuple) else [balance]
+    if len(kinds) != 1 or kinds[0] not in ("aux_loss", "seq_aux_loss", "none"):
+        raise _refuse(
+            source,
+            "moe_router_load_balancing_type",
+            balance,
+            "one of aux_loss, seq_aux_loss and none is built",
+        )
     capacity = _get(args, "moe_expert_capacity_factor")
     if capacity is not None and float(capacity) < 0:
         capacity = None  # Megatron-Core: a negative factor means dropless
@@ -202,7 +192,28 @@ def moe_fields_from_args(args: Namespace, source: str) -> dict[str, Any]:
         "moe_z_loss_coeff": float(_get(args, "moe_z_loss_coeff", 0.0)),
         "moe_expert_capacity_factor": None if capacity is None else float(capacity),
         "moe_layer_freq": freq,
+        **_router_fields(args, score),
     }
+
+
+def _router_fields(args: Namespace, score: str) -> dict[str, Any]:
+    """The score function, balancing bias, group limit and scaling of Megatron ``args``."""
+    scale = _get(args, "moe_router_topk_scaling_factor")
+    groups, group_topk = _get(args, "moe_router_num_groups"), _get(args, "moe_router_group_topk")
+    return {
+        "moe_router_score_function": score,
+        "moe_router_enable_expert_bias": bool(_get(args, "moe_router_enable_expert_bias", False)),
+        "moe_router_bias_update_rate": float(_get(args, "moe_router_bias_update_rate", 1e-3)),
+        "moe_router_num_groups": int(groups) if groups and group_topk else None,
+        "moe_router_group_topk": int(group_topk) if groups and group_topk else None,
+        "moe_router_topk_scaling_factor": None if scale in (None, 1, 1.0) else float(scale),
+        "moe_router_load_balancing_type": _balance_type(args),
+    }
+
+
+def _balance_type(args: Namespace) -> str:
+    balance = _get(args, "moe_router_load_balancing_type", "aux_loss")
+    return str(balance[0] if isinstance(balance, list | tuple) else balance)
 
 
 def expert_parallel_size(args: Namespace, tensor_parallel: int, source: str) -> int:

@@ -232,6 +232,18 @@ def moe_config_from_ours(
         problems.append(
             f"moe_shared_expert_intermediate_size={shared} (a shared expert; {family} has none)"
         )
+    routing = [
+        f"{name}={value!r}"
+        for name, value, plain in (
+            ("moe_router_score_function", config.moe_router_score_function, "softmax"),
+            ("moe_router_enable_expert_bias", config.moe_router_enable_expert_bias, False),
+            ("moe_router_num_groups", config.moe_router_num_groups, None),
+            ("moe_router_topk_scaling_factor", config.moe_router_topk_scaling_factor, None),
+        )
+        if value != plain
+    ]
+    if routing:
+        problems.append(f"{', '.join(routing)} ({family} routes by a plain softmax top-k)")
     if model_type == "mixtral":
         if config.moe_router_pre_softmax:
             problems.append("moe_router_pre_softmax=True (Mixtral renormalises the top-k)")

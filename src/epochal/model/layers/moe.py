@@ -1,4 +1,4 @@
-"""The mixture-of-experts MLP: a softmax top-k router, routed experts, an optional shared expert.
+"""The mixture-of-experts MLP: a top-k router, routed experts, an optional shared expert.
 
 Parameters (stable names, inside a block's ``mlp``)::
 
@@ -7,11 +7,12 @@ Parameters (stable names, inside a block's ``mlp``)::
                                       (or .fc1 / .fc2 for GELU; + biases if add_bias_linear)
     shared_expert.*                   an MLP of moe_shared_expert_intermediate_size (optional)
     shared_expert_gate.weight         [1, hidden]  (moe_shared_expert_gate only)
+    expert_bias                       [num_experts] float32 buffer, in the checkpoint
+                                      (moe_router_enable_expert_bias only)
 
-Routing (Mixtral / Qwen-MoE, Megatron-Core's ``TopKRouter`` with the softmax score):
-``probs = softmax(router(x))`` over all experts (float32), the ``moe_router_topk``
-largest per token are kept and, unless ``moe_router_pre_softmax``, renormalised to
-sum to 1. Each expert runs on the tokens routed to it (every expert runs, on no
+Routing (:mod:`epochal.model.layers.router`, Megatron-Core's ``TopKRouter``): softmax
+scores (Mixtral / Qwen-MoE) or sigmoid scores with the auxiliary-loss-free balancing
+bias, group-limited routing and the routed scaling factor (DeepSeek-V3). Each expert runs on the tokens routed to it (every expert runs, on no
 tokens if none, so every parameter has a gradient); token ``t``'s output is
 ``sum_j w[t, j] * expert_{e[t, j]}(x_t)`` summed over its slots ``j = 0 .. k-1`` in that
 fixed order (no atomic scatter-add), so results do not depend on how tokens are
@@ -47,7 +48,6 @@ token fractions per expert for the records (:func:`pop_moe_stats`).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -57,67 +57,20 @@ from torch import nn
 from epochal._eager import eager
 from epochal.model.config import ModelConfig
 from epochal.model.layers.mlp import MLP
+from epochal.model.layers.router import route, switch_aux_loss
 
 __all__ = [
     "MoEMLP",
     "local_expert_slots",
     "moe_records",
     "pop_moe_stats",
+    "reset_expert_counts",
     "take_moe_layer_stats",
     "route",
     "set_moe_aux_grad_factor",
     "switch_aux_loss",
+    "update_expert_bias",
 ]
-
-
-def switch_aux_loss(probs: torch.Tensor, counts: torch.Tensor, topk: int) -> torch.Tensor:
-    """Switch Transformer's load-balancing loss, Megatron's normalisation (1.0 when balanced).
-
-    Args:
-        probs: float32 ``[T, E]`` softmax probabilities over all experts.
-        counts: ``[E]`` top-k assignments per expert (sums to ``T * topk``).
-        topk: experts per token.
-    """
-    t, e = probs.shape
-    return (probs.sum(0) * counts.to(probs.dtype)).sum() * (e / (t * t * topk))
-
-
-def route(
-    logits: torch.Tensor,
-    topk: int,
-    *,
-    pre_softmax: bool = False,
-    capacity_factor: float | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Top-k softmax routing of ``T`` tokens.
-
-    Args:
-        logits: router logits ``[T, E]``.
-        topk: experts per token.
-        pre_softmax: keep the top-k probabilities as they are (no renormalisation).
-        capacity_factor: None (dropless) or the per-expert capacity factor.
-
-    Returns:
-        ``(weights [T, k] float32, experts [T, k] int64, keep [T, k] bool, probs [T, E] float32)``:
-        the weights are zero where ``keep`` is False (dropped assignments).
-    """
-    probs = torch.softmax(logits.float(), dim=-1)
-    weights, experts = probs.topk(topk, dim=-1)
-    if not pre_softmax:
-        weights = weights / weights.sum(dim=-1, keepdim=True)
-    keep = torch.ones_like(experts, dtype=torch.bool)
-    if capacity_factor is not None:
-        t, e = probs.shape
-        capacity = math.ceil(t * topk / e * capacity_factor)
-        flat_e, flat_w = experts.reshape(-1), weights.detach().reshape(-1)
-        flat_keep = keep.reshape(-1)
-        for expert in range(e):
-            slots = (flat_e == expert).nonzero(as_tuple=True)[0]
-            if slots.numel() > capacity:
-                order = torch.sort(flat_w[slots], descending=True, stable=True).indices
-                flat_keep[slots[order[capacity:]]] = False
-        weights = weights * keep
-    return weights, experts, keep, probs
 
 
 class _AttachAuxLoss(torch.autograd.Function):
@@ -156,6 +109,23 @@ class MoEMLP(nn.Module):
         self.capacity_factor = config.moe_expert_capacity_factor
         self.aux_loss_coeff = float(config.moe_aux_loss_coeff)
         self.z_loss_coeff = float(config.moe_z_loss_coeff)
+        self.score_function = config.moe_router_score_function
+        self.num_groups = config.moe_router_num_groups
+        self.group_topk = config.moe_router_group_topk
+        self.scaling_factor = config.moe_router_topk_scaling_factor
+        self.bias_update_rate = float(config.moe_router_bias_update_rate)
+        #: ``aux_loss`` (the micro-batch's), ``seq_aux_loss`` (per sequence) or ``none``
+        self.load_balancing = config.moe_router_load_balancing_type
+        #: the auxiliary-loss-free balancing bias (float32 ``[E]``, in the checkpoint) and
+        #: the step's top-k assignments per expert so far (not saved: a step boundary has
+        #: none); None without ``moe_router_enable_expert_bias``
+        self.expert_bias: torch.Tensor | None
+        self.expert_counts: torch.Tensor | None
+        if config.moe_router_enable_expert_bias:
+            self.register_buffer("expert_bias", torch.zeros(config.num_experts))
+            self.register_buffer("expert_counts", torch.zeros(config.num_experts), persistent=False)
+        else:
+            self.expert_bias = self.expert_counts = None
         h = config.hidden_size
         self.router = nn.Linear(h, config.num_experts, bias=False)
         self.experts = nn.ModuleList(
@@ -178,19 +148,35 @@ class MoEMLP(nn.Module):
         #: sequences (context parallelism installs it; None: this process holds them all).
         self.token_sum: Callable[[torch.Tensor], torch.Tensor] | None = None
 
+    @torch.no_grad()
+    def init_buffers(self) -> None:
+        """The balancing bias and the step's counts at zero (after ``to_empty``)."""
+        for buffer in (self.expert_bias, self.expert_counts):
+            if buffer is not None:
+                buffer.zero_()
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``[..., hidden] -> [..., hidden]``."""
         shape = x.shape
         tokens = x.reshape(-1, shape[-1])
         logits = self.router(tokens)
         weights, experts, keep, probs = route(
-            logits, self.topk, pre_softmax=self.pre_softmax, capacity_factor=self.capacity_factor
+            logits,
+            self.topk,
+            pre_softmax=self.pre_softmax,
+            capacity_factor=self.capacity_factor,
+            score_function=self.score_function,
+            expert_bias=self.expert_bias,
+            num_groups=self.num_groups,
+            group_topk=self.group_topk,
+            scaling_factor=self.scaling_factor,
         )
         weights = weights.to(x.dtype)
         slots = (self.dispatcher or local_expert_slots)(self, tokens, weights, experts, keep)
-        out = slots[:, 0]
-        for j in range(1, self.topk):  # a fixed order of summation
-            out = out + slots[:, j]
+        parts = slots.unbind(1)  # one backward node (not one zero-filled gradient per slot)
+        out = parts[0]
+        for part in parts[1:]:  # a fixed order of summation
+            out = out + part
         if self.shared_expert is not None:
             shared = self.shared_expert(tokens)
             if self.shared_expert_gate is not None:
@@ -198,12 +184,20 @@ class MoEMLP(nn.Module):
             out = out + shared
         out = out.reshape(shape)
         counts = torch.bincount(experts.reshape(-1), minlength=self.num_experts).float()
+        if self.expert_counts is not None and self.training and torch.is_grad_enabled():
+            # the bias's update reads the step's counts (Megatron-Core counts where
+            # gradients are on: not in evaluations, nor in a recompute's first pass)
+            self.expert_counts.add_(counts)
         if self.token_sum is None:
             aux = switch_aux_loss(probs, counts, self.topk)
             z = torch.logsumexp(logits.float(), dim=-1).square().mean()
             self._record(aux, z, counts)
         else:
             aux, z = self._sequence_shares(probs, counts, logits)
+        if self.load_balancing == "seq_aux_loss":
+            aux = self._sequence_balance(probs, experts, shape[0] if len(shape) == 3 else 1)
+        elif self.load_balancing == "none":
+            aux = aux.detach()  # recorded, not trained on
         objective = self.aux_loss_coeff * aux + self.z_loss_coeff * z
         if torch.is_grad_enabled() and objective.requires_grad and self.training:
             if self.aux_loss_coeff > 0 or self.z_loss_coeff > 0:
@@ -234,6 +228,32 @@ class MoEMLP(nn.Module):
         z = lse2 / t
         self._record((g_p * g_counts).sum() * norm, g_lse2 / t, g_counts)
         return aux, z
+
+    def _sequence_balance(
+        self, probs: torch.Tensor, experts: torch.Tensor, sequences: int
+    ) -> torch.Tensor:
+        """Megatron-Core's ``seq_aux_loss``: the mean over the micro-batch's sequences of each
+        sequence's switch loss (its own ``P_e``, ``N_e`` and token count).
+
+        Under context parallelism each sequence's ``N_e`` and token count are summed over
+        the ranks and the result is this rank's share, as in :meth:`_sequence_shares`. The
+        records then hold this loss (summed over the ranks) in place of the micro-batch's.
+        """
+        e, n = self.num_experts, sequences
+        p = probs.view(n, -1, e).sum(1)  # [n, E]
+        offsets = torch.arange(n, device=experts.device).unsqueeze(1) * e
+        flat = (experts.reshape(n, -1) + offsets).reshape(-1)
+        counts = torch.bincount(flat, minlength=n * e).view(n, e).float()
+        t = torch.full((n,), float(probs.shape[0] // n), device=probs.device)
+        g_p = p.detach()
+        if self.token_sum is not None:
+            stats = self.token_sum(torch.cat([counts.reshape(-1), g_p.reshape(-1), t]))
+            counts, g_p = stats[: n * e].view(n, e), stats[n * e : 2 * n * e].view(n, e)
+            t = stats[2 * n * e :]
+        norm = e / (t * t * self.topk)
+        if self.last_stats is not None:
+            self.last_stats["aux"] = ((g_p * counts).sum(1) * norm).mean().detach()
+        return ((p * counts).sum(1) * norm).mean()
 
     @eager
     def _record(self, aux: torch.Tensor, z: torch.Tensor, counts: torch.Tensor) -> None:
@@ -269,6 +289,61 @@ def local_expert_slots(
         y = expert(tokens[token_idx]) * weights[token_idx, slot_idx].unsqueeze(-1)
         slots[token_idx, slot_idx] = y.to(slots.dtype)
     return slots
+
+
+def _biased_layers(parts: nn.Module | Sequence[nn.Module]) -> list[MoEMLP]:
+    parts = [parts] if isinstance(parts, nn.Module) else parts
+    return [
+        m
+        for part in parts
+        for m in part.modules()
+        if isinstance(m, MoEMLP) and m.expert_bias is not None
+    ]
+
+
+@torch.no_grad()
+def update_expert_bias(
+    parts: nn.Module | Sequence[nn.Module],
+    reduce: Callable[[torch.Tensor], None] | None = None,
+    *,
+    apply: bool = True,
+) -> None:
+    """After a step: move every layer's expert bias towards balance, then clear its counts.
+
+    DeepSeek-V3's auxiliary-loss-free balancing in Megatron-Core's form: with ``c_e``
+    the step's top-k assignments of expert ``e`` (every micro-batch, every rank holding
+    other tokens of the step) and ``m`` their mean over the experts,
+    ``bias_e += rate * sign(m - c_e)``: an expert that took more than its share becomes
+    less likely to be chosen. The counts are whole numbers, so their sum is exact and the
+    update is the same in every layout (a rank counting each token several times, as
+    tensor-parallel ranks do without sequence parallelism, changes no sign).
+
+    Args:
+        parts: the model (or its parts on this rank).
+        reduce: sums a float32 ``[layers, E]`` tensor in place over the ranks that hold
+            the same layers and other tokens (data, context, expert and tensor
+            parallelism); None: this process saw every token.
+        apply: False for a skipped step (a non-finite gradient): the counts are cleared
+            and the bias kept, as the weights are.
+    """
+    layers = _biased_layers(parts)
+    if not layers:
+        return
+    if apply:
+        counts = torch.stack([m.expert_counts for m in layers])
+        if reduce is not None:
+            reduce(counts)
+        for layer, c in zip(layers, counts, strict=True):
+            mean = c.sum() / c.numel()
+            layer.expert_bias.add_(torch.sign(mean - c) * layer.bias_update_rate)
+    for layer in layers:
+        layer.expert_counts.zero_()
+
+
+def reset_expert_counts(parts: nn.Module | Sequence[nn.Module]) -> None:
+    """Clear the step's counts of every biased MoE layer (a pipeline schedule's set-up forward)."""
+    for layer in _biased_layers(parts):
+        layer.expert_counts.zero_()
 
 
 def set_moe_aux_grad_factor(module: nn.Module | Sequence[nn.Module], factor: float) -> None:

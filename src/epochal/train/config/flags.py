@@ -55,6 +55,13 @@ MEGATRON_FLAGS: dict[str, str] = {
     "model.moe_expert_capacity_factor": "--moe-expert-capacity-factor "
     "(with --moe-token-drop-policy probs)",
     "model.moe_layer_freq": "--moe-layer-freq",
+    "model.moe_router_score_function": "--moe-router-score-function",
+    "model.moe_router_enable_expert_bias": "--moe-router-enable-expert-bias",
+    "model.moe_router_bias_update_rate": "--moe-router-bias-update-rate",
+    "model.moe_router_num_groups": "--moe-router-num-groups",
+    "model.moe_router_group_topk": "--moe-router-group-topk",
+    "model.moe_router_topk_scaling_factor": "--moe-router-topk-scaling-factor",
+    "model.moe_router_load_balancing_type": "--moe-router-load-balancing-type",
     "data.data_path": "--data-path",
     "data.split": "--split",
     "data.train_data_path": "--train-data-path",
