@@ -289,6 +289,10 @@ class ModelConfig(ModelConfigChecks):
             ``"seq_aux_loss"`` (DeepSeek-V3's sequence-wise loss: each sequence's switch
             loss, averaged over the sequences) or ``"none"`` (recorded, not trained on;
             ``--moe-router-load-balancing-type``).
+        moe_grouped_gemm: run each MoE layer's experts as one grouped GEMM per projection
+            over the tokens sorted by expert (:mod:`epochal.model.layers.grouped_experts`;
+            the same forward bits as one expert at a time, gradients within rounding);
+            one process or data parallelism, no linear biases (``--moe-grouped-gemm``).
     """
 
     vocab_size: int = checked(ge=1)
@@ -367,6 +371,7 @@ class ModelConfig(ModelConfigChecks):
         None, gt=0, none="1 (no scaling)", what="a number", group="moe"
     )
     moe_router_load_balancing_type: BalanceLoss = checked("aux_loss", group="moe")
+    moe_grouped_gemm: bool = checked(False, group="moe")
 
     def __post_init__(self) -> None:
         self.validate()

@@ -22,6 +22,7 @@ option                                   Megatron-LM flag
 ``moe_router_group_topk``                ``--moe-router-group-topk``
 ``moe_router_topk_scaling_factor``       ``--moe-router-topk-scaling-factor``
 ``moe_router_load_balancing_type``       ``--moe-router-load-balancing-type``
+``moe_grouped_gemm``                     ``--moe-grouped-gemm``
 =======================================  ==========================================
 """
 
@@ -64,6 +65,7 @@ MOE_FIELDS = (
     "moe_router_group_topk",
     "moe_router_topk_scaling_factor",
     "moe_router_load_balancing_type",
+    "moe_grouped_gemm",
 )
 
 
@@ -141,6 +143,12 @@ def validate_moe(self: Any) -> None:
             f"block, got {freq!r}",
         )
     _validate_router(self)
+    require(
+        not (self.moe_grouped_gemm and self.add_bias_linear),
+        "moe_grouped_gemm",
+        "the grouped expert products take no linear biases (as Megatron-Core's GroupedMLP): "
+        "set add_bias_linear=false or moe_grouped_gemm=false",
+    )
     require(
         self.lora_rank == 0,
         "lora_rank",

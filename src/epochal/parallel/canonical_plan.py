@@ -187,6 +187,8 @@ def canonical_refusal(
     if config.num_experts:
         if config.add_bias_linear:
             return "mixture-of-experts layers with biases (model.add_bias_linear)"
+        if config.moe_grouped_gemm:
+            return "grouped expert GEMMs (model.moe_grouped_gemm: one product for all experts)"
     if config.head != "mlm" and cp > 1 and (packed or config.type == "gpt"):
         where = "on packed rows" if packed else "of a GPT model"
         return f"a fine-tuning head {where} under context parallelism"

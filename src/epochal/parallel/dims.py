@@ -168,6 +168,12 @@ class ParallelDims:
                 f"must divide the padded vocabulary {model.padded_vocab_size} "
                 f"(model.make_vocab_size_divisible_by={model.make_vocab_size_divisible_by}), got {tp}",
             )
+        if tp > 1 and getattr(model, "moe_grouped_gemm", False):
+            raise _err(
+                "model.moe_grouped_gemm",
+                "stacks each expert's whole weights; under tensor parallelism the experts are "
+                "sharded and run one by one: set moe_grouped_gemm=false",
+            )
         if self.ep > 1:
             from epochal.parallel.expert_parallel import check_expert_parallel  # local: a leaf
 

@@ -112,6 +112,12 @@ def check_expert_parallel(dims: Any, model: ModelConfig) -> None:
             f"is {dims.ep} but the model has no mixture-of-experts layers (model.num_experts "
             "is unset); set model.num_experts or leave expert_parallel at 1",
         )
+    if getattr(model, "moe_grouped_gemm", False):
+        raise ConfigError(
+            "model.moe_grouped_gemm",
+            "runs a layer's experts where its tokens are; under expert parallelism each "
+            "expert runs on its owner's received rows: set moe_grouped_gemm=false",
+        )
     if n % dims.ep:
         raise ConfigError(
             "parallel.expert_parallel",

@@ -129,7 +129,7 @@ def moe_args_from_config(config: Any, *, tensor_parallel: int, expert_parallel: 
         "moe_token_drop_policy": "probs",
         "moe_pad_expert_input_to_capacity": False,
         "moe_layer_freq": list(freq) if isinstance(freq, list | tuple) else freq,
-        "moe_grouped_gemm": False,
+        "moe_grouped_gemm": config.moe_grouped_gemm,
         "expert_model_parallel_size": expert_parallel,
         "expert_tensor_parallel_size": tensor_parallel,
     }

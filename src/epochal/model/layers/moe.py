@@ -18,7 +18,9 @@ tokens if none, so every parameter has a gradient); token ``t``'s output is
 fixed order (no atomic scatter-add), so results do not depend on how tokens are
 grouped. The shared expert's output (times ``sigmoid(shared_expert_gate(x))``) is added.
 Running the experts is the token dispatcher's job (:attr:`MoEMLP.dispatcher`, by default
-:func:`local_expert_slots`): expert parallelism replaces it from outside
+:func:`local_expert_slots`, one expert at a time, or with ``moe_grouped_gemm``
+:func:`~epochal.model.layers.grouped_experts.grouped_expert_slots`, one grouped GEMM per
+projection): expert parallelism replaces it from outside
 (:mod:`epochal.parallel.expert_parallel`), so the layer holds no collectives.
 
 Capacity (``moe_expert_capacity_factor``, Megatron's ``"probs"`` drop policy): an
@@ -56,6 +58,7 @@ from torch import nn
 
 from epochal._eager import eager
 from epochal.model.config import ModelConfig
+from epochal.model.layers.grouped_experts import grouped_expert_slots
 from epochal.model.layers.mlp import MLP
 from epochal.model.layers.router import route, switch_aux_loss
 
@@ -116,6 +119,8 @@ class MoEMLP(nn.Module):
         self.bias_update_rate = float(config.moe_router_bias_update_rate)
         #: ``aux_loss`` (the micro-batch's), ``seq_aux_loss`` (per sequence) or ``none``
         self.load_balancing = config.moe_router_load_balancing_type
+        #: the experts as grouped GEMMs (:mod:`~epochal.model.layers.grouped_experts`)
+        self.grouped_gemm = config.moe_grouped_gemm
         #: the auxiliary-loss-free balancing bias (float32 ``[E]``, in the checkpoint) and
         #: the step's top-k assignments per expert so far (not saved: a step boundary has
         #: none); None without ``moe_router_enable_expert_bias``
@@ -172,7 +177,10 @@ class MoEMLP(nn.Module):
             scaling_factor=self.scaling_factor,
         )
         weights = weights.to(x.dtype)
-        slots = (self.dispatcher or local_expert_slots)(self, tokens, weights, experts, keep)
+        dispatch = self.dispatcher or (
+            grouped_expert_slots if self.grouped_gemm else local_expert_slots
+        )
+        slots = dispatch(self, tokens, weights, experts, keep)
         parts = slots.unbind(1)  # one backward node (not one zero-filled gradient per slot)
         out = parts[0]
         for part in parts[1:]:  # a fixed order of summation

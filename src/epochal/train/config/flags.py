@@ -62,6 +62,7 @@ MEGATRON_FLAGS: dict[str, str] = {
     "model.moe_router_group_topk": "--moe-router-group-topk",
     "model.moe_router_topk_scaling_factor": "--moe-router-topk-scaling-factor",
     "model.moe_router_load_balancing_type": "--moe-router-load-balancing-type",
+    "model.moe_grouped_gemm": "--moe-grouped-gemm",
     "data.data_path": "--data-path",
     "data.split": "--split",
     "data.train_data_path": "--train-data-path",
