@@ -3,8 +3,9 @@
 A tiny GPT whose MoE blocks route as DeepSeek-V3 does (8 experts, top-4 of the best 2 of 4
 groups, sigmoid scores, the auxiliary-loss-free bias updated after every step, the routed
 scaling factor, a shared expert) trains :data:`invariance_worker.STEPS` steps in one
-process, with two expert-parallel ranks and on two pipeline stages (whose ranks sum the
-counts of their own layers); the losses, evaluations and the final model (the bias a
+process, with two expert-parallel ranks, on two pipeline stages (whose ranks sum the
+counts of their own layers), on two tensor-parallel ranks (each counting every token) and
+on two context-parallel ranks (each counting its chunks), in canonical units; the losses, evaluations and the final model (the bias a
 buffer of it) and optimizer state are bit-identical. The expert-parallel run's checkpoint
 of the middle step resumes in one process with the uninterrupted run's losses, bias
 included.
@@ -48,6 +49,15 @@ def one(root):
     return W.single(str(root), "dp1", "gpt", DEEPSEEK)
 
 
+#: weight gradients in 2 x 2 sequence chunks: CP2 gives the bits of this one-process run
+C2 = ["--parallel.invariant_context_degree=2"]
+
+
+@pytest.fixture(scope="module")
+def one_c2(root):
+    return W.single(str(root), "dp1-c2", "gpt", [*DEEPSEEK, *C2])
+
+
 @pytest.fixture(scope="module")
 def two(root):
     cases = [
@@ -57,6 +67,9 @@ def two(root):
             [*DEEPSEEK, "--parallel.expert_parallel=2", f"--checkpoint.save_interval={HALF}"],
         ),
         ("pp2", "gpt", [*DEEPSEEK, "--parallel.pipeline_parallel=2"]),
+        # both ranks count every token (the router is replicated): the signs are the same
+        ("tp2", "gpt", [*DEEPSEEK, "--parallel.tensor_parallel=2"]),
+        ("cp2", "gpt", [*DEEPSEEK, *C2, "--parallel.context_parallel=2"]),
     ]
     return run_gloo(W.rank_main, 2, str(root), cases, timeout=600)[0]
 
@@ -70,9 +83,10 @@ def _saved_biases(run_dir) -> list[str]:
     return sorted({k.fqn for k in metadata.storage_data if k.fqn.endswith("mlp.expert_bias")})
 
 
-@pytest.mark.parametrize("layout", ["ep2", "pp2"])
-def test_the_layout_trains_the_bits_of_one_process(one, two, layout):
+@pytest.mark.parametrize("layout", ["ep2", "pp2", "tp2", "cp2"])
+def test_the_layout_trains_the_bits_of_one_process(one, one_c2, two, layout):
     got = two[layout]
+    one = one_c2 if layout == "cp2" else one
     assert len(one["losses"]) == W.STEPS
     assert got["losses"] == one["losses"]
     assert got["eval"] == one["eval"] and got["logged"] == one["logged"]

@@ -247,7 +247,8 @@ class MetricsLogger:
             names = ", ".join(k.removeprefix("tokens_per_expert/") for k in starved)
             self.write_line(
                 f"step {step}: warning: {names} received no tokens (starving experts; "
-                "model.moe_aux_loss_coeff weighs the balance loss that spreads them)"
+                "model.moe_aux_loss_coeff weighs the balance loss that spreads them, "
+                "model.moe_router_bias_update_rate the balancing bias's step where enabled)"
             )
 
     def write_line(self, text: str) -> None:
