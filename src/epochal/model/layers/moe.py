@@ -12,12 +12,13 @@ Parameters (stable names, inside a block's ``mlp``)::
 
 Routing (:mod:`epochal.model.layers.router`, Megatron-Core's ``TopKRouter``): softmax
 scores (Mixtral / Qwen-MoE) or sigmoid scores with the auxiliary-loss-free balancing
-bias, group-limited routing and the routed scaling factor (DeepSeek-V3). Each expert runs on the tokens routed to it (every expert runs, on no
-tokens if none, so every parameter has a gradient); token ``t``'s output is
-``sum_j w[t, j] * expert_{e[t, j]}(x_t)`` summed over its slots ``j = 0 .. k-1`` in that
-fixed order (no atomic scatter-add), so results do not depend on how tokens are
-grouped. The shared expert's output (times ``sigmoid(shared_expert_gate(x))``) is added.
-Running the experts is the token dispatcher's job (:attr:`MoEMLP.dispatcher`, by default
+bias, group-limited routing and the routed scaling factor (DeepSeek-V3; the bias moves
+after every step: :func:`update_expert_bias`). Each expert runs on the tokens routed to
+it (every expert runs, on no tokens if none, so every parameter has a gradient); token
+``t``'s output is ``sum_j w[t, j] * expert_{e[t, j]}(x_t)`` summed over its slots
+``j = 0 .. k-1`` in that fixed order (no atomic scatter-add), so results do not depend on
+how tokens are grouped. The shared expert's output (times
+``sigmoid(shared_expert_gate(x))``) is added. Running the experts is the token dispatcher's job (:attr:`MoEMLP.dispatcher`, by default
 :func:`local_expert_slots`, one expert at a time, or with ``moe_grouped_gemm``
 :func:`~epochal.model.layers.grouped_experts.grouped_expert_slots`, one grouped GEMM per
 projection): expert parallelism replaces it from outside
