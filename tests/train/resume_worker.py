@@ -1,6 +1,7 @@
 """Subprocess entry point for the kill-and-resume tests: train a tiny model on synthetic data.
 
-Usage: python resume_worker.py RUN_DIR TRAIN_ITERS [--bert | --t5 | --esm | --finetune | --sft] [--pause-after N] [override ...]
+Usage: python resume_worker.py RUN_DIR TRAIN_ITERS [--bert | --t5 | --esm | --finetune | --sft | --moe]
+[--pause-after N] [override ...]
 
 ``--bert``: a tiny BERT on masked data that gets fresh masks every epoch
 (``tests/parallel/bert_worker.py``: ``MaskedTokenDataset`` under
@@ -11,6 +12,8 @@ RUN_DIR), with dropout.
 ``--esm``: a tiny ESM-2 on ``epochal train``'s protein path (the synthetic FASTA of
 ``data.mock`` converted to BioNeMo's layout in ``esm-cache`` next to RUN_DIR; members
 and masks drawn per ``EpochIndex``), with dropout.
+``--moe``: the GPT with mixture-of-experts blocks routed as DeepSeek-V3 (sigmoid scores,
+the balancing bias moved after every step, group-limited, the sequence-wise balance loss).
 ``--sft``: the tiny GPT fine-tuned on packed chat rows (``[sft]``; the rows in ``sft``
 next to RUN_DIR, written by the test before the runs start), with dropout.
 
@@ -70,6 +73,22 @@ BASE_BERT = [  # on top of tests/parallel/bert_worker.py's BASE
 ]
 
 
+#: ``--moe``: the GPT's blocks routed as DeepSeek-V3 (the balancing bias moved every step)
+DEEPSEEK_MOE = (
+    "--model.num_experts=8",
+    "--model.moe_router_topk=4",
+    "--model.moe_ffn_hidden_size=32",
+    "--model.moe_shared_expert_intermediate_size=32",
+    "--model.moe_router_score_function=sigmoid",
+    "--model.moe_router_enable_expert_bias=true",
+    "--model.moe_router_bias_update_rate=0.01",
+    "--model.moe_router_num_groups=4",
+    "--model.moe_router_group_topk=2",
+    "--model.moe_router_load_balancing_type=seq_aux_loss",
+    "--model.moe_aux_loss_coeff=0.001",
+)
+
+
 def main(argv: list[str]) -> int:
     run_dir, iters, rest = argv[0], int(argv[1]), argv[2:]
     pause_after = None
@@ -78,7 +97,8 @@ def main(argv: list[str]) -> int:
     esm = rest[:1] == ["--esm"]
     finetune = rest[:1] == ["--finetune"]
     sft = rest[:1] == ["--sft"]
-    rest = rest[1:] if bert or t5 or esm or finetune or sft else rest
+    moe = rest[:1] == ["--moe"]
+    rest = rest[1:] if bert or t5 or esm or finetune or sft or moe else rest
     if rest[:1] == ["--pause-after"]:
         pause_after, rest = int(rest[1]), rest[2:]
     if bert:
@@ -136,7 +156,13 @@ def main(argv: list[str]) -> int:
     else:
         cfg = build_config(
             preset="tiny",
-            overrides=[*BASE, f"--run_dir={run_dir}", f"--training.train_iters={iters}", *rest],
+            overrides=[
+                *BASE,
+                *(DEEPSEEK_MOE if moe else ()),
+                f"--run_dir={run_dir}",
+                f"--training.train_iters={iters}",
+                *rest,
+            ],
         )
         data = make_loaders(
             cfg,

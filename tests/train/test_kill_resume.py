@@ -41,6 +41,8 @@ def losses(run_dir: Path, kind: str = "train") -> dict[int, dict[int, float]]:
     scope="module",
     params=[
         "gpt",
+        # DeepSeek-V3's routing: the balancing bias, moved every step, resumes with the run
+        "moe",
         pytest.param("bert", marks=pytest.mark.slow),
         pytest.param("t5", marks=pytest.mark.slow),
         # ESM-2 resumes exactly in tests/parallel/test_bert_layouts.py (on two ranks, in the
@@ -64,6 +66,7 @@ def runs(tmp_path_factory, request) -> dict[str, Path]:
     """
     mode = {
         "gpt": (),
+        "moe": ("--moe",),
         "bert": ("--bert",),
         "t5": ("--t5",),
         "esm": ("--esm",),
