@@ -27,6 +27,11 @@ def test_init_from_a_qwen3_folder_takes_its_configuration_and_weights(tmp_path):
     assert cfg.tie_embeddings and cfg.vocab_size == VOCAB
     # what Trainer.train() does when there is nothing to resume
     tr.init_from_checkpoint(tr.find_checkpoint(tmp_path / "qwen3", "init_from"))
+    assert_the_logits_of(hf, tr)
+
+
+def assert_the_logits_of(hf, tr) -> None:
+    """The trainer's model (initialised from ``hf``'s folder) gives ``hf``'s logits (1e-4)."""
     tokens = torch.randint(0, VOCAB, (2, 8), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         want = hf(tokens).logits

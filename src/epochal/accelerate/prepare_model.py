@@ -34,8 +34,7 @@ from torch import nn
 
 from epochal.accelerate.heads import HEAD_FAMILIES, HeadLayout, head_layout
 from epochal.formats.common import ConversionError
-from epochal.formats.hf.io import EXPORTERS, IMPORTERS
-from epochal.formats.hf.moe import MOE_FAMILIES
+from epochal.formats.hf.io import EXPORTERS, IMPORTERS, MOE_ARCHITECTURES
 from epochal.model.config import ModelConfig
 
 __all__ = [
@@ -186,7 +185,7 @@ def convert_hf_model(
             head_layout(model, family, architecture)
         except ValueError as exc:
             raise ModelPrepareError(str(exc)) from None
-    if architecture in MOE_FAMILIES:
+    if architecture in MOE_ARCHITECTURES:
         raise ModelPrepareError(
             f"prepare() got a {type(model).__name__}: mixture-of-experts models are not "
             "converted in memory (transformers keeps their experts fused); convert the saved "

@@ -89,7 +89,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=get_args(Architecture),
         default=None,
         help="HF output class (default: GPT -> gpt2 for learned positions; with RoPE and "
-        "experts qwen3_moe for QK-norm, qwen2_moe for a shared expert, else mixtral; with RoPE qwen3 "
+        "experts glm4_moe for sigmoid routing, qwen3_moe for QK-norm, qwen2_moe for a shared "
+        "expert, else mixtral; with RoPE qwen3 "
         "for QK-norm, qwen2 for biases on q/k/v only, mistral for a sliding window, else llama; "
         "BERT -> bert (post-LN) or megatron-bert (pre-LN); ESM -> esm; T5 -> t5 (or mt5))",
     )

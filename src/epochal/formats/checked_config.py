@@ -203,6 +203,20 @@ HF_SCHEMAS: dict[str, Schema] = {
 }
 HF_SCHEMAS["mt5"] = HF_SCHEMAS["t5"]
 HF_SCHEMAS["qwen3_moe"] = {**HF_SCHEMAS["qwen2_moe"], "attention_bias": (BOOL, False)}
+HF_SCHEMAS["glm4_moe"] = {
+    **_HF_DECODER,
+    "attention_bias": (BOOL, False),
+    "use_qk_norm": (BOOL, False),
+    "n_routed_experts": (POS_INT, True),
+    "num_experts_per_tok": (POS_INT, False),
+    "moe_intermediate_size": (POS_INT, True),
+    "n_shared_experts": (NONNEG_INT, False),
+    "first_k_dense_replace": (NONNEG_INT, False),
+    "n_group": (POS_INT, False),
+    "topk_group": (POS_INT, False),
+    "routed_scaling_factor": (POS_FLOAT, False),
+    "norm_topk_prob": (BOOL, False),
+}
 #: fields inside ``rope_scaling`` / ``rope_parameters`` (Llama, ESM).
 HF_ROPE_SCHEMA: Schema = {
     "rope_type": (STR, False),

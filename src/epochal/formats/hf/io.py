@@ -42,6 +42,7 @@ from epochal.formats.checked_config import (
 from epochal.formats.common import ConversionError, check_shapes, complete_tied
 from epochal.formats.hf import bert as hf_bert
 from epochal.formats.hf import esm as hf_esm
+from epochal.formats.hf import glm4_moe as hf_glm4_moe
 from epochal.formats.hf import gpt2 as hf_gpt2
 from epochal.formats.hf import llama as hf_llama
 from epochal.formats.hf import mistral as hf_mistral
@@ -76,6 +77,7 @@ Architecture = Literal[
     "mixtral",
     "qwen2_moe",
     "qwen3_moe",
+    "glm4_moe",
     "bert",
     "megatron-bert",
     "esm",
@@ -83,7 +85,17 @@ Architecture = Literal[
     "mt5",
 ]
 #: the Hugging Face architectures of a GPT (``model.type="gpt"``).
-GPT_ARCHITECTURES = ("gpt2", "llama", "qwen2", "qwen3", "mistral", *hf_moe.MOE_FAMILIES)
+#: the mixture-of-experts architectures among :data:`GPT_ARCHITECTURES`
+MOE_ARCHITECTURES = (*hf_moe.MOE_FAMILIES, "glm4_moe")
+GPT_ARCHITECTURES = (
+    "gpt2",
+    "llama",
+    "qwen2",
+    "qwen3",
+    "mistral",
+    *hf_moe.MOE_FAMILIES,
+    "glm4_moe",
+)
 ConfigReader = Callable[[dict[str, Any], dict[str, torch.Tensor], int], ModelConfig]
 StateReader = Callable[[dict[str, torch.Tensor], ModelConfig, str], dict[str, torch.Tensor]]
 
@@ -122,6 +134,10 @@ _READERS: dict[str, tuple[ConfigReader, StateReader]] = {
         )
         for kind in hf_moe.MOE_FAMILIES
     },
+    "glm4_moe": (
+        lambda hf, w, m: hf_glm4_moe.ours_config_from_glm4_moe(hf, make_vocab_size_divisible_by=m),
+        lambda w, c, src: hf_glm4_moe.ours_state_from_glm4_moe(w, c, source=src),
+    ),
     "bert": (
         lambda hf, w, m: hf_bert.ours_config_from_bert(
             hf, pre_ln=False, binary_head=hf_bert.has_binary_head(w), make_vocab_size_divisible_by=m
@@ -210,6 +226,7 @@ EXPORTERS: dict[
         _decoder_writer(hf_mistral.mistral_config_from_ours),
     ),
     **{kind: _moe_exporter(kind) for kind in hf_moe.MOE_FAMILIES},
+    "glm4_moe": (hf_glm4_moe.glm4_moe_config_from_ours, hf_glm4_moe.glm4_moe_state_from_ours),
     "bert": (hf_bert.bert_config_from_ours, hf_bert.bert_state_from_ours),
     "megatron-bert": (hf_bert.bert_config_from_ours, hf_bert.bert_state_from_ours),
     "esm": (hf_esm.esm_config_from_ours, hf_esm.esm_state_from_ours),
@@ -394,8 +411,9 @@ def load_hf_config(
 def hf_architecture_for(config: ModelConfig) -> Architecture:
     """The default Hugging Face architecture of ``config``.
 
-    GPT: ``"gpt2"`` for learned absolute positions; with RoPE and experts ``"qwen3_moe"``
-    (QK-norm), ``"qwen2_moe"`` (a shared expert) or ``"mixtral"``; else ``"qwen3"`` when it has
+    GPT: ``"gpt2"`` for learned absolute positions; with RoPE and experts ``"glm4_moe"``
+    (sigmoid routing), ``"qwen3_moe"`` (QK-norm), ``"qwen2_moe"`` (a shared expert) or
+    ``"mixtral"``; else ``"qwen3"`` when it has
     QK-norm, ``"qwen2"`` with biases on q/k/v but not on the other linears,
     ``"mistral"`` with a sliding window, else ``"llama"`` (each exporter then refuses
     what its class cannot hold, naming it). BERT:
@@ -414,6 +432,8 @@ def hf_architecture_for(config: ModelConfig) -> Architecture:
         return "gpt2"
     if config.position_embedding_type == "rope":
         if config.num_experts is not None:
+            if config.moe_router_score_function == "sigmoid":
+                return "glm4_moe"
             if config.qk_layernorm:
                 return "qwen3_moe"
             return "qwen2_moe" if config.moe_shared_expert_intermediate_size else "mixtral"
@@ -471,7 +491,7 @@ def _what_holds_it(config: ModelConfig, refused: str) -> str:
     others = [
         why.removeprefix("cannot export to ")
         for a, why in refusals.items()
-        if why is not None and a != refused and (a in hf_moe.MOE_FAMILIES) == moe and a != "gpt2"
+        if why is not None and a != refused and (a in MOE_ARCHITECTURES) == moe and a != "gpt2"
     ]
     return "no Hugging Face architecture epochal exports holds this model" + (
         " (" + "; ".join(others) + ")" if others else ""

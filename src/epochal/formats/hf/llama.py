@@ -362,13 +362,15 @@ def decoder_state_to_ours(
     *,
     source: str,
     moe_module: Callable[[str], str | None] | None = None,
+    extra: Mapping[str, torch.Tensor] | None = None,
 ) -> dict[str, torch.Tensor]:
     """A Llama-shaped decoder's state dict (Llama, Qwen2, Qwen3, Mistral) in our names.
 
     The vocabulary is padded with zeros; the tensors must be exactly those of
     ``build_model(config)`` (a bias or QK-norm the config lacks is unexpected).
     ``moe_module`` names a layer's mixture-of-experts modules in ours (None for
-    the others; :mod:`epochal.formats.hf.moe`).
+    the others; :mod:`epochal.formats.hf.moe`); ``extra``: tensors the family renamed
+    itself, already in our names (checked with the others).
 
     Raises:
         ConversionError: a tensor is missing, unexpected or has the wrong shape.
@@ -398,6 +400,7 @@ def decoder_state_to_ours(
         else:
             raise ConversionError(f"{source}: unexpected tensor {name!r}")
     out = attach_output_head(config, out, head, source=source, head_name="lm_head.weight")
+    out.update(extra or {})
     check_shapes(out, config, source)
     return out
 

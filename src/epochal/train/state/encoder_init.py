@@ -273,11 +273,12 @@ def load_encoder_weights(
 
 @torch.no_grad()
 def copy_full_state(part: nn.Module, state: dict[str, torch.Tensor]) -> None:
-    """Copy full (unsharded) tensors into the part's parameters, sharded as they are.
+    """Copy full (unsharded) tensors into the part's parameters, sharded as they are, and
+    into its persistent buffers (an MoE layer's balancing bias).
 
     ``state`` maps canonical names (``tok_embeddings.weight``) to whole tensors;
     tensor-parallel and FSDP parameters (DTensors) take their own shard, others the
-    whole tensor. Parameters ``state`` does not name are left as they are.
+    whole tensor. Tensors ``state`` does not name are left as they are.
     """
     from torch.distributed.tensor import DTensor, distribute_tensor
 
@@ -295,3 +296,8 @@ def copy_full_state(part: nn.Module, state: dict[str, torch.Tensor]) -> None:
             param.to_local().copy_(local)
         else:
             param.copy_(full.to(param.device, param.dtype))
+    persistent = set(part.state_dict(keep_vars=True))
+    for name, buffer in part.named_buffers():  # saved buffers too (an MoE layer's balancing bias)
+        full = state.get(canonical_name(name))
+        if full is not None and name in persistent:
+            buffer.copy_(full.to(buffer.device, buffer.dtype))
