@@ -36,6 +36,8 @@ DEEPSEEK = [
     "--model.moe_router_group_topk=2",
     "--model.moe_router_topk_scaling_factor=2.5",
     "--model.moe_aux_loss_coeff=0.001",
+    # DeepSeek's first dense block: on two pipeline stages the first holds no MoE layer
+    "--model.moe_layer_freq=[0, 1]",
 ]
 
 
@@ -95,7 +97,7 @@ def test_the_layout_trains_the_bits_of_one_process(one, one_c2, two, layout):
 
 def test_the_bias_is_saved_and_resumes_exactly(root, one, two):
     # every MoE block's bias is in the checkpoint
-    assert _saved_biases(root / "ep2") == [f"model.layers.{i}.mlp.expert_bias" for i in (0, 1)]
+    assert _saved_biases(root / "ep2") == ["model.layers.1.mlp.expert_bias"]
     resumed = root / "ep2-on-ep1" / "checkpoints"
     resumed.mkdir(parents=True)
     name = step_folder_name(HALF)

@@ -57,7 +57,8 @@ its keys and values again, in the same order on every rank) and pipeline
 parallelism. T5 (learned positions): each stack is cut into chunks of its own length
 (:meth:`ContextParallel._cut_stacks`), the self-attentions exchange as above and each
 cross-attention reads every rank's chunks of the encoder output
-(:meth:`ContextParallel.cross_attention`; the head exchange's own with ``a2a``).
+(:meth:`ContextParallel.attention` without a causal mask, whose keys, of another length,
+are gathered as any; the head exchange's own with ``a2a``).
 Refused by name (:func:`check_context_parallel`,
 :meth:`ContextParallel.check_training`): T5's relative bias, ALiBi and sliding windows except with the
 exchange of heads (``a2a``, whose ranks attend over the whole sequence), fine-tuning heads outside the
@@ -232,8 +233,9 @@ def global_key_mask(
 ) -> torch.Tensor:
     """An attention mask over all ``seq`` keys in global order (bool, True = masked out).
 
-    A key padding mask over this rank's ``local`` tokens (``[b, 1, 1, L]``: BERT / ESM-2,
-    T5's decoder, combined with the causal mask there) is gathered over ``group``; a mask over all keys (``[b, 1, L or 1, S]``: this rank's
+    A key padding mask over this rank's ``local`` keys (``[b, 1, 1, L]``: BERT / ESM-2, T5's
+    decoder under the causal mask, T5's encoder output) is gathered over ``group``; a mask
+    over all keys (``[b, 1, L or 1, S]``: this rank's
     query rows of a per-document or packed-document mask) is returned as it is.
 
     Raises:
@@ -463,10 +465,11 @@ class ContextParallel:
 
         Args:
             q: ``[b, heads, L, head_dim]``, this rank's ``L = 2c`` tokens.
-            k, v: ``[b, kv_heads, L, head_dim]``.
+            k, v: ``[b, kv_heads, L, head_dim]``; in a cross-attention (``causal`` False)
+                this rank's ``Lk`` tokens of the other sequence (T5's encoder output).
             causal: mask keys after each query's global position.
-            attention_mask: bool, True = masked out: bidirectional, a key padding
-                mask ``[b, 1, 1, L]`` over this rank's tokens (gathered here); causal or
+            attention_mask: bool, True = masked out: a key padding mask ``[b, 1, 1, Lk]``
+                over this rank's keys (gathered here); causal or
                 bidirectional, a mask ``[b, 1, L or 1, S]`` over all keys in global order
                 (this rank's query rows of a per-document or packed-document mask, as
                 :meth:`forward` cuts it).
@@ -477,7 +480,8 @@ class ContextParallel:
         Raises:
             ValueError: an ``attention_mask`` of another shape.
         """
-        seq = q.shape[2] * self.size
+        local = k.shape[2]  # the queries' too, but in cross-attention (T5)
+        seq = local * self.size
         k_all = gather_sequence(k, self.group, 2, reduce_grad=True)
         v_all = gather_sequence(v, self.group, 2, reduce_grad=True)
         rep = q.shape[1] // k_all.shape[1]
@@ -486,7 +490,7 @@ class ContextParallel:
             v_all = v_all.repeat_interleave(rep, dim=1)
         masked_out = None
         if attention_mask is not None:
-            masked_out = global_key_mask(attention_mask, self.group, q.shape[2], seq, causal=causal)
+            masked_out = global_key_mask(attention_mask, self.group, local, seq, causal=causal)
         if causal:
             return self._causal(q, k_all, v_all, seq, dropout_p, scale, masked_out)
         return F.scaled_dot_product_attention(
@@ -496,53 +500,6 @@ class ContextParallel:
             attn_mask=None if masked_out is None else ~masked_out,
             dropout_p=dropout_p,
             scale=scale,
-        )
-
-    def cross_attention(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        *,
-        causal: bool = False,
-        attention_mask: torch.Tensor | None = None,
-        dropout_p: float = 0.0,
-        scale: float | None = None,
-    ) -> torch.Tensor:
-        """Cross-attention: this rank's queries against every rank's keys of the context.
-
-        T5's decoder chunks attend to the whole encoder output, which the ranks hold in
-        chunks of their own: each cross-attention gathers the context's keys and values
-        (in global order; the backward sums their gradients over the group) and attends
-        without a causal mask, like one process.
-
-        Args:
-            q: ``[b, heads, Lq, head_dim]``, this rank's chunks of the attending sequence.
-            k, v: ``[b, kv_heads, Lk, head_dim]``, its chunks of the context.
-            causal: must be False.
-            attention_mask: a key padding mask ``[b, 1, 1, Lk]`` over this rank's
-                context tokens (True = masked out; gathered), or None.
-
-        Returns:
-            ``[b, heads, Lq, head_dim]``.
-
-        Raises:
-            ValueError: ``causal``, or an ``attention_mask`` of another shape.
-        """
-        if causal:
-            raise ValueError("cross-attention under context parallelism takes no causal mask")
-        k_all = gather_sequence(k, self.group, 2, reduce_grad=True)
-        v_all = gather_sequence(v, self.group, 2, reduce_grad=True)
-        rep = q.shape[1] // k_all.shape[1]
-        if rep > 1:
-            k_all = k_all.repeat_interleave(rep, dim=1)
-            v_all = v_all.repeat_interleave(rep, dim=1)
-        keep = None
-        if attention_mask is not None:
-            seq = k_all.shape[2]
-            keep = ~global_key_mask(attention_mask, self.group, k.shape[2], seq, causal=False)
-        return F.scaled_dot_product_attention(
-            q, k_all, v_all, attn_mask=keep, dropout_p=dropout_p, scale=scale
         )
 
     def _causal(
@@ -652,7 +609,7 @@ class ContextParallel:
         padding masks keep this rank's chunks of their own sequence; the stacks' position
         ids become the chunks' global positions (learned positions stay those of one
         process). The decoder's cross-attention reads every rank's chunks of the encoder
-        output (:meth:`cross_attention`).
+        output (:meth:`attention`).
         """
         self._row = None
         for stack in ("encoder", "decoder"):
@@ -850,8 +807,8 @@ def apply_context_parallel(
     ``a2a``: :class:`~epochal.parallel.canonical_context.HeadExchangeAttention`, whole heads
     over the whole sequence); None points every seam at ``cp.attention`` (``allgather``:
     every rank's keys and values gathered). ``cross_core(attention)`` likewise for the
-    cross-attentions of an encoder-decoder (None: :meth:`ContextParallel.cross_attention`,
-    the context's keys and values gathered; the ring has no cross-attention form).
+    cross-attentions of an encoder-decoder (None: ``cp.attention``, the context's keys and
+    values gathered; the ring has no cross-attention form).
 
     A BERT binary head pools the first token from the rank that holds it
     (:func:`first_token_hook`); every rank computes the same binary logits, and only
@@ -866,8 +823,7 @@ def apply_context_parallel(
             module.core_attention = cp.attention if core is None else core(module)
             count += 1
         elif isinstance(module, Attention):
-            seam = cp.cross_attention if cross_core is None else cross_core(module)
-            module.core_attention = seam
+            module.core_attention = cp.attention if cross_core is None else cross_core(module)
             count += 1
         if isinstance(module, MoEMLP):  # balance statistics over the whole sequence
             module.token_sum = cp.sum_tokens

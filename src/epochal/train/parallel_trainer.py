@@ -135,8 +135,15 @@ class ParallelTrainer(Trainer):
         self.dims = check_layout(config, self.dist.world_size)
         self.mesh = self.dims.build_mesh(self.dist.device.type) if self.dist.distributed else None
         self.custom_loss: LossFn | None = loss_fn
-        #: the ranks of this pipeline stage (MoE's balancing counts; made at the first use)
+        #: the ranks of this pipeline stage, which sum MoE's balancing counts (made here by
+        #: every rank, as groups are: a stage without MoE layers never sums any)
         self._stage_group: Any = None
+        if self.mesh is not None and config.model.moe_router_enable_expert_bias:
+            self._stage_group = (
+                dist.group.WORLD
+                if self.dims.pp == 1
+                else self.mesh[("dp", "cp", "tp")]._flatten().get_group()
+            )
         set_data_parallel_group(
             self.mesh["dp"].get_group() if self.mesh is not None and self.dims.dp > 1 else None
         )
@@ -283,14 +290,8 @@ class ParallelTrainer(Trainer):
     def sum_expert_counts(self, counts: torch.Tensor) -> None:
         """Sum MoE experts' step counts over the ranks of this pipeline stage (every other
         parallelism's ranks hold other tokens of the same layers, or the same ones)."""
-        if self.mesh is None:
-            return
-        if self._stage_group is None:  # made once, by every rank at the same step
-            names = ("dp", "cp", "tp")
-            self._stage_group = (
-                dist.group.WORLD if self.dims.pp == 1 else self.mesh[names]._flatten().get_group()
-            )
-        dist.all_reduce(counts, group=self._stage_group)
+        if self._stage_group is not None:
+            dist.all_reduce(counts, group=self._stage_group)
 
     def loss_divisor(self, num_microbatches: int) -> int:
         """The gradient synchronisation's divisor (:meth:`PlainGradSync.loss_divisor`: this

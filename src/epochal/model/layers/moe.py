@@ -109,14 +109,17 @@ class MoEMLP(nn.Module):
         self.layer_id = layer_id
         self.num_experts = config.num_experts
         self.topk = config.moe_router_topk
-        self.pre_softmax = config.moe_router_pre_softmax
-        self.capacity_factor = config.moe_expert_capacity_factor
         self.aux_loss_coeff = float(config.moe_aux_loss_coeff)
         self.z_loss_coeff = float(config.moe_z_loss_coeff)
-        self.score_function = config.moe_router_score_function
-        self.num_groups = config.moe_router_num_groups
-        self.group_topk = config.moe_router_group_topk
-        self.scaling_factor = config.moe_router_topk_scaling_factor
+        #: :func:`~epochal.model.layers.router.route`'s options (the bias aside: a buffer)
+        self.routing: dict[str, Any] = dict(
+            pre_softmax=config.moe_router_pre_softmax,
+            capacity_factor=config.moe_expert_capacity_factor,
+            score_function=config.moe_router_score_function,
+            num_groups=config.moe_router_num_groups,
+            group_topk=config.moe_router_group_topk,
+            scaling_factor=config.moe_router_topk_scaling_factor,
+        )
         self.bias_update_rate = float(config.moe_router_bias_update_rate)
         #: ``aux_loss`` (the micro-batch's), ``seq_aux_loss`` (per sequence) or ``none``
         self.load_balancing = config.moe_router_load_balancing_type
@@ -167,15 +170,7 @@ class MoEMLP(nn.Module):
         tokens = x.reshape(-1, shape[-1])
         logits = self.router(tokens)
         weights, experts, keep, probs = route(
-            logits,
-            self.topk,
-            pre_softmax=self.pre_softmax,
-            capacity_factor=self.capacity_factor,
-            score_function=self.score_function,
-            expert_bias=self.expert_bias,
-            num_groups=self.num_groups,
-            group_topk=self.group_topk,
-            scaling_factor=self.scaling_factor,
+            logits, self.topk, expert_bias=self.expert_bias, **self.routing
         )
         weights = weights.to(x.dtype)
         dispatch = self.dispatcher or (
@@ -197,15 +192,16 @@ class MoEMLP(nn.Module):
             # the bias's update reads the step's counts (Megatron-Core counts where
             # gradients are on: not in evaluations, nor in a recompute's first pass)
             self.expert_counts.add_(counts)
-        if self.token_sum is None:
+        if self.load_balancing == "seq_aux_loss":
+            sequences = shape[0] if len(shape) == 3 else 1
+            aux, z = self._sequence_balance(probs, experts, logits, sequences)
+        elif self.token_sum is None:
             aux = switch_aux_loss(probs, counts, self.topk)
             z = torch.logsumexp(logits.float(), dim=-1).square().mean()
             self._record(aux, z, counts)
         else:
             aux, z = self._sequence_shares(probs, counts, logits)
-        if self.load_balancing == "seq_aux_loss":
-            aux = self._sequence_balance(probs, experts, shape[0] if len(shape) == 3 else 1)
-        elif self.load_balancing == "none":
+        if self.load_balancing == "none":
             aux = aux.detach()  # recorded, not trained on
         objective = self.aux_loss_coeff * aux + self.z_loss_coeff * z
         if torch.is_grad_enabled() and objective.requires_grad and self.training:
@@ -239,14 +235,14 @@ class MoEMLP(nn.Module):
         return aux, z
 
     def _sequence_balance(
-        self, probs: torch.Tensor, experts: torch.Tensor, sequences: int
-    ) -> torch.Tensor:
-        """Megatron-Core's ``seq_aux_loss``: the mean over the micro-batch's sequences of each
-        sequence's switch loss (its own ``P_e``, ``N_e`` and token count).
+        self, probs: torch.Tensor, experts: torch.Tensor, logits: torch.Tensor, sequences: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Megatron-Core's ``seq_aux_loss`` and the z-loss: the mean over the micro-batch's
+        ``sequences`` of each sequence's switch loss (its own ``P_e``, ``N_e`` and tokens).
 
-        Under context parallelism each sequence's ``N_e`` and token count are summed over
-        the ranks and the result is this rank's share, as in :meth:`_sequence_shares`. The
-        records then hold this loss (summed over the ranks) in place of the micro-batch's.
+        Under context parallelism each sequence's ``N_e`` and token count (and the z-loss's
+        sum) are summed over the ranks in one ``token_sum`` and the results are this rank's
+        shares, as in :meth:`_sequence_shares`; the records hold the summed values.
         """
         e, n = self.num_experts, sequences
         p = probs.view(n, -1, e).sum(1)  # [n, E]
@@ -254,15 +250,17 @@ class MoEMLP(nn.Module):
         flat = (experts.reshape(n, -1) + offsets).reshape(-1)
         counts = torch.bincount(flat, minlength=n * e).view(n, e).float()
         t = torch.full((n,), float(probs.shape[0] // n), device=probs.device)
-        g_p = p.detach()
+        lse2 = torch.logsumexp(logits.float(), dim=-1).square().sum()
+        g_p, g_lse2 = p.detach(), lse2.detach()
         if self.token_sum is not None:
-            stats = self.token_sum(torch.cat([counts.reshape(-1), g_p.reshape(-1), t]))
+            stats = torch.cat([counts.reshape(-1), g_p.reshape(-1), t, g_lse2.reshape(1)])
+            stats = self.token_sum(stats)
             counts, g_p = stats[: n * e].view(n, e), stats[n * e : 2 * n * e].view(n, e)
-            t = stats[2 * n * e :]
+            t, g_lse2 = stats[2 * n * e : 2 * n * e + n], stats[-1]
         norm = e / (t * t * self.topk)
-        if self.last_stats is not None:
-            self.last_stats["aux"] = ((g_p * counts).sum(1) * norm).mean().detach()
-        return ((p * counts).sum(1) * norm).mean()
+        total = t.sum()
+        self._record(((g_p * counts).sum(1) * norm).mean(), g_lse2 / total, counts.sum(0))
+        return ((p * counts).sum(1) * norm).mean(), lse2 / total
 
     @eager
     def _record(self, aux: torch.Tensor, z: torch.Tensor, counts: torch.Tensor) -> None:
