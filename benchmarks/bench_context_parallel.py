@@ -46,20 +46,7 @@ from epochal.parallel.dims import ParallelDims
 from epochal.parallel.engine import ParallelEngine
 from epochal.train.optim.optimizer import OptimizersContainer, build_adamw
 from epochal.train.steps.gpt import GPTTrainStep
-
-
-def _rss_mib(field: str) -> float:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) / 1024
-    raise RuntimeError(f"/proc/self/status has no {field}")
-
-
-def _reset_peak() -> None:
-    """Reset this process's ``VmHWM`` to its current resident set (Linux's ``clear_refs``)."""
-    with open("/proc/self/clear_refs", "w") as stream:
-        stream.write("5")
+from process_memory import reset_peak, rss_mib
 
 
 def _prime_optimizer(parts: list[torch.nn.Module], opts: OptimizersContainer) -> None:
@@ -108,8 +95,8 @@ def _rank(
             "loss_mask": torch.ones(1, args.seq),
         }
         _prime_optimizer(engine.model_parts, opts)
-        base = _rss_mib("VmRSS")
-        _reset_peak()
+        base = rss_mib("VmRSS")
+        reset_peak()
         times = []
         for i in range(args.steps + 1):
             dist.barrier()
@@ -120,7 +107,7 @@ def _rank(
             dist.barrier()
             if i:  # the first step is warmup
                 times.append(time.perf_counter() - t0)
-        out.put((rank, base, _rss_mib("VmHWM"), sum(times) / len(times)))
+        out.put((rank, base, rss_mib("VmHWM"), sum(times) / len(times)))
     except BaseException as exc:  # noqa: BLE001 - the parent must not wait for a dead rank
         out.put((rank, repr(exc), 0.0, 0.0))
         raise

@@ -36,16 +36,9 @@ from epochal.parallel.engine import ParallelEngine
 from epochal.train.config import build_config, model_config_from_section
 from epochal.train.optim.optimizer import OptimizersContainer, build_adamw
 from epochal.train.steps.gpt import GPTTrainStep
+from process_memory import rss_mib
 
 VOCAB = 4096  # moe-tiny's BPE vocabulary
-
-
-def _rss_mib(field: str) -> float:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) / 1024
-    raise RuntimeError(f"/proc/self/status has no {field}")
 
 
 def _model(seq: int) -> Any:
@@ -83,7 +76,7 @@ def _rank(rank: int, world: int, ep: int, port: int, args: argparse.Namespace, o
             {"tokens": d[:, :-1], "labels": d[:, 1:], "loss_mask": torch.ones(d.shape[0], args.seq)}
             for d in data
         ]
-        base = _rss_mib("VmRSS")
+        base = rss_mib("VmRSS")
         times = []
         for i in range(args.steps + 1):
             if world > 1:
@@ -97,7 +90,7 @@ def _rank(rank: int, world: int, ep: int, port: int, args: argparse.Namespace, o
                 dist.barrier()
             if i:  # the first step is warm-up
                 times.append(time.perf_counter() - t0)
-        out.put((rank, base, _rss_mib("VmHWM"), sum(times) / len(times), held))
+        out.put((rank, base, rss_mib("VmHWM"), sum(times) / len(times), held))
     except BaseException as exc:  # noqa: BLE001 - the parent must not wait for a dead rank
         out.put((rank, repr(exc), 0.0, 0.0, 0))
         raise

@@ -42,14 +42,7 @@ from torch import nn
 
 from epochal.model import ModelConfig
 from epochal.model.layers.moe import MoEMLP
-
-
-def _rss_mib(field: str) -> float:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) / 1024
-    raise RuntimeError(f"/proc/self/status has no {field}")
+from process_memory import reset_peak, rss_mib
 
 
 def _ours(args: argparse.Namespace, experts: int, topk: int, *, deepseek: bool) -> MoEMLP:
@@ -128,15 +121,14 @@ def _measure(module: nn.Module, x: torch.Tensor, repeats: int) -> tuple[float, f
     for _ in range(2):
         call()
     module.zero_grad(set_to_none=True)
-    with open("/proc/self/clear_refs", "w") as stream:
-        stream.write("5")  # Linux: the peak resident memory from here
-    base = _rss_mib("VmRSS")
+    reset_peak()  # the peak resident memory from here
+    base = rss_mib("VmRSS")
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
         call()
         times.append(time.perf_counter() - t0)
-    return statistics.median(times), _rss_mib("VmHWM") - base
+    return statistics.median(times), rss_mib("VmHWM") - base
 
 
 def main() -> None:

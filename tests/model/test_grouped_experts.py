@@ -15,27 +15,12 @@ from epochal.model import build_model
 from epochal.model.config import ConfigError, ModelConfig
 from epochal.model.layers import grouped_experts
 from epochal.model.layers.moe import MoEMLP
+from tests.model.test_moe import _config as moe_config
 
 
 def _config(**kw) -> ModelConfig:
-    base = dict(
-        vocab_size=96,
-        hidden_size=64,
-        num_layers=2,
-        num_attention_heads=4,
-        max_position_embeddings=32,
-        position_embedding_type="rope",
-        normalization="RMSNorm",
-        activation="swiglu",
-        add_bias_linear=False,
-        hidden_dropout=0.0,
-        attention_dropout=0.0,
-        num_experts=16,
-        moe_router_topk=8,
-        moe_ffn_hidden_size=32,
-    )
-    base.update(kw)
-    return ModelConfig(**base)
+    """test_moe's tiny layer with 16 experts, top-8."""
+    return moe_config(**{"num_experts": 16, "moe_router_topk": 8, "moe_ffn_hidden_size": 32, **kw})
 
 
 def _run(layer: MoEMLP, x: torch.Tensor, grouped: bool):
@@ -78,20 +63,15 @@ def test_where_grouped_experts_do_not_apply_the_option_is_named():
     from epochal.parallel.canonical_plan import canonical_refusal
     from epochal.parallel.config import ParallelConfig
     from epochal.parallel.dims import ParallelDims
-    from epochal.parallel.model_support import check_model_layout
 
     with pytest.raises(ConfigError) as info:
         _config(moe_grouped_gemm=True, add_bias_linear=True)
     assert info.value.option == "moe_grouped_gemm"
     cfg = _config(moe_grouped_gemm=True)
     assert "moe_grouped_gemm" in canonical_refusal(cfg, 8)
-    for layout, world in (
-        ({"tensor_parallel": 2}, 2),
-        ({"expert_parallel": 2, "data_parallel": 2}, 2),
-    ):
+    for layout in ({"tensor_parallel": 2}, {"expert_parallel": 2, "data_parallel": 2}):
         pc = ParallelConfig(**layout)
-        dims = ParallelDims.from_config(pc, world)
-        with pytest.raises(ConfigError) as info:
-            check_model_layout(cfg, dims, sequence_parallel=False)
+        dims = ParallelDims.from_config(pc, 2)
+        with pytest.raises(ConfigError) as info:  # before any process starts (check_layout)
             dims.validate(cfg, micro_batch_size=1, global_batch_size=4, seq_length=32, config=pc)
         assert info.value.option == "model.moe_grouped_gemm"

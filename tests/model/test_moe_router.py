@@ -17,6 +17,7 @@ from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3MoE
 from epochal.model.config import ConfigError, ModelConfig
 from epochal.model.layers.moe import MoEMLP, reset_expert_counts, update_expert_bias
 from epochal.model.layers.router import route
+from tests.model.test_moe import _config as moe_config
 
 E, K = 16, 4
 
@@ -107,29 +108,22 @@ def test_a_skipped_step_keeps_the_bias_and_clears_the_counts():
     assert not layer.expert_counts.any()  # evaluations do not
 
 
+#: DeepSeek-V3's routing on test_moe's tiny layer: E experts, top-K of the best 2 of 4 groups
+DEEPSEEK = dict(
+    num_experts=E,
+    moe_router_topk=K,
+    moe_ffn_hidden_size=32,
+    moe_shared_expert_intermediate_size=64,
+    moe_router_score_function="sigmoid",
+    moe_router_enable_expert_bias=True,
+    moe_router_num_groups=4,
+    moe_router_group_topk=2,
+    moe_router_topk_scaling_factor=2.5,
+)
+
+
 def _config(**kw) -> ModelConfig:
-    base = dict(
-        vocab_size=96,
-        hidden_size=64,
-        num_layers=2,
-        num_attention_heads=4,
-        max_position_embeddings=32,
-        position_embedding_type="rope",
-        normalization="RMSNorm",
-        activation="swiglu",
-        add_bias_linear=False,
-        num_experts=E,
-        moe_router_topk=K,
-        moe_ffn_hidden_size=32,
-        moe_shared_expert_intermediate_size=64,
-        moe_router_score_function="sigmoid",
-        moe_router_enable_expert_bias=True,
-        moe_router_num_groups=4,
-        moe_router_group_topk=2,
-        moe_router_topk_scaling_factor=2.5,
-    )
-    base.update(kw)
-    return ModelConfig(**base)
+    return moe_config(**{**DEEPSEEK, **kw})
 
 
 def test_the_layer_equals_transformers_deepseek_v3_moe():
@@ -214,16 +208,15 @@ def test_the_sequence_wise_loss_equals_megatron_cores():
 
 
 @pytest.mark.parametrize("balance", ["aux_loss", "seq_aux_loss"])
-def test_the_shares_of_two_context_parallel_ranks_add_up_to_one_process(balance):
-    # two ranks holding the same tokens: their shares add up to one process's loss over
-    # the sequences holding those tokens twice
+def test_two_context_parallel_ranks_record_one_processs_losses(balance):
+    # two ranks holding the same tokens (a token_sum that doubles): the records are one
+    # process's over the sequences holding those tokens twice
     torch.manual_seed(2)
     layer = MoEMLP(_config(moe_router_load_balancing_type=balance, moe_aux_loss_coeff=1.0))
     x = torch.randn(2, 8, 64)
     layer(torch.cat([x, x], dim=1))
-    whole = layer.last_stats["aux"]
+    whole = dict(layer.last_stats)
     layer.token_sum = lambda t: 2 * t
-    out = layer(x)
-    # the records hold the summed (global) value
-    torch.testing.assert_close(layer.last_stats["aux"], whole, rtol=1e-6, atol=0)
-    assert out.shape == x.shape
+    layer(x)
+    for key in ("aux", "z", "tokens"):
+        torch.testing.assert_close(layer.last_stats[key], whole[key], rtol=1e-6, atol=0)

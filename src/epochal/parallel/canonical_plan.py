@@ -101,6 +101,7 @@ from torch.distributed.tensor.parallel.style import ParallelStyle
 
 from epochal.data.epochs.permutation import derive_seed
 from epochal.model.config import ModelConfig
+from epochal.model.layers.mlp import ACTIVATION_FUNCTIONS, GATED_ACTIVATIONS
 from epochal.model.layers.moe import MoEMLP
 from epochal.model.layers.packing import PackedSequences
 from epochal.parallel.canonical import Reductions, sequence_all_gather
@@ -386,15 +387,6 @@ def _head_norm_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
 
 
 #: each activation's function of the pre-activation (the MLP's own formulas)
-_ACTIVATIONS = {
-    "swiglu": F.silu,
-    "gated_gelu": lambda t: F.gelu(t, approximate="tanh"),
-    "relu": F.relu,
-    "gelu_tanh": lambda t: F.gelu(t, approximate="tanh"),
-    "gelu": F.gelu,
-}
-
-
 def _per_chunk(fn: Any, t: torch.Tensor, chunks: int) -> torch.Tensor:
     """``fn`` applied to each of ``t``'s ``chunks`` last-dimension chunks on its own.
 
@@ -411,8 +403,8 @@ def _per_chunk(fn: Any, t: torch.Tensor, chunks: int) -> torch.Tensor:
 def _mlp_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """The MLP with its activation computed per canonical chunk (``[..., hidden]`` in and out)."""
     chunks = self.canonical_reductions.local
-    act = _ACTIVATIONS[self.activation]
-    if self.activation in ("swiglu", "gated_gelu"):
+    act = ACTIVATION_FUNCTIONS[self.activation]
+    if self.activation in GATED_ACTIVATIONS:
         return self.w2(_per_chunk(act, self.w1(x), chunks) * self.w3(x))
     return self.fc2(_per_chunk(act, self.fc1(x), chunks))
 

@@ -100,7 +100,6 @@ def check_model_layout(
         )
     if getattr(model_config, "num_experts", None) is not None and dims.tp > 1:
         _check_moe_widths(model_config, dims.tp)
-
     supported = SUPPORTED_DIMS.get(model_config.type, frozenset())
     used = (
         ("tensor_parallel", dims.tp > 1),

@@ -129,7 +129,7 @@ def moe_args_from_config(config: Any, *, tensor_parallel: int, expert_parallel: 
         "moe_token_drop_policy": "probs",
         "moe_pad_expert_input_to_capacity": False,
         "moe_layer_freq": list(freq) if isinstance(freq, list | tuple) else freq,
-        "moe_grouped_gemm": config.moe_grouped_gemm,
+        "moe_grouped_gemm": False,  # the experts are written sequential (local_experts.e)
         "expert_model_parallel_size": expert_parallel,
         "expert_tensor_parallel_size": tensor_parallel,
     }
@@ -192,12 +192,12 @@ def moe_fields_from_args(args: Namespace, source: str) -> dict[str, Any]:
         "moe_z_loss_coeff": float(_get(args, "moe_z_loss_coeff", 0.0)),
         "moe_expert_capacity_factor": None if capacity is None else float(capacity),
         "moe_layer_freq": freq,
-        **_router_fields(args, score),
+        **_router_fields(args, score, kinds[0]),
     }
 
 
-def _router_fields(args: Namespace, score: str) -> dict[str, Any]:
-    """The score function, balancing bias, group limit and scaling of Megatron ``args``."""
+def _router_fields(args: Namespace, score: str, balance: str) -> dict[str, Any]:
+    """The score function, balancing bias, group limit, scaling and balance loss of ``args``."""
     scale = _get(args, "moe_router_topk_scaling_factor")
     groups, group_topk = _get(args, "moe_router_num_groups"), _get(args, "moe_router_group_topk")
     return {
@@ -207,13 +207,8 @@ def _router_fields(args: Namespace, score: str) -> dict[str, Any]:
         "moe_router_num_groups": int(groups) if groups and group_topk else None,
         "moe_router_group_topk": int(group_topk) if groups and group_topk else None,
         "moe_router_topk_scaling_factor": None if scale in (None, 1, 1.0) else float(scale),
-        "moe_router_load_balancing_type": _balance_type(args),
+        "moe_router_load_balancing_type": balance,
     }
-
-
-def _balance_type(args: Namespace) -> str:
-    balance = _get(args, "moe_router_load_balancing_type", "aux_loss")
-    return str(balance[0] if isinstance(balance, list | tuple) else balance)
 
 
 def expert_parallel_size(args: Namespace, tensor_parallel: int, source: str) -> int:

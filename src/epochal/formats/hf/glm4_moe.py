@@ -35,7 +35,6 @@ transformers' model; their tensors, if a checkpoint holds them, are refused as u
 
 from __future__ import annotations
 
-import dataclasses
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -50,6 +49,7 @@ from epochal.formats.hf.llama import (
     decoder_state_from_ours,
     decoder_state_to_ours,
 )
+from epochal.formats.hf.moe import moe_module_from_ours, moe_module_to_ours
 from epochal.model.config import ModelConfig
 from epochal.model.moe_options import moe_layer_pattern
 
@@ -60,13 +60,7 @@ __all__ = [
     "ours_state_from_glm4_moe",
 ]
 
-_PROJ = {"gate_proj": "w1", "up_proj": "w3", "down_proj": "w2"}
 _BIAS_OURS = "mlp.expert_bias"
-
-
-def _partial(hf: Mapping[str, Any]) -> float:
-    params = hf.get("rope_parameters") or {}
-    return float(params.get("partial_rotary_factor", hf.get("partial_rotary_factor", 0.5)))
 
 
 def ours_config_from_glm4_moe(
@@ -111,44 +105,16 @@ def ours_config_from_glm4_moe(
         moe_router_group_topk=group_topk if groups > 1 else None,
         moe_router_topk_scaling_factor=None if scale == 1.0 else scale,
     )
-    whole = dict(hf)  # RoPE over the whole head for the shared reader, the fraction after
-    whole["rope_parameters"] = {**(hf.get("rope_parameters") or {}), "partial_rotary_factor": 1.0}
-    whole.pop("partial_rotary_factor", None)
-    config = decoder_config(
-        whole,
+    return decoder_config(
+        hf,
         family="GLM-4.5",
         add_bias_linear=False,
         add_qkv_bias=bool(hf.get("attention_bias", False)),
         qk_layernorm=bool(hf.get("use_qk_norm", False)),
         make_vocab_size_divisible_by=make_vocab_size_divisible_by,
         moe=moe,
+        partial_rotary=True,
     )
-    return dataclasses.replace(config, rotary_percent=_partial(hf))
-
-
-def _module_to_ours(module: str) -> str | None:
-    if module == "mlp.gate":
-        return "mlp.router"
-    m = re.fullmatch(r"mlp\.experts\.(\d+)\.(\w+)", module)
-    if m and m[2] in _PROJ:
-        return f"mlp.experts.{m[1]}.{_PROJ[m[2]]}"
-    m = re.fullmatch(r"mlp\.shared_experts\.(\w+)", module)
-    if m and m[1] in _PROJ:
-        return f"mlp.shared_expert.{_PROJ[m[1]]}"
-    return None
-
-
-def _module_from_ours(module: str) -> str | None:
-    theirs = {v: k for k, v in _PROJ.items()}
-    if module == "mlp.router":
-        return "mlp.gate"
-    m = re.fullmatch(r"mlp\.experts\.(\d+)\.(\w+)", module)
-    if m and m[2] in theirs:
-        return f"mlp.experts.{m[1]}.{theirs[m[2]]}"
-    m = re.fullmatch(r"mlp\.shared_expert\.(\w+)", module)
-    if m and m[1] in theirs:
-        return f"mlp.shared_experts.{theirs[m[1]]}"
-    return None
 
 
 def ours_state_from_glm4_moe(
@@ -167,7 +133,7 @@ def ours_state_from_glm4_moe(
         else:
             rest[name] = tensor
     return decoder_state_to_ours(
-        rest, config, source=source, moe_module=_module_to_ours, extra=biases
+        rest, config, source=source, moe_module=moe_module_to_ours("glm4_moe"), extra=biases
     )
 
 
@@ -178,7 +144,7 @@ def glm4_moe_state_from_ours(
     glm4_moe_config_from_ours(config)
     biases = {n: t for n, t in state.items() if n.endswith(f".{_BIAS_OURS}")}
     rest = {n: t for n, t in state.items() if n not in biases}
-    out = decoder_state_from_ours(rest, config, _module_from_ours)
+    out = decoder_state_from_ours(rest, config, moe_module_from_ours("glm4_moe"))
     for name, tensor in biases.items():
         layer = name.split(".")[1]
         out[f"model.layers.{layer}.mlp.gate.e_score_correction_bias"] = tensor
@@ -193,11 +159,7 @@ def glm4_moe_config_from_ours(
     Raises:
         ConversionError: ``config`` is not such a model (every difference named).
     """
-    problems = [
-        p for p in decoder_export_problems(config, moe=True) if not p.startswith("position_")
-    ]
-    if config.position_embedding_type != "rope":
-        problems.append(f"position_embedding_type={config.position_embedding_type!r} (needs rope)")
+    problems = decoder_export_problems(config, moe=True, partial_rotary=True)
     if config.num_experts is None:
         problems.append("num_experts is not set (a dense model; GLM-4.5 is a mixture of experts)")
         raise ConversionError("cannot export to GLM-4.5: " + "; ".join(problems))
@@ -231,10 +193,6 @@ def glm4_moe_config_from_ours(
     out = decoder_json(
         config, architecture="Glm4MoeForCausalLM", model_type="glm4_moe", dtype=dtype
     )
-    out["rope_parameters"] = {
-        **out["rope_parameters"],
-        "partial_rotary_factor": config.rotary_percent,
-    }
     out.update(
         attention_bias=config.qkv_bias,
         use_qk_norm=config.qk_layernorm,

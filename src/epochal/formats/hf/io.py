@@ -87,15 +87,7 @@ Architecture = Literal[
 #: the Hugging Face architectures of a GPT (``model.type="gpt"``).
 #: the mixture-of-experts architectures among :data:`GPT_ARCHITECTURES`
 MOE_ARCHITECTURES = (*hf_moe.MOE_FAMILIES, "glm4_moe")
-GPT_ARCHITECTURES = (
-    "gpt2",
-    "llama",
-    "qwen2",
-    "qwen3",
-    "mistral",
-    *hf_moe.MOE_FAMILIES,
-    "glm4_moe",
-)
+GPT_ARCHITECTURES = ("gpt2", "llama", "qwen2", "qwen3", "mistral", *MOE_ARCHITECTURES)
 ConfigReader = Callable[[dict[str, Any], dict[str, torch.Tensor], int], ModelConfig]
 StateReader = Callable[[dict[str, torch.Tensor], ModelConfig, str], dict[str, torch.Tensor]]
 

@@ -104,8 +104,12 @@ def _rope_type(params: Mapping[str, Any]) -> str:
     return "default" if kind is None else kind
 
 
-def _rope_fields(hf: Mapping[str, Any], family: str = "Llama") -> dict[str, Any]:
-    """``rotary_base`` and the ``rope_scaling_*`` fields of our config from a Llama ``config.json``.
+def _rope_fields(
+    hf: Mapping[str, Any], family: str = "Llama", *, partial_rotary: bool = False
+) -> dict[str, Any]:
+    """``rotary_base``, ``rotary_percent`` and the ``rope_scaling_*`` fields of our config
+    from a Llama ``config.json`` (``partial_rotary``: the family rotates part of each head,
+    ``partial_rotary_factor``; GLM-4.5).
 
     ``rope_scaling`` (4.x) takes precedence over ``rope_parameters`` (5.x) as in
     transformers 5; if both name a scaling type they must agree.
@@ -113,7 +117,7 @@ def _rope_fields(hf: Mapping[str, Any], family: str = "Llama") -> dict[str, Any]
     Raises:
         ConversionError: a RoPE type other than default / linear / llama3, a
             missing scaling key, disagreeing ``rope_scaling`` and
-            ``rope_parameters``, or ``partial_rotary_factor != 1``.
+            ``rope_parameters``, or ``partial_rotary_factor != 1`` without ``partial_rotary``.
     """
     params = hf.get("rope_parameters") or {}
     legacy = hf.get("rope_scaling") or {}
@@ -135,13 +139,13 @@ def _rope_fields(hf: Mapping[str, Any], family: str = "Llama") -> dict[str, Any]
             f"only the default RoPE, {' and '.join(map(repr, _SCALING_KEYS))}"
         )
     partial = source.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0))
-    if partial not in (None, 1.0):
+    if partial not in (None, 1.0) and not partial_rotary:
         raise ConversionError(
             f"config.json: partial_rotary_factor={partial!r} is not supported for {family} "
             "(only 1: RoPE over the whole head)"
         )
     theta = source.get("rope_theta", hf.get("rope_theta", params.get("rope_theta", 10000.0)))
-    fields: dict[str, Any] = {"rotary_base": float(theta)}
+    fields: dict[str, Any] = {"rotary_base": float(theta), "rotary_percent": float(partial or 1.0)}
     if rope_type in _SCALING_KEYS:
         fields["rope_scaling_type"] = rope_type
         for key, ours in _SCALING_KEYS[rope_type]:
@@ -168,6 +172,8 @@ def _rope_json(config: ModelConfig) -> dict[str, Any]:
     if scaling:
         out["rope_scaling"] = scaling
     out["rope_parameters"] = {"rope_type": "default", **scaling, "rope_theta": config.rotary_base}
+    if config.rotary_percent != 1.0:  # (only families that hold it export it: GLM-4.5)
+        out["rope_parameters"]["partial_rotary_factor"] = config.rotary_percent
     return out
 
 
@@ -182,6 +188,7 @@ def decoder_config(
     default_head_dim: int | None = None,
     make_vocab_size_divisible_by: int = 128,
     moe: Mapping[str, Any] | None = None,
+    partial_rotary: bool = False,
 ) -> ModelConfig:
     """Our :class:`ModelConfig` from the ``config.json`` of a Llama-shaped decoder.
 
@@ -194,6 +201,7 @@ def decoder_config(
         default_head_dim: ``head_dim`` when ``config.json`` has none (Qwen3: 128);
             ``None`` = ``hidden_size // num_attention_heads``.
         moe: the mixture-of-experts fields of our config (:mod:`epochal.formats.hf.moe`).
+        partial_rotary: the family may rotate part of each head (``partial_rotary_factor``).
 
     Raises:
         ConversionError: ``hidden_act`` other than ``silu``, ``pretraining_tp != 1``,
@@ -221,8 +229,7 @@ def decoder_config(
         ffn_hidden_size=int(hf["intermediate_size"]),
         max_position_embeddings=int(hf.get("max_position_embeddings", 2048)),
         position_embedding_type="rope",
-        rotary_percent=1.0,
-        **_rope_fields(hf, family),
+        **_rope_fields(hf, family, partial_rotary=partial_rotary),
         normalization="RMSNorm",
         norm_epsilon=float(hf.get("rms_norm_eps", 1e-6)),
         activation="swiglu",
@@ -263,10 +270,13 @@ def ours_config_from_llama(
     )
 
 
-def decoder_export_problems(config: ModelConfig, *, moe: bool = False) -> list[str]:
+def decoder_export_problems(
+    config: ModelConfig, *, moe: bool = False, partial_rotary: bool = False
+) -> list[str]:
     """What keeps ``config`` from being any Llama-shaped decoder (RoPE, RMSNorm, SwiGLU).
 
-    ``moe``: the target family has mixture-of-experts layers (else experts are a problem).
+    ``moe``: the target family has mixture-of-experts layers (else experts are a problem);
+    ``partial_rotary``: it may rotate part of each head (else ``rotary_percent < 1`` is).
     """
     problems = []
     if config.num_experts is not None and not moe:
@@ -275,7 +285,9 @@ def decoder_export_problems(config: ModelConfig, *, moe: bool = False) -> list[s
         )
     if config.type != "gpt":
         problems.append(f"model.type={config.type!r} (needs a GPT decoder)")
-    if config.position_embedding_type != "rope" or config.rotary_percent != 1.0:
+    if config.position_embedding_type != "rope" or (
+        config.rotary_percent != 1.0 and not partial_rotary
+    ):
         problems.append(
             f"position_embedding_type={config.position_embedding_type!r}, rotary_percent="
             f"{config.rotary_percent} (needs rope over the whole head)"

@@ -71,12 +71,13 @@ _MOE_MODULES = {
         None,
     ),
     "qwen": ("mlp.gate", "mlp.experts", _QWEN_PROJ, "mlp.shared_expert"),
+    "glm4_moe": ("mlp.gate", "mlp.experts", _QWEN_PROJ, "mlp.shared_experts"),  # GLM-4.5
 }
 
 
 def _moe_module_map(model_type: str, *, to_ours: bool) -> Callable[[str], str | None]:
     """One direction of the MoE module-path mapping of ``model_type`` (None: not an MoE tensor)."""
-    router, experts, proj, shared = _MOE_MODULES["mixtral" if model_type == "mixtral" else "qwen"]
+    router, experts, proj, shared = _MOE_MODULES.get(model_type, _MOE_MODULES["qwen"])
     if to_ours:
         src_router, dst_router, src_experts, dst_experts = (
             router,

@@ -30,6 +30,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from epochal.model.layers.mlp import ACTIVATION_FUNCTIONS, GATED_ACTIVATIONS
+
 __all__ = ["grouped_expert_slots"]
 
 _GROUPED_MM = getattr(F, "grouped_mm", None)
@@ -78,23 +80,16 @@ def grouped_expert_slots(
     offs = sizes.cumsum(0).to(torch.int32)
     counts = sizes.tolist()
     rows = tokens.index_select(0, order // k)
-    first = layer.experts[0]
-    if first.activation in ("swiglu", "gated_gelu"):
-        gate = _grouped_matmul(rows, _stacked(layer.experts, "w1"), counts, offs)
-        up = _grouped_matmul(rows, _stacked(layer.experts, "w3"), counts, offs)
-        if first.activation == "swiglu":
-            inner = F.silu(gate) * up
-        else:
-            inner = F.gelu(gate, approximate="tanh") * up
-        y = _grouped_matmul(inner, _stacked(layer.experts, "w2"), counts, offs)
+    activation = layer.experts[0].activation
+    act = ACTIVATION_FUNCTIONS[activation]
+
+    def project(x: torch.Tensor, name: str) -> torch.Tensor:
+        return _grouped_matmul(x, _stacked(layer.experts, name), counts, offs)
+
+    if activation in GATED_ACTIVATIONS:
+        y = project(act(project(rows, "w1")) * project(rows, "w3"), "w2")
     else:
-        inner = _grouped_matmul(rows, _stacked(layer.experts, "fc1"), counts, offs)
-        if first.activation == "relu":
-            inner = F.relu(inner)
-        else:
-            approximate = "tanh" if first.activation == "gelu_tanh" else "none"
-            inner = F.gelu(inner, approximate=approximate)
-        y = _grouped_matmul(inner, _stacked(layer.experts, "fc2"), counts, offs)
+        y = project(act(project(rows, "fc1")), "fc2")
     y = (y * weights.reshape(-1)[order].unsqueeze(-1)).to(tokens.dtype)
     if order.numel() == t * k:  # dropless: every slot's row, gathered back (no zero fill)
         inverse = torch.empty_like(order).scatter_(

@@ -23,10 +23,18 @@ from torch import nn
 
 from epochal.model.config import ModelConfig
 
-__all__ = ["MLP"]
+__all__ = ["ACTIVATION_FUNCTIONS", "GATED_ACTIVATIONS", "MLP"]
 
 #: activations with a gate (``w1``, ``w3``, ``w2``).
-_GATED = ("swiglu", "gated_gelu")
+GATED_ACTIVATIONS = ("swiglu", "gated_gelu")
+#: each ``activation``'s elementwise function (gated: of the gate ``w1(x)``, times ``w3(x)``)
+ACTIVATION_FUNCTIONS = {
+    "swiglu": F.silu,
+    "gated_gelu": lambda t: F.gelu(t, approximate="tanh"),
+    "relu": F.relu,
+    "gelu_tanh": lambda t: F.gelu(t, approximate="tanh"),
+    "gelu": F.gelu,
+}
 
 
 class MLP(nn.Module):
@@ -42,7 +50,7 @@ class MLP(nn.Module):
         h, bias = config.hidden_size, config.add_bias_linear
         f = config.ffn_size if ffn_size is None else ffn_size
         self.activation = config.activation
-        if self.activation in _GATED:
+        if self.activation in GATED_ACTIVATIONS:
             self.w1 = nn.Linear(h, f, bias=bias)
             self.w3 = nn.Linear(h, f, bias=bias)
             self.w2 = nn.Linear(f, h, bias=bias)
@@ -52,11 +60,7 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``[..., hidden] -> [..., hidden]``."""
-        if self.activation == "swiglu":
-            return self.w2(F.silu(self.w1(x)) * self.w3(x))
-        if self.activation == "gated_gelu":
-            return self.w2(F.gelu(self.w1(x), approximate="tanh") * self.w3(x))
-        if self.activation == "relu":
-            return self.fc2(F.relu(self.fc1(x)))
-        approximate = "tanh" if self.activation == "gelu_tanh" else "none"
-        return self.fc2(F.gelu(self.fc1(x), approximate=approximate))
+        act = ACTIVATION_FUNCTIONS[self.activation]
+        if self.activation in GATED_ACTIVATIONS:
+            return self.w2(act(self.w1(x)) * self.w3(x))
+        return self.fc2(act(self.fc1(x)))
